@@ -1,0 +1,115 @@
+"""Service configuration: defaults, an optional TOML file, then the environment.
+
+Precedence, lowest first: the defaults below, ``DATA_DIR/lmsp.toml`` (or the
+file named by ``LMSP_CONFIG``), then ``LMSP_<FIELD>`` environment variables
+(``LMSP_DATA_DIR``, ``LMSP_BIND``, ``LMSP_N_PARALLEL``...). Every field is
+documented in the README's configuration reference.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+DURABILITY = ("full", "normal", "off")
+RESTART_POLICIES = ("fail", "retry", "resume")
+
+
+@dataclass(frozen=True)
+class Config:
+    data_dir: Path = Path("data")
+    bind: str = "127.0.0.1:8080"
+    name: str = "lmsp"
+    # store
+    durability: str = "full"          # full: fsync each commit; normal: WAL sync at checkpoints; off: no fsync
+    busy_timeout: float = 5.0         # seconds to wait for the database lock before 503
+    retention_days: float = 7.0       # finished tasks, events and responses kept this long
+    idempotency_ttl_hours: float = 24.0
+    # engine
+    model: str | None = None          # a GGUF file to register and serve at start
+    n_ctx: int = 4096                 # context per sequence
+    n_parallel: int = 4               # sequences decoded together
+    n_threads: int = 0                # 0: all cores
+    n_gpu_layers: int = 0
+    n_batch: int = 512
+    # requests
+    max_output_tokens: int = 256      # default for a request that gives none
+    max_output_tokens_cap: int = 4096
+    default_on_restart: str = "fail"
+    max_body_bytes: int = 1 << 20
+    lease_seconds: float = 10.0       # a worker's claim on a task, renewed while it runs
+    heartbeat_seconds: float = 15.0   # SSE comment on an idle stream
+    pairing_ttl_seconds: int = 600
+    pairing_max_attempts: int = 5
+    # server
+    workers: int = 1
+    log_level: str = "info"
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "lmsp.db"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.data_dir / "models"
+
+    @property
+    def snapshots_dir(self) -> Path:
+        return self.data_dir / "snapshots"
+
+    @property
+    def admin_token_path(self) -> Path:
+        return self.data_dir / "admin.token"
+
+    def replace(self, **changes) -> "Config":
+        return dataclasses.replace(self, **changes).validated()
+
+    def validated(self) -> "Config":
+        if self.durability not in DURABILITY:
+            raise ValueError(f"durability must be one of {', '.join(DURABILITY)}, not {self.durability!r}")
+        if self.default_on_restart not in RESTART_POLICIES:
+            raise ValueError(f"default_on_restart must be one of {', '.join(RESTART_POLICIES)}")
+        for name in ("n_ctx", "n_parallel", "n_batch", "max_output_tokens", "max_output_tokens_cap", "workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        if self.max_output_tokens > self.max_output_tokens_cap:
+            raise ValueError("max_output_tokens must not exceed max_output_tokens_cap")
+        return self
+
+
+def _coerce(f: dataclasses.Field, raw):
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    if raw is None:
+        return None
+    if "Path" in kind:
+        return Path(raw)
+    if kind.startswith("int"):
+        return int(raw)
+    if kind.startswith("float"):
+        return float(raw)
+    return str(raw)
+
+
+def load(env: dict[str, str] | None = None, **overrides) -> Config:
+    """Build the configuration from defaults, file, environment and overrides."""
+    env = dict(os.environ if env is None else env)
+    known = {f.name: f for f in fields(Config)}
+    values: dict = {}
+    data_dir = overrides.get("data_dir") or env.get("LMSP_DATA_DIR") or Config.data_dir
+    path = Path(env.get("LMSP_CONFIG") or Path(data_dir) / "lmsp.toml")
+    if path.is_file():
+        with path.open("rb") as fh:
+            for key, raw in tomllib.load(fh).items():
+                if key not in known:
+                    raise ValueError(f"{path}: unknown setting {key!r}")
+                values[key] = _coerce(known[key], raw)
+    for name, f in known.items():
+        raw = env.get(f"LMSP_{name.upper()}")
+        if raw not in (None, ""):
+            values[name] = _coerce(f, raw)
+    for name, raw in overrides.items():
+        if raw is not None:
+            values[name] = _coerce(known[name], raw)
+    return Config(**values).validated()

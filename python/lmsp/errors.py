@@ -1,0 +1,115 @@
+"""The one exception tree of the service.
+
+Every error a client can see is an :class:`LMSPError` carrying the HTTP status,
+the LMSP error code and a message; the web layer turns it into the error body
+of LMSP B.1 in one handler. Lower layers (the store, the model registry) raise
+these directly, so nothing in between needs to translate.
+"""
+from __future__ import annotations
+
+
+class LMSPError(Exception):
+    status = 400
+    code = "invalid_request"
+
+    def __init__(self, message: str, *, param: str | None = None,
+                 headers: dict[str, str] | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.headers = dict(headers or {})
+        if code is not None:
+            self.code = code
+
+    def body(self) -> dict:
+        return {"error": {"code": self.code, "message": self.message, "param": self.param}}
+
+
+class InvalidRequest(LMSPError):
+    status, code = 400, "invalid_request"
+
+
+class InvalidJSON(LMSPError):
+    status, code = 400, "invalid_json"
+
+
+class ContextLengthExceeded(LMSPError):
+    status, code = 400, "context_length_exceeded"
+
+
+class Unauthorized(LMSPError):
+    status, code = 401, "unauthorized"
+
+    def __init__(self, message: str = "a valid bearer token is required", **kw) -> None:
+        kw.setdefault("headers", {"WWW-Authenticate": "Bearer"})
+        super().__init__(message, **kw)
+
+
+class InsufficientScope(LMSPError):
+    status, code = 403, "insufficient_scope"
+
+
+class NotFound(LMSPError):
+    status, code = 404, "not_found"
+
+
+class Conflict(LMSPError):
+    status, code = 409, "conflict"
+
+
+class IdempotencyKeyInUse(Conflict):
+    code = "idempotency_key_in_use"
+
+
+class TaskFinished(Conflict):
+    code = "task_finished"
+
+
+class TaskUnfinished(Conflict):
+    code = "task_unfinished"
+
+
+class ModelInUse(Conflict):
+    code = "model_in_use"
+
+
+class ModelChanged(Conflict):
+    code = "model_changed"
+
+
+class PayloadTooLarge(LMSPError):
+    status, code = 413, "payload_too_large"
+
+
+class UnsupportedMediaType(LMSPError):
+    status, code = 415, "unsupported_media_type"
+
+
+class IdempotencyKeyReused(LMSPError):
+    status, code = 422, "idempotency_key_reused"
+
+
+class RateLimited(LMSPError):
+    status, code = 429, "rate_limited"
+
+    def __init__(self, message: str, *, retry_after: int = 1, **kw) -> None:
+        kw.setdefault("headers", {"Retry-After": str(retry_after)})
+        super().__init__(message, **kw)
+
+
+class Unavailable(LMSPError):
+    status, code = 503, "unavailable"
+
+    def __init__(self, message: str, *, retry_after: int = 1, **kw) -> None:
+        kw.setdefault("headers", {"Retry-After": str(retry_after)})
+        super().__init__(message, **kw)
+
+
+class IllegalTransition(Conflict):
+    """A task state change that LMSP does not allow; nothing was changed."""
+
+    code = "illegal_transition"
+
+    def __init__(self, task_id: str, current: str, target: str) -> None:
+        super().__init__(f"task {task_id} cannot go from {current} to {target}")
+        self.task_id, self.current, self.target = task_id, current, target
