@@ -1,0 +1,339 @@
+"""A llama-architecture GGUF with fixed random weights and a real tokenizer.
+
+The weights come from a seeded numpy generator, so the same options always
+give the same bytes. The vocabulary is the 32000-token SentencePiece llama
+vocabulary shipped with llama.cpp (``ggml-vocab-llama-spm.gguf``), so text goes
+in and out through a real tokenizer; a ChatML chat template is set so that
+messages can be formatted.
+
+    python -m lmsp.demo_model OUT.gguf [--preset tiny|small|bench] [--n-embd N ...]
+
+``tiny`` (the default) is for tests: a few MB, written in well under a second.
+``bench`` is big enough for decoding to be bound by memory bandwidth.
+
+Tensor layout (numpy shapes, rows = output features; GGUF stores the reverse
+order of dimensions): ``token_embd.weight`` [n_vocab, n_embd],
+``blk.N.attn_q.weight`` [n_head*head_dim, n_embd],
+``blk.N.attn_k/v.weight`` [n_head_kv*head_dim, n_embd],
+``blk.N.attn_output.weight`` [n_embd, n_head*head_dim],
+``blk.N.ffn_gate/up.weight`` [n_ff, n_embd], ``blk.N.ffn_down.weight`` [n_embd, n_ff],
+norms [n_embd] (always f32), ``output.weight`` [n_vocab, n_embd]. Q and K are
+used as written with llama.cpp's "normal" rope (rotation of consecutive pairs).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+__all__ = [
+    "CHAT_TEMPLATE",
+    "DTYPES",
+    "PRESETS",
+    "VOCAB_FILE",
+    "DemoModelSpec",
+    "find_vocab",
+    "main",
+    "tensor_specs",
+    "write_demo_model",
+]
+
+VOCAB_FILE = "ggml-vocab-llama-spm.gguf"
+
+# ChatML; llama.cpp's llama_chat_apply_template recognises it by "<|im_start|>".
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+DTYPES = ("f32", "f16", "q8_0")
+
+
+@dataclass(frozen=True)
+class DemoModelSpec:
+    """Everything that decides the bytes of a demo model."""
+
+    n_embd: int = 64
+    n_layer: int = 2
+    n_head: int = 4
+    n_head_kv: int = 2
+    n_ff: int = 128
+    n_ctx: int = 4096
+    seed: int = 0
+    dtype: str = "f32"
+    rope_freq_base: float = 10000.0
+    rms_eps: float = 1e-5
+    name: str = "lmsp-demo-tiny"
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    def validate(self) -> None:
+        for field in ("n_embd", "n_layer", "n_head", "n_head_kv", "n_ff", "n_ctx"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{field} must be a positive integer, got {value!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head})")
+        if self.head_dim % 2:
+            raise ValueError(f"the head size n_embd/n_head ({self.head_dim}) must be even for rope")
+        if self.n_head % self.n_head_kv:
+            raise ValueError(f"n_head ({self.n_head}) must be a multiple of n_head_kv ({self.n_head_kv})")
+        if self.dtype == "q8_0" and (self.n_embd % 32 or self.n_ff % 32):
+            raise ValueError("q8_0 needs n_embd and n_ff to be multiples of 32 "
+                             f"(got n_embd={self.n_embd}, n_ff={self.n_ff})")
+        if not self.rms_eps > 0 or not self.rope_freq_base > 0:
+            raise ValueError("rms_eps and rope_freq_base must be positive")
+
+
+PRESETS: dict[str, DemoModelSpec] = {
+    # tests: ~17 MB, most of it the 32000-row embedding and output matrices
+    "tiny": DemoModelSpec(),
+    # quick benchmark runs
+    "small": DemoModelSpec(n_embd=256, n_layer=4, n_head=8, n_head_kv=4, n_ff=768,
+                           dtype="f16", name="lmsp-demo-small"),
+    # decoding bound by memory bandwidth: ~310M parameters, ~330 MB in q8_0
+    "bench": DemoModelSpec(n_embd=1024, n_layer=16, n_head=16, n_head_kv=4, n_ff=4096,
+                           dtype="q8_0", name="lmsp-demo-bench"),
+}
+
+# GGUF general.file_type (llama_ftype) for each weight type
+_FILE_TYPE = {"f32": 0, "f16": 1, "q8_0": 7}
+
+
+def find_vocab(extra: os.PathLike[str] | str | None = None) -> Path:
+    """Where the llama SPM vocabulary file is: an explicit path, the package's
+    ``data/`` folder (installed by CMake), or the unpacked llama.cpp source."""
+    if extra is not None:
+        if not Path(extra).is_file():
+            raise FileNotFoundError(f"the tokenizer vocabulary {extra} does not exist")
+        return Path(extra)
+    here = Path(__file__).resolve().parent
+    candidates = [
+        here / "data" / VOCAB_FILE,
+        here.parents[1] / "third_party" / "llama.cpp" / "models" / VOCAB_FILE,
+    ]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"the tokenizer vocabulary {VOCAB_FILE} was not found (looked in: "
+        + ", ".join(str(c) for c in candidates)
+        + "); run third_party/fetch_llama.py or reinstall the package")
+
+
+def tensor_specs(spec: DemoModelSpec, n_vocab: int) -> list[tuple[str, tuple[int, ...], str, float, float]]:
+    """(name, numpy shape, weight type, mean, std) of every tensor, in file order."""
+    hd = spec.head_dim
+    e, ff = spec.n_embd, spec.n_ff
+    w = spec.dtype
+    norm = ("f32", 1.0, 0.1)  # norms: around 1, with some spread so that they matter
+    out: list[tuple[str, tuple[int, ...], str, float, float]] = [
+        ("token_embd.weight", (n_vocab, e), w, 0.0, 1.0),
+    ]
+    for i in range(spec.n_layer):
+        p = f"blk.{i}."
+        out += [
+            (p + "attn_norm.weight", (e,), *norm),
+            (p + "attn_q.weight", (spec.n_head * hd, e), w, 0.0, e ** -0.5),
+            (p + "attn_k.weight", (spec.n_head_kv * hd, e), w, 0.0, e ** -0.5),
+            (p + "attn_v.weight", (spec.n_head_kv * hd, e), w, 0.0, e ** -0.5),
+            (p + "attn_output.weight", (e, spec.n_head * hd), w, 0.0, (spec.n_head * hd) ** -0.5),
+            (p + "ffn_norm.weight", (e,), *norm),
+            (p + "ffn_gate.weight", (ff, e), w, 0.0, e ** -0.5),
+            (p + "ffn_up.weight", (ff, e), w, 0.0, e ** -0.5),
+            (p + "ffn_down.weight", (e, ff), w, 0.0, ff ** -0.5),
+        ]
+    out += [
+        ("output_norm.weight", (e,), *norm),
+        # a wider spread than 1/sqrt(fan_in) so that next-token choices are not near-uniform
+        ("output.weight", (n_vocab, e), w, 0.0, 4.0 * e ** -0.5),
+    ]
+    return out
+
+
+def _values(spec: DemoModelSpec, index: int, shape: tuple[int, ...], mean: float, std: float) -> np.ndarray:
+    # one generator per tensor, keyed by (seed, position): independent of how
+    # many tensors come before, so changing n_layer keeps the embedding equal
+    rng = np.random.default_rng([spec.seed, index])
+    data = rng.standard_normal(shape, dtype=np.float32)
+    data *= np.float32(std)
+    if mean:
+        data += np.float32(mean)
+    return data
+
+
+def _encode(data: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "f32":
+        return data
+    if dtype == "f16":
+        return data.astype(np.float16)
+    import gguf
+
+    return gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0)
+
+
+def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
+    n = int(np.prod(shape))
+    return {"f32": 4 * n, "f16": 2 * n, "q8_0": n // 32 * 34}[dtype]
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer_keys(vocab_path: Path, mtime_ns: int, size: int) -> tuple[tuple, ...]:
+    """Every ``tokenizer.*`` key of the vocabulary file as (key, value, type,
+    sub type). Parsing 32000 strings takes about a second, so it is cached."""
+    import gguf
+
+    reader = gguf.GGUFReader(vocab_path)
+    keys = []
+    for key, field in reader.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        vtype, sub = field.types[0], None
+        if vtype == gguf.GGUFValueType.ARRAY:
+            sub = field.types[1]
+            if sub == gguf.GGUFValueType.STRING:
+                value = tuple(bytes(field.parts[i]) for i in field.data)  # byte-exact
+            else:
+                value = tuple(field.parts[i].tolist()[0] for i in field.data)
+        elif vtype == gguf.GGUFValueType.STRING:
+            value = bytes(field.parts[field.data[0]])
+        else:
+            value = field.parts[field.data[0]].tolist()[0]
+        keys.append((key, value, vtype, sub))
+    return tuple(keys)
+
+
+def _copy_tokenizer(writer, vocab_path: Path) -> int:
+    """Copy every ``tokenizer.*`` key of the vocabulary file; returns n_vocab."""
+    st = vocab_path.stat()
+    n_vocab = 0
+    for key, value, vtype, sub in _tokenizer_keys(vocab_path.resolve(), st.st_mtime_ns, st.st_size):
+        writer.add_key_value(key, value, vtype, sub_type=sub)
+        if key == "tokenizer.ggml.tokens":
+            n_vocab = len(value)
+    if n_vocab == 0:
+        raise ValueError(f"{vocab_path} has no tokenizer.ggml.tokens")
+    return n_vocab
+
+
+def _spec_from(preset: str, options: dict) -> DemoModelSpec:
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
+    known = {f.name for f in dataclasses.fields(DemoModelSpec)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise TypeError(f"unknown demo model option(s): {', '.join(unknown)}")
+    given = {k: v for k, v in options.items() if v is not None}
+    spec = dataclasses.replace(PRESETS[preset], **given)
+    spec.validate()
+    return spec
+
+
+def write_demo_model(path: os.PathLike[str] | str, *, preset: str = "tiny",
+                     vocab: os.PathLike[str] | str | None = None, **options) -> Path:
+    """Write a demo model to ``path`` and return it.
+
+    ``options`` override fields of the preset's :class:`DemoModelSpec`
+    (``n_embd``, ``n_layer``, ``n_head``, ``n_head_kv``, ``n_ff``, ``n_ctx``,
+    ``seed``, ``dtype``, ``rope_freq_base``, ``rms_eps``, ``name``). The file
+    appears atomically: it is written beside ``path`` and renamed into place.
+    Raises ``ValueError``/``TypeError`` for bad options and
+    ``FileNotFoundError`` when the vocabulary cannot be found.
+    """
+    import gguf
+
+    spec = _spec_from(preset, options)
+    vocab_path = find_vocab(vocab)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=path.name + ".", suffix=".part", dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        writer = gguf.GGUFWriter(tmp, "llama")
+        try:
+            writer.add_name(spec.name)
+            writer.add_context_length(spec.n_ctx)
+            writer.add_embedding_length(spec.n_embd)
+            writer.add_block_count(spec.n_layer)
+            writer.add_feed_forward_length(spec.n_ff)
+            writer.add_head_count(spec.n_head)
+            writer.add_head_count_kv(spec.n_head_kv)
+            writer.add_rope_dimension_count(spec.head_dim)
+            writer.add_rope_freq_base(spec.rope_freq_base)
+            writer.add_layer_norm_rms_eps(spec.rms_eps)
+            writer.add_file_type(_FILE_TYPE[spec.dtype])
+            if spec.dtype == "q8_0":
+                writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+            n_vocab = _copy_tokenizer(writer, vocab_path)
+            writer.add_vocab_size(n_vocab)
+            writer.add_chat_template(CHAT_TEMPLATE)
+
+            specs = tensor_specs(spec, n_vocab)
+            for name, shape, dtype, _, _ in specs:
+                raw = gguf.GGMLQuantizationType.Q8_0 if dtype == "q8_0" else None
+                np_dtype = np.float16 if dtype == "f16" else np.float32  # element shape for q8_0 too
+                writer.add_tensor_info(name, shape, np.dtype(np_dtype), _nbytes(shape, dtype),
+                                       raw_dtype=raw)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_ti_data_to_file()
+            # one tensor in memory at a time: the bench model never sits whole in RAM
+            for index, (_, shape, dtype, mean, std) in enumerate(specs):
+                writer.write_tensor_data(_encode(_values(spec, index, shape, mean, std), dtype))
+        finally:
+            writer.close()
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _iter_cli_fields() -> Iterator[tuple[str, type]]:
+    for f in dataclasses.fields(DemoModelSpec):
+        if f.name == "dtype":
+            continue
+        yield f.name, {"int": int, "float": float, "str": str}[str(f.type)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m lmsp.demo_model",
+        description="Write a llama GGUF with fixed random weights and the llama SPM vocabulary.")
+    parser.add_argument("out", type=Path, help="the GGUF file to write")
+    parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    parser.add_argument("--dtype", choices=DTYPES, help="weight type of the matrices")
+    for name, kind in _iter_cli_fields():
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, type=kind)
+    parser.add_argument("--vocab", type=Path, help=f"path of {VOCAB_FILE} (default: found automatically)")
+    args = parser.parse_args(argv)
+    options = {name: getattr(args, name) for name, _ in _iter_cli_fields()}
+    options["dtype"] = args.dtype
+    try:
+        out = write_demo_model(args.out, preset=args.preset, vocab=args.vocab, **options)
+    except (ValueError, TypeError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{out} ({out.stat().st_size} bytes)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
