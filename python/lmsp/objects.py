@@ -1,0 +1,160 @@
+"""Rendering of store rows to the JSON objects of LMSP (B.2, B.4, B.5, B.6).
+
+Every function takes rows (``sqlite3.Row`` or mappings with the column names
+of :mod:`lmsp.store.schema`) and returns plain JSON-ready dicts. Times are
+Unix seconds as integers.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+Row = Mapping[str, Any]
+
+COMPLETED, FAILED, CANCELLED = "completed", "failed", "cancelled"
+
+
+def response_status(task_status: str, incomplete_reason: str | None) -> str:
+    """The Response object's status derived from its task's (B.6)."""
+    if task_status == "queued":
+        return "queued"
+    if task_status in ("loading", "running", "cancelling"):
+        return "in_progress"
+    if task_status == COMPLETED:
+        return "incomplete" if incomplete_reason else "completed"
+    return task_status
+
+
+def ts(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def _json(value: str | None, default=None):
+    return default if value is None else json.loads(value)
+
+
+def task_object(task: Row) -> dict:
+    return {
+        "id": task["id"],
+        "object": "task",
+        "response_id": task["response_id"],
+        "status": task["status"],
+        "on_restart": task["on_restart"],
+        "attempts": task["attempts"],
+        "created_at": ts(task["created_at"]),
+        "started_at": ts(task["started_at"]),
+        "finished_at": ts(task["finished_at"]),
+        "error": _json(task["error"]),
+        "last_sequence_number": task["last_seq"],
+    }
+
+
+def _item_status(task: Row, incomplete_reason: str | None) -> str:
+    if task["status"] == COMPLETED:
+        return "incomplete" if incomplete_reason else "completed"
+    if task["status"] in (FAILED, CANCELLED):
+        return "incomplete"
+    return "in_progress"
+
+
+def output_part(text: str) -> dict:
+    return {"type": "output_text", "text": text, "annotations": []}
+
+
+def output_item(item_id: str, status: str, text: str | None) -> dict:
+    content = [] if text is None else [output_part(text)]
+    return {"type": "message", "id": item_id, "role": "assistant", "status": status, "content": content}
+
+
+def response_object(response: Row, task: Row, text: str | None) -> dict:
+    """The Response object; ``text`` is the output of the current attempt (None: none yet)."""
+    request = _json(response["request"], {})
+    reason = response["incomplete_reason"]
+    output = []
+    if text or task["item_open"] or task["status"] == COMPLETED:
+        output.append(output_item(response["item_id"], _item_status(task, reason), text or ""))
+    usage = _json(response["usage"])
+    if usage is not None:
+        usage = {"input_tokens": int(usage.get("input_tokens", 0)),
+                 "output_tokens": int(usage.get("output_tokens", 0))}
+        usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
+    return {
+        "id": response["id"],
+        "object": "response",
+        "created_at": ts(response["created_at"]),
+        "status": response_status(task["status"], reason),
+        "background": bool(response["background"]),
+        "model": response["model"],
+        "output": output,
+        "usage": usage,
+        "error": _json(task["error"]) if task["status"] == FAILED else None,
+        "incomplete_details": {"reason": reason} if reason and task["status"] == COMPLETED else None,
+        "max_output_tokens": request.get("max_output_tokens"),
+        "temperature": request.get("temperature", 1.0),
+        "top_p": request.get("top_p", 1.0),
+        "seed": request.get("seed"),
+        "metadata": request.get("metadata") or {},
+        "task": {"id": task["id"], "status": task["status"], "on_restart": task["on_restart"]},
+    }
+
+
+def event_object(event: Row, item_id: str) -> dict:
+    """One task event: ``{"type", "sequence_number", "created_at", ...payload}``."""
+    out = {"type": event["type"], "sequence_number": event["seq"], "created_at": ts(event["created_at"])}
+    if event["data"] is None:  # an output_text.delta, stored compactly
+        out.update(item_id=item_id, output_index=0, content_index=0, delta=event["text"] or "")
+    else:
+        out.update(json.loads(event["data"]))
+    return out
+
+
+def model_object(model: Row, *, with_path: bool = False) -> dict:
+    out = {
+        "id": model["id"],
+        "object": "model",
+        "created": ts(model["created_at"]),
+        "owned_by": "local",
+        "digest": model["digest"],
+        "size_bytes": model["size_bytes"],
+        "format": model["format"],
+        "architecture": model["architecture"],
+        "parameters": model["parameters"],
+        "quantization": model["quantization"],
+        "context_length": model["context_length"],
+        "state": model["state"],
+    }
+    if with_path:
+        out["path"] = model["path"]
+    return out
+
+
+def public_model(model: dict) -> dict:
+    """A model dict from the store without its file path, for clients."""
+    return {k: v for k, v in model.items() if k != "path"}
+
+
+def client_object(client: Row) -> dict:
+    return {
+        "id": client["id"],
+        "object": "client",
+        "name": client["name"],
+        "scopes": json.loads(client["scopes"]),
+        "created_at": ts(client["created_at"]),
+        "revoked_at": ts(client["revoked_at"]),
+    }
+
+
+def pairing_object(pairing: Row) -> dict:
+    return {
+        "id": pairing["id"],
+        "object": "pairing",
+        "name": pairing["name"],
+        "scopes": json.loads(pairing["scopes"]),
+        "created_at": ts(pairing["created_at"]),
+        "expires_at": ts(pairing["expires_at"]),
+        "used_at": ts(pairing["used_at"]),
+    }
+
+
+def deleted_response(response_id: str) -> dict:
+    return {"id": response_id, "object": "response", "deleted": True}

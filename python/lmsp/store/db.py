@@ -1,0 +1,217 @@
+"""The one place that opens SQLite connections, sets pragmas and runs transactions.
+
+Every connection is in autocommit mode (``isolation_level=None``); a write is
+one explicit ``BEGIN IMMEDIATE`` ... ``COMMIT`` through :meth:`Database.write`,
+a consistent multi-statement read one ``BEGIN`` ... ``COMMIT`` through
+:meth:`Database.read`. Connections are pooled: any thread (or greenlet) takes
+an idle one, uses it for one transaction and puts it back, so a connection is
+never used by two threads at once and no lock is needed around the pool
+(``list.pop``/``list.append`` are atomic).
+
+Durability levels (``PRAGMA synchronous`` in WAL mode):
+
+``full`` (the default)
+    The write-ahead log is synced to disk at every commit. A task that was
+    answered with ``202 Accepted`` survives a process crash, an OS crash and a
+    power cut. Each commit costs one fsync.
+``normal``
+    The log is synced only at checkpoints. A process crash loses nothing; a
+    power cut or OS crash may lose the last commits (tasks already answered
+    with 202 can vanish), but the database is never corrupted.
+``off``
+    SQLite never syncs. A process crash loses nothing; a power cut or OS crash
+    may lose recent commits and may corrupt the database file. For
+    throwaway data only.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import sqlite3
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from ..errors import Unavailable
+
+SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL", "off": "OFF"}
+
+# Error codes that mean "the store cannot take this write now" rather than a
+# programming error: the lock, the disk, the file system.
+_UNAVAILABLE_PREFIXES = ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_FULL", "SQLITE_READONLY",
+                         "SQLITE_IOERR", "SQLITE_CANTOPEN", "SQLITE_PROTOCOL", "SQLITE_NOLFS")
+_UNAVAILABLE_TEXT = ("locked", "busy", "disk is full", "readonly", "read-only", "disk i/o",
+                     "unable to open")
+
+
+class StoreError(RuntimeError):
+    """The database cannot be used at all (wrong file, newer schema)."""
+
+
+def is_unavailable(exc: sqlite3.Error) -> bool:
+    name = getattr(exc, "sqlite_errorname", None) or ""
+    if name.startswith(_UNAVAILABLE_PREFIXES):
+        return True
+    text = str(exc).lower()
+    return any(t in text for t in _UNAVAILABLE_TEXT)
+
+
+def translate(exc: sqlite3.Error) -> Exception:
+    """The client-visible error for a SQLite failure (the original is chained)."""
+    if is_unavailable(exc):
+        err = Unavailable(f"the store is unavailable: {exc}", retry_after=1)
+    else:
+        err = StoreError(f"store failure: {exc}")
+    err.__cause__ = exc
+    return err
+
+
+class Database:
+    """A pool of connections to one SQLite file with the service's pragmas."""
+
+    def __init__(self, path: str | os.PathLike, *, durability: str = "full",
+                 busy_timeout: float = 5.0) -> None:
+        if durability not in SYNCHRONOUS:
+            raise ValueError(f"durability must be one of {', '.join(SYNCHRONOUS)}, not {durability!r}")
+        if busy_timeout < 0:
+            raise ValueError("busy_timeout must not be negative")
+        self.path = Path(path)
+        self.durability = durability
+        self.busy_timeout = float(busy_timeout)
+        self._idle: list[sqlite3.Connection] = []
+        self._all: list[sqlite3.Connection] = []
+        self._closed = False
+        self._pid = os.getpid()
+        self._close_lock = threading.Lock()
+        self.commits = 0  # successful write transactions of this process
+        self._counter = itertools.count(1)
+
+    # -- connections ---------------------------------------------------------------
+    def connect(self) -> sqlite3.Connection:
+        """A new connection with every pragma set; the only place that opens one."""
+        try:
+            conn = sqlite3.connect(str(self.path), timeout=self.busy_timeout, isolation_level=None,
+                                   check_same_thread=False, cached_statements=256)
+        except sqlite3.Error as exc:
+            raise translate(exc) from exc
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise StoreError(f"{self.path}: could not switch the database to WAL mode (got {mode})")
+            conn.execute(f"PRAGMA synchronous = {SYNCHRONOUS[self.durability]}")
+            conn.execute("PRAGMA foreign_keys = ON")
+            conn.execute("PRAGMA temp_store = MEMORY")
+            conn.row_factory = sqlite3.Row
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            if is_unavailable(exc):
+                raise translate(exc) from exc
+            raise StoreError(f"{self.path} is not a usable SQLite database: {exc}") from exc
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _acquire(self) -> sqlite3.Connection:
+        if self._closed:
+            raise RuntimeError("the store is closed")
+        if os.getpid() != self._pid:
+            # A forked child must not touch the parent's connections: forget them.
+            self._idle, self._all, self._pid = [], [], os.getpid()
+        try:
+            return self._idle.pop()
+        except IndexError:
+            conn = self.connect()
+            self._all.append(conn)
+            return conn
+
+    def _release(self, conn: sqlite3.Connection) -> None:
+        if conn.in_transaction:  # never hand out a connection mid-transaction
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                conn.close()
+                self._forget(conn)
+                return
+        if self._closed or os.getpid() != self._pid:
+            conn.close()
+            self._forget(conn)
+        else:
+            self._idle.append(conn)
+
+    def _forget(self, conn: sqlite3.Connection) -> None:
+        try:
+            self._all.remove(conn)
+        except ValueError:
+            pass
+
+    def close(self) -> None:
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+            self._forget(conn)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- transactions --------------------------------------------------------------
+    @contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction: commits on success, rolls back on any error.
+
+        A lock held by others past the busy timeout, a full disk or a read-only
+        file raise :class:`lmsp.errors.Unavailable`; nothing is half-written.
+        """
+        conn = self._acquire()
+        try:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise translate(exc) from exc
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._rollback(conn)
+                raise translate(exc) from exc
+            except BaseException:
+                self._rollback(conn)
+                raise
+            n = next(self._counter)  # atomic under the GIL; keep the attribute monotonic
+            if n > self.commits:
+                self.commits = n
+        finally:
+            self._release(conn)
+
+    @contextmanager
+    def read(self) -> Iterator[sqlite3.Connection]:
+        """A consistent read snapshot (a deferred transaction)."""
+        conn = self._acquire()
+        try:
+            try:
+                conn.execute("BEGIN")
+                yield conn
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._rollback(conn)
+                raise translate(exc) from exc
+            except BaseException:
+                self._rollback(conn)
+                raise
+        finally:
+            self._release(conn)
+
+    @staticmethod
+    def _rollback(conn: sqlite3.Connection) -> None:
+        if conn.in_transaction:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass

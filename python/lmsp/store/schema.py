@@ -1,0 +1,189 @@
+"""The schema: DDL constants plus numbered migrations tracked in ``PRAGMA user_version``.
+
+``MIGRATIONS[i]`` brings a database from version ``i`` to ``i + 1``. Opening an
+older database applies the missing ones, each in its own transaction; a
+database written by a newer version of the service is refused.
+"""
+from __future__ import annotations
+
+import sqlite3
+
+from .db import StoreError
+
+SERVICE_CONFIG = """
+CREATE TABLE service_config (
+    key    TEXT PRIMARY KEY,
+    value  TEXT NOT NULL              -- JSON
+) WITHOUT ROWID"""
+
+CLIENTS = """
+CREATE TABLE clients (
+    id          TEXT PRIMARY KEY,
+    name        TEXT NOT NULL,
+    scopes      TEXT NOT NULL,        -- JSON list
+    token_hash  TEXT NOT NULL UNIQUE, -- sha256 hex of the bearer token; never the token
+    created_at  REAL NOT NULL,
+    revoked_at  REAL
+)"""
+
+MODELS = """
+CREATE TABLE models (
+    id              TEXT PRIMARY KEY,
+    path            TEXT NOT NULL,    -- the file stays outside the database
+    digest          TEXT NOT NULL,    -- sha256:<hex>
+    size_bytes      INTEGER NOT NULL,
+    format          TEXT NOT NULL DEFAULT 'gguf',
+    architecture    TEXT,
+    parameters      INTEGER,
+    quantization    TEXT,
+    context_length  INTEGER,
+    state           TEXT NOT NULL DEFAULT 'available',
+    created_at      REAL NOT NULL
+)"""
+
+RESPONSES = """
+CREATE TABLE responses (
+    id                 TEXT PRIMARY KEY,
+    client_id          TEXT,
+    model              TEXT NOT NULL,
+    created_at         REAL NOT NULL,
+    request            TEXT NOT NULL,  -- JSON, as validated by the web layer
+    background         INTEGER NOT NULL,
+    stream             INTEGER NOT NULL,
+    item_id            TEXT NOT NULL,  -- msg_ id of the output message
+    output_text        TEXT,           -- set when the task finishes
+    usage              TEXT,           -- JSON
+    incomplete_reason  TEXT
+)"""
+
+TASKS = """
+CREATE TABLE tasks (
+    id              TEXT PRIMARY KEY,
+    response_id     TEXT NOT NULL UNIQUE REFERENCES responses(id) ON DELETE CASCADE,
+    client_id       TEXT,
+    model           TEXT NOT NULL,
+    status          TEXT NOT NULL CHECK (status IN
+                        ('queued','loading','running','cancelling','completed','failed','cancelled')),
+    on_restart      TEXT NOT NULL CHECK (on_restart IN ('fail','retry','resume')),
+    attempts        INTEGER NOT NULL DEFAULT 1,
+    created_at      REAL NOT NULL,
+    started_at      REAL,
+    finished_at     REAL,
+    error           TEXT,              -- JSON {"code","message"}
+    last_seq        INTEGER NOT NULL DEFAULT 0,
+    owner           TEXT,              -- the worker holding the claim
+    lease_expires   REAL,
+    attempt_seq     INTEGER NOT NULL DEFAULT 0,  -- output of this attempt starts after it
+    item_open       INTEGER NOT NULL DEFAULT 0,  -- output_item.added written this attempt
+    pending_tokens  TEXT NOT NULL DEFAULT '',    -- generated ids whose text is not emitted yet
+    kv_path         TEXT
+)"""
+
+TASK_EVENTS = """
+CREATE TABLE task_events (
+    task_id     TEXT NOT NULL REFERENCES tasks(id) ON DELETE CASCADE,
+    seq         INTEGER NOT NULL,
+    type        TEXT NOT NULL,
+    created_at  REAL NOT NULL,
+    text        TEXT,                 -- the delta of an output_text.delta event
+    tokens      TEXT,                 -- token ids of that delta, comma separated (resume snapshot)
+    data        TEXT,                 -- JSON payload of every other event
+    PRIMARY KEY (task_id, seq)
+) WITHOUT ROWID"""
+
+IDEMPOTENCY_KEYS = """
+CREATE TABLE idempotency_keys (
+    client_id    TEXT NOT NULL,
+    key          TEXT NOT NULL,
+    fingerprint  TEXT NOT NULL,
+    state        TEXT NOT NULL CHECK (state IN ('processing','done','task')),
+    status       INTEGER,
+    body         TEXT,                -- JSON
+    task_id      TEXT,
+    created_at   REAL NOT NULL,
+    expires_at   REAL NOT NULL,
+    PRIMARY KEY (client_id, key)
+) WITHOUT ROWID"""
+
+PAIRINGS = """
+CREATE TABLE pairings (
+    id          TEXT PRIMARY KEY,
+    code_hash   TEXT NOT NULL UNIQUE,
+    name        TEXT,
+    scopes      TEXT NOT NULL,
+    created_at  REAL NOT NULL,
+    expires_at  REAL NOT NULL,
+    used_at     REAL,
+    client_id   TEXT
+)"""
+
+PAIRING_FAILURES = """
+CREATE TABLE pairing_failures (
+    id  INTEGER PRIMARY KEY,
+    at  REAL NOT NULL
+)"""
+
+INDEXES_V1 = [
+    # claim(): unowned queued tasks and resumable running ones, oldest first
+    "CREATE INDEX tasks_claimable ON tasks(created_at, id) "
+    "WHERE owner IS NULL AND status IN ('queued','running')",
+    # renew(), release(), recover(startup=False)
+    "CREATE INDEX tasks_owner ON tasks(owner, lease_expires) WHERE owner IS NOT NULL",
+    # recover(startup=True), list_tasks(status=), metrics by state
+    "CREATE INDEX tasks_status ON tasks(status, created_at)",
+    # gc(): finished tasks by age
+    "CREATE INDEX tasks_finished ON tasks(finished_at) WHERE finished_at IS NOT NULL",
+    # delete_model(): unfinished tasks of a model
+    "CREATE INDEX tasks_model ON tasks(model, status)",
+    "CREATE INDEX tasks_client ON tasks(client_id, id)",
+    "CREATE INDEX responses_client ON responses(client_id, id)",
+    "CREATE INDEX idempotency_expiry ON idempotency_keys(expires_at)",
+    "CREATE INDEX idempotency_task ON idempotency_keys(task_id) WHERE task_id IS NOT NULL",
+]
+
+INDEXES_V2 = [
+    "CREATE INDEX pairings_expiry ON pairings(expires_at)",
+    "CREATE INDEX pairing_failures_at ON pairing_failures(at)",
+]
+
+MIGRATIONS: list[list[str]] = [
+    # 1: the task store
+    [SERVICE_CONFIG, CLIENTS, MODELS, RESPONSES, TASKS, TASK_EVENTS, IDEMPOTENCY_KEYS, *INDEXES_V1],
+    # 2: pairing codes and the failed-attempt log
+    [PAIRINGS, PAIRING_FAILURES, *INDEXES_V2],
+]
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def user_version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def migrate(conn: sqlite3.Connection, *, target: int = SCHEMA_VERSION, path: str = "database") -> list[int]:
+    """Bring the database to ``target``; return the versions applied.
+
+    Each migration runs in one ``BEGIN IMMEDIATE`` transaction together with
+    its ``user_version`` bump, so concurrent openers apply it exactly once.
+    """
+    applied = []
+    while True:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = user_version(conn)
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{path} has schema version {version}, newer than this service understands "
+                    f"({SCHEMA_VERSION}); upgrade lmsp or use another data directory")
+            if version >= target:
+                conn.execute("COMMIT")
+                return applied
+            for statement in MIGRATIONS[version]:
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {version + 1}")
+            conn.execute("COMMIT")
+            applied.append(version + 1)
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise

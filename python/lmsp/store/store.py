@@ -1,0 +1,910 @@
+"""The durable store: LMSP chapter 11 on SQLite.
+
+One :class:`Store` per process wraps one database file. Every write is one
+``BEGIN IMMEDIATE`` transaction (see :mod:`lmsp.store.db`), so several worker
+processes and threads can share the file: claims, cancels, sequence numbers
+and idempotency decisions are all made inside the transaction that writes them.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from .. import ids as _ids
+from .. import objects as obj
+from ..errors import (IdempotencyKeyInUse, IdempotencyKeyReused, InvalidRequest, ModelInUse,
+                      NotFound, TaskFinished, TaskUnfinished, Conflict)
+from . import states as st
+from .db import Database, StoreError, translate
+from .schema import migrate
+
+MODEL_STATES = ("available", "loading", "loaded", "failed", "missing", "changed")
+RESPONSE_STATUSES = {
+    "queued": "t.status = 'queued'",
+    "in_progress": "t.status IN ('loading','running','cancelling')",
+    "completed": "t.status = 'completed' AND r.incomplete_reason IS NULL",
+    "incomplete": "t.status = 'completed' AND r.incomplete_reason IS NOT NULL",
+    "failed": "t.status = 'failed'",
+    "cancelled": "t.status = 'cancelled'",
+}
+FINISHES = (None, "stop", "length", "cancelled", "error")
+_UNFINISHED_SQL = "('queued','loading','running','cancelling')"
+_FINISHED_SQL = "('completed','failed','cancelled')"
+_MAX_LIMIT = 100
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def fingerprint(client_id: str | None, method: str, path: str, body: Any) -> str:
+    """The request fingerprint of B.8: sha256 hex of the canonical JSON of the request."""
+    canonical = json.dumps([client_id, method.upper(), path, body], sort_keys=True,
+                           separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def _tokens_text(tokens: Iterable[int]) -> str:
+    return ",".join(str(int(t)) for t in tokens)
+
+
+def _tokens_list(text: str | None) -> list[int]:
+    return [int(t) for t in text.split(",")] if text else []
+
+
+def _limit(limit: int) -> int:
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= _MAX_LIMIT:
+        raise InvalidRequest(f"limit must be an integer from 1 to {_MAX_LIMIT}", param="limit")
+    return limit
+
+
+class Store:
+    """The service's state in one SQLite file (see the module docstring of :mod:`lmsp.store.db`
+    for what each ``durability`` level risks)."""
+
+    def __init__(self, db: Database, *, clock: Callable[[], float], new_id: Callable[[str], str],
+                 idempotency_ttl: float) -> None:
+        self._db = db
+        self._clock = clock
+        self._new_id = new_id
+        self.idempotency_ttl = float(idempotency_ttl)
+
+    # -- life cycle ------------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | os.PathLike, *, durability: str = "full", busy_timeout: float = 5.0,
+             clock: Callable[[], float] = time.time, new_id: Callable[[str], str] = _ids.new_id,
+             idempotency_ttl: float = 24 * 3600.0) -> "Store":
+        """Open (creating and migrating as needed) the database at ``path``.
+
+        A database of a newer schema raises :class:`lmsp.store.StoreError`; a
+        locked or unwritable one :class:`lmsp.errors.Unavailable`.
+        """
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        db = Database(path, durability=durability, busy_timeout=busy_timeout)
+        store = cls(db, clock=clock, new_id=new_id, idempotency_ttl=idempotency_ttl)
+        try:
+            conn = db._acquire()
+            try:
+                migrate(conn, path=str(path))
+            except sqlite3.Error as exc:
+                raise translate(exc) from exc
+            finally:
+                db._release(conn)
+            store.identity()
+        except BaseException:
+            db.close()
+            raise
+        return store
+
+    def close(self) -> None:
+        """Close every idle connection; later calls raise RuntimeError. Safe to call twice."""
+        self._db.close()
+
+    @property
+    def path(self) -> Path:
+        return self._db.path
+
+    @property
+    def durability(self) -> str:
+        return self._db.durability
+
+    def wait_hint(self) -> int:
+        """A counter of the write transactions committed by this process (for wake-ups)."""
+        return self._db.commits
+
+    # -- identity & settings ---------------------------------------------------------------
+    def identity(self) -> dict:
+        """``{"service_id", "created_at"}``, created on the first call against an empty database."""
+        with self._db.read() as conn:
+            rows = dict(conn.execute("SELECT key, value FROM service_config "
+                                     "WHERE key IN ('identity.service_id', 'identity.created_at')"))
+        if len(rows) < 2:
+            with self._db.write() as conn:
+                now = self._clock()
+                conn.execute("INSERT OR IGNORE INTO service_config VALUES ('identity.service_id', ?)",
+                             (_dumps(self._new_id("svc")),))
+                conn.execute("INSERT OR IGNORE INTO service_config VALUES ('identity.created_at', ?)",
+                             (_dumps(int(now)),))
+                rows = dict(conn.execute("SELECT key, value FROM service_config "
+                                         "WHERE key IN ('identity.service_id', 'identity.created_at')"))
+        return {"service_id": json.loads(rows["identity.service_id"]),
+                "created_at": json.loads(rows["identity.created_at"])}
+
+    def get_setting(self, key: str, default: Any = None) -> Any:
+        with self._db.read() as conn:
+            row = conn.execute("SELECT value FROM service_config WHERE key = ?", ("setting." + key,)).fetchone()
+        return default if row is None else json.loads(row[0])
+
+    def set_setting(self, key: str, value: Any) -> None:
+        text = _dumps(value)
+        with self._db.write() as conn:
+            conn.execute("INSERT INTO service_config VALUES (?, ?) "
+                         "ON CONFLICT(key) DO UPDATE SET value = excluded.value", ("setting." + key, text))
+
+    # -- clients & pairing -----------------------------------------------------------------
+    def create_client(self, *, name: str, scopes: list[str], token_hash: str) -> dict:
+        if not isinstance(name, str) or not name.strip():
+            raise InvalidRequest("a client needs a name", param="name")
+        if not isinstance(scopes, (list, tuple)) or not all(isinstance(s, str) for s in scopes):
+            raise InvalidRequest("scopes must be a list of strings", param="scopes")
+        with self._db.write() as conn:
+            return self._insert_client(conn, name, list(scopes), token_hash)
+
+    def _insert_client(self, conn: sqlite3.Connection, name: str, scopes: list[str], token_hash: str) -> dict:
+        cid = self._new_id("cli")
+        try:
+            conn.execute("INSERT INTO clients (id, name, scopes, token_hash, created_at) VALUES (?,?,?,?,?)",
+                         (cid, name, _dumps(scopes), token_hash, self._clock()))
+        except sqlite3.IntegrityError as exc:
+            raise Conflict("a client with this token already exists") from exc
+        return obj.client_object(conn.execute("SELECT * FROM clients WHERE id = ?", (cid,)).fetchone())
+
+    def client_by_token_hash(self, token_hash: str) -> dict | None:
+        with self._db.read() as conn:
+            row = conn.execute("SELECT * FROM clients WHERE token_hash = ? AND revoked_at IS NULL",
+                               (token_hash,)).fetchone()
+        return None if row is None else obj.client_object(row)
+
+    def list_clients(self) -> list[dict]:
+        with self._db.read() as conn:
+            return [obj.client_object(r) for r in conn.execute("SELECT * FROM clients ORDER BY id")]
+
+    def revoke_client(self, client_id: str) -> dict:
+        with self._db.write() as conn:
+            conn.execute("UPDATE clients SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
+                         (self._clock(), client_id))
+            row = conn.execute("SELECT * FROM clients WHERE id = ?", (client_id,)).fetchone()
+            if row is None:
+                raise NotFound(f"no client {client_id}")
+            return obj.client_object(row)
+
+    def create_pairing(self, *, code_hash: str, scopes: list[str], expires_at: float,
+                       name: str | None = None) -> dict:
+        if not isinstance(scopes, (list, tuple)) or not all(isinstance(s, str) for s in scopes):
+            raise InvalidRequest("scopes must be a list of strings", param="scopes")
+        pid = self._new_id("pair")
+        with self._db.write() as conn:
+            try:
+                conn.execute("INSERT INTO pairings (id, code_hash, name, scopes, created_at, expires_at) "
+                             "VALUES (?,?,?,?,?,?)",
+                             (pid, code_hash, name, _dumps(list(scopes)), self._clock(), float(expires_at)))
+            except sqlite3.IntegrityError as exc:
+                raise Conflict("this pairing code already exists") from exc
+            return obj.pairing_object(conn.execute("SELECT * FROM pairings WHERE id = ?", (pid,)).fetchone())
+
+    def redeem_pairing(self, *, code_hash: str, client_name: str, token_hash: str) -> dict:
+        """Use a pairing code once and create its client; NotFound if unknown, used or expired."""
+        if not isinstance(client_name, str) or not client_name.strip():
+            raise InvalidRequest("client_name is required", param="client_name")
+        with self._db.write() as conn:
+            now = self._clock()
+            row = conn.execute("SELECT * FROM pairings WHERE code_hash = ? AND used_at IS NULL AND expires_at > ?",
+                               (code_hash, now)).fetchone()
+            if row is None:
+                raise NotFound("unknown, used or expired pairing code", param="code")
+            client = self._insert_client(conn, client_name, json.loads(row["scopes"]), token_hash)
+            conn.execute("UPDATE pairings SET used_at = ?, client_id = ? WHERE id = ?", (now, client["id"], row["id"]))
+            return client
+
+    def count_pairing_failures(self, since: float) -> int:
+        with self._db.read() as conn:
+            return conn.execute("SELECT count(*) FROM pairing_failures WHERE at >= ?", (since,)).fetchone()[0]
+
+    def record_pairing_failure(self) -> None:
+        with self._db.write() as conn:
+            conn.execute("INSERT INTO pairing_failures (at) VALUES (?)", (self._clock(),))
+
+    # -- models ----------------------------------------------------------------------------
+    def put_model(self, model: dict) -> dict:
+        """Insert or update a model's metadata (never the file); returns it with its path."""
+        try:
+            values = (str(model["id"]), str(model["path"]), str(model["digest"]), int(model["size_bytes"]),
+                      model.get("format") or "gguf", model.get("architecture"), model.get("parameters"),
+                      model.get("quantization"), model.get("context_length"), model.get("state") or "available")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidRequest(f"incomplete model metadata: {exc}") from exc
+        if values[-1] not in MODEL_STATES:
+            raise InvalidRequest(f"unknown model state {values[-1]!r}", param="state")
+        with self._db.write() as conn:
+            conn.execute(
+                "INSERT INTO models (id, path, digest, size_bytes, format, architecture, parameters, quantization,"
+                " context_length, state, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET"
+                " path=excluded.path, digest=excluded.digest, size_bytes=excluded.size_bytes,"
+                " format=excluded.format, architecture=excluded.architecture, parameters=excluded.parameters,"
+                " quantization=excluded.quantization, context_length=excluded.context_length,"
+                " state=excluded.state", values + (self._clock(),))
+            row = conn.execute("SELECT * FROM models WHERE id = ?", (values[0],)).fetchone()
+        return obj.model_object(row, with_path=True)
+
+    def get_model(self, model_id: str) -> dict:
+        with self._db.read() as conn:
+            row = conn.execute("SELECT * FROM models WHERE id = ?", (model_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"no model {model_id}")
+        return obj.model_object(row, with_path=True)
+
+    def list_models(self) -> list[dict]:
+        with self._db.read() as conn:
+            return [obj.model_object(r, with_path=True) for r in conn.execute("SELECT * FROM models ORDER BY id")]
+
+    def set_model_state(self, model_id: str, state: str) -> None:
+        if state not in MODEL_STATES:
+            raise InvalidRequest(f"unknown model state {state!r}", param="state")
+        with self._db.write() as conn:
+            if conn.execute("UPDATE models SET state = ? WHERE id = ?", (state, model_id)).rowcount == 0:
+                raise NotFound(f"no model {model_id}")
+
+    def delete_model(self, model_id: str) -> None:
+        with self._db.write() as conn:
+            if conn.execute("SELECT 1 FROM models WHERE id = ?", (model_id,)).fetchone() is None:
+                raise NotFound(f"no model {model_id}")
+            if conn.execute(f"SELECT 1 FROM tasks WHERE model = ? AND status IN {_UNFINISHED_SQL} LIMIT 1",
+                            (model_id,)).fetchone():
+                raise ModelInUse(f"model {model_id} is needed by unfinished tasks")
+            conn.execute("DELETE FROM models WHERE id = ?", (model_id,))
+
+    # -- internals of the task log ---------------------------------------------------------
+    @staticmethod
+    def _task(conn: sqlite3.Connection, task_id: str, client_id: str | None = None) -> dict:
+        row = conn.execute("SELECT * FROM tasks WHERE id = ?", (task_id,)).fetchone()
+        if row is None or (client_id is not None and row["client_id"] != client_id):
+            raise NotFound(f"no task {task_id}")
+        return dict(row)
+
+    @staticmethod
+    def _response_row(conn: sqlite3.Connection, response_id: str, client_id: str | None = None) -> sqlite3.Row:
+        row = conn.execute("SELECT * FROM responses WHERE id = ?", (response_id,)).fetchone()
+        if row is None or (client_id is not None and row["client_id"] != client_id):
+            raise NotFound(f"no response {response_id}")
+        return row
+
+    def _resolve(self, conn: sqlite3.Connection, task_or_response_id: str, client_id: str | None) -> dict:
+        if str(task_or_response_id).startswith("resp_"):
+            row = conn.execute("SELECT id FROM tasks WHERE response_id = ?", (task_or_response_id,)).fetchone()
+            if row is None:
+                raise NotFound(f"no response {task_or_response_id}")
+            return self._task(conn, row[0], client_id)
+        return self._task(conn, task_or_response_id, client_id)
+
+    @staticmethod
+    def _attempt_text(conn: sqlite3.Connection, task: dict) -> str:
+        rows = conn.execute("SELECT text FROM task_events WHERE task_id = ? AND seq > ? AND data IS NULL "
+                            "ORDER BY seq", (task["id"], task["attempt_seq"])).fetchall()
+        return "".join(r[0] for r in rows)
+
+    def _render_response(self, conn: sqlite3.Connection, response: sqlite3.Row, task: dict) -> dict:
+        if task["status"] in st.FINISHED and response["output_text"] is not None:
+            text = response["output_text"]
+        else:
+            text = self._attempt_text(conn, task)
+        return obj.response_object(response, task, text)
+
+    @staticmethod
+    def _emit(conn: sqlite3.Connection, task: dict, etype: str, now: float, payload: dict) -> int:
+        task["last_seq"] += 1
+        conn.execute("INSERT INTO task_events (task_id, seq, type, created_at, data) VALUES (?,?,?,?,?)",
+                     (task["id"], task["last_seq"], etype, now, _dumps(payload)))
+        return task["last_seq"]
+
+    def _emit_task(self, conn: sqlite3.Connection, task: dict, etype: str, now: float) -> None:
+        task["last_seq"] += 1  # the Task object carries the number of the event that holds it
+        payload = {"task": obj.task_object(task)}
+        task["last_seq"] -= 1
+        self._emit(conn, task, etype, now, payload)
+
+    def _emit_response(self, conn: sqlite3.Connection, task: dict, etype: str, now: float,
+                       response: sqlite3.Row | None = None) -> None:
+        if response is None:
+            response = self._response_row(conn, task["response_id"])
+        task["last_seq"] += 1
+        payload = {"response": self._render_response(conn, response, task)}
+        task["last_seq"] -= 1
+        self._emit(conn, task, etype, now, payload)
+
+    @staticmethod
+    def _save(conn: sqlite3.Connection, task: dict) -> None:
+        conn.execute(
+            "UPDATE tasks SET status=?, attempts=?, started_at=?, finished_at=?, error=?, last_seq=?, owner=?,"
+            " lease_expires=?, attempt_seq=?, item_open=?, pending_tokens=?, kv_path=? WHERE id=?",
+            (task["status"], task["attempts"], task["started_at"], task["finished_at"], task["error"],
+             task["last_seq"], task["owner"], task["lease_expires"], task["attempt_seq"], task["item_open"],
+             task["pending_tokens"], task["kv_path"], task["id"]))
+
+    @staticmethod
+    def _move(task: dict, target: str) -> None:
+        st.check(task["id"], task["status"], target)
+        task["status"] = target
+
+    def _finish(self, conn: sqlite3.Connection, task: dict, target: str, now: float, *,
+                error: dict | None = None) -> None:
+        """Move to a finished state and release the claim (the caller writes the event)."""
+        self._move(task, target)
+        task.update(finished_at=now, owner=None, lease_expires=None, pending_tokens="", kv_path=None,
+                    error=None if error is None else _dumps(error))
+
+    # -- responses & tasks -----------------------------------------------------------------
+    def create_task(self, *, client_id: str | None, model: str, request: dict, on_restart: str,
+                    background: bool, stream: bool, idempotency: tuple[str, str] | None = None) -> dict:
+        """Persist a new response and its queued task in ONE transaction (11.2, B.8).
+
+        Returns ``{"response", "task", "replay"}``; ``replay`` is None for a new
+        task, else ``(status_code, body)`` to send again (nothing was created).
+        """
+        if on_restart not in st.POLICIES:
+            raise InvalidRequest(f"on_restart must be one of {', '.join(st.POLICIES)}", param="on_restart")
+        if not isinstance(request, dict):
+            raise InvalidRequest("the request must be a JSON object")
+        if not isinstance(model, str) or not model:
+            raise InvalidRequest("model is required", param="model")
+        try:
+            request_text = _dumps(request)
+        except (TypeError, ValueError) as exc:
+            raise InvalidRequest(f"the request is not JSON: {exc}") from exc
+        with self._db.write() as conn:
+            now = self._clock()
+            if idempotency is not None:
+                key, fp = idempotency
+                replay = self._idempotency_check(conn, client_id, key, fp, now)
+                if replay is not None:
+                    return replay
+            rid, tid, mid = self._new_id("resp"), self._new_id("task"), self._new_id("msg")
+            conn.execute("INSERT INTO responses (id, client_id, model, created_at, request, background, stream,"
+                         " item_id) VALUES (?,?,?,?,?,?,?,?)",
+                         (rid, client_id, model, now, request_text, int(bool(background)), int(bool(stream)), mid))
+            conn.execute("INSERT INTO tasks (id, response_id, client_id, model, status, on_restart, created_at)"
+                         " VALUES (?,?,?,?,'queued',?,?)", (tid, rid, client_id, model, on_restart, now))
+            task = self._task(conn, tid)
+            response = self._response_row(conn, rid)
+            self._emit_response(conn, task, "response.created", now, response)
+            self._emit_response(conn, task, "response.queued", now, response)
+            self._save(conn, task)
+            body = self._render_response(conn, response, task)
+            if idempotency is not None:
+                if background:
+                    conn.execute("INSERT INTO idempotency_keys (client_id, key, fingerprint, state, status, body,"
+                                 " task_id, created_at, expires_at) VALUES (?,?,?,'done',202,?,?,?,?)",
+                                 (client_id or "", key, fp, _dumps(body), tid, now, now + self.idempotency_ttl))
+                else:
+                    conn.execute("INSERT INTO idempotency_keys (client_id, key, fingerprint, state, task_id,"
+                                 " created_at, expires_at) VALUES (?,?,?,'task',?,?,?)",
+                                 (client_id or "", key, fp, tid, now, now + self.idempotency_ttl))
+            return {"response": body, "task": obj.task_object(task), "replay": None}
+
+    def _idempotency_check(self, conn: sqlite3.Connection, client_id: str | None, key: str, fp: str,
+                           now: float) -> dict | None:
+        row = conn.execute("SELECT * FROM idempotency_keys WHERE client_id = ? AND key = ?",
+                           (client_id or "", key)).fetchone()
+        if row is None:
+            return None
+        if row["expires_at"] <= now:
+            conn.execute("DELETE FROM idempotency_keys WHERE client_id = ? AND key = ?", (client_id or "", key))
+            return None
+        if row["fingerprint"] != fp:
+            raise IdempotencyKeyReused("this Idempotency-Key was used with a different request")
+        if row["state"] == "processing":
+            raise IdempotencyKeyInUse("a request with this Idempotency-Key is still being processed")
+        task = response = None
+        if row["task_id"] is not None:
+            trow = conn.execute("SELECT * FROM tasks WHERE id = ?", (row["task_id"],)).fetchone()
+            if trow is not None:
+                task = dict(trow)
+                response = self._render_response(conn, self._response_row(conn, task["response_id"]), task)
+        if row["state"] == "done":
+            return {"response": response, "task": None if task is None else obj.task_object(task),
+                    "replay": (row["status"], json.loads(row["body"]))}
+        if task is None:  # the task it pointed at was deleted: the key is spent
+            conn.execute("DELETE FROM idempotency_keys WHERE client_id = ? AND key = ?", (client_id or "", key))
+            return None
+        if task["status"] in st.UNFINISHED:
+            raise IdempotencyKeyInUse("the request with this Idempotency-Key is still running")
+        return {"response": response, "task": obj.task_object(task), "replay": (200, response)}
+
+    def idempotency_begin(self, client_id: str | None, key: str, fingerprint: str) -> tuple[int, dict] | None:
+        """For a generic POST: None = go ahead (a 'processing' row is now held), else ``(status, body)``."""
+        with self._db.write() as conn:
+            now = self._clock()
+            row = conn.execute("SELECT * FROM idempotency_keys WHERE client_id = ? AND key = ?",
+                               (client_id or "", key)).fetchone()
+            if row is not None and row["expires_at"] > now:
+                if row["fingerprint"] != fingerprint:
+                    raise IdempotencyKeyReused("this Idempotency-Key was used with a different request")
+                if row["state"] == "processing":
+                    raise IdempotencyKeyInUse("a request with this Idempotency-Key is still being processed")
+                if row["state"] == "done":
+                    return row["status"], json.loads(row["body"])
+                raise IdempotencyKeyInUse("this Idempotency-Key belongs to a response request")
+            conn.execute("INSERT OR REPLACE INTO idempotency_keys (client_id, key, fingerprint, state, created_at,"
+                         " expires_at) VALUES (?,?,?,'processing',?,?)",
+                         (client_id or "", key, fingerprint, now, now + self.idempotency_ttl))
+            return None
+
+    def idempotency_finish(self, client_id: str | None, key: str, status: int, body: dict) -> None:
+        with self._db.write() as conn:
+            conn.execute("UPDATE idempotency_keys SET state = 'done', status = ?, body = ? "
+                         "WHERE client_id = ? AND key = ? AND state = 'processing'",
+                         (int(status), _dumps(body), client_id or "", key))
+
+    def idempotency_abort(self, client_id: str | None, key: str) -> None:
+        with self._db.write() as conn:
+            conn.execute("DELETE FROM idempotency_keys WHERE client_id = ? AND key = ? AND state = 'processing'",
+                         (client_id or "", key))
+
+    def get_response(self, response_id: str, client_id: str | None = None) -> dict:
+        with self._db.read() as conn:
+            response = self._response_row(conn, response_id, client_id)
+            task = dict(conn.execute("SELECT * FROM tasks WHERE response_id = ?", (response_id,)).fetchone())
+            return self._render_response(conn, response, task)
+
+    def _page(self, conn: sqlite3.Connection, sql: str, args: list, limit: int, render) -> dict:
+        ids = [r[0] for r in conn.execute(sql + " LIMIT ?", args + [limit + 1])]
+        data = [render(i) for i in ids[:limit]]
+        return {"object": "list", "data": data, "has_more": len(ids) > limit,
+                "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
+
+    def list_responses(self, client_id: str | None = None, *, status: str | None = None, limit: int = 20,
+                       after: str | None = None) -> dict:
+        """The responses newest first; ``after`` is the last id of the previous page."""
+        limit = _limit(limit)
+        where, args = ["1"], []
+        if client_id is not None:
+            where.append("r.client_id = ?"), args.append(client_id)
+        if status is not None:
+            if status not in RESPONSE_STATUSES:
+                raise InvalidRequest(f"unknown status {status!r}", param="status")
+            where.append(RESPONSE_STATUSES[status])
+        if after is not None:
+            where.append("r.id < ?"), args.append(str(after))
+        sql = ("SELECT r.id FROM responses r JOIN tasks t ON t.response_id = r.id WHERE "
+               + " AND ".join(where) + " ORDER BY r.id DESC")
+        with self._db.read() as conn:
+            def render(rid: str) -> dict:
+                task = dict(conn.execute("SELECT * FROM tasks WHERE response_id = ?", (rid,)).fetchone())
+                return self._render_response(conn, self._response_row(conn, rid), task)
+            return self._page(conn, sql, args, limit, render)
+
+    def delete_response(self, response_id: str, client_id: str | None = None) -> dict:
+        with self._db.write() as conn:
+            self._response_row(conn, response_id, client_id)
+            task = conn.execute("SELECT id, status FROM tasks WHERE response_id = ?", (response_id,)).fetchone()
+            if task is not None and task["status"] in st.UNFINISHED:
+                raise TaskUnfinished(f"response {response_id} is still {task['status']}; cancel it first")
+            if task is not None:
+                conn.execute("DELETE FROM idempotency_keys WHERE task_id = ?", (task["id"],))
+            conn.execute("DELETE FROM responses WHERE id = ?", (response_id,))  # cascades to task and events
+        return obj.deleted_response(response_id)
+
+    def get_task(self, task_id: str, client_id: str | None = None) -> dict:
+        with self._db.read() as conn:
+            return obj.task_object(self._task(conn, task_id, client_id))
+
+    def list_tasks(self, client_id: str | None = None, *, status: str | None = None, limit: int = 20,
+                   after: str | None = None) -> dict:
+        limit = _limit(limit)
+        where, args = ["1"], []
+        if client_id is not None:
+            where.append("client_id = ?"), args.append(client_id)
+        if status is not None:
+            if status not in st.STATES:
+                raise InvalidRequest(f"unknown status {status!r}", param="status")
+            where.append("status = ?"), args.append(status)
+        if after is not None:
+            where.append("id < ?"), args.append(str(after))
+        sql = "SELECT id FROM tasks WHERE " + " AND ".join(where) + " ORDER BY id DESC"
+        with self._db.read() as conn:
+            return self._page(conn, sql, args, limit, lambda tid: obj.task_object(self._task(conn, tid)))
+
+    def task_id_for_response(self, response_id: str, client_id: str | None = None) -> str:
+        with self._db.read() as conn:
+            self._response_row(conn, response_id, client_id)
+            return conn.execute("SELECT id FROM tasks WHERE response_id = ?", (response_id,)).fetchone()[0]
+
+    def events(self, task_id: str, *, after: int = 0, limit: int = 1000, client_id: str | None = None) -> dict:
+        """The task's events with ``sequence_number > after``, oldest first."""
+        if not isinstance(after, int) or isinstance(after, bool) or after < 0:
+            raise InvalidRequest("after must be a non-negative integer", param="after")
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise InvalidRequest("limit must be a positive integer", param="limit")
+        with self._db.read() as conn:
+            task = self._task(conn, task_id, client_id)
+            item_id = conn.execute("SELECT item_id FROM responses WHERE id = ?", (task["response_id"],)).fetchone()[0]
+            rows = conn.execute("SELECT seq, type, created_at, text, data FROM task_events WHERE task_id = ? "
+                                "AND seq > ? ORDER BY seq LIMIT ?", (task_id, after, limit + 1)).fetchall()
+        return {"object": "list", "data": [obj.event_object(r, item_id) for r in rows[:limit]],
+                "has_more": len(rows) > limit}
+
+    def last_sequence(self, task_id: str) -> int:
+        with self._db.read() as conn:
+            row = conn.execute("SELECT last_seq FROM tasks WHERE id = ?", (task_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"no task {task_id}")
+        return row[0]
+
+    def output_text(self, task_id: str) -> str:
+        """The task's output: the concatenated deltas after its last ``task.requeued``."""
+        with self._db.read() as conn:
+            return self._attempt_text(conn, self._task(conn, task_id))
+
+    def cancel(self, task_or_response_id: str, client_id: str | None = None) -> dict:
+        """B.7 in one transaction; returns the Task object."""
+        with self._db.write() as conn:
+            now = self._clock()
+            task = self._resolve(conn, task_or_response_id, client_id)
+            status = task["status"]
+            if status in (st.COMPLETED, st.FAILED):
+                raise TaskFinished(f"task {task['id']} is already {status}")
+            if status in (st.QUEUED, st.LOADING) or (status == st.RUNNING and task["owner"] is None):
+                # nobody is generating for it (a resumable task waits unowned): cancelled at once
+                self._finish(conn, task, st.CANCELLED, now)
+                self._emit_response(conn, task, "response.cancelled", now)
+                self._save(conn, task)
+            elif status == st.RUNNING:
+                self._move(task, st.CANCELLING)
+                self._emit_task(conn, task, "task.cancelling", now)
+                self._save(conn, task)
+            return obj.task_object(task)
+
+    # -- the worker side -------------------------------------------------------------------
+    def _owned(self, conn: sqlite3.Connection, task_id: str, owner: str, target: str) -> dict:
+        task = self._task(conn, task_id)
+        if task["status"] != target or task["owner"] != owner:
+            st.check(task_id, task["status"], target)
+        if task["owner"] != owner:
+            raise st.ClaimLost(task_id, owner, task["owner"])
+        return task
+
+    def claim(self, owner: str, *, limit: int, lease: float) -> list[dict]:
+        """Atomically take up to ``limit`` claimable tasks, oldest first (queued, or running to resume)."""
+        if not owner:
+            raise ValueError("owner must be a non-empty string")
+        if limit < 1:
+            return []
+        with self._db.write() as conn:
+            now = self._clock()
+            rows = conn.execute("SELECT * FROM tasks WHERE owner IS NULL AND status IN ('queued','running') "
+                                "ORDER BY created_at, id LIMIT ?", (int(limit),)).fetchall()
+            claims = []
+            for row in rows:
+                task = dict(row)
+                conn.execute("UPDATE tasks SET owner = ?, lease_expires = ? WHERE id = ?",
+                             (owner, now + lease, task["id"]))
+                response = self._response_row(conn, task["response_id"])
+                resume = None
+                if task["status"] == st.RUNNING:
+                    events = conn.execute("SELECT text, tokens FROM task_events WHERE task_id = ? AND seq > ? "
+                                          "AND data IS NULL ORDER BY seq", (task["id"], task["attempt_seq"]))
+                    generated: list[int] = []
+                    emitted = []
+                    for text, tokens in events:
+                        generated.extend(_tokens_list(tokens))
+                        emitted.append(text)
+                    generated.extend(_tokens_list(task["pending_tokens"]))
+                    resume = {"generated": generated, "emitted": "".join(emitted), "kv_path": task["kv_path"]}
+                claims.append({"task_id": task["id"], "response_id": task["response_id"], "model": task["model"],
+                               "request": json.loads(response["request"]), "status": task["status"],
+                               "on_restart": task["on_restart"], "attempts": task["attempts"],
+                               "item_id": response["item_id"], "resume": resume})
+            return claims
+
+    def renew(self, owner: str, *, lease: float) -> list[str]:
+        """Extend the leases of ``owner``'s unfinished tasks; return those now ``cancelling``."""
+        with self._db.write() as conn:
+            now = self._clock()
+            conn.execute(f"UPDATE tasks SET lease_expires = ? WHERE owner = ? AND status IN {_UNFINISHED_SQL}",
+                         (now + lease, owner))
+            return [r[0] for r in conn.execute("SELECT id FROM tasks WHERE owner = ? AND status = 'cancelling'",
+                                               (owner,))]
+
+    def set_loading(self, task_id: str, owner: str) -> None:
+        """queued → loading (+ ``task.loading``)."""
+        with self._db.write() as conn:
+            now = self._clock()
+            task = self._owned(conn, task_id, owner, st.LOADING)
+            if task["status"] == st.LOADING:
+                return
+            self._move(task, st.LOADING)
+            self._emit_task(conn, task, "task.loading", now)
+            self._save(conn, task)
+
+    def set_running(self, task_id: str, owner: str) -> None:
+        """queued/loading → running (+ ``task.running``, ``response.in_progress``); a resumed task: nothing."""
+        with self._db.write() as conn:
+            now = self._clock()
+            task = self._owned(conn, task_id, owner, st.RUNNING)
+            if task["status"] == st.RUNNING:
+                return
+            self._move(task, st.RUNNING)
+            if task["started_at"] is None:
+                task["started_at"] = now
+            self._emit_task(conn, task, "task.running", now)
+            self._emit_response(conn, task, "response.in_progress", now)
+            self._save(conn, task)
+
+    def append_step(self, owner: str, items: list[dict]) -> dict:
+        """Record one engine step for many tasks in ONE transaction.
+
+        Returns ``{"skipped": [ids not owned or not running], "cancelled": [ids that
+        ended cancelled], "finished": {id: final status}}``.
+        """
+        skipped: list[str] = []
+        cancelled: list[str] = []
+        finished: dict[str, str] = {}
+        for item in items:
+            if item.get("finish") not in FINISHES:
+                raise ValueError(f"unknown finish {item.get('finish')!r}")
+        with self._db.write() as conn:
+            now = self._clock()
+            wanted = list(dict.fromkeys(item["task_id"] for item in items))
+            tasks: dict[str, dict] = {}
+            for i in range(0, len(wanted), 500):
+                chunk = wanted[i:i + 500]
+                for row in conn.execute(
+                        "SELECT t.id, t.status, t.owner, t.last_seq, t.item_open, t.pending_tokens, t.kv_path,"
+                        " t.response_id, r.item_id FROM tasks t JOIN responses r ON r.id = t.response_id"
+                        f" WHERE t.id IN ({','.join('?' * len(chunk))})", chunk):
+                    tasks[row[0]] = dict(row)
+            events: list[tuple] = []
+            touched: dict[str, dict] = {}
+            ends: list[tuple[dict, dict]] = []
+            for item in items:
+                tid = item["task_id"]
+                task = tasks.get(tid)
+                if (task is None or task["owner"] != owner or task["status"] not in (st.RUNNING, st.CANCELLING)
+                        or task.get("ended")):
+                    skipped.append(tid)
+                    continue
+                delta = item.get("delta") or ""
+                finish = item.get("finish")
+                if not task["item_open"] and (delta or finish in ("stop", "length")):
+                    self._open_item(events, task, now)
+                tokens = item.get("tokens") or ()
+                if delta:
+                    task["last_seq"] += 1
+                    toks = _tokens_text(tokens)
+                    if task["pending_tokens"]:
+                        toks = task["pending_tokens"] + ("," + toks if toks else "")
+                        task["pending_tokens"] = ""
+                    events.append((tid, task["last_seq"], "response.output_text.delta", now, delta, toks, None))
+                elif tokens:
+                    toks = _tokens_text(tokens)
+                    task["pending_tokens"] = task["pending_tokens"] + "," + toks if task["pending_tokens"] else toks
+                if item.get("kv_path"):
+                    task["kv_path"] = item["kv_path"]
+                touched[tid] = task
+                if finish is not None:
+                    task["ended"] = True
+                    ends.append((task, item))
+            conn.executemany("INSERT INTO task_events (task_id, seq, type, created_at, text, tokens, data) "
+                             "VALUES (?,?,?,?,?,?,?)", events)
+            conn.executemany("UPDATE tasks SET last_seq = ?, item_open = ?, pending_tokens = ?, kv_path = ? "
+                             "WHERE id = ?", [(t["last_seq"], t["item_open"], t["pending_tokens"], t["kv_path"], tid)
+                                              for tid, t in touched.items()])
+            for partial, item in ends:
+                final = self._end(conn, partial["id"], item, now)
+                finished[partial["id"]] = final
+                if final == st.CANCELLED:
+                    cancelled.append(partial["id"])
+        return {"skipped": skipped, "cancelled": cancelled, "finished": finished}
+
+    @staticmethod
+    def _open_item(events: list[tuple], task: dict, now: float) -> None:
+        item_id = task["item_id"]
+        task["last_seq"] += 1
+        events.append((task["id"], task["last_seq"], "response.output_item.added", now, None, None, _dumps(
+            {"output_index": 0, "item": obj.output_item(item_id, "in_progress", None)})))
+        task["last_seq"] += 1
+        events.append((task["id"], task["last_seq"], "response.content_part.added", now, None, None, _dumps(
+            {"item_id": item_id, "output_index": 0, "content_index": 0, "part": obj.output_part("")})))
+        task["item_open"] = 1
+
+    def _end(self, conn: sqlite3.Connection, task_id: str, item: dict, now: float) -> str:
+        """The final transition of a task the engine finished; a cancel accepted before always wins."""
+        task = self._task(conn, task_id)
+        response = self._response_row(conn, task["response_id"])
+        finish = item["finish"]
+        if task["status"] == st.CANCELLING or finish == "cancelled":
+            target, etype = st.CANCELLED, "response.cancelled"
+        elif finish == "error":
+            target, etype = st.FAILED, "response.failed"
+        else:
+            target = st.COMPLETED
+            etype = "response.incomplete" if finish == "length" else "response.completed"
+        text = self._attempt_text(conn, task)
+        reason = "max_output_tokens" if target == st.COMPLETED and finish == "length" else None
+        error = None
+        if target == st.FAILED:
+            error = item.get("error") or {"code": "server_error", "message": "generation failed"}
+            error = {"code": str(error.get("code") or "server_error"), "message": str(error.get("message") or "")}
+        if task["item_open"]:
+            item_status = "completed" if etype == "response.completed" else "incomplete"
+            base = {"item_id": response["item_id"], "output_index": 0, "content_index": 0}
+            self._emit(conn, task, "response.output_text.done", now, {**base, "text": text})
+            self._emit(conn, task, "response.content_part.done", now, {**base, "part": obj.output_part(text)})
+            self._emit(conn, task, "response.output_item.done", now, {
+                "output_index": 0, "item": obj.output_item(response["item_id"], item_status, text)})
+        usage = item.get("usage")
+        conn.execute("UPDATE responses SET output_text = ?, usage = ?, incomplete_reason = ? WHERE id = ?",
+                     (text, None if usage is None else _dumps(usage), reason, response["id"]))
+        self._finish(conn, task, target, now, error=error)
+        self._emit_response(conn, task, etype, now)
+        self._save(conn, task)
+        return target
+
+    def fail_task(self, task_id: str, owner: str, *, code: str, message: str) -> None:
+        """The worker gives up on a task (e.g. its model failed to load): failed + ``response.failed``.
+
+        A task already ``cancelling`` ends ``cancelled`` instead (B.7).
+        """
+        with self._db.write() as conn:
+            now = self._clock()
+            task = self._task(conn, task_id)
+            if task["status"] in st.FINISHED:
+                st.check(task_id, task["status"], st.FAILED)
+            if task["owner"] != owner:
+                raise st.ClaimLost(task_id, owner, task["owner"])
+            if task["status"] == st.CANCELLING:
+                self._finish(conn, task, st.CANCELLED, now)
+                self._emit_response(conn, task, "response.cancelled", now)
+            else:
+                self._finish(conn, task, st.FAILED, now, error={"code": str(code), "message": str(message)})
+                self._emit_response(conn, task, "response.failed", now)
+            self._save(conn, task)
+
+    def release(self, owner: str) -> None:
+        """Graceful shutdown of a worker: claimed-but-unstarted tasks go back to the queue; started
+        ones keep their state with an expired lease, so recovery applies their restart policy."""
+        with self._db.write() as conn:
+            conn.execute("UPDATE tasks SET owner = NULL, lease_expires = NULL WHERE owner = ? AND status = 'queued'",
+                         (owner,))
+            conn.execute(f"UPDATE tasks SET lease_expires = 0 WHERE owner = ? AND status IN {_UNFINISHED_SQL}",
+                         (owner,))
+
+    def recover(self, *, startup: bool = True, now: float | None = None, batch: int = 100) -> dict:
+        """Apply the 11.3 table to leftover tasks and report what was done.
+
+        ``startup=True``: every queued/loading/running/cancelling task (run it
+        once, before any worker claims). ``startup=False``: only tasks whose
+        owner's lease expired (a worker died). Returns ``{"failed", "requeued",
+        "resumed", "cancelled": [task ids], "kv_paths": [snapshot files no longer needed]}``.
+        """
+        report: dict[str, list] = {"failed": [], "requeued": [], "resumed": [], "cancelled": [], "kv_paths": []}
+        when = self._clock() if now is None else now
+        if startup:
+            sql = f"SELECT id FROM tasks WHERE status IN {_UNFINISHED_SQL} AND id > ? ORDER BY id LIMIT ?"
+        else:
+            sql = (f"SELECT id FROM tasks WHERE owner IS NOT NULL AND lease_expires < {float(when)!r}"
+                   f" AND status IN {_UNFINISHED_SQL} AND id > ? ORDER BY id LIMIT ?")
+        last = ""
+        while True:
+            with self._db.write() as conn:
+                ids = [r[0] for r in conn.execute(sql, (last, batch))]
+                if not ids:
+                    break
+                last = ids[-1]
+                stamp = self._clock()
+                for tid in ids:
+                    task = self._task(conn, tid)
+                    if task["status"] not in st.UNFINISHED:
+                        continue
+                    if not startup and not (task["owner"] is not None and task["lease_expires"] < when):
+                        continue
+                    self._recover_one(conn, task, stamp, report)
+        return report
+
+    def _recover_one(self, conn: sqlite3.Connection, task: dict, now: float, report: dict) -> None:
+        found = task["status"]
+        target = st.RECOVERY[(found, task["on_restart"])]
+        if task["kv_path"] and target != st.RUNNING:
+            report["kv_paths"].append(task["kv_path"])
+        if target == st.FAILED:
+            self._finish(conn, task, st.FAILED, now, error={
+                "code": "server_restarted", "message": f"the service restarted while the task was {found}"})
+            self._emit_response(conn, task, "response.failed", now)
+            report["failed"].append(task["id"])
+        elif target == st.CANCELLED:
+            self._finish(conn, task, st.CANCELLED, now)
+            self._emit_response(conn, task, "response.cancelled", now)
+            report["cancelled"].append(task["id"])
+        elif target == st.QUEUED:
+            self._move(task, st.QUEUED)
+            task.update(owner=None, lease_expires=None, item_open=0, pending_tokens="", kv_path=None,
+                        attempts=task["attempts"] + 1, started_at=None)
+            task["attempt_seq"] = task["last_seq"] + 1  # the output restarts after task.requeued
+            self._emit_task(conn, task, "task.requeued", now)
+            report["requeued"].append(task["id"])
+        else:  # running, continuing from the snapshot
+            self._move(task, st.RUNNING)
+            task.update(owner=None, lease_expires=None, attempts=task["attempts"] + 1)
+            self._emit_task(conn, task, "task.resumed", now)
+            report["resumed"].append(task["id"])
+        self._save(conn, task)
+
+    # -- retention -------------------------------------------------------------------------
+    def gc(self, *, retention: float, batch: int = 500) -> dict:
+        """Delete finished tasks (with their events and responses) that finished more than
+        ``retention`` seconds ago, expired idempotency keys and spent pairing codes.
+
+        Every transaction deletes at most about ``batch`` rows, so the write lock
+        is never held long; unfinished tasks are never touched.
+        """
+        if batch < 1:
+            raise ValueError("batch must be at least 1")
+        counts = {"tasks": 0, "events": 0, "idempotency_keys": 0, "pairings": 0}
+        now = self._clock()
+        cutoff = now - float(retention)
+        while True:
+            with self._db.read() as conn:
+                rows = conn.execute(f"SELECT id, response_id, last_seq FROM tasks WHERE finished_at < ? AND "
+                                    f"status IN {_FINISHED_SQL} ORDER BY finished_at LIMIT ?",
+                                    (cutoff, batch)).fetchall()
+            if not rows:
+                break
+            budget, doomed = 0, []
+            for tid, rid, last_seq in rows:
+                low = 1
+                while last_seq - low + 1 > batch - budget:  # a long log: delete it in slices
+                    high = low + (batch - budget) - 1
+                    with self._db.write() as conn:
+                        counts["events"] += conn.execute("DELETE FROM task_events WHERE task_id = ? AND seq "
+                                                         "BETWEEN ? AND ?", (tid, low, high)).rowcount
+                    low, budget = high + 1, 0
+                doomed.append((tid, rid, low))
+                budget += max(0, last_seq - low + 1) + 1
+                if budget >= batch:
+                    self._gc_delete(doomed, cutoff, counts)
+                    doomed, budget = [], 0
+            if doomed:
+                self._gc_delete(doomed, cutoff, counts)
+        while True:
+            with self._db.write() as conn:
+                n = conn.execute("DELETE FROM idempotency_keys WHERE (client_id, key) IN (SELECT client_id, key "
+                                 "FROM idempotency_keys WHERE expires_at <= ? LIMIT ?)", (now, batch)).rowcount
+            counts["idempotency_keys"] += n
+            if n < batch:
+                break
+        while True:
+            with self._db.write() as conn:
+                n = conn.execute("DELETE FROM pairings WHERE id IN (SELECT id FROM pairings WHERE expires_at < ? "
+                                 "LIMIT ?)", (cutoff, batch)).rowcount
+                conn.execute("DELETE FROM pairing_failures WHERE id IN (SELECT id FROM pairing_failures "
+                             "WHERE at < ? LIMIT ?)", (cutoff, batch))
+            counts["pairings"] += n
+            if n < batch:
+                break
+        return counts
+
+    def _gc_delete(self, doomed: list[tuple[str, str, int]], cutoff: float, counts: dict) -> None:
+        with self._db.write() as conn:
+            for tid, rid, low in doomed:
+                row = conn.execute("SELECT status, finished_at FROM tasks WHERE id = ?", (tid,)).fetchone()
+                if row is None or row["status"] not in st.FINISHED or not row["finished_at"] < cutoff:
+                    continue
+                counts["events"] += conn.execute("DELETE FROM task_events WHERE task_id = ?", (tid,)).rowcount
+                conn.execute("DELETE FROM idempotency_keys WHERE task_id = ?", (tid,))
+                conn.execute("DELETE FROM responses WHERE id = ?", (rid,))  # cascades to the task
+                counts["tasks"] += 1
