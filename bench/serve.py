@@ -1,0 +1,906 @@
+#!/usr/bin/env python3
+"""End-to-end serving benchmark: lmsp against llama-server, same model, same load.
+
+Both servers are started on loopback, one after the other, with the same
+thread count, parallel sequences and context per sequence, and driven by the
+same load generator: streamed requests with fixed prompts, seeds and output
+lengths at several levels of concurrent clients. For every (model, server,
+clients) it reports aggregate output tokens/s, time to first token and
+inter-token latency (p50, p99), failed requests and the peak RSS of the server
+process tree, then the ratio of each lmsp variant to llama-server.
+
+    python bench/serve.py --quick                 # tiny model, a minute or two
+    python bench/serve.py                         # tiny and bench models
+    python bench/serve.py --models bench --clients 1,16 --n-gpu-layers 99
+
+Server variants (``--servers``):
+    llama            llama-server built by bench/build_reference.sh
+    lmsp             ``lmsp serve`` as shipped (durability "full": fsync per commit)
+    lmsp-nofsync     durability "off": commits without fsync
+    lmsp-noevents    LMSP_BENCH_NO_PERSIST_EVENTS=1: delta events are not
+                     written to the store (bench only; shows what durability costs)
+
+Measurements, all taken by this client:
+    TTFT     request sent -> first event that carries output text
+    ITL      gap between consecutive text events, divided by the tokens the
+             later event carries (llama-server's /completion says how many)
+    tok/s    output tokens reported by the server's usage, summed over the
+             successful requests of a level, over the level's wall time
+    RSS      sum over the server's process tree of VmHWM (peak resident set),
+             reset through /proc/PID/clear_refs at the start of each level
+
+Only the standard library is used, so the script runs from any Python 3.11
+that can import ``lmsp`` (for the demo models) or with ``--model-file``.
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import math
+import os
+import platform
+import resource
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_WORK = ROOT / "bench" / "out" / "serve"
+DEFAULT_LLAMA = ROOT / "build" / "reference" / "bin" / "llama-server"
+LMSP_SCOPES = "responses:write,responses:read,models:read"
+VARIANTS = ("llama", "lmsp", "lmsp-nofsync", "lmsp-noevents")
+LMSP_VARIANT_ENV = {
+    "lmsp": {},
+    "lmsp-nofsync": {"LMSP_DURABILITY": "off"},
+    "lmsp-noevents": {"LMSP_BENCH_NO_PERSIST_EVENTS": "1"},
+}
+
+# Fixed prompt material. Request i gets its own first words, so no server can
+# answer it from a cached prefix of an earlier request.
+_WORDS = ("river stone lantern orbit velvet copper meadow signal harbor quartz "
+          "ember falcon prism tundra cobalt willow summit beacon cinder glacier "
+          "marble thistle anchor comet saffron canyon ripple fable juniper atlas").split()
+
+
+def make_prompt(index: int, n_words: int) -> str:
+    words = [_WORDS[(index * 7 + k * (index % 5 + 1)) % len(_WORDS)] for k in range(n_words)]
+    return f"Story {index}: " + " ".join(words) + ". Continue the story."
+
+
+# --------------------------------------------------------------------------- stats
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+@dataclass
+class RequestResult:
+    ok: bool = False
+    error: str | None = None
+    t_start: float = 0.0
+    t_end: float = 0.0
+    ttft: float | None = None
+    gaps: list[float] = field(default_factory=list)   # per-token inter-token gaps
+    text_events: int = 0
+    output_tokens: int = 0
+    input_tokens: int = 0
+
+
+@dataclass
+class LevelResult:
+    model: str
+    server: str
+    clients: int
+    requests: int
+    failed: int
+    output_tokens: int
+    wall_s: float
+    tok_s: float
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    itl_p50_ms: float | None
+    itl_p99_ms: float | None
+    peak_rss_mb: float | None
+    short_outputs: int          # successful requests that stopped before max tokens
+    mean_input_tokens: float
+    errors: list[str]
+
+
+def summarize(model: str, server: str, clients: int, results: list[RequestResult],
+              max_tokens: int, peak_rss: int | None) -> LevelResult:
+    ok = [r for r in results if r.ok]
+    out = sum(r.output_tokens for r in ok)
+    wall = (max(r.t_end for r in results) - min(r.t_start for r in results)) if results else 0.0
+    ttfts = [r.ttft for r in ok if r.ttft is not None]
+    gaps = [g for r in ok for g in r.gaps]
+    ms = lambda v: None if v is None else round(v * 1000.0, 2)  # noqa: E731
+    errors = sorted({r.error or "?" for r in results if not r.ok})
+    return LevelResult(
+        model=model, server=server, clients=clients, requests=len(results),
+        failed=len(results) - len(ok), output_tokens=out, wall_s=round(wall, 3),
+        tok_s=round(out / wall, 2) if wall > 0 else 0.0,
+        ttft_p50_ms=ms(percentile(ttfts, 50)), ttft_p99_ms=ms(percentile(ttfts, 99)),
+        itl_p50_ms=ms(percentile(gaps, 50)), itl_p99_ms=ms(percentile(gaps, 99)),
+        peak_rss_mb=None if peak_rss is None else round(peak_rss / 1048576.0, 1),
+        short_outputs=sum(1 for r in ok if r.output_tokens < max_tokens),
+        mean_input_tokens=round(sum(r.input_tokens for r in ok) / len(ok), 1) if ok else 0.0,
+        errors=errors[:5],
+    )
+
+
+# --------------------------------------------------------------------------- processes
+
+def _children_map() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        # the command name may hold spaces and parentheses: split after the last ')'
+        fields_ = stat[stat.rfind(b")") + 2:].split()
+        kids.setdefault(int(fields_[1]), []).append(int(entry))
+    return kids
+
+
+def process_tree(root: int) -> list[int]:
+    kids = _children_map()
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(kids.get(pid, ()))
+    return out
+
+
+def _status_kb(pid: int, key: str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith(key):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+class RssWatch:
+    """Polls the peak RSS (VmHWM) of every process in a tree."""
+
+    def __init__(self, root: int, interval: float = 0.2) -> None:
+        self.root, self.interval = root, interval
+        self.peaks: dict[int, int] = {}
+        self.reset_ok = True
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _poll(self) -> None:
+        for pid in process_tree(self.root):
+            hwm = _status_kb(pid, "VmHWM:")
+            if hwm is not None and hwm > self.peaks.get(pid, 0):
+                self.peaks[pid] = hwm
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._poll()
+
+    def start(self) -> None:
+        """Reset the kernel's peak counters and begin polling."""
+        self.peaks = {}
+        for pid in process_tree(self.root):
+            try:
+                with open(f"/proc/{pid}/clear_refs", "w") as fh:
+                    fh.write("5")
+            except OSError:
+                self.reset_ok = False
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="rss-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> int:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._poll()
+        return sum(self.peaks.values())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def raise_fd_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else 65536
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
+def http_json(port: int, method: str, path: str, body=None, headers=None,
+              timeout: float = 30.0) -> tuple[int, dict | None]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        data = None if body is None else json.dumps(body).encode()
+        hdrs = {"Content-Type": "application/json"} if data is not None else {}
+        hdrs.update(headers or {})
+        conn.request(method, path, body=data, headers=hdrs)
+        resp = conn.getresponse()
+        raw = resp.read()
+        try:
+            parsed = json.loads(raw) if raw else None
+        except ValueError:
+            parsed = None
+        return resp.status, parsed
+    finally:
+        conn.close()
+
+
+class Server:
+    """A server process started in its own session, logged to a file."""
+
+    name = "server"
+
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path, cwd: Path) -> None:
+        self.argv, self.env, self.log_path, self.cwd = argv, env, log, cwd
+        self.port = 0
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        log.write(("\n$ " + shlex.join(self.argv) + "\n").encode())
+        log.flush()
+        self.proc = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd, stdout=log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+        log.close()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-n:])
+
+    def wait_ready(self, path: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                status, _ = http_json(self.port, "GET", path, timeout=2.0)
+                if status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"{self.name} not ready after {timeout:.0f}s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        # a worker left behind by a master that died first
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+# --------------------------------------------------------------------------- SSE
+
+def iter_sse(resp: http.client.HTTPResponse):
+    """Yield (event, data) for each SSE message; comments are skipped."""
+    event, data = None, []
+    while True:
+        line = resp.readline()
+        if not line:
+            if data:
+                yield event, "\n".join(data)
+            return
+        line = line.rstrip(b"\r\n")
+        if not line:
+            if data:
+                yield event, "\n".join(data)
+            event, data = None, []
+            continue
+        if line.startswith(b":"):
+            continue
+        name, _, value = line.partition(b":")
+        if value.startswith(b" "):
+            value = value[1:]
+        if name == b"event":
+            event = value.decode()
+        elif name == b"data":
+            data.append(value.decode("utf-8", "replace"))
+
+
+class Protocol:
+    """How to ask one server for a streamed completion and read its answer."""
+
+    path = "/"
+
+    def body(self, index: int, prompt: str, cfg: "LoadConfig") -> dict:
+        raise NotImplementedError
+
+    def on_event(self, event: str | None, data: str, st: dict) -> tuple[int, bool]:
+        """Returns (output tokens this event carries, or -1 when it carries text
+        but does not say how many; stream finished)."""
+        raise NotImplementedError
+
+
+def _sampling(cfg: "LoadConfig") -> dict:
+    return {"temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": 1.0, "seed": None}
+
+
+class ResponsesProtocol(Protocol):
+    """``POST /v1/responses`` with ``stream: true`` (LMSP B.5; llama-server has it too)."""
+
+    path = "/v1/responses"
+
+    def __init__(self, model_id: str, extra: dict | None = None) -> None:
+        self.model_id, self.extra = model_id, dict(extra or {})
+
+    def body(self, index, prompt, cfg):
+        body = {"model": self.model_id, "input": prompt, "max_output_tokens": cfg.max_tokens,
+                "stream": True, **_sampling(cfg)}
+        body["seed"] = cfg.seed + index
+        body.update(self.extra)
+        return body
+
+    def on_event(self, event, data, st):
+        if event is None and data.startswith("{"):
+            event = json.loads(data).get("type")
+        if event == "response.output_text.delta":
+            return -1, False
+        if event in ("response.completed", "response.incomplete"):
+            usage = (json.loads(data).get("response") or {}).get("usage") or {}
+            st["output_tokens"] = int(usage.get("output_tokens") or 0)
+            st["input_tokens"] = int(usage.get("input_tokens") or 0)
+            st["ok"] = True
+            return 0, True
+        if event in ("response.failed", "response.cancelled", "error"):
+            st["error"] = f"{event}: {data[:200]}"
+            return 0, True
+        return 0, False
+
+
+class CompletionProtocol(Protocol):
+    """llama-server's native ``POST /completion``, fed the chat-templated prompt
+    that its own chat endpoints would build (from ``/apply-template``)."""
+
+    path = "/completion"
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self._templated: dict[str, str] = {}
+
+    def prepare(self, prompt: str) -> None:
+        if prompt in self._templated:
+            return
+        status, out = http_json(self.port, "POST", "/apply-template",
+                                {"messages": [{"role": "user", "content": prompt}]})
+        if status != 200 or not out or "prompt" not in out:
+            raise RuntimeError(f"llama-server /apply-template answered {status}: {out}")
+        self._templated[prompt] = out["prompt"]
+
+    def body(self, index, prompt, cfg):
+        body = {"prompt": self._templated[prompt], "n_predict": cfg.max_tokens, "stream": True,
+                "ignore_eos": True, "min_p": 0.0, **_sampling(cfg)}
+        body["seed"] = cfg.seed + index
+        return body
+
+    def on_event(self, event, data, st):
+        msg = json.loads(data)
+        n = int(msg.get("tokens_predicted") or 0)
+        carried = n - st.get("n_prev", 0)
+        st["n_prev"] = n
+        if msg.get("stop"):
+            st["output_tokens"] = n
+            st["input_tokens"] = int(msg.get("tokens_evaluated") or 0)
+            st["ok"] = True
+            return (carried if msg.get("content") else 0), True
+        return (carried if msg.get("content") else 0), False
+
+
+class ChatProtocol(Protocol):
+    """OpenAI-compatible ``POST /v1/chat/completions`` (llama-server)."""
+
+    path = "/v1/chat/completions"
+
+    def body(self, index, prompt, cfg):
+        body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": cfg.max_tokens,
+                "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
+                "min_p": 0.0, **_sampling(cfg)}
+        body["seed"] = cfg.seed + index
+        return body
+
+    def on_event(self, event, data, st):
+        if data.strip() == "[DONE]":
+            st["ok"] = "output_tokens" in st
+            if not st["ok"]:
+                st["error"] = "stream ended without usage"
+            return 0, True
+        msg = json.loads(data)
+        if msg.get("usage"):
+            st["output_tokens"] = int(msg["usage"].get("completion_tokens") or 0)
+            st["input_tokens"] = int(msg["usage"].get("prompt_tokens") or 0)
+        for choice in msg.get("choices") or ():
+            if (choice.get("delta") or {}).get("content"):
+                return -1, False
+        return 0, False
+
+
+# --------------------------------------------------------------------------- load
+
+@dataclass(frozen=True)
+class LoadConfig:
+    max_tokens: int = 64
+    prompt_words: int = 24
+    temperature: float = 1.0
+    top_k: int = 40
+    seed: int = 1000
+    timeout: float = 600.0
+
+
+def one_request(port: int, proto: Protocol, headers: dict, index: int, cfg: LoadConfig) -> RequestResult:
+    res = RequestResult()
+    prompt = make_prompt(index, cfg.prompt_words)
+    body = json.dumps(proto.body(index, prompt, cfg)).encode()
+    hdrs = {"Content-Type": "application/json", "Accept": "text/event-stream", **headers}
+    st: dict = {}
+    times: list[tuple[float, int]] = []   # (arrival, tokens carried or -1)
+    res.t_start = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=cfg.timeout)
+    try:
+        conn.request("POST", proto.path, body=body, headers=hdrs)
+        resp = conn.getresponse()
+        if resp.status != 200:
+            res.error = f"HTTP {resp.status}: {resp.read(300).decode('utf-8', 'replace')}"
+            return res
+        finished = False
+        for event, data in iter_sse(resp):
+            carried, finished = proto.on_event(event, data, st)
+            if carried:
+                times.append((time.perf_counter(), carried))
+            if finished:
+                break
+        if not finished:
+            res.error = "stream ended before its terminal event"
+        elif not st.get("ok"):
+            res.error = st.get("error") or "failed"
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        res.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        res.t_end = time.perf_counter()
+        conn.close()
+    res.ok = res.error is None
+    res.output_tokens = int(st.get("output_tokens") or 0)
+    res.input_tokens = int(st.get("input_tokens") or 0)
+    res.text_events = len(times)
+    if times:
+        res.ttft = times[0][0] - res.t_start
+        # events that do not say how many tokens they carry share the total evenly
+        unknown = [c for _, c in times if c < 0]
+        per_unknown = 1.0
+        if unknown:
+            known = sum(c for _, c in times if c > 0)
+            per_unknown = max(1.0, (res.output_tokens - known) / len(unknown))
+        for (t0, _), (t1, c) in zip(times, times[1:]):
+            k = per_unknown if c < 0 else c
+            res.gaps.extend([(t1 - t0) / k] * max(1, round(k)))
+    return res
+
+
+def run_level(port: int, proto: Protocol, headers: dict, clients: int, n_requests: int,
+              cfg: LoadConfig, first_index: int) -> list[RequestResult]:
+    """``clients`` threads, each sending its share of ``n_requests`` one after another."""
+    results: list[RequestResult] = []
+    lock = threading.Lock()
+    counter = iter(range(first_index, first_index + n_requests))
+    start = threading.Barrier(clients)
+
+    def client() -> None:
+        start.wait()
+        while True:
+            with lock:
+                index = next(counter, None)
+            if index is None:
+                return
+            r = one_request(port, proto, headers, index, cfg)
+            with lock:
+                results.append(r)
+
+    threads = [threading.Thread(target=client, name=f"client-{i}") for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+# --------------------------------------------------------------------------- servers
+
+@dataclass(frozen=True)
+class ServeSettings:
+    threads: int
+    parallel: int
+    ctx_per_seq: int
+    n_gpu_layers: int
+    ready_timeout: float = 300.0
+
+
+def lmsp_command(explicit: str | None) -> list[str]:
+    if explicit:
+        return shlex.split(explicit)
+    venv = ROOT / ".venv" / "bin" / "lmsp"
+    if venv.exists():
+        return [str(venv)]
+    found = shutil.which("lmsp")
+    if found:
+        return [found]
+    return [sys.executable, "-m", "lmsp.cli"]
+
+
+class LlamaServer(Server):
+    name = "llama-server"
+
+    @classmethod
+    def create(cls, binary: Path, model: Path, s: ServeSettings, work: Path, extra: list[str]):
+        port = free_port()
+        argv = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+                "-t", str(s.threads), "-tb", str(s.threads), "--parallel", str(s.parallel),
+                "-c", str(s.ctx_per_seq * s.parallel), "--no-kv-unified", "-ngl", str(s.n_gpu_layers),
+                "--no-webui", "--cache-ram", "0", "--log-disable", *extra]
+        srv = cls(argv, dict(os.environ), work / "logs" / f"llama-{model.stem}.log", work)
+        srv.port = port
+        return srv
+
+    def ready(self, s: ServeSettings) -> None:
+        self.wait_ready("/health", s.ready_timeout)
+
+
+class LmspServer(Server):
+    name = "lmsp"
+
+    @classmethod
+    def create(cls, cmd: list[str], model: Path, s: ServeSettings, work: Path, variant: str,
+               extra_env: dict[str, str]):
+        port = free_port()
+        data_dir = work / "data" / f"{variant}-{model.stem}"
+        if data_dir.exists():
+            shutil.rmtree(data_dir)
+        data_dir.mkdir(parents=True)
+        env = dict(os.environ)
+        env.update({
+            "LMSP_N_THREADS": str(s.threads), "LMSP_N_PARALLEL": str(s.parallel),
+            "LMSP_N_CTX": str(s.ctx_per_seq), "LMSP_N_GPU_LAYERS": str(s.n_gpu_layers),
+            "LMSP_WORKERS": "1", "LMSP_LOG_LEVEL": "warning",
+        })
+        env.update(LMSP_VARIANT_ENV[variant])
+        env.update(extra_env)
+        argv = [*cmd, "serve", "--data-dir", str(data_dir), "--bind", f"127.0.0.1:{port}",
+                "--model", str(model)]
+        srv = cls(argv, env, work / "logs" / f"{variant}-{model.stem}.log", work)
+        srv.port, srv.cmd, srv.data_dir, srv.name = port, cmd, data_dir, variant
+        return srv
+
+    def ready(self, s: ServeSettings) -> None:
+        self.wait_ready("/readyz", s.ready_timeout)
+
+    def pair(self) -> str:
+        out = subprocess.run([*self.cmd, "pair", "--data-dir", str(self.data_dir), "--scopes",
+                              LMSP_SCOPES, "--json"], env=self.env, capture_output=True,
+                             text=True, timeout=60)
+        if out.returncode != 0:
+            raise RuntimeError(f"lmsp pair failed ({out.returncode}): {out.stderr.strip()}")
+        code = json.loads(out.stdout)["code"]
+        status, body = http_json(self.port, "POST", "/v1/pair",
+                                 {"code": code, "client_name": "bench-serve"})
+        if status not in (200, 201) or not body or "token" not in body:
+            raise RuntimeError(f"POST /v1/pair answered {status}: {body}")
+        return body["token"]
+
+
+# --------------------------------------------------------------------------- report
+
+GOALS_TEXT = """Goals (ratio lmsp / llama-server in the same run):
+  1 client: tok/s >= 0.95, TTFT p50 <= 1.10; 16 and 64 clients: tok/s >= 1.0 and no failed request;
+  persistence on costs <= 5% tok/s against lmsp-noevents; peak RSS <= llama-server's + 60 MB."""
+
+
+def fmt(v, nd=1) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{nd}f}"
+    return str(v)
+
+
+def ratio(a, b) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def markdown_table(levels: list[LevelResult]) -> str:
+    head = ("| model | server | clients | reqs | failed | short | in tok | tok/s | TTFT p50 ms | TTFT p99 ms "
+            "| ITL p50 ms | ITL p99 ms | peak RSS MB |")
+    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
+    for r in levels:
+        lines.append(f"| {r.model} | {r.server} | {r.clients} | {r.requests} | {r.failed} | {r.short_outputs} "
+                     f"| {fmt(r.mean_input_tokens)} | {fmt(r.tok_s)} | {fmt(r.ttft_p50_ms)} | {fmt(r.ttft_p99_ms)} "
+                     f"| {fmt(r.itl_p50_ms, 2)} | {fmt(r.itl_p99_ms, 2)} | {fmt(r.peak_rss_mb)} |")
+    return "\n".join(lines)
+
+
+def ratio_rows(levels: list[LevelResult]) -> list[dict]:
+    base = {(r.model, r.clients): r for r in levels if r.server == "llama"}
+    rows = []
+    for r in levels:
+        if r.server == "llama" or (r.model, r.clients) not in base:
+            continue
+        b = base[(r.model, r.clients)]
+        rss_delta = None if r.peak_rss_mb is None or b.peak_rss_mb is None else r.peak_rss_mb - b.peak_rss_mb
+        rows.append({
+            "model": r.model, "server": r.server, "clients": r.clients,
+            "tok_s": ratio(r.tok_s, b.tok_s), "ttft_p50": ratio(r.ttft_p50_ms, b.ttft_p50_ms),
+            "ttft_p99": ratio(r.ttft_p99_ms, b.ttft_p99_ms), "itl_p50": ratio(r.itl_p50_ms, b.itl_p50_ms),
+            "itl_p99": ratio(r.itl_p99_ms, b.itl_p99_ms), "rss_delta_mb": rss_delta,
+            "failed": r.failed, "failed_llama": b.failed,
+        })
+    return rows
+
+
+def ratio_table(rows: list[dict]) -> str:
+    lines = ["| model | server | clients | tok/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | RSS - llama MB | failed (llama) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for x in rows:
+        lines.append(f"| {x['model']} | {x['server']} | {x['clients']} | {fmt(x['tok_s'], 2)} | {fmt(x['ttft_p50'], 2)} "
+                     f"| {fmt(x['ttft_p99'], 2)} | {fmt(x['itl_p50'], 2)} | {fmt(x['itl_p99'], 2)} "
+                     f"| {fmt(x['rss_delta_mb'])} | {x['failed']} ({x['failed_llama']}) |")
+    return "\n".join(lines)
+
+
+def goal_checks(levels: list[LevelResult]) -> list[str]:
+    out = []
+    rows = [x for x in ratio_rows(levels) if x["server"] == "lmsp"]
+    for x in rows:
+        tag = f"{x['model']} {x['clients']}c"
+        if x["clients"] == 1:
+            out.append(_check(f"{tag} tok/s ratio >= 0.95", x["tok_s"], lambda v: v >= 0.95))
+            out.append(_check(f"{tag} TTFT p50 ratio <= 1.10", x["ttft_p50"], lambda v: v <= 1.10))
+        if x["clients"] >= 16:
+            out.append(_check(f"{tag} tok/s ratio >= 1.0", x["tok_s"], lambda v: v >= 1.0))
+            out.append(_check(f"{tag} failed == 0", x["failed"], lambda v: v == 0))
+        out.append(_check(f"{tag} RSS - llama <= 60 MB", x["rss_delta_mb"], lambda v: v <= 60))
+    on = {(r.model, r.clients): r for r in levels if r.server == "lmsp"}
+    for r in levels:
+        if r.server == "lmsp-noevents" and (r.model, r.clients) in on:
+            cost = None if not r.tok_s else 1.0 - on[(r.model, r.clients)].tok_s / r.tok_s
+            out.append(_check(f"{r.model} {r.clients}c persistence cost <= 5%", cost, lambda v: v <= 0.05))
+    return out
+
+
+def _check(label: str, value, ok) -> str:
+    if value is None:
+        return f"  n/a   {label}"
+    shown = f"{value:.3f}" if isinstance(value, float) else str(value)
+    return f"  {'PASS' if ok(value) else 'MISS'}  {label}: {shown}"
+
+
+def machine_line() -> str:
+    cpu = platform.processor() or "?"
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        with open("/proc/meminfo") as fh:
+            total = int(fh.readline().split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        total = 0
+    return f"{cpu}, {os.cpu_count()} logical CPUs, {total} MiB RAM, {platform.system()} {platform.release()}"
+
+
+# --------------------------------------------------------------------------- driver
+
+def make_models(names: list[str], files: list[str], work: Path) -> list[Path]:
+    models = [Path(f).resolve() for f in files]
+    for name in names:
+        path = work / "models" / f"{name}.gguf"
+        if not path.exists():
+            print(f"making the {name} demo model -> {path}", flush=True)
+            subprocess.run([sys.executable, "-m", "lmsp.demo_model", str(path), "--preset", name],
+                           check=True)
+        models.append(path)
+    for m in models:
+        if not m.is_file():
+            raise SystemExit(f"model file {m} does not exist")
+    return models
+
+
+def bench_server(srv: Server, variant: str, proto: Protocol, headers: dict, model: Path,
+                 clients_list: list[int], args, cfg: LoadConfig, s: ServeSettings) -> list[LevelResult]:
+    out: list[LevelResult] = []
+    watch = RssWatch(srv.proc.pid)
+    index = 0
+    # warm-up: load the model (lmsp loads on first use) and touch every code path once
+    warm = run_level(srv.port, proto, headers, min(2, s.parallel), args.warmup, cfg, first_index=10**6)
+    bad = [r.error for r in warm if not r.ok]
+    if bad:
+        print(f"  warm-up failures on {srv.name}: {bad[:3]}", flush=True)
+    for clients in clients_list:
+        n = max(args.min_requests, clients * args.requests_per_client)
+        if isinstance(proto, CompletionProtocol):
+            for i in range(index, index + n):
+                proto.prepare(make_prompt(i, cfg.prompt_words))
+        watch.start()
+        results = run_level(srv.port, proto, headers, clients, n, cfg, first_index=index)
+        peak = watch.stop()
+        index += n
+        if not srv.alive():
+            print(f"  {srv.name} died during the {clients}-client level:\n{srv.log_tail()}", flush=True)
+        lvl = summarize(model.stem, variant, clients, results, cfg.max_tokens, peak)
+        out.append(lvl)
+        print(f"  {lvl.server:14s} {clients:3d} clients: {lvl.tok_s:8.1f} tok/s  TTFT p50 {fmt(lvl.ttft_p50_ms)} "
+              f"p99 {fmt(lvl.ttft_p99_ms)} ms  ITL p50 {fmt(lvl.itl_p50_ms, 2)} p99 {fmt(lvl.itl_p99_ms, 2)} ms  "
+              f"failed {lvl.failed}/{lvl.requests}  RSS {fmt(lvl.peak_rss_mb)} MB"
+              + (f"  errors: {lvl.errors}" if lvl.errors else ""), flush=True)
+        if not srv.alive():
+            break
+    return out
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--models", default="tiny,bench",
+                   help="demo model presets to make and run (comma list; '' for none)")
+    p.add_argument("--model-file", action="append", default=[], help="an existing GGUF to run as well")
+    p.add_argument("--servers", default="llama,lmsp,lmsp-noevents",
+                   help=f"comma list of {', '.join(VARIANTS)}")
+    p.add_argument("--clients", default="1,4,16,64", help="concurrency levels")
+    p.add_argument("--requests-per-client", type=int, default=2)
+    p.add_argument("--min-requests", type=int, default=6, help="at least this many requests per level")
+    p.add_argument("--warmup", type=int, default=2, help="unmeasured requests before the levels")
+    p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
+    p.add_argument("--prompt-words", type=int, default=24)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--seed", type=int, default=1000)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--parallel", type=int, default=0, help="sequences decoded together (0: the largest --clients)")
+    p.add_argument("--ctx", type=int, default=0, help="context per sequence (0: enough for prompt + output)")
+    p.add_argument("--n-gpu-layers", type=int, default=0)
+    p.add_argument("--llama-server", type=Path, default=DEFAULT_LLAMA)
+    p.add_argument("--llama-endpoint", choices=("completion", "chat", "responses"), default="completion")
+    p.add_argument("--llama-arg", action="append", default=[], help="extra llama-server argument (repeatable)")
+    p.add_argument("--lmsp", default=None, help="command that runs the lmsp CLI (default: .venv/bin/lmsp)")
+    p.add_argument("--work-dir", type=Path, default=DEFAULT_WORK)
+    p.add_argument("--json", type=Path, default=None, help="write all results here (default: WORK/results.json)")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny model only, 32 output tokens, fewest requests: a smoke run")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.models = "tiny" if args.models == "tiny,bench" else args.models
+        args.max_tokens = min(args.max_tokens, 32)
+        args.requests_per_client = 1
+        args.min_requests = min(args.min_requests, 4)
+        args.warmup = 1
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    variants = [v for v in args.servers.split(",") if v]
+    for v in variants:
+        if v not in VARIANTS:
+            raise SystemExit(f"unknown server {v!r}; known: {', '.join(VARIANTS)}")
+    clients_list = [int(c) for c in args.clients.split(",") if c]
+    if not clients_list or min(clients_list) < 1:
+        raise SystemExit("--clients needs positive integers")
+    if "llama" in variants and not args.llama_server.is_file():
+        raise SystemExit(f"{args.llama_server} not found: run bench/build_reference.sh first "
+                         "(or pass --llama-server, or leave llama out of --servers)")
+    raise_fd_limit()
+    work = args.work_dir.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    cfg = LoadConfig(max_tokens=args.max_tokens, prompt_words=args.prompt_words,
+                     temperature=args.temperature, top_k=args.top_k, seed=args.seed)
+    ctx = args.ctx or max(256, 2 ** math.ceil(math.log2(args.prompt_words * 3 + 64 + args.max_tokens)))
+    s = ServeSettings(threads=args.threads, parallel=args.parallel or max(clients_list),
+                      ctx_per_seq=ctx, n_gpu_layers=args.n_gpu_layers)
+    models = make_models([m for m in args.models.split(",") if m], args.model_file, work)
+    print(f"machine: {machine_line()}")
+    print(f"settings: threads={s.threads} parallel={s.parallel} ctx/seq={s.ctx_per_seq} "
+          f"ngl={s.n_gpu_layers} max_tokens={cfg.max_tokens} temperature={cfg.temperature} top_k={cfg.top_k} "
+          f"llama endpoint={args.llama_endpoint}", flush=True)
+    levels: list[LevelResult] = []
+    commands: dict[str, str] = {}
+    lmsp_cmd = lmsp_command(args.lmsp)
+    for model in models:
+        print(f"model {model.name} ({model.stat().st_size / 1e6:.1f} MB)", flush=True)
+        for variant in variants:
+            if variant == "llama":
+                srv = LlamaServer.create(args.llama_server, model, s, work, args.llama_arg)
+            else:
+                srv = LmspServer.create(lmsp_cmd, model, s, work, variant, {})
+            commands[f"{variant} {model.stem}"] = shlex.join(srv.argv)
+            try:
+                srv.start()
+                srv.ready(s)
+                headers: dict = {}
+                if variant == "llama":
+                    proto = {"completion": lambda: CompletionProtocol(srv.port),
+                             "chat": ChatProtocol,
+                             "responses": lambda: ResponsesProtocol(model.stem, {"ignore_eos": True, "min_p": 0.0})
+                             }[args.llama_endpoint]()
+                else:
+                    headers = {"Authorization": f"Bearer {srv.pair()}"}
+                    proto = ResponsesProtocol(model.stem)
+                if isinstance(proto, CompletionProtocol):
+                    for i in range(args.warmup):
+                        proto.prepare(make_prompt(10**6 + i, cfg.prompt_words))
+                levels += bench_server(srv, variant, proto, headers, model, clients_list, args, cfg, s)
+            except (RuntimeError, OSError, subprocess.SubprocessError, ValueError) as exc:
+                print(f"  {variant} on {model.name}: {exc}", flush=True)
+            finally:
+                srv.stop()
+    print()
+    print(markdown_table(levels))
+    rows = ratio_rows(levels)
+    if rows:
+        print()
+        print(ratio_table(rows))
+        print()
+        print(GOALS_TEXT)
+        print("\n".join(goal_checks(levels)))
+    out = args.json or work / "results.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "machine": machine_line(), "argv": sys.argv, "settings": asdict(s), "load": asdict(cfg),
+        "llama_endpoint": args.llama_endpoint, "commands": commands,
+        "levels": [asdict(x) for x in levels], "ratios": rows,
+    }, indent=2))
+    print(f"\nresults: {out}")
+    failed = sum(x.failed for x in levels)
+    return 1 if failed or not levels else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

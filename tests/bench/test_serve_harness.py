@@ -1,0 +1,171 @@
+"""The serving benchmark's load generator and statistics, against a fake server.
+
+The fake speaks the two stream formats the benchmark reads (LMSP/OpenAI
+Responses events and llama-server's ``/completion`` chunks), so these tests
+check the measuring itself without starting either real server.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "serve.py"
+
+
+@pytest.fixture(scope="module")
+def serve():
+    spec = importlib.util.spec_from_file_location("bench_serve", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
+
+
+class FakeHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    seen: list = []
+
+    def log_message(self, *args):  # keep pytest output clean
+        pass
+
+    def _send_sse(self, frames: list[str], cut: bool = False) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        for frame in frames[:-1] if cut else frames:
+            self.wfile.write(frame.encode())
+            self.wfile.flush()
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        FakeHandler.seen.append((self.path, body, self.headers.get("Authorization")))
+        if body.get("seed") == 666:
+            payload = b'{"error": {"code": "invalid_request", "message": "no"}}'
+            self.send_response(400)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+            return
+        n = body.get("max_output_tokens") or body.get("n_predict")
+        if self.path == "/v1/responses":
+            frames = [f"id: 1\nevent: response.created\ndata: {json.dumps({'type': 'response.created'})}\n\n",
+                      ": keep-alive\n\n"]
+            for i in range(n):
+                ev = {"type": "response.output_text.delta", "delta": f"t{i}"}
+                frames.append(f"id: {i + 2}\nevent: response.output_text.delta\ndata: {json.dumps(ev)}\n\n")
+            done = {"type": "response.incomplete",
+                    "response": {"usage": {"input_tokens": 11, "output_tokens": n}}}
+            frames.append(f"id: {n + 2}\nevent: response.incomplete\ndata: {json.dumps(done)}\n\n")
+            self._send_sse(frames, cut=body.get("seed") == 777)
+        elif self.path == "/completion":
+            frames = []
+            # the first chunk holds back an incomplete character: no text, then two tokens at once
+            chunks = [("", 1), ("ab", 2)] + [(f"c{i}", i + 3) for i in range(n - 2)]
+            for text, done in chunks:
+                msg = {"content": text, "tokens": [1], "stop": False, "tokens_predicted": done}
+                frames.append(f"data: {json.dumps(msg)}\n\n")
+            final = {"content": "", "stop": True, "tokens_predicted": n, "tokens_evaluated": 9}
+            frames.append(f"data: {json.dumps(final)}\n\n")
+            self._send_sse(frames)
+        else:
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+
+@pytest.fixture
+def fake_port():
+    FakeHandler.seen = []
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), FakeHandler)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield httpd.server_address[1]
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join()
+
+
+def test_responses_stream_counts_tokens_and_latencies(serve, fake_port):
+    cfg = serve.LoadConfig(max_tokens=5, seed=100)
+    proto = serve.ResponsesProtocol("tiny")
+    results = serve.run_level(fake_port, proto, {"Authorization": "Bearer x"}, clients=2,
+                              n_requests=3, cfg=cfg, first_index=0)
+    assert [r.error for r in results] == [None, None, None]
+    assert all(r.output_tokens == 5 and r.input_tokens == 11 and r.text_events == 5 for r in results)
+    assert all(r.ttft is not None and r.ttft >= 0 and len(r.gaps) == 4 for r in results)
+    seeds = sorted(body["seed"] for _, body, _ in FakeHandler.seen)
+    assert seeds == [100, 101, 102]
+    assert all(auth == "Bearer x" and body["stream"] is True and body["model"] == "tiny"
+               for _, body, auth in FakeHandler.seen)
+    level = serve.summarize("tiny", "lmsp", 2, results, max_tokens=5, peak_rss=50 * 1048576)
+    assert (level.requests, level.failed, level.output_tokens, level.short_outputs) == (3, 0, 15, 0)
+    assert level.tok_s > 0 and level.peak_rss_mb == 50.0 and level.mean_input_tokens == 11.0
+
+
+def test_completion_stream_spreads_gaps_over_the_tokens_a_chunk_carries(serve, fake_port):
+    proto = serve.CompletionProtocol(fake_port)
+    proto._templated = {serve.make_prompt(0, 24): "templated"}
+    res = serve.one_request(fake_port, proto, {}, 0, serve.LoadConfig(max_tokens=6))
+    assert res.ok and res.output_tokens == 6 and res.input_tokens == 9
+    # text chunks: "ab" (2 tokens), then c0..c3 (1 each): the later 4 chunks give 4 gaps
+    assert res.text_events == 5 and len(res.gaps) == 4
+    path, body, _ = FakeHandler.seen[0]
+    assert path == "/completion" and body["prompt"] == "templated" and body["ignore_eos"] is True
+
+
+def test_failures_are_counted_not_raised(serve, fake_port):
+    proto = serve.ResponsesProtocol("tiny")
+    rejected = serve.one_request(fake_port, proto, {}, 566, serve.LoadConfig(max_tokens=3, seed=100))
+    assert not rejected.ok and rejected.error.startswith("HTTP 400")
+    cut = serve.one_request(fake_port, proto, {}, 677, serve.LoadConfig(max_tokens=3, seed=100))
+    assert not cut.ok and "terminal" in cut.error
+    level = serve.summarize("tiny", "lmsp", 1, [rejected, cut], max_tokens=3, peak_rss=None)
+    assert level.failed == 2 and level.tok_s == 0.0 and level.peak_rss_mb is None
+
+
+def test_percentile_is_nearest_rank(serve):
+    values = [float(v) for v in range(1, 101)]
+    assert serve.percentile(values, 50) == 50.0
+    assert serve.percentile(values, 99) == 99.0
+    assert serve.percentile([3.0], 99) == 3.0
+    assert serve.percentile([], 50) is None
+
+
+def test_ratios_and_goals_compare_each_variant_to_llama(serve):
+    def level(server, clients, tok_s, ttft, rss, failed=0):
+        return serve.LevelResult("tiny", server, clients, 4, failed, 100, 1.0, tok_s, ttft, ttft, 1.0, 2.0,
+                                 rss, 0, 10.0, [])
+    levels = [level("llama", 1, 100.0, 10.0, 100.0), level("lmsp", 1, 96.0, 12.0, 150.0),
+              level("llama", 16, 400.0, 20.0, 100.0), level("lmsp", 16, 380.0, 21.0, 170.0, failed=1),
+              level("lmsp-noevents", 16, 395.0, 20.0, 150.0)]
+    rows = {(x["server"], x["clients"]): x for x in serve.ratio_rows(levels)}
+    assert rows[("lmsp", 1)]["tok_s"] == pytest.approx(0.96)
+    assert rows[("lmsp", 16)]["rss_delta_mb"] == pytest.approx(70.0)
+    checks = "\n".join(serve.goal_checks(levels))
+    assert "PASS  tiny 1c tok/s ratio >= 0.95" in checks
+    assert "MISS  tiny 1c TTFT p50 ratio <= 1.10" in checks
+    assert "MISS  tiny 16c tok/s ratio >= 1.0" in checks
+    assert "MISS  tiny 16c failed == 0" in checks
+    assert "MISS  tiny 16c RSS - llama <= 60 MB" in checks
+    assert "PASS  tiny 16c persistence cost <= 5%" in checks
+
+
+def test_process_tree_and_rss_watch_see_this_process(serve):
+    import os
+
+    assert os.getpid() in serve.process_tree(os.getpid())
+    watch = serve.RssWatch(os.getpid(), interval=0.01)
+    watch.start()
+    peak = watch.stop()
+    assert peak > 1048576
