@@ -1,0 +1,1 @@
+"""The web API (LMSP part B): one module per area; resources stay thin."""

@@ -1,0 +1,257 @@
+"""What every resource shares: the dependencies, JSON bodies, query parameters,
+field checks and the caller's identity.
+
+Nothing here knows a route; everything raises :mod:`lmsp.errors` exceptions,
+which the app's one error handler turns into LMSP B.1 bodies.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import falcon
+
+from lmsp.auth import is_admin
+from lmsp.errors import (InvalidJSON, InvalidRequest, NotFound, PayloadTooLarge,
+                         UnsupportedMediaType)
+
+log = logging.getLogger("lmsp.api")
+
+JSON_TYPE = "application/json"
+SSE_TYPE = "text/event-stream"
+
+
+@dataclass
+class Deps:
+    """The explicit dependencies of the web layer."""
+
+    config: Any
+    store: Any
+    runtime: Any
+    clock: Callable[[], float] = time.time
+    monotonic: Callable[[], float] = time.monotonic
+    random_seed: Callable[[], int] = None  # type: ignore[assignment]
+    http_metrics: Any = None
+    extra: dict = field(default_factory=dict)
+
+
+# -- bodies -----------------------------------------------------------------
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def set_json(resp: falcon.Response, obj: Any, status: int = 200,
+             headers: dict[str, str] | None = None) -> None:
+    resp.status = status
+    resp.content_type = JSON_TYPE
+    resp.text = dumps(obj)
+    for name, value in (headers or {}).items():
+        resp.set_header(name, value)
+
+
+def _media_type(req: falcon.Request) -> tuple[str, dict[str, str]]:
+    raw = req.content_type or ""
+    main, *rest = raw.split(";")
+    params = {}
+    for part in rest:
+        key, _, value = part.partition("=")
+        params[key.strip().lower()] = value.strip().strip('"').lower()
+    return main.strip().lower(), params
+
+
+def read_body(req: falcon.Request, max_bytes: int) -> bytes:
+    """The raw request body, at most ``max_bytes`` (else 413)."""
+    length = req.content_length
+    if length is not None and length > max_bytes:
+        raise PayloadTooLarge(f"the request body is larger than {max_bytes} bytes")
+    data = req.bounded_stream.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise PayloadTooLarge(f"the request body is larger than {max_bytes} bytes")
+    return data
+
+
+def read_json(req: falcon.Request, max_bytes: int, *, optional: bool = False) -> dict | None:
+    """The request's JSON object body.
+
+    With ``optional``, an empty body (any or no content type) gives None; a
+    body that is present must still be a JSON object.
+    """
+    data = read_body(req, max_bytes)
+    if not data.strip() and optional:
+        return None
+    media, params = _media_type(req)
+    if media != JSON_TYPE and not (media.startswith("application/") and media.endswith("+json")):
+        shown = req.content_type or "none"
+        raise UnsupportedMediaType(f"the request body must be application/json (got {shown})")
+    charset = params.get("charset")
+    if charset not in (None, "utf-8", "utf8"):
+        raise UnsupportedMediaType(f"the request body must be UTF-8 JSON (got charset {charset})")
+    if not data.strip():
+        raise InvalidJSON("the request body is empty; a JSON object is required")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidJSON(f"the request body is not valid UTF-8 (byte {exc.start})") from None
+    try:
+        body = json.loads(text, parse_constant=_reject_constant)
+    except ValueError as exc:
+        raise InvalidJSON(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidJSON("the request body is nested too deeply") from None
+    if not isinstance(body, dict):
+        raise InvalidJSON("the request body must be a JSON object")
+    return body
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+# -- fields -----------------------------------------------------------------
+
+_MISSING = object()
+
+
+def reject_unknown(body: dict, allowed, *, where: str = "") -> None:
+    for key in body:
+        if key not in allowed:
+            name = f"{where}{key}"
+            raise InvalidRequest(f"unknown field {name!r}", param=name)
+
+
+def get_str(body: dict, name: str, *, required: bool = False, default=None, max_len: int = 10_000,
+            allow_empty: bool = False, param: str | None = None):
+    value = body.get(name, _MISSING)
+    param = param or name
+    if value is _MISSING or value is None:
+        if required:
+            raise InvalidRequest(f"{param!r} is required", param=param)
+        return default
+    if not isinstance(value, str):
+        raise InvalidRequest(f"{param!r} must be a string", param=param)
+    if not value and not allow_empty:
+        raise InvalidRequest(f"{param!r} must not be empty", param=param)
+    if len(value) > max_len:
+        raise InvalidRequest(f"{param!r} is longer than {max_len} characters", param=param)
+    return value
+
+
+def get_int(body: dict, name: str, *, default=None, minimum=None, maximum=None,
+            param: str | None = None):
+    value = body.get(name, _MISSING)
+    param = param or name
+    if value is _MISSING or value is None:
+        return default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequest(f"{param!r} must be an integer", param=param)
+    _check_range(value, minimum, maximum, param)
+    return value
+
+
+def get_number(body: dict, name: str, *, default=None, minimum=None, maximum=None,
+               exclusive_minimum=None, param: str | None = None):
+    value = body.get(name, _MISSING)
+    param = param or name
+    if value is _MISSING or value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidRequest(f"{param!r} must be a number", param=param)
+    if exclusive_minimum is not None and value <= exclusive_minimum:
+        raise InvalidRequest(f"{param!r} must be greater than {exclusive_minimum}", param=param)
+    _check_range(value, minimum, maximum, param)
+    return float(value)
+
+
+def get_bool(body: dict, name: str, *, default: bool = False, param: str | None = None) -> bool:
+    value = body.get(name, _MISSING)
+    param = param or name
+    if value is _MISSING or value is None:
+        return default
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"{param!r} must be true or false", param=param)
+    return value
+
+
+def _check_range(value, minimum, maximum, param):
+    if minimum is not None and value < minimum:
+        raise InvalidRequest(f"{param!r} must be at least {minimum}", param=param)
+    if maximum is not None and value > maximum:
+        raise InvalidRequest(f"{param!r} must be at most {maximum}", param=param)
+
+
+# -- query parameters -------------------------------------------------------
+
+def query_str(req: falcon.Request, name: str, *, choices=None, default=None):
+    values = req.get_param_as_list(name)
+    if not values:
+        return default
+    if len(values) > 1:
+        raise InvalidRequest(f"query parameter {name!r} is given more than once", param=name)
+    value = values[0]
+    if choices is not None and value not in choices:
+        raise InvalidRequest(f"query parameter {name!r} must be one of {', '.join(choices)}",
+                             param=name)
+    return value
+
+
+def query_int(req: falcon.Request, name: str, *, default=None, minimum=None, maximum=None):
+    raw = query_str(req, name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw, 10)
+    except ValueError:
+        raise InvalidRequest(f"query parameter {name!r} must be an integer", param=name) from None
+    _check_range(value, minimum, maximum, name)
+    return value
+
+
+def query_bool(req: falcon.Request, name: str, *, default: bool = False) -> bool:
+    raw = query_str(req, name)
+    if raw is None:
+        return default
+    low = raw.lower()
+    if low in ("true", "1", "yes"):
+        return True
+    if low in ("false", "0", "no"):
+        return False
+    raise InvalidRequest(f"query parameter {name!r} must be true or false", param=name)
+
+
+def header_int(req: falcon.Request, name: str) -> int | None:
+    raw = req.get_header(name)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        value = int(raw.strip(), 10)
+    except ValueError:
+        raise InvalidRequest(f"header {name!r} must be a non-negative integer", param=name) from None
+    if value < 0:
+        raise InvalidRequest(f"header {name!r} must be a non-negative integer", param=name)
+    return value
+
+
+# -- identity ---------------------------------------------------------------
+
+def caller(req: falcon.Request) -> dict:
+    return req.context.client
+
+
+def owner_filter(req: falcon.Request) -> str | None:
+    """The client id reads are limited to: None (everything) for an admin."""
+    client = caller(req)
+    return None if is_admin(client) else client["id"]
+
+
+def check_id(value: str, prefix: str, what: str) -> str:
+    """An id from a path: a wrong prefix can only be an unknown id (404)."""
+    if not value.startswith(prefix + "_") or len(value) > 100:
+        raise NotFound(f"no {what} with id {value!r}")
+    return value

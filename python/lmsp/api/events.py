@@ -1,0 +1,106 @@
+"""Server-sent events of a task's committed event log (LMSP B.6).
+
+A stream reads committed events from the store after the last sequence number
+it sent, writes them, and waits for the next commit through
+``runtime.wait_for_commit`` (which never blocks the gevent hub and holds no
+store connection). It ends after the terminal event.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Iterator
+
+import falcon
+
+from lmsp.errors import LMSPError
+
+from .common import SSE_TYPE, dumps
+from .middleware import error_frame
+
+log = logging.getLogger("lmsp.api")
+
+TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed",
+                             "response.cancelled"})
+FINISHED_TASK_STATES = frozenset({"completed", "failed", "cancelled"})
+KEEP_ALIVE = b": keep-alive\n\n"
+PAGE = 500
+POLL_SECONDS = 0.25  # a task run by another worker process is seen by polling
+
+
+def frame(event: dict) -> bytes:
+    """One event in SSE framing: ``id``, ``event``, ``data``, blank line."""
+    return (f"id: {event['sequence_number']}\nevent: {event['type']}\n"
+            f"data: {dumps(event)}\n\n").encode("utf-8")
+
+
+def wants_sse(req: falcon.Request) -> bool:
+    accept = req.get_header("Accept") or ""
+    return any(part.split(";")[0].strip().lower() == SSE_TYPE for part in accept.split(","))
+
+
+def start_sse(resp: falcon.Response, stream: Iterator[bytes], status: int = 200,
+              headers: dict[str, str] | None = None) -> None:
+    resp.status = status
+    resp.content_type = SSE_TYPE + "; charset=utf-8"
+    resp.set_header("Cache-Control", "no-cache")
+    resp.set_header("X-Accel-Buffering", "no")
+    for name, value in (headers or {}).items():
+        resp.set_header(name, value)
+    resp.stream = stream
+
+
+def event_stream(store, runtime, task_id: str, *, after: int = 0, client_id: str | None = None,
+                 heartbeat: float = 15.0, on_abandon: Callable[[], None] | None = None,
+                 monotonic: Callable[[], float] = time.monotonic,
+                 poll: float = POLL_SECONDS) -> Iterator[bytes]:
+    """SSE frames of ``task_id``'s events after ``after``, then live ones.
+
+    ``on_abandon`` runs when the consumer closes the stream before its end
+    (the client went away).
+    """
+    last = after
+    finished = False
+    last_write = monotonic()
+    try:
+        while True:
+            page = store.events(task_id, after=last, limit=PAGE, client_id=client_id)
+            for event in page["data"]:
+                last = event["sequence_number"]
+                if event["type"] in TERMINAL_EVENTS:
+                    finished = True
+                    yield frame(event)
+                    return
+                yield frame(event)
+                last_write = monotonic()
+            if page["has_more"]:
+                continue
+            if not page["data"]:
+                task = store.get_task(task_id, client_id)
+                if (task["status"] in FINISHED_TASK_STATES
+                        and task.get("last_sequence_number", last) <= last):
+                    finished = True
+                    return
+            idle = monotonic() - last_write
+            if idle >= heartbeat:
+                yield KEEP_ALIVE
+                last_write = monotonic()
+                continue
+            runtime.wait_for_commit(task_id, last, max(0.001, min(poll, heartbeat - idle)))
+    except LMSPError as exc:
+        finished = True
+        yield error_frame(exc.code, exc.message, exc.param)
+    except Exception:  # noqa: BLE001 - a stream must end with a frame, never a traceback
+        finished = True
+        log.exception("event stream of %s failed", task_id)
+        yield error_frame("internal_error", "the event stream failed")
+    finally:
+        if not finished and on_abandon is not None:
+            try:
+                on_abandon()
+            except Exception:  # noqa: BLE001
+                log.exception("cleanup of the abandoned stream of %s failed", task_id)
+
+
+def page_events(store, task_id: str, *, after: int, limit: int, client_id: str | None) -> dict:
+    return store.events(task_id, after=after, limit=limit, client_id=client_id)

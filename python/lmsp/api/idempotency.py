@@ -1,0 +1,59 @@
+"""Idempotency keys (LMSP B.8) for every POST.
+
+The fingerprint is the sha256 of the client, the method, the path and the
+canonical JSON of the body. Creating a response passes key and fingerprint to
+``store.create_task`` (key row and task in one transaction); other POSTs hold
+the key with ``store.idempotency_begin`` while they run and record the answer
+with ``idempotency_finish``. An error releases the key (``idempotency_abort``):
+errors are not recorded, so a failed request can be retried with its key.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import falcon
+
+from lmsp.errors import InvalidRequest
+from lmsp.store import fingerprint as store_fingerprint
+
+HEADER = "Idempotency-Key"
+REPLAYED = "Idempotent-Replayed"
+
+
+def key_of(req: falcon.Request) -> str | None:
+    value = req.get_header(HEADER)
+    if value is None:
+        return None
+    if not 1 <= len(value) <= 255 or not all(32 <= ord(ch) < 127 for ch in value):
+        raise InvalidRequest("Idempotency-Key must be 1 to 255 printable ASCII characters",
+                             param=HEADER)
+    return value
+
+
+def fingerprint(client_id: str | None, method: str, path: str, body) -> str:
+    """sha256 of the canonical JSON of client, method, path and body (the store's definition)."""
+    return store_fingerprint(client_id, method, path, body)
+
+
+def run(store, req: falcon.Request, client_id: str, body,
+        action: Callable[[], tuple[int, dict]]) -> tuple[int, dict, bool]:
+    """Run ``action`` (returns status and body) under the request's key, if any.
+
+    Returns ``(status, body, replayed)``.
+    """
+    key = key_of(req)
+    if key is None:
+        status, out = action()
+        return status, out, False
+    fp = fingerprint(client_id, req.method, req.path, body)
+    replay = store.idempotency_begin(client_id, key, fp)
+    if replay is not None:
+        status, out = replay
+        return status, out, True
+    try:
+        status, out = action()
+    except BaseException:
+        store.idempotency_abort(client_id, key)
+        raise
+    store.idempotency_finish(client_id, key, status, out)
+    return status, out, False

@@ -1,0 +1,135 @@
+"""Request id, access log, latency, authentication and the error handlers."""
+from __future__ import annotations
+
+import logging
+import time
+
+import falcon
+
+from lmsp import auth
+from lmsp.errors import LMSPError
+from lmsp.ids import new_id
+
+from .common import dumps, set_json
+from .logs import request_id_var
+
+log = logging.getLogger("lmsp.api")
+access_log = logging.getLogger("lmsp.access")
+
+REQUEST_ID = "X-Request-Id"
+
+
+def _valid_request_id(value: str | None) -> bool:
+    return bool(value) and len(value) <= 128 and all(33 <= ord(ch) < 127 for ch in value)
+
+
+class RequestContext:
+    """Request id in and out, one access log line and the latency histogram."""
+
+    def __init__(self, http_metrics, monotonic=time.monotonic) -> None:
+        self.http_metrics = http_metrics
+        self.monotonic = monotonic
+
+    def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
+        req.context.started = self.monotonic()
+        incoming = req.get_header(REQUEST_ID)
+        rid = incoming if _valid_request_id(incoming) else new_id("req")
+        req.context.request_id = rid
+        req.context.client = None
+        request_id_var.set(rid)
+        resp.set_header(REQUEST_ID, rid)
+
+    def process_response(self, req: falcon.Request, resp: falcon.Response, resource,
+                         req_succeeded: bool) -> None:
+        started = getattr(req.context, "started", None)
+        elapsed = self.monotonic() - started if started is not None else 0.0
+        status = resp.status_code if hasattr(resp, "status_code") else int(str(resp.status)[:3])
+        route = req.uri_template or "unmatched"
+        if self.http_metrics is not None:
+            self.http_metrics.observe(req.method, route, status, elapsed)
+        client = getattr(req.context, "client", None)
+        access_log.info("%s %s %s", req.method, req.path, status, extra={
+            "request_id": getattr(req.context, "request_id", None),
+            "method": req.method, "path": req.path, "route": route, "status": status,
+            "duration_ms": round(elapsed * 1000, 2),
+            "client_id": client["id"] if client else None,
+            "streamed": resp.stream is not None,
+        })
+        request_id_var.set(None)
+
+
+class Authentication:
+    """Bearer token and scope check for every route that declares a scope.
+
+    A resource declares ``scopes = {"GET": "responses:read", ...}``; a method
+    mapped to None is public; a method it does not list is left to Falcon
+    (405). Resources without ``scopes`` are public.
+    """
+
+    def __init__(self, store) -> None:
+        self.store = store
+
+    def process_resource(self, req: falcon.Request, resp: falcon.Response, resource, params) -> None:
+        scopes = getattr(resource, "scopes", None)
+        if not scopes or req.method not in scopes:
+            return
+        needed = scopes[req.method]
+        if needed is None:
+            return
+        client = auth.authenticate(self.store, req.get_header("Authorization"))
+        req.context.client = client
+        auth.require_scope(client, needed)
+
+
+# -- error handlers ---------------------------------------------------------
+
+_HTTP_CODES = {
+    400: "invalid_request", 401: "unauthorized", 403: "insufficient_scope", 404: "not_found",
+    405: "method_not_allowed", 406: "not_acceptable", 409: "conflict", 411: "length_required",
+    413: "payload_too_large", 414: "uri_too_long", 415: "unsupported_media_type",
+    422: "invalid_request", 429: "rate_limited", 431: "headers_too_large", 503: "unavailable",
+}
+
+
+def handle_lmsp_error(req: falcon.Request, resp: falcon.Response, ex: LMSPError, params) -> None:
+    resp.stream = None
+    set_json(resp, ex.body(), ex.status, ex.headers)
+    if ex.status >= 500:
+        log.warning("request refused: %s", ex.message, extra={"code": ex.code, "status": ex.status})
+
+
+def handle_http_error(req: falcon.Request, resp: falcon.Response, ex: falcon.HTTPError, params) -> None:
+    """Falcon's own errors (unknown route, 405, bad query string) as B.1 bodies."""
+    status = ex.status_code
+    code = _HTTP_CODES.get(status, "invalid_request" if status < 500 else "internal_error")
+    if status == 404:
+        message = f"no route for {req.method} {req.path}"
+    elif status == 405:
+        message = f"method {req.method} is not allowed on {req.path}"
+    else:
+        message = ex.description or ex.title or "request refused"
+    resp.stream = None
+    set_json(resp, {"error": {"code": code, "message": message, "param": None}}, status,
+             dict(ex.headers or {}))
+
+
+def handle_unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception, params) -> None:
+    """Any other exception: logged with its traceback, answered without details."""
+    if isinstance(ex, falcon.HTTPStatus):
+        resp.status = ex.status
+        for name, value in (ex.headers or {}).items():
+            resp.set_header(name, value)
+        resp.text = ex.text
+        return
+    log.error("unhandled error on %s %s", req.method, req.path, exc_info=ex,
+              extra={"request_id": getattr(req.context, "request_id", None)})
+    resp.stream = None
+    rid = getattr(req.context, "request_id", None)
+    message = "internal error" + (f" (request id {rid})" if rid else "")
+    set_json(resp, {"error": {"code": "internal_error", "message": message, "param": None}}, 500)
+
+
+def error_frame(code: str, message: str, param: str | None = None) -> bytes:
+    """The SSE ``error`` event of a stream that cannot go on (OpenAI's shape)."""
+    data = dumps({"type": "error", "code": code, "message": message, "param": param})
+    return f"event: error\ndata: {data}\n\n".encode("utf-8")

@@ -1,0 +1,375 @@
+"""Responses (LMSP B.5): create (plain, stream, background), retrieve, stream
+resume, cancel, delete and list.
+
+:func:`parse_create` and :class:`ResponsesService` hold the logic and know
+nothing of HTTP; the resources below them only read the request and write the
+answer.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import falcon
+
+from lmsp.errors import InvalidRequest, LMSPError, ModelChanged, NotFound, TaskFinished
+
+from . import idempotency
+from .common import (Deps, caller, check_id, get_bool, get_int, get_number, get_str, header_int,
+                     owner_filter, query_bool, query_int, query_str, read_json, reject_unknown,
+                     set_json)
+from .events import FINISHED_TASK_STATES, POLL_SECONDS, event_stream, start_sse
+
+log = logging.getLogger("lmsp.api")
+
+FIELDS = ("model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "top_k",
+          "seed", "stop", "stream", "background", "store", "on_restart", "metadata")
+ROLES = ("system", "user", "assistant")
+ROLE_ALIASES = {"developer": "system"}  # the OpenAI name of a system message
+TEXT_PART_TYPES = ("input_text", "output_text", "text")
+RESTART_POLICIES = ("fail", "retry", "resume")
+RESPONSE_STATUSES = ("queued", "in_progress", "completed", "incomplete", "failed", "cancelled")
+SEED_MAX = 2**32 - 2          # 2**32 - 1 is llama.cpp's "pick one at random"
+MAX_MESSAGES = 10_000
+MAX_TEXT = 4_000_000          # characters in one message; the body cap comes first anyway
+MAX_STOP = 16
+MAX_METADATA = 16
+
+
+@dataclass
+class CreateRequest:
+    model: str
+    messages: list[dict]
+    request: dict
+    on_restart: str
+    background: bool
+    stream: bool
+    store: bool
+
+
+def _content_text(content, param: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            where = f"{param}[{j}]"
+            if not isinstance(part, dict):
+                raise InvalidRequest(f"{where!r} must be an object", param=where)
+            reject_unknown(part, ("type", "text", "annotations"), where=f"{where}.")
+            kind = part.get("type")
+            if kind not in TEXT_PART_TYPES:
+                raise InvalidRequest(f"{where}.type must be one of {', '.join(TEXT_PART_TYPES)}; "
+                                     "only text content is supported", param=f"{where}.type")
+            texts.append(get_str(part, "text", required=True, allow_empty=True, max_len=MAX_TEXT,
+                                 param=f"{where}.text"))
+        return "".join(texts)
+    raise InvalidRequest(f"{param!r} must be a string or an array of text parts", param=param)
+
+
+def parse_messages(value) -> list[dict]:
+    """``input``: a string (one user message) or a list of messages."""
+    if isinstance(value, str):
+        if len(value) > MAX_TEXT:
+            raise InvalidRequest(f"'input' is longer than {MAX_TEXT} characters", param="input")
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, list):
+        raise InvalidRequest("'input' must be a string or an array of messages", param="input")
+    if not value:
+        raise InvalidRequest("'input' must not be an empty array", param="input")
+    if len(value) > MAX_MESSAGES:
+        raise InvalidRequest(f"'input' has more than {MAX_MESSAGES} messages", param="input")
+    messages = []
+    for i, item in enumerate(value):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise InvalidRequest(f"{where} must be an object with 'role' and 'content'", param=where)
+        reject_unknown(item, ("role", "content", "type"), where=f"{where}.")
+        if item.get("type", "message") != "message":
+            raise InvalidRequest(f"{where}.type must be 'message'; only messages are supported",
+                                 param=f"{where}.type")
+        role = item.get("role")
+        role = ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
+        if role not in ROLES:
+            raise InvalidRequest(f"{where}.role must be one of {', '.join(ROLES)}",
+                                 param=f"{where}.role")
+        if "content" not in item or item["content"] is None:
+            raise InvalidRequest(f"{where}.content is required", param=f"{where}.content")
+        messages.append({"role": role, "content": _content_text(item["content"], f"{where}.content")})
+    return messages
+
+
+def parse_stop(value) -> list[str]:
+    if value is None:
+        return []
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list):
+        raise InvalidRequest("'stop' must be a string or an array of strings", param="stop")
+    if len(items) > MAX_STOP:
+        raise InvalidRequest(f"'stop' has more than {MAX_STOP} strings", param="stop")
+    for s in items:
+        if not isinstance(s, str) or not s or len(s) > 1000:
+            raise InvalidRequest("each stop sequence must be a non-empty string of at most 1000 "
+                                 "characters", param="stop")
+    return list(items)
+
+
+def parse_metadata(value) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidRequest("'metadata' must be an object of string values", param="metadata")
+    if len(value) > MAX_METADATA:
+        raise InvalidRequest(f"'metadata' has more than {MAX_METADATA} keys", param="metadata")
+    for key, val in value.items():
+        if not key or len(key) > 64:
+            raise InvalidRequest("metadata keys are 1 to 64 characters", param=f"metadata.{key}")
+        if not isinstance(val, str) or len(val) > 512:
+            raise InvalidRequest("metadata values are strings of at most 512 characters",
+                                 param=f"metadata.{key}")
+    return dict(value)
+
+
+def parse_create(body: dict, config, random_seed) -> CreateRequest:
+    """Check every field of B.5 and fill the defaults; raises InvalidRequest."""
+    reject_unknown(body, FIELDS)
+    model = get_str(body, "model", required=True, max_len=256)
+    if "input" not in body or body["input"] is None:
+        raise InvalidRequest("'input' is required", param="input")
+    messages = parse_messages(body["input"])
+    instructions = get_str(body, "instructions", allow_empty=True, max_len=MAX_TEXT)
+    if instructions:
+        messages.insert(0, {"role": "system", "content": instructions})
+    max_output = get_int(body, "max_output_tokens", default=config.max_output_tokens, minimum=1)
+    max_output = min(max_output, config.max_output_tokens_cap)
+    seed = get_int(body, "seed", minimum=0, maximum=SEED_MAX)
+    if seed is None:
+        seed = random_seed()
+    background = get_bool(body, "background")
+    stream = get_bool(body, "stream")
+    store = get_bool(body, "store", default=True)
+    if background and not store:
+        raise InvalidRequest("a background response must be stored ('store' cannot be false)",
+                             param="store")
+    on_restart = get_str(body, "on_restart", default=config.default_on_restart)
+    if on_restart not in RESTART_POLICIES:
+        raise InvalidRequest(f"'on_restart' must be one of {', '.join(RESTART_POLICIES)}",
+                             param="on_restart")
+    request = {
+        "model": model,
+        "input": body["input"],
+        "instructions": instructions,
+        "max_output_tokens": max_output,
+        "temperature": get_number(body, "temperature", default=1.0, minimum=0, maximum=2),
+        "top_p": get_number(body, "top_p", default=1.0, exclusive_minimum=0, maximum=1),
+        "top_k": get_int(body, "top_k", default=0, minimum=0, maximum=2**31 - 1),
+        "seed": seed,
+        "stop": parse_stop(body.get("stop")),
+        "stream": stream,
+        "background": background,
+        "store": store,
+        "on_restart": on_restart,
+        "metadata": parse_metadata(body.get("metadata")),
+    }
+    return CreateRequest(model=model, messages=messages, request=request, on_restart=on_restart,
+                         background=background, stream=stream, store=store)
+
+
+class ResponsesService:
+    """Creating, waiting for and cancelling responses, without HTTP."""
+
+    def __init__(self, deps: Deps) -> None:
+        self.deps = deps
+
+    def create(self, client_id: str, parsed: CreateRequest,
+               idempotency_key: tuple[str, str] | None = None) -> dict:
+        runtime = self.deps.runtime
+        try:
+            model = runtime.model_object(parsed.model)
+        except NotFound:
+            raise NotFound(f"model {parsed.model!r} is not registered", param="model") from None
+        if model.get("state") == "changed":
+            raise ModelChanged(f"the file of model {parsed.model!r} changed since it was registered;"
+                               " register it again", param="model")
+        runtime.check_request(parsed.model, parsed.messages)
+        result = self.deps.store.create_task(
+            client_id=client_id, model=parsed.model, request=parsed.request,
+            on_restart=parsed.on_restart, background=parsed.background, stream=parsed.stream,
+            idempotency=idempotency_key)
+        if result.get("replay") is None:
+            runtime.notify_queued()
+        return result
+
+    def wait_finished(self, task_id: str, client_id: str | None) -> dict:
+        """Block (cooperatively) until the task is finished; its Task object."""
+        store, runtime = self.deps.store, self.deps.runtime
+        while True:
+            task = store.get_task(task_id, client_id)
+            if task["status"] in FINISHED_TASK_STATES:
+                return task
+            runtime.wait_for_commit(task_id, task["last_sequence_number"], POLL_SECONDS)
+
+    def cancel(self, any_id: str, client_id: str | None) -> dict:
+        """B.7 cancel of a response's or a task's task; the Task object."""
+        task = self.deps.store.cancel(any_id, client_id)
+        self.deps.runtime.notify_cancel(task["id"])
+        return task
+
+    def abandon(self, task_id: str, client_id: str | None) -> None:
+        """The client of a (non-background) stream went away: cancel its task."""
+        try:
+            self.cancel(task_id, client_id)
+            log.info("stream client went away; task cancelled", extra={"task_id": task_id})
+        except TaskFinished:
+            pass
+
+    def forget(self, response_id: str, client_id: str | None) -> None:
+        """``store: false``: delete a finished response once it was delivered."""
+        try:
+            self.deps.store.delete_response(response_id, client_id)
+        except LMSPError as exc:
+            log.info("response %s not deleted after delivery: %s", response_id, exc.message)
+
+    def stream(self, task_id: str, client_id: str | None, *, after: int = 0,
+               cancel_on_abandon: bool = False, forget_response: str | None = None):
+        deps = self.deps
+        on_abandon = (lambda: self.abandon(task_id, client_id)) if cancel_on_abandon else None
+        frames = event_stream(deps.store, deps.runtime, task_id, after=after, client_id=client_id,
+                              heartbeat=deps.config.heartbeat_seconds, on_abandon=on_abandon,
+                              monotonic=deps.monotonic)
+        if forget_response is None:
+            return frames
+        return self._then_forget(frames, task_id, forget_response, client_id)
+
+    def _then_forget(self, frames, task_id, response_id, client_id):
+        yield from frames
+        task = self.deps.store.get_task(task_id, client_id)
+        if task["status"] in FINISHED_TASK_STATES:
+            self.forget(response_id, client_id)
+
+
+def _replayed(headers: dict | None = None) -> dict:
+    out = {idempotency.REPLAYED: "true"}
+    out.update(headers or {})
+    return out
+
+
+class ResponsesResource:
+    """``POST /v1/responses`` and ``GET /v1/responses``."""
+
+    scopes = {"POST": "responses:write", "GET": "responses:read"}
+
+    def __init__(self, deps: Deps, service: ResponsesService) -> None:
+        self.deps = deps
+        self.service = service
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        deps = self.deps
+        client_id = caller(req)["id"]
+        body = read_json(req, deps.config.max_body_bytes)
+        key = idempotency.key_of(req)
+        parsed = parse_create(body, deps.config, deps.random_seed)
+        idem = None
+        if key is not None:
+            idem = (key, idempotency.fingerprint(client_id, req.method, req.path, body))
+        result = self.service.create(client_id, parsed, idem)
+        replay = result.get("replay")
+        response = result["response"] if replay is None else replay[1]
+        response_id = response["id"]
+        task_id = response["task"]["id"]
+        location = {"Location": f"/v1/responses/{response_id}"}
+        # Reads, waits and streams below see the caller's own response.
+        if replay is not None:
+            if parsed.stream:
+                start_sse(resp, self.service.stream(task_id, client_id), headers=_replayed(location))
+            else:
+                set_json(resp, replay[1], replay[0], _replayed(location if replay[0] == 202 else None))
+            return
+        if parsed.stream:
+            forget = None if parsed.store else response_id
+            start_sse(resp, self.service.stream(task_id, client_id,
+                                                cancel_on_abandon=not parsed.background,
+                                                forget_response=forget),
+                      headers=location if parsed.background else None)
+            return
+        if parsed.background:
+            set_json(resp, response, 202, location)
+            return
+        self.service.wait_finished(task_id, client_id)
+        final = deps.store.get_response(response_id, client_id)
+        if not parsed.store:
+            self.service.forget(response_id, client_id)
+        set_json(resp, final, 200)
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        status = query_str(req, "status", choices=RESPONSE_STATUSES)
+        limit = query_int(req, "limit", default=20, minimum=1, maximum=100)
+        after = query_str(req, "after")
+        if after is not None:
+            check_cursor(after, "resp")
+        page = self.deps.store.list_responses(owner_filter(req), status=status, limit=limit,
+                                              after=after)
+        set_json(resp, page)
+
+
+def check_cursor(value: str, prefix: str) -> None:
+    if not value.startswith(prefix + "_") or len(value) > 100:
+        raise InvalidRequest(f"'after' must be an id starting with {prefix}_", param="after")
+
+
+def stream_start(req: falcon.Request, param: str) -> int:
+    """Where a resumed stream starts: ``Last-Event-ID`` wins over the query."""
+    last_event_id = header_int(req, "Last-Event-ID")
+    if last_event_id is not None:
+        return last_event_id
+    return query_int(req, param, default=0, minimum=0)
+
+
+class ResponseResource:
+    """``GET`` (JSON, or SSE with ``?stream=true``) and ``DELETE /v1/responses/{id}``."""
+
+    scopes = {"GET": "responses:read", "DELETE": "responses:write"}
+
+    def __init__(self, deps: Deps, service: ResponsesService) -> None:
+        self.deps = deps
+        self.service = service
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response, response_id: str) -> None:
+        check_id(response_id, "resp", "response")
+        owner = owner_filter(req)
+        stream = query_bool(req, "stream")
+        if not stream:
+            set_json(resp, self.deps.store.get_response(response_id, owner))
+            return
+        after = stream_start(req, "starting_after")
+        task_id = self.deps.store.task_id_for_response(response_id, owner)
+        start_sse(resp, self.service.stream(task_id, owner, after=after))
+
+    def on_delete(self, req: falcon.Request, resp: falcon.Response, response_id: str) -> None:
+        check_id(response_id, "resp", "response")
+        out = self.deps.store.delete_response(response_id, owner_filter(req))
+        set_json(resp, out)
+
+
+class ResponseCancelResource:
+    """``POST /v1/responses/{id}/cancel``: B.7; answers the Response object."""
+
+    scopes = {"POST": "responses:write"}
+
+    def __init__(self, deps: Deps, service: ResponsesService) -> None:
+        self.deps = deps
+        self.service = service
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response, response_id: str) -> None:
+        check_id(response_id, "resp", "response")
+        body = read_json(req, self.deps.config.max_body_bytes, optional=True)
+        if body:
+            reject_unknown(body, ())
+        owner = owner_filter(req)
+
+        def act():
+            self.service.cancel(response_id, owner)
+            return 200, self.deps.store.get_response(response_id, owner)
+
+        status, out, replayed = idempotency.run(self.deps.store, req, caller(req)["id"], body, act)
+        set_json(resp, out, status, _replayed() if replayed else None)

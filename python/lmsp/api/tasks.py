@@ -1,0 +1,84 @@
+"""Tasks and their event logs (LMSP B.6)."""
+from __future__ import annotations
+
+import falcon
+
+from . import idempotency
+from .common import (Deps, caller, check_id, owner_filter, query_bool, query_int, query_str,
+                     read_json, reject_unknown, set_json)
+from .events import start_sse, wants_sse
+from .responses import ResponsesService, check_cursor, stream_start
+
+TASK_STATUSES = ("queued", "loading", "running", "cancelling", "completed", "failed", "cancelled")
+
+
+class TasksResource:
+    scopes = {"GET": "responses:read"}
+
+    def __init__(self, deps: Deps) -> None:
+        self.deps = deps
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        status = query_str(req, "status", choices=TASK_STATUSES)
+        limit = query_int(req, "limit", default=20, minimum=1, maximum=100)
+        after = query_str(req, "after")
+        if after is not None:
+            check_cursor(after, "task")
+        set_json(resp, self.deps.store.list_tasks(owner_filter(req), status=status, limit=limit,
+                                                  after=after))
+
+
+class TaskResource:
+    scopes = {"GET": "responses:read"}
+
+    def __init__(self, deps: Deps) -> None:
+        self.deps = deps
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response, task_id: str) -> None:
+        check_id(task_id, "task", "task")
+        set_json(resp, self.deps.store.get_task(task_id, owner_filter(req)))
+
+
+class TaskCancelResource:
+    """``POST /v1/tasks/{id}/cancel``: B.7; answers the Task object."""
+
+    scopes = {"POST": "responses:write"}
+
+    def __init__(self, deps: Deps, service: ResponsesService) -> None:
+        self.deps = deps
+        self.service = service
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response, task_id: str) -> None:
+        check_id(task_id, "task", "task")
+        body = read_json(req, self.deps.config.max_body_bytes, optional=True)
+        if body:
+            reject_unknown(body, ())
+        owner = owner_filter(req)
+
+        def act():
+            return 200, self.service.cancel(task_id, owner)
+
+        status, out, replayed = idempotency.run(self.deps.store, req, caller(req)["id"], body, act)
+        set_json(resp, out, status, {idempotency.REPLAYED: "true"} if replayed else None)
+
+
+class TaskEventsResource:
+    """``GET /v1/tasks/{id}/events?after=N``: a JSON page, or SSE when asked for."""
+
+    scopes = {"GET": "responses:read"}
+
+    def __init__(self, deps: Deps, service: ResponsesService) -> None:
+        self.deps = deps
+        self.service = service
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response, task_id: str) -> None:
+        check_id(task_id, "task", "task")
+        owner = owner_filter(req)
+        if wants_sse(req) or query_bool(req, "stream"):
+            after = stream_start(req, "after")
+            self.deps.store.get_task(task_id, owner)  # 404 before the stream starts
+            start_sse(resp, self.service.stream(task_id, owner, after=after))
+            return
+        after = stream_start(req, "after")
+        limit = query_int(req, "limit", default=100, minimum=1, maximum=1000)
+        set_json(resp, self.deps.store.events(task_id, after=after, limit=limit, client_id=owner))

@@ -1,0 +1,94 @@
+"""The Falcon WSGI application implementing LMSP part B.
+
+``create_app(config, store, runtime)`` wires explicit dependencies (tests use
+it directly); ``get_app()`` builds them from the configuration for gunicorn::
+
+    gunicorn 'lmsp.app:get_app()'
+"""
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from typing import Callable
+
+import falcon
+
+from lmsp.errors import LMSPError
+
+from .api import clients, models, openapi, responses, service, tasks
+from .api.common import Deps
+from .api.logs import configure_logging
+from .api.metrics import HttpMetrics
+from .api.middleware import (Authentication, RequestContext, handle_http_error, handle_lmsp_error,
+                             handle_unexpected)
+
+log = logging.getLogger("lmsp.api")
+
+
+def _random_seed() -> int:
+    return secrets.randbelow(responses.SEED_MAX + 1)
+
+
+def routes(deps: Deps) -> list[tuple[str, object]]:
+    """Every route of the API with its resource (also read by the OpenAPI test)."""
+    svc = responses.ResponsesService(deps)
+    return [
+        ("/v1/service", service.ServiceResource(deps)),
+        ("/healthz", service.HealthResource()),
+        ("/readyz", service.ReadyResource(deps)),
+        ("/metrics", service.MetricsResource(deps)),
+        ("/openapi.json", service.OpenAPIResource(openapi.document())),
+        ("/v1/pairings", clients.PairingsResource(deps)),
+        ("/v1/pair", clients.PairResource(deps)),
+        ("/v1/clients", clients.ClientsResource(deps)),
+        ("/v1/clients/{client_id}", clients.ClientResource(deps)),
+        ("/v1/models", models.ModelsResource(deps)),
+        ("/v1/models/{model_id}", models.ModelResource(deps)),
+        ("/v1/models/{model_id}/load", models.ModelActionResource(deps, "load")),
+        ("/v1/models/{model_id}/unload", models.ModelActionResource(deps, "unload")),
+        ("/v1/responses", responses.ResponsesResource(deps, svc)),
+        ("/v1/responses/{response_id}", responses.ResponseResource(deps, svc)),
+        ("/v1/responses/{response_id}/cancel", responses.ResponseCancelResource(deps, svc)),
+        ("/v1/tasks", tasks.TasksResource(deps)),
+        ("/v1/tasks/{task_id}", tasks.TaskResource(deps)),
+        ("/v1/tasks/{task_id}/cancel", tasks.TaskCancelResource(deps, svc)),
+        ("/v1/tasks/{task_id}/events", tasks.TaskEventsResource(deps, svc)),
+    ]
+
+
+def create_app(config, store, runtime, *, clock: Callable[[], float] = time.time,
+               monotonic: Callable[[], float] = time.monotonic,
+               random_seed: Callable[[], int] | None = None) -> falcon.App:
+    """The WSGI app over ``store`` and ``runtime`` (both already open/started)."""
+    http_metrics = HttpMetrics()
+    deps = Deps(config=config, store=store, runtime=runtime, clock=clock, monotonic=monotonic,
+                random_seed=random_seed or _random_seed, http_metrics=http_metrics)
+    app = falcon.App(middleware=[RequestContext(http_metrics, monotonic), Authentication(store)],
+                     cors_enable=False)
+    app.req_options.strip_url_path_trailing_slash = True
+    app.req_options.auto_parse_qs_csv = False
+    app.resp_options.secure_cookies_by_default = True
+    for path, resource in routes(deps):
+        app.add_route(path, resource)
+    app.add_error_handler(Exception, handle_unexpected)
+    app.add_error_handler(falcon.HTTPError, handle_http_error)
+    app.add_error_handler(LMSPError, handle_lmsp_error)
+    return app
+
+
+def get_app() -> falcon.App:
+    """For gunicorn: configuration from the environment, the store opened, the
+    runtime built and started in this (worker) process."""
+    from lmsp import config as config_mod
+    from lmsp.runtime import Runtime
+    from lmsp.runtime.service import open_store
+
+    config = config_mod.load()
+    configure_logging(config.log_level)
+    store = open_store(config)
+    runtime = Runtime(config, store)
+    runtime.start()
+    app = create_app(config, store, runtime)
+    log.info("application ready", extra={"data_dir": str(config.data_dir)})
+    return app

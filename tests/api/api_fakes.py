@@ -1,0 +1,76 @@
+"""A scripted runtime for the few API tests that need a task held in a given
+state (running while a cancel arrives, idle streams for heartbeats). It drives
+the REAL store through the worker side of its API, like the real runtime."""
+from __future__ import annotations
+
+import time
+
+from lmsp.errors import ContextLengthExceeded, NotFound
+
+OWNER = "scripted-worker"
+
+
+class ScriptedRuntime:
+    ready = True
+
+    def __init__(self, store, *, auto: bool = True, text: str = "Hello from the scripted worker") -> None:
+        self.store = store
+        self.auto = auto
+        self.text = text
+        self.cancels: list[str] = []
+
+    # what the web layer calls
+    def notify_queued(self) -> None:
+        if self.auto:
+            for claim in self.start_all():
+                self.finish(claim["task_id"], self.text)
+
+    def notify_cancel(self, task_id: str) -> None:
+        self.cancels.append(task_id)
+
+    def wait_for_commit(self, task_id: str, after_seq: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if self.store.last_sequence(task_id) > after_seq:
+                    return
+            except NotFound:
+                return
+            time.sleep(min(0.005, timeout))
+
+    def check_request(self, model_id: str, messages: list[dict]) -> int:
+        n = sum(len(m["content"].split()) for m in messages)
+        if n > 1000:
+            raise ContextLengthExceeded(f"the prompt is {n} tokens; at most 1000 fit", param="input")
+        return n
+
+    def model_object(self, model_id: str) -> dict:
+        model = dict(self.store.get_model(model_id))
+        model.pop("path", None)
+        return model
+
+    def list_models(self) -> list[dict]:
+        return [self.model_object(m["id"]) for m in self.store.list_models()]
+
+    def metrics(self) -> dict:
+        return {"tokens_generated": 3, "ttft_seconds": {"buckets": [[0.1, 1], [1.0, 2]], "sum": 0.6,
+                                                        "count": 2}}
+
+    # what a test drives
+    def start_all(self) -> list[dict]:
+        claims = self.store.claim(OWNER, limit=100, lease=60)
+        for claim in claims:
+            self.store.set_running(claim["task_id"], OWNER)
+        return claims
+
+    def step(self, task_id: str, delta: str, finish: str | None = None) -> dict:
+        usage = {"input_tokens": 3, "output_tokens": len(delta.split())} if finish else None
+        return self.store.append_step(OWNER, [{"task_id": task_id, "delta": delta, "tokens": [1],
+                                               "finish": finish, "error": None, "usage": usage,
+                                               "kv_path": None}])
+
+    def finish(self, task_id: str, text: str, finish: str = "stop") -> dict:
+        words = text.split(" ")
+        for word in words[:-1]:
+            self.step(task_id, word + " ")
+        return self.step(task_id, words[-1], finish)
