@@ -1,0 +1,24 @@
+"""The worker runtime: scheduler and commit path between the store and the engine.
+
+``Runtime`` is what ``lmsp.app.create_app(config, store, runtime)`` receives.
+``prepare`` runs once per service start (the gunicorn master, or
+``Runtime.start()`` when serving without gunicorn).
+"""
+from .core import RECOVERED_ENV, Runtime
+from .prompt import messages_for, render, sampling
+from .registry import ModelRegistry, file_digest, model_object
+from .service import bootstrap_admin, open_store, prepare
+
+__all__ = [
+    "RECOVERED_ENV",
+    "ModelRegistry",
+    "Runtime",
+    "bootstrap_admin",
+    "file_digest",
+    "messages_for",
+    "model_object",
+    "open_store",
+    "prepare",
+    "render",
+    "sampling",
+]

@@ -1,0 +1,507 @@
+"""The worker runtime: the scheduler and the commit path between store and engine.
+
+Per worker process:
+
+* the **scheduler thread** claims queued tasks up to the free engine slots,
+  loads the model when needed (task ``loading``), renders the prompt and
+  submits it to the engine (task ``running``), resuming recovered tasks from
+  their snapshot;
+* the **commit thread** sleeps on the engines' result descriptors, drains
+  ``engine.poll()``, writes everything it drained in ONE ``store.append_step``
+  transaction (all running tasks together), then wakes the requests waiting
+  for those tasks. It also renews the leases (acting on cancels made by other
+  processes) and recovers the tasks of dead workers (leases expired).
+
+Both are real OS threads also under gevent. A store error in the commit thread
+keeps the results in memory and retries with backoff; nothing is lost and
+nothing is written twice (the items of a failed transaction are merged with
+the next results and written together).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import weakref
+from dataclasses import dataclass, field
+
+from .. import ids
+from ..errors import ContextLengthExceeded, LMSPError, NotFound
+from . import prompt as prompting
+from ._threads import RealThread, Wakeup, allocate_lock, gevent_active
+from .metrics import Metrics
+from .registry import ModelRegistry
+from .waiters import CommitWaiters
+
+log = logging.getLogger("lmsp.runtime")
+
+# set in the environment by the gunicorn master once it ran start-up recovery
+RECOVERED_ENV = "LMSP_STARTUP_RECOVERED"
+IDLE_WAIT = 0.5          # seconds a loop sleeps when nothing wakes it
+MAX_BACKOFF = 2.0        # seconds between retries of a failed commit
+
+_started: "weakref.WeakSet[Runtime]" = weakref.WeakSet()
+
+
+def started() -> list["Runtime"]:
+    """The runtimes started (and not stopped) in this process, for the server hooks."""
+    return list(_started)
+
+
+@dataclass
+class _Run:
+    """One claimed task in this process."""
+    task_id: str
+    model: str
+    engine: object = None
+    seq: int | None = None
+    cancel: bool = False         # a cancel arrived before the sequence existed
+    kv_path: str | None = None
+    claimed_at: float = field(default_factory=time.monotonic)
+    first_token: bool = False
+    final: dict | None = field(default=None, repr=False)   # the engine's last result
+
+
+def _merge(item: dict | None, task_id: str, result: dict) -> dict:
+    """Fold one engine result into the pending store item of its task."""
+    if item is None:
+        item = {"task_id": task_id, "delta": "", "tokens": [], "finish": None, "error": None,
+                "usage": None, "kv_path": None}
+    item["delta"] += result.get("text") or ""
+    item["tokens"].extend(result.get("tokens") or ())
+    finish = result.get("finish")
+    if finish:
+        item["finish"] = finish
+        if finish == "error":
+            item["error"] = {"code": "engine_error", "message": result.get("error") or "generation failed"}
+        item["usage"] = {"input_tokens": int(result.get("n_prompt") or 0),
+                         "output_tokens": int(result.get("n_generated") or 0)}
+    return item
+
+
+class Runtime:
+    """What the web layer drives: see the module docstring and ``lmsp.app``."""
+
+    def __init__(self, config, store, *, engine_factory=None, clock=time.time) -> None:
+        self.config = config
+        self.store = store
+        self.clock = clock
+        self.registry = ModelRegistry(config, store, engine_factory)
+        self.waiters = CommitWaiters()
+        self.stats = Metrics()
+        self.owner: str | None = None
+        self.ready = False
+        self._lock = allocate_lock()           # guards _runs and _by_seq
+        self._runs: dict[str, _Run] = {}
+        self._by_seq: dict[tuple[int, int], _Run] = {}
+        self._stopping = False
+        self._sched_wake = Wakeup()
+        self._commit_wake = Wakeup()
+        self._threads: list[RealThread] = []
+        self._pending: dict[str, dict] = {}    # task id -> store item not yet committed (commit thread only)
+        self.lease = float(config.lease_seconds)
+
+    # life cycle
+    def start(self) -> None:
+        """Start the loops (in the worker, after fork). Runs start-up recovery unless the master did."""
+        if self._threads:
+            return
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{ids.new_id('wrk')[-10:]}"
+        if not os.environ.get(RECOVERED_ENV):
+            from .service import prepare
+            prepare(self.config, self.store, registry=self.registry)
+        self._threads = [RealThread(self._scheduler_loop, "lmsp-scheduler"),
+                         RealThread(self._commit_loop, "lmsp-commit")]
+        for thread in self._threads:
+            thread.start()
+        self.ready = True
+        _started.add(self)
+        log.info("runtime %s started (%s)", self.owner, "gevent" if gevent_active() else "threads")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Graceful stop: no more claims, commit what the engine already produced, release the claims.
+
+        Tasks still running stay in the store; the next start (or another
+        worker) applies their restart policy.
+        """
+        if self._stopping:
+            return
+        self._stopping = True
+        self.ready = False
+        _started.discard(self)
+        deadline = time.monotonic() + timeout
+        self._sched_wake.set()
+        self._commit_wake.set()
+        for thread in self._threads:
+            if not thread.join(max(0.0, deadline - time.monotonic())):
+                log.warning("thread %s did not stop within %.1f s", thread.name, timeout)
+        if self.owner is not None:
+            try:
+                self.store.release(self.owner)
+            except Exception:
+                log.exception("releasing the claims of %s failed", self.owner)
+        self.registry.close()
+        with self._lock:
+            self._runs.clear()
+            self._by_seq.clear()
+        if all(not t.alive for t in self._threads):
+            self._sched_wake.close()
+            self._commit_wake.close()
+        log.info("runtime %s stopped", self.owner)
+
+    # hints from the web layer
+    def notify_queued(self) -> None:
+        self._sched_wake.set()
+
+    def notify_cancel(self, task_id: str) -> None:
+        with self._lock:
+            run = self._runs.get(task_id)
+            if run is not None:
+                run.cancel = True
+                engine, seq = run.engine, run.seq
+        if run is not None and engine is not None and seq is not None:
+            try:
+                engine.cancel(seq)
+            except Exception as exc:  # closed engine: the renew loop settles it
+                log.debug("cancel of %s: %s", task_id, exc)
+        self.waiters.notify([task_id])
+
+    def wait_for_commit(self, task_id: str, after_seq: int, timeout: float) -> None:
+        waiter = self.waiters.register(task_id)
+        try:
+            try:
+                if self.store.last_sequence(task_id) > after_seq:
+                    return
+            except LMSPError:
+                return  # unknown task or busy store: let the caller re-read and decide
+            waiter.wait(timeout)
+        finally:
+            self.waiters.unregister(task_id, waiter)
+
+    def check_request(self, model_id: str, prompt_messages: list[dict]) -> int:
+        engine = self.registry.engine(model_id)
+        if engine is None:
+            return -1
+        try:
+            n = len(prompting.render(engine, prompt_messages))
+        except Exception as exc:  # a closed engine (unloaded meanwhile): check at run time
+            log.debug("check_request: %s", exc)
+            return -1
+        if n >= engine.n_ctx:
+            raise ContextLengthExceeded(
+                f"the prompt is {n} tokens; model {model_id} takes at most {engine.n_ctx - 1} "
+                "with room for one output token", param="input")
+        return n
+
+    # the model registry
+    def register_model(self, path: str, model_id: str | None = None, progress=None, *,
+                       confined: bool = True) -> dict:
+        return self._offload(self.registry.register, path, model_id, progress, confined=confined)
+
+    def load_model(self, model_id: str) -> dict:
+        self._offload(self.registry.load, model_id)
+        return self.registry.object(model_id)
+
+    def unload_model(self, model_id: str) -> dict:
+        self.store.get_model(model_id)  # NotFound for an unknown id
+        if self._model_busy(model_id):
+            from ..errors import ModelInUse
+            raise ModelInUse(f"model {model_id} is generating; cancel its tasks or wait for them")
+        self._offload(self.registry.unload, model_id)
+        return self.registry.object(model_id)
+
+    def delete_model(self, model_id: str) -> None:
+        self.store.get_model(model_id)
+        if self._model_busy(model_id):
+            from ..errors import ModelInUse
+            raise ModelInUse(f"model {model_id} is generating; cancel its tasks or wait for them")
+        self.store.delete_model(model_id)  # ModelInUse while unfinished tasks need it
+        self._offload(self.registry.unload, model_id)
+
+    def model_object(self, model_id: str) -> dict:
+        return self.registry.object(model_id)
+
+    def list_models(self) -> list[dict]:
+        return self.registry.objects()
+
+    def metrics(self) -> dict:
+        figures = self.stats.snapshot()
+        with self._lock:
+            runs = list(self._runs.values())
+        figures["claimed_tasks"] = len(runs)
+        figures["active_sequences"] = sum(1 for r in runs if r.seq is not None)
+        figures["queue_depth"] = sum(1 for r in runs if r.seq is None)  # claimed here, not decoding yet
+        figures["engine_slots"] = int(self.config.n_parallel)
+        figures["loaded_models"] = [model_id for model_id, _ in self.registry.engines()]
+        figures["waiting_requests"] = self.waiters.waiting()
+        figures["ready"] = self.ready
+        return figures
+
+    # helpers
+    def _model_busy(self, model_id: str) -> bool:
+        with self._lock:
+            return any(r.model == model_id for r in self._runs.values())
+
+    @staticmethod
+    def _offload(fn, *args, **kwargs):
+        """Run blocking work (hashing, loading) off the gevent hub; plain call otherwise."""
+        if gevent_active():
+            import gevent
+            return gevent.get_hub().threadpool.apply(fn, args, kwargs)
+        return fn(*args, **kwargs)
+
+    # ---------------------------------------------------------------- scheduler thread
+    def _scheduler_loop(self) -> None:
+        backoff = 0.0
+        while not self._stopping:
+            self._sched_wake.wait(backoff or IDLE_WAIT)
+            if self._stopping:
+                break
+            try:
+                self._claim_some()
+                backoff = 0.0
+            except Exception as exc:  # a busy store: try again soon
+                backoff = min(MAX_BACKOFF, (backoff or 0.05) * 2)
+                log.warning("claiming tasks failed (retry in %.2f s): %s", backoff, exc)
+
+    def _claim_some(self) -> None:
+        while not self._stopping:
+            with self._lock:
+                free = int(self.config.n_parallel) - len(self._runs)
+            if free <= 0:
+                return
+            claims = self.store.claim(self.owner, limit=free, lease=self.lease)
+            if not claims:
+                return
+            for claim in claims:
+                if self._stopping:
+                    return  # the rest stay claimed until release() in stop()
+                self._start(claim)
+
+    def _start(self, claim: dict) -> None:
+        task_id, model_id = claim["task_id"], claim["model"]
+        run = _Run(task_id, model_id)
+        with self._lock:
+            self._runs[task_id] = run
+        try:
+            self._start_run(run, claim)
+        except Exception as exc:  # never lose the task silently: fail it with the reason
+            log.exception("starting task %s failed", task_id)
+            self._fail(run, "internal_error", f"the task could not start: {exc}")
+
+    def _start_run(self, run: _Run, claim: dict) -> None:
+        from .. import native
+
+        task_id, request = run.task_id, claim.get("request") or {}
+        resumed = claim.get("status") == "running"
+        engine = self.registry.engine(run.model)
+        if engine is None:
+            if not resumed and not self._transition(run, self.store.set_loading):
+                return
+            try:
+                engine = self.registry.load(run.model)
+            except NotFound:
+                self._fail(run, "model_not_found", f"model {run.model} is not registered")
+                return
+            except LMSPError as exc:
+                self._fail(run, exc.code, exc.message)
+                return
+        try:
+            tokens = prompting.render(engine, prompting.messages_for(request))
+            kwargs = prompting.sampling(request, self.config)
+        except (ValueError, TypeError) as exc:
+            self._fail(run, "invalid_request", f"the request cannot be rendered: {exc}")
+            return
+        snapshot = claim.get("resume") if resumed else None
+        resume = None
+        if snapshot:
+            resume = {"generated": list(snapshot.get("generated") or ()),
+                      "emitted": snapshot.get("emitted") or "",
+                      "kv_state": self._read_kv(snapshot.get("kv_path"))}
+        n_needed = len(tokens) + (len(resume["generated"]) if resume else 0)
+        if n_needed >= engine.n_ctx:
+            self._fail(run, "context_length_exceeded",
+                       f"the prompt is {len(tokens)} tokens; the model's context holds {engine.n_ctx}")
+            return
+        if not self._transition(run, self.store.set_running):
+            return
+        try:
+            with self._lock:
+                seq = engine.submit(tokens, resume=resume, **kwargs)
+                run.engine, run.seq = engine, seq
+                self._by_seq[(id(engine), seq)] = run
+                cancel = run.cancel
+        except native.ContextLengthError as exc:
+            self._fail(run, "context_length_exceeded", str(exc))
+            return
+        except (ValueError, TypeError) as exc:
+            self._fail(run, "invalid_request", str(exc))
+            return
+        if cancel:
+            engine.cancel(seq)
+        self.waiters.notify([task_id])
+        self._commit_wake.set()
+        log.debug("task %s: %s as sequence %s (%d prompt tokens)", task_id,
+                  "resumed" if resume else "started", seq, len(tokens))
+
+    def _transition(self, run: _Run, method) -> bool:
+        """A state change of a claimed task; False (task dropped) if it was cancelled or taken meanwhile."""
+        try:
+            method(run.task_id, self.owner)
+        except LMSPError as exc:
+            log.info("task %s dropped: %s", run.task_id, exc.message)
+            self._forget(run)
+            self.waiters.notify([run.task_id])
+            return False
+        self.waiters.notify([run.task_id])
+        return True
+
+    def _fail(self, run: _Run, code: str, message: str) -> None:
+        try:
+            self.store.fail_task(run.task_id, self.owner, code=code, message=message)
+        except LMSPError as exc:  # cancelled meanwhile (the cancel wins) or the claim was lost
+            log.info("task %s not failed (%s): %s", run.task_id, message, exc.message)
+        self._forget(run)
+        self.waiters.notify([run.task_id])
+        self._sched_wake.set()
+
+    def _forget(self, run: _Run) -> None:
+        with self._lock:
+            self._runs.pop(run.task_id, None)
+            if run.seq is not None:
+                self._by_seq.pop((id(run.engine), run.seq), None)
+
+    @staticmethod
+    def _read_kv(path: str | None) -> bytes | None:
+        if not path:
+            return None
+        try:
+            with open(path, "rb") as fh:
+                return fh.read()
+        except OSError:
+            return None  # resume then re-reads the prompt and the generated tokens
+
+    # ---------------------------------------------------------------- commit thread
+    def _commit_loop(self) -> None:
+        now = time.monotonic()
+        next_renew = now + self.lease / 3
+        next_recover = now + self.lease / 2
+        backoff = 0.0
+        while True:
+            engines = self.registry.engines()
+            if backoff:
+                self._commit_wake.wait(backoff)
+            else:
+                fds = []
+                for _, engine in engines:
+                    try:
+                        fds.append(engine.fileno())
+                    except Exception:  # closed meanwhile
+                        pass
+                self._commit_wake.wait(IDLE_WAIT, fds)
+            stopping = self._stopping
+            self._drain(engines)
+            if self._pending:
+                if self._commit():
+                    backoff = 0.0
+                else:
+                    backoff = min(MAX_BACKOFF, (backoff or 0.05) * 2)
+                    if stopping and backoff >= MAX_BACKOFF:
+                        log.error("giving up on %d uncommitted results at shutdown", len(self._pending))
+                        break
+                    continue
+            if stopping:
+                break
+            now = time.monotonic()
+            if now >= next_renew:
+                next_renew = now + self.lease / 3
+                self._renew()
+            if now >= next_recover:
+                next_recover = now + self.lease / 2
+                self._recover_dead()
+
+    def _drain(self, engines) -> None:
+        for _, engine in engines:
+            try:
+                results = engine.poll()
+            except Exception:  # closed by an unload: nothing more will come
+                continue
+            if not results:
+                continue
+            with self._lock:
+                for result in results:
+                    run = self._by_seq.get((id(engine), result.get("seq")))
+                    if run is None:
+                        continue  # a sequence we gave up (claim lost)
+                    self._pending[run.task_id] = _merge(self._pending.get(run.task_id), run.task_id, result)
+                    if not run.first_token and result.get("tokens"):
+                        run.first_token = True
+                        self.stats.first_token(time.monotonic() - run.claimed_at)
+                    if result.get("finish"):
+                        run.final = result
+
+    def _commit(self) -> bool:
+        items = list(self._pending.values())
+        started = time.perf_counter()
+        try:
+            outcome = self.store.append_step(self.owner, items) or {}
+        except Exception as exc:
+            self.stats.commit_failed()
+            log.warning("committing %d task(s) failed, kept in memory: %s", len(items), exc)
+            return False
+        n_tokens = sum(len(item["tokens"]) for item in items)
+        self.stats.commit(time.perf_counter() - started, n_tokens)
+        self._pending = {}
+        done = [item["task_id"] for item in items if item["finish"]]
+        skipped = list(outcome.get("skipped") or ())
+        with self._lock:
+            ended = [self._runs.pop(task_id, None) for task_id in done + skipped]
+            for run in ended:
+                if run is not None and run.seq is not None:
+                    self._by_seq.pop((id(run.engine), run.seq), None)
+        for run in ended:
+            if run is None:
+                continue
+            if run.task_id in skipped and run.final is None and run.engine is not None:
+                try:
+                    run.engine.cancel(run.seq)  # no longer ours: stop spending the slot on it
+                except Exception:
+                    pass
+            elif run.final is not None:
+                self.stats.finish(run.final.get("finish") or "error", run.final.get("n_prompt"),
+                                  run.final.get("timings"))
+        self.waiters.notify([item["task_id"] for item in items])
+        if ended:
+            self._sched_wake.set()
+        return True
+
+    def _renew(self) -> None:
+        try:
+            cancelling = self.store.renew(self.owner, lease=self.lease)
+        except Exception as exc:
+            log.warning("renewing leases failed: %s", exc)
+            return
+        for task_id in cancelling or ():
+            with self._lock:
+                run = self._runs.get(task_id)
+                if run is not None:
+                    run.cancel = True
+                engine, seq = (run.engine, run.seq) if run is not None else (None, None)
+            if engine is not None and seq is not None:
+                try:
+                    engine.cancel(seq)
+                except Exception:
+                    pass
+
+    def _recover_dead(self) -> None:
+        try:
+            report = self.store.recover(startup=False)
+        except Exception as exc:
+            log.warning("recovering expired leases failed: %s", exc)
+            return
+        moved = [t for key in ("failed", "requeued", "resumed", "cancelled") for t in (report or {}).get(key, ())]
+        if moved:
+            log.warning("recovered %d task(s) of a dead worker: %s", len(moved), report)
+            self.waiters.notify(moved)
+            self._sched_wake.set()

@@ -1,0 +1,61 @@
+"""From a stored request to engine input: messages, chat template, sampling."""
+from __future__ import annotations
+
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+def _text(content) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts: [{"type": "input_text", "text": ...}]
+        return "".join(part.get("text") or "" for part in content if isinstance(part, dict))
+    return str(content)
+
+
+def messages_for(request: dict) -> list[dict]:
+    """The chat messages of a request: ``instructions`` first as a system message, then ``input``."""
+    messages = []
+    instructions = request.get("instructions")
+    if instructions:
+        messages.append({"role": "system", "content": _text(instructions)})
+    given = request.get("input")
+    if isinstance(given, str):
+        messages.append({"role": "user", "content": given})
+    elif isinstance(given, list):
+        for message in given:
+            if isinstance(message, str):
+                messages.append({"role": "user", "content": message})
+            elif isinstance(message, dict):
+                role = ROLES.get(message.get("role") or "user", "user")
+                messages.append({"role": role, "content": _text(message.get("content"))})
+    return messages
+
+
+def render(engine, messages: list[dict]) -> list[int]:
+    """Prompt token ids: the model's chat template, then the tokenizer (special tokens parsed)."""
+    text = engine.apply_chat_template(messages, add_generation_prompt=True)
+    return engine.tokenize(text, add_special=True, parse_special=True)
+
+
+def sampling(request: dict, config) -> dict:
+    """The engine's ``submit`` keywords from a request (service defaults and caps applied)."""
+    def pick(name, default):
+        value = request.get(name)
+        return default if value is None else value
+
+    max_tokens = int(pick("max_output_tokens", config.max_output_tokens))
+    stop = request.get("stop")
+    if stop is None:
+        stop = []
+    elif isinstance(stop, str):
+        stop = [stop]
+    return {
+        "max_tokens": max(1, min(max_tokens, config.max_output_tokens_cap)),
+        "temperature": float(pick("temperature", 1.0)),
+        "top_p": float(pick("top_p", 1.0)),
+        "top_k": int(pick("top_k", 0)),
+        "seed": int(pick("seed", 0)),
+        "stop": [s for s in stop if isinstance(s, str) and s],
+    }

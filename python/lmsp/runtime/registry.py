@@ -1,0 +1,259 @@
+"""The model registry: files in the models directory, metadata in the store.
+
+The store keeps each model's path, content digest and GGUF metadata; the files
+stay on disk. Paths given over the HTTP API are confined to
+``config.models_dir`` (no absolute paths, no ``..``, no symlink leading out);
+the operator may register any file by absolute path (``lmsp serve --model``,
+``lmsp models add``). Loading re-checks the digest, so a changed file is never
+served. Each worker process holds its own engines (one per loaded model).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+from pathlib import Path, PurePosixPath
+
+from ..errors import InvalidRequest, LMSPError, ModelChanged, ModelInUse, NotFound
+from ..objects import public_model
+from ._threads import allocate_lock
+
+log = logging.getLogger("lmsp.runtime")
+
+MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+CHUNK = 1 << 20
+
+# states a Model object can show (B.4)
+AVAILABLE, LOADING, LOADED, FAILED, MISSING, CHANGED = (
+    "available", "loading", "loaded", "failed", "missing", "changed")
+
+
+def file_digest(path: str | os.PathLike, progress=None) -> tuple[str, int]:
+    """``("sha256:<hex>", size)`` of a file, read in 1 MiB chunks.
+
+    ``progress(done_bytes, total_bytes)`` is called after every chunk.
+    """
+    h = hashlib.sha256()
+    done = 0
+    with open(path, "rb") as fh:
+        total = os.fstat(fh.fileno()).st_size
+        while True:
+            chunk = fh.read(CHUNK)
+            if not chunk:
+                break
+            h.update(chunk)
+            done += len(chunk)
+            if progress is not None:
+                progress(done, total)
+    if progress is not None and total == 0:
+        progress(0, 0)
+    return "sha256:" + h.hexdigest(), done
+
+
+def model_object(row: dict, state: str | None = None) -> dict:
+    """The Model object of LMSP B.4 from a store model (without its path), ``state`` overriding."""
+    out = public_model(row)
+    if state is not None:
+        out["state"] = state
+    return out
+
+
+class ModelRegistry:
+    """Registration, digest checks, and this process's loaded engines."""
+
+    def __init__(self, config, store, engine_factory=None) -> None:
+        self.config = config
+        self.store = store
+        self._factory = engine_factory
+        self._lock = allocate_lock()           # guards the dicts below (never held while loading)
+        self._engines: dict[str, object] = {}  # model id -> engine
+        self._loading: set[str] = set()
+        self._load_locks: dict[str, object] = {}
+
+    # paths
+    def resolve(self, path: str, *, confined: bool = True) -> Path:
+        """The real path of a model file; confined to the models directory unless the operator asks."""
+        if not isinstance(path, str) or not path.strip() or "\x00" in path:
+            raise InvalidRequest("path must be a non-empty file name under the models directory", param="path")
+        root = Path(self.config.models_dir).resolve()
+        if confined:
+            pure = PurePosixPath(path)
+            if pure.is_absolute() or path.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", path):
+                raise InvalidRequest("path must be relative to the models directory, not absolute", param="path")
+            if ".." in pure.parts or "\\" in path:
+                raise InvalidRequest("path must not contain '..' or backslashes", param="path")
+            candidate = root / pure
+            real = Path(os.path.realpath(candidate))
+            if real != root and root not in real.parents:
+                raise InvalidRequest("path leads outside the models directory", param="path")
+        else:
+            real = Path(os.path.realpath(os.path.expanduser(path)))
+        if not real.exists():
+            raise InvalidRequest(f"no such model file: {path}", param="path")
+        if not real.is_file():
+            raise InvalidRequest(f"not a regular file: {path}", param="path")
+        return real
+
+    # registration
+    def register(self, path: str, model_id: str | None = None, progress=None, *, confined: bool = True) -> dict:
+        from .. import native
+
+        real = self.resolve(path, confined=confined)
+        if model_id is None:
+            model_id = real.name[:-5] if real.name.lower().endswith(".gguf") else real.name
+        if not isinstance(model_id, str) or not MODEL_ID.match(model_id):
+            raise InvalidRequest(
+                "id must be 1-128 characters: letters, digits, '.', '_', ':' or '-', starting with a letter or digit",
+                param="id")
+        try:
+            info = native.read_gguf_info(str(real))
+        except native.ModelFormatError as exc:
+            raise InvalidRequest(f"{path} is not a usable GGUF model: {exc}", param="path") from None
+        except FileNotFoundError:
+            raise InvalidRequest(f"no such model file: {path}", param="path") from None
+        except (OSError, ValueError) as exc:
+            raise InvalidRequest(f"cannot read {path}: {exc}", param="path") from None
+        digest, size = file_digest(real, progress)
+        stored_path = str(real)
+        if confined:
+            stored_path = str(real.relative_to(Path(self.config.models_dir).resolve()))
+        with self._lock:
+            loaded = model_id in self._engines
+        if loaded:
+            raise ModelInUse(f"model {model_id} is loaded; unload it before registering it again")
+        row = self.store.put_model({
+            "id": model_id,
+            "path": stored_path,
+            "digest": digest,
+            "size_bytes": size,
+            "format": "gguf",
+            "architecture": info.get("architecture"),
+            "parameters": info.get("parameters"),
+            "quantization": info.get("quantization"),
+            "context_length": info.get("context_length"),
+            "state": AVAILABLE,
+        })
+        log.info("registered model %s (%s, %s)", model_id, stored_path, digest)
+        return model_object(row)
+
+    def file_path(self, row: dict) -> Path:
+        path = Path(row["path"])
+        return path if path.is_absolute() else Path(self.config.models_dir) / path
+
+    # state
+    def state(self, row: dict) -> str:
+        """Live state: this process's engines first, then the file on disk, then the stored state."""
+        model_id = row["id"]
+        with self._lock:
+            if model_id in self._engines:
+                return LOADED
+            if model_id in self._loading:
+                return LOADING
+        stored = row.get("state") or AVAILABLE
+        try:
+            st = os.stat(self.file_path(row))
+        except OSError:
+            return MISSING
+        if stored in (FAILED, CHANGED):
+            return stored
+        if st.st_size != row.get("size_bytes"):
+            return CHANGED
+        return AVAILABLE if stored in (LOADED, LOADING, MISSING) else stored
+
+    def object(self, model_id: str) -> dict:
+        row = self.store.get_model(model_id)
+        return model_object(row, self.state(row))
+
+    def objects(self) -> list[dict]:
+        return [model_object(row, self.state(row)) for row in self.store.list_models()]
+
+    # engines
+    def engine(self, model_id: str):
+        with self._lock:
+            return self._engines.get(model_id)
+
+    def engines(self) -> list[tuple[str, object]]:
+        with self._lock:
+            return list(self._engines.items())
+
+    def load(self, model_id: str):
+        """Load a model into this process (digest re-checked first); returns the engine.
+
+        Raises NotFound (unknown id), ModelChanged (file changed or missing),
+        or LMSPError subclasses for files the engine refuses.
+        """
+        with self._lock:
+            engine = self._engines.get(model_id)
+            if engine is not None:
+                return engine
+            gate = self._load_locks.setdefault(model_id, allocate_lock())
+        with gate:  # one load per model at a time; a second caller gets the first one's engine
+            with self._lock:
+                engine = self._engines.get(model_id)
+                if engine is not None:
+                    return engine
+                self._loading.add(model_id)
+            try:
+                return self._load(model_id)
+            finally:
+                with self._lock:
+                    self._loading.discard(model_id)
+
+    def _load(self, model_id: str):
+        from .. import native
+
+        row = self.store.get_model(model_id)
+        path = self.file_path(row)
+        if not path.is_file():
+            self._set_state(model_id, MISSING)
+            raise ModelChanged(f"the file of model {model_id} is missing: {row['path']}")
+        digest, _ = file_digest(path)
+        if digest != row["digest"]:
+            self._set_state(model_id, CHANGED)
+            raise ModelChanged(
+                f"the file of model {model_id} changed since it was registered "
+                f"({digest} != {row['digest']}); register it again to serve the new file")
+        cfg = self.config
+        try:
+            factory = self._factory or native.Engine
+            engine = factory(str(path), n_ctx=cfg.n_ctx, n_parallel=cfg.n_parallel, n_threads=cfg.n_threads,
+                             n_gpu_layers=cfg.n_gpu_layers, n_batch=cfg.n_batch)
+        except MemoryError:
+            self._set_state(model_id, FAILED)
+            raise LMSPError(f"not enough memory to load model {model_id}", code="model_load_failed") from None
+        except (native.NativeError, OSError, ValueError, RuntimeError) as exc:
+            self._set_state(model_id, FAILED)
+            raise LMSPError(f"model {model_id} failed to load: {exc}", code="model_load_failed") from None
+        with self._lock:
+            self._engines[model_id] = engine
+        self._set_state(model_id, AVAILABLE)  # "loaded" is per process; the store keeps the file's state
+        log.info("loaded model %s (%s)", model_id, getattr(engine, "info", {}).get("backend", "?"))
+        return engine
+
+    def _set_state(self, model_id: str, state: str) -> None:
+        try:
+            if self.store.get_model(model_id).get("state") != state:
+                self.store.set_model_state(model_id, state)
+        except NotFound:
+            pass
+        except LMSPError as exc:  # a busy store must not hide the load result
+            log.warning("could not record state %s of model %s: %s", state, model_id, exc)
+
+    def unload(self, model_id: str) -> bool:
+        with self._lock:
+            engine = self._engines.pop(model_id, None)
+        if engine is None:
+            return False
+        engine.close()
+        log.info("unloaded model %s", model_id)
+        return True
+
+    def close(self) -> None:
+        with self._lock:
+            engines, self._engines = list(self._engines.values()), {}
+        for engine in engines:
+            try:
+                engine.close()
+            except Exception:  # closing is best effort at shutdown
+                log.exception("closing an engine failed")
