@@ -166,7 +166,9 @@ def migrate(conn: sqlite3.Connection, *, target: int = SCHEMA_VERSION, path: str
     Each migration runs in one ``BEGIN IMMEDIATE`` transaction together with
     its ``user_version`` bump, so concurrent openers apply it exactly once.
     """
-    applied = []
+    applied: list[int] = []
+    if user_version(conn) == target:  # the common case needs no write lock
+        return applied
     while True:
         conn.execute("BEGIN IMMEDIATE")
         try:
