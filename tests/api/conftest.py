@@ -1,6 +1,8 @@
 """Fixtures of the API tests: the real store in ``tmp_path`` and the app over it."""
 from __future__ import annotations
 
+import time
+
 import pytest
 from api_fakes import ScriptedRuntime
 from api_helpers import Api, make_client
@@ -21,9 +23,27 @@ def config(tmp_path) -> Config:
                   n_ctx=256, n_parallel=2, lease_seconds=5.0).validated()
 
 
+class Clock:
+    """Real time plus an offset that a test can move forward."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
+
+    def advance(self, seconds: float) -> None:
+        self.offset += seconds
+
+
 @pytest.fixture
-def store(config):
-    store = Store.open(config.db_path, durability="off")
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def store(config, clock):
+    store = Store.open(config.db_path, durability="off", clock=clock)
     yield store
     store.close()
 
@@ -35,8 +55,8 @@ def scripted(store) -> ScriptedRuntime:
 
 
 @pytest.fixture
-def app(config, store, scripted):
-    return create_app(config, store, scripted, random_seed=lambda: 1234)
+def app(config, store, scripted, clock):
+    return create_app(config, store, scripted, clock=clock, random_seed=lambda: 1234)
 
 
 @pytest.fixture

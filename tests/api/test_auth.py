@@ -1,0 +1,154 @@
+"""B.2: tokens, scopes, pairing, clients."""
+from __future__ import annotations
+
+import pytest
+from api_helpers import Api, assert_error, make_client
+
+from lmsp import auth
+
+# every authenticated route with the scope it needs (ids need not exist: the
+# scope is checked before anything is looked up)
+SCOPED_ROUTES = [
+    ("GET", "/v1/clients", "admin"),
+    ("GET", "/v1/clients/cli_X", "admin"),
+    ("DELETE", "/v1/clients/cli_X", "admin"),
+    ("POST", "/v1/pairings", "admin"),
+    ("GET", "/v1/models", "models:read"),
+    ("GET", "/v1/models/tiny", "models:read"),
+    ("POST", "/v1/models", "models:write"),
+    ("DELETE", "/v1/models/tiny", "models:write"),
+    ("POST", "/v1/models/tiny/load", "models:write"),
+    ("POST", "/v1/models/tiny/unload", "models:write"),
+    ("POST", "/v1/responses", "responses:write"),
+    ("GET", "/v1/responses", "responses:read"),
+    ("GET", "/v1/responses/resp_X", "responses:read"),
+    ("DELETE", "/v1/responses/resp_X", "responses:write"),
+    ("POST", "/v1/responses/resp_X/cancel", "responses:write"),
+    ("GET", "/v1/tasks", "responses:read"),
+    ("GET", "/v1/tasks/task_X", "responses:read"),
+    ("POST", "/v1/tasks/task_X/cancel", "responses:write"),
+    ("GET", "/v1/tasks/task_X/events", "responses:read"),
+]
+
+
+def test_helpers():
+    token = auth.new_token()
+    assert len(token) >= 43 and token != auth.new_token()
+    assert auth.hash_token(token) == auth.hash_token(token) and len(auth.hash_token(token)) == 64
+    code = auth.new_pairing_code()
+    assert auth.hash_code(code) == auth.hash_code(code.lower().replace("-", " "))
+    assert auth.expand_scopes(["admin"]) == set(auth.SCOPES)
+    assert auth.expand_scopes(["models:read"]) == {"models:read"}
+    assert auth.constant_time_equal("abc", "abc") and not auth.constant_time_equal("abc", "abd")
+
+
+@pytest.mark.parametrize("method,path,scope", SCOPED_ROUTES)
+def test_each_route_needs_its_scope(store, app, method, path, scope):
+    others = [s for s in auth.SCOPES if s not in (scope, "admin")]
+    _, token = make_client(store, others)
+    result = Api(app, token).request(method, path, json={})
+    assert_error(result, 403, "insufficient_scope")
+    no_token = Api(app).request(method, path, json={})
+    err = assert_error(no_token, 401, "unauthorized")
+    assert no_token.headers["WWW-Authenticate"] == "Bearer"
+    assert "Authorization" in err["message"]
+
+
+@pytest.mark.parametrize("method,path,scope", SCOPED_ROUTES)
+def test_admin_implies_every_scope(admin, method, path, scope):
+    result = admin.request(method, path, json={})
+    assert result.status_code not in (401, 403), result.text
+
+
+@pytest.mark.parametrize("header", [
+    "Bearer", "Bearer ", "Basic dXNlcjpwYXNz", "Token abc", "Bearer unknown-token",
+    "Bearer " + "x" * 600, "bearer\tx", "Bearer tok\u00e9n",
+])
+def test_bad_tokens_are_401(app, header):
+    result = Api(app).get("/v1/responses", headers={"Authorization": header})
+    assert_error(result, 401, "unauthorized")
+    assert result.headers["WWW-Authenticate"] == "Bearer"
+
+
+def test_scheme_is_case_insensitive(store, app):
+    _, token = make_client(store, ["responses:read"])
+    result = Api(app).get("/v1/responses", headers={"Authorization": f"bearer {token}"})
+    assert result.status_code == 200
+
+
+def test_public_routes(anon):
+    assert anon.get("/v1/service").status_code == 200
+    assert anon.get("/healthz").status_code == 200
+    assert anon.get("/metrics").status_code == 200
+    assert anon.get("/openapi.json").status_code == 200
+
+
+def test_pairing_flow(admin, anon, app):
+    made = admin.post("/v1/pairings", json={"scopes": ["responses:read", "responses:write"],
+                                            "name": "laptop"})
+    assert made.status_code == 201, made.text
+    code = made.json["code"]
+    assert made.json["scopes"] == ["responses:read", "responses:write"]
+    assert made.json["expires_at"] > made.json["created_at"]
+    paired = anon.post("/v1/pair", json={"code": code, "client_name": "my laptop"})
+    assert paired.status_code == 201, paired.text
+    body = paired.json
+    assert body["client_id"].startswith("cli_") and body["scopes"] == ["responses:read", "responses:write"]
+    new = Api(app, body["token"])
+    assert new.get("/v1/responses").status_code == 200
+    assert_error(new.get("/v1/models"), 403, "insufficient_scope")
+    # a code works once
+    again = anon.post("/v1/pair", json={"code": code, "client_name": "thief"})
+    assert_error(again, 400, "invalid_request", param="code")
+    # the admin sees the client; revoking it stops the token at once
+    listed = admin.get("/v1/clients").json["data"]
+    assert body["client_id"] in [c["id"] for c in listed]
+    assert all("token_hash" not in c for c in listed)
+    assert admin.get(f"/v1/clients/{body['client_id']}").json["name"] == "my laptop"
+    revoked = admin.delete(f"/v1/clients/{body['client_id']}")
+    assert revoked.status_code == 200 and revoked.json["revoked_at"] is not None
+    assert_error(new.get("/v1/responses"), 401, "unauthorized")
+
+
+def test_pairing_defaults_and_validation(admin):
+    made = admin.post("/v1/pairings")
+    assert made.status_code == 201
+    assert made.json["scopes"] == ["responses:write", "responses:read", "models:read"]
+    assert_error(admin.post("/v1/pairings", json={"scopes": ["root"]}), 400, "invalid_request", "scopes")
+    assert_error(admin.post("/v1/pairings", json={"scopes": []}), 400, "invalid_request", "scopes")
+    assert_error(admin.post("/v1/pairings", json={"expires_in": 0}), 400, "invalid_request",
+                 "expires_in")
+    assert_error(admin.post("/v1/pairings", json={"color": "red"}), 400, "invalid_request", "color")
+
+
+def test_pairing_code_expires(admin, anon, clock):
+    code = admin.post("/v1/pairings", json={"expires_in": 60}).json["code"]
+    clock.advance(61)
+    result = anon.post("/v1/pair", json={"code": code, "client_name": "late"})
+    assert_error(result, 400, "invalid_request", param="code")
+
+
+def test_failed_pairing_attempts_are_limited(admin, anon, clock, config):
+    code = admin.post("/v1/pairings").json["code"]
+    for _ in range(config.pairing_max_attempts):
+        bad = anon.post("/v1/pair", json={"code": "AAAA-BBBB-CCCC", "client_name": "guess"})
+        assert_error(bad, 400, "invalid_request", param="code")
+    limited = anon.post("/v1/pair", json={"code": code, "client_name": "real"})
+    assert_error(limited, 429, "rate_limited")
+    assert int(limited.headers["Retry-After"]) > 0
+    clock.advance(61)  # the window passed: the real code still works
+    assert anon.post("/v1/pair", json={"code": code, "client_name": "real"}).status_code == 201
+
+
+def test_pair_validation(anon):
+    assert_error(anon.post("/v1/pair", json={"client_name": "x"}), 400, "invalid_request", "code")
+    assert_error(anon.post("/v1/pair", json={"code": "ABCD"}), 400, "invalid_request", "client_name")
+    assert_error(anon.post("/v1/pair", json={"code": 5, "client_name": "x"}), 400, "invalid_request",
+                 "code")
+    assert_error(anon.post("/v1/pair", json={"code": "A", "client_name": "x", "admin": True}), 400,
+                 "invalid_request", "admin")
+
+
+def test_unknown_client_is_404(admin):
+    assert_error(admin.delete("/v1/clients/cli_NOPE"), 404, "not_found")
+    assert_error(admin.get("/v1/clients/nope"), 404, "not_found")
