@@ -1,11 +1,382 @@
+// pybind11 glue only: conversions, GIL release and exception translation.
+// The engine itself is plain C++ (engine.h, gguf_info.h, text.h).
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
+#include <climits>
+#include <cstring>
+#include <memory>
+#include <new>
+
+#include "engine.h"
+#include "errors.h"
+#include "gguf_info.h"
 #include "llama.h"
+#include "text.h"
 
 namespace py = pybind11;
+using namespace pybind11::literals;
+
+namespace {
+
+// Python exception classes, created once and kept for the life of the process.
+PyObject * g_native_error = nullptr;
+PyObject * g_model_format_error = nullptr;
+PyObject * g_context_length_error = nullptr;
+PyObject * g_engine_closed_error = nullptr;
+
+PyObject * new_exception(py::module_ & m, const char * name, PyObject * bases, const char * doc) {
+    const std::string qualified = std::string("lmsp._native.") + name;
+    PyObject * type = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, bases, nullptr);
+    if (type == nullptr) throw py::error_already_set();
+    Py_INCREF(type);  // the module holds one reference, the translator another
+    m.add_object(name, py::reinterpret_borrow<py::object>(type));
+    return type;
+}
+
+py::dict info_dict(const lmsp::GgufInfo & i) {
+    py::dict d;
+    d["architecture"] = i.architecture;
+    d["name"] = i.name ? py::object(py::str(*i.name)) : py::object(py::none());
+    d["parameters"] = i.parameters;
+    d["quantization"] = i.quantization;
+    d["context_length"] = i.context_length;
+    d["chat_template"] = i.chat_template ? py::object(py::str(*i.chat_template)) : py::object(py::none());
+    d["vocab_size"] = i.vocab_size;
+    d["n_embd"] = i.n_embd;
+    d["n_layer"] = i.n_layer;
+    d["n_head"] = i.n_head;
+    d["n_head_kv"] = i.n_head_kv;
+    d["tensor_count"] = i.tensor_count;
+    d["size_bytes"] = i.size_bytes;
+    return d;
+}
+
+std::string fspath(const py::object & path) {
+    py::object p = py::module_::import("os").attr("fspath")(path);
+    if (!py::isinstance<py::str>(p)) throw py::type_error("model path must be a str or os.PathLike of str");
+    return p.cast<std::string>();
+}
+
+int32_t as_int32(const py::handle & v, const char * what) {
+    if (!py::isinstance<py::int_>(v) || py::isinstance<py::bool_>(v)) {
+        throw py::type_error(std::string(what) + " must be an int");
+    }
+    const long long x = v.cast<long long>();
+    if (x < INT32_MIN || x > INT32_MAX) throw lmsp::InvalidArgument(std::string(what) + " is out of range");
+    return int32_t(x);
+}
+
+std::vector<int32_t> as_tokens(const py::handle & seq, const char * what) {
+    if (py::isinstance<py::str>(seq) || py::isinstance<py::bytes>(seq)) {
+        throw py::type_error(std::string(what) + " must be a list of token ids");
+    }
+    std::vector<int32_t> out;
+    for (const py::handle item : py::iter(seq)) {
+        out.push_back(as_int32(item, what));
+    }
+    return out;
+}
+
+std::string as_str(const py::handle & v, const char * what) {
+    if (!py::isinstance<py::str>(v)) throw py::type_error(std::string(what) + " must be a str");
+    return v.cast<std::string>();
+}
+
+py::dict timings_dict(const lmsp::Timings & t) {
+    return py::dict("queued_ms"_a = t.queued_ms, "prompt_ms"_a = t.prompt_ms, "first_token_ms"_a = t.first_token_ms,
+                    "decode_ms"_a = t.decode_ms, "total_ms"_a = t.total_ms, "tokens_per_s"_a = t.tokens_per_s);
+}
+
+py::dict result_dict(lmsp::StepResult & r) {
+    py::dict d;
+    d["seq"] = r.seq;
+    d["tokens"] = py::cast(r.tokens);
+    d["text"] = py::str(r.text);
+    const char * f = lmsp::finish_name(r.finish);
+    d["finish"] = f ? py::object(py::str(f)) : py::object(py::none());
+    d["error"] = r.finish == lmsp::Finish::error ? py::object(py::str(r.error)) : py::object(py::none());
+    d["n_prompt"] = r.n_prompt;
+    d["n_generated"] = r.n_generated;
+    d["timings"] = r.timings ? timings_dict(*r.timings) : py::dict();
+    return d;
+}
+
+// The Python-facing engine: holds the C++ engine, owns nothing else.
+class PyEngine {
+public:
+    PyEngine(const py::object & model_path, int32_t n_ctx, int32_t n_parallel, int32_t n_threads,
+             int32_t n_gpu_layers, int32_t n_batch, int32_t prefill_chunk) {
+        const std::string path = fspath(model_path);
+        lmsp::EngineOptions o;
+        o.n_ctx = n_ctx;
+        o.n_parallel = n_parallel;
+        o.n_threads = n_threads;
+        o.n_gpu_layers = n_gpu_layers;
+        o.n_batch = n_batch;
+        o.prefill_chunk = prefill_chunk;
+        py::gil_scoped_release nogil;
+        engine_ = std::make_unique<lmsp::Engine>(path, o);
+    }
+
+    lmsp::Engine & e() { return *engine_; }
+
+    py::dict info() {
+        py::dict d = info_dict(engine_->info());
+        d["n_ctx"] = engine_->n_ctx();
+        d["n_parallel"] = engine_->n_parallel();
+        d["n_vocab"] = engine_->n_vocab();
+        d["backend"] = engine_->backend();
+        return d;
+    }
+
+    int64_t submit(const py::object & prompt, const py::object & max_tokens, double temperature, double top_p,
+                   const py::object & top_k, const py::object & seed, const py::object & stop,
+                   const py::object & resume) {
+        lmsp::SubmitRequest req;
+        req.prompt = as_tokens(prompt, "prompt");
+        req.max_tokens = as_int32(max_tokens, "max_tokens");
+        req.sampling.temperature = float(temperature);
+        req.sampling.top_p = float(top_p);
+        req.sampling.top_k = as_int32(top_k, "top_k");
+        if (!py::isinstance<py::int_>(seed) || py::isinstance<py::bool_>(seed)) throw py::type_error("seed must be an int");
+        req.sampling.seed = PyLong_AsUnsignedLongLongMask(seed.ptr());
+        if (PyErr_Occurred()) throw py::error_already_set();
+        if (py::isinstance<py::str>(stop)) {
+            req.stop.push_back(stop.cast<std::string>());
+        } else if (!stop.is_none()) {
+            for (const py::handle s : py::iter(stop)) req.stop.push_back(as_str(s, "stop"));
+        }
+        if (!resume.is_none()) {
+            if (!py::isinstance<py::dict>(resume)) throw py::type_error("resume must be a dict or None");
+            py::dict r = resume;
+            lmsp::ResumeState rs;
+            if (r.contains("generated")) rs.generated = as_tokens(r["generated"], "resume.generated");
+            if (r.contains("emitted")) rs.emitted = as_str(r["emitted"], "resume.emitted");
+            if (r.contains("kv_state") && !r["kv_state"].is_none()) {
+                py::object kv = r["kv_state"];
+                if (!py::isinstance<py::bytes>(kv) && !PyByteArray_Check(kv.ptr()) && !PyMemoryView_Check(kv.ptr())) {
+                    throw py::type_error("resume.kv_state must be bytes or None");
+                }
+                std::string raw = py::bytes(kv).cast<std::string>();
+                rs.kv_state = std::vector<uint8_t>(raw.begin(), raw.end());
+            }
+            req.resume = std::move(rs);
+        }
+        py::gil_scoped_release nogil;
+        return engine_->submit(std::move(req));
+    }
+
+    py::dict snapshot(int64_t seq, bool with_kv) {
+        lmsp::Snapshot s;
+        {
+            py::gil_scoped_release nogil;
+            s = engine_->snapshot(seq, with_kv);
+        }
+        py::dict d;
+        d["generated"] = py::cast(s.generated);
+        d["emitted"] = py::str(s.emitted);
+        d["n_prompt"] = s.n_prompt;
+        d["kv_state"] = s.kv_state
+                            ? py::object(py::bytes(reinterpret_cast<const char *>(s.kv_state->data()), s.kv_state->size()))
+                            : py::object(py::none());
+        return d;
+    }
+
+    py::list poll() {
+        std::vector<lmsp::StepResult> results;
+        {
+            py::gil_scoped_release nogil;
+            results = engine_->poll();
+        }
+        py::list out;
+        for (auto & r : results) out.append(result_dict(r));
+        return out;
+    }
+
+    bool wait(const py::object & timeout) {
+        double t = -1.0;
+        if (!timeout.is_none()) {
+            t = timeout.cast<double>();
+            if (!(t >= 0.0)) throw lmsp::InvalidArgument("timeout must be >= 0 or None");
+        }
+        py::gil_scoped_release nogil;
+        return engine_->wait(t);
+    }
+
+    py::array_t<float> eval_logits(const py::object & tokens) {
+        std::vector<int32_t> toks = as_tokens(tokens, "tokens");
+        std::vector<float> logits;
+        {
+            py::gil_scoped_release nogil;
+            logits = engine_->eval_logits(toks);
+        }
+        const py::ssize_t rows = py::ssize_t(toks.size());
+        const py::ssize_t cols = engine_->n_vocab();
+        py::array_t<float> out({rows, cols});
+        std::memcpy(out.mutable_data(), logits.data(), logits.size() * sizeof(float));
+        return out;
+    }
+
+    py::dict stats() {
+        const lmsp::EngineStats s = engine_->stats();
+        return py::dict("active"_a = s.active, "waiting"_a = s.waiting, "steps"_a = s.steps,
+                        "tokens_decoded"_a = s.tokens_decoded, "tokens_generated"_a = s.tokens_generated,
+                        "submitted"_a = s.submitted, "finished"_a = s.finished);
+    }
+
+    void close() {
+        py::gil_scoped_release nogil;
+        engine_->close();
+    }
+
+private:
+    std::unique_ptr<lmsp::Engine> engine_;
+};
+
+}  // namespace
 
 PYBIND11_MODULE(_native, m) {
     m.doc() = "lmsp native core: llama.cpp engine";
     m.attr("__version__") = LMSP_VERSION;
+    lmsp::log::install();
+
+    py::tuple native_bases = py::make_tuple(py::handle(PyExc_Exception));
+    g_native_error = new_exception(m, "NativeError", native_bases.ptr(), "Base of the native engine's errors.");
+    py::tuple value_bases = py::make_tuple(py::handle(g_native_error), py::handle(PyExc_ValueError));
+    g_model_format_error = new_exception(m, "ModelFormatError", value_bases.ptr(),
+                                         "Not GGUF, truncated, corrupt, or an unsupported architecture.");
+    g_context_length_error = new_exception(m, "ContextLengthError", value_bases.ptr(),
+                                           "The prompt (plus resumed tokens) does not fit the context.");
+    py::tuple runtime_bases = py::make_tuple(py::handle(g_native_error), py::handle(PyExc_RuntimeError));
+    g_engine_closed_error = new_exception(m, "EngineClosedError", runtime_bases.ptr(), "The engine is closed.");
+
+    py::register_exception_translator([](std::exception_ptr p) {
+        try {
+            if (p) std::rethrow_exception(p);
+        } catch (const lmsp::ModelFormatError & e) {
+            PyErr_SetString(g_model_format_error, e.what());
+        } catch (const lmsp::ContextLengthError & e) {
+            PyErr_SetString(g_context_length_error, e.what());
+        } catch (const lmsp::EngineClosedError & e) {
+            PyErr_SetString(g_engine_closed_error, e.what());
+        } catch (const lmsp::FileMissing & e) {
+            PyErr_SetString(PyExc_FileNotFoundError, e.what());
+        } catch (const lmsp::OutOfMemory & e) {
+            PyErr_SetString(PyExc_MemoryError, e.what());
+        } catch (const lmsp::InvalidArgument & e) {
+            PyErr_SetString(PyExc_ValueError, e.what());
+        } catch (const lmsp::UnknownSequence & e) {
+            PyErr_SetString(PyExc_KeyError, e.what());
+        } catch (const std::bad_alloc &) {
+            PyErr_SetString(PyExc_MemoryError, "out of memory");
+        } catch (const std::runtime_error & e) {
+            PyErr_SetString(g_native_error, e.what());
+        }
+    });
+
     m.def("system_info", [] { return std::string(llama_print_system_info()); });
+    m.def("set_logging", &lmsp::log::set_enabled, "enabled"_a,
+          "Forward llama.cpp's log to stderr (off by default; LMSP_LLAMA_LOG=1 turns it on at import).");
+    m.def(
+        "read_gguf_info",
+        [](const py::object & path) {
+            const std::string p = fspath(path);
+            lmsp::GgufInfo info;
+            {
+                py::gil_scoped_release nogil;
+                info = lmsp::read_gguf_info(p);
+            }
+            return info_dict(info);
+        },
+        "path"_a, "GGUF metadata without loading the weights.");
+
+    py::class_<lmsp::TextStream>(m, "TextStream",
+                                 "Streaming-safe UTF-8 text with stop strings (the engine's text module).")
+        .def(py::init([](const py::object & stop) {
+                 std::vector<std::string> stops;
+                 if (py::isinstance<py::str>(stop)) {
+                     stops.push_back(stop.cast<std::string>());
+                 } else {
+                     for (const py::handle s : py::iter(stop)) stops.push_back(as_str(s, "stop"));
+                 }
+                 for (const auto & s : stops) {
+                     if (s.empty()) throw lmsp::InvalidArgument("stop strings must not be empty");
+                 }
+                 return lmsp::TextStream(stops);
+             }),
+             "stop"_a = py::tuple())
+        .def("push", [](lmsp::TextStream & t, const py::bytes & b) { return py::str(t.push(std::string(b))); }, "data"_a)
+        .def("flush", [](lmsp::TextStream & t) { return py::str(t.flush()); })
+        .def("adopt_emitted", &lmsp::TextStream::adopt_emitted, "already"_a)
+        .def_property_readonly("stopped", &lmsp::TextStream::stopped)
+        .def_property_readonly("emitted", [](const lmsp::TextStream & t) { return py::str(t.emitted()); });
+
+    py::class_<PyEngine>(m, "Engine")
+        .def(py::init<const py::object &, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t>(), "model_path"_a,
+             py::kw_only(), "n_ctx"_a = 4096, "n_parallel"_a = 4, "n_threads"_a = 0, "n_gpu_layers"_a = 0,
+             "n_batch"_a = 512, "prefill_chunk"_a = 256)
+        .def_property_readonly("info", &PyEngine::info)
+        .def_property_readonly("n_ctx", [](PyEngine & s) { return s.e().n_ctx(); })
+        .def_property_readonly("n_vocab", [](PyEngine & s) { return s.e().n_vocab(); })
+        .def_property_readonly("n_parallel", [](PyEngine & s) { return s.e().n_parallel(); })
+        .def_property_readonly("closed", [](PyEngine & s) { return s.e().closed(); })
+        .def(
+            "tokenize",
+            [](PyEngine & s, const std::string & text, bool add_special, bool parse_special) {
+                py::gil_scoped_release nogil;
+                return s.e().tokenize(text, add_special, parse_special);
+            },
+            "text"_a, "add_special"_a = true, "parse_special"_a = false)
+        .def(
+            "detokenize",
+            [](PyEngine & s, const py::object & tokens) {
+                std::vector<int32_t> t = as_tokens(tokens, "tokens");
+                std::string out;
+                {
+                    py::gil_scoped_release nogil;
+                    out = s.e().detokenize(t);
+                }
+                return py::str(out);
+            },
+            "tokens"_a)
+        .def(
+            "apply_chat_template",
+            [](PyEngine & s, const py::object & messages, bool add_generation_prompt) {
+                std::vector<lmsp::ChatMessage> msgs;
+                for (const py::handle m : py::iter(messages)) {
+                    if (!py::isinstance<py::dict>(m)) throw py::type_error("each message must be a dict");
+                    py::dict d = py::reinterpret_borrow<py::dict>(m);
+                    if (!d.contains("role") || !d.contains("content")) {
+                        throw lmsp::InvalidArgument("each message needs 'role' and 'content'");
+                    }
+                    msgs.push_back({as_str(d["role"], "role"), as_str(d["content"], "content")});
+                }
+                std::string out;
+                {
+                    py::gil_scoped_release nogil;
+                    out = s.e().apply_chat_template(msgs, add_generation_prompt);
+                }
+                return py::str(out);
+            },
+            "messages"_a, "add_generation_prompt"_a = true)
+        .def("submit", &PyEngine::submit, "prompt"_a, py::kw_only(), "max_tokens"_a, "temperature"_a = 1.0,
+             "top_p"_a = 1.0, "top_k"_a = 0, "seed"_a = 0, "stop"_a = py::tuple(), "resume"_a = py::none())
+        .def(
+            "cancel",
+            [](PyEngine & s, int64_t seq) {
+                py::gil_scoped_release nogil;
+                return s.e().cancel(seq);
+            },
+            "seq_id"_a)
+        .def("snapshot", &PyEngine::snapshot, "seq_id"_a, "with_kv"_a = false)
+        .def("poll", &PyEngine::poll)
+        .def("wait", &PyEngine::wait, "timeout"_a = py::none())
+        .def("fileno", [](PyEngine & s) { return s.e().fileno(); })
+        .def("eval_logits", &PyEngine::eval_logits, "tokens"_a)
+        .def("stats", &PyEngine::stats)
+        .def("close", &PyEngine::close)
+        .def("__enter__", [](py::object self) { return self; })
+        .def("__exit__", [](PyEngine & s, const py::args &) { s.close(); });
 }

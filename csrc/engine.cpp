@@ -1,0 +1,896 @@
+#include "engine.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <sys/eventfd.h>
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <new>
+
+#include "errors.h"
+#include "text.h"
+
+// Batch invariance (a sequence decoded alone or next to others gives the same
+// logits bit for bit) on the CPU backend rests on four choices, each found by
+// reading ggml-cpu and checked by tests/native/test_engine.py:
+//  - llamafile's sgemm is off (CMakeLists.txt, GGML_LLAMAFILE=OFF): it takes
+//    over matmuls with two or more rows and sums in another order than the
+//    vec_dot used for a single row, so a lone decode (1 row) and a batched one
+//    (4 rows) differed. Without it every output element is one vec_dot.
+//  - flash attention is off: the CPU kernel switches to a tiled path for many
+//    query rows and to a split-KV path (partials reduced per thread) for one
+//    row over 512+ cells.
+//  - weight repacking (extra buffer types) is off: repacked gemm (4+ rows) and
+//    gemv (1 row) sum differently.
+//  - each sequence has its own KV stream (kv_unified=false), so its cells and
+//    positions do not depend on its neighbours; a longer neighbour only adds
+//    masked cells, whose zero weights leave every sum unchanged.
+// The same holds for prefilling prompt+generated versus decoding token by
+// token, which is what makes resume without a KV state exact.
+// GPU backends (LMSP_CUDA) pick kernels by batch size and are NOT batch
+// invariant; there only the counter-based sampling is guaranteed.
+
+namespace lmsp {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+double ms_between(Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+}
+}  // namespace
+
+const char * finish_name(Finish f) {
+    switch (f) {
+        case Finish::none: return nullptr;
+        case Finish::stop: return "stop";
+        case Finish::length: return "length";
+        case Finish::cancelled: return "cancelled";
+        case Finish::error: return "error";
+    }
+    return nullptr;
+}
+
+// The life of a sequence: waiting for a slot, prefilling its prompt in chunks,
+// generating one token per step, finished.
+enum class SeqState { waiting, prefilling, generating, finished };
+
+struct Sequence {
+    int64_t id = 0;
+    SeqState state = SeqState::waiting;
+    int slot = -1;
+
+    std::vector<int32_t> feed;  // tokens to prefill (prompt, plus generated when resumed without KV)
+    size_t n_fed = 0;
+    int32_t n_prompt = 0;
+    int32_t n_past = 0;         // positions in this sequence's KV
+    std::vector<int32_t> generated;
+    int32_t max_tokens = 0;
+    Sampler sampler;
+    TextStream text;
+    std::optional<std::vector<uint8_t>> kv_state;  // applied on admission
+
+    int batch_index = -1;  // row of its logits in the current batch, -1 if none
+    Clock::time_point t_submit, t_admit, t_first;
+    bool has_first = false;
+
+    Sequence(const SamplingParams & sp, std::vector<std::string> stops) : sampler(sp), text(std::move(stops)) {}
+};
+
+// ---------------------------------------------------------------- lifecycle
+
+Engine::Engine(const std::string & model_path, const EngineOptions & options) : options_(options) {
+    log::install();
+    if (options.n_ctx < 1) throw InvalidArgument("n_ctx must be >= 1");
+    if (options.n_parallel < 1 || options.n_parallel > int32_t(llama_max_parallel_sequences())) {
+        throw InvalidArgument("n_parallel must be between 1 and " + std::to_string(llama_max_parallel_sequences()));
+    }
+    if (options.n_threads < 0) throw InvalidArgument("n_threads must be >= 0");
+    if (options.n_batch < options.n_parallel) throw InvalidArgument("n_batch must be >= n_parallel");
+    if (options.prefill_chunk < 1) throw InvalidArgument("prefill_chunk must be >= 1");
+
+    info_ = read_gguf_info(model_path);
+
+    llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers = options.n_gpu_layers;
+    mp.use_extra_bufts = false;  // see the batch-invariance note above
+    log::begin_capture();
+    try {
+        model_.reset(llama_model_load_from_file(model_path.c_str(), mp));
+    } catch (const std::bad_alloc &) {
+        log::end_capture();
+        throw OutOfMemory("out of memory loading " + model_path);
+    }
+    std::string why = log::end_capture();
+    if (!model_) {
+        if (why.find("unknown model architecture") != std::string::npos) {
+            throw ModelFormatError("unsupported model architecture '" + info_.architecture + "' in " + model_path);
+        }
+        if (why.find("alloc") != std::string::npos || why.find("out of memory") != std::string::npos) {
+            throw OutOfMemory("out of memory loading " + model_path + " (" + why + ")");
+        }
+        throw ModelFormatError("cannot load model " + model_path + (why.empty() ? "" : ": " + why));
+    }
+    if (!llama_model_has_decoder(model_.get()) || llama_model_has_encoder(model_.get())) {
+        throw ModelFormatError("unsupported model (not a decoder-only model): " + model_path);
+    }
+    vocab_ = llama_model_get_vocab(model_.get());
+    if (vocab_ == nullptr || llama_vocab_n_tokens(vocab_) <= 0) {
+        throw ModelFormatError("model has no vocabulary: " + model_path);
+    }
+    n_vocab_ = llama_vocab_n_tokens(vocab_);
+
+    // one sequence's context never exceeds what the model was trained for
+    n_ctx_ = options.n_ctx;
+    const int32_t n_train = llama_model_n_ctx_train(model_.get());
+    if (n_train > 0 && n_ctx_ > n_train) n_ctx_ = n_train;
+
+    int32_t n_threads = options.n_threads;
+    if (n_threads == 0) {
+        n_threads = int32_t(std::max(1u, std::thread::hardware_concurrency()));
+    }
+
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = uint32_t(n_ctx_) * uint32_t(options.n_parallel);
+    cp.n_batch = uint32_t(options.n_batch);
+    cp.n_ubatch = uint32_t(options.n_batch);
+    cp.n_seq_max = uint32_t(options.n_parallel);
+    cp.n_threads = n_threads;
+    cp.n_threads_batch = n_threads;
+    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    cp.kv_unified = false;
+    cp.no_perf = true;
+    log::begin_capture();
+    try {
+        ctx_.reset(llama_init_from_model(model_.get(), cp));
+    } catch (const std::bad_alloc &) {
+        log::end_capture();
+        throw OutOfMemory("out of memory creating the context");
+    }
+    why = log::end_capture();
+    if (!ctx_) {
+        if (why.find("alloc") != std::string::npos || why.find("memory") != std::string::npos) {
+            throw OutOfMemory("out of memory creating a context of " + std::to_string(cp.n_ctx) + " tokens (" + why + ")");
+        }
+        throw std::runtime_error("cannot create a llama context" + (why.empty() ? "" : ": " + why));
+    }
+    if (llama_n_ctx_seq(ctx_.get()) < uint32_t(n_ctx_)) {
+        n_ctx_ = int32_t(llama_n_ctx_seq(ctx_.get()));
+    }
+
+    backend_ = (options.n_gpu_layers != 0 && llama_supports_gpu_offload()) ? "cuda" : "cpu";
+
+    batch_ = llama_batch_init(options.n_batch, 0, 1);
+    batch_allocated_ = true;
+    slot_used_.assign(size_t(options.n_parallel), false);
+
+#ifdef __linux__
+    event_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (event_fd_ < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
+    event_wfd_ = event_fd_;
+#else
+    int fds[2];
+    if (::pipe(fds) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+    for (int fd : fds) {
+        ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+        ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+    }
+    event_fd_ = fds[0];
+    event_wfd_ = fds[1];
+#endif
+
+    thread_ = std::thread([this] { run(); });
+}
+
+Engine::~Engine() { close(); }
+
+void Engine::close() {
+    std::lock_guard<std::mutex> guard(close_mu_);
+    if (closed_.exchange(true)) {
+        return;
+    }
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        stop_ = true;
+    }
+    cv_.notify_all();
+    results_cv_.notify_all();
+    if (thread_.joinable()) {
+        thread_.join();
+    }
+    // reverse order of creation
+    active_.clear();
+    waiting_.clear();
+    if (batch_allocated_) {
+        llama_batch_free(batch_);
+        batch_allocated_ = false;
+    }
+    ctx_.reset();
+    model_.reset();
+    if (event_wfd_ >= 0 && event_wfd_ != event_fd_) ::close(event_wfd_);
+    if (event_fd_ >= 0) ::close(event_fd_);
+    event_fd_ = event_wfd_ = -1;
+}
+
+void Engine::check_open() const {
+    if (closed_.load()) throw EngineClosedError("the engine is closed");
+}
+
+// ---------------------------------------------------------------- text
+
+void Engine::check_tokens(const std::vector<int32_t> & tokens, const char * what) const {
+    for (int32_t t : tokens) {
+        if (t < 0 || t >= n_vocab_) {
+            throw InvalidArgument(std::string(what) + ": token id " + std::to_string(t) + " is outside the vocabulary [0, " +
+                                  std::to_string(n_vocab_) + ")");
+        }
+    }
+}
+
+std::vector<int32_t> Engine::tokenize(const std::string & text, bool add_special, bool parse_special) const {
+    check_open();
+    if (text.size() > size_t(INT32_MAX)) throw InvalidArgument("text too long to tokenize");
+    std::vector<int32_t> out(text.size() + 4);
+    int32_t n = llama_tokenize(vocab_, text.data(), int32_t(text.size()), out.data(), int32_t(out.size()),
+                               add_special, parse_special);
+    if (n == INT32_MIN) throw InvalidArgument("text too long to tokenize");
+    if (n < 0) {
+        out.resize(size_t(-n));
+        n = llama_tokenize(vocab_, text.data(), int32_t(text.size()), out.data(), int32_t(out.size()), add_special,
+                           parse_special);
+        if (n < 0) throw std::runtime_error("tokenization failed");
+    }
+    out.resize(size_t(n));
+    return out;
+}
+
+std::string Engine::detokenize(const std::vector<int32_t> & tokens) const {
+    check_open();
+    check_tokens(tokens, "detokenize");
+    if (tokens.empty()) return {};
+    std::string buf(tokens.size() * 8 + 16, '\0');
+    int32_t n = llama_detokenize(vocab_, tokens.data(), int32_t(tokens.size()), buf.data(), int32_t(buf.size()), false,
+                                 false);
+    if (n < 0) {
+        buf.resize(size_t(-n));
+        n = llama_detokenize(vocab_, tokens.data(), int32_t(tokens.size()), buf.data(), int32_t(buf.size()), false,
+                             false);
+        if (n < 0) throw std::runtime_error("detokenization failed");
+    }
+    buf.resize(size_t(n));
+    std::string out;
+    utf8_take(buf, out, true);
+    return out;
+}
+
+std::string Engine::piece(int32_t token) const {
+    char small[64];
+    int32_t n = llama_token_to_piece(vocab_, token, small, int32_t(sizeof(small)), 0, false);
+    if (n >= 0) return std::string(small, size_t(n));
+    std::string big(size_t(-n), '\0');
+    n = llama_token_to_piece(vocab_, token, big.data(), int32_t(big.size()), 0, false);
+    if (n < 0) return {};
+    big.resize(size_t(n));
+    return big;
+}
+
+// Used when the model has no chat template, or one llama.cpp does not know:
+//   "System: ...\n\nUser: ...\n\nAssistant: ...\n\n" and, with
+//   add_generation_prompt, a final "Assistant:".
+static std::string fallback_template(const std::vector<ChatMessage> & messages, bool add_generation_prompt) {
+    std::string out;
+    for (const auto & m : messages) {
+        std::string role = m.role;
+        if (!role.empty()) role[0] = char(std::toupper(static_cast<unsigned char>(role[0])));
+        out += role + ": " + m.content + "\n\n";
+    }
+    if (add_generation_prompt) out += "Assistant:";
+    return out;
+}
+
+std::string Engine::apply_chat_template(const std::vector<ChatMessage> & messages, bool add_generation_prompt) const {
+    check_open();
+    size_t total = 0;
+    for (const auto & m : messages) {
+        if (m.role != "system" && m.role != "user" && m.role != "assistant") {
+            throw InvalidArgument("message role must be 'system', 'user' or 'assistant', not '" + m.role + "'");
+        }
+        if (m.content.find('\0') != std::string::npos) {
+            throw InvalidArgument("message content must not contain NUL characters");
+        }
+        total += m.content.size() + m.role.size();
+    }
+    const char * tmpl = llama_model_chat_template(model_.get(), nullptr);
+    if (tmpl == nullptr) {
+        return fallback_template(messages, add_generation_prompt);
+    }
+    std::vector<llama_chat_message> chat;
+    chat.reserve(messages.size());
+    for (const auto & m : messages) chat.push_back({m.role.c_str(), m.content.c_str()});
+    if (total > size_t(INT32_MAX / 2)) throw InvalidArgument("messages too long");
+    std::string buf(total * 2 + 256, '\0');
+    int32_t n = llama_chat_apply_template(tmpl, chat.data(), chat.size(), add_generation_prompt, buf.data(),
+                                          int32_t(buf.size()));
+    if (n < 0) {
+        return fallback_template(messages, add_generation_prompt);
+    }
+    if (size_t(n) > buf.size()) {
+        buf.resize(size_t(n));
+        n = llama_chat_apply_template(tmpl, chat.data(), chat.size(), add_generation_prompt, buf.data(),
+                                      int32_t(buf.size()));
+        if (n < 0) return fallback_template(messages, add_generation_prompt);
+    }
+    buf.resize(size_t(n));
+    return buf;
+}
+
+// ---------------------------------------------------------------- caller side
+
+int64_t Engine::submit(SubmitRequest req) {
+    check_open();
+    if (req.prompt.empty()) throw InvalidArgument("prompt must contain at least one token");
+    if (req.max_tokens < 1) throw InvalidArgument("max_tokens must be >= 1");
+    const auto & sp = req.sampling;
+    if (!std::isfinite(sp.temperature) || sp.temperature < 0.0f) throw InvalidArgument("temperature must be >= 0");
+    if (!std::isfinite(sp.top_p) || !(sp.top_p > 0.0f) || sp.top_p > 1.0f) throw InvalidArgument("top_p must be in (0, 1]");
+    if (sp.top_k < 0) throw InvalidArgument("top_k must be >= 0");
+    for (const auto & s : req.stop) {
+        if (s.empty()) throw InvalidArgument("stop strings must not be empty");
+    }
+    check_tokens(req.prompt, "prompt");
+
+    auto seq = std::make_unique<Sequence>(req.sampling, req.stop);
+    seq->n_prompt = int32_t(req.prompt.size());
+    seq->max_tokens = req.max_tokens;
+    seq->feed = std::move(req.prompt);
+
+    size_t n_resumed = 0;
+    if (req.resume) {
+        auto & r = *req.resume;
+        check_tokens(r.generated, "resume.generated");
+        n_resumed = r.generated.size();
+        // replay the generated tokens through the text stream, then continue
+        // right after the text the first run emitted
+        for (int32_t t : r.generated) {
+            seq->text.push(piece(t));
+        }
+        if (!seq->text.adopt_emitted(r.emitted)) {
+            throw InvalidArgument("resume.emitted is not the text of resume.generated");
+        }
+        seq->generated = r.generated;
+        if (r.kv_state && !r.kv_state->empty() && !r.generated.empty()) {
+            seq->kv_state = std::move(r.kv_state);
+        }
+    }
+    const size_t needed = seq->feed.size() + n_resumed;
+    if (needed > size_t(n_ctx_)) {
+        throw ContextLengthError("the prompt needs " + std::to_string(needed) + " tokens" +
+                                 (n_resumed ? " (with the resumed ones)" : "") + " but the context holds " +
+                                 std::to_string(n_ctx_));
+    }
+    if (!seq->kv_state) {
+        seq->feed.insert(seq->feed.end(), seq->generated.begin(), seq->generated.end());
+    }
+    seq->t_submit = Clock::now();
+
+    int64_t id;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (stop_) throw EngineClosedError("the engine is closed");
+        id = next_id_++;
+        seq->id = id;
+        live_.insert(id);
+        waiting_.push_back(std::move(seq));
+    }
+    submitted_++;
+    cv_.notify_all();
+    return id;
+}
+
+bool Engine::cancel(int64_t seq_id) {
+    check_open();
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (live_.count(seq_id) == 0) return false;
+        cancels_.insert(seq_id);
+    }
+    cv_.notify_all();
+    return true;
+}
+
+Snapshot Engine::snapshot(int64_t seq_id, bool with_kv) {
+    check_open();
+    auto req = std::make_unique<Request>();
+    req->kind = Request::Kind::snapshot;
+    req->seq = seq_id;
+    req->with_kv = with_kv;
+    auto fut = req->snapshot.get_future();
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (stop_) throw EngineClosedError("the engine is closed");
+        requests_.push_back(std::move(req));
+    }
+    cv_.notify_all();
+    return fut.get();
+}
+
+std::vector<float> Engine::eval_logits(const std::vector<int32_t> & tokens) {
+    check_open();
+    if (tokens.empty()) throw InvalidArgument("eval_logits needs at least one token");
+    check_tokens(tokens, "eval_logits");
+    if (tokens.size() > size_t(n_ctx_)) {
+        throw ContextLengthError(std::to_string(tokens.size()) + " tokens do not fit the context of " +
+                                 std::to_string(n_ctx_));
+    }
+    auto req = std::make_unique<Request>();
+    req->kind = Request::Kind::eval_logits;
+    req->tokens = tokens;
+    auto fut = req->logits.get_future();
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (stop_) throw EngineClosedError("the engine is closed");
+        requests_.push_back(std::move(req));
+    }
+    cv_.notify_all();
+    return fut.get();
+}
+
+std::vector<StepResult> Engine::poll() {
+    check_open();
+    std::vector<StepResult> out;
+    std::lock_guard<std::mutex> lk(results_mu_);
+    if (results_.empty()) return out;
+    out.reserve(results_.size());
+    for (auto & r : results_) out.push_back(std::move(r));
+    results_.clear();
+    uint64_t value;
+    while (::read(event_fd_, &value, sizeof(value)) > 0) {
+    }
+    return out;
+}
+
+bool Engine::wait(double timeout_s) {
+    check_open();
+    std::unique_lock<std::mutex> lk(results_mu_);
+    auto ready = [this] { return !results_.empty() || closed_.load(); };
+    if (timeout_s < 0) {
+        results_cv_.wait(lk, ready);
+    } else {
+        results_cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), ready);
+    }
+    return !results_.empty() && !closed_.load();
+}
+
+int Engine::fileno() const {
+    check_open();
+    return event_fd_;
+}
+
+EngineStats Engine::stats() const {
+    check_open();
+    EngineStats s;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        s.waiting = int64_t(waiting_.size());
+    }
+    s.active = n_active_.load();
+    s.steps = steps_.load();
+    s.tokens_decoded = tokens_decoded_.load();
+    s.tokens_generated = tokens_generated_.load();
+    s.submitted = submitted_.load();
+    s.finished = finished_.load();
+    return s;
+}
+
+// ---------------------------------------------------------------- engine thread
+
+void Engine::push_results(std::vector<StepResult> results) {
+    if (results.empty()) return;
+    {
+        std::lock_guard<std::mutex> lk(results_mu_);
+        const bool was_empty = results_.empty();
+        for (auto & r : results) results_.push_back(std::move(r));
+        if (was_empty) {
+            const uint64_t one = 1;
+            ssize_t rc = ::write(event_wfd_, &one, sizeof(one));
+            (void)rc;  // a full pipe is already readable
+        }
+    }
+    results_cv_.notify_all();
+}
+
+void Engine::finish(Sequence & seq, Finish why, const std::string & error, std::vector<int32_t> tokens,
+                    std::string text) {
+    const auto now = Clock::now();
+    if (why != Finish::stop && why != Finish::error) {
+        text += seq.text.flush();
+    }
+    StepResult r;
+    r.seq = seq.id;
+    r.tokens = std::move(tokens);
+    r.text = std::move(text);
+    r.finish = why;
+    r.error = error;
+    r.n_prompt = seq.n_prompt;
+    r.n_generated = int32_t(seq.generated.size());
+    Timings t;
+    if (seq.state != SeqState::waiting) {
+        t.queued_ms = ms_between(seq.t_submit, seq.t_admit);
+        if (seq.has_first) {
+            t.prompt_ms = ms_between(seq.t_admit, seq.t_first);
+            t.first_token_ms = ms_between(seq.t_submit, seq.t_first);
+            t.decode_ms = ms_between(seq.t_first, now);
+            if (r.n_generated > 1 && t.decode_ms > 0) t.tokens_per_s = (r.n_generated - 1) * 1000.0 / t.decode_ms;
+        }
+    }
+    t.total_ms = ms_between(seq.t_submit, now);
+    r.timings = t;
+
+    if (seq.slot >= 0) {
+        llama_memory_seq_rm(llama_get_memory(ctx_.get()), seq.slot, -1, -1);
+        slot_used_[size_t(seq.slot)] = false;
+        seq.slot = -1;
+    }
+    seq.state = SeqState::finished;
+    finished_++;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        live_.erase(seq.id);
+        cancels_.erase(seq.id);
+    }
+    std::vector<StepResult> one;
+    one.push_back(std::move(r));
+    push_results(std::move(one));
+}
+
+void Engine::admit(std::unique_ptr<Sequence> seq) {
+    int slot = -1;
+    for (size_t i = 0; i < slot_used_.size(); ++i) {
+        if (!slot_used_[i]) {
+            slot = int(i);
+            break;
+        }
+    }
+    seq->slot = slot;
+    slot_used_[size_t(slot)] = true;
+    seq->t_admit = Clock::now();
+    llama_memory_t mem = llama_get_memory(ctx_.get());
+    llama_memory_seq_rm(mem, slot, -1, -1);
+
+    bool restored = false;
+    if (seq->kv_state) {
+        const auto & kv = *seq->kv_state;
+        const size_t n = llama_state_seq_set_data(ctx_.get(), kv.data(), kv.size(), slot);
+        const int32_t expect = seq->n_prompt + int32_t(seq->generated.size()) - 1;
+        if (n > 0 && llama_memory_seq_pos_min(mem, slot) == 0 && llama_memory_seq_pos_max(mem, slot) == expect - 1) {
+            restored = true;
+            seq->n_past = expect;
+            seq->state = SeqState::generating;
+        } else {
+            // not this model's state, or not this sequence's: prefill instead
+            llama_memory_seq_rm(mem, slot, -1, -1);
+        }
+        seq->kv_state.reset();
+    }
+    if (!restored) {
+        if (seq->feed.size() < size_t(seq->n_prompt) + seq->generated.size()) {
+            seq->feed.insert(seq->feed.end(), seq->generated.begin(), seq->generated.end());
+        }
+        seq->n_fed = 0;
+        seq->n_past = 0;
+        seq->state = SeqState::prefilling;
+    }
+    if (!seq->generated.empty()) {
+        seq->has_first = true;
+        seq->t_first = seq->t_admit;
+    }
+    // a resumed sequence that had already reached its end
+    if (seq->text.stopped()) {
+        finish(*seq, Finish::stop, "", {}, "");
+        return;
+    }
+    if (int32_t(seq->generated.size()) >= seq->max_tokens) {
+        finish(*seq, Finish::length, "", {}, "");
+        return;
+    }
+    active_.push_back(std::move(seq));
+    n_active_ = int64_t(active_.size());
+}
+
+void Engine::handle_request(Request & req) {
+    if (req.kind == Request::Kind::snapshot) {
+        Sequence * found = nullptr;
+        for (auto & s : active_) {
+            if (s->id == req.seq) found = s.get();
+        }
+        if (found == nullptr) {
+            std::lock_guard<std::mutex> lk(mu_);
+            for (auto & s : waiting_) {
+                if (s->id == req.seq) found = s.get();
+            }
+            if (found != nullptr) {
+                Snapshot snap;
+                snap.generated = found->generated;
+                snap.emitted = found->text.emitted();
+                snap.n_prompt = found->n_prompt;
+                if (req.with_kv && found->kv_state) snap.kv_state = found->kv_state;
+                req.snapshot.set_value(std::move(snap));
+                return;
+            }
+        }
+        if (found == nullptr) {
+            req.snapshot.set_exception(std::make_exception_ptr(
+                UnknownSequence("sequence " + std::to_string(req.seq) + " is unknown or finished")));
+            return;
+        }
+        Snapshot snap;
+        snap.generated = found->generated;
+        snap.emitted = found->text.emitted();
+        snap.n_prompt = found->n_prompt;
+        if (req.with_kv && found->state == SeqState::generating && !found->generated.empty()) {
+            // the KV holds prompt + generated[:-1]; the last token is decoded next step
+            const size_t size = llama_state_seq_get_size(ctx_.get(), found->slot);
+            std::vector<uint8_t> data(size);
+            const size_t n = llama_state_seq_get_data(ctx_.get(), data.data(), data.size(), found->slot);
+            if (n > 0) {
+                data.resize(n);
+                snap.kv_state = std::move(data);
+            }
+        }
+        req.snapshot.set_value(std::move(snap));
+        return;
+    }
+
+    // eval_logits: a fresh sequence in slot 0, every position's logits
+    bool busy;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        busy = !active_.empty() || !waiting_.empty();
+    }
+    if (busy) {
+        req.logits.set_exception(std::make_exception_ptr(
+            std::runtime_error("eval_logits needs an idle engine (no active or waiting sequence)")));
+        return;
+    }
+    llama_memory_t mem = llama_get_memory(ctx_.get());
+    llama_memory_seq_rm(mem, 0, -1, -1);
+    std::vector<float> out;
+    try {
+        out.resize(req.tokens.size() * size_t(n_vocab_));
+    } catch (const std::bad_alloc &) {
+        req.logits.set_exception(std::make_exception_ptr(OutOfMemory("out of memory for the logits")));
+        return;
+    }
+    size_t done = 0;
+    while (done < req.tokens.size()) {
+        const size_t n = std::min(req.tokens.size() - done, size_t(options_.n_batch));
+        batch_.n_tokens = 0;
+        for (size_t i = 0; i < n; ++i) {
+            const int32_t k = batch_.n_tokens++;
+            batch_.token[k] = req.tokens[done + i];
+            batch_.pos[k] = int32_t(done + i);
+            batch_.n_seq_id[k] = 1;
+            batch_.seq_id[k][0] = 0;
+            batch_.logits[k] = 1;
+        }
+        const int32_t rc = llama_decode(ctx_.get(), batch_);
+        if (rc != 0) {
+            llama_memory_seq_rm(mem, 0, -1, -1);
+            req.logits.set_exception(
+                std::make_exception_ptr(std::runtime_error("llama_decode failed (" + std::to_string(rc) + ")")));
+            return;
+        }
+        for (size_t i = 0; i < n; ++i) {
+            const float * l = llama_get_logits_ith(ctx_.get(), int32_t(i));
+            if (l == nullptr) {
+                llama_memory_seq_rm(mem, 0, -1, -1);
+                req.logits.set_exception(std::make_exception_ptr(std::runtime_error("no logits from llama_decode")));
+                return;
+            }
+            std::memcpy(out.data() + (done + i) * size_t(n_vocab_), l, sizeof(float) * size_t(n_vocab_));
+        }
+        tokens_decoded_ += int64_t(n);
+        done += n;
+    }
+    llama_memory_seq_rm(mem, 0, -1, -1);
+    req.logits.set_value(std::move(out));
+}
+
+void Engine::step() {
+    llama_memory_t mem = llama_get_memory(ctx_.get());
+    batch_.n_tokens = 0;
+    auto add = [this](int32_t token, int32_t pos, int slot, bool logits) {
+        const int32_t k = batch_.n_tokens++;
+        batch_.token[k] = token;
+        batch_.pos[k] = pos;
+        batch_.n_seq_id[k] = 1;
+        batch_.seq_id[k][0] = slot;
+        batch_.logits[k] = logits ? 1 : 0;
+        return k;
+    };
+
+    // generating sequences first: one token each
+    std::vector<Sequence *> context_full;
+    for (auto & s : active_) {
+        s->batch_index = -1;
+        if (s->state != SeqState::generating) continue;
+        if (s->n_past >= n_ctx_) {
+            context_full.push_back(s.get());
+            continue;
+        }
+        s->batch_index = add(s->generated.back(), s->n_past, s->slot, true);
+        s->n_past++;
+    }
+    // then prompt chunks within what is left of the batch
+    for (auto & s : active_) {
+        if (s->state != SeqState::prefilling) continue;
+        const int32_t room = options_.n_batch - batch_.n_tokens;
+        if (room <= 0) break;
+        const size_t left = s->feed.size() - s->n_fed;
+        const size_t n = std::min({left, size_t(options_.prefill_chunk), size_t(room)});
+        for (size_t i = 0; i < n; ++i) {
+            const bool last = (s->n_fed + 1 == s->feed.size());
+            const int32_t k = add(s->feed[s->n_fed], s->n_past, s->slot, last);
+            if (last) s->batch_index = k;
+            s->n_fed++;
+            s->n_past++;
+        }
+    }
+
+    for (Sequence * s : context_full) {
+        finish(*s, Finish::length, "", {}, "");
+    }
+
+    if (batch_.n_tokens > 0) {
+        const int32_t rc = llama_decode(ctx_.get(), batch_);
+        steps_++;
+        tokens_decoded_ += batch_.n_tokens;
+        if (rc != 0) {
+            const std::string err = "llama_decode failed (" + std::to_string(rc) + ")";
+            for (auto & s : active_) {
+                if (s->state == SeqState::finished) continue;
+                // only sequences that had tokens in this batch are affected
+                bool in_batch = false;
+                for (int32_t k = 0; k < batch_.n_tokens; ++k) {
+                    if (batch_.seq_id[k][0] == s->slot) in_batch = true;
+                }
+                if (in_batch) {
+                    llama_memory_seq_rm(mem, s->slot, -1, -1);
+                    finish(*s, Finish::error, err, {}, "");
+                }
+            }
+        } else {
+            for (auto & sp : active_) {
+                Sequence & s = *sp;
+                if (s.state == SeqState::finished || s.batch_index < 0) continue;
+                const float * logits = llama_get_logits_ith(ctx_.get(), s.batch_index);
+                if (logits == nullptr) {
+                    finish(s, Finish::error, "no logits from llama_decode", {}, "");
+                    continue;
+                }
+                if (s.state == SeqState::prefilling) {
+                    s.state = SeqState::generating;
+                }
+                if (!s.has_first) {
+                    s.has_first = true;
+                    s.t_first = Clock::now();
+                }
+                const int32_t token = s.sampler.sample(logits, n_vocab_, s.generated.size());
+                tokens_generated_++;
+                if (llama_vocab_is_eog(vocab_, token)) {
+                    finish(s, Finish::stop, "", {}, s.text.flush());
+                    continue;
+                }
+                s.generated.push_back(token);
+                std::string text = s.text.push(piece(token));
+                if (s.text.stopped()) {
+                    finish(s, Finish::stop, "", {token}, std::move(text));
+                } else if (int32_t(s.generated.size()) >= s.max_tokens || s.n_past >= n_ctx_) {
+                    finish(s, Finish::length, "", {token}, std::move(text));
+                } else {
+                    StepResult r;
+                    r.seq = s.id;
+                    r.tokens = {token};
+                    r.text = std::move(text);
+                    r.n_prompt = s.n_prompt;
+                    r.n_generated = int32_t(s.generated.size());
+                    std::vector<StepResult> one;
+                    one.push_back(std::move(r));
+                    push_results(std::move(one));
+                }
+            }
+        }
+    }
+
+    active_.erase(std::remove_if(active_.begin(), active_.end(),
+                                 [](const std::unique_ptr<Sequence> & s) { return s->state == SeqState::finished; }),
+                  active_.end());
+    n_active_ = int64_t(active_.size());
+}
+
+void Engine::fail_all(const std::string & error) {
+    for (auto & s : active_) {
+        if (s->state != SeqState::finished) finish(*s, Finish::error, error, {}, "");
+    }
+    active_.clear();
+    n_active_ = 0;
+}
+
+void Engine::run() {
+    for (;;) {
+        std::deque<std::unique_ptr<Request>> requests;
+        std::vector<std::unique_ptr<Sequence>> cancelled_waiting;
+        std::vector<std::unique_ptr<Sequence>> admitted;
+        std::unordered_set<int64_t> cancels;
+        {
+            std::unique_lock<std::mutex> lk(mu_);
+            const size_t n_slots = slot_used_.size();
+            cv_.wait(lk, [&] {
+                return stop_ || !requests_.empty() || !cancels_.empty() || !active_.empty() ||
+                       (!waiting_.empty() && active_.size() < n_slots);
+            });
+            if (stop_) break;
+            requests.swap(requests_);
+            cancels = cancels_;
+            // cancelled sequences that never got a slot
+            for (auto it = waiting_.begin(); it != waiting_.end();) {
+                if (cancels.count((*it)->id)) {
+                    cancelled_waiting.push_back(std::move(*it));
+                    it = waiting_.erase(it);
+                } else {
+                    ++it;
+                }
+            }
+            size_t free_slots = n_slots - active_.size();
+            for (auto & s : active_) {
+                if (cancels.count(s->id)) free_slots++;  // freed below, before admission
+            }
+            while (free_slots > 0 && !waiting_.empty()) {
+                admitted.push_back(std::move(waiting_.front()));
+                waiting_.pop_front();
+                free_slots--;
+            }
+        }
+        try {
+            for (auto & s : cancelled_waiting) finish(*s, Finish::cancelled, "", {}, "");
+            for (auto & s : active_) {
+                if (cancels.count(s->id)) finish(*s, Finish::cancelled, "", {}, "");
+            }
+            active_.erase(std::remove_if(active_.begin(), active_.end(),
+                                         [](const std::unique_ptr<Sequence> & s) {
+                                             return s->state == SeqState::finished;
+                                         }),
+                          active_.end());
+            for (auto & s : admitted) admit(std::move(s));
+            n_active_ = int64_t(active_.size());
+            for (auto & r : requests) handle_request(*r);
+            if (!active_.empty()) step();
+        } catch (const std::bad_alloc &) {
+            fail_all("out of memory in the engine");
+        } catch (const std::exception & e) {
+            fail_all(std::string("engine error: ") + e.what());
+        }
+    }
+
+    // closing: pending requests fail, pending sequences are dropped
+    std::deque<std::unique_ptr<Request>> requests;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        requests.swap(requests_);
+    }
+    for (auto & r : requests) {
+        auto err = std::make_exception_ptr(EngineClosedError("the engine is closed"));
+        if (r->kind == Request::Kind::snapshot) {
+            r->snapshot.set_exception(err);
+        } else {
+            r->logits.set_exception(err);
+        }
+    }
+}
+
+}  // namespace lmsp

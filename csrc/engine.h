@@ -1,0 +1,197 @@
+// The engine: one OS thread owns the llama context and decodes every active
+// sequence together, one llama_batch per step (continuous batching).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "gguf_info.h"
+#include "llama.h"
+#include "sampler.h"
+
+namespace lmsp {
+
+struct EngineOptions {
+    int32_t n_ctx = 4096;  // context of ONE sequence
+    int32_t n_parallel = 4;
+    int32_t n_threads = 0;  // 0 = all cores
+    int32_t n_gpu_layers = 0;
+    int32_t n_batch = 512;
+    int32_t prefill_chunk = 256;
+};
+
+enum class Finish { none, stop, length, cancelled, error };
+const char * finish_name(Finish f);
+
+struct Timings {
+    double queued_ms = 0;       // submit -> admitted to a slot
+    double prompt_ms = 0;       // admitted -> first token sampled (prefill)
+    double first_token_ms = 0;  // submit -> first token
+    double decode_ms = 0;       // first token -> finish
+    double total_ms = 0;        // submit -> finish
+    double tokens_per_s = 0;    // generation rate after the first token
+};
+
+// What poll() hands out: the new tokens and text of one sequence in one step.
+struct StepResult {
+    int64_t seq = 0;
+    std::vector<int32_t> tokens;
+    std::string text;
+    Finish finish = Finish::none;
+    std::string error;
+    int32_t n_prompt = 0;
+    int32_t n_generated = 0;
+    std::optional<Timings> timings;  // on finish
+};
+
+struct ResumeState {
+    std::vector<int32_t> generated;
+    std::string emitted;
+    std::optional<std::vector<uint8_t>> kv_state;
+};
+
+struct SubmitRequest {
+    std::vector<int32_t> prompt;
+    int32_t max_tokens = 0;
+    SamplingParams sampling;
+    std::vector<std::string> stop;
+    std::optional<ResumeState> resume;
+};
+
+struct Snapshot {
+    std::vector<int32_t> generated;
+    std::string emitted;
+    int32_t n_prompt = 0;
+    std::optional<std::vector<uint8_t>> kv_state;
+};
+
+struct EngineStats {
+    int64_t active = 0;
+    int64_t waiting = 0;
+    int64_t steps = 0;
+    int64_t tokens_decoded = 0;    // tokens through llama_decode (prompt + generated)
+    int64_t tokens_generated = 0;  // tokens sampled
+    int64_t submitted = 0;
+    int64_t finished = 0;
+};
+
+// Unknown or finished sequence id (maps to KeyError).
+struct UnknownSequence : std::out_of_range {
+    using std::out_of_range::out_of_range;
+};
+
+struct ChatMessage {
+    std::string role;
+    std::string content;
+};
+
+struct Sequence;  // engine.cpp
+
+class Engine {
+public:
+    Engine(const std::string & model_path, const EngineOptions & options);
+    ~Engine();
+    Engine(const Engine &) = delete;
+    Engine & operator=(const Engine &) = delete;
+
+    const GgufInfo & info() const { return info_; }
+    int32_t n_ctx() const { return n_ctx_; }
+    int32_t n_vocab() const { return n_vocab_; }
+    int32_t n_parallel() const { return options_.n_parallel; }
+    const std::string & backend() const { return backend_; }
+
+    std::vector<int32_t> tokenize(const std::string & text, bool add_special, bool parse_special) const;
+    std::string detokenize(const std::vector<int32_t> & tokens) const;
+    std::string apply_chat_template(const std::vector<ChatMessage> & messages, bool add_generation_prompt) const;
+
+    int64_t submit(SubmitRequest request);
+    bool cancel(int64_t seq_id);
+    Snapshot snapshot(int64_t seq_id, bool with_kv);
+    std::vector<StepResult> poll();
+    bool wait(double timeout_s);  // timeout_s < 0: no timeout
+    int fileno() const;
+    std::vector<float> eval_logits(const std::vector<int32_t> & tokens);
+    EngineStats stats() const;
+    void close();
+    bool closed() const { return closed_.load(); }
+
+private:
+    struct ModelDeleter { void operator()(llama_model * m) const { llama_model_free(m); } };
+    struct ContextDeleter { void operator()(llama_context * c) const { llama_free(c); } };
+
+    struct Request {
+        enum class Kind { snapshot, eval_logits } kind;
+        int64_t seq = 0;
+        bool with_kv = false;
+        std::vector<int32_t> tokens;
+        std::promise<Snapshot> snapshot;
+        std::promise<std::vector<float>> logits;
+    };
+
+    void check_open() const;
+    void check_tokens(const std::vector<int32_t> & tokens, const char * what) const;
+    std::string piece(int32_t token) const;
+
+    // engine thread
+    void run();
+    void handle_request(Request & req);
+    void admit(std::unique_ptr<Sequence> seq);
+    void step();
+    void finish(Sequence & seq, Finish why, const std::string & error, std::vector<int32_t> tokens,
+                std::string text);
+    void push_results(std::vector<StepResult> results);
+    void fail_all(const std::string & error);
+
+    EngineOptions options_;
+    GgufInfo info_;
+    std::string backend_;
+    int32_t n_ctx_ = 0;
+    int32_t n_vocab_ = 0;
+
+    // owned llama.cpp objects: freed in reverse order (batch, context, model)
+    std::unique_ptr<llama_model, ModelDeleter> model_;
+    std::unique_ptr<llama_context, ContextDeleter> ctx_;
+    llama_batch batch_{};
+    bool batch_allocated_ = false;
+    const llama_vocab * vocab_ = nullptr;
+
+    // shared with callers, guarded by mu_
+    mutable std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<std::unique_ptr<Sequence>> waiting_;
+    std::unordered_set<int64_t> live_;
+    std::unordered_set<int64_t> cancels_;
+    std::deque<std::unique_ptr<Request>> requests_;
+    bool stop_ = false;
+    int64_t next_id_ = 1;
+
+    // results, guarded by results_mu_
+    mutable std::mutex results_mu_;
+    std::condition_variable results_cv_;
+    std::deque<StepResult> results_;
+    int event_fd_ = -1;   // readable while results_ is not empty
+    int event_wfd_ = -1;  // write end (same as event_fd_ for an eventfd)
+
+    // engine thread only
+    std::vector<std::unique_ptr<Sequence>> active_;
+    std::vector<bool> slot_used_;
+
+    std::atomic<int64_t> steps_{0}, tokens_decoded_{0}, tokens_generated_{0}, submitted_{0}, finished_{0};
+    std::atomic<int64_t> n_active_{0};
+
+    std::atomic<bool> closed_{false};
+    std::mutex close_mu_;
+    std::thread thread_;
+};
+
+}  // namespace lmsp

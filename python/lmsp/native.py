@@ -1,0 +1,62 @@
+"""The native engine: llama.cpp run in-process by a C++ thread.
+
+This module is the public face of the compiled ``lmsp._native`` extension; code
+outside the package imports from here. See ``lmsp/_native.pyi`` for the
+signatures and ``Engine``'s docstring below for the behaviour.
+"""
+from __future__ import annotations
+
+from ._native import (
+    ContextLengthError,
+    Engine,
+    EngineClosedError,
+    ModelFormatError,
+    NativeError,
+    TextStream,
+    read_gguf_info,
+    set_logging,
+    system_info,
+)
+
+__all__ = [
+    "ContextLengthError",
+    "Engine",
+    "EngineClosedError",
+    "ModelFormatError",
+    "NativeError",
+    "TextStream",
+    "read_gguf_info",
+    "set_logging",
+    "system_info",
+]
+
+Engine.__doc__ = """A loaded model and its decoding thread.
+
+Engine(model_path, *, n_ctx=4096, n_parallel=4, n_threads=0, n_gpu_layers=0,
+       n_batch=512, prefill_chunk=256)
+
+``n_ctx`` is the context of ONE sequence (capped at the model's training
+context); ``n_parallel`` sequences decode together, one llama_batch per step;
+``n_threads=0`` uses every core. Submissions beyond ``n_parallel`` wait inside
+the engine. Prompts are prefilled ``prefill_chunk`` tokens per step so that a
+long prompt does not stall running sequences.
+
+Results come from ``poll()`` (non-blocking), in order per sequence, as dicts
+``{"seq", "tokens", "text", "finish", "error", "n_prompt", "n_generated",
+"timings"}``; ``finish`` is None until the sequence's last result, then
+"stop" (end-of-generation token, not included in ``tokens``, or a stop string,
+not included in ``text``), "length" (max_tokens, or the context is full),
+"cancelled" or "error". ``timings`` is {} except on the last result. The texts
+of a sequence's results concatenate to its output text. ``wait()`` blocks
+without the GIL; ``fileno()`` is readable while results are pending.
+
+Sampling draws for output token i depend only on (seed, i); temperature 0 is
+greedy. On the CPU backend a sequence's tokens do not depend on what else is in
+the batch (see csrc/engine.cpp), so ``snapshot()`` + ``submit(resume=...)`` in
+a new engine continues the same output. ``snapshot()`` of a sequence that has
+finished raises KeyError.
+
+A model without a chat template (or with one llama.cpp does not know) is
+formatted as "System: ...\\n\\nUser: ...\\n\\n" and so on, ending with
+"Assistant:" when ``add_generation_prompt`` is true.
+"""
