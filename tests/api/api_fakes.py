@@ -52,6 +52,9 @@ class ScriptedRuntime:
     def list_models(self) -> list[dict]:
         return [self.model_object(m["id"]) for m in self.store.list_models()]
 
+    def delete_model(self, model_id: str) -> None:
+        self.store.delete_model(model_id)
+
     def metrics(self) -> dict:
         return {"tokens_generated": 3, "ttft_seconds": {"buckets": [[0.1, 1], [1.0, 2]], "sum": 0.6,
                                                         "count": 2}}
