@@ -1,0 +1,159 @@
+"""The API over the REAL runtime and engine with the tiny demo model: models
+(B.4) and responses end to end."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from api_helpers import Api, assert_error, make_client, parse_sse
+
+from lmsp.app import create_app
+from lmsp.config import Config
+from lmsp.runtime import RECOVERED_ENV, Runtime, open_store
+
+TERMINAL = {"response.completed", "response.incomplete", "response.failed", "response.cancelled"}
+
+
+def output_text(response: dict) -> str:
+    return "".join(part["text"] for item in response["output"] for part in item["content"])
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory, demo_model_path):
+    """One started runtime for the module (loading the model once), with the
+    demo model copied into its models directory as ``tiny.gguf``."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv(RECOVERED_ENV, "1")  # this test plays the master: no start-up preparation here
+    data = tmp_path_factory.mktemp("live")
+    config = Config(data_dir=data, n_ctx=512, n_parallel=4, n_threads=2, max_output_tokens=16,
+                    max_output_tokens_cap=64, lease_seconds=5.0, heartbeat_seconds=1.0).validated()
+    for path in (config.models_dir, config.snapshots_dir):
+        path.mkdir(parents=True)
+    shutil.copyfile(demo_model_path, config.models_dir / "tiny.gguf")
+    (config.models_dir / "notes.txt").write_text("not a model")
+    store = open_store(config)
+    runtime = Runtime(config, store)
+    runtime.start()
+    app = create_app(config, store, runtime)
+    _, admin_token = make_client(store, ["admin"], "admin")
+    admin = Api(app, admin_token)
+    registered = admin.post("/v1/models", json={"path": "tiny.gguf", "id": "tiny"})
+    assert registered.status_code == 201, registered.text
+    yield {"config": config, "store": store, "runtime": runtime, "app": app, "admin": admin,
+           "model": registered.json}
+    runtime.stop(timeout=10.0)
+    store.close()
+    mp.undo()
+
+
+@pytest.fixture
+def client(live):
+    _, token = make_client(live["store"], ["responses:write", "responses:read", "models:read"])
+    return Api(live["app"], token)
+
+
+def test_registered_model_object(live):
+    model = live["model"]
+    assert model["id"] == "tiny" and model["object"] == "model" and model["owned_by"] == "local"
+    assert model["digest"].startswith("sha256:") and len(model["digest"]) == 7 + 64
+    assert model["format"] == "gguf" and model["architecture"] == "llama"
+    assert model["size_bytes"] > 0 and isinstance(model["created"], int)
+    assert model["state"] in ("available", "loaded")
+    assert "path" not in model
+
+
+def test_models_read(live, client):
+    listed = client.get("/v1/models").json
+    assert listed["object"] == "list" and [m["id"] for m in listed["data"]] == ["tiny"]
+    assert client.get("/v1/models/tiny").json["digest"] == live["model"]["digest"]
+    assert_error(client.get("/v1/models/nope"), 404, "not_found")
+
+
+@pytest.mark.parametrize("path", ["../outside.gguf", "/etc/passwd", "missing.gguf", "notes.txt", "."])
+def test_register_refuses_bad_paths(live, path):
+    result = live["admin"].post("/v1/models", json={"path": path})
+    err = assert_error(result, 400, "invalid_request")
+    assert err["message"]
+
+
+def test_register_validation(live):
+    admin = live["admin"]
+    assert_error(admin.post("/v1/models", json={}), 400, "invalid_request", "path")
+    assert_error(admin.post("/v1/models", json={"path": 5}), 400, "invalid_request", "path")
+    assert_error(admin.post("/v1/models", json={"path": "tiny.gguf", "id": "a/b"}), 400,
+                 "invalid_request", "id")
+    assert_error(admin.post("/v1/models", json={"path": "tiny.gguf", "size": 1}), 400,
+                 "invalid_request", "size")
+
+
+def test_load_unload_and_delete(live, client):
+    admin = live["admin"]
+    again = admin.post("/v1/models", json={"path": "tiny.gguf", "id": "copy"},
+                       headers={"Idempotency-Key": "reg-copy"})
+    assert again.status_code == 201 and again.json["digest"] == live["model"]["digest"]
+    replay = admin.post("/v1/models", json={"path": "tiny.gguf", "id": "copy"},
+                        headers={"Idempotency-Key": "reg-copy"})
+    assert replay.status_code == 201 and replay.headers["Idempotent-Replayed"] == "true"
+    loaded = admin.post("/v1/models/copy/load")
+    assert loaded.status_code == 200 and loaded.json["state"] == "loaded"
+    unloaded = admin.post("/v1/models/copy/unload")
+    assert unloaded.status_code == 200 and unloaded.json["state"] == "available"
+    assert_error(admin.post("/v1/models/nope/load"), 404, "not_found")
+    deleted = admin.delete("/v1/models/copy")
+    assert deleted.json == {"id": "copy", "object": "model", "deleted": True}
+    assert_error(admin.get("/v1/models/copy"), 404, "not_found")
+    assert_error(admin.delete("/v1/models/copy"), 404, "not_found")
+
+
+def test_plain_response(client):
+    result = client.post("/v1/responses", json={"model": "tiny", "input": "Once upon a time",
+                                                "temperature": 0, "max_output_tokens": 8})
+    assert result.status_code == 200, result.text
+    body = result.json
+    assert body["status"] in ("completed", "incomplete")
+    assert body["usage"]["input_tokens"] > 0 and 0 < body["usage"]["output_tokens"] <= 8
+    assert body["output"][0]["type"] == "message" and body["output"][0]["role"] == "assistant"
+    if body["status"] == "incomplete":
+        assert body["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+def test_same_seed_same_output(client):
+    request = {"model": "tiny", "input": "Tell me a story", "seed": 42, "temperature": 1.0,
+               "max_output_tokens": 6}
+    first = client.post("/v1/responses", json=request).json
+    second = client.post("/v1/responses", json=request).json
+    assert first["seed"] == second["seed"] == 42
+    assert output_text(first) == output_text(second)
+
+
+def test_stream_deltas_make_the_output(client):
+    result = client.post("/v1/responses", json={"model": "tiny", "input": "Hello", "stream": True,
+                                                "max_output_tokens": 10})
+    assert result.status_code == 200
+    frames = parse_sse(result.text)
+    assert [int(f["id"]) for f in frames] == list(range(1, len(frames) + 1))
+    assert frames[0]["event"] == "response.created" and frames[-1]["event"] in TERMINAL
+    assert "task.running" in [f["event"] for f in frames]
+    text = "".join(f["data"]["delta"] for f in frames if f["event"] == "response.output_text.delta")
+    final = frames[-1]["data"]["response"]
+    assert final["output"][0]["content"][0]["text"] == text
+
+
+def test_background_then_follow_and_replay(client):
+    created = client.post("/v1/responses", json={"model": "tiny", "input": "Hi", "background": True,
+                                                 "max_output_tokens": 6})
+    assert created.status_code == 202
+    rid, tid = created.json["id"], created.json["task"]["id"]
+    frames = parse_sse(client.get(f"/v1/tasks/{tid}/events", headers={"Accept": "text/event-stream"}).text)
+    assert frames[-1]["event"] in TERMINAL
+    final = client.get(f"/v1/responses/{rid}").json
+    assert final["status"] in ("completed", "incomplete")
+    resumed = parse_sse(client.get(f"/v1/responses/{rid}", params={"stream": "true", "starting_after": "3"}).text)
+    assert resumed == frames[3:]
+    assert client.get(f"/v1/tasks/{tid}").json["status"] == "completed"
+
+
+def test_context_length_exceeded_when_loaded(live, client):
+    live["admin"].post("/v1/models/tiny/load")
+    result = client.post("/v1/responses", json={"model": "tiny", "input": "word " * 2000})
+    assert_error(result, 400, "context_length_exceeded", param="input")
