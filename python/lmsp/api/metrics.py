@@ -159,7 +159,8 @@ def render(*, task_counts: dict | None, runtime_metrics: dict | None, http: Http
     if task_counts is not None:
         out.declare("lmsp_tasks", "gauge", "Tasks in the store by state.")
         for state in TASK_STATES:
-            out.sample("lmsp_tasks", int(task_counts.get(state, 0)), {"state": state})
+            if state in task_counts:
+                out.sample("lmsp_tasks", int(task_counts[state]), {"state": state})
         out.declare("lmsp_tasks_waiting", "gauge", "Tasks queued in the store, not claimed yet.")
         out.sample("lmsp_tasks_waiting", int(task_counts.get("queued", 0)))
     for key, value in sorted((runtime_metrics or {}).items()):

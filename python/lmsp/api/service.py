@@ -65,6 +65,28 @@ class ReadyResource:
         set_json(resp, {"status": "ready"})
 
 
+UNFINISHED_STATES = ("queued", "loading", "running", "cancelling")
+
+
+def task_counts(store) -> dict:
+    """Tasks by state: the store's own count when it has one, else the
+    unfinished states counted through the task listing (finished ones left out)."""
+    counter = getattr(store, "task_counts", None)
+    if counter is not None:
+        return counter()
+    counts = {}
+    for state in UNFINISHED_STATES:
+        n, after = 0, None
+        while True:
+            page = store.list_tasks(None, status=state, limit=100, after=after)
+            n += len(page["data"])
+            if not page["has_more"]:
+                break
+            after = page["last_id"]
+        counts[state] = n
+    return counts
+
+
 class MetricsResource:
     def __init__(self, deps: Deps) -> None:
         self.deps = deps
@@ -72,12 +94,10 @@ class MetricsResource:
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         deps = self.deps
         counts = None
-        counter = getattr(deps.store, "task_counts", None)
-        if counter is not None:
-            try:
-                counts = counter()
-            except LMSPError as exc:  # a locked store must not break scraping
-                log.warning("task counts unavailable for /metrics: %s", exc.message)
+        try:
+            counts = task_counts(deps.store)
+        except LMSPError as exc:  # a locked store must not break scraping
+            log.warning("task counts unavailable for /metrics: %s", exc.message)
         runtime_figures = None
         figures = getattr(deps.runtime, "metrics", None)
         if figures is not None:
