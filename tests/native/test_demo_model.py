@@ -179,3 +179,36 @@ def test_command_line_error_is_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     assert demo_model.main([str(tmp_path / "x.gguf"), "--n-head", "5"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "Traceback" not in err
+
+
+def test_native_reader_agrees(demo_model_path: Path, tiny: gguf.GGUFReader) -> None:
+    from lmsp.native import read_gguf_info
+
+    info = read_gguf_info(demo_model_path)
+    spec = PRESETS["tiny"]
+    assert info["architecture"] == "llama"
+    assert info["name"] == _field(tiny, "general.name")
+    assert info["quantization"] == "F32"
+    assert info["context_length"] == spec.n_ctx
+    assert info["chat_template"] == CHAT_TEMPLATE
+    assert info["vocab_size"] == 32000
+    assert (info["n_embd"], info["n_layer"], info["n_head"], info["n_head_kv"]) == \
+        (spec.n_embd, spec.n_layer, spec.n_head, spec.n_head_kv)
+    assert info["tensor_count"] == len(tiny.tensors)
+    assert info["parameters"] == sum(int(t.n_elements) for t in tiny.tensors)
+    assert info["size_bytes"] == demo_model_path.stat().st_size
+
+
+def test_llama_cpp_reads_the_tokenizer_and_template(demo_model_path: Path) -> None:
+    from lmsp.native import Engine
+
+    with Engine(demo_model_path, n_ctx=64, n_parallel=1) as engine:
+        assert engine.n_vocab == 32000
+        tokens = engine.tokenize("Hello world")
+        assert tokens[0] == 1  # add_bos_token from the vocabulary
+        assert engine.detokenize(tokens[1:]).strip() == "Hello world"
+        text = engine.apply_chat_template([{"role": "system", "content": "Be brief."},
+                                           {"role": "user", "content": "Hi"}])
+    # llama.cpp recognised the template as ChatML (not its plain fallback)
+    assert text == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                    "<|im_start|>assistant\n")
