@@ -83,8 +83,12 @@ def _merge(item: dict | None, task_id: str, result: dict) -> dict:
 class Runtime:
     """What the web layer drives: see the module docstring and ``lmsp.app``."""
 
-    def __init__(self, config, store, *, engine_factory=None, clock=time.time) -> None:
+    def __init__(self, config, store, *, engine_factory=None, clock=time.time,
+                 prepare: bool | None = None) -> None:
+        """``prepare``: run :func:`lmsp.runtime.prepare` (start-up recovery...) in ``start()``;
+        None decides from the environment (False when the gunicorn master already did)."""
         self.config = config
+        self._prepare = prepare
         self.store = store
         self.clock = clock
         self.registry = ModelRegistry(config, store, engine_factory)
@@ -96,6 +100,7 @@ class Runtime:
         self._runs: dict[str, _Run] = {}
         self._by_seq: dict[tuple[int, int], _Run] = {}
         self._stopping = False
+        self._aborted = False
         self._sched_wake = Wakeup()
         self._commit_wake = Wakeup()
         self._threads: list[RealThread] = []
@@ -108,7 +113,7 @@ class Runtime:
         if self._threads:
             return
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{ids.new_id('wrk')[-10:]}"
-        if not os.environ.get(RECOVERED_ENV):
+        if self._prepare or (self._prepare is None and not os.environ.get(RECOVERED_ENV)):
             from .service import prepare
             prepare(self.config, self.store, registry=self.registry)
         self._threads = [RealThread(self._scheduler_loop, "lmsp-scheduler"),
@@ -149,6 +154,23 @@ class Runtime:
             self._sched_wake.close()
             self._commit_wake.close()
         log.info("runtime %s stopped", self.owner)
+
+    def abort(self) -> None:
+        """Stop at once as if the process died: nothing more is committed, no claim is released.
+
+        What is left is what a crash leaves: the tasks keep their state and
+        their leases run out, so recovery (at start-up, or another worker's
+        lease check) applies their restart policy.
+        """
+        self._aborted = True
+        self._stopping = True
+        self.ready = False
+        _started.discard(self)
+        self._sched_wake.set()
+        self._commit_wake.set()
+        for thread in self._threads:
+            thread.join(10.0)
+        self.registry.close()
 
     # hints from the web layer
     def notify_queued(self) -> None:
@@ -401,6 +423,8 @@ class Runtime:
                         pass
                 self._commit_wake.wait(IDLE_WAIT, fds)
             stopping = self._stopping
+            if self._aborted:
+                break
             self._drain(engines)
             if self._pending:
                 if self._commit():

@@ -1,0 +1,148 @@
+"""The model registry: confinement, digests, metadata, load/unload, failures (B.4)."""
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+from runtime_helpers import all_events, check_log, submit, wait_finished
+
+from lmsp.errors import InvalidRequest, ModelChanged, ModelInUse, NotFound
+
+
+def test_register_reads_the_digest_and_the_gguf_metadata(store, make_runtime, model_file):
+    rt = make_runtime(store)
+    seen = []
+    model = rt.register_model("tiny.gguf", progress=lambda done, total: seen.append((done, total)))
+    data = model_file.read_bytes()
+    assert model["id"] == "tiny"
+    assert model["object"] == "model" and model["owned_by"] == "local" and model["format"] == "gguf"
+    assert model["digest"] == "sha256:" + hashlib.sha256(data).hexdigest()
+    assert model["size_bytes"] == len(data)
+    assert model["architecture"] == "llama"
+    assert model["parameters"] > 0 and model["context_length"] > 0 and model["quantization"]
+    assert model["state"] == "available"
+    assert "path" not in model
+    assert seen and seen[-1] == (len(data), len(data))
+    assert [m["id"] for m in rt.list_models()] == ["tiny"]
+
+
+def test_register_with_an_explicit_id_in_a_subdirectory(store, make_runtime, config, model_file):
+    (config.models_dir / "sub").mkdir()
+    os.replace(model_file, config.models_dir / "sub" / "x.gguf")
+    rt = make_runtime(store)
+    assert rt.register_model("sub/x.gguf", "my-model:v1")["id"] == "my-model:v1"
+    assert store.get_model("my-model:v1")["path"] == "sub/x.gguf"
+
+
+@pytest.mark.parametrize("path", ["/etc/passwd", "../data/lmsp.db", "sub/../../x.gguf", "", "a\x00b"])
+def test_paths_outside_the_models_directory_are_refused(store, make_runtime, path):
+    rt = make_runtime(store)
+    with pytest.raises(InvalidRequest) as err:
+        rt.register_model(path)
+    assert err.value.param == "path"
+    assert err.value.status == 400
+
+
+def test_a_symlink_leading_out_is_refused(store, make_runtime, config, demo_model_path):
+    os.symlink(demo_model_path, config.models_dir / "outside.gguf")
+    rt = make_runtime(store)
+    with pytest.raises(InvalidRequest, match="outside the models directory"):
+        rt.register_model("outside.gguf")
+
+
+def test_missing_and_non_gguf_files_are_clear_errors(store, make_runtime, config):
+    rt = make_runtime(store)
+    with pytest.raises(InvalidRequest, match="no such model file"):
+        rt.register_model("nothing.gguf")
+    (config.models_dir / "notes.gguf").write_text("these are not weights\n" * 10)
+    with pytest.raises(InvalidRequest, match="not a usable GGUF model"):
+        rt.register_model("notes.gguf")
+    (config.models_dir / "dir.gguf").mkdir()
+    with pytest.raises(InvalidRequest, match="not a regular file"):
+        rt.register_model("dir.gguf")
+    assert store.list_models() == []
+
+
+@pytest.mark.parametrize("bad_id", ["", "-x", "a b", "x" * 200, "a/b"])
+def test_bad_model_ids_are_refused(store, make_runtime, model_file, bad_id):
+    rt = make_runtime(store)
+    with pytest.raises(InvalidRequest) as err:
+        rt.register_model("tiny.gguf", bad_id)
+    assert err.value.param == "id"
+
+
+def test_load_and_unload_show_in_the_state(store, make_runtime, model_file):
+    rt = make_runtime(store)
+    rt.register_model("tiny.gguf")
+    assert rt.load_model("tiny")["state"] == "loaded"
+    assert rt.model_object("tiny")["state"] == "loaded"
+    assert rt.check_request("tiny", [{"role": "user", "content": "hi"}]) > 0
+    assert rt.unload_model("tiny")["state"] == "available"
+    assert rt.check_request("tiny", [{"role": "user", "content": "hi"}]) == -1
+    with pytest.raises(NotFound):
+        rt.load_model("nope")
+
+
+def test_check_request_refuses_prompts_that_cannot_fit(store, make_runtime, model_file):
+    from lmsp.errors import ContextLengthExceeded
+
+    rt = make_runtime(store)
+    rt.register_model("tiny.gguf")
+    rt.load_model("tiny")
+    with pytest.raises(ContextLengthExceeded) as err:
+        rt.check_request("tiny", [{"role": "user", "content": "word " * 5000}])
+    assert err.value.status == 400
+
+
+def test_a_changed_file_is_never_served(store, make_runtime, model_file):
+    rt = make_runtime(store)
+    rt.register_model("tiny.gguf")
+    data = bytearray(model_file.read_bytes())
+    data[-1] ^= 0xFF  # same size, other content
+    model_file.write_bytes(bytes(data))
+    with pytest.raises(ModelChanged):
+        rt.load_model("tiny")
+    assert rt.model_object("tiny")["state"] == "changed"
+    task_id = submit(store, rt)
+    task = wait_finished(rt, store, task_id)
+    assert task["status"] == "failed"
+    assert task["error"]["code"] == "model_changed"
+    assert check_log(all_events(store, task_id))[-2:] == ["task.loading", "response.failed"]
+
+
+def test_a_missing_file_shows_missing_and_fails_its_tasks(store, make_runtime, model_file):
+    rt = make_runtime(store)
+    rt.register_model("tiny.gguf")
+    os.unlink(model_file)
+    assert rt.model_object("tiny")["state"] == "missing"
+    task_id = submit(store, rt)
+    task = wait_finished(rt, store, task_id)
+    assert task["status"] == "failed"
+    assert "missing" in task["error"]["message"]
+
+
+def test_an_engine_that_fails_to_load_fails_the_task(store, make_runtime, model_file):
+    def broken(path, **kwargs):
+        raise MemoryError("cannot allocate the KV cache")
+
+    rt = make_runtime(store, engine_factory=broken)
+    rt.register_model("tiny.gguf")
+    task_id = submit(store, rt)
+    task = wait_finished(rt, store, task_id)
+    assert task["status"] == "failed"
+    assert task["error"]["code"] == "model_load_failed"
+    assert rt.model_object("tiny")["state"] == "failed"
+
+
+def test_delete_is_refused_while_a_task_needs_the_model(store, make_runtime, model_file):
+    rt = make_runtime(store, start=False)  # nothing runs the task: it stays queued
+    rt.register_model("tiny.gguf")
+    task_id = submit(store, None)
+    with pytest.raises(ModelInUse):
+        rt.delete_model("tiny")
+    store.cancel(task_id)
+    rt.delete_model("tiny")
+    assert model_file.exists()  # the file is left alone
+    with pytest.raises(NotFound):
+        rt.model_object("tiny")

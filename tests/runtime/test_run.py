@@ -1,0 +1,119 @@
+"""The runtime on the real store and engine: runs, batching, cancels, store errors."""
+from __future__ import annotations
+
+from runtime_helpers import all_events, check_log, deltas, submit, wait_finished, wait_until
+
+from lmsp.errors import Unavailable
+
+OPENING = ["response.created", "response.queued", "task.loading", "task.running", "response.in_progress",
+           "response.output_item.added", "response.content_part.added"]
+CLOSING = ["response.output_text.done", "response.content_part.done", "response.output_item.done"]
+
+
+def test_a_task_runs_to_completion_with_a_gapless_log(store, runtime):
+    task_id = submit(store, runtime, max_output_tokens=12)
+    task = wait_finished(runtime, store, task_id)
+    assert task["status"] == "completed"
+    assert task["error"] is None
+    events = all_events(store, task_id)
+    types = check_log(events)
+    assert types[:len(OPENING)] == OPENING
+    body = types[len(OPENING):-4]
+    assert body and set(body) == {"response.output_text.delta"}
+    assert types[-4:-1] == CLOSING
+    assert types[-1] in ("response.completed", "response.incomplete")
+    text = deltas(events)
+    assert text
+    assert events[-4]["text"] == text
+    response = store.get_response(task["response_id"])
+    assert response["output"][0]["content"][0]["text"] == text
+    assert response["usage"]["output_tokens"] == 12 or types[-1] == "response.completed"
+    assert response["usage"]["input_tokens"] > 0
+    figures = runtime.metrics()
+    assert figures["tokens_generated"] >= response["usage"]["output_tokens"]
+    assert figures["ttft_seconds"]["count"] == 1
+
+
+def test_greedy_output_is_reproducible(store, runtime):
+    first = submit(store, runtime, "The quick brown fox", max_output_tokens=10)
+    second = submit(store, runtime, "The quick brown fox", max_output_tokens=10)
+    for task_id in (first, second):
+        wait_finished(runtime, store, task_id)
+    assert deltas(all_events(store, first)) == deltas(all_events(store, second))
+
+
+def test_many_tasks_are_batched_into_shared_transactions(store, runtime):
+    sizes = []
+    real = store.append_step
+
+    def spy(owner, items):
+        sizes.append(len(items))
+        return real(owner, items)
+
+    store.append_step = spy
+    ids = [submit(store, runtime, f"Story number {i}:", max_output_tokens=24) for i in range(8)]
+    for task_id in ids:
+        task = wait_finished(runtime, store, task_id)
+        assert task["status"] == "completed"
+        events = all_events(store, task_id)
+        check_log(events)
+        assert deltas(events) == store.output_text(task_id)
+    # n_parallel is 4: several sequences decode together and share commits
+    assert max(sizes) > 1
+    assert sum(sizes) < sum(store.get_task(t)["last_sequence_number"] for t in ids)
+
+
+def test_cancel_mid_run_ends_cancelled_never_completed(store, runtime):
+    task_id = submit(store, runtime, "Count:", max_output_tokens=2000)
+    wait_until(runtime, store, task_id, lambda t: t["last_sequence_number"] >= 8)
+    assert store.cancel(task_id)["status"] == "cancelling"
+    runtime.notify_cancel(task_id)
+    task = wait_finished(runtime, store, task_id)
+    assert task["status"] == "cancelled"
+    types = check_log(all_events(store, task_id))
+    assert "task.cancelling" in types
+    assert types[-1] == "response.cancelled"
+    assert "response.completed" not in types and "response.incomplete" not in types
+
+
+def test_a_cancel_from_another_process_is_seen_through_the_lease_renewal(store, runtime):
+    task_id = submit(store, runtime, "Count:", max_output_tokens=2000)
+    wait_until(runtime, store, task_id, lambda t: t["last_sequence_number"] >= 8)
+    store.cancel(task_id)  # no in-process hint: the runtime learns it from store.renew
+    task = wait_finished(runtime, store, task_id)
+    assert task["status"] == "cancelled"
+    assert check_log(all_events(store, task_id))[-1] == "response.cancelled"
+
+
+def test_a_cancel_while_queued_never_runs(store, make_runtime, model_file):
+    rt = make_runtime(store, start=False)
+    rt.register_model("tiny.gguf")
+    task_id = submit(store, None)
+    store.cancel(task_id)
+    rt.start()
+    other = submit(store, rt, max_output_tokens=4)
+    wait_finished(rt, store, other)
+    types = check_log(all_events(store, task_id))
+    assert types == ["response.created", "response.queued", "response.cancelled"]
+
+
+def test_store_errors_keep_results_in_memory_until_a_commit_succeeds(store, runtime):
+    real = store.append_step
+    failures = []
+
+    def flaky(owner, items):
+        if len(failures) < 3:
+            failures.append(len(items))
+            raise Unavailable("database is locked")
+        return real(owner, items)
+
+    store.append_step = flaky
+    task_id = submit(store, runtime, max_output_tokens=20)
+    task = wait_finished(runtime, store, task_id)
+    assert len(failures) == 3
+    assert task["status"] == "completed"
+    events = all_events(store, task_id)
+    check_log(events)
+    assert deltas(events) == store.output_text(task_id)
+    assert store.get_response(task["response_id"])["usage"]["output_tokens"] == 20
+    assert runtime.metrics()["store_commit_errors"] == 3
