@@ -52,6 +52,14 @@ class ScriptedRuntime:
     def list_models(self) -> list[dict]:
         return [self.model_object(m["id"]) for m in self.store.list_models()]
 
+    def load_model(self, model_id: str) -> dict:
+        self.store.set_model_state(model_id, "loaded")
+        return self.model_object(model_id)
+
+    def unload_model(self, model_id: str) -> dict:
+        self.store.set_model_state(model_id, "available")
+        return self.model_object(model_id)
+
     def delete_model(self, model_id: str) -> None:
         self.store.delete_model(model_id)
 

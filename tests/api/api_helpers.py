@@ -2,28 +2,82 @@
 from __future__ import annotations
 
 import json
+import re
 
 import falcon.testing
+import jsonschema
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
 
 from lmsp import auth
+from lmsp.api.openapi import document
+
+
+class Contract:
+    """Checks answers against the OpenAPI document: the JSON body of every
+    documented status, and each event of an event stream."""
+
+    def __init__(self) -> None:
+        self.doc = document()
+        resource = Resource.from_contents(self.doc, default_specification=DRAFT202012)
+        self.registry = Registry().with_resource("urn:lmsp", resource)
+        self.routes = []
+        for template in self.doc["paths"]:
+            pattern = re.sub(r"\\{[a-z_]+\\}", "[^/]+", re.escape(template))
+            self.routes.append((re.compile(f"^{pattern}$"), template))
+
+    def template(self, path: str) -> str | None:
+        for pattern, template in self.routes:
+            if pattern.match(path):
+                return template
+        return None
+
+    def validator(self, schema: dict):
+        return jsonschema.Draft202012Validator({"$ref": "urn:lmsp" + schema["$ref"]}
+                                               if "$ref" in schema else schema, registry=self.registry)
+
+    def check(self, method: str, path: str, result) -> None:
+        template = self.template(path.split("?")[0])
+        if template is None:
+            return
+        op = self.doc["paths"][template].get(method.lower())
+        if op is None:
+            return
+        documented = op["responses"].get(str(result.status_code))
+        assert documented is not None, f"{method} {template} answered an undocumented {result.status_code}"
+        ctype = (result.headers.get("Content-Type") or "").split(";")[0]
+        content = documented.get("content", {})
+        assert ctype in content, f"{method} {template} {result.status_code}: undocumented type {ctype}"
+        if ctype == "application/json":
+            self.validator(content[ctype]["schema"]).validate(result.json)
+        elif ctype == "text/event-stream":
+            event = self.validator({"$ref": "#/components/schemas/Event"})
+            for frame in parse_sse(result.text):
+                if "data" in frame and frame.get("event") != "error":
+                    event.validate(frame["data"])
+
+
 
 
 class Api:
     """``falcon.testing.TestClient`` with a bearer token."""
 
-    def __init__(self, app, token: str | None = None) -> None:
+    def __init__(self, app, token: str | None = None, contract: Contract | None = None) -> None:
         self.app = app
         self.client = falcon.testing.TestClient(app)
         self.token = token
+        self.contract = contract or Contract()
 
     def as_(self, token: str | None) -> "Api":
-        return Api(self.app, token)
+        return Api(self.app, token, self.contract)
 
     def request(self, method: str, path: str, *, headers: dict | None = None, **kw):
         headers = dict(headers or {})
         if self.token is not None:
             headers.setdefault("Authorization", f"Bearer {self.token}")
-        return self.client.simulate_request(method, path, headers=headers, **kw)
+        result = self.client.simulate_request(method, path, headers=headers, **kw)
+        self.contract.check(method, path, result)
+        return result
 
     def get(self, path, **kw):
         return self.request("GET", path, **kw)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sqlite3
 
+import falcon.testing
 import pytest
 from api_helpers import Api, assert_error, make_client
 
@@ -208,9 +209,9 @@ def test_unexpected_errors_are_a_generic_500(config, store, scripted, caplog):
             raise RuntimeError("secret detail")
 
     _, token = make_client(store, ["models:read"])
-    api = Api(create_app(config, store, Broken(store)), token)
+    client = falcon.testing.TestClient(create_app(config, store, Broken(store)))
     with caplog.at_level("ERROR", logger="lmsp.api"):
-        result = api.get("/v1/models")
+        result = client.simulate_get("/v1/models", headers={"Authorization": f"Bearer {token}"})
     err = assert_error(result, 500, "internal_error")
     assert "secret" not in err["message"] and "Traceback" not in result.text
     assert any("secret detail" in (r.exc_text or "") or r.exc_info for r in caplog.records)

@@ -1,6 +1,326 @@
-"""The OpenAPI 3.1 document of the API (placeholder, filled below)."""
+"""The OpenAPI 3.1 document of the whole API, served at ``/openapi.json``.
+
+Kept true by ``tests/api/test_openapi.py``: every route of the app is here
+with the same methods (and nothing else is), and the bodies the API tests get
+validate against the schemas below.
+"""
 from __future__ import annotations
+
+import copy
+
+import lmsp
+
+from .metrics import TASK_STATES
+
+RESPONSE_STATUSES = ["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
+MODEL_STATES = ["available", "loading", "loaded", "failed", "missing", "changed"]
+SCOPES = ["responses:write", "responses:read", "models:read", "models:write", "admin"]
+EVENT_TYPES = [
+    "response.created", "response.queued", "response.in_progress", "response.output_item.added",
+    "response.content_part.added", "response.output_text.delta", "response.output_text.done",
+    "response.content_part.done", "response.output_item.done", "response.completed",
+    "response.incomplete", "response.failed", "response.cancelled", "task.loading", "task.running",
+    "task.cancelling", "task.requeued", "task.resumed",
+]
+
+
+def ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def nullable(schema: dict) -> dict:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def obj(properties: dict, required=None, *, extra: bool = True) -> dict:
+    out = {"type": "object", "properties": properties,
+           "required": list(properties) if required is None else list(required)}
+    if not extra:
+        out["additionalProperties"] = False
+    return out
+
+
+def list_of(item: str, *, paged: bool = False) -> dict:
+    props = {"object": {"const": "list"}, "data": {"type": "array", "items": ref(item)}}
+    if paged:
+        props.update(has_more={"type": "boolean"}, first_id=nullable({"type": "string"}),
+                     last_id=nullable({"type": "string"}))
+    return obj(props)
+
+
+INT = {"type": "integer"}
+STR = {"type": "string"}
+TIME = {"type": "integer", "description": "Unix seconds"}
+
+SCHEMAS: dict = {
+    "Error": obj({"error": obj({"code": STR, "message": STR, "param": nullable(STR)})}),
+    "Service": obj({"service_id": STR, "object": {"const": "service"}, "name": STR, "version": STR,
+                    "protocol": {"const": "LMSP/1.0"}, "capabilities": {"type": "array", "items": STR},
+                    "created_at": nullable(TIME)}),
+    "Status": obj({"status": STR}),
+    "Scopes": {"type": "array", "items": {"enum": SCOPES}},
+    "Client": obj({"id": STR, "object": {"const": "client"}, "name": STR, "scopes": ref("Scopes"),
+                   "created_at": TIME, "revoked_at": nullable(TIME)}),
+    "ClientList": list_of("Client"),
+    "PairingRequest": obj({"scopes": ref("Scopes"), "name": STR,
+                           "expires_in": {"type": "integer", "minimum": 1}}, [], extra=False),
+    "Pairing": obj({"object": {"const": "pairing"}, "code": STR, "scopes": ref("Scopes"),
+                    "name": nullable(STR), "created_at": TIME, "expires_at": TIME, "id": STR},
+                   ["object", "code", "scopes", "created_at", "expires_at"]),
+    "PairRequest": obj({"code": STR, "client_name": STR}, extra=False),
+    "ClientToken": obj({"object": {"const": "client_token"}, "client_id": STR, "client_name": STR,
+                        "token": STR, "scopes": ref("Scopes")}),
+    "Model": obj({"id": STR, "object": {"const": "model"}, "created": TIME, "owned_by": {"const": "local"},
+                  "digest": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"},
+                  "size_bytes": INT, "format": {"const": "gguf"}, "architecture": nullable(STR),
+                  "parameters": nullable(INT), "quantization": nullable(STR),
+                  "context_length": nullable(INT), "state": {"enum": MODEL_STATES}}),
+    "ModelList": list_of("Model"),
+    "RegisterModel": obj({"path": STR, "id": STR}, ["path"], extra=False),
+    "DeletedModel": obj({"id": STR, "object": {"const": "model"}, "deleted": {"const": True}}),
+    "InputMessage": obj({
+        "type": {"const": "message"},
+        "role": {"enum": ["system", "developer", "user", "assistant"]},
+        "content": {"anyOf": [STR, {"type": "array", "items": obj({
+            "type": {"enum": ["input_text", "output_text", "text"]}, "text": STR,
+            "annotations": {"type": "array"}}, ["type", "text"], extra=False)}]},
+    }, ["role", "content"], extra=False),
+    "CreateResponse": obj({
+        "model": STR,
+        "input": {"anyOf": [STR, {"type": "array", "minItems": 1, "items": ref("InputMessage")}]},
+        "instructions": nullable(STR),
+        "max_output_tokens": nullable({"type": "integer", "minimum": 1}),
+        "temperature": nullable({"type": "number", "minimum": 0, "maximum": 2}),
+        "top_p": nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 1}),
+        "top_k": nullable({"type": "integer", "minimum": 0}),
+        "seed": nullable({"type": "integer", "minimum": 0, "maximum": 2**32 - 2}),
+        "stop": nullable({"anyOf": [STR, {"type": "array", "maxItems": 16, "items": STR}]}),
+        "stream": nullable({"type": "boolean"}),
+        "background": nullable({"type": "boolean"}),
+        "store": nullable({"type": "boolean"}),
+        "on_restart": nullable({"enum": ["fail", "retry", "resume"]}),
+        "metadata": nullable({"type": "object", "maxProperties": 16,
+                              "additionalProperties": {"type": "string", "maxLength": 512}}),
+    }, ["model", "input"], extra=False),
+    "OutputText": obj({"type": {"const": "output_text"}, "text": STR, "annotations": {"type": "array"}}),
+    "OutputMessage": obj({"type": {"const": "message"}, "id": STR, "role": {"const": "assistant"},
+                          "status": {"enum": ["in_progress", "completed", "incomplete"]},
+                          "content": {"type": "array", "items": ref("OutputText")}}),
+    "TaskError": nullable(obj({"code": STR, "message": STR})),
+    "Response": obj({
+        "id": {"type": "string", "pattern": "^resp_"}, "object": {"const": "response"},
+        "created_at": TIME, "status": {"enum": RESPONSE_STATUSES}, "background": {"type": "boolean"},
+        "model": STR, "output": {"type": "array", "items": ref("OutputMessage")},
+        "usage": nullable(obj({"input_tokens": INT, "output_tokens": INT, "total_tokens": INT})),
+        "error": ref("TaskError"),
+        "incomplete_details": nullable(obj({"reason": STR})),
+        "max_output_tokens": nullable(INT), "temperature": {"type": "number"},
+        "top_p": {"type": "number"}, "seed": nullable(INT),
+        "metadata": {"type": "object", "additionalProperties": STR},
+        "task": obj({"id": STR, "status": {"enum": list(TASK_STATES)},
+                     "on_restart": {"enum": ["fail", "retry", "resume"]}}),
+    }),
+    "ResponseList": list_of("Response", paged=True),
+    "DeletedResponse": obj({"id": STR, "object": {"const": "response"}, "deleted": {"const": True}}),
+    "Task": obj({
+        "id": {"type": "string", "pattern": "^task_"}, "object": {"const": "task"}, "response_id": STR,
+        "status": {"enum": list(TASK_STATES)}, "on_restart": {"enum": ["fail", "retry", "resume"]},
+        "attempts": INT, "created_at": TIME, "started_at": nullable(TIME), "finished_at": nullable(TIME),
+        "error": ref("TaskError"), "last_sequence_number": INT,
+    }),
+    "TaskList": list_of("Task", paged=True),
+    "Event": {
+        "type": "object",
+        "required": ["type", "sequence_number", "created_at"],
+        "properties": {
+            "type": {"enum": EVENT_TYPES}, "sequence_number": {"type": "integer", "minimum": 1},
+            "created_at": TIME, "response": ref("Response"), "task": ref("Task"), "delta": STR,
+            "item_id": STR, "output_index": INT, "content_index": INT, "text": STR,
+            "item": ref("OutputMessage"), "part": ref("OutputText"),
+        },
+    },
+    "EventList": obj({"object": {"const": "list"}, "data": {"type": "array", "items": ref("Event")},
+                      "has_more": {"type": "boolean"}}),
+}
+
+SECURITY_SCHEMES = {"bearer": {"type": "http", "scheme": "bearer",
+                               "description": "A client token from pairing (B.2)."}}
+
+ERRORS_BY_STATUS = {
+    "400": "invalid_request, invalid_json or context_length_exceeded",
+    "401": "unauthorized: missing, unknown or revoked token",
+    "403": "insufficient_scope",
+    "404": "not_found (also another client's response or task)",
+    "409": "idempotency_key_in_use, task_finished, task_unfinished, model_in_use or model_changed",
+    "413": "payload_too_large",
+    "415": "unsupported_media_type",
+    "422": "idempotency_key_reused",
+    "429": "rate_limited (with Retry-After)",
+    "503": "unavailable (with Retry-After)",
+}
+
+SSE = {"text/event-stream": {"schema": {"type": "string", "description": (
+    "Frames `id: N`, `event: <type>`, `data: <Event JSON>`, blank line; `: keep-alive` comments "
+    "on idle streams; the stream ends after the terminal event.")}}}
+
+
+def _json(schema_name: str, description: str) -> dict:
+    return {"description": description, "content": {"application/json": {"schema": ref(schema_name)}}}
+
+
+def _errors(*statuses: str) -> dict:
+    return {s: {"description": ERRORS_BY_STATUS[s],
+                "content": {"application/json": {"schema": ref("Error")}}} for s in statuses}
+
+
+def _param(name: str, where: str, schema: dict, description: str = "", required: bool = False) -> dict:
+    out = {"name": name, "in": where, "schema": schema, "required": required or where == "path"}
+    if description:
+        out["description"] = description
+    return out
+
+
+IDEMPOTENCY = _param("Idempotency-Key", "header", {"type": "string", "minLength": 1, "maxLength": 255},
+                     "B.8: a replay gets the stored answer with `Idempotent-Replayed: true`.")
+AUTH_ERRORS = ("401", "403")
+
+
+def _op(summary: str, responses: dict, *, scope: str | None, params=(), body: str | None = None,
+        errors=(), optional_body: bool = False) -> dict:
+    op = {"summary": summary, "responses": {**responses, **_errors(*errors)}}
+    if scope is None:
+        op["security"] = []
+    else:
+        op["security"] = [{"bearer": []}]
+        op["x-lmsp-scope"] = scope
+        op["responses"].update(_errors(*AUTH_ERRORS))
+    if params:
+        op["parameters"] = list(params)
+    if body is not None:
+        op["requestBody"] = {"required": not optional_body,
+                             "content": {"application/json": {"schema": ref(body)}}}
+    return op
+
+
+def _id(name: str, prefix: str) -> dict:
+    return _param(name, "path", {"type": "string"}, f"An id starting with `{prefix}_`.")
+
+
+LIST_PARAMS = (
+    _param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 100, "default": 20}),
+    _param("after", "query", {"type": "string"}, "The last id of the previous page."),
+)
+
+
+def _paths() -> dict:
+    resp_id, task_id = _id("response_id", "resp"), _id("task_id", "task")
+    model_id, client_id = _param("model_id", "path", STR), _id("client_id", "cli")
+    body_errors = ("400", "413", "415")
+    return {
+        "/v1/service": {"get": _op("The service and what it can do", {"200": _json("Service", "The service")},
+                                   scope=None)},
+        "/healthz": {"get": _op("Liveness", {"200": _json("Status", "The process answers")}, scope=None)},
+        "/readyz": {"get": _op("Readiness: start-up recovery has run",
+                               {"200": _json("Status", "Ready")}, scope=None, errors=("503",))},
+        "/metrics": {"get": _op("Prometheus text exposition", {"200": {
+            "description": "Metrics", "content": {"text/plain": {"schema": STR}}}}, scope=None)},
+        "/openapi.json": {"get": _op("This document", {"200": {
+            "description": "OpenAPI 3.1", "content": {"application/json": {"schema": {"type": "object"}}}}},
+            scope=None)},
+        "/v1/pairings": {"post": _op("Make a one-time pairing code",
+                                     {"201": _json("Pairing", "The code, shown once")}, scope="admin",
+                                     params=(IDEMPOTENCY,), body="PairingRequest", optional_body=True,
+                                     errors=body_errors)},
+        "/v1/pair": {"post": _op("Redeem a pairing code for a client token",
+                                 {"201": _json("ClientToken", "The new client and its token, shown once")},
+                                 scope=None, params=(IDEMPOTENCY,), body="PairRequest",
+                                 errors=body_errors + ("429",))},
+        "/v1/clients": {"get": _op("Paired clients", {"200": _json("ClientList", "Clients")}, scope="admin")},
+        "/v1/clients/{client_id}": {
+            "get": _op("A client", {"200": _json("Client", "The client")}, scope="admin", params=(client_id,),
+                       errors=("404",)),
+            "delete": _op("Revoke a client: its token stops working at once",
+                          {"200": _json("Client", "The revoked client")}, scope="admin", params=(client_id,),
+                          errors=("404",)),
+        },
+        "/v1/models": {
+            "get": _op("Registered models", {"200": _json("ModelList", "Models")}, scope="models:read"),
+            "post": _op("Register a GGUF file of the models directory",
+                        {"201": _json("Model", "The registered model")}, scope="models:write",
+                        params=(IDEMPOTENCY,), body="RegisterModel", errors=body_errors + ("409", "422")),
+        },
+        "/v1/models/{model_id}": {
+            "get": _op("A model", {"200": _json("Model", "The model")}, scope="models:read",
+                       params=(model_id,), errors=("404",)),
+            "delete": _op("Unregister a model (the file is left alone)",
+                          {"200": _json("DeletedModel", "Deleted")}, scope="models:write",
+                          params=(model_id,), errors=("404", "409")),
+        },
+        "/v1/models/{model_id}/load": {"post": _op(
+            "Load a model (its digest is checked first)", {"200": _json("Model", "The model")},
+            scope="models:write", params=(model_id, IDEMPOTENCY), errors=("400", "404", "409", "422"))},
+        "/v1/models/{model_id}/unload": {"post": _op(
+            "Unload a model", {"200": _json("Model", "The model")}, scope="models:write",
+            params=(model_id, IDEMPOTENCY), errors=("400", "404", "409", "422"))},
+        "/v1/responses": {
+            "post": _op("Create a response: plain (200), stream (SSE) or background (202)", {
+                "200": {"description": "The finished response, or its event stream with `stream: true`",
+                        "content": {"application/json": {"schema": ref("Response")}, **SSE}},
+                "202": {"description": "Background: the task is committed",
+                        "headers": {"Location": {"schema": STR}},
+                        "content": {"application/json": {"schema": ref("Response")}}},
+            }, scope="responses:write", params=(IDEMPOTENCY,), body="CreateResponse",
+                errors=body_errors + ("404", "409", "422", "503")),
+            "get": _op("The caller's responses, newest first", {"200": _json("ResponseList", "A page")},
+                       scope="responses:read", params=(
+                           _param("status", "query", {"enum": RESPONSE_STATUSES}), *LIST_PARAMS),
+                       errors=("400",)),
+        },
+        "/v1/responses/{response_id}": {
+            "get": _op("A response, or its events as SSE with `stream=true`", {
+                "200": {"description": "The response or its event stream",
+                        "content": {"application/json": {"schema": ref("Response")}, **SSE}}},
+                scope="responses:read", params=(
+                    resp_id, _param("stream", "query", {"type": "boolean"}),
+                    _param("starting_after", "query", {"type": "integer", "minimum": 0},
+                           "Replay the events after this sequence number, then follow."),
+                    _param("Last-Event-ID", "header", STR, "Like `starting_after`.")),
+                errors=("400", "404")),
+            "delete": _op("Delete a finished response with its task and events",
+                          {"200": _json("DeletedResponse", "Deleted")}, scope="responses:write",
+                          params=(resp_id,), errors=("404", "409")),
+        },
+        "/v1/responses/{response_id}/cancel": {"post": _op(
+            "Cancel (B.7)", {"200": _json("Response", "The response after the cancel")},
+            scope="responses:write", params=(resp_id, IDEMPOTENCY), errors=("400", "404", "409", "422"))},
+        "/v1/tasks": {"get": _op("The caller's tasks, newest first", {"200": _json("TaskList", "A page")},
+                                 scope="responses:read", params=(
+                                     _param("status", "query", {"enum": list(TASK_STATES)}), *LIST_PARAMS),
+                                 errors=("400",))},
+        "/v1/tasks/{task_id}": {"get": _op("A task", {"200": _json("Task", "The task")},
+                                           scope="responses:read", params=(task_id,), errors=("404",))},
+        "/v1/tasks/{task_id}/cancel": {"post": _op(
+            "Cancel (B.7)", {"200": _json("Task", "The task after the cancel")}, scope="responses:write",
+            params=(task_id, IDEMPOTENCY), errors=("400", "404", "409", "422"))},
+        "/v1/tasks/{task_id}/events": {"get": _op(
+            "The task's event log: a JSON page, or SSE with `Accept: text/event-stream`", {
+                "200": {"description": "Events after `after`",
+                        "content": {"application/json": {"schema": ref("EventList")}, **SSE}}},
+            scope="responses:read", params=(
+                task_id, _param("after", "query", {"type": "integer", "minimum": 0, "default": 0}),
+                _param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100}),
+                _param("stream", "query", {"type": "boolean"}, "SSE without the Accept header."),
+                _param("Last-Event-ID", "header", STR, "Like `after` (SSE reconnects).")),
+            errors=("400", "404"))},
+    }
 
 
 def document() -> dict:
-    return {"openapi": "3.1.0", "info": {"title": "lmsp", "version": "0.1.0"}, "paths": {}}
+    """A fresh copy of the OpenAPI document."""
+    return copy.deepcopy({
+        "openapi": "3.1.0",
+        "info": {"title": "lmsp", "version": lmsp.__version__,
+                 "description": "LMSP 1.0 local model service (see docs/API.md)."},
+        "paths": _paths(),
+        "components": {"schemas": SCHEMAS, "securitySchemes": SECURITY_SCHEMES},
+    })
