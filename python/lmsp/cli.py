@@ -1,0 +1,361 @@
+"""The ``lmsp`` command: run the service, and operate it on the box.
+
+    lmsp serve   --data-dir DIR --bind HOST:PORT [--model FILE] [--workers N]
+    lmsp pair    --scopes SCOPE[,SCOPE...] [--name NAME]     a one-time pairing code
+    lmsp clients [list | revoke CLIENT_ID]
+    lmsp models  [list | add FILE [--id ID] | remove MODEL_ID]
+    lmsp tasks   [list [--status S] [--limit N] | show TASK_ID | cancel TASK_ID]
+    lmsp gc      [--retention-days DAYS]                      apply retention now
+    lmsp doctor                                               database integrity, model files and digests
+
+Every command takes ``--data-dir`` (or ``LMSP_DATA_DIR``). The operator
+commands work on the store directly (no server needed); with ``--json`` each
+prints exactly one JSON object on stdout. Errors go to stderr (or, with
+``--json``, as ``{"error": {...}}``) with exit status 1.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sqlite3
+import sys
+import time
+
+from . import config as _config
+from .errors import LMSPError
+from .store import StoreError
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+
+
+class CommandError(Exception):
+    """A clear, expected failure of an operator command."""
+
+
+# ---------------------------------------------------------------------- helpers
+def _load_config(args) -> _config.Config:
+    overrides = {"data_dir": getattr(args, "data_dir", None)}
+    for name in ("bind", "model", "workers", "log_level"):
+        value = getattr(args, name, None)
+        if value is not None:
+            overrides[name] = value
+    try:
+        return _config.load(**overrides)
+    except (ValueError, OSError) as exc:
+        raise CommandError(f"configuration: {exc}") from None
+
+
+def _open_store(cfg):
+    from .runtime import open_store
+    from .runtime.service import ensure_dirs
+
+    ensure_dirs(cfg)
+    return open_store(cfg)
+
+
+def _print(args, obj: dict, text: str | None = None) -> None:
+    if args.json:
+        print(json.dumps(obj, ensure_ascii=False))
+    else:
+        print(text if text is not None else json.dumps(obj, indent=2, ensure_ascii=False))
+
+
+def _when(ts) -> str:
+    return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def _table(rows: list[list], header: list[str]) -> str:
+    cells = [header] + [["-" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
+
+
+class _Progress:
+    """A progress bar on stderr for hashing a model file."""
+
+    def __init__(self, label: str, enabled: bool) -> None:
+        self.label, self.enabled, self._last = label, enabled, -1
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        pct = 100 if total == 0 else int(done * 100 / total)
+        if pct == self._last:
+            return
+        self._last = pct
+        bar = "#" * (pct // 4)
+        sys.stderr.write(f"\r{self.label} [{bar:<25}] {pct:3d}% {done / 1e6:,.1f}/{total / 1e6:,.1f} MB")
+        if done >= total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+# ---------------------------------------------------------------------- serve
+def cmd_serve(args) -> int:
+    cfg = _load_config(args)
+    env = os.environ.copy()
+    env["LMSP_DATA_DIR"] = str(cfg.data_dir.resolve())
+    env["LMSP_BIND"] = cfg.bind
+    if cfg.model:
+        env["LMSP_MODEL"] = os.path.realpath(os.path.expanduser(str(cfg.model)))
+        if not os.path.isfile(env["LMSP_MODEL"]):
+            raise CommandError(f"--model: no such file: {cfg.model}")
+    if args.workers is not None:
+        env["LMSP_WORKERS"] = str(args.workers)
+    if args.log_level is not None:
+        env["LMSP_LOG_LEVEL"] = args.log_level
+    cfg.data_dir.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "gunicorn", "--config", "python:lmsp.gunicorn_conf"]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, argv, env)  # the master keeps this pid (systemd, signals)
+    return EXIT_ERROR  # pragma: no cover
+
+
+# ---------------------------------------------------------------------- pair
+def cmd_pair(args) -> int:
+    from . import auth
+
+    cfg = _load_config(args)
+    scopes = [s.strip() for s in (args.scopes or "").split(",") if s.strip()]
+    unknown = [s for s in scopes if s not in auth.SCOPES]
+    if not scopes or unknown:
+        raise CommandError(f"--scopes takes a comma-separated list of: {', '.join(auth.SCOPES)}"
+                           + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
+    ttl = cfg.pairing_ttl_seconds if args.ttl is None else args.ttl
+    if ttl <= 0:
+        raise CommandError("--ttl must be a positive number of seconds")
+    store = _open_store(cfg)
+    try:
+        code = auth.new_pairing_code()
+        expires_at = int(time.time() + ttl)
+        store.create_pairing(code_hash=auth.hash_code(code), scopes=scopes, expires_at=expires_at, name=args.name)
+    finally:
+        store.close()
+    out = {"code": code, "expires_at": expires_at, "scopes": scopes, "name": args.name}
+    _print(args, out, f"pairing code: {code}\nscopes: {', '.join(scopes)}\nexpires: {_when(expires_at)} "
+                      f"(single use; the client sends it to POST /v1/pair)")
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------- clients
+def cmd_clients(args) -> int:
+    cfg = _load_config(args)
+    store = _open_store(cfg)
+    try:
+        if args.action == "revoke":
+            if not args.id:
+                raise CommandError("clients revoke needs a client id")
+            client = store.revoke_client(args.id)
+            _print(args, client, f"revoked {client['id']} ({client['name']})")
+            return EXIT_OK
+        clients = store.list_clients()
+    finally:
+        store.close()
+    rows = [[c["id"], c["name"], ",".join(c["scopes"]), _when(c["created_at"]),
+             _when(c["revoked_at"]) if c.get("revoked_at") else ""] for c in clients]
+    _print(args, {"object": "list", "data": clients},
+           _table(rows, ["ID", "NAME", "SCOPES", "CREATED", "REVOKED"]))
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------- models
+def cmd_models(args) -> int:
+    from .runtime import ModelRegistry
+
+    cfg = _load_config(args)
+    store = _open_store(cfg)
+    try:
+        registry = ModelRegistry(cfg, store)
+        if args.action == "add":
+            if not args.target:
+                raise CommandError("models add needs a GGUF file")
+            path = args.target
+            if not os.path.isabs(path) and not os.path.exists(path) and (cfg.models_dir / path).exists():
+                path = str(cfg.models_dir / path)  # a name inside the models directory
+            progress = _Progress(f"sha256 {os.path.basename(path)}", enabled=not args.json and sys.stderr.isatty())
+            model = registry.register(os.path.abspath(path), args.id, progress, confined=False)
+            _print(args, model, f"registered {model['id']}: {model['architecture']}, {model['quantization']}, "
+                                f"{model['size_bytes']} bytes, {model['digest']}")
+            return EXIT_OK
+        if args.action == "remove":
+            if not args.target:
+                raise CommandError("models remove needs a model id")
+            store.delete_model(args.target)
+            _print(args, {"id": args.target, "object": "model", "deleted": True},
+                   f"removed {args.target} (the file is left alone)")
+            return EXIT_OK
+        models = registry.objects()
+    finally:
+        store.close()
+    rows = [[m["id"], m["state"], m["architecture"], m["quantization"], m["parameters"], m["size_bytes"],
+             (m["digest"] or "")[:19]] for m in models]
+    _print(args, {"object": "list", "data": models},
+           _table(rows, ["ID", "STATE", "ARCH", "QUANT", "PARAMS", "BYTES", "DIGEST"]))
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------- tasks
+def cmd_tasks(args) -> int:
+    cfg = _load_config(args)
+    store = _open_store(cfg)
+    try:
+        if args.action in ("show", "cancel"):
+            if not args.id:
+                raise CommandError(f"tasks {args.action} needs a task or response id")
+            if args.action == "cancel":
+                task = store.cancel(args.id)
+            else:
+                task = store.get_task(store.task_id_for_response(args.id) if args.id.startswith("resp_")
+                                      else args.id)
+            response = store.get_response(task["response_id"])
+            out = {**task, "response": response}
+            text = "\n".join([
+                f"task      {task['id']}  {task['status']}  on_restart={task['on_restart']}  "
+                f"attempts={task['attempts']}",
+                f"response  {response['id']}  {response['status']}  model={response['model']}",
+                f"created   {_when(task['created_at'])}  finished {_when(task['finished_at'])}",
+                f"events    {task['last_sequence_number']}",
+            ] + ([f"error     {task['error']['code']}: {task['error']['message']}"] if task.get("error") else []))
+            _print(args, out, text)
+            return EXIT_OK
+        page = store.list_tasks(None, status=args.status, limit=args.limit)
+    finally:
+        store.close()
+    rows = [[t["id"], t["status"], t["on_restart"], t["attempts"], t["last_sequence_number"],
+             _when(t["created_at"]), t["response_id"]] for t in page["data"]]
+    _print(args, page, _table(rows, ["ID", "STATUS", "ON_RESTART", "ATTEMPTS", "EVENTS", "CREATED", "RESPONSE"]))
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------- gc
+def cmd_gc(args) -> int:
+    cfg = _load_config(args)
+    days = cfg.retention_days if args.retention_days is None else args.retention_days
+    if days < 0:
+        raise CommandError("--retention-days must not be negative")
+    store = _open_store(cfg)
+    try:
+        counts = store.gc(retention=days * 86400.0)
+    finally:
+        store.close()
+    out = {"retention_days": days, "deleted": counts}
+    _print(args, out, "deleted: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------- doctor
+def cmd_doctor(args) -> int:
+    from .runtime import ModelRegistry, file_digest
+
+    cfg = _load_config(args)
+    db_path = cfg.db_path
+    if not db_path.exists():
+        raise CommandError(f"no database at {db_path}")
+    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=cfg.busy_timeout)
+    try:
+        rows = conn.execute("PRAGMA integrity_check").fetchall()
+        fk = conn.execute("PRAGMA foreign_key_check").fetchall()
+    except sqlite3.DatabaseError as exc:
+        rows, fk = [(f"unreadable: {exc}",)], []
+    finally:
+        conn.close()
+    integrity = "ok" if [r[0] for r in rows] == ["ok"] and not fk else "; ".join(str(r[0]) for r in rows[:10])
+    if fk:
+        integrity += f"; {len(fk)} foreign key violation(s)"
+    store = _open_store(cfg)
+    models = []
+    try:
+        registry = ModelRegistry(cfg, store)
+        for row in store.list_models():
+            path = registry.file_path(row)
+            if not path.is_file():
+                status = "missing"
+            else:
+                digest, _ = file_digest(path)
+                status = "ok" if digest == row["digest"] else "changed"
+            models.append({"id": row["id"], "path": str(path), "status": status})
+    finally:
+        store.close()
+    healthy = integrity == "ok" and all(m["status"] == "ok" for m in models)
+    out = {"ok": healthy, "database": {"path": str(db_path), "integrity": integrity}, "models": models}
+    lines = [f"database  {db_path}: {integrity}"]
+    lines += [f"model     {m['id']}: {m['status']} ({m['path']})" for m in models] or ["model     (none registered)"]
+    lines.append("healthy" if healthy else "PROBLEMS FOUND")
+    _print(args, out, "\n".join(lines))
+    return EXIT_OK if healthy else EXIT_ERROR
+
+
+# ---------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--data-dir", default=None, help="the data directory (env LMSP_DATA_DIR; default ./data)")
+    common.add_argument("--json", action="store_true", help="print one JSON object")
+
+    parser = argparse.ArgumentParser(prog="lmsp", description="A durable local model service (LMSP 1.0).")
+    parser.add_argument("--version", action="version", version=f"lmsp {__import__('lmsp').__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("serve", parents=[common], help="run the service (gunicorn, gevent workers)")
+    p.add_argument("--bind", default=None, help="HOST:PORT (env LMSP_BIND; default 127.0.0.1:8080)")
+    p.add_argument("--model", default=None, help="a GGUF file to register (id = its name) and serve")
+    p.add_argument("--workers", type=int, default=None, help="worker processes (each holds its own model copy)")
+    p.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("pair", parents=[common], help="make a one-time pairing code")
+    p.add_argument("--scopes", required=True, help="comma-separated: responses:write,responses:read,...")
+    p.add_argument("--name", default=None, help="a note on what the code is for")
+    p.add_argument("--ttl", type=int, default=None, help="seconds the code stays valid")
+    p.set_defaults(func=cmd_pair)
+
+    p = sub.add_parser("clients", parents=[common], help="list or revoke clients")
+    p.add_argument("action", nargs="?", default="list", choices=["list", "revoke"])
+    p.add_argument("id", nargs="?", default=None)
+    p.set_defaults(func=cmd_clients)
+
+    p = sub.add_parser("models", parents=[common], help="list, add or remove models")
+    p.add_argument("action", nargs="?", default="list", choices=["list", "add", "remove"])
+    p.add_argument("target", nargs="?", default=None, help="add: a GGUF file; remove: a model id")
+    p.add_argument("--id", default=None, help="add: the model id (default: the file name without .gguf)")
+    p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("tasks", parents=[common], help="list, show or cancel tasks")
+    p.add_argument("action", nargs="?", default="list", choices=["list", "show", "cancel"])
+    p.add_argument("id", nargs="?", default=None)
+    p.add_argument("--status", default=None)
+    p.add_argument("--limit", type=int, default=20)
+    p.set_defaults(func=cmd_tasks)
+
+    p = sub.add_parser("gc", parents=[common], help="delete finished tasks past retention now")
+    p.add_argument("--retention-days", type=float, default=None)
+    p.set_defaults(func=cmd_gc)
+
+    p = sub.add_parser("doctor", parents=[common], help="check the database and every model file")
+    p.set_defaults(func=cmd_doctor)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return args.func(args)
+    except (CommandError, LMSPError, StoreError, OSError, sqlite3.Error, ValueError) as exc:
+        message = exc.message if isinstance(exc, LMSPError) else str(exc)
+        code = exc.code if isinstance(exc, LMSPError) else "command_failed"
+        if getattr(args, "json", False):
+            print(json.dumps({"error": {"code": code, "message": message}}))
+        else:
+            print(f"lmsp {args.command}: {message}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

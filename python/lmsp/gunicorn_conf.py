@@ -1,0 +1,133 @@
+"""The shipped gunicorn configuration: ``gunicorn -c python:lmsp.gunicorn_conf``.
+
+``lmsp serve`` runs gunicorn with this file. Every setting comes from the
+service configuration (``lmsp.config.load``: defaults, ``DATA_DIR/lmsp.toml``,
+``LMSP_*`` environment variables); a few gunicorn-only knobs have their own
+``LMSP_GUNICORN_*`` variables.
+
+What happens where:
+
+* the **master** (``on_starting``) prepares the data directory, the bootstrap
+  admin credential and the models, and runs start-up recovery (LMSP 11.3)
+  exactly once per service start; it closes its store before any worker
+  forks and never loads an engine;
+* each **worker** (gevent; one by default, since each worker holds its own copy
+  of the model) builds the app, whose runtime starts its engine and loops
+  after the fork;
+* a worker that exits stops its runtime gracefully (``worker_exit``); a worker
+  that dies is replaced, and its tasks are recovered through their expired
+  leases by the surviving runtimes (LMSP B.9).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import traceback
+
+from lmsp import config as _config
+
+_cfg = _config.load()
+_env = os.environ.get
+
+wsgi_app = _env("LMSP_GUNICORN_APP", "lmsp.app:get_app()")
+bind = [_cfg.bind]
+workers = _cfg.workers
+worker_class = "gevent"
+worker_connections = int(_env("LMSP_GUNICORN_WORKER_CONNECTIONS", "1000"))
+# Under gevent the worker's heartbeat runs in its own greenlet, so a long SSE
+# stream never trips this; only a hub blocked for this long gets the worker killed.
+timeout = int(_env("LMSP_GUNICORN_TIMEOUT", "60"))
+graceful_timeout = int(_env("LMSP_GUNICORN_GRACEFUL_TIMEOUT", "20"))
+keepalive = int(_env("LMSP_GUNICORN_KEEPALIVE", "75"))   # longer than a proxy's idle upstream keepalive
+preload_app = False                                       # the engine loads after fork, never in the master
+loglevel = _cfg.log_level
+accesslog = _env("LMSP_GUNICORN_ACCESSLOG") or None       # the app logs requests itself
+errorlog = "-"
+proc_name = f"lmsp[{_cfg.name}]"
+forwarded_allow_ips = _env("LMSP_GUNICORN_FORWARDED_ALLOW_IPS", "127.0.0.1,::1")
+limit_request_line = 8190
+# gunicorn's control socket (gunicornc) only where the operator asks for it
+control_socket = _env("LMSP_GUNICORN_CONTROL_SOCKET") or str(_cfg.data_dir / "gunicorn.ctl")
+control_socket_disable = not _env("LMSP_GUNICORN_CONTROL_SOCKET")
+
+
+def _logging() -> None:
+    try:
+        from lmsp.api.logs import configure_logging
+    except ImportError:  # pragma: no cover - the web layer ships it
+        logging.basicConfig(level=_cfg.log_level.upper())
+    else:
+        configure_logging(_cfg.log_level)
+
+
+def on_starting(server) -> None:
+    """Master, once per service start: data dir, identity, bootstrap admin, models, start-up recovery.
+
+    The store opened here is closed before any worker forks, and the
+    environment tells the workers that recovery already ran.
+    """
+    _logging()
+    from lmsp.runtime import RECOVERED_ENV, open_store, prepare
+
+    store = open_store(_cfg)
+    try:
+        report = prepare(_cfg, store)
+    finally:
+        store.close()
+    os.environ[RECOVERED_ENV] = "1"
+    server.log.info("lmsp: start-up recovery done (%s)",
+                    ", ".join(f"{k}={len(v)}" for k, v in report.items() if isinstance(v, list)) or "nothing")
+
+
+def post_fork(server, worker) -> None:
+    """Worker, right after fork: logging only (the app and its runtime are built next)."""
+    _logging()
+
+
+def post_worker_init(worker) -> None:
+    """Worker, app loaded: say which runtime serves."""
+    from lmsp.runtime import core
+
+    for runtime in core.started():
+        worker.log.info("lmsp: worker %s runs runtime %s", worker.pid, runtime.owner)
+
+
+def worker_exit(server, worker) -> None:
+    """Worker, exiting: stop claiming, commit what is produced, release the claims.
+
+    Running tasks stay in the store and follow their restart policy at the next
+    start (or are recovered by another worker when their lease expires).
+    """
+    from lmsp.runtime import core
+
+    for runtime in core.started():
+        runtime.stop(timeout=max(1.0, graceful_timeout / 2))
+
+
+def _dump_stacks(worker, why: str) -> None:
+    frames = sys._current_frames()
+    names = {t.ident: t.name for t in threading.enumerate()}
+    lines = [f"lmsp: worker {worker.pid} {why}; stacks follow"]
+    for ident, frame in frames.items():
+        lines.append(f"--- thread {names.get(ident, ident)} ---")
+        lines.extend(line.rstrip() for line in traceback.format_stack(frame))
+    try:
+        from gevent import util
+
+        lines.append("--- greenlets ---")
+        lines.extend(util.format_run_info())
+    except Exception:  # gevent missing or the hub is gone: the threads above are what we have
+        pass
+    worker.log.warning("\n".join(lines))
+
+
+def worker_int(worker) -> None:
+    """Worker got SIGINT/SIGQUIT: dump every thread's and greenlet's stack to the log."""
+    _dump_stacks(worker, "interrupted")
+
+
+def worker_abort(worker) -> None:
+    """Worker got SIGABRT (a heartbeat timeout): dump the stacks, then it dies."""
+    _dump_stacks(worker, "timed out")
