@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shutil
 
+import httpx2
+import openai
 import pytest
 from api_helpers import Api, assert_error, make_client, parse_sse
 
@@ -157,3 +159,27 @@ def test_context_length_exceeded_when_loaded(live, client):
     live["admin"].post("/v1/models/tiny/load")
     result = client.post("/v1/responses", json={"model": "tiny", "input": "word " * 2000})
     assert_error(result, 400, "context_length_exceeded", param="input")
+
+
+def test_the_openai_sdk_works_unchanged(live):
+    _, token = make_client(live["store"], ["responses:write", "responses:read", "models:read"])
+    sdk = openai.OpenAI(api_key=token, base_url="http://lmsp.test/v1", max_retries=0,
+                        http_client=httpx2.Client(transport=httpx2.WSGITransport(app=live["app"])))
+    assert "tiny" in [m.id for m in sdk.models.list()]
+    plain = sdk.responses.create(model="tiny", input="Hello", instructions="Answer.", max_output_tokens=6,
+                                 temperature=0)
+    assert plain.status in ("completed", "incomplete") and plain.id.startswith("resp_")
+    events = list(sdk.responses.create(model="tiny", input="Hello", instructions="Answer.",
+                                       max_output_tokens=6, temperature=0, stream=True))
+    assert events[0].type == "response.created" and events[-1].type in TERMINAL
+    streamed = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert streamed == plain.output_text  # greedy: the same text both ways
+    background = sdk.responses.create(model="tiny", input="Hi", background=True, max_output_tokens=4)
+    assert background.status == "queued"
+    resumed = list(sdk.responses.retrieve(background.id, stream=True, starting_after=1))
+    assert resumed[0].sequence_number == 2 and resumed[-1].type in TERMINAL
+    with pytest.raises(openai.BadRequestError) as bad:
+        sdk.responses.create(model="tiny", input="Hello", temperature=5)
+    assert bad.value.status_code == 400 and bad.value.code == "invalid_request"
+    with pytest.raises(openai.ConflictError):
+        sdk.responses.cancel(background.id)  # it finished already
