@@ -215,3 +215,12 @@ def test_unexpected_errors_are_a_generic_500(config, store, scripted, caplog):
     err = assert_error(result, 500, "internal_error")
     assert "secret" not in err["message"] and "Traceback" not in result.text
     assert any("secret detail" in (r.exc_text or "") or r.exc_info for r in caplog.records)
+
+
+def test_405_names_the_allowed_methods(admin):
+    result = admin.request("PUT", "/v1/responses")
+    assert set(result.headers["Allow"].replace(" ", "").split(",")) >= {"GET", "POST"}
+
+
+def test_trailing_slash_is_the_same_route(user):
+    assert user.get("/v1/responses/").status_code == 200

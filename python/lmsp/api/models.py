@@ -10,12 +10,12 @@ from lmsp.errors import InvalidRequest
 from . import idempotency
 from .common import Deps, caller, get_str, read_json, reject_unknown, set_json
 
-MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}$")
+MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
 
 def check_model_id(value: str, param: str = "id") -> str:
     if not MODEL_ID.match(value):
-        raise InvalidRequest("a model id is 1 to 128 letters, digits or . _ : + - "
+        raise InvalidRequest("a model id is 1 to 128 letters, digits or . _ : - "
                              "(starting with a letter or digit)", param=param)
     return value
 
