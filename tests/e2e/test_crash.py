@@ -1,0 +1,87 @@
+"""A real service killed mid-generation: restart policies (11.3) and dead workers (B.9)."""
+from __future__ import annotations
+
+import os
+import signal
+
+from e2e_helpers import FINISHED, check_log, deltas
+
+LONG = {"model": "tiny", "input": "Count:", "background": True, "max_output_tokens": 1500, "temperature": 0}
+
+
+def start_long_tasks(server, token, policies):
+    tasks = {}
+    for policy in policies:
+        created = server.call("POST", "/v1/responses", {**LONG, "on_restart": policy}, token=token, expect=202)
+        assert created["status"] == "queued"
+        tasks[policy] = created["task"]["id"]
+    for task_id in tasks.values():
+        server.wait_task(token, task_id, lambda t: t["status"] == "running" and t["last_sequence_number"] >= 10)
+    return tasks
+
+
+def finished(task):
+    return task["status"] in FINISHED
+
+
+def reference_text(server, token):
+    """The answer of an uninterrupted run of the same (greedy) request."""
+    created = server.call("POST", "/v1/responses", {**LONG, "on_restart": "fail"}, token=token, expect=202)
+    server.wait_task(token, created["task"]["id"], finished)
+    return server.call("GET", f"/v1/responses/{created['id']}", token=token)["output"][0]["content"][0]["text"]
+
+
+def test_sigkill_mid_generation_then_restart_follows_each_policy(make_server):
+    server = make_server().start()
+    token = server.pair()
+    tasks = start_long_tasks(server, token, ("fail", "retry", "resume"))
+    before = {policy: deltas(server.events(token, task_id)) for policy, task_id in tasks.items()}
+    server.kill()
+    server.start()
+
+    failed = server.wait_task(token, tasks["fail"], finished)
+    assert failed["status"] == "failed"
+    assert failed["error"]["code"] == "server_restarted"
+    assert check_log(server.events(token, tasks["fail"]))[-1] == "response.failed"
+
+    expected = None
+    for policy in ("retry", "resume"):
+        task = server.wait_task(token, tasks[policy], finished)
+        assert task["status"] == "completed", (policy, task, server.log())
+        assert task["attempts"] == 2
+        events = server.events(token, tasks[policy])
+        types = check_log(events)
+        response = server.call("GET", f"/v1/responses/{task['response_id']}", token=token)
+        text = response["output"][0]["content"][0]["text"]
+        if policy == "retry":
+            restart = len(types) - 1 - types[::-1].index("task.requeued")
+            assert deltas(events[restart:]) == text  # the output started again after task.requeued
+        else:
+            assert types.count("task.resumed") == 1
+            assert types.count("response.output_item.added") == 1
+            assert deltas(events) == text  # nothing emitted twice, nothing lost
+        assert text.startswith(before[policy])
+        expected = expected or reference_text(server, token)
+        assert text == expected
+
+
+def test_killing_a_worker_recovers_its_tasks_without_a_restart(make_server):
+    server = make_server().start()
+    token = server.pair()
+    master = server.proc.pid
+    [worker] = server.workers()
+    tasks = start_long_tasks(server, token, ("resume", "fail"))
+    os.kill(worker, signal.SIGKILL)
+
+    resumed = server.wait_task(token, tasks["resume"], finished)
+    failed = server.wait_task(token, tasks["fail"], finished)
+    assert server.proc.pid == master and server.proc.poll() is None  # the service never restarted
+    assert worker not in server.workers()
+    assert resumed["status"] == "completed"
+    events = server.events(token, tasks["resume"])
+    types = check_log(events)
+    assert "task.resumed" in types
+    response = server.call("GET", f"/v1/responses/{resumed['response_id']}", token=token)
+    assert deltas(events) == response["output"][0]["content"][0]["text"]
+    assert failed["status"] == "failed"
+    assert failed["error"]["code"] == "server_restarted"
