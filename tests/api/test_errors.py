@@ -162,6 +162,7 @@ BAD_BODIES = [
     ("no content type", b'{"model": "tiny"}', None, 415, "unsupported_media_type"),
     ("form", b"a=b", "application/x-www-form-urlencoded", 415, "unsupported_media_type"),
     ("latin-1", b'{"model": "tiny"}', "application/json; charset=latin-1", 415, "unsupported_media_type"),
+    ("gzip", b'{"model": "tiny"}', "application/json", 415, "unsupported_media_type"),
     ("huge", b'{"input": "' + b"x" * (1 << 20) + b'"}', "application/json", 413, "payload_too_large"),
 ]
 
@@ -169,6 +170,8 @@ BAD_BODIES = [
 @pytest.mark.parametrize("name,body,ctype,status,code", BAD_BODIES, ids=[b[0] for b in BAD_BODIES])
 def test_bad_bodies(user, store, name, body, ctype, status, code):
     headers = {"Content-Type": ctype} if ctype else {}
+    if name == "gzip":
+        headers["Content-Encoding"] = "gzip"
     result = user.post("/v1/responses", body=body, headers=headers)
     assert_error(result, status, code)
     assert store.list_tasks()["data"] == []

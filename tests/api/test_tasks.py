@@ -7,6 +7,9 @@ import falcon.testing
 import pytest
 from api_helpers import assert_error, parse_sse
 
+from lmsp.api.events import event_stream
+from lmsp.errors import Unavailable
+
 
 @pytest.fixture
 def held(scripted):
@@ -202,3 +205,29 @@ def test_stream_ends_after_a_cancel(app, user, held, store):
     assert b"response.cancelled" in next(it)
     with pytest.raises(StopIteration):
         next(it)
+
+
+def test_stream_waits_out_a_busy_store(user, held, store):
+    tid = background(user)["task"]["id"]
+
+    class Busy:
+        """The store, unavailable for its first two event reads."""
+
+        def __init__(self) -> None:
+            self.failures = 2
+
+        def events(self, *args, **kwargs):
+            if self.failures:
+                self.failures -= 1
+                raise Unavailable("database is locked")
+            return store.events(*args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(store, name)
+
+    busy = Busy()
+    frames = event_stream(busy, held, tid, heartbeat=10.0, poll=0.001)
+    first, second = next(frames), next(frames)
+    frames.close()
+    assert busy.failures == 0
+    assert first.startswith(b"id: 1\n") and second.startswith(b"id: 2\n")

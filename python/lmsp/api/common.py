@@ -81,6 +81,9 @@ def read_json(req: falcon.Request, max_bytes: int, *, optional: bool = False) ->
     With ``optional``, an empty body (any or no content type) gives None; a
     body that is present must still be a JSON object.
     """
+    encoding = (req.get_header("Content-Encoding") or "identity").strip().lower()
+    if encoding != "identity":
+        raise UnsupportedMediaType(f"compressed request bodies ({encoding}) are not supported")
     data = read_body(req, max_bytes)
     if not data.strip() and optional:
         return None

@@ -13,7 +13,7 @@ from typing import Callable, Iterator
 
 import falcon
 
-from lmsp.errors import LMSPError
+from lmsp.errors import LMSPError, Unavailable
 
 from .common import SSE_TYPE, dumps
 from .middleware import error_frame
@@ -26,6 +26,7 @@ FINISHED_TASK_STATES = frozenset({"completed", "failed", "cancelled"})
 KEEP_ALIVE = b": keep-alive\n\n"
 PAGE = 500
 POLL_SECONDS = 0.25  # a task run by another worker process is seen by polling
+BUSY_GIVE_UP_SECONDS = 10.0  # a stream whose store stays unavailable this long ends with an error event
 
 
 def frame(event: dict) -> bytes:
@@ -62,9 +63,20 @@ def event_stream(store, runtime, task_id: str, *, after: int = 0, client_id: str
     last = after
     finished = False
     last_write = monotonic()
+    busy_since = None
     try:
         while True:
-            page = store.events(task_id, after=last, limit=PAGE, client_id=client_id)
+            try:
+                page = store.events(task_id, after=last, limit=PAGE, client_id=client_id)
+            except Unavailable:
+                # a store busy for a moment: wait and read again; give up after a while
+                now = monotonic()
+                busy_since = now if busy_since is None else busy_since
+                if now - busy_since > BUSY_GIVE_UP_SECONDS:
+                    raise
+                runtime.wait_for_commit(task_id, last, poll)
+                continue
+            busy_since = None
             for event in page["data"]:
                 last = event["sequence_number"]
                 if event["type"] in TERMINAL_EVENTS:
