@@ -571,8 +571,9 @@ class Store:
 
     # -- the worker side -------------------------------------------------------------------
     def _owned(self, conn: sqlite3.Connection, task_id: str, owner: str, target: str) -> dict:
+        """The task, if ``owner`` holds it and may move it to ``target`` (or it is there already)."""
         task = self._task(conn, task_id)
-        if task["status"] != target or task["owner"] != owner:
+        if task["status"] != target:
             st.check(task_id, task["status"], target)
         if task["owner"] != owner:
             raise st.ClaimLost(task_id, owner, task["owner"])
