@@ -219,7 +219,7 @@ def sse_events(host: str, port: int, method: str, path: str, *, token: str, body
         assert resp.getheader("Content-Type", "").startswith("text/event-stream")
         fields: dict = {}
         while True:
-            line = resp.fp.readline()
+            line = resp.readline()
             if not line:
                 return
             line = line.decode().rstrip("\r\n")

@@ -1,0 +1,80 @@
+"""The official ``openai`` package, unmodified, as a client of the real service."""
+from __future__ import annotations
+
+import time
+
+import openai
+import pytest
+
+
+@pytest.fixture(scope="module")
+def client(served, served_token):
+    with openai.OpenAI(base_url=f"{served.base_url}/v1", api_key=served_token, timeout=60.0,
+                       max_retries=0) as c:
+        yield c
+
+
+def wait_status(client, response_id, statuses, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        response = client.responses.retrieve(response_id)
+        if response.status in statuses:
+            return response
+        assert time.monotonic() < deadline, f"response {response_id} stuck in {response.status}"
+        time.sleep(0.05)
+
+
+def test_plain_create(client):
+    response = client.responses.create(model="tiny", input="Hello there", max_output_tokens=8, temperature=0)
+    assert response.id.startswith("resp_")
+    assert response.status in ("completed", "incomplete")
+    assert response.output_text
+    assert 0 < response.usage.output_tokens <= 8
+    again = client.responses.retrieve(response.id)
+    assert again.output_text == response.output_text
+
+
+def test_streamed_create(client):
+    stream = client.responses.create(model="tiny", input=[{"role": "user", "content": "Tell me a story"}],
+                                     instructions="Be brief.", max_output_tokens=12, stream=True)
+    events = list(stream)
+    types = [e.type for e in events]
+    assert types[0] == "response.created"
+    assert types[-1] in ("response.completed", "response.incomplete")
+    numbers = [e.sequence_number for e in events]
+    assert numbers == list(range(1, len(numbers) + 1))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text and events[-1].response.output_text == text
+
+
+def test_background_retrieve_and_cancel(client):
+    response = client.responses.create(model="tiny", input="Count:", max_output_tokens=1500, background=True,
+                                       temperature=0)
+    assert response.status == "queued"
+    assert response.background is True
+    wait_status(client, response.id, ("in_progress",))
+    cancelled = client.responses.cancel(response.id)
+    assert cancelled.id == response.id
+    assert cancelled.status in ("in_progress", "cancelled")  # cancelling until the engine's next step
+    final = wait_status(client, response.id, ("cancelled", "completed", "incomplete", "failed"))
+    assert final.status == "cancelled"
+
+
+def test_background_then_stream_resume_with_starting_after(client):
+    response = client.responses.create(model="tiny", input="Once upon a time", max_output_tokens=20,
+                                       background=True, temperature=0)
+    final = wait_status(client, response.id, ("completed", "incomplete"))
+    events = list(client.responses.retrieve(response.id, stream=True, starting_after=3))
+    numbers = [e.sequence_number for e in events]
+    assert numbers[0] == 4 and numbers == list(range(4, 4 + len(numbers)))
+    assert events[-1].type in ("response.completed", "response.incomplete")
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == final.output_text
+
+
+def test_models_list(client):
+    models = client.models.list()
+    ids = [m.id for m in models.data]
+    assert "tiny" in ids
+    tiny = next(m for m in models.data if m.id == "tiny")
+    assert tiny.owned_by == "local"
