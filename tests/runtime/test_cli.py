@@ -1,0 +1,91 @@
+"""The operator commands of ``lmsp`` on the store directly (``--json``: one JSON object)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from lmsp import auth, cli
+from lmsp.runtime import open_store
+
+
+@pytest.fixture
+def run(config, capsys, monkeypatch):
+    for name in list(os.environ):
+        if name.startswith("LMSP_"):
+            monkeypatch.delenv(name)
+
+    def run(*args, ok=True):
+        rc = cli.main([*args, "--data-dir", str(config.data_dir), "--json"])
+        out = capsys.readouterr().out
+        assert (rc == 0) is ok, (rc, out)
+        lines = out.strip().splitlines()
+        assert len(lines) == 1, out
+        return json.loads(lines[0])
+
+    return run
+
+
+def test_pair_prints_a_code_that_redeems_once(run, config):
+    out = run("pair", "--scopes", "responses:read,models:read", "--name", "laptop")
+    assert out["scopes"] == ["responses:read", "models:read"]
+    assert out["code"] and out["expires_at"] > 0
+    store = open_store(config)
+    try:
+        client = store.redeem_pairing(code_hash=auth.hash_code(out["code"]), client_name="laptop",
+                                      token_hash=auth.hash_token(auth.new_token()))
+        assert client["scopes"] == ["responses:read", "models:read"]
+    finally:
+        store.close()
+    listed = run("clients")
+    assert [c["id"] for c in listed["data"]] == [client["id"]]
+    revoked = run("clients", "revoke", client["id"])
+    assert revoked["revoked_at"] is not None
+
+
+def test_bad_input_is_a_clear_error(run):
+    assert run("pair", "--scopes", "everything", ok=False)["error"]["code"] == "command_failed"
+    assert run("clients", "revoke", "cli_nope", ok=False)["error"]["code"] == "not_found"
+    assert run("tasks", "show", "task_nope", ok=False)["error"]["code"] == "not_found"
+    assert run("models", "add", "/no/such/file.gguf", ok=False)["error"]["code"] == "invalid_request"
+
+
+def test_models_add_list_remove_and_doctor(run, config, demo_model_path, tmp_path):
+    outside = shutil.copyfile(demo_model_path, tmp_path / "op.gguf")
+    added = run("models", "add", str(outside), "--id", "op")
+    assert added["id"] == "op" and added["digest"].startswith("sha256:")
+    assert [m["id"] for m in run("models")["data"]] == ["op"]
+    report = run("doctor")
+    assert report["ok"] is True
+    assert report["database"]["integrity"] == "ok"
+    assert report["models"] == [{"id": "op", "path": str(outside), "status": "ok"}]
+    data = bytearray(outside.read_bytes())
+    data[100] ^= 1
+    outside.write_bytes(bytes(data))
+    assert run("doctor", ok=False)["models"][0]["status"] == "changed"
+    assert run("models")["data"][0]["state"] == "available"  # same size: only the digest tells
+    outside.unlink()
+    assert run("doctor", ok=False)["models"][0]["status"] == "missing"
+    assert run("models")["data"][0]["state"] == "missing"
+    assert run("models", "remove", "op") == {"id": "op", "object": "model", "deleted": True}
+    assert run("models")["data"] == []
+
+
+def test_tasks_list_show_cancel_and_gc(run, config):
+    store = open_store(config)
+    try:
+        created = store.create_task(client_id=None, model="m", request={"model": "m", "input": "x"},
+                                    on_restart="fail", background=True, stream=False)
+    finally:
+        store.close()
+    task_id = created["task"]["id"]
+    listed = run("tasks", "--status", "queued")
+    assert [t["id"] for t in listed["data"]] == [task_id]
+    shown = run("tasks", "show", created["response"]["id"])
+    assert shown["id"] == task_id and shown["response"]["status"] == "queued"
+    assert run("tasks", "cancel", task_id)["status"] == "cancelled"
+    assert run("tasks", "cancel", task_id)["status"] == "cancelled"  # idempotent
+    assert run("gc", "--retention-days", "0")["deleted"]["tasks"] == 1
+    assert run("tasks")["data"] == []
