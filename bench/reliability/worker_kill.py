@@ -1,0 +1,197 @@
+"""Kill one gevent worker (never the master) while it runs tasks.
+
+Each round sends background tasks under all three restart policies, waits
+until the worker has claimed and started some, copies the database with the
+SQLite backup API (a consistent view of a live file) and SIGKILLs that
+worker. gunicorn must replace it, the master must stay the same process, and
+the dead worker's tasks must follow their restart policy through their
+expired leases (LMSP B.9, table 11.3) and then finish, all without a service
+restart. The checker of :mod:`rel_checker` then verifies the logs.
+
+    python bench/reliability/worker_kill.py --rounds 10 [--workers 1]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import signal
+import sqlite3
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from rel_checker import (FINISHED, StoreView, Violation, check_log, check_recovery,  # noqa: E402
+                         integrity, open_live)
+from rel_harness import Server  # noqa: E402
+
+POLICIES = ("fail", "retry", "resume")
+
+
+@dataclass
+class WorkerKillReport:
+    rounds: int = 0
+    workers_killed: int = 0
+    tasks: int = 0
+    owned_by_killed: Counter = field(default_factory=Counter)   # "state+policy" at the kill
+    outcomes: Counter = field(default_factory=Counter)          # "policy->final status"
+    recovery_seconds: list[float] = field(default_factory=list)
+    violations: list[Violation] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        rs = sorted(self.recovery_seconds)
+        return {
+            "rounds": self.rounds, "workers_killed": self.workers_killed, "tasks": self.tasks,
+            "owned_by_killed_worker": dict(sorted(self.owned_by_killed.items())),
+            "outcomes": dict(sorted(self.outcomes.items())),
+            "seconds_to_all_finished_max": round(rs[-1], 2) if rs else None,
+            "violations": len(self.violations),
+            "first_violations": [str(v) for v in self.violations[:20]],
+        }
+
+
+def snapshot(data_dir: Path, dest: Path) -> sqlite3.Connection:
+    """A consistent copy of the live database, taken with the backup API."""
+    src = open_live(data_dir)
+    dest.unlink(missing_ok=True)
+    dst = sqlite3.connect(str(dest), isolation_level=None)
+    try:
+        src.backup(dst)
+    finally:
+        src.close()
+    dst.row_factory = sqlite3.Row
+    return dst
+
+
+def owned_running(data_dir: Path, pid: int) -> list[sqlite3.Row]:
+    conn = open_live(data_dir)
+    try:
+        return list(conn.execute("SELECT id, status, on_restart FROM tasks WHERE owner LIKE ? AND status IN "
+                                 "('loading','running','cancelling')", (f"%:{pid}:%",)))
+    finally:
+        conn.close()
+
+
+def run_worker_kill(workdir: Path, rounds: int, *, seed: int = 0, workers: int = 1, tasks_per_round: int = 4,
+                    max_tokens: int = 96, lease_seconds: float = 2.0, timeout: float = 120.0,
+                    log=print) -> WorkerKillReport:
+    rng = random.Random(seed)
+    report = WorkerKillReport()
+    data_dir = workdir / "data"
+    server = Server(data_dir, log=workdir / "server.log",
+                    env={"LMSP_LEASE_SECONDS": str(lease_seconds), "LMSP_WORKERS": str(workers)})
+    server.start()
+    try:
+        client = server.pair(["responses:write", "responses:read"], name="worker-kill")
+        master = server.master_pid()
+        for rnd in range(rounds):
+            ids = []
+            for i in range(tasks_per_round):
+                body = {"model": "demo", "input": f"round {rnd} task {i}: tell a long story",
+                        "max_output_tokens": max_tokens, "temperature": 1.0, "seed": rng.randint(0, 2**31),
+                        "background": True, "on_restart": POLICIES[(rnd + i) % 3]}
+                res = client.post("/v1/responses", body, headers={"Idempotency-Key": f"wk-{rnd}-{i}"})
+                if res.status != 202:
+                    report.violations.append(Violation("http", None, f"create: {res.status} {res.body}"))
+                    continue
+                ids.append(res.body["id"])
+            # wait until a worker has started some of them
+            deadline = time.monotonic() + timeout
+            victim, owned = None, []
+            while time.monotonic() < deadline and not owned:
+                for pid in server.worker_pids():
+                    owned = owned_running(data_dir, pid)
+                    if owned:
+                        victim = pid
+                        break
+                else:
+                    time.sleep(0.02)
+            if not owned:
+                report.violations.append(Violation("setup", None, f"round {rnd}: no worker ever ran a task"))
+                break
+            time.sleep(rng.uniform(0.2, 1.0))     # let it start more of them
+            before_workers = set(server.worker_pids())
+            os.kill(victim, signal.SIGKILL)
+            t_kill = time.monotonic()
+            report.workers_killed += 1
+            # right after the kill the victim's tasks are frozen until their leases
+            # expire: a consistent copy now shows the state each was in at the kill
+            conn = snapshot(data_dir, workdir / "at-kill.db")
+            frozen = [r["id"] for r in conn.execute(
+                "SELECT id FROM tasks WHERE owner LIKE ? AND status IN ('queued','loading','running','cancelling')",
+                (f"%:{victim}:%",))]
+            before = StoreView.load(conn, frozen)
+            conn.close()
+            if not frozen:
+                report.violations.append(Violation("setup", None, f"round {rnd}: the copy after the kill holds "
+                                                   "no task of the killed worker (leases expired already?)"))
+            for t in before.tasks.values():
+                report.owned_by_killed[f"{t.status}+{t.on_restart}"] += 1
+            # wait for every task of the round to finish, with the master unchanged
+            while True:
+                server.check_alive()
+                conn = open_live(data_dir)
+                after = StoreView.load(conn)
+                conn.close()
+                ours = [after.by_response(r) for r in ids]
+                if all(t is not None and t.status in FINISHED for t in ours):
+                    break
+                if time.monotonic() - t_kill > timeout:
+                    report.violations.append(Violation(
+                        "stranded", None, f"round {rnd}: unfinished after {timeout}s: "
+                        + ", ".join(f"{t.id}={t.status}" for t in ours if t and t.status not in FINISHED)))
+                    break
+                time.sleep(0.1)
+            report.recovery_seconds.append(time.monotonic() - t_kill)
+            if server.master_pid() != master:
+                report.violations.append(Violation("master", None, "the master process changed"))
+            now_workers = set(server.worker_pids())
+            if victim in now_workers or len(now_workers) != len(before_workers):
+                report.violations.append(Violation("replace", None, f"workers {before_workers} -> {now_workers}"))
+            report.violations += check_recovery(before, after)
+            report.violations += check_log(after)
+            conn = open_live(data_dir)
+            report.violations += integrity(conn)
+            conn.close()
+            for rid in ids:
+                t = after.by_response(rid)
+                if t is not None:
+                    report.outcomes[f"{t.on_restart}->{t.status}"] += 1
+            report.tasks += len(ids)
+            report.rounds += 1
+            log(f"round {rnd + 1}/{rounds}: killed worker {victim} owning {len(frozen)} unfinished tasks; "
+                f"{len(report.violations)} violations so far")
+    finally:
+        server.stop()
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--workdir", type=Path)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        workdir = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="wkill-")))
+        workdir.mkdir(parents=True, exist_ok=True)
+        report = run_worker_kill(workdir, args.rounds, seed=args.seed, workers=args.workers,
+                                 log=lambda m: print(m, flush=True))
+    text = json.dumps(report.summary(), indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    return 1 if report.violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
