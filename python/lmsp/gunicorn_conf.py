@@ -27,6 +27,7 @@ import threading
 import traceback
 
 from lmsp import config as _config
+from lmsp.errors import LMSPError
 
 _cfg = _config.load()
 _env = os.environ.get
@@ -71,11 +72,18 @@ def on_starting(server) -> None:
     _logging()
     from lmsp.runtime import RECOVERED_ENV, open_store, prepare
 
-    store = open_store(_cfg)
+    from lmsp.runtime.service import StartupError
+
     try:
-        report = prepare(_cfg, store)
-    finally:
-        store.close()
+        store = open_store(_cfg)
+        try:
+            report = prepare(_cfg, store)
+        finally:
+            store.close()
+    except (StartupError, LMSPError, OSError) as exc:
+        message = exc.message if isinstance(exc, LMSPError) else str(exc)
+        server.log.error("lmsp: cannot start: %s", message)
+        raise SystemExit(f"lmsp: cannot start: {message}") from None
     os.environ[RECOVERED_ENV] = "1"
     server.log.info("lmsp: start-up recovery done (%s)",
                     ", ".join(f"{k}={len(v)}" for k, v in report.items() if isinstance(v, list)) or "nothing")

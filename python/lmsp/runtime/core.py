@@ -105,6 +105,7 @@ class Runtime:
         self._commit_wake = Wakeup()
         self._threads: list[RealThread] = []
         self._pending: dict[str, dict] = {}    # task id -> store item not yet committed (commit thread only)
+        self._next_renew = self._next_recover = 0.0
         self.lease = float(config.lease_seconds)
 
     # life cycle
@@ -407,43 +408,51 @@ class Runtime:
     # ---------------------------------------------------------------- commit thread
     def _commit_loop(self) -> None:
         now = time.monotonic()
-        next_renew = now + self.lease / 3
-        next_recover = now + self.lease / 2
+        self._next_renew = now + self.lease / 3
+        self._next_recover = now + self.lease / 2
         backoff = 0.0
-        while True:
-            engines = self.registry.engines()
-            if backoff:
-                self._commit_wake.wait(backoff)
-            else:
-                fds = []
-                for _, engine in engines:
-                    try:
-                        fds.append(engine.fileno())
-                    except Exception:  # closed meanwhile
-                        pass
-                self._commit_wake.wait(IDLE_WAIT, fds)
-            stopping = self._stopping
-            if self._aborted:
+        while not self._aborted:
+            try:
+                backoff, done = self._commit_round(backoff)
+            except Exception:  # a bug must not silently stop every task of this worker
+                log.exception("commit loop error")
+                backoff, done = MAX_BACKOFF, False
+            if done:
                 break
-            self._drain(engines)
-            if self._pending:
-                if self._commit():
-                    backoff = 0.0
-                else:
-                    backoff = min(MAX_BACKOFF, (backoff or 0.05) * 2)
-                    if stopping and backoff >= MAX_BACKOFF:
-                        log.error("giving up on %d uncommitted results at shutdown", len(self._pending))
-                        break
-                    continue
-            if stopping:
-                break
-            now = time.monotonic()
-            if now >= next_renew:
-                next_renew = now + self.lease / 3
-                self._renew()
-            if now >= next_recover:
-                next_recover = now + self.lease / 2
-                self._recover_dead()
+
+    def _commit_round(self, backoff: float) -> tuple[float, bool]:
+        """One wait-drain-commit round, then the lease housekeeping; (next backoff, finished)."""
+        engines = self.registry.engines()
+        if backoff:
+            self._commit_wake.wait(backoff)
+        else:
+            fds = []
+            for _, engine in engines:
+                try:
+                    fds.append(engine.fileno())
+                except Exception:  # closed meanwhile
+                    pass
+            self._commit_wake.wait(IDLE_WAIT, fds)
+        stopping = self._stopping
+        if self._aborted:
+            return 0.0, True
+        self._drain(engines)
+        if self._pending and not self._commit():
+            backoff = min(MAX_BACKOFF, (backoff or 0.05) * 2)
+            if stopping and backoff >= MAX_BACKOFF:
+                log.error("giving up on %d uncommitted results at shutdown", len(self._pending))
+                return backoff, True
+            return backoff, False
+        if stopping:
+            return 0.0, True
+        now = time.monotonic()
+        if now >= self._next_renew:
+            self._next_renew = now + self.lease / 3
+            self._renew()
+        if now >= self._next_recover:
+            self._next_recover = now + self.lease / 2
+            self._recover_dead()
+        return 0.0, False
 
     def _drain(self, engines) -> None:
         for _, engine in engines:

@@ -18,6 +18,10 @@ BOOTSTRAP_SETTING = "bootstrap_admin_client"
 DEMO_MODEL_ID = "demo"
 
 
+class StartupError(RuntimeError):
+    """The service cannot start as configured (the message says why)."""
+
+
 def open_store(config):
     """The store of ``config`` with its durability, timeouts and key lifetime."""
     from ..store import Store
@@ -102,7 +106,9 @@ def prepare(config, store, *, registry=None) -> dict:
         ensure_models(config, store, registry)
     except (LMSPError, OSError, ValueError) as exc:
         message = exc.message if isinstance(exc, LMSPError) else str(exc)
-        log.error("the model could not be registered: %s", message)
+        if config.model:  # the operator named it: refuse to start without it
+            raise StartupError(f"the model {config.model} cannot be served: {message}") from None
+        log.error("the demo model could not be made: %s", message)
     report = store.recover(startup=True)
     counts = {key: len(value) for key, value in (report or {}).items() if isinstance(value, list)}
     log.info("service %s: start-up recovery done %s", identity.get("service_id"), counts)
