@@ -510,6 +510,9 @@ class Runtime:
         return True
 
     def _renew(self) -> None:
+        with self._lock:
+            if not self._runs:
+                return  # nothing claimed: no lease to extend
         try:
             cancelling = self.store.renew(self.owner, lease=self.lease)
         except Exception as exc:
