@@ -239,7 +239,9 @@ class Server:
         self.log = Path(log)
         self.port = port or free_port()
         self.model = model
-        self.env = dict(env or {})
+        # one decoding thread unless told otherwise: on a small shared machine
+        # llama.cpp's spinning thread pool only fights the clients for the cores
+        self.env = {"LMSP_N_THREADS": "1", **(env or {})}
         self.extra_args = list(extra_args or [])
         self.ready_timeout = ready_timeout
         self.proc: subprocess.Popen | None = None

@@ -224,10 +224,9 @@ def retry_in_flight(client: Client, reqs: list[Req], report: SoakReport) -> None
                                    timeout=120) as (status, hdrs, events):
                     label = f"{req.kind} {status}{' replayed' if hdrs.get('idempotent-replayed') else ''}"
                     if status == 200:
-                        for ev in events:   # to the end: the retried stream must terminate
-                            data = ev.data if isinstance(ev.data, dict) else {}
-                            if data.get("type") in TERMINAL or req.body.get("background"):
-                                break
+                        next(events, None)  # the first event says which response it is
+                    elif status >= 500:
+                        report.violations.append(Violation("http_5xx", None, f"retry {req.key}: {status}"))
             else:
                 res = client.post("/v1/responses", req.body, headers=headers, timeout=120)
                 label = f"{req.kind} {res.status}{' replayed' if res.headers.get('idempotent-replayed') else ''}"
