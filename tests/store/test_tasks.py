@@ -316,3 +316,31 @@ def test_delete_response(store, make_task, running_task):
         store.get_response(unfinished["response"]["id"])
     with pytest.raises(NotFound):
         store.events(unfinished["task"]["id"])
+
+
+def test_one_transaction_may_carry_several_steps_of_a_task(store, running_task):
+    a, b = running_task(), running_task()
+    store.append_step("w1", [{"task_id": a, "delta": "x", "tokens": [1]}])  # a is known, b is not
+    items = [{"task_id": t, "delta": f"{t[-2:]}{i}", "tokens": [i]} for i in range(3) for t in (a, b)]
+    store.append_step("w1", items)
+    store.append_step("w1", items + [{"task_id": a, "finish": "stop"}, {"task_id": a, "delta": "late"}])
+    assert store.output_text(a) == "x" + "".join(f"{a[-2:]}{i}" for i in range(3)) * 2
+    assert store.get_task(a)["status"] == "completed" and store.get_task(b)["status"] == "running"
+    for tid in (a, b):
+        assert_consistent(store, tid)
+
+
+def test_a_step_after_someone_else_wrote_the_task_rereads_it(store, running_task, db_path):
+    from lmsp.store import Store
+    tid = running_task()
+    store.append_step("w1", [{"task_id": tid, "delta": "a", "tokens": [1]}])
+    other = Store.open(db_path)  # another process, in effect
+    other.cancel(tid)
+    store.append_step("w1", [{"task_id": tid, "delta": "b", "tokens": [2]}])
+    other.recover(startup=True)  # the task is taken away from w1 (cancelling -> cancelled)
+    result = store.append_step("w1", [{"task_id": tid, "delta": "c", "tokens": [3]}])
+    assert result["skipped"] == [tid]
+    other.close()
+    assert store.output_text(tid) == "ab"
+    assert event_types(store, tid)[-3:] == ["task.cancelling", "response.output_text.delta", "response.cancelled"]
+    assert_consistent(store, tid)

@@ -36,6 +36,11 @@ FINISHES = (None, "stop", "length", "cancelled", "error")
 _UNFINISHED_SQL = "('queued','loading','running','cancelling')"
 _FINISHED_SQL = "('completed','failed','cancelled')"
 _MAX_LIMIT = 100
+_NO_ENTRY = (None,)
+
+
+class _StaleStep(Exception):
+    """A cached task state no longer matches its row (internal: the step is redone)."""
 
 
 def _dumps(value: Any) -> str:
@@ -73,6 +78,9 @@ class Store:
         self._clock = clock
         self._new_id = new_id
         self.idempotency_ttl = float(idempotency_ttl)
+        # task id -> (owner, last_seq, item_open, pending_tokens, kv_path, item_id) as this process
+        # last committed it: only a hint, checked inside every transaction that relies on it
+        self._step_cache: dict[str, tuple] = {}
 
     # -- life cycle ------------------------------------------------------------------------
     @classmethod
@@ -651,77 +659,132 @@ class Store:
 
         Returns ``{"skipped": [ids not owned or not running], "cancelled": [ids that
         ended cancelled], "finished": {id: final status}}``.
+
+        The common step (deltas only, for tasks this process stepped before)
+        does not read the task rows: each row's update is guarded by the owner
+        and the sequence number this process last wrote, so a change made by
+        anyone else (a cancel, a recovery) makes the guard miss and the step is
+        redone from fresh rows inside the same transaction.
         """
-        skipped: list[str] = []
-        cancelled: list[str] = []
-        finished: dict[str, str] = {}
         for item in items:
             if item.get("finish") not in FINISHES:
                 raise ValueError(f"unknown finish {item.get('finish')!r}")
-        with self._db.write() as conn:
-            now = self._clock()
-            wanted = list(dict.fromkeys(item["task_id"] for item in items))
-            tasks: dict[str, dict] = {}
-            for i in range(0, len(wanted), 500):
-                chunk = wanted[i:i + 500]
-                for row in conn.execute(
-                        "SELECT t.id, t.status, t.owner, t.last_seq, t.item_open, t.pending_tokens, t.kv_path,"
-                        " t.response_id, r.item_id FROM tasks t JOIN responses r ON r.id = t.response_id"
-                        f" WHERE t.id IN ({','.join('?' * len(chunk))})", chunk):
-                    tasks[row[0]] = dict(row)
-            events: list[tuple] = []
-            touched: dict[str, dict] = {}
-            ends: list[tuple[dict, dict]] = []
-            for item in items:
-                tid = item["task_id"]
-                task = tasks.get(tid)
-                if (task is None or task["owner"] != owner or task["status"] not in (st.RUNNING, st.CANCELLING)
-                        or task.get("ended")):
-                    skipped.append(tid)
-                    continue
-                delta = item.get("delta") or ""
-                finish = item.get("finish")
-                if not task["item_open"] and (delta or finish in ("stop", "length")):
-                    self._open_item(events, task, now)
-                tokens = item.get("tokens") or ()
-                if delta:
-                    task["last_seq"] += 1
-                    toks = _tokens_text(tokens)
-                    if task["pending_tokens"]:
-                        toks = task["pending_tokens"] + ("," + toks if toks else "")
-                        task["pending_tokens"] = ""
-                    events.append((tid, task["last_seq"], "response.output_text.delta", now, delta, toks, None))
-                elif tokens:
-                    toks = _tokens_text(tokens)
-                    task["pending_tokens"] = task["pending_tokens"] + "," + toks if task["pending_tokens"] else toks
-                if item.get("kv_path"):
-                    task["kv_path"] = item["kv_path"]
-                touched[tid] = task
-                if finish is not None:
-                    task["ended"] = True
-                    ends.append((task, item))
-            conn.executemany("INSERT INTO task_events (task_id, seq, type, created_at, text, tokens, data) "
-                             "VALUES (?,?,?,?,?,?,?)", events)
-            conn.executemany("UPDATE tasks SET last_seq = ?, item_open = ?, pending_tokens = ?, kv_path = ? "
-                             "WHERE id = ?", [(t["last_seq"], t["item_open"], t["pending_tokens"], t["kv_path"], tid)
-                                              for tid, t in touched.items()])
-            for partial, item in ends:
-                final = self._end(conn, partial["id"], item, now)
-                finished[partial["id"]] = final
-                if final == st.CANCELLED:
-                    cancelled.append(partial["id"])
-        return {"skipped": skipped, "cancelled": cancelled, "finished": finished}
+        cache = self._step_cache
+        ids = [item["task_id"] for item in items]
+        fast = all(item.get("finish") is None and cache.get(item["task_id"], _NO_ENTRY)[0] == owner
+                   for item in items)
+        try:
+            result = None
+            if fast:
+                try:
+                    with self._db.write() as conn:
+                        result = self._step_fast(conn, owner, items, self._clock())
+                except _StaleStep:  # rolled back; redone below from the rows
+                    result = None
+            if result is None:
+                with self._db.write() as conn:
+                    result = self._step_checked(conn, owner, items, self._clock())
+        except BaseException:
+            for tid in ids:
+                cache.pop(tid, None)
+            raise
+        states, outcome = result
+        for tid, state in states.items():
+            if state is None:
+                cache.pop(tid, None)
+            else:
+                cache[tid] = state
+        return outcome
 
     @staticmethod
-    def _open_item(events: list[tuple], task: dict, now: float) -> None:
-        item_id = task["item_id"]
-        task["last_seq"] += 1
-        events.append((task["id"], task["last_seq"], "response.output_item.added", now, None, None, _dumps(
-            {"output_index": 0, "item": obj.output_item(item_id, "in_progress", None)})))
-        task["last_seq"] += 1
-        events.append((task["id"], task["last_seq"], "response.content_part.added", now, None, None, _dumps(
-            {"item_id": item_id, "output_index": 0, "content_index": 0, "part": obj.output_part("")})))
-        task["item_open"] = 1
+    def _step_items(owner: str, items: list[dict], states: dict, now: float, events: list,
+                    ends: list, skipped: list) -> None:
+        """Turn items into event rows. ``states`` maps a task id to its step state
+        ``(owner, last_seq, item_open, pending_tokens, kv_path, item_id)``; a task
+        not in it is skipped; a finished one gets None (its final events come later)."""
+        for item in items:
+            tid = item["task_id"]
+            state = states.get(tid)
+            if state is None:
+                skipped.append(tid)
+                continue
+            _, seq, item_open, pending, kv_path, item_id = state
+            delta = item.get("delta")
+            finish = item.get("finish")
+            if not item_open and (delta or finish == "stop" or finish == "length"):
+                events.append((tid, seq + 1, "response.output_item.added", now, None, None, _dumps(
+                    {"output_index": 0, "item": obj.output_item(item_id, "in_progress", None)})))
+                events.append((tid, seq + 2, "response.content_part.added", now, None, None, _dumps(
+                    {"item_id": item_id, "output_index": 0, "content_index": 0, "part": obj.output_part("")})))
+                seq += 2
+                item_open = 1
+            tokens = item.get("tokens")
+            toks = ",".join(map(str, map(int, tokens))) if tokens else ""
+            if delta:
+                seq += 1
+                if pending:
+                    toks = pending + "," + toks if toks else pending
+                    pending = ""
+                events.append((tid, seq, "response.output_text.delta", now, delta, toks, None))
+            elif toks:
+                pending = pending + "," + toks if pending else toks
+            kv = item.get("kv_path")
+            if kv:
+                kv_path = kv
+            if finish is not None:
+                ends.append((tid, item, (owner, seq, item_open, pending, kv_path, item_id)))
+                states[tid] = None
+            else:
+                states[tid] = (owner, seq, item_open, pending, kv_path, item_id)
+
+    _EVENT_INSERT = ("INSERT INTO task_events (task_id, seq, type, created_at, text, tokens, data) "
+                     "VALUES (?,?,?,?,?,?,?)")
+
+    def _step_fast(self, conn: sqlite3.Connection, owner: str, items: list[dict], now: float):
+        cache = self._step_cache
+        before = {item["task_id"]: cache[item["task_id"]][1] for item in items}
+        states = {tid: cache[tid] for tid in before}
+        events: list[tuple] = []
+        self._step_items(owner, items, states, now, events, [], [])
+        cur = conn.executemany(
+            "UPDATE tasks SET last_seq = ?, item_open = ?, pending_tokens = ?, kv_path = ? "
+            "WHERE id = ? AND owner = ? AND last_seq = ?",
+            [(s[1], s[2], s[3], s[4], tid, owner, before[tid]) for tid, s in states.items()])
+        if cur.rowcount != len(states):  # someone else changed a task: roll back, redo from the rows
+            raise _StaleStep()
+        conn.executemany(self._EVENT_INSERT, events)
+        return states, {"skipped": [], "cancelled": [], "finished": {}}
+
+    def _step_checked(self, conn: sqlite3.Connection, owner: str, items: list[dict], now: float):
+        wanted = list(dict.fromkeys(item["task_id"] for item in items))
+        states: dict[str, tuple | None] = {}
+        for i in range(0, len(wanted), 500):
+            chunk = wanted[i:i + 500]
+            for row in conn.execute(
+                    "SELECT t.id, t.status, t.owner, t.last_seq, t.item_open, t.pending_tokens, t.kv_path,"
+                    " r.item_id FROM tasks t JOIN responses r ON r.id = t.response_id"
+                    f" WHERE t.id IN ({','.join('?' * len(chunk))})", chunk):
+                if row[2] == owner and row[1] in (st.RUNNING, st.CANCELLING):
+                    states[row[0]] = (owner, row[3], row[4], row[5], row[6], row[7])
+        events: list[tuple] = []
+        ends: list[tuple] = []
+        skipped: list[str] = []
+        self._step_items(owner, items, states, now, events, ends, skipped)
+        conn.executemany(self._EVENT_INSERT, events)
+        written = [(tid, s) for tid, s in states.items() if s is not None]
+        written += [(tid, s) for tid, _, s in ends]
+        conn.executemany("UPDATE tasks SET last_seq = ?, item_open = ?, pending_tokens = ?, kv_path = ? "
+                         "WHERE id = ?", [(s[1], s[2], s[3], s[4], tid) for tid, s in written])
+        finished: dict[str, str] = {}
+        cancelled: list[str] = []
+        for tid, item, _ in ends:
+            final = self._end(conn, tid, item, now)
+            finished[tid] = final
+            if final == st.CANCELLED:
+                cancelled.append(tid)
+        for tid in wanted:
+            states.setdefault(tid, None)  # not ours (any more): forget it
+        return states, {"skipped": skipped, "cancelled": cancelled, "finished": finished}
 
     def _end(self, conn: sqlite3.Connection, task_id: str, item: dict, now: float) -> str:
         """The final transition of a task the engine finished; a cancel accepted before always wins."""

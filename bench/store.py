@@ -1,0 +1,157 @@
+"""Store benchmark: durable task creation latency and event append rates.
+
+    python bench/store.py [--dir DIR] [--seconds 2] [--durability full]
+
+Measures, on one database file in DIR (a temporary folder by default):
+  * create_task latency to a durable commit (p50/p99);
+  * output events appended one per transaction vs batched per engine step
+    (append_step with every task's delta in one transaction), at 1, 8 and 64
+    concurrent tasks;
+  * the same rows inserted on a bare sqlite3 connection with the same pragmas
+    and schema (events only, and events plus the per-task counter update the
+    store also makes), as the reference; and prints the ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from lmsp.store import Store
+from lmsp.store.db import Database
+
+# (concurrent tasks, engine steps per transaction): a commit thread that finds several
+# steps waiting (while the previous fsync ran) writes them in one transaction
+CASES = ((1, 1), (8, 1), (64, 1), (64, 4))
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def running_tasks(store: Store, n: int, owner: str) -> list[str]:
+    tids = [store.create_task(client_id="cli", model="m", request={"input": "x"}, on_restart="resume",
+                              background=True, stream=False)["task"]["id"] for _ in range(n)]
+    claimed = store.claim(owner, limit=n, lease=3600)
+    assert sorted(c["task_id"] for c in claimed) == sorted(tids)
+    for tid in tids:
+        store.set_running(tid, owner)
+    store.append_step(owner, [{"task_id": t, "delta": "a", "tokens": [1]} for t in tids])  # opens the items
+    return tids
+
+
+def timed(fn, seconds: float) -> tuple[int, float]:
+    """Run ``fn`` (which returns how many events it wrote) until ``seconds`` pass."""
+    events, start = 0, time.perf_counter()
+    while True:
+        events += fn()
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return events, elapsed
+
+
+def bench_create(store: Store, n: int) -> dict:
+    latencies = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        store.create_task(client_id="cli", model="m", request={"input": f"request {i}", "max_output_tokens": 64},
+                          on_restart="fail", background=True, stream=False)
+        latencies.append(time.perf_counter() - t0)
+    return {"p50_ms": percentile(latencies, 0.5) * 1e3, "p99_ms": percentile(latencies, 0.99) * 1e3,
+            "mean_ms": statistics.fmean(latencies) * 1e3, "n": n}
+
+
+def store_steppers(store: Store, k: int, steps: int) -> tuple:
+    """(one event per transaction, ``steps`` engine steps per transaction) writers for ``k`` tasks."""
+    owner = f"bench-{k}"
+    tids = running_tasks(store, k, owner)
+    items = [{"task_id": t, "delta": " tok", "tokens": [42]} for t in tids] * steps
+
+    def one_per_txn() -> int:
+        for item in items:
+            store.append_step(owner, [item])
+        return len(items)
+
+    def batched() -> int:
+        store.append_step(owner, items)
+        return len(items)
+
+    return one_per_txn, batched
+
+
+def bare_stepper(path: Path, durability: str, k: int, steps: int, with_counter: bool) -> tuple:
+    """The same event rows on a bare connection: BEGIN IMMEDIATE, executemany, COMMIT per step."""
+    store = Store.open(path, durability=durability)
+    tids = running_tasks(store, k, "bare")
+    store.close()
+    conn = Database(path, durability=durability).connect()  # the same pragmas, the same schema
+    seq = {t: conn.execute("SELECT last_seq FROM tasks WHERE id = ?", (t,)).fetchone()[0] for t in tids}
+    now = time.time()
+
+    def step() -> int:
+        rows = []
+        for _ in range(steps):
+            for t in tids:
+                seq[t] += 1
+                rows.append((t, seq[t], "response.output_text.delta", now, " tok", "42", None))
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany("INSERT INTO task_events (task_id, seq, type, created_at, text, tokens, data) "
+                         "VALUES (?,?,?,?,?,?,?)", rows)
+        if with_counter:
+            conn.executemany("UPDATE tasks SET last_seq = ? WHERE id = ?", [(seq[t], t) for t in tids])
+        conn.execute("COMMIT")
+        return len(rows)
+
+    return step, conn
+
+
+def rates(writers: dict, seconds: float, rounds: int) -> dict:
+    """Events/s of each writer: the median over ``rounds`` interleaved slices (fair under noise)."""
+    samples: dict[str, list[float]] = {name: [] for name in writers}
+    for _ in range(rounds):
+        for name, fn in writers.items():
+            events, elapsed = timed(fn, seconds / rounds)
+            samples[name].append(events / elapsed)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dir", type=Path, default=None, help="where the database files go (default: a temp dir)")
+    parser.add_argument("--seconds", type=float, default=2.0, help="seconds per writer and concurrency level")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved slices per measurement")
+    parser.add_argument("--creates", type=int, default=300, help="create_task calls for the latency figures")
+    parser.add_argument("--durability", default="full", choices=("full", "normal", "off"))
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        root = Path(tmp)
+        print(f"sqlite {__import__('sqlite3').sqlite_version}, durability={args.durability}, dir={root}")
+        store = Store.open(root / "create.db", durability=args.durability)
+        c = bench_create(store, args.creates)
+        store.close()
+        print(f"create_task to a committed 202: p50 {c['p50_ms']:.2f} ms  p99 {c['p99_ms']:.2f} ms  "
+              f"(mean {c['mean_ms']:.2f} ms, n={c['n']})")
+        print(f"{'tasks':>5} {'steps/txn':>9} {'store 1/txn':>12} {'store batched':>14} {'bare batched':>13} "
+              f"{'bare+counter':>13} {'batched/bare':>13} {'batched/bare+ctr':>17}   (events/s)")
+        for k, steps in CASES:
+            store = Store.open(root / f"append-{k}-{steps}.db", durability=args.durability)
+            single, batched = store_steppers(store, k, steps)
+            bare, bare_conn = bare_stepper(root / f"bare-{k}-{steps}.db", args.durability, k, steps, False)
+            bare_ctr, ctr_conn = bare_stepper(root / f"barec-{k}-{steps}.db", args.durability, k, steps, True)
+            r = rates({"single": single, "batched": batched, "bare": bare, "bare_ctr": bare_ctr},
+                      args.seconds, args.rounds)
+            print(f"{k:>5} {steps:>9} {r['single']:>12,.0f} {r['batched']:>14,.0f} {r['bare']:>13,.0f} {r['bare_ctr']:>13,.0f} "
+                  f"{r['batched'] / r['bare']:>13.2f} {r['batched'] / r['bare_ctr']:>17.2f}")
+            sys.stdout.flush()
+            store.close()
+            bare_conn.close()
+            ctr_conn.close()
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
