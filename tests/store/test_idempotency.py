@@ -65,3 +65,11 @@ def test_a_response_key_is_not_a_generic_key(store, make_task):
     make_task(background=False, idempotency=("k", "fp"))
     with pytest.raises(IdempotencyKeyInUse):
         store.idempotency_begin("cli_a", "k", "fp")
+
+
+def test_an_abandoned_processing_key_can_be_taken_over(store, clock):
+    assert store.idempotency_begin("cli_a", "k", "fp") is None  # and the process died
+    with pytest.raises(IdempotencyKeyInUse):
+        store.idempotency_begin("cli_a", "k", "fp")
+    clock.advance(store.PROCESSING_TIMEOUT + 1)
+    assert store.idempotency_begin("cli_a", "k", "fp") is None

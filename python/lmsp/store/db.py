@@ -37,6 +37,14 @@ from ..errors import Unavailable
 
 SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL", "off": "OFF"}
 
+#: what each durability level risks, in one line each (for the CLI and docs)
+DURABILITY_RISKS = {
+    "full": "every commit is synced: an accepted (202) task survives a crash and a power cut",
+    "normal": "synced at checkpoints: a power cut may lose the last commits, never corrupts",
+    "off": "never synced: a power cut may lose recent commits and corrupt the database",
+}
+MAX_IDLE = 8  # idle connections kept per process; more are closed when released
+
 # Error codes that mean "the store cannot take this write now" rather than a
 # programming error: the lock, the disk, the file system.
 _UNAVAILABLE_PREFIXES = ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_FULL", "SQLITE_READONLY",
@@ -135,7 +143,7 @@ class Database:
                 conn.close()
                 self._forget(conn)
                 return
-        if self._closed or os.getpid() != self._pid:
+        if self._closed or os.getpid() != self._pid or len(self._idle) >= MAX_IDLE:
             conn.close()
             self._forget(conn)
         else:

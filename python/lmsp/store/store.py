@@ -72,6 +72,10 @@ class Store:
     """The service's state in one SQLite file (see the module docstring of :mod:`lmsp.store.db`
     for what each ``durability`` level risks)."""
 
+    #: seconds after which a generic request's 'processing' idempotency row counts as
+    #: abandoned (its process died before idempotency_finish/abort) and may be taken over
+    PROCESSING_TIMEOUT = 600.0
+
     def __init__(self, db: Database, *, clock: Callable[[], float], new_id: Callable[[str], str],
                  idempotency_ttl: float) -> None:
         self._db = db
@@ -442,11 +446,13 @@ class Store:
             if row is not None and row["expires_at"] > now:
                 if row["fingerprint"] != fingerprint:
                     raise IdempotencyKeyReused("this Idempotency-Key was used with a different request")
-                if row["state"] == "processing":
+                abandoned = row["created_at"] < now - self.PROCESSING_TIMEOUT  # its process died
+                if row["state"] == "processing" and not abandoned:
                     raise IdempotencyKeyInUse("a request with this Idempotency-Key is still being processed")
                 if row["state"] == "done":
                     return row["status"], json.loads(row["body"])
-                raise IdempotencyKeyInUse("this Idempotency-Key belongs to a response request")
+                if row["state"] == "task":
+                    raise IdempotencyKeyInUse("this Idempotency-Key belongs to a response request")
             conn.execute("INSERT OR REPLACE INTO idempotency_keys (client_id, key, fingerprint, state, created_at,"
                          " expires_at) VALUES (?,?,?,'processing',?,?)",
                          (client_id or "", key, fingerprint, now, now + self.idempotency_ttl))
@@ -858,15 +864,16 @@ class Store:
         """
         report: dict[str, list] = {"failed": [], "requeued": [], "resumed": [], "cancelled": [], "kv_paths": []}
         when = self._clock() if now is None else now
-        if startup:
-            sql = f"SELECT id FROM tasks WHERE status IN {_UNFINISHED_SQL} AND id > ? ORDER BY id LIMIT ?"
-        else:
-            sql = (f"SELECT id FROM tasks WHERE owner IS NOT NULL AND lease_expires < {float(when)!r}"
-                   f" AND status IN {_UNFINISHED_SQL} AND id > ? ORDER BY id LIMIT ?")
+        where = f"status IN {_UNFINISHED_SQL}"
+        args: tuple = ()
+        if not startup:
+            where += " AND owner IS NOT NULL AND lease_expires < ?"
+            args = (float(when),)
+        sql = f"SELECT id FROM tasks WHERE {where} AND id > ? ORDER BY id LIMIT ?"
         last = ""
         while True:
             with self._db.write() as conn:
-                ids = [r[0] for r in conn.execute(sql, (last, batch))]
+                ids = [r[0] for r in conn.execute(sql, (*args, last, batch))]
                 if not ids:
                     break
                 last = ids[-1]
@@ -922,6 +929,7 @@ class Store:
         now = self._clock()
         cutoff = now - float(retention)
         while True:
+            before = counts["tasks"]
             with self._db.read() as conn:
                 rows = conn.execute(f"SELECT id, response_id, last_seq FROM tasks WHERE finished_at < ? AND "
                                     f"status IN {_FINISHED_SQL} ORDER BY finished_at LIMIT ?",
@@ -944,6 +952,8 @@ class Store:
                     doomed, budget = [], 0
             if doomed:
                 self._gc_delete(doomed, cutoff, counts)
+            if counts["tasks"] == before:  # nothing could go (cannot happen; never spin)
+                break
         while True:
             with self._db.write() as conn:
                 n = conn.execute("DELETE FROM idempotency_keys WHERE (client_id, key) IN (SELECT client_id, key "
