@@ -271,7 +271,7 @@ PYBIND11_MODULE(_native, m) {
             PyErr_SetString(PyExc_KeyError, e.what());
         } catch (const std::bad_alloc &) {
             PyErr_SetString(PyExc_MemoryError, "out of memory");
-        } catch (const std::runtime_error & e) {
+        } catch (const lmsp::NativeFailure & e) {
             PyErr_SetString(g_native_error, e.what());
         }
     });

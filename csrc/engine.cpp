@@ -157,7 +157,7 @@ Engine::Engine(const std::string & model_path, const EngineOptions & options) : 
         if (why.find("alloc") != std::string::npos || why.find("memory") != std::string::npos) {
             throw OutOfMemory("out of memory creating a context of " + std::to_string(cp.n_ctx) + " tokens (" + why + ")");
         }
-        throw std::runtime_error("cannot create a llama context" + (why.empty() ? "" : ": " + why));
+        throw NativeFailure("cannot create a llama context" + (why.empty() ? "" : ": " + why));
     }
     if (llama_n_ctx_seq(ctx_.get()) < uint32_t(n_ctx_)) {
         n_ctx_ = int32_t(llama_n_ctx_seq(ctx_.get()));
@@ -171,11 +171,11 @@ Engine::Engine(const std::string & model_path, const EngineOptions & options) : 
 
 #ifdef __linux__
     event_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (event_fd_ < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
+    if (event_fd_ < 0) throw NativeFailure(std::string("eventfd: ") + std::strerror(errno));
     event_wfd_ = event_fd_;
 #else
     int fds[2];
-    if (::pipe(fds) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+    if (::pipe(fds) != 0) throw NativeFailure(std::string("pipe: ") + std::strerror(errno));
     for (int fd : fds) {
         ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
         ::fcntl(fd, F_SETFD, FD_CLOEXEC);
@@ -243,7 +243,7 @@ std::vector<int32_t> Engine::tokenize(const std::string & text, bool add_special
         out.resize(size_t(-n));
         n = llama_tokenize(vocab_, text.data(), int32_t(text.size()), out.data(), int32_t(out.size()), add_special,
                            parse_special);
-        if (n < 0) throw std::runtime_error("tokenization failed");
+        if (n < 0) throw NativeFailure("tokenization failed");
     }
     out.resize(size_t(n));
     return out;
@@ -260,7 +260,7 @@ std::string Engine::detokenize(const std::vector<int32_t> & tokens) const {
         buf.resize(size_t(-n));
         n = llama_detokenize(vocab_, tokens.data(), int32_t(tokens.size()), buf.data(), int32_t(buf.size()), false,
                              false);
-        if (n < 0) throw std::runtime_error("detokenization failed");
+        if (n < 0) throw NativeFailure("detokenization failed");
     }
     buf.resize(size_t(n));
     std::string out;
@@ -535,6 +535,7 @@ void Engine::finish(Sequence & seq, Finish why, const std::string & error, std::
         llama_memory_seq_rm(llama_get_memory(ctx_.get()), seq.slot, -1, -1);
         slot_used_[size_t(seq.slot)] = false;
         seq.slot = -1;
+        n_active_--;
     }
     seq.state = SeqState::finished;
     finished_++;
@@ -558,6 +559,7 @@ void Engine::admit(std::unique_ptr<Sequence> seq) {
     }
     seq->slot = slot;
     slot_used_[size_t(slot)] = true;
+    n_active_++;
     seq->t_admit = Clock::now();
     llama_memory_t mem = llama_get_memory(ctx_.get());
     llama_memory_seq_rm(mem, slot, -1, -1);
@@ -599,7 +601,6 @@ void Engine::admit(std::unique_ptr<Sequence> seq) {
         return;
     }
     active_.push_back(std::move(seq));
-    n_active_ = int64_t(active_.size());
 }
 
 void Engine::handle_request(Request & req) {
@@ -654,7 +655,7 @@ void Engine::handle_request(Request & req) {
     }
     if (busy) {
         req.logits.set_exception(std::make_exception_ptr(
-            std::runtime_error("eval_logits needs an idle engine (no active or waiting sequence)")));
+            NativeFailure("eval_logits needs an idle engine (no active or waiting sequence)")));
         return;
     }
     llama_memory_t mem = llama_get_memory(ctx_.get());
@@ -682,14 +683,14 @@ void Engine::handle_request(Request & req) {
         if (rc != 0) {
             llama_memory_seq_rm(mem, 0, -1, -1);
             req.logits.set_exception(
-                std::make_exception_ptr(std::runtime_error("llama_decode failed (" + std::to_string(rc) + ")")));
+                std::make_exception_ptr(NativeFailure("llama_decode failed (" + std::to_string(rc) + ")")));
             return;
         }
         for (size_t i = 0; i < n; ++i) {
             const float * l = llama_get_logits_ith(ctx_.get(), int32_t(i));
             if (l == nullptr) {
                 llama_memory_seq_rm(mem, 0, -1, -1);
-                req.logits.set_exception(std::make_exception_ptr(std::runtime_error("no logits from llama_decode")));
+                req.logits.set_exception(std::make_exception_ptr(NativeFailure("no logits from llama_decode")));
                 return;
             }
             std::memcpy(out.data() + (done + i) * size_t(n_vocab_), l, sizeof(float) * size_t(n_vocab_));
@@ -810,7 +811,6 @@ void Engine::step() {
     active_.erase(std::remove_if(active_.begin(), active_.end(),
                                  [](const std::unique_ptr<Sequence> & s) { return s->state == SeqState::finished; }),
                   active_.end());
-    n_active_ = int64_t(active_.size());
 }
 
 void Engine::fail_all(const std::string & error) {
@@ -818,7 +818,6 @@ void Engine::fail_all(const std::string & error) {
         if (s->state != SeqState::finished) finish(*s, Finish::error, error, {}, "");
     }
     active_.clear();
-    n_active_ = 0;
 }
 
 void Engine::run() {
@@ -867,7 +866,6 @@ void Engine::run() {
                                          }),
                           active_.end());
             for (auto & s : admitted) admit(std::move(s));
-            n_active_ = int64_t(active_.size());
             for (auto & r : requests) handle_request(*r);
             if (!active_.empty()) step();
         } catch (const std::bad_alloc &) {

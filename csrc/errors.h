@@ -29,6 +29,11 @@ struct InvalidArgument : std::invalid_argument {
     using std::invalid_argument::invalid_argument;
 };
 
+// Any other failure of the native core (maps to lmsp.native.NativeError).
+struct NativeFailure : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
 // The model file does not exist (maps to FileNotFoundError).
 struct FileMissing : std::runtime_error {
     using std::runtime_error::runtime_error;

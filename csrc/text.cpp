@@ -7,28 +7,32 @@ namespace {
 
 enum class Utf8 { complete, incomplete, invalid };
 
-// Classifies the character starting at s[0] (n bytes available): on
-// `complete`, len is its length.
+// Classifies the character starting at s[0] (n bytes available). On
+// `complete`, len is its length; on `invalid`, len is the length of the
+// maximal ill-formed subpart, replaced by ONE U+FFFD (as Python's and the
+// WHATWG decoders do).
 Utf8 classify(const unsigned char * s, size_t n, size_t & len) {
     const unsigned char c = s[0];
     unsigned char lo = 0x80, hi = 0xBF;
+    size_t need = 0;
     if (c < 0x80) {
         len = 1;
         return Utf8::complete;
     } else if (c >= 0xC2 && c <= 0xDF) {
-        len = 2;
+        need = 2;
     } else if (c >= 0xE0 && c <= 0xEF) {
-        len = 3;
+        need = 3;
         if (c == 0xE0) lo = 0xA0;       // no overlong forms
         if (c == 0xED) hi = 0x9F;       // no surrogates
     } else if (c >= 0xF0 && c <= 0xF4) {
-        len = 4;
+        need = 4;
         if (c == 0xF0) lo = 0x90;       // no overlong forms
         if (c == 0xF4) hi = 0x8F;       // not above U+10FFFF
     } else {
+        len = 1;
         return Utf8::invalid;
     }
-    for (size_t i = 1; i < len; ++i) {
+    for (size_t i = 1; i < need; ++i) {
         if (i >= n) {
             return Utf8::incomplete;
         }
@@ -36,9 +40,11 @@ Utf8 classify(const unsigned char * s, size_t n, size_t & len) {
         const unsigned char l = (i == 1) ? lo : 0x80;
         const unsigned char h = (i == 1) ? hi : 0xBF;
         if (b < l || b > h) {
+            len = i;
             return Utf8::invalid;
         }
     }
+    len = need;
     return Utf8::complete;
 }
 
@@ -58,7 +64,7 @@ void utf8_take(std::string & raw, std::string & out, bool final) {
             i += len;
         } else if (k == Utf8::invalid) {
             out += kReplacement;
-            i += 1;
+            i += len;
         } else {  // incomplete at the end
             if (final) {
                 out += kReplacement;
@@ -87,12 +93,17 @@ std::string TextStream::push(const std::string & bytes) {
     raw_ += bytes;
     utf8_take(raw_, held_, false);
 
-    // the earliest stop string in the held text ends the sequence
-    size_t first = std::string::npos;
+    // The stop string that completes first ends the sequence (the one whose
+    // end comes first in the text; on a tie the longer one), so the result
+    // does not depend on how the text was cut into tokens.
+    size_t first = std::string::npos, first_end = std::string::npos;
     for (const auto & stop : stops_) {
         const size_t at = held_.find(stop);
-        if (at != std::string::npos && (first == std::string::npos || at < first)) {
+        if (at == std::string::npos) continue;
+        const size_t end = at + stop.size();
+        if (end < first_end || (end == first_end && at < first)) {
             first = at;
+            first_end = end;
         }
     }
     if (first != std::string::npos) {

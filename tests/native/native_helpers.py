@@ -1,0 +1,43 @@
+"""Helpers of the native engine tests (no fixtures here: see conftest.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lmsp.native import Engine
+
+
+@dataclass
+class Run:
+    """Everything poll() gave for one sequence."""
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    finish: str | None = None
+    results: list[dict] = field(default_factory=list)
+
+    @property
+    def last(self) -> dict:
+        return self.results[-1]
+
+
+def drain(engine: Engine, seqs: list[int]) -> dict[int, Run]:
+    """Polls until every sequence in ``seqs`` has finished."""
+    runs = {s: Run() for s in seqs}
+    while any(r.finish is None for r in runs.values()):
+        engine.wait(60)
+        for res in engine.poll():
+            run = runs[res["seq"]]
+            assert run.finish is None, "a result after the finish"
+            run.results.append(res)
+            run.tokens += res["tokens"]
+            run.text += res["text"]
+            run.finish = res["finish"]
+    return runs
+
+
+def generate(engine: Engine, prompt: list[int], **kwargs) -> Run:
+    seq = engine.submit(prompt, **kwargs)
+    return drain(engine, [seq])[seq]
+
+
+def prompt_tokens(engine: Engine, text: str) -> list[int]:
+    return engine.tokenize(text, add_special=True)

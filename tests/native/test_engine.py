@@ -1,0 +1,357 @@
+"""The engine on the demo model: determinism, batching, stops, cancel, errors, threads."""
+from __future__ import annotations
+
+import select
+import threading
+
+import gevent
+import gevent.socket
+import numpy as np
+import pytest
+from native_helpers import drain, generate, prompt_tokens
+
+from lmsp.native import ContextLengthError, Engine, EngineClosedError, NativeError
+
+SAMPLED = dict(temperature=0.9, top_p=0.9, top_k=40)
+
+
+def random_prompt(seed: int, n: int) -> list[int]:
+    # BOS, then ordinary pieces of the SPM vocabulary (byte tokens included)
+    return [1] + np.random.default_rng(seed).integers(3, 32000, size=n - 1).tolist()
+
+
+def test_info_and_sizes(engine: Engine) -> None:
+    info = engine.info
+    assert info["architecture"] == "llama"
+    assert info["backend"] == "cpu"
+    assert info["n_ctx"] == engine.n_ctx == 512
+    assert info["n_parallel"] == engine.n_parallel == 4
+    assert engine.n_vocab == info["vocab_size"] == 32000
+
+
+def test_tokenize_and_detokenize(engine: Engine) -> None:
+    text = "Hello world, ünïcödé and 日本語"
+    tokens = engine.tokenize(text)
+    assert tokens[0] == 1  # BOS
+    assert engine.tokenize(text, add_special=False) == tokens[1:]
+    assert engine.detokenize(tokens).strip() == text
+    # byte tokens 3..258 stand for bytes 0..255: E6 97 A5 is one character
+    assert engine.detokenize([3 + 0xE6, 3 + 0x97, 3 + 0xA5]) == "日"
+    assert engine.detokenize([3 + 0xE6, 3 + 0x97]) == "\ufffd"
+    assert engine.detokenize([]) == ""
+
+
+def test_the_models_chat_template(engine: Engine) -> None:
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi 日本"}]
+    assert engine.apply_chat_template(messages) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi 日本<|im_end|>\n<|im_start|>assistant\n")
+    assert engine.apply_chat_template(messages, add_generation_prompt=False).endswith("Hi 日本<|im_end|>\n")
+
+
+def test_a_model_without_template_gets_the_fallback(demo_model_path, tmp_path) -> None:
+    data = demo_model_path.read_bytes()
+    assert data.count(b"tokenizer.chat_template") == 1
+    path = tmp_path / "no-template.gguf"
+    path.write_bytes(data.replace(b"tokenizer.chat_template", b"tokenizer.chat_templatX"))
+    with Engine(str(path), n_ctx=64, n_parallel=1, n_threads=1) as e:
+        assert e.info["chat_template"] is None
+        messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
+                    {"role": "assistant", "content": "A"}]
+        assert e.apply_chat_template(messages) == "System: S\n\nUser: U\n\nAssistant: A\n\nAssistant:"
+
+
+@pytest.mark.parametrize("messages", [
+    [{"role": "robot", "content": "x"}],
+    [{"role": "user"}],
+    [{"role": "user", "content": "a\0b"}],
+])
+def test_bad_messages(engine: Engine, messages: list) -> None:
+    with pytest.raises(ValueError):
+        engine.apply_chat_template(messages)
+
+
+def test_greedy_is_deterministic(engine: Engine) -> None:
+    prompt = prompt_tokens(engine, "The quick brown fox")
+    a = generate(engine, prompt, max_tokens=24, temperature=0)
+    b = generate(engine, prompt, max_tokens=24, temperature=0, seed=99)  # the seed plays no part
+    assert a.tokens == b.tokens and a.text == b.text
+    assert a.finish == "length" and len(a.tokens) == 24
+    assert a.last["n_generated"] == 24 and a.last["n_prompt"] == len(prompt)
+    assert [r["n_generated"] for r in a.results] == list(range(1, 25))
+    assert all(r["finish"] is None and r["timings"] == {} for r in a.results[:-1])
+    timings = a.last["timings"]
+    assert timings["first_token_ms"] >= timings["prompt_ms"] >= 0 and timings["decode_ms"] >= 0
+    # greedy is the argmax of the logits at every step
+    logits = engine.eval_logits(prompt + a.tokens[:-1])
+    assert logits[len(prompt) - 1:].argmax(axis=1).tolist() == a.tokens
+
+
+def test_sampling_depends_on_the_seed_only(engine: Engine) -> None:
+    prompt = prompt_tokens(engine, "Once upon a time")
+    a = generate(engine, prompt, max_tokens=24, seed=7, **SAMPLED)
+    b = generate(engine, prompt, max_tokens=24, seed=7, **SAMPLED)
+    c = generate(engine, prompt, max_tokens=24, seed=8, **SAMPLED)
+    assert a.tokens == b.tokens
+    assert a.tokens != c.tokens
+    huge = generate(engine, prompt, max_tokens=4, seed=2**64 + 7, **SAMPLED)  # taken modulo 2**64
+    assert huge.tokens == a.tokens[:4]
+
+
+def test_top_k_one_is_greedy(engine: Engine) -> None:
+    prompt = prompt_tokens(engine, "Top k")
+    greedy = generate(engine, prompt, max_tokens=12, temperature=0)
+    assert generate(engine, prompt, max_tokens=12, temperature=1.5, top_k=1, seed=3).tokens == greedy.tokens
+
+
+@pytest.mark.parametrize("params", [dict(temperature=0), dict(seed=21, **SAMPLED)], ids=["greedy", "sampled"])
+def test_alone_and_batched_give_the_same_tokens(engine: Engine, params: dict) -> None:
+    prompt = random_prompt(0, 30)
+    alone = generate(engine, prompt, max_tokens=40, **params)
+    # three neighbours: a short prompt, one longer than prefill_chunk (prefilled
+    # over several steps while the others decode) and one in between
+    neighbours = [random_prompt(1, 5), random_prompt(2, 300), random_prompt(3, 70)]
+    seqs = [engine.submit(p, max_tokens=40, **params) for p in neighbours[:2]]
+    seqs.insert(1, engine.submit(prompt, max_tokens=40, **params))
+    seqs.append(engine.submit(neighbours[2], max_tokens=40, **params))
+    runs = drain(engine, seqs)
+    assert runs[seqs[1]].tokens == alone.tokens
+    assert runs[seqs[1]].text == alone.text
+
+
+def test_more_sequences_than_slots_wait_their_turn(make_engine) -> None:
+    e = make_engine(n_parallel=2)
+    prompts = [random_prompt(i, 8 + i) for i in range(5)]
+    alone = [generate(e, p, max_tokens=10, temperature=0).tokens for p in prompts]
+    seqs = [e.submit(p, max_tokens=10, temperature=0) for p in prompts]
+    assert len(set(seqs)) == 5
+    runs = drain(e, seqs)
+    assert [runs[s].tokens for s in seqs] == alone
+    stats = e.stats()
+    assert stats["active"] == stats["waiting"] == 0
+    assert stats["submitted"] == stats["finished"] == 10
+    assert stats["tokens_generated"] == 100 and stats["steps"] > 0
+
+
+def test_stop_strings(engine: Engine) -> None:
+    prompt = random_prompt(5, 12)
+    full = generate(engine, prompt, max_tokens=40, temperature=0)
+    assert len(full.text) > 20
+    stop = full.text[10:14]
+    cut = full.text.find(stop)
+    stopped = generate(engine, prompt, max_tokens=40, temperature=0, stop=["never-seen", stop])
+    assert stopped.finish == "stop"
+    assert stopped.text == full.text[:cut]
+    # the token that completed the stop string is the last one reported
+    assert stopped.tokens == full.tokens[:len(stopped.tokens)]
+    assert stop in engine.detokenize(stopped.tokens) and stop not in engine.detokenize(stopped.tokens[:-1])
+    # a stop string that never comes changes nothing
+    again = generate(engine, prompt, max_tokens=40, temperature=0, stop="never-seen")
+    assert (again.tokens, again.text, again.finish) == (full.tokens, full.text, "length")
+
+
+def test_output_text_is_whole_utf8(engine: Engine) -> None:
+    prompt = prompt_tokens(engine, "日本語のテキスト, ünïcödé ✓")
+    run = generate(engine, prompt, max_tokens=200, temperature=1.5, seed=3)
+    assert run.finish == "length"
+    assert any(ord(c) > 0x7F for c in run.text)  # multibyte characters came out
+    # streamed pieces join to exactly the text the tokens add after the prompt
+    # (detokenize() alone would drop the first token's leading space)
+    before, after = engine.detokenize(prompt), engine.detokenize(prompt + run.tokens)
+    assert after == before + run.text
+    for r in run.results:
+        r["text"].encode("utf-8")  # every piece is valid on its own
+
+
+def test_a_full_context_ends_with_length(make_engine) -> None:
+    e = make_engine(n_ctx=64, n_parallel=1)
+    assert e.n_ctx == 64
+    prompt = random_prompt(6, 60)
+    run = generate(e, prompt, max_tokens=100, temperature=0)
+    assert run.finish == "length"
+    # 60 prompt positions + 4 decoded tokens fill 64; the 5th token is sampled last
+    assert len(run.tokens) == 5
+
+
+def test_prompts_that_do_not_fit(engine: Engine) -> None:
+    with pytest.raises(ContextLengthError, match="513 tokens"):
+        engine.submit([1] * 513, max_tokens=1)
+    with pytest.raises(ContextLengthError):
+        engine.submit([1] * 500, max_tokens=1, resume={"generated": [100] * 13, "emitted": "", "kv_state": None})
+    with pytest.raises(ValueError):  # ContextLengthError is a ValueError and a NativeError
+        engine.submit([1] * 600, max_tokens=1)
+    assert issubclass(ContextLengthError, NativeError)
+    run = generate(engine, [1] * 512, max_tokens=5, temperature=0)  # fits: one token comes out
+    assert run.finish == "length" and len(run.tokens) == 1
+
+
+@pytest.mark.parametrize(("kwargs", "error"), [
+    (dict(prompt=[]), ValueError),
+    (dict(prompt=[-1]), ValueError),
+    (dict(prompt=[32000]), ValueError),
+    (dict(prompt=[2**40]), ValueError),
+    (dict(prompt="text"), TypeError),
+    (dict(prompt=[1.5]), TypeError),
+    (dict(max_tokens=0), ValueError),
+    (dict(temperature=-0.1), ValueError),
+    (dict(temperature=float("nan")), ValueError),
+    (dict(top_p=0.0), ValueError),
+    (dict(top_p=1.5), ValueError),
+    (dict(top_k=-1), ValueError),
+    (dict(seed=1.5), TypeError),
+    (dict(stop=[""]), ValueError),
+    (dict(stop=[3]), TypeError),
+    (dict(resume={"generated": [1, 2], "emitted": "not this text"}), ValueError),
+    (dict(resume={"generated": [99999]}), ValueError),
+    (dict(resume={"kv_state": "str"}), TypeError),
+    (dict(resume=[1]), TypeError),
+])
+def test_bad_submissions(engine: Engine, kwargs: dict, error: type) -> None:
+    args = dict(prompt=[1, 100, 200], max_tokens=4) | kwargs
+    prompt = args.pop("prompt")
+    with pytest.raises(error):
+        engine.submit(prompt, **args)
+    assert engine.stats()["waiting"] == 0
+
+
+@pytest.mark.parametrize(("kwargs", "error"), [
+    (dict(n_ctx=0), ValueError),
+    (dict(n_parallel=0), ValueError),
+    (dict(n_parallel=100000), ValueError),
+    (dict(n_threads=-1), ValueError),
+    (dict(n_batch=2, n_parallel=4), ValueError),
+    (dict(prefill_chunk=0), ValueError),
+])
+def test_bad_engine_options(demo_model_path, kwargs: dict, error: type) -> None:
+    with pytest.raises(error):
+        Engine(str(demo_model_path), **kwargs)
+
+
+def test_cancel_stops_within_one_step(make_engine) -> None:
+    e = make_engine(n_parallel=1)
+    steps_before = e.stats()["steps"]
+    seq = e.submit(random_prompt(7, 10), max_tokens=400, temperature=0)
+    assert e.wait(60)
+    assert e.cancel(seq)
+    steps_at_cancel = e.stats()["steps"]
+    run = drain(e, [seq])[seq]
+    assert run.finish == "cancelled"
+    # its n-th token comes from its n-th step; at most the step under way when
+    # cancel() returned may still add one
+    assert len(run.tokens) == run.last["n_generated"] <= steps_at_cancel - steps_before + 1
+    assert not e.cancel(seq)  # finished
+    assert not e.cancel(123456)  # unknown
+
+
+def test_cancel_a_waiting_sequence(make_engine) -> None:
+    e = make_engine(n_parallel=1)
+    first = e.submit(random_prompt(8, 10), max_tokens=400, temperature=0)
+    second = e.submit(random_prompt(9, 10), max_tokens=400, temperature=0)
+    assert e.cancel(second)
+    assert e.cancel(first)
+    runs = drain(e, [first, second])
+    assert runs[second].finish == "cancelled"
+    assert runs[second].results == [dict(runs[second].last, tokens=[], text="", n_generated=0)]
+    assert runs[first].finish == "cancelled"
+
+
+def test_eval_logits(engine: Engine) -> None:
+    tokens = random_prompt(10, 20)
+    logits = engine.eval_logits(tokens)
+    assert logits.dtype == np.float32 and logits.shape == (20, engine.n_vocab)
+    # causal: a prefix gives the same rows
+    np.testing.assert_array_equal(engine.eval_logits(tokens[:7]), logits[:7])
+    with pytest.raises(ValueError):
+        engine.eval_logits([])
+    with pytest.raises(ContextLengthError):
+        engine.eval_logits([1] * 513)
+
+
+def test_eval_logits_needs_an_idle_engine(make_engine) -> None:
+    e = make_engine(n_parallel=1)
+    seq = e.submit(random_prompt(11, 10), max_tokens=400, temperature=0)
+    with pytest.raises(NativeError, match="idle"):
+        e.eval_logits([1, 2, 3])
+    e.cancel(seq)
+    drain(e, [seq])
+
+
+def test_a_python_thread_runs_while_the_engine_decodes(make_engine) -> None:
+    e = make_engine(n_parallel=1)
+    count = [0]
+    done = threading.Event()
+
+    def spin() -> None:
+        while not done.is_set():
+            count[0] += 1
+
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        seq = e.submit(random_prompt(12, 10), max_tokens=200, temperature=0)
+        progress_during_waits = []
+        finished = False
+        while not finished:
+            before = count[0]
+            e.wait(60)  # blocks without the GIL
+            progress_during_waits.append(count[0] - before)
+            finished = any(r["finish"] for r in e.poll())
+    finally:
+        done.set()
+        t.join()
+    assert sum(progress_during_waits) > 0
+    assert seq
+
+
+def test_fileno_is_readable_while_results_are_pending(make_engine) -> None:
+    e = make_engine(n_parallel=1)
+    fd = e.fileno()
+    assert select.select([fd], [], [], 0)[0] == []
+    seq = e.submit(random_prompt(13, 6), max_tokens=3, temperature=0)
+    # a greenlet waits on the fd while another keeps running on the hub
+    ticks = [0]
+
+    def tick() -> None:
+        while True:
+            ticks[0] += 1
+            gevent.sleep(0)
+
+    ticker = gevent.spawn(tick)
+    try:
+        gevent.socket.wait_read(fd, timeout=60)
+    finally:
+        ticker.kill()
+    assert ticks[0] > 0
+    # the last result is queued once the sequence finished: the fd stays
+    # readable until poll() drains everything
+    assert e.stats()["active"] == 0 or e.wait(60)
+    runs = {}
+    while seq not in runs:
+        assert select.select([fd], [], [], 60)[0] == [fd]
+        for r in e.poll():
+            if r["finish"]:
+                runs[r["seq"]] = r
+    assert select.select([fd], [], [], 0)[0] == []
+    assert not e.wait(0)
+
+
+def test_close_twice_and_use_after_close(demo_model_path) -> None:
+    e = Engine(str(demo_model_path), n_ctx=64, n_parallel=1, n_threads=1)
+    seq = e.submit([1, 100, 200], max_tokens=1000, temperature=0)  # still running at close
+    e.close()
+    e.close()
+    assert e.closed
+    assert issubclass(EngineClosedError, RuntimeError) and issubclass(EngineClosedError, NativeError)
+    calls = [
+        lambda: e.submit([1], max_tokens=1), lambda: e.poll(), lambda: e.wait(0), lambda: e.fileno(),
+        lambda: e.cancel(seq), lambda: e.snapshot(seq), lambda: e.tokenize("x"), lambda: e.detokenize([1]),
+        lambda: e.apply_chat_template([]), lambda: e.eval_logits([1]), lambda: e.stats(),
+    ]
+    for call in calls:
+        with pytest.raises(EngineClosedError):
+            call()
+
+
+def test_context_manager_closes(demo_model_path) -> None:
+    with Engine(str(demo_model_path), n_ctx=64, n_parallel=1, n_threads=1) as e:
+        assert e.tokenize("a")
+    assert e.closed
