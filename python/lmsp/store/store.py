@@ -669,8 +669,9 @@ class Store:
         The common step (deltas only, for tasks this process stepped before)
         does not read the task rows: each row's update is guarded by the owner
         and the sequence number this process last wrote, so a change made by
-        anyone else (a cancel, a recovery) makes the guard miss and the step is
-        redone from fresh rows inside the same transaction.
+        anyone else (a cancel, a recovery) makes the guard miss: that
+        transaction is rolled back and the step is redone in a new one from the
+        rows as they are. Either way the step is written exactly once.
         """
         for item in items:
             if item.get("finish") not in FINISHES:
@@ -695,6 +696,8 @@ class Store:
                 cache.pop(tid, None)
             raise
         states, outcome = result
+        if len(cache) > 100_000:  # entries of tasks that were taken away and never stepped again
+            cache.clear()
         for tid, state in states.items():
             if state is None:
                 cache.pop(tid, None)
@@ -848,6 +851,9 @@ class Store:
     def release(self, owner: str) -> None:
         """Graceful shutdown of a worker: claimed-but-unstarted tasks go back to the queue; started
         ones keep their state with an expired lease, so recovery applies their restart policy."""
+        for tid, state in list(self._step_cache.items()):
+            if state[0] == owner:
+                self._step_cache.pop(tid, None)
         with self._db.write() as conn:
             conn.execute("UPDATE tasks SET owner = NULL, lease_expires = NULL WHERE owner = ? AND status = 'queued'",
                          (owner,))
