@@ -1,0 +1,173 @@
+"""Sustained load: is the worker's memory flat and its latency steady?
+
+Runs ``lmsp serve`` and keeps ``--clients`` threads busy for ``--duration``
+seconds with a mix of plain and streamed generations, background requests
+followed by a poll, cancels and reads. Every second the resident memory
+(VmRSS) of each worker is sampled; every request's latency is kept. The
+figures, per minute: requests, errors, p50/p95/p99 latency of plain
+requests and of reads, worker RSS. Memory counts as flat when the RSS after
+the warm-up minute grows by less than ``--rss-bound-mib``; latency as not
+drifting when the last minute's p50 of plain requests is within
+``--drift-bound`` times the first full minute's.
+
+    python bench/reliability/sustained.py --duration 300 [--json OUT]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import json
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from rel_harness import Server, read_rss_kib  # noqa: E402
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return round(values[min(len(values) - 1, int(q * len(values)))] * 1000, 1)
+
+
+def run(workdir: Path, duration: float, clients: int, seed: int, rss_bound_mib: float,
+        drift_bound: float, log=print) -> dict:
+    server = Server(workdir / "data", log=workdir / "server.log")
+    server.start()
+    stop = threading.Event()
+    samples: list[tuple[float, int]] = []           # (t, rss KiB summed over workers)
+    lat: list[tuple[float, str, float, int]] = []   # (t, kind, seconds, status)
+    errors: list[str] = []
+    lock = threading.Lock()
+    t0 = time.monotonic()
+    try:
+        client = server.pair(["responses:write", "responses:read"], name="sustained")
+        workers = server.worker_pids()
+
+        def sampler() -> None:
+            while not stop.is_set():
+                rss = [read_rss_kib(p) for p in server.worker_pids()]
+                samples.append((time.monotonic() - t0, sum(r for r in rss if r)))
+                stop.wait(1.0)
+
+        def worker(wseed: int) -> None:
+            rng = random.Random(wseed)
+            while not stop.is_set():
+                kind = rng.choices(["plain", "stream", "background", "read"], weights=(3, 2, 2, 3))[0]
+                body = {"model": "demo", "input": f"Item {rng.randint(0, 10**6)}: describe it.",
+                        "max_output_tokens": rng.randint(8, 48), "temperature": 0.8,
+                        "seed": rng.randint(0, 2**31)}
+                start = time.monotonic()
+                status = 0
+                try:
+                    if kind == "plain":
+                        status = client.post("/v1/responses", body, timeout=120).status
+                    elif kind == "stream":
+                        body["stream"] = True
+                        with client.stream("POST", "/v1/responses", body, timeout=120) as (status, _, events):
+                            for n, _ in enumerate(events):
+                                if rng.random() < 0.02:   # a client that goes away mid-stream
+                                    break
+                    elif kind == "background":
+                        body["background"] = True
+                        res = client.post("/v1/responses", body, timeout=120)
+                        status = res.status
+                        if status == 202 and rng.random() < 0.3:
+                            client.post(f"/v1/responses/{res.body['id']}/cancel", {})
+                    else:
+                        status = client.get("/v1/responses?limit=20").status
+                except (OSError, http.client.HTTPException) as exc:
+                    with lock:
+                        errors.append(f"{kind}: {type(exc).__name__}: {exc}")
+                with lock:
+                    lat.append((start - t0, kind, time.monotonic() - start, status))
+
+        threads = [threading.Thread(target=sampler, daemon=True)]
+        threads += [threading.Thread(target=worker, args=(seed * 1000 + i,), daemon=True) for i in range(clients)]
+        for t in threads:
+            t.start()
+        while time.monotonic() - t0 < duration:
+            time.sleep(5)
+            server.check_alive()
+            log(f"{time.monotonic() - t0:.0f}s: {len(lat)} requests, rss {samples[-1][1] // 1024 if samples else '?'} MiB")
+        stop.set()
+        for t in threads:
+            t.join(150)
+        replaced = server.worker_pids() != workers
+    finally:
+        stop.set()
+        server.stop()
+
+    minutes: dict[int, dict] = defaultdict(lambda: {"lat": defaultdict(list), "n": 0, "errors": 0, "rss": []})
+    for t, kind, secs, status in lat:
+        m = minutes[int(t // 60)]
+        m["n"] += 1
+        if status == 0 or status >= 500:
+            m["errors"] += 1
+        else:
+            m["lat"][kind].append(secs)
+    for t, rss in samples:
+        minutes[int(t // 60)]["rss"].append(rss)
+    table = []
+    for m in sorted(minutes):
+        row = minutes[m]
+        table.append({
+            "minute": m + 1, "requests": row["n"], "errors": row["errors"],
+            "plain_p50_ms": _pct(row["lat"]["plain"], 0.5), "plain_p95_ms": _pct(row["lat"]["plain"], 0.95),
+            "plain_p99_ms": _pct(row["lat"]["plain"], 0.99),
+            "read_p50_ms": _pct(row["lat"]["read"], 0.5), "read_p95_ms": _pct(row["lat"]["read"], 0.95),
+            "rss_mib_max": round(max(row["rss"]) / 1024, 1) if row["rss"] else None,
+        })
+    after_warmup = [rss for t, rss in samples if t >= 60] or [rss for _, rss in samples]
+    growth = (max(after_warmup) - after_warmup[0]) / 1024 if after_warmup else None
+    full = [r for r in table if r["plain_p50_ms"] is not None][:-1] or table   # the last minute may be partial
+    drift = (full[-1]["plain_p50_ms"] / full[1]["plain_p50_ms"]) if len(full) > 2 else None
+    return {
+        "duration_s": round(duration), "clients": clients, "requests": len(lat),
+        "errors": sum(r["errors"] for r in table), "first_errors": errors[:10],
+        "worker_replaced": replaced,
+        "rss_mib_after_warmup_first": round(after_warmup[0] / 1024, 1) if after_warmup else None,
+        "rss_mib_after_warmup_max": round(max(after_warmup) / 1024, 1) if after_warmup else None,
+        "rss_growth_mib": round(growth, 1) if growth is not None else None,
+        "rss_bound_mib": rss_bound_mib,
+        "rss_flat": growth is not None and growth < rss_bound_mib,
+        "plain_p50_drift_ratio": round(drift, 2) if drift else None,
+        "drift_bound": drift_bound,
+        "latency_steady": drift is not None and drift < drift_bound,
+        "per_minute": table,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--duration", type=float, default=300)
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--rss-bound-mib", type=float, default=16.0)
+    ap.add_argument("--drift-bound", type=float, default=1.5)
+    ap.add_argument("--workdir", type=Path)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        workdir = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sustained-")))
+        workdir.mkdir(parents=True, exist_ok=True)
+        summary = run(workdir, args.duration, args.clients, args.seed, args.rss_bound_mib, args.drift_bound,
+                      log=lambda m: print(m, flush=True))
+    text = json.dumps(summary, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    return 0 if summary["rss_flat"] and summary["latency_steady"] and not summary["errors"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
