@@ -13,6 +13,9 @@ from native_helpers import drain, generate, prompt_tokens
 from lmsp.native import ContextLengthError, Engine, EngineClosedError, NativeError
 
 SAMPLED = dict(temperature=0.9, top_p=0.9, top_k=40)
+# a context (and max_tokens) long enough that a sequence is still running when
+# the test acts on it, however slowly the test itself is scheduled
+LONG = 4096
 
 
 def random_prompt(seed: int, n: int) -> list[int]:
@@ -227,9 +230,9 @@ def test_bad_engine_options(demo_model_path, kwargs: dict, error: type) -> None:
 
 
 def test_cancel_stops_within_one_step(make_engine) -> None:
-    e = make_engine(n_parallel=1)
+    e = make_engine(n_parallel=1, n_ctx=LONG)
     steps_before = e.stats()["steps"]
-    seq = e.submit(random_prompt(7, 10), max_tokens=400, temperature=0)
+    seq = e.submit(random_prompt(7, 10), max_tokens=LONG, temperature=0)
     assert e.wait(60)
     assert e.cancel(seq)
     steps_at_cancel = e.stats()["steps"]
@@ -243,9 +246,9 @@ def test_cancel_stops_within_one_step(make_engine) -> None:
 
 
 def test_cancel_a_waiting_sequence(make_engine) -> None:
-    e = make_engine(n_parallel=1)
-    first = e.submit(random_prompt(8, 10), max_tokens=400, temperature=0)
-    second = e.submit(random_prompt(9, 10), max_tokens=400, temperature=0)
+    e = make_engine(n_parallel=1, n_ctx=LONG)
+    first = e.submit(random_prompt(8, 10), max_tokens=LONG, temperature=0)
+    second = e.submit(random_prompt(9, 10), max_tokens=LONG, temperature=0)
     assert e.cancel(second)
     assert e.cancel(first)
     runs = drain(e, [first, second])
@@ -267,8 +270,8 @@ def test_eval_logits(engine: Engine) -> None:
 
 
 def test_eval_logits_needs_an_idle_engine(make_engine) -> None:
-    e = make_engine(n_parallel=1)
-    seq = e.submit(random_prompt(11, 10), max_tokens=400, temperature=0)
+    e = make_engine(n_parallel=1, n_ctx=LONG)
+    seq = e.submit(random_prompt(11, 10), max_tokens=LONG, temperature=0)
     with pytest.raises(NativeError, match="idle"):
         e.eval_logits([1, 2, 3])
     e.cancel(seq)
@@ -321,9 +324,7 @@ def test_fileno_is_readable_while_results_are_pending(make_engine) -> None:
     finally:
         ticker.kill()
     assert ticks[0] > 0
-    # the last result is queued once the sequence finished: the fd stays
-    # readable until poll() drains everything
-    assert e.stats()["active"] == 0 or e.wait(60)
+    # readable while anything is queued, until poll() drains the last result
     runs = {}
     while seq not in runs:
         assert select.select([fd], [], [], 60)[0] == [fd]
