@@ -5,7 +5,7 @@ import pytest
 
 from lmsp.errors import IllegalTransition, InvalidRequest, NotFound, TaskFinished, TaskUnfinished
 from lmsp.store import ClaimLost
-from store_checks import all_events, assert_consistent, assert_gapless, event_types
+from store_checks import all_events, assert_consistent, event_types
 
 
 def test_create_task_writes_response_task_and_two_events(store, make_task, clock):

@@ -13,14 +13,14 @@ import os
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from .. import ids as _ids
 from .. import objects as obj
 from ..errors import (IdempotencyKeyInUse, IdempotencyKeyReused, InvalidRequest, ModelInUse,
                       NotFound, TaskFinished, TaskUnfinished, Conflict)
 from . import states as st
-from .db import Database, StoreError, translate
+from .db import Database, translate
 from .schema import migrate
 
 MODEL_STATES = ("available", "loading", "loaded", "failed", "missing", "changed")
@@ -52,10 +52,6 @@ def fingerprint(client_id: str | None, method: str, path: str, body: Any) -> str
     canonical = json.dumps([client_id, method.upper(), path, body], sort_keys=True,
                            separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-
-
-def _tokens_text(tokens: Iterable[int]) -> str:
-    return ",".join(str(int(t)) for t in tokens)
 
 
 def _tokens_list(text: str | None) -> list[int]:
