@@ -239,3 +239,11 @@ def test_event_data_is_one_line_json(user, scripted):
         if block:
             assert len(block.split("\n")) == 3
             json.loads(block.split("\n")[2][len("data: "):])
+
+
+def test_no_new_responses_while_not_ready(user, scripted, store):
+    scripted.ready = False
+    result = create(user, background=True)
+    assert_error(result, 503, "unavailable")
+    assert result.headers["Retry-After"] == "1"
+    assert store.list_tasks()["data"] == []

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import falcon
 
-from lmsp.errors import InvalidRequest, LMSPError, ModelChanged, NotFound, TaskFinished
+from lmsp.errors import (InvalidRequest, LMSPError, ModelChanged, NotFound, TaskFinished,
+                         Unavailable)
 
 from . import idempotency
 from .common import (Deps, caller, check_id, get_bool, get_int, get_number, get_str, header_int,
@@ -184,6 +185,8 @@ class ResponsesService:
     def create(self, client_id: str, parsed: CreateRequest,
                idempotency_key: tuple[str, str] | None = None) -> dict:
         runtime = self.deps.runtime
+        if not getattr(runtime, "ready", False):
+            raise Unavailable("the service is starting or shutting down; retry shortly", retry_after=1)
         try:
             model = runtime.model_object(parsed.model)
         except NotFound:
