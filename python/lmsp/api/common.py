@@ -10,7 +10,7 @@ import json
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import falcon
@@ -36,7 +36,6 @@ class Deps:
     monotonic: Callable[[], float] = time.monotonic
     random_seed: Callable[[], int] = None  # type: ignore[assignment]
     http_metrics: Any = None
-    extra: dict = field(default_factory=dict)
 
 
 # -- bodies -----------------------------------------------------------------

@@ -113,6 +113,3 @@ def event_stream(store, runtime, task_id: str, *, after: int = 0, client_id: str
             except Exception:  # noqa: BLE001
                 log.exception("cleanup of the abandoned stream of %s failed", task_id)
 
-
-def page_events(store, task_id: str, *, after: int, limit: int, client_id: str | None) -> dict:
-    return store.events(task_id, after=after, limit=limit, client_id=client_id)
