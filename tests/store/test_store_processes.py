@@ -6,6 +6,7 @@ import multiprocessing
 import pytest
 
 import store_children
+from lmsp.store import ClaimLost
 from store_checks import assert_consistent, event_types
 
 
@@ -55,7 +56,7 @@ def test_each_task_is_claimed_by_exactly_one_process(spawn, db_path, make_task, 
     owner_of = {tid: f"p{i}" for i, got in enumerate(results) for tid in got}
     for tid in tids:  # the database agrees: only the reported owner may start it
         other = "p0" if owner_of[tid] != "p0" else "p1"
-        with pytest.raises(Exception, match="not claimed by"):
+        with pytest.raises(ClaimLost):
             store.set_running(tid, other)
         store.set_running(tid, owner_of[tid])
     assert store.claim("late", limit=10, lease=60) == []
