@@ -182,7 +182,7 @@ def _param(name: str, where: str, schema: dict, description: str = "", required:
 
 IDEMPOTENCY = _param("Idempotency-Key", "header", {"type": "string", "minLength": 1, "maxLength": 255},
                      "B.8: a replay gets the stored answer with `Idempotent-Replayed: true`.")
-AUTH_ERRORS = ("401", "403")
+AUTH_ERRORS = ("401", "403", "503")  # every authenticated call reads the store
 
 
 def _op(summary: str, responses: dict, *, scope: str | None, params=(), body: str | None = None,
