@@ -234,7 +234,8 @@ class Server:
 
     def __init__(self, data_dir: Path, *, log: Path, port: int | None = None,
                  model: Path | None = None, env: dict[str, str] | None = None,
-                 extra_args: list[str] | None = None, ready_timeout: float = 90.0) -> None:
+                 extra_args: list[str] | None = None, ready_timeout: float = 90.0,
+                 prefix: list[str] | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.log = Path(log)
         self.port = port or free_port()
@@ -243,6 +244,7 @@ class Server:
         # llama.cpp's spinning thread pool only fights the clients for the cores
         self.env = {"LMSP_N_THREADS": "1", **(env or {})}
         self.extra_args = list(extra_args or [])
+        self.prefix = list(prefix or [])   # e.g. a tracer the service runs under
         self.ready_timeout = ready_timeout
         self.proc: subprocess.Popen | None = None
         self.starts = 0
@@ -253,7 +255,7 @@ class Server:
         return str(VENV_BIN / "lmsp")
 
     def command(self) -> list[str]:
-        cmd = [self.lmsp, "serve", "--data-dir", str(self.data_dir),
+        cmd = [*self.prefix, self.lmsp, "serve", "--data-dir", str(self.data_dir),
                "--bind", f"127.0.0.1:{self.port}"]
         if self.model is not None:
             cmd += ["--model", str(self.model)]
@@ -366,8 +368,17 @@ class Server:
             raise RuntimeError(f"lmsp pair failed ({done.returncode}): {done.stderr}")
         return json.loads(done.stdout)["code"]
 
-    def pair(self, scopes: list[str], name: str = "reliability") -> Client:
-        code = self.pairing_code(scopes)
+    def pair(self, scopes: list[str], name: str = "reliability", *, over_http: bool = False) -> Client:
+        """A new paired client; the code comes from ``lmsp pair`` on the box, or
+        (``over_http``) from ``POST /v1/pairings`` with the admin token, so that
+        no process outside the service writes to its database."""
+        if over_http:
+            made = self.admin().post("/v1/pairings", {"scopes": scopes, "name": name})
+            if made.status != 201:
+                raise RuntimeError(f"POST /v1/pairings failed: {made.status} {made.body}")
+            code = made.body["code"]
+        else:
+            code = self.pairing_code(scopes)
         result = self.anonymous().post("/v1/pair", {"code": code, "client_name": name})
         if result.status != 201:
             raise RuntimeError(f"pairing failed: {result.status} {result.body}")
