@@ -7,6 +7,8 @@ import json
 import pytest
 from api_helpers import assert_error, parse_sse
 
+from lmsp.api.responses import parse_create
+
 TERMINAL = {"response.completed", "response.incomplete", "response.failed", "response.cancelled"}
 
 
@@ -247,3 +249,16 @@ def test_no_new_responses_while_not_ready(user, scripted, store):
     assert_error(result, 503, "unavailable")
     assert result.headers["Retry-After"] == "1"
     assert store.list_tasks()["data"] == []
+
+
+def test_parse_create_without_http(config):
+    parsed = parse_create({"model": "tiny", "input": "hi", "instructions": "Be brief."}, config, lambda: 99)
+    assert parsed.messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    assert parsed.request["seed"] == 99 and parsed.request["stop"] == []
+    assert parsed.request["max_output_tokens"] == config.max_output_tokens
+    assert parsed.request["on_restart"] == config.default_on_restart
+    assert (parsed.background, parsed.stream, parsed.store) == (False, False, True)
+    parsed = parse_create({"model": "tiny", "input": [{"role": "developer", "content": "x"}],
+                           "stop": "END", "seed": 0}, config, lambda: 99)
+    assert parsed.messages == [{"role": "system", "content": "x"}]
+    assert parsed.request["stop"] == ["END"] and parsed.request["seed"] == 0
