@@ -144,6 +144,9 @@ Engine::Engine(const std::string & model_path, const EngineOptions & options) : 
     cp.n_threads_batch = n_threads;
     cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
     cp.kv_unified = false;
+    // with no layers on a GPU, keep every op on the CPU: a GPU build would
+    // otherwise ship big batches' matmuls to the GPU and lose batch invariance
+    cp.op_offload = options.n_gpu_layers != 0;
     cp.no_perf = true;
     log::begin_capture();
     try {
