@@ -81,6 +81,7 @@ def get_app() -> falcon.App:
     """For gunicorn: configuration from the environment, the store opened, the
     runtime built and started in this (worker) process."""
     from lmsp import config as config_mod
+    from lmsp.hubsafe import hub_safe
     from lmsp.runtime import Runtime
     from lmsp.runtime.service import open_store
 
@@ -89,6 +90,8 @@ def get_app() -> falcon.App:
     store = open_store(config)
     runtime = Runtime(config, store)
     runtime.start()
-    app = create_app(config, store, runtime)
+    # Requests are greenlets: their store calls go through the hub's thread
+    # pool so a lock wait blocks only the request that waits.
+    app = create_app(config, hub_safe(store), runtime)
     log.info("application ready", extra={"data_dir": str(config.data_dir)})
     return app

@@ -1,0 +1,51 @@
+"""Keep store calls off the gevent hub.
+
+SQLite waits for a lock held by another process inside ``sqlite3_step`` for
+up to the busy timeout. In a gevent worker that wait would freeze every
+greenlet of the process. :func:`hub_safe` wraps the store so that, while gevent
+has patched ``threading``, each call runs in the hub's thread pool (a real OS
+thread; ``sqlite3`` releases the GIL while it waits) and only the calling
+greenlet waits. Outside gevent the store is returned unchanged.
+"""
+from __future__ import annotations
+
+import functools
+
+
+def gevent_active() -> bool:
+    try:
+        from gevent import monkey
+    except ImportError:  # pragma: no cover - gevent is a dependency
+        return False
+    return bool(monkey.is_module_patched("threading"))
+
+
+class HubSafeStore:
+    """A proxy whose method calls run in gevent's thread pool."""
+
+    def __init__(self, store) -> None:
+        import gevent
+
+        self._store = store
+        self._pool = gevent.get_hub().threadpool
+
+    @property
+    def wrapped(self):
+        return self._store
+
+    def __getattr__(self, name):
+        attr = getattr(self._store, name)
+        if not callable(attr):
+            return attr
+        pool = self._pool
+
+        @functools.wraps(attr)
+        def call(*args, **kwargs):
+            return pool.apply(attr, args, kwargs)
+
+        return call
+
+
+def hub_safe(store):
+    """``store`` itself, or a :class:`HubSafeStore` around it under gevent."""
+    return HubSafeStore(store) if gevent_active() else store
