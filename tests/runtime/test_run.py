@@ -117,3 +117,35 @@ def test_store_errors_keep_results_in_memory_until_a_commit_succeeds(store, runt
     assert deltas(events) == store.output_text(task_id)
     assert store.get_response(task["response_id"])["usage"]["output_tokens"] == 20
     assert runtime.metrics()["store_commit_errors"] == 3
+
+
+def flaky(method, times):
+    """``method`` failing with Unavailable (a locked database) its first ``times`` calls."""
+    calls = []
+
+    def wrapper(*args, **kwargs):
+        calls.append(args)
+        if len(calls) <= times:
+            raise Unavailable("database is locked")
+        return method(*args, **kwargs)
+
+    return wrapper
+
+
+def test_a_busy_store_while_starting_a_task_is_retried(store, runtime):
+    store.set_loading = flaky(store.set_loading, 1)
+    store.set_running = flaky(store.set_running, 2)
+    task_id = submit(store, runtime, max_output_tokens=6)
+    task = wait_finished(runtime, store, task_id)
+    assert task["status"] == "completed"
+    types = check_log(all_events(store, task_id))
+    assert types.count("task.loading") == 1 and types.count("task.running") == 1
+
+
+def test_a_busy_store_while_failing_a_task_is_retried(store, runtime, model_file):
+    model_file.write_bytes(b"changed")  # the load will refuse it
+    store.fail_task = flaky(store.fail_task, 2)
+    task_id = submit(store, runtime)
+    task = wait_finished(runtime, store, task_id)
+    assert task["status"] == "failed"
+    assert task["error"]["code"] == "model_changed"

@@ -27,7 +27,7 @@ import weakref
 from dataclasses import dataclass, field
 
 from .. import ids
-from ..errors import ContextLengthExceeded, LMSPError, NotFound
+from ..errors import ContextLengthExceeded, IllegalTransition, LMSPError, ModelInUse, NotFound, Unavailable
 from . import prompt as prompting
 from ._threads import RealThread, Wakeup, allocate_lock, gevent_active
 from .metrics import Metrics
@@ -40,6 +40,7 @@ log = logging.getLogger("lmsp.runtime")
 RECOVERED_ENV = "LMSP_STARTUP_RECOVERED"
 IDLE_WAIT = 0.5          # seconds a loop sleeps when nothing wakes it
 MAX_BACKOFF = 2.0        # seconds between retries of a failed commit
+START_TRIES = 5          # transient errors a claimed task may meet before it fails
 
 _started: "weakref.WeakSet[Runtime]" = weakref.WeakSet()
 
@@ -56,8 +57,11 @@ class _Run:
     model: str
     engine: object = None
     seq: int | None = None
+    state: str = "queued"        # the task's state in the store as this worker set it
     cancel: bool = False         # a cancel arrived before the sequence existed
-    kv_path: str | None = None
+    tries: int = 0               # start attempts that met a transient error
+    retry_at: float = 0.0
+    failure: tuple[str, str] | None = None   # (code, message) once it must fail
     claimed_at: float = field(default_factory=time.monotonic)
     first_token: bool = False
     final: dict | None = field(default=None, repr=False)   # the engine's last result
@@ -105,6 +109,7 @@ class Runtime:
         self._commit_wake = Wakeup()
         self._threads: list[RealThread] = []
         self._pending: dict[str, dict] = {}    # task id -> store item not yet committed (commit thread only)
+        self._retry: list[tuple[_Run, dict]] = []  # claims to start again (scheduler thread only)
         self._next_renew = self._next_recover = 0.0
         self.lease = float(config.lease_seconds)
 
@@ -227,18 +232,12 @@ class Runtime:
         return self.registry.object(model_id)
 
     def unload_model(self, model_id: str) -> dict:
-        self.store.get_model(model_id)  # NotFound for an unknown id
-        if self._model_busy(model_id):
-            from ..errors import ModelInUse
-            raise ModelInUse(f"model {model_id} is generating; cancel its tasks or wait for them")
+        self._refuse_if_busy(model_id)
         self._offload(self.registry.unload, model_id)
         return self.registry.object(model_id)
 
     def delete_model(self, model_id: str) -> None:
-        self.store.get_model(model_id)
-        if self._model_busy(model_id):
-            from ..errors import ModelInUse
-            raise ModelInUse(f"model {model_id} is generating; cancel its tasks or wait for them")
+        self._refuse_if_busy(model_id)
         self.store.delete_model(model_id)  # ModelInUse while unfinished tasks need it
         self._offload(self.registry.unload, model_id)
 
@@ -262,9 +261,13 @@ class Runtime:
         return figures
 
     # helpers
-    def _model_busy(self, model_id: str) -> bool:
+    def _refuse_if_busy(self, model_id: str) -> None:
+        """NotFound for an unknown model; ModelInUse while this worker runs tasks on it."""
+        self.store.get_model(model_id)
         with self._lock:
-            return any(r.model == model_id for r in self._runs.values())
+            busy = any(r.model == model_id for r in self._runs.values())
+        if busy:
+            raise ModelInUse(f"model {model_id} is generating; cancel its tasks or wait for them")
 
     @staticmethod
     def _offload(fn, *args, **kwargs):
@@ -289,6 +292,13 @@ class Runtime:
                 log.warning("claiming tasks failed (retry in %.2f s): %s", backoff, exc)
 
     def _claim_some(self) -> None:
+        now = time.monotonic()
+        due = [entry for entry in self._retry if entry[0].retry_at <= now]
+        self._retry = [entry for entry in self._retry if entry[0].retry_at > now]
+        for run, claim in due:
+            if self._stopping:
+                return  # still claimed: release() in stop() hands them back
+            self._advance(run, claim)
         while not self._stopping:
             with self._lock:
                 free = int(self.config.n_parallel) - len(self._runs)
@@ -299,44 +309,63 @@ class Runtime:
                 return
             for claim in claims:
                 if self._stopping:
-                    return  # the rest stay claimed until release() in stop()
-                self._start(claim)
+                    return
+                run = _Run(claim["task_id"], claim["model"], state=claim.get("status") or "queued")
+                with self._lock:
+                    self._runs[run.task_id] = run
+                self._advance(run, claim)
 
-    def _start(self, claim: dict) -> None:
-        task_id, model_id = claim["task_id"], claim["model"]
-        run = _Run(task_id, model_id)
-        with self._lock:
-            self._runs[task_id] = run
+    def _advance(self, run: _Run, claim: dict) -> None:
+        """Start (or fail) a claimed task; a transient error keeps the claim and retries it later.
+
+        A claimed task must end up submitted, failed in the store, or dropped
+        because the store says it is no longer ours to run: the lease renewal
+        extends every unfinished task this worker owns, so a task merely
+        forgotten here would wait forever.
+        """
         try:
-            self._start_run(run, claim)
-        except Exception as exc:  # never lose the task silently: fail it with the reason
-            log.exception("starting task %s failed", task_id)
-            self._fail(run, "internal_error", f"the task could not start: {exc}")
+            if run.failure is not None:
+                self._fail(run, *run.failure)
+            else:
+                self._start_run(run, claim)
+        except IllegalTransition as exc:  # cancelled meanwhile, or the claim was lost
+            log.info("task %s dropped: %s", run.task_id, exc.message)
+            self._forget(run)
+            self.waiters.notify([run.task_id])
+        except Exception as exc:
+            run.tries += 1
+            if run.failure is None and run.tries >= START_TRIES:
+                log.error("task %s could not start after %d tries: %s", run.task_id, run.tries, exc)
+                run.failure = ("internal_error", f"the task could not start: {exc}")
+            else:
+                log.warning("task %s: %s (will retry)", run.task_id, exc)
+            run.retry_at = time.monotonic() + min(MAX_BACKOFF, 0.1 * 2 ** run.tries)
+            self._retry.append((run, claim))
 
     def _start_run(self, run: _Run, claim: dict) -> None:
         from .. import native
 
         task_id, request = run.task_id, claim.get("request") or {}
-        resumed = claim.get("status") == "running"
         engine = self.registry.engine(run.model)
         if engine is None:
-            if not resumed and not self._transition(run, self.store.set_loading):
-                return
+            if run.state == "queued":
+                self.store.set_loading(task_id, self.owner)
+                run.state = "loading"
+                self.waiters.notify([task_id])
             try:
                 engine = self.registry.load(run.model)
             except NotFound:
-                self._fail(run, "model_not_found", f"model {run.model} is not registered")
-                return
-            except LMSPError as exc:
-                self._fail(run, exc.code, exc.message)
-                return
+                return self._fail(run, "model_not_found", f"model {run.model} is not registered")
+            except Unavailable:
+                raise  # a busy store: retry
+            except LMSPError as exc:  # changed, missing or refused by the engine
+                return self._fail(run, exc.code, exc.message)
         try:
             tokens = prompting.render(engine, prompting.messages_for(request))
             kwargs = prompting.sampling(request, self.config)
         except (ValueError, TypeError) as exc:
-            self._fail(run, "invalid_request", f"the request cannot be rendered: {exc}")
-            return
-        snapshot = claim.get("resume") if resumed else None
+            return self._fail(run, "invalid_request", f"the request cannot be rendered: {exc}")
+        snapshot = claim.get("resume") if claim.get("status") == "running" else None
         resume = None
         if snapshot:
             resume = {"generated": list(snapshot.get("generated") or ()),
@@ -344,11 +373,12 @@ class Runtime:
                       "kv_state": self._read_kv(snapshot.get("kv_path"))}
         n_needed = len(tokens) + (len(resume["generated"]) if resume else 0)
         if n_needed >= engine.n_ctx:
-            self._fail(run, "context_length_exceeded",
-                       f"the prompt is {len(tokens)} tokens; the model's context holds {engine.n_ctx}")
-            return
-        if not self._transition(run, self.store.set_running):
-            return
+            return self._fail(run, "context_length_exceeded",
+                              f"the prompt is {len(tokens)} tokens; the model's context holds {engine.n_ctx}")
+        if run.state != "running":
+            self.store.set_running(task_id, self.owner)
+            run.state = "running"
+            self.waiters.notify([task_id])
         try:
             with self._lock:
                 seq = engine.submit(tokens, resume=resume, **kwargs)
@@ -356,35 +386,19 @@ class Runtime:
                 self._by_seq[(id(engine), seq)] = run
                 cancel = run.cancel
         except native.ContextLengthError as exc:
-            self._fail(run, "context_length_exceeded", str(exc))
-            return
+            return self._fail(run, "context_length_exceeded", str(exc))
         except (ValueError, TypeError) as exc:
-            self._fail(run, "invalid_request", str(exc))
-            return
+            return self._fail(run, "invalid_request", str(exc))
         if cancel:
             engine.cancel(seq)
-        self.waiters.notify([task_id])
         self._commit_wake.set()
         log.debug("task %s: %s as sequence %s (%d prompt tokens)", task_id,
                   "resumed" if resume else "started", seq, len(tokens))
 
-    def _transition(self, run: _Run, method) -> bool:
-        """A state change of a claimed task; False (task dropped) if it was cancelled or taken meanwhile."""
-        try:
-            method(run.task_id, self.owner)
-        except LMSPError as exc:
-            log.info("task %s dropped: %s", run.task_id, exc.message)
-            self._forget(run)
-            self.waiters.notify([run.task_id])
-            return False
-        self.waiters.notify([run.task_id])
-        return True
-
     def _fail(self, run: _Run, code: str, message: str) -> None:
-        try:
-            self.store.fail_task(run.task_id, self.owner, code=code, message=message)
-        except LMSPError as exc:  # cancelled meanwhile (the cancel wins) or the claim was lost
-            log.info("task %s not failed (%s): %s", run.task_id, message, exc.message)
+        """Fail a claimed task in the store (a cancel accepted before wins there)."""
+        run.failure = (code, message)
+        self.store.fail_task(run.task_id, self.owner, code=code, message=message)
         self._forget(run)
         self.waiters.notify([run.task_id])
         self._sched_wake.set()
