@@ -238,8 +238,11 @@ class Runtime:
 
     def delete_model(self, model_id: str) -> None:
         self._refuse_if_busy(model_id)
+        self._offload(self._delete_model, model_id)
+
+    def _delete_model(self, model_id: str) -> None:
         self.store.delete_model(model_id)  # ModelInUse while unfinished tasks need it
-        self._offload(self.registry.unload, model_id)
+        self.registry.unload(model_id)
 
     def model_object(self, model_id: str) -> dict:
         return self.registry.object(model_id)
