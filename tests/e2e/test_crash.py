@@ -85,3 +85,38 @@ def test_killing_a_worker_recovers_its_tasks_without_a_restart(make_server):
     assert deltas(events) == response["output"][0]["content"][0]["text"]
     assert failed["status"] == "failed"
     assert failed["error"]["code"] == "server_restarted"
+
+
+def test_a_graceful_stop_and_start_resumes_running_tasks(make_server):
+    server = make_server().start()
+    token = server.pair()
+    tasks = start_long_tasks(server, token, ("resume", "fail"))
+    server.stop()  # SIGTERM: workers commit what they produced and release their claims
+    server.start()
+    resumed = server.wait_task(token, tasks["resume"], finished)
+    assert resumed["status"] == "completed"
+    events = server.events(token, tasks["resume"])
+    assert "task.resumed" in check_log(events)
+    response = server.call("GET", f"/v1/responses/{resumed['response_id']}", token=token)
+    assert deltas(events) == response["output"][0]["content"][0]["text"]
+    failed = server.wait_task(token, tasks["fail"], finished)
+    assert failed["status"] == "failed" and failed["error"]["code"] == "server_restarted"
+
+
+def test_two_workers_share_the_queue_through_the_store(make_server):
+    server = make_server(env={"LMSP_WORKERS": "2", "LMSP_N_PARALLEL": "2"}).start()
+    assert len(server.workers()) == 2
+    token = server.pair()
+    ids = []
+    for i in range(6):
+        created = server.call("POST", "/v1/responses", {"model": "tiny", "input": f"Item {i}:", "background": True,
+                                                         "max_output_tokens": 200, "temperature": 0},
+                              token=token, expect=202)
+        ids.append(created["task"]["id"])
+    for task_id in ids:
+        task = server.wait_task(token, task_id, finished)
+        assert task["status"] == "completed" and task["attempts"] == 1
+        events = server.events(token, task_id)
+        types = check_log(events)
+        assert types.count("task.running") == 1
+        assert deltas(events) == events[-4]["text"]
