@@ -116,7 +116,10 @@ def worker_exit(server, worker) -> None:
 
 def _dump_stacks(worker, why: str) -> None:
     frames = sys._current_frames()
+    from lmsp.runtime._threads import thread_names
+
     names = {t.ident: t.name for t in threading.enumerate()}
+    names.update(thread_names())
     lines = [f"lmsp: worker {worker.pid} {why}; stacks follow"]
     for ident, frame in frames.items():
         lines.append(f"--- thread {names.get(ident, ident)} ---")

@@ -44,6 +44,15 @@ _poll = original("select", "poll")
 _POLLIN = 0x001
 
 
+_names: dict[int, str] = {}   # ident -> name of the live RealThreads (for stack dumps)
+_get_ident = original("_thread", "get_ident")
+
+
+def thread_names() -> dict[int, str]:
+    """The names of this module's live threads by ident (``threading`` does not list them)."""
+    return dict(_names)
+
+
 class RealThread:
     """A daemon OS thread running ``target()``; ``join`` waits on an OS lock."""
 
@@ -59,11 +68,14 @@ class RealThread:
         _start_new_thread(self._run, ())
 
     def _run(self) -> None:
+        ident = _get_ident()
+        _names[ident] = self.name
         try:
             self._target()
         except BaseException:  # the loops catch their own errors; this is the last resort
             log.exception("thread %s died", self.name)
         finally:
+            _names.pop(ident, None)
             self._done.release()
 
     def join(self, timeout: float | None = None) -> bool:
