@@ -11,13 +11,7 @@ from __future__ import annotations
 
 import functools
 
-
-def gevent_active() -> bool:
-    try:
-        from gevent import monkey
-    except ImportError:  # pragma: no cover - gevent is a dependency
-        return False
-    return bool(monkey.is_module_patched("threading"))
+from lmsp.runtime._threads import gevent_active
 
 
 class HubSafeStore:
