@@ -78,6 +78,7 @@ class SoakReport:
     tasks: int = 0
     events: int = 0
     finished_checked: int = 0
+    replayed: int = 0            # resumed/requeued tasks compared with an uninterrupted run
     violations: list[Violation] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -90,6 +91,7 @@ class SoakReport:
             "idempotent_retries": dict(self.retries),
             "unfinished_at_restart": dict(sorted(self.recovered.items())),
             "tasks": self.tasks, "events": self.events, "finished_tasks_checked": self.finished_checked,
+            "interrupted_tasks_replayed": self.replayed,
             "violations": len(self.violations),
             "violation_kinds": dict(Counter(v.kind for v in self.violations)),
             "first_violations": [str(v) for v in self.violations[:20]],
@@ -247,9 +249,41 @@ def retry_in_flight(client: Client, reqs: list[Req], report: SoakReport) -> None
         t.join(180)
 
 
+REPLAY_FIELDS = ("model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "top_k",
+                 "seed", "stop")
+
+
+def _output_text(response: dict) -> str:
+    return "".join(part.get("text", "") for item in response.get("output") or []
+                   for part in item.get("content") or [] if part.get("type") == "output_text")
+
+
+def check_replay(client: Client, view: StoreView, limit: int, rng: random.Random) -> tuple[int, list[Violation]]:
+    """Resumed and requeued tasks continue the same output: sampling depends only
+    on (seed, position), so an uninterrupted run of the same request (a plain
+    request now) must give exactly the text the crash-interrupted task has."""
+    candidates = sorted((t for t in view.tasks.values() if t.status == "completed"
+                         and any(e.type in ("task.resumed", "task.requeued") for e in t.events)),
+                        key=lambda t: t.id)
+    out: list[Violation] = []
+    sample = rng.sample(candidates, min(limit, len(candidates)))
+    for t in sample:
+        body = {k: t.request[k] for k in REPLAY_FIELDS if t.request.get(k) not in (None, [])}
+        res = client.post("/v1/responses", body, timeout=300)
+        if res.status != 200 or not isinstance(res.body, dict):
+            out.append(Violation("replay_http", t.id, f"{res.status} {str(res.body)[:200]}"))
+            continue
+        text = _output_text(res.body)
+        if text != (t.output_text or ""):
+            kind = "resumed" if any(e.type == "task.resumed" for e in t.events) else "requeued"
+            out.append(Violation("replay_diverged", t.id, f"{kind} task: {t.output_text!r:.80} vs an "
+                                 f"uninterrupted run {text!r:.80}"))
+    return len(sample), out
+
+
 def run_soak(workdir: Path, cycles: int, *, seed: int = 0, clients: int = 4,
              load_seconds: tuple[float, float] = (0.3, 2.5), backlog: int = 24, max_tokens: tuple[int, int] = (4, 64),
-             startup_kill_rate: float = 0.1, env: dict[str, str] | None = None,
+             startup_kill_rate: float = 0.1, replay_limit: int = 30, env: dict[str, str] | None = None,
              log=print) -> SoakReport:
     rng = random.Random(seed)
     report = SoakReport()
@@ -307,6 +341,9 @@ def run_soak(workdir: Path, cycles: int, *, seed: int = 0, clients: int = 4,
             report.finished_checked = sum(1 for t in after.tasks.values()
                                           if t.status in ("completed", "failed", "cancelled"))
             if cycle == cycles:
+                n, found = check_replay(client, after, replay_limit, rng)
+                report.replayed = n
+                report.violations += found
                 break
             # -- keep the backlog bounded: cancel the oldest unfinished tasks (random
             # cancels of queued and running tasks are part of the load anyway)

@@ -13,7 +13,7 @@ import soak
 
 @pytest.mark.slow
 def test_sigkill_cycles_lose_and_duplicate_nothing(tmp_path):
-    report = soak.run_soak(tmp_path, cycles=5, seed=20261129, clients=3, log=lambda _: None)
+    report = soak.run_soak(tmp_path, cycles=5, seed=20261129, clients=3, replay_limit=5, log=lambda _: None)
     summary = report.summary()
     assert report.violations == [], "\n".join(str(v) for v in report.violations)
     assert summary["cycles"] == 5 and summary["kills"] >= 5
