@@ -40,6 +40,11 @@ log = logging.getLogger("lmsp.runtime")
 RECOVERED_ENV = "LMSP_STARTUP_RECOVERED"
 IDLE_WAIT = 0.5          # seconds a loop sleeps when nothing wakes it
 MAX_BACKOFF = 2.0        # seconds between retries of a failed commit
+# Bench only (bench/serve.py --servers lmsp-noevents), never for real use: a
+# task's text is committed once, when it ends, instead of at every step, so a
+# run shows what writing the step events costs. Streams then get the whole
+# text at the end.
+BENCH_DEFER_DELTAS = os.environ.get("LMSP_BENCH_NO_PERSIST_EVENTS") == "1"
 START_TRIES = 5          # transient errors a claimed task may meet before it fails
 
 _started: "weakref.WeakSet[Runtime]" = weakref.WeakSet()
@@ -493,6 +498,10 @@ class Runtime:
 
     def _commit(self) -> bool:
         items = list(self._pending.values())
+        if BENCH_DEFER_DELTAS:
+            items = [item for item in items if item["finish"]]
+            if not items:
+                return True
         started = time.perf_counter()
         try:
             outcome = self.store.append_step(self.owner, items) or {}
@@ -502,7 +511,11 @@ class Runtime:
             return False
         n_tokens = sum(len(item["tokens"]) for item in items)
         self.stats.commit(time.perf_counter() - started, n_tokens)
-        self._pending = {}
+        if len(items) == len(self._pending):
+            self._pending = {}
+        else:
+            for item in items:
+                del self._pending[item["task_id"]]
         done = [item["task_id"] for item in items if item["finish"]]
         skipped = list(outcome.get("skipped") or ())
         with self._lock:
