@@ -128,6 +128,7 @@ def main(argv=None) -> int:
     p.add_argument("--work-dir", type=Path, default=serve.ROOT / "bench" / "out" / "idle")
     p.add_argument("--timeout", type=float, default=600.0)
     args = p.parse_args(argv)
+    serve.signal.signal(serve.signal.SIGTERM, serve._exit_on_term)
 
     serve.raise_fd_limit()
     work = args.work_dir.resolve()

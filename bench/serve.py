@@ -116,6 +116,8 @@ class LevelResult:
     peak_rss_mb: float | None
     short_outputs: int          # successful requests that stopped before max tokens
     mean_input_tokens: float
+    tokens_per_event: float     # output tokens per text event: >1 when a server bunches tokens
+    load_avg: float             # 1-minute load average of the machine at the end of the level
     errors: list[str]
 
 
@@ -137,6 +139,8 @@ def summarize(model: str, server: str, clients: int, results: list[RequestResult
         peak_rss_mb=None if peak_rss is None else round(peak_rss / 1048576.0, 1),
         short_outputs=sum(1 for r in ok if r.output_tokens < max_tokens),
         mean_input_tokens=round(sum(r.input_tokens for r in ok) / len(ok), 1) if ok else 0.0,
+        tokens_per_event=round(out / max(1, sum(r.text_events for r in ok)), 2),
+        load_avg=round(os.getloadavg()[0], 2),
         errors=errors[:5],
     )
 
@@ -655,12 +659,13 @@ def ratio(a, b) -> float | None:
 
 def markdown_table(levels: list[LevelResult]) -> str:
     head = ("| model | server | clients | reqs | failed | short | in tok | tok/s | TTFT p50 ms | TTFT p99 ms "
-            "| ITL p50 ms | ITL p99 ms | peak RSS MB |")
+            "| ITL p50 ms | ITL p99 ms | tok/event | peak RSS MB | load |")
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for r in levels:
         lines.append(f"| {r.model} | {r.server} | {r.clients} | {r.requests} | {r.failed} | {r.short_outputs} "
                      f"| {fmt(r.mean_input_tokens)} | {fmt(r.tok_s)} | {fmt(r.ttft_p50_ms)} | {fmt(r.ttft_p99_ms)} "
-                     f"| {fmt(r.itl_p50_ms, 2)} | {fmt(r.itl_p99_ms, 2)} | {fmt(r.peak_rss_mb)} |")
+                     f"| {fmt(r.itl_p50_ms, 2)} | {fmt(r.itl_p99_ms, 2)} | {fmt(r.tokens_per_event, 2)} "
+                     f"| {fmt(r.peak_rss_mb)} | {fmt(r.load_avg, 2)} |")
     return "\n".join(lines)
 
 
@@ -825,8 +830,13 @@ def parse_args(argv=None):
     return args
 
 
+def _exit_on_term(signum, frame) -> None:
+    raise SystemExit(128 + signum)   # unwinds through the finally blocks that stop the servers
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _exit_on_term)
     variants = [v for v in args.servers.split(",") if v]
     for v in variants:
         if v not in VARIANTS:

@@ -111,6 +111,7 @@ def test_responses_stream_counts_tokens_and_latencies(serve, fake_port):
     level = serve.summarize("tiny", "lmsp", 2, results, max_tokens=5, peak_rss=50 * 1048576)
     assert (level.requests, level.failed, level.output_tokens, level.short_outputs) == (3, 0, 15, 0)
     assert level.tok_s > 0 and level.peak_rss_mb == 50.0 and level.mean_input_tokens == 11.0
+    assert level.tokens_per_event == 1.0
 
 
 def test_completion_stream_spreads_gaps_over_the_tokens_a_chunk_carries(serve, fake_port):
@@ -145,7 +146,7 @@ def test_percentile_is_nearest_rank(serve):
 def test_ratios_and_goals_compare_each_variant_to_llama(serve):
     def level(server, clients, tok_s, ttft, rss, failed=0):
         return serve.LevelResult("tiny", server, clients, 4, failed, 100, 1.0, tok_s, ttft, ttft, 1.0, 2.0,
-                                 rss, 0, 10.0, [])
+                                 rss, 0, 10.0, 1.0, 0.5, [])
     levels = [level("llama", 1, 100.0, 10.0, 100.0), level("lmsp", 1, 96.0, 12.0, 150.0),
               level("llama", 16, 400.0, 20.0, 100.0), level("lmsp", 16, 380.0, 21.0, 170.0, failed=1),
               level("lmsp-noevents", 16, 395.0, 20.0, 150.0)]
