@@ -227,3 +227,33 @@ def test_slow_clients_are_cut_off_and_do_not_starve_others(make_server):
         for sock in idle:
             sock.close()
     server.check_alive()
+
+
+def test_a_body_trickled_byte_by_byte_is_cut_off(make_server):
+    """A request head is cut off by gunicorn's per-request timeout (above); a body
+    sent one byte a second must meet a deadline as well, or a few hundred such
+    clients hold every connection of the worker (and nginx passes bodies
+    through unbuffered, ``proxy_request_buffering off``, so it does not help)."""
+    server = make_server(env={"LMSP_GUNICORN_KEEPALIVE": "2"})
+    server.start()
+    token = server.admin().token
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    try:
+        sock.sendall(f"POST /v1/responses HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+                     "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n".encode())
+        outcome = None
+        for _ in range(20):          # one byte a second, for up to 20 s (ten times the setting)
+            try:
+                sock.sendall(b" ")
+                sock.settimeout(1.0)
+                outcome = "answered" if sock.recv(4096) else "closed"
+                break
+            except socket.timeout:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                outcome = "closed"
+                break
+        assert outcome is not None, "a body trickled at one byte a second was never cut off"
+    finally:
+        sock.close()
+    server.check_alive()
