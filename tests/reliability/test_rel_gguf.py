@@ -59,7 +59,7 @@ def test_named_corruption_is_a_clean_format_error(reader, scratch, name):
         assert str(path) in result["message"], result
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=hostile_gguf())
 def test_generated_headers_never_crash_the_reader(reader, scratch, data):
     path = scratch / "generated.gguf"
@@ -118,7 +118,7 @@ def test_registration_refuses_every_named_corruption_and_the_worker_survives(mod
     assert problems == []
 
 
-@settings(max_examples=150, deadline=None,
+@settings(max_examples=150, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(data=hostile_gguf())
 def test_registration_of_generated_files_never_crashes_the_server(models_server, registrar, data):
