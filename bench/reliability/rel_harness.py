@@ -135,9 +135,6 @@ class Client:
     client_id: str | None = None
     scopes: list[str] = field(default_factory=list)
 
-    def with_token(self, token: str | None) -> "Client":
-        return Client(self.host, self.port, token, self.timeout)
-
     def _headers(self, extra: dict[str, str] | None, body: bytes | None) -> dict[str, str]:
         headers = {"Accept": "application/json"}
         if self.token is not None:

@@ -19,7 +19,6 @@ import contextlib
 import http.client
 import json
 import random
-import statistics
 import sys
 import tempfile
 import threading
