@@ -261,8 +261,10 @@ def test_eval_logits(engine: Engine) -> None:
     tokens = random_prompt(10, 20)
     logits = engine.eval_logits(tokens)
     assert logits.dtype == np.float32 and logits.shape == (20, engine.n_vocab)
-    # causal: a prefix gives the same rows
+    # causal, and bitwise independent of the batch's size: a prefix gives the
+    # same rows, also a single token (the one-row matmul path)
     np.testing.assert_array_equal(engine.eval_logits(tokens[:7]), logits[:7])
+    np.testing.assert_array_equal(engine.eval_logits(tokens[:1]), logits[:1])
     with pytest.raises(ValueError):
         engine.eval_logits([])
     with pytest.raises(ContextLengthError):
