@@ -92,6 +92,8 @@ struct Sequence {
 
 Engine::Engine(const std::string & model_path, const EngineOptions & options) : options_(options) {
     log::install();
+    static std::once_flag backend_once;
+    std::call_once(backend_once, [] { llama_backend_init(); });
     if (options.n_ctx < 1) throw InvalidArgument("n_ctx must be >= 1");
     if (options.n_parallel < 1 || options.n_parallel > int32_t(llama_max_parallel_sequences())) {
         throw InvalidArgument("n_parallel must be between 1 and " + std::to_string(llama_max_parallel_sequences()));

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <climits>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include "errors.h"
 #include "ggml.h"
 #include "gguf.h"
+#include "text.h"
 
 namespace lmsp {
 namespace {
@@ -58,7 +60,8 @@ std::optional<uint64_t> get_uint(const gguf_context * ctx, const std::string & k
     return std::nullopt;
 }
 
-std::optional<std::string> get_str(const gguf_context * ctx, const std::string & key) {
+// String metadata; text that is not UTF-8 makes the file corrupt.
+std::optional<std::string> get_str(const gguf_context * ctx, const std::string & key, const std::string & path) {
     const int64_t id = gguf_find_key(ctx, key.c_str());
     if (id < 0 || gguf_get_kv_type(ctx, id) != GGUF_TYPE_STRING) {
         return std::nullopt;
@@ -67,7 +70,22 @@ std::optional<std::string> get_str(const gguf_context * ctx, const std::string &
     if (s == nullptr) {
         return std::nullopt;
     }
-    return std::string(s);
+    std::string out(s);
+    if (!utf8_valid(out)) {
+        throw ModelFormatError("corrupt GGUF metadata in " + path + ": " + key + " is not valid UTF-8");
+    }
+    return out;
+}
+
+// A hyperparameter: llama.cpp reads these as 32-bit values, so anything
+// larger is corrupt (and would not fit a database integer either).
+uint64_t get_dim(const gguf_context * ctx, const std::string & key, const std::string & path, uint64_t fallback) {
+    const uint64_t v = get_uint(ctx, key).value_or(fallback);
+    if (v > uint64_t(INT32_MAX)) {
+        throw ModelFormatError("corrupt GGUF metadata in " + path + ": " + key + " = " + std::to_string(v) +
+                               " is out of range");
+    }
+    return v;
 }
 
 // llama_ftype values (general.file_type) to the names people use for them.
@@ -142,26 +160,26 @@ GgufInfo read_gguf_info(const std::string & path) {
     GgufInfo info;
     info.size_bytes = file_size;
 
-    const auto arch = get_str(ctx.get(), "general.architecture");
+    const auto arch = get_str(ctx.get(), "general.architecture", path);
     if (!arch || arch->empty()) {
         throw ModelFormatError("GGUF file has no general.architecture: " + path);
     }
     info.architecture = *arch;
-    info.name = get_str(ctx.get(), "general.name");
-    info.chat_template = get_str(ctx.get(), "tokenizer.chat_template");
+    info.name = get_str(ctx.get(), "general.name", path);
+    info.chat_template = get_str(ctx.get(), "tokenizer.chat_template", path);
 
     const std::string a = info.architecture + ".";
-    info.context_length = get_uint(ctx.get(), a + "context_length").value_or(0);
-    info.n_embd = get_uint(ctx.get(), a + "embedding_length").value_or(0);
-    info.n_layer = get_uint(ctx.get(), a + "block_count").value_or(0);
-    info.n_head = get_uint(ctx.get(), a + "attention.head_count").value_or(0);
-    info.n_head_kv = get_uint(ctx.get(), a + "attention.head_count_kv").value_or(info.n_head);
+    info.context_length = get_dim(ctx.get(), a + "context_length", path, 0);
+    info.n_embd = get_dim(ctx.get(), a + "embedding_length", path, 0);
+    info.n_layer = get_dim(ctx.get(), a + "block_count", path, 0);
+    info.n_head = get_dim(ctx.get(), a + "attention.head_count", path, 0);
+    info.n_head_kv = get_dim(ctx.get(), a + "attention.head_count_kv", path, info.n_head);
 
     const int64_t tok_id = gguf_find_key(ctx.get(), "tokenizer.ggml.tokens");
     if (tok_id >= 0 && gguf_get_kv_type(ctx.get(), tok_id) == GGUF_TYPE_ARRAY) {
         info.vocab_size = gguf_get_arr_n(ctx.get(), tok_id);
     } else {
-        info.vocab_size = get_uint(ctx.get(), a + "vocab_size").value_or(0);
+        info.vocab_size = get_dim(ctx.get(), a + "vocab_size", path, 0);
     }
 
     // Sizes: every tensor's data must lie inside the file, and the counts must add up.

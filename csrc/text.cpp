@@ -76,6 +76,17 @@ void utf8_take(std::string & raw, std::string & out, bool final) {
     raw.erase(0, i);
 }
 
+bool utf8_valid(const std::string & s) {
+    const auto * p = reinterpret_cast<const unsigned char *>(s.data());
+    size_t i = 0;
+    while (i < s.size()) {
+        size_t len = 0;
+        if (classify(p + i, s.size() - i, len) != Utf8::complete) return false;
+        i += len;
+    }
+    return true;
+}
+
 TextStream::TextStream(std::vector<std::string> stops) : stops_(std::move(stops)) {
     stops_.erase(std::remove_if(stops_.begin(), stops_.end(), [](const std::string & s) { return s.empty(); }),
                  stops_.end());

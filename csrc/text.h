@@ -14,6 +14,9 @@ namespace lmsp {
 // U+FFFD too).
 void utf8_take(std::string & raw, std::string & out, bool final);
 
+// True when `s` is well-formed UTF-8 throughout.
+bool utf8_valid(const std::string & s);
+
 class TextStream {
 public:
     explicit TextStream(std::vector<std::string> stops);

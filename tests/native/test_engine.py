@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from native_helpers import drain, generate, prompt_tokens
 
-from lmsp.native import ContextLengthError, Engine, EngineClosedError, NativeError
+from lmsp.native import ContextLengthError, Engine, EngineClosedError, NativeError, set_logging
 
 SAMPLED = dict(temperature=0.9, top_p=0.9, top_k=40)
 # a context (and max_tokens) long enough that a sequence is still running when
@@ -358,3 +358,16 @@ def test_context_manager_closes(demo_model_path) -> None:
     with Engine(str(demo_model_path), n_ctx=64, n_parallel=1, n_threads=1) as e:
         assert e.tokenize("a")
     assert e.closed
+
+
+def test_llama_log_is_silent_unless_enabled(demo_model_path, capfd) -> None:
+    with Engine(str(demo_model_path), n_ctx=64, n_parallel=1, n_threads=1):
+        pass
+    assert capfd.readouterr().err == ""
+    set_logging(True)
+    try:
+        with Engine(str(demo_model_path), n_ctx=64, n_parallel=1, n_threads=1):
+            pass
+    finally:
+        set_logging(False)
+    assert "llama" in capfd.readouterr().err

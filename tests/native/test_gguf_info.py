@@ -52,6 +52,11 @@ HOSTILE = {
     "bad tensor type": header(1, 1) + ARCH + tensor_info(b"t", [4, 4], ggml_type=9999),
     "data past the end": header(1, 1) + ARCH + tensor_info(b"t", [1024, 1024]),
     "no architecture": header(0, 0),
+    "architecture not utf-8": header(0, 1) + kv_str(b"general.architecture", b"\x80llama"),
+    "name not utf-8": header(0, 2) + ARCH + kv_str(b"general.name", b"\xffname"),
+    "template not utf-8": header(0, 2) + ARCH + kv_str(b"tokenizer.chat_template", b"\xc3("),
+    "absurd context length": header(0, 2) + ARCH + gguf_str(b"llama.context_length") + struct.pack("<IQ", 10, 2**63),
+    "absurd layer count": header(0, 2) + ARCH + gguf_str(b"llama.block_count") + struct.pack("<IQ", 10, 2**32),
 }
 
 

@@ -33,7 +33,7 @@ def test_invalid_bytes_become_replacement_characters() -> None:
     assert s.flush() == "\ufffd"  # incomplete at the end
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, database=None)
 @given(st.binary(max_size=64), st.lists(st.integers(min_value=0, max_value=64), max_size=8))
 def test_any_bytes_in_any_pieces_decode_like_python(data: bytes, cuts: list[int]) -> None:
     s = TextStream()
@@ -71,7 +71,7 @@ def test_the_stop_string_that_completes_first_wins() -> None:
     assert TextStream("zz").push(b"a zz") == "a "  # a single string is one stop string
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, database=None)
 @given(st.text(alphabet="ab日\n", max_size=24), st.lists(st.text(alphabet="ab日", min_size=1, max_size=3),
                                                           max_size=3),
        st.lists(st.integers(min_value=0, max_value=80), max_size=8))
