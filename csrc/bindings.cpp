@@ -35,6 +35,13 @@ PyObject * new_exception(py::module_ & m, const char * name, PyObject * bases, c
     return type;
 }
 
+// Exception text may quote file names or llama.cpp's log: make it valid UTF-8.
+std::string clean(const char * what) {
+    std::string raw(what), out;
+    lmsp::utf8_take(raw, out, true);
+    return out;
+}
+
 py::dict info_dict(const lmsp::GgufInfo & i) {
     py::dict d;
     d["architecture"] = i.architecture;
@@ -256,23 +263,23 @@ PYBIND11_MODULE(_native, m) {
         try {
             if (p) std::rethrow_exception(p);
         } catch (const lmsp::ModelFormatError & e) {
-            PyErr_SetString(g_model_format_error, e.what());
+            PyErr_SetString(g_model_format_error, clean(e.what()).c_str());
         } catch (const lmsp::ContextLengthError & e) {
-            PyErr_SetString(g_context_length_error, e.what());
+            PyErr_SetString(g_context_length_error, clean(e.what()).c_str());
         } catch (const lmsp::EngineClosedError & e) {
-            PyErr_SetString(g_engine_closed_error, e.what());
+            PyErr_SetString(g_engine_closed_error, clean(e.what()).c_str());
         } catch (const lmsp::FileMissing & e) {
-            PyErr_SetString(PyExc_FileNotFoundError, e.what());
+            PyErr_SetString(PyExc_FileNotFoundError, clean(e.what()).c_str());
         } catch (const lmsp::OutOfMemory & e) {
-            PyErr_SetString(PyExc_MemoryError, e.what());
+            PyErr_SetString(PyExc_MemoryError, clean(e.what()).c_str());
         } catch (const lmsp::InvalidArgument & e) {
-            PyErr_SetString(PyExc_ValueError, e.what());
+            PyErr_SetString(PyExc_ValueError, clean(e.what()).c_str());
         } catch (const lmsp::UnknownSequence & e) {
-            PyErr_SetString(PyExc_KeyError, e.what());
+            PyErr_SetString(PyExc_KeyError, clean(e.what()).c_str());
         } catch (const std::bad_alloc &) {
             PyErr_SetString(PyExc_MemoryError, "out of memory");
         } catch (const lmsp::NativeFailure & e) {
-            PyErr_SetString(g_native_error, e.what());
+            PyErr_SetString(g_native_error, clean(e.what()).c_str());
         }
     });
 

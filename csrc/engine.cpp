@@ -103,6 +103,9 @@ Engine::Engine(const std::string & model_path, const EngineOptions & options) : 
     if (options.prefill_chunk < 1) throw InvalidArgument("prefill_chunk must be >= 1");
 
     info_ = read_gguf_info(model_path);
+    if (!info_.unloadable.empty()) {
+        throw ModelFormatError("cannot load model " + model_path + ": " + info_.unloadable);
+    }
 
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = options.n_gpu_layers;

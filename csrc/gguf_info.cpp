@@ -175,6 +175,29 @@ GgufInfo read_gguf_info(const std::string & path) {
     info.n_head = get_dim(ctx.get(), a + "attention.head_count", path, 0);
     info.n_head_kv = get_dim(ctx.get(), a + "attention.head_count_kv", path, info.n_head);
 
+    // llama.cpp asserts (aborting the process) on these instead of failing
+    // the load, so the engine refuses them first
+    {
+        const auto u = [&](const char * k) { return get_uint(ctx.get(), a + k).value_or(0); };
+        const uint64_t n_expert = u("expert_count"), n_used = u("expert_used_count");
+        const uint64_t n_groups = u("expert_group_count"), n_group_used = u("expert_group_used_count");
+        std::string & why = info.unloadable;
+        // (a missing block_count makes llama.cpp throw, which is fine)
+        if (get_uint(ctx.get(), a + "block_count") && (info.n_layer < 1 || info.n_layer > 512)) {
+            why = "block_count must be between 1 and 512";
+        } else if (u("nextn_predict_layers") > info.n_layer) {
+            why = "nextn_predict_layers exceeds block_count";
+        } else if (n_expert > 1024 || n_used > n_expert) {
+            why = "expert counts out of range";
+        } else if (n_expert > 0 && (n_used == 0 || n_groups >= n_expert ||
+                                    (n_groups > 0 && (n_expert % n_groups != 0 || n_group_used == 0 ||
+                                                      n_group_used >= n_groups)))) {
+            why = "inconsistent expert counts";
+        } else if (n_expert == 0 && n_groups != 0) {
+            why = "expert groups without experts";
+        }
+    }
+
     const int64_t tok_id = gguf_find_key(ctx.get(), "tokenizer.ggml.tokens");
     if (tok_id >= 0 && gguf_get_kv_type(ctx.get(), tok_id) == GGUF_TYPE_ARRAY) {
         info.vocab_size = gguf_get_arr_n(ctx.get(), tok_id);

@@ -22,6 +22,10 @@ struct GgufInfo {
     uint64_t n_head_kv = 0;
     uint64_t tensor_count = 0;
     uint64_t size_bytes = 0;
+
+    // Not shown to Python: why llama.cpp would abort (not throw) on this
+    // file's hyperparameters; empty when they are within its limits.
+    std::string unloadable;
 };
 
 // Reads the header with ggml's GGUF reader (no tensor data is loaded) and

@@ -137,3 +137,24 @@ def test_a_model_without_weights(tmp_path: Path) -> None:
     with pytest.raises(ModelFormatError, match="cannot load model"):
         Engine(str(path), n_ctx=64, n_parallel=1, n_threads=1)
     assert issubclass(ModelFormatError, ValueError) and issubclass(ModelFormatError, NativeError)
+
+
+def patched_u32(data: bytes, key: bytes, value: int) -> bytes:
+    """The demo model with one uint32 hyperparameter changed."""
+    field = gguf_str(key) + struct.pack("<I", 4)
+    at = data.index(field) + len(field)
+    return data[:at] + struct.pack("<I", value) + data[at + 4:]
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    (b"llama.block_count", 0), (b"llama.block_count", 600), (b"llama.block_count", 9),
+    (b"llama.attention.head_count", 0), (b"llama.attention.head_count", 3),
+    (b"llama.attention.head_count_kv", 0), (b"llama.embedding_length", 0),
+])
+def test_hyperparameters_that_do_not_match_the_weights(demo_model_path: Path, tmp_path: Path,
+                                                       key: bytes, value: int) -> None:
+    path = tmp_path / "patched.gguf"
+    path.write_bytes(patched_u32(demo_model_path.read_bytes(), key, value))
+    read_gguf_info(str(path))  # the header itself is readable
+    with pytest.raises(ModelFormatError, match="cannot load model"):
+        Engine(str(path), n_ctx=64, n_parallel=1, n_threads=1)
