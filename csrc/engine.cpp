@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 #ifdef __linux__
+#include <sched.h>
 #include <sys/eventfd.h>
 #endif
 
@@ -144,6 +145,13 @@ Engine::Engine(const std::string & model_path, const EngineOptions & options) : 
     int32_t n_threads = options.n_threads;
     if (n_threads == 0) {
         n_threads = int32_t(std::max(1u, std::thread::hardware_concurrency()));
+#ifdef __linux__
+        // the cores this process may run on (containers and taskset limit them)
+        cpu_set_t set;
+        if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) {
+            n_threads = std::min(n_threads, int32_t(CPU_COUNT(&set)));
+        }
+#endif
     }
 
     llama_context_params cp = llama_context_default_params();

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import select
+import subprocess
+import sys
 import threading
 
 import gevent
@@ -371,3 +373,25 @@ def test_llama_log_is_silent_unless_enabled(demo_model_path, capfd) -> None:
     finally:
         set_logging(False)
     assert "llama" in capfd.readouterr().err
+
+
+OUT_OF_MEMORY = """
+import resource, sys
+from lmsp.native import Engine
+Engine(sys.argv[1], n_ctx=64, n_parallel=1, n_threads=1).close()
+size = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) * 1024
+limit = size + 100 * 2**20  # room for 100 MiB more, the cache below needs 256
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+try:
+    Engine(sys.argv[1], n_ctx=4096, n_parallel=256, n_threads=1)
+except MemoryError as e:
+    print("MemoryError:", e)
+"""
+
+
+def test_out_of_memory_is_a_memory_error(demo_model_path) -> None:
+    # in a child process, whose address space is capped
+    done = subprocess.run([sys.executable, "-c", OUT_OF_MEMORY, str(demo_model_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("MemoryError: out of memory creating a context"), done.stdout
