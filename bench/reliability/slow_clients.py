@@ -1,0 +1,164 @@
+"""Slow clients against gunicorn directly and through nginx with the shipped site.
+
+Four clients, each on its own connection, while a normal client keeps
+calling ``/healthz`` (it must always be served):
+
+- ``head``: the request line, then one header line every ``--interval`` s;
+- ``body``: a complete head announcing 100 bytes, then one byte every
+  ``--interval`` s;
+
+each sent straight to gunicorn and through nginx (the ``location /`` block
+of ``deploy/nginx/lmsp.conf`` as shipped, nginx's default client timeouts).
+Reported: whether and after how many seconds each was cut off (closed or
+answered), within ``--duration`` seconds.
+
+    python bench/reliability/slow_clients.py --duration 90 --interval 5
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from rel_harness import REPO, Server, free_port  # noqa: E402
+
+SITE = REPO / "deploy" / "nginx" / "lmsp.conf"
+
+
+def _nginx(root: Path, upstream: int) -> tuple[subprocess.Popen, int]:
+    block = re.search(r"^    location / \{\n.*?^    \}\n", SITE.read_text(), re.S | re.M)
+    if block is None:
+        raise SystemExit(f"no 'location /' block in {SITE}")
+    port = free_port()
+    for name in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        (root / name).mkdir(parents=True, exist_ok=True)
+    conf = root / "nginx.conf"
+    conf.write_text(f"""
+daemon off;
+worker_processes 1;
+pid {root}/nginx.pid;
+error_log {root}/error.log info;
+events {{ worker_connections 256; }}
+http {{
+    access_log {root}/access.log;
+    client_body_temp_path {root}/body;
+    proxy_temp_path {root}/proxy;
+    fastcgi_temp_path {root}/fastcgi;
+    uwsgi_temp_path {root}/uwsgi;
+    scgi_temp_path {root}/scgi;
+    upstream lmsp {{ server 127.0.0.1:{upstream}; keepalive 16; }}
+    server {{
+        listen 127.0.0.1:{port};
+{block.group(0)}
+    }}
+}}
+""")
+    binary = shutil.which("nginx") or "/usr/sbin/nginx"
+    proc = subprocess.Popen([binary, "-p", str(root), "-c", str(conf), "-e", str(root / "error.log")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    for _ in range(300):
+        with contextlib.suppress(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, port
+        time.sleep(0.05)
+    proc.kill()
+    raise SystemExit("nginx did not start")
+
+
+def _slow(port: int, kind: str, token: str, interval: float, duration: float, out: dict, key: str) -> None:
+    t0 = time.monotonic()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    try:
+        if kind == "head":
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        else:
+            sock.sendall(f"POST /v1/responses HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+                         "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n".encode())
+        i = 0
+        while time.monotonic() - t0 < duration:
+            try:
+                sock.sendall(b"X-Slow-%d: y\r\n" % i if kind == "head" else b" ")
+                i += 1
+                sock.settimeout(interval)
+                data = sock.recv(4096)
+                status = data.split(b" ", 2)[1].decode() if data.startswith(b"HTTP/") else None
+                out[key] = {"cut_after_s": round(time.monotonic() - t0, 1),
+                            "how": f"answered {status}" if data else "closed"}
+                return
+            except socket.timeout:
+                continue
+            except OSError as exc:
+                out[key] = {"cut_after_s": round(time.monotonic() - t0, 1), "how": type(exc).__name__}
+                return
+        out[key] = {"cut_after_s": None, "how": f"still open after {duration:.0f} s"}
+    finally:
+        sock.close()
+
+
+def run(workdir: Path, duration: float, interval: float) -> dict:
+    server = Server(workdir / "data", log=workdir / "server.log")
+    server.start()
+    nginx = None
+    try:
+        nginx, nport = _nginx(workdir / "nginx", server.port)
+        token = server.admin().token
+        out: dict = {}
+        threads = [threading.Thread(target=_slow, args=(port, kind, token, interval, duration, out, f"{via}/{kind}"))
+                   for via, port in (("gunicorn", server.port), ("nginx", nport)) for kind in ("head", "body")]
+        for t in threads:
+            t.start()
+        served = failed = 0
+        while any(t.is_alive() for t in threads):
+            try:
+                ok = server.anonymous(timeout=10).get("/healthz").status == 200
+            except OSError:
+                ok = False
+            served, failed = served + ok, failed + (not ok)
+            time.sleep(0.5)
+        for t in threads:
+            t.join()
+        server.check_alive()
+        return {"duration_s": duration, "interval_s": interval, "slow_clients": out,
+                "healthz_served_meanwhile": served, "healthz_failed_meanwhile": failed}
+    finally:
+        if nginx is not None:
+            nginx.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                nginx.wait(10)
+            if nginx.poll() is None:
+                nginx.kill()
+                nginx.wait()
+        server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--duration", type=float, default=90)
+    ap.add_argument("--interval", type=float, default=5)
+    ap.add_argument("--workdir", type=Path)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        workdir = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="slow-")))
+        workdir.mkdir(parents=True, exist_ok=True)
+        summary = run(workdir, args.duration, args.interval)
+    text = json.dumps(summary, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
