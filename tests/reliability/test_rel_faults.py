@@ -140,6 +140,17 @@ def test_disk_full_gives_503_corrupts_nothing_and_recovers_by_itself(make_server
     first = client.post("/v1/responses", body)
     assert first.status == 202, first.body
     accepted.append(first.body["id"])
+    # a task that is still generating (committing its events) when the disk fills
+    long = client.post("/v1/responses", dict(body, max_output_tokens=400))
+    assert long.status == 202, long.body
+    accepted.append(long.body["id"])
+    while True:
+        conn = open_live(server.data_dir)
+        task = StoreView.load(conn).by_response(long.body["id"])
+        conn.close()
+        if task.status == "running" and task.last_seq > 8 or task.status in FINISHED:
+            break
+        time.sleep(0.05)
 
     filler = _fill(small_fs)
     statuses = []
