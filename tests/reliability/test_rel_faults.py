@@ -144,13 +144,16 @@ def test_disk_full_gives_503_corrupts_nothing_and_recovers_by_itself(make_server
     long = client.post("/v1/responses", dict(body, max_output_tokens=400))
     assert long.status == 202, long.body
     accepted.append(long.body["id"])
-    while True:
+    for _ in range(1200):            # up to a minute
+        server.check_alive()
         conn = open_live(server.data_dir)
         task = StoreView.load(conn).by_response(long.body["id"])
         conn.close()
         if task.status == "running" and task.last_seq > 8 or task.status in FINISHED:
             break
         time.sleep(0.05)
+    else:
+        raise AssertionError(f"the long task never started: {task.status}")
 
     filler = _fill(small_fs)
     statuses = []
