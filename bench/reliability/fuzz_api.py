@@ -9,17 +9,13 @@ zero of each). The service must still be alive at the end.
 """
 from __future__ import annotations
 
-import argparse
-import contextlib
-import json
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from rel_fuzz import fuzz  # noqa: E402
-from rel_harness import Server  # noqa: E402
+from rel_harness import Server, bench_main  # noqa: E402
 
 
 def run(workdir: Path, examples: int, seed: int) -> dict:
@@ -37,21 +33,12 @@ def run(workdir: Path, examples: int, seed: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--examples", type=int, default=200, help="generated cases per operation")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--workdir", type=Path)
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args(argv)
-    with contextlib.ExitStack() as stack:
-        workdir = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fuzz-")))
-        workdir.mkdir(parents=True, exist_ok=True)
-        summary = run(workdir, args.examples, args.seed)
-    text = json.dumps(summary, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
-    return 1 if summary["failures"] or summary["server_errors"] or summary["workers_replaced"] else 0
+    def options(ap) -> None:
+        ap.add_argument("--examples", type=int, default=200, help="generated cases per operation")
+        ap.add_argument("--seed", type=int, default=1)
+
+    return bench_main(__doc__, argv, options, lambda a, workdir, log: run(workdir, a.examples, a.seed),
+                      lambda s: s["failures"] or s["server_errors"] or s["workers_replaced"])
 
 
 if __name__ == "__main__":

@@ -34,16 +34,12 @@ in ``full`` mode; the image model does not track directories), and the
 """
 from __future__ import annotations
 
-import argparse
-import contextlib
-import json
 import os
 import random
 import re
 import shutil
 import sqlite3
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -53,7 +49,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from rel_checker import StoreView, Violation, check_log, integrity  # noqa: E402
-from rel_harness import Server  # noqa: E402
+from rel_harness import Server, bench_main  # noqa: E402
 
 SYSCALLS = ("openat,open,creat,close,dup,dup2,dup3,fcntl,pwrite64,pwritev,pwritev2,write,writev,ftruncate,"
             "fsync,fdatasync,unlink,unlinkat,rename,renameat,renameat2,sendto,sendmsg,clone,clone3,fork,vfork")
@@ -371,27 +367,20 @@ def run(workdir: Path, requests: int, seed: int, random_points: int, model: Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--requests", type=int, default=150)
-    ap.add_argument("--random-points", type=int, default=100)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--durability", default="full", choices=["full", "normal", "off"],
-                    help="the setting under test; 'normal' shows that the check can fail")
-    ap.add_argument("--workdir", type=Path)
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args(argv)
-    with contextlib.ExitStack() as stack:
-        workdir = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="powercut-")))
-        workdir.mkdir(parents=True, exist_ok=True)
+    def options(ap) -> None:
+        ap.add_argument("--requests", type=int, default=150)
+        ap.add_argument("--random-points", type=int, default=100)
+        ap.add_argument("--seed", type=int, default=1)
+        ap.add_argument("--durability", default="full", choices=["full", "normal", "off"],
+                        help="the setting under test; 'normal' shows that the check can fail")
+
+    def go(a, workdir: Path, log) -> dict:
         from lmsp.demo_model import write_demo_model
         model = write_demo_model(workdir / "tiny.gguf")   # outside the data directory: not traced
-        summary = run(workdir, args.requests, args.seed, args.random_points, model,
-                      durability=args.durability, log=lambda m: print(m, flush=True))
-    text = json.dumps(summary, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
-    return 1 if summary["violations"] or not summary["acknowledged_202"] else 0
+        return run(workdir, a.requests, a.seed, a.random_points, model, durability=a.durability, log=log)
+
+    return bench_main(__doc__, argv, options, go,
+                      lambda s: s["violations"] or not s["acknowledged_202"])
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ a run exercises exactly what ships.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import http.client
 import json
@@ -21,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +33,7 @@ VENV_BIN = Path(sys.executable).parent
 
 __all__ = [
     "REPO", "Client", "HTTPResult", "SSEEvent", "Server", "ServerDied",
-    "descendants", "free_port", "read_rss_kib",
+    "bench_main", "descendants", "free_port", "read_rss_kib",
 ]
 
 
@@ -382,3 +384,25 @@ class Server:
         body = result.body
         return Client("127.0.0.1", self.port, body["token"], client_id=body.get("client_id"),
                       scopes=list(body.get("scopes") or scopes))
+
+
+# --------------------------------------------------------------- long runs
+
+def bench_main(doc: str, argv: list[str] | None, options, run, failed=lambda summary: False) -> int:
+    """The command line of a long run: its own ``options(parser)`` plus
+    ``--workdir`` and ``--json``; ``run(args, workdir, log)`` returns the
+    summary, which is printed (and written); ``failed(summary)`` sets the exit status."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    options(ap)
+    ap.add_argument("--workdir", type=Path, help="keep the data directory and logs here (default: a temporary one)")
+    ap.add_argument("--json", type=Path, help="write the figures to this file too")
+    args = ap.parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        workdir = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lmsp-rel-")))
+        workdir.mkdir(parents=True, exist_ok=True)
+        summary = run(args, workdir, lambda message: print(message, flush=True))
+    text = json.dumps(summary, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    return 1 if failed(summary) else 0

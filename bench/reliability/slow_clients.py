@@ -16,22 +16,19 @@ answered), within ``--duration`` seconds.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import re
 import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from rel_harness import REPO, Server, free_port  # noqa: E402
+from rel_harness import REPO, Server, bench_main, free_port  # noqa: E402
 
 SITE = REPO / "deploy" / "nginx" / "lmsp.conf"
 
@@ -143,21 +140,11 @@ def run(workdir: Path, duration: float, interval: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--duration", type=float, default=90)
-    ap.add_argument("--interval", type=float, default=5)
-    ap.add_argument("--workdir", type=Path)
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args(argv)
-    with contextlib.ExitStack() as stack:
-        workdir = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="slow-")))
-        workdir.mkdir(parents=True, exist_ok=True)
-        summary = run(workdir, args.duration, args.interval)
-    text = json.dumps(summary, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
-    return 0
+    def options(ap) -> None:
+        ap.add_argument("--duration", type=float, default=90)
+        ap.add_argument("--interval", type=float, default=5)
+
+    return bench_main(__doc__, argv, options, lambda a, workdir, log: run(workdir, a.duration, a.interval))
 
 
 if __name__ == "__main__":

@@ -22,13 +22,10 @@ the restart the checker of :mod:`rel_checker` verifies LMSP chapter 11:
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import http.client
-import json
 import random
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -40,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rel_checker import (StoreView, Violation, check_acknowledged, check_idempotency,  # noqa: E402
                          check_log, check_recovery, check_seen_events, copy_db, integrity, open_copy,
                          open_live)
-from rel_harness import Client, Server  # noqa: E402
+from rel_harness import Client, Server, bench_main  # noqa: E402
 
 POLICIES = ("fail", "retry", "resume")
 KINDS = ("plain", "stream", "background", "background_stream")
@@ -384,24 +381,15 @@ def run_soak(workdir: Path, cycles: int, *, seed: int = 0, clients: int = 4,
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cycles", type=int, default=100)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--clients", type=int, default=4)
-    ap.add_argument("--workdir", type=Path, help="keep the data directory and logs here")
-    ap.add_argument("--json", type=Path, help="write the figures here")
-    args = ap.parse_args(argv)
-    with contextlib.ExitStack() as stack:
-        workdir = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="soak-")))
-        workdir.mkdir(parents=True, exist_ok=True)
-        report = run_soak(workdir, args.cycles, seed=args.seed, clients=args.clients,
-                          log=lambda m: print(m, flush=True))
-    summary = report.summary()
-    text = json.dumps(summary, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
-    return 1 if report.violations else 0
+    def options(ap) -> None:
+        ap.add_argument("--cycles", type=int, default=100)
+        ap.add_argument("--seed", type=int, default=1)
+        ap.add_argument("--clients", type=int, default=4)
+
+    return bench_main(__doc__, argv, options,
+                      lambda a, workdir, log: run_soak(workdir, a.cycles, seed=a.seed, clients=a.clients,
+                                                       log=log).summary(),
+                      lambda summary: summary["violations"])
 
 
 if __name__ == "__main__":

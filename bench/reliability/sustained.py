@@ -14,13 +14,9 @@ drifting when the last minute's p50 of plain requests is within
 """
 from __future__ import annotations
 
-import argparse
-import contextlib
 import http.client
-import json
 import random
 import sys
-import tempfile
 import threading
 import time
 from collections import defaultdict
@@ -28,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from rel_harness import Server, read_rss_kib  # noqa: E402
+from rel_harness import Server, bench_main, read_rss_kib  # noqa: E402
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -147,25 +143,17 @@ def run(workdir: Path, duration: float, clients: int, seed: int, rss_bound_mib: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--duration", type=float, default=300)
-    ap.add_argument("--clients", type=int, default=4)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--rss-bound-mib", type=float, default=16.0)
-    ap.add_argument("--drift-bound", type=float, default=1.5)
-    ap.add_argument("--workdir", type=Path)
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args(argv)
-    with contextlib.ExitStack() as stack:
-        workdir = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sustained-")))
-        workdir.mkdir(parents=True, exist_ok=True)
-        summary = run(workdir, args.duration, args.clients, args.seed, args.rss_bound_mib, args.drift_bound,
-                      log=lambda m: print(m, flush=True))
-    text = json.dumps(summary, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
-    return 0 if summary["rss_flat"] and summary["latency_steady"] and not summary["errors"] else 1
+    def options(ap) -> None:
+        ap.add_argument("--duration", type=float, default=300)
+        ap.add_argument("--clients", type=int, default=4)
+        ap.add_argument("--seed", type=int, default=1)
+        ap.add_argument("--rss-bound-mib", type=float, default=16.0)
+        ap.add_argument("--drift-bound", type=float, default=1.5)
+
+    return bench_main(__doc__, argv, options,
+                      lambda a, workdir, log: run(workdir, a.duration, a.clients, a.seed, a.rss_bound_mib,
+                                                  a.drift_bound, log=log),
+                      lambda s: not (s["rss_flat"] and s["latency_steady"]) or s["errors"])
 
 
 if __name__ == "__main__":

@@ -11,15 +11,11 @@ finish, all without a service restart. The checker of :mod:`rel_checker` then ve
 """
 from __future__ import annotations
 
-import argparse
-import contextlib
-import json
 import os
 import random
 import signal
 import sqlite3
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -29,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from rel_checker import (FINISHED, StoreView, Violation, check_log, check_recovery,  # noqa: E402
                          copy_db, integrity, open_copy, open_live)
-from rel_harness import Server  # noqa: E402
+from rel_harness import Server, bench_main  # noqa: E402
 
 POLICIES = ("fail", "retry", "resume")
 
@@ -215,23 +211,15 @@ def run_worker_kill(workdir: Path, rounds: int, *, seed: int = 0, workers: int =
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--workers", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--workdir", type=Path)
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args(argv)
-    with contextlib.ExitStack() as stack:
-        workdir = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="wkill-")))
-        workdir.mkdir(parents=True, exist_ok=True)
-        report = run_worker_kill(workdir, args.rounds, seed=args.seed, workers=args.workers,
-                                 log=lambda m: print(m, flush=True))
-    text = json.dumps(report.summary(), indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
-    return 1 if report.violations else 0
+    def options(ap) -> None:
+        ap.add_argument("--rounds", type=int, default=10)
+        ap.add_argument("--workers", type=int, default=1)
+        ap.add_argument("--seed", type=int, default=1)
+
+    return bench_main(__doc__, argv, options,
+                      lambda a, workdir, log: run_worker_kill(workdir, a.rounds, seed=a.seed, workers=a.workers,
+                                                              log=log).summary(),
+                      lambda summary: summary["violations"])
 
 
 if __name__ == "__main__":
