@@ -862,6 +862,16 @@ def main(argv=None) -> int:
           f"llama endpoint={args.llama_endpoint}", flush=True)
     levels: list[LevelResult] = []
     commands: dict[str, str] = {}
+    out = args.json or work / "results.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        """Written after every server too, so a run cut short keeps what it measured."""
+        out.write_text(json.dumps({
+            "machine": machine_line(), "argv": sys.argv, "settings": asdict(s), "load": asdict(cfg),
+            "llama_endpoint": args.llama_endpoint, "commands": commands,
+            "levels": [asdict(x) for x in levels], "ratios": ratio_rows(levels),
+        }, indent=2))
     lmsp_cmd = lmsp_command(args.lmsp)
     for model in models:
         print(f"model {model.name} ({model.stat().st_size / 1e6:.1f} MB)", flush=True)
@@ -891,6 +901,7 @@ def main(argv=None) -> int:
                 print(f"  {variant} on {model.name}: {exc}", flush=True)
             finally:
                 srv.stop()
+                save()
     print()
     print(markdown_table(levels))
     rows = ratio_rows(levels)
@@ -900,13 +911,7 @@ def main(argv=None) -> int:
         print()
         print(GOALS_TEXT)
         print("\n".join(goal_checks(levels)))
-    out = args.json or work / "results.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "machine": machine_line(), "argv": sys.argv, "settings": asdict(s), "load": asdict(cfg),
-        "llama_endpoint": args.llama_endpoint, "commands": commands,
-        "levels": [asdict(x) for x in levels], "ratios": rows,
-    }, indent=2))
+    save()
     print(f"\nresults: {out}")
     failed = sum(x.failed for x in levels)
     return 1 if failed or not levels else 0
