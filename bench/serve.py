@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
 """End-to-end serving benchmark: lmsp against llama-server, same model, same load.
 
-Both servers are started on loopback, one after the other, with the same
-thread count, parallel sequences and context per sequence, and driven by the
-same load generator: streamed requests with fixed prompts, seeds and output
-lengths at several levels of concurrent clients. For every (model, server,
+Every server is started on loopback with the same thread count, parallel
+sequences and context per sequence, then they are driven in turn (one at a
+time; the others sit idle) by the same load generator: streamed requests with
+fixed prompts, seeds and output lengths at several levels of concurrent
+clients. With ``--rounds N`` each level is measured N times, the servers
+taking turns in alternating order, and the median round is reported: on a
+shared machine this keeps a change in background load from landing on one
+server only. For every (model, server,
 clients) it reports aggregate output tokens/s, time to first token and
 inter-token latency (p50, p99), failed requests and the peak RSS of the server
 process tree, then the ratio of each lmsp variant to llama-server.
@@ -119,6 +123,7 @@ class LevelResult:
     tokens_per_event: float     # output tokens per text event: >1 when a server bunches tokens
     load_avg: float             # 1-minute load average of the machine at the end of the level
     errors: list[str]
+    round: int = 0
 
 
 def summarize(model: str, server: str, clients: int, results: list[RequestResult],
@@ -759,35 +764,77 @@ def make_models(names: list[str], files: list[str], work: Path) -> list[Path]:
     return models
 
 
-def bench_server(srv: Server, variant: str, proto: Protocol, headers: dict, model: Path,
-                 clients_list: list[int], args, cfg: LoadConfig, s: ServeSettings) -> list[LevelResult]:
-    out: list[LevelResult] = []
-    watch = RssWatch(srv.proc.pid)
-    index = 0
-    # warm-up: load the model (lmsp loads on first use) and touch every code path once
-    warm = run_level(srv.port, proto, headers, min(2, s.parallel), args.warmup, cfg, first_index=10**6)
-    bad = [r.error for r in warm if not r.ok]
-    if bad:
-        print(f"  warm-up failures on {srv.name}: {bad[:3]}", flush=True)
-    for clients in clients_list:
-        n = max(args.min_requests, clients * args.requests_per_client)
+@dataclass
+class Contender:
+    """One running server with what it takes to send it requests."""
+    variant: str
+    srv: Server
+    proto: Protocol
+    headers: dict
+    watch: RssWatch
+
+
+def open_contender(variant: str, model: Path, args, cfg: LoadConfig, s: ServeSettings, work: Path,
+                   lmsp_cmd: list[str], commands: dict) -> Contender:
+    if variant == "llama":
+        srv = LlamaServer.create(args.llama_server, model, s, work, args.llama_arg)
+    else:
+        srv = LmspServer.create(lmsp_cmd, model, s, work, variant, {})
+    commands[f"{variant} {model.stem}"] = shlex.join(srv.argv)
+    srv.start()
+    try:
+        srv.ready(s)
+        headers: dict = {}
+        if variant == "llama":
+            proto = {"completion": lambda: CompletionProtocol(srv.port),
+                     "chat": ChatProtocol,
+                     "responses": lambda: ResponsesProtocol(model.stem, {"ignore_eos": True, "min_p": 0.0}),
+                     }[args.llama_endpoint]()
+        else:
+            headers = {"Authorization": f"Bearer {srv.pair()}"}
+            proto = ResponsesProtocol(model.stem)
+        # warm-up: load the model (lmsp loads it on first use) and touch every code path once
         if isinstance(proto, CompletionProtocol):
-            for i in range(index, index + n):
-                proto.prepare(make_prompt(i, cfg.prompt_words))
-        watch.start()
-        results = run_level(srv.port, proto, headers, clients, n, cfg, first_index=index)
-        peak = watch.stop()
-        index += n
-        if not srv.alive():
-            print(f"  {srv.name} died during the {clients}-client level:\n{srv.log_tail()}", flush=True)
-        lvl = summarize(model.stem, variant, clients, results, cfg.max_tokens, peak)
-        out.append(lvl)
-        print(f"  {lvl.server:14s} {clients:3d} clients: {lvl.tok_s:8.1f} tok/s  TTFT p50 {fmt(lvl.ttft_p50_ms)} "
-              f"p99 {fmt(lvl.ttft_p99_ms)} ms  ITL p50 {fmt(lvl.itl_p50_ms, 2)} p99 {fmt(lvl.itl_p99_ms, 2)} ms  "
-              f"failed {lvl.failed}/{lvl.requests}  RSS {fmt(lvl.peak_rss_mb)} MB"
-              + (f"  errors: {lvl.errors}" if lvl.errors else ""), flush=True)
-        if not srv.alive():
-            break
+            for i in range(args.warmup):
+                proto.prepare(make_prompt(10**6 + i, cfg.prompt_words))
+        warm = run_level(srv.port, proto, headers, min(2, s.parallel), args.warmup, cfg, first_index=10**6)
+        bad = [r.error for r in warm if not r.ok]
+        if bad:
+            print(f"  warm-up failures on {variant}: {bad[:3]}", flush=True)
+    except BaseException:
+        srv.stop()
+        raise
+    return Contender(variant, srv, proto, headers, RssWatch(srv.proc.pid))
+
+
+def measure(c: Contender, model: Path, clients: int, n: int, first_index: int, cfg: LoadConfig,
+            rnd: int) -> LevelResult:
+    if isinstance(c.proto, CompletionProtocol):
+        for i in range(first_index, first_index + n):
+            c.proto.prepare(make_prompt(i, cfg.prompt_words))
+    c.watch.start()
+    results = run_level(c.srv.port, c.proto, c.headers, clients, n, cfg, first_index=first_index)
+    peak = c.watch.stop()
+    lvl = summarize(model.stem, c.variant, clients, results, cfg.max_tokens, peak)
+    lvl.round = rnd
+    print(f"  {lvl.server:14s} {clients:3d} clients r{rnd}: {lvl.tok_s:8.1f} tok/s  TTFT p50 {fmt(lvl.ttft_p50_ms)} "
+          f"p99 {fmt(lvl.ttft_p99_ms)} ms  ITL p50 {fmt(lvl.itl_p50_ms, 2)} p99 {fmt(lvl.itl_p99_ms, 2)} ms  "
+          f"failed {lvl.failed}/{lvl.requests}  RSS {fmt(lvl.peak_rss_mb)} MB  load {lvl.load_avg:.1f}"
+          + (f"  errors: {lvl.errors}" if lvl.errors else ""), flush=True)
+    if not c.srv.alive():
+        print(f"  {c.variant} died during the {clients}-client level:\n{c.srv.log_tail()}", flush=True)
+    return lvl
+
+
+def median_rounds(levels: list[LevelResult]) -> list[LevelResult]:
+    """Per (model, server, clients), the round whose tok/s is the median (the lower one of two)."""
+    groups: dict[tuple, list[LevelResult]] = {}
+    for lvl in levels:
+        groups.setdefault((lvl.model, lvl.server, lvl.clients), []).append(lvl)
+    out = []
+    for group in groups.values():
+        ranked = sorted(group, key=lambda x: x.tok_s)
+        out.append(ranked[(len(ranked) - 1) // 2])
     return out
 
 
@@ -803,6 +850,8 @@ def parse_args(argv=None):
     p.add_argument("--requests-per-client", type=int, default=2)
     p.add_argument("--min-requests", type=int, default=6, help="at least this many requests per level")
     p.add_argument("--warmup", type=int, default=2, help="unmeasured requests before the levels")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="measure each level this many times, servers taking turns; report the median round")
     p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
     p.add_argument("--prompt-words", type=int, default=24)
     p.add_argument("--temperature", type=float, default=1.0)
@@ -870,47 +919,47 @@ def main(argv=None) -> int:
         out.write_text(json.dumps({
             "machine": machine_line(), "argv": sys.argv, "settings": asdict(s), "load": asdict(cfg),
             "llama_endpoint": args.llama_endpoint, "commands": commands,
-            "levels": [asdict(x) for x in levels], "ratios": ratio_rows(levels),
+            "rounds": args.rounds, "levels": [asdict(x) for x in median_rounds(levels)],
+            "ratios": ratio_rows(median_rounds(levels)), "all_rounds": [asdict(x) for x in levels],
         }, indent=2))
     lmsp_cmd = lmsp_command(args.lmsp)
     for model in models:
         print(f"model {model.name} ({model.stat().st_size / 1e6:.1f} MB)", flush=True)
-        for variant in variants:
-            if variant == "llama":
-                srv = LlamaServer.create(args.llama_server, model, s, work, args.llama_arg)
-            else:
-                srv = LmspServer.create(lmsp_cmd, model, s, work, variant, {})
-            commands[f"{variant} {model.stem}"] = shlex.join(srv.argv)
-            try:
-                srv.start()
-                srv.ready(s)
-                headers: dict = {}
-                if variant == "llama":
-                    proto = {"completion": lambda: CompletionProtocol(srv.port),
-                             "chat": ChatProtocol,
-                             "responses": lambda: ResponsesProtocol(model.stem, {"ignore_eos": True, "min_p": 0.0})
-                             }[args.llama_endpoint]()
-                else:
-                    headers = {"Authorization": f"Bearer {srv.pair()}"}
-                    proto = ResponsesProtocol(model.stem)
-                if isinstance(proto, CompletionProtocol):
-                    for i in range(args.warmup):
-                        proto.prepare(make_prompt(10**6 + i, cfg.prompt_words))
-                levels += bench_server(srv, variant, proto, headers, model, clients_list, args, cfg, s)
-            except (RuntimeError, OSError, subprocess.SubprocessError, ValueError) as exc:
-                print(f"  {variant} on {model.name}: {exc}", flush=True)
-            finally:
-                srv.stop()
+        running: list[Contender] = []
+        try:
+            for variant in variants:
+                try:
+                    running.append(open_contender(variant, model, args, cfg, s, work, lmsp_cmd, commands))
+                except (RuntimeError, OSError, subprocess.SubprocessError, ValueError) as exc:
+                    print(f"  {variant} on {model.name} did not start: {exc}", flush=True)
+            index = 0
+            for clients in clients_list:
+                n = max(args.min_requests, clients * args.requests_per_client)
+                for rnd in range(args.rounds):
+                    # alternate the order, so that no server always goes first after a pause
+                    for c in (running if rnd % 2 == 0 else running[::-1]):
+                        if not c.srv.alive():
+                            continue
+                        # the same request indices (prompts, seeds) for every server
+                        levels.append(measure(c, model, clients, n, index, cfg, rnd))
+                    index += n
                 save()
+        finally:
+            for c in running:
+                c.srv.stop()
+            save()
+    summary = median_rounds(levels)
     print()
-    print(markdown_table(levels))
-    rows = ratio_rows(levels)
+    if args.rounds > 1:
+        print(f"each row: the median of {args.rounds} rounds by tok/s")
+    print(markdown_table(summary))
+    rows = ratio_rows(summary)
     if rows:
         print()
         print(ratio_table(rows))
         print()
         print(GOALS_TEXT)
-        print("\n".join(goal_checks(levels)))
+        print("\n".join(goal_checks(summary)))
     save()
     print(f"\nresults: {out}")
     failed = sum(x.failed for x in levels)

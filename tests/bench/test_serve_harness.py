@@ -170,3 +170,15 @@ def test_process_tree_and_rss_watch_see_this_process(serve):
     watch.start()
     peak = watch.stop()
     assert peak > 1048576
+
+
+def test_median_round_is_picked_per_server_and_level(serve):
+    def level(server, tok_s, rnd):
+        lvl = serve.LevelResult("tiny", server, 4, 4, 0, 100, 1.0, tok_s, 1.0, 1.0, 1.0, 2.0,
+                                10.0, 0, 10.0, 1.0, 0.5, [])
+        lvl.round = rnd
+        return lvl
+    levels = [level("llama", 300.0, 0), level("llama", 100.0, 1), level("llama", 200.0, 2),
+              level("lmsp", 50.0, 0), level("lmsp", 70.0, 1)]
+    picked = {x.server: (x.tok_s, x.round) for x in serve.median_rounds(levels)}
+    assert picked == {"llama": (200.0, 2), "lmsp": (50.0, 0)}
