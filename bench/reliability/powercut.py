@@ -34,11 +34,14 @@ in ``full`` mode; the image model does not track directories), and the
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
 import shutil
+import signal
 import sqlite3
+import subprocess
 import sys
 import threading
 import time
@@ -49,7 +52,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from rel_checker import StoreView, Violation, check_log, integrity  # noqa: E402
-from rel_harness import Server, bench_main  # noqa: E402
+from rel_harness import Server, bench_main, descendants  # noqa: E402
 
 SYSCALLS = ("openat,open,creat,close,dup,dup2,dup3,fcntl,pwrite64,pwritev,pwritev2,write,writev,ftruncate,"
             "fsync,fdatasync,unlink,unlinkat,rename,renameat,renameat2,sendto,sendmsg,clone,clone3,fork,vfork")
@@ -296,7 +299,7 @@ def run(workdir: Path, requests: int, seed: int, random_points: int, model: Path
     strace = shutil.which("strace")
     if strace is None:
         raise SystemExit("strace is needed (apt-get install strace)")
-    prefix = [strace, "-f", "-qq", "-xx", "-s", str(1 << 24), "-e", "signal=none", "-e", f"trace={SYSCALLS}",
+    prefix = [strace, "-f", "--seccomp-bpf", "-qq", "-xx", "-s", str(1 << 24), "-e", "signal=none", "-e", f"trace={SYSCALLS}",
               "-o", str(trace)]
     server = Server(data_dir, log=workdir / "server.log", prefix=prefix, model=model, ready_timeout=300,
                     env={"LMSP_DURABILITY": durability})
@@ -327,7 +330,14 @@ def run(workdir: Path, requests: int, seed: int, random_points: int, model: Path
             t.join()
         time.sleep(1.0)
     finally:
-        server.stop(timeout=60)
+        # stop the service itself (strace's child), so that strace sees every
+        # tracee exit and closes its output; then make sure nothing is left
+        for pid, parent in descendants(server.proc.pid).items():
+            if parent == server.proc.pid:
+                os.kill(pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.proc.wait(60)
+        server.stop(timeout=5)
     traced = time.monotonic() - t0
     log(f"traced run done in {traced:.0f}s; trace {trace.stat().st_size // (1 << 20)} MiB; replaying")
 
