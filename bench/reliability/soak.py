@@ -356,6 +356,11 @@ def run_soak(workdir: Path, cycles: int, *, seed: int = 0, clients: int = 4,
             load = Load(client, rng, cycle, report, known, model, max_tokens)
             threads = load.start(clients)
             time.sleep(rng.uniform(*load_seconds))
+            if rng.random() < 0.4:
+                # cancel a few of the newest responses and kill right after the
+                # answers: running tasks are then often still `cancelling`
+                for rid in list(known[-3:]):
+                    load.cancel(rid)
             server.crash()
             load.stop.set()
             for t in threads:
