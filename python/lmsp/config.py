@@ -39,6 +39,7 @@ class Config:
     max_output_tokens_cap: int = 4096
     default_on_restart: str = "fail"
     max_body_bytes: int = 1 << 20
+    body_timeout: float = 30.0        # seconds for a whole request body to arrive (408 after)
     lease_seconds: float = 10.0       # a worker's claim on a task, renewed while it runs
     heartbeat_seconds: float = 15.0   # SSE comment on an idle stream
     pairing_ttl_seconds: int = 600

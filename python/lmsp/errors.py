@@ -81,6 +81,10 @@ class PayloadTooLarge(LMSPError):
     status, code = 413, "payload_too_large"
 
 
+class RequestTimeout(LMSPError):
+    status, code = 408, "request_timeout"
+
+
 class UnsupportedMediaType(LMSPError):
     status, code = 415, "unsupported_media_type"
 

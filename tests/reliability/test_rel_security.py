@@ -233,7 +233,7 @@ def test_a_body_trickled_byte_by_byte_is_cut_off(make_server):
     sent one byte a second must meet a deadline as well, or a few hundred such
     clients hold every connection of the worker (and nginx passes bodies
     through unbuffered, ``proxy_request_buffering off``, so it does not help)."""
-    server = make_server(env={"LMSP_GUNICORN_KEEPALIVE": "2"})
+    server = make_server(env={"LMSP_GUNICORN_KEEPALIVE": "2", "LMSP_BODY_TIMEOUT": "2"})
     server.start()
     token = server.admin().token
     sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
@@ -245,7 +245,8 @@ def test_a_body_trickled_byte_by_byte_is_cut_off(make_server):
             try:
                 sock.sendall(b" ")
                 sock.settimeout(1.0)
-                outcome = "answered" if sock.recv(4096) else "closed"
+                answer = sock.recv(4096)
+                outcome = "answered" if answer else "closed"
                 break
             except socket.timeout:
                 continue
@@ -253,6 +254,9 @@ def test_a_body_trickled_byte_by_byte_is_cut_off(make_server):
                 outcome = "closed"
                 break
         assert outcome is not None, "a body trickled at one byte a second was never cut off"
+        if outcome == "answered":
+            assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+            assert b"request_timeout" in answer
     finally:
         sock.close()
     server.check_alive()

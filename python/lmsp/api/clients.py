@@ -81,7 +81,7 @@ class PairingsResource:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         idempotency.key_of(req)  # validated; codes are shown once and never recorded
-        body = read_json(req, self.deps.config.max_body_bytes, optional=True) or {}
+        body = read_json(req, self.deps.config.max_body_bytes, timeout=self.deps.config.body_timeout, optional=True) or {}
         set_json(resp, self.service.create_code(body), 201)
 
 
@@ -96,7 +96,7 @@ class PairResource:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         idempotency.key_of(req)  # validated; tokens are shown once and never recorded
-        body = read_json(req, self.deps.config.max_body_bytes)
+        body = read_json(req, self.deps.config.max_body_bytes, timeout=self.deps.config.body_timeout)
         set_json(resp, self.service.redeem(body), 201)
 
 

@@ -16,7 +16,8 @@ from typing import Any, Callable
 import falcon
 
 from lmsp.auth import is_admin
-from lmsp.errors import (InvalidJSON, InvalidRequest, NotFound, PayloadTooLarge,
+from lmsp.runtime._threads import gevent_active
+from lmsp.errors import (InvalidJSON, InvalidRequest, NotFound, PayloadTooLarge, RequestTimeout,
                          UnsupportedMediaType)
 
 log = logging.getLogger("lmsp.api")
@@ -63,18 +64,42 @@ def _media_type(req: falcon.Request) -> tuple[str, dict[str, str]]:
     return main.strip().lower(), params
 
 
-def read_body(req: falcon.Request, max_bytes: int) -> bytes:
-    """The raw request body, at most ``max_bytes`` (else 413)."""
+def read_body(req: falcon.Request, max_bytes: int, timeout: float | None = None) -> bytes:
+    """The raw request body, at most ``max_bytes`` (else 413).
+
+    Under gevent the whole body must arrive within ``timeout`` seconds (else
+    408 and the connection is closed), so clients that trickle bodies cannot
+    hold the worker's connections.
+    """
     length = req.content_length
     if length is not None and length > max_bytes:
         raise PayloadTooLarge(f"the request body is larger than {max_bytes} bytes")
-    data = req.bounded_stream.read(max_bytes + 1)
+    data = _read_with_deadline(req, max_bytes + 1, timeout)
     if len(data) > max_bytes:
         raise PayloadTooLarge(f"the request body is larger than {max_bytes} bytes")
     return data
 
 
-def read_json(req: falcon.Request, max_bytes: int, *, optional: bool = False) -> dict | None:
+def _read_with_deadline(req: falcon.Request, size: int, timeout: float | None) -> bytes:
+    if not timeout or not gevent_active():
+        return req.bounded_stream.read(size)
+    import gevent
+
+    deadline = gevent.Timeout(timeout)
+    deadline.start()
+    try:
+        return req.bounded_stream.read(size)
+    except gevent.Timeout as exc:
+        if exc is not deadline:
+            raise
+        raise RequestTimeout(f"the request body did not arrive within {timeout:g} seconds",
+                             headers={"Connection": "close"}) from None
+    finally:
+        deadline.close()
+
+
+def read_json(req: falcon.Request, max_bytes: int, *, optional: bool = False,
+              timeout: float | None = None) -> dict | None:
     """The request's JSON object body.
 
     With ``optional``, an empty body (any or no content type) gives None; a
@@ -83,7 +108,7 @@ def read_json(req: falcon.Request, max_bytes: int, *, optional: bool = False) ->
     encoding = (req.get_header("Content-Encoding") or "identity").strip().lower()
     if encoding != "identity":
         raise UnsupportedMediaType(f"compressed request bodies ({encoding}) are not supported")
-    data = read_body(req, max_bytes)
+    data = read_body(req, max_bytes, timeout)
     if not data.strip() and optional:
         return None
     media, params = _media_type(req)

@@ -34,7 +34,7 @@ class ModelsResource:
         set_json(resp, {"object": "list", "data": list(self.deps.runtime.list_models())})
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        body = read_json(req, self.deps.config.max_body_bytes)
+        body = read_json(req, self.deps.config.max_body_bytes, timeout=self.deps.config.body_timeout)
         reject_unknown(body, ("path", "id"))
         path = get_str(body, "path", required=True, max_len=4096)
         model_id = get_str(body, "id", max_len=128)
@@ -73,7 +73,7 @@ class ModelActionResource:
         self.action = action
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, model_id: str) -> None:
-        body = read_json(req, self.deps.config.max_body_bytes, optional=True)
+        body = read_json(req, self.deps.config.max_body_bytes, timeout=self.deps.config.body_timeout, optional=True)
         if body:
             reject_unknown(body, ())
         runtime = self.deps.runtime

@@ -152,6 +152,7 @@ ERRORS_BY_STATUS = {
     "403": "insufficient_scope",
     "404": "not_found (also another client's response or task)",
     "409": "idempotency_key_in_use, task_finished, task_unfinished, model_in_use or model_changed",
+    "408": "request_timeout: the body did not arrive within body_timeout (the connection is closed)",
     "413": "payload_too_large",
     "415": "unsupported_media_type",
     "422": "idempotency_key_reused",
@@ -215,7 +216,7 @@ LIST_PARAMS = (
 def _paths() -> dict:
     resp_id, task_id = _id("response_id", "resp"), _id("task_id", "task")
     model_id, client_id = _param("model_id", "path", STR), _id("client_id", "cli")
-    body_errors = ("400", "413", "415")
+    body_errors = ("400", "408", "413", "415")
     return {
         "/v1/service": {"get": _op("The service and what it can do", {"200": _json("Service", "The service")},
                                    scope=None)},

@@ -269,7 +269,7 @@ class ResponsesResource:
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         deps = self.deps
         client_id = caller(req)["id"]
-        body = read_json(req, deps.config.max_body_bytes)
+        body = read_json(req, deps.config.max_body_bytes, timeout=deps.config.body_timeout)
         key = idempotency.key_of(req)
         parsed = parse_create(body, deps.config, deps.random_seed)
         idem = None
@@ -365,7 +365,7 @@ class ResponseCancelResource:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, response_id: str) -> None:
         check_id(response_id, "resp", "response")
-        body = read_json(req, self.deps.config.max_body_bytes, optional=True)
+        body = read_json(req, self.deps.config.max_body_bytes, timeout=self.deps.config.body_timeout, optional=True)
         if body:
             reject_unknown(body, ())
         owner = owner_filter(req)

@@ -50,7 +50,7 @@ class TaskCancelResource:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, task_id: str) -> None:
         check_id(task_id, "task", "task")
-        body = read_json(req, self.deps.config.max_body_bytes, optional=True)
+        body = read_json(req, self.deps.config.max_body_bytes, timeout=self.deps.config.body_timeout, optional=True)
         if body:
             reject_unknown(body, ())
         owner = owner_filter(req)
