@@ -124,6 +124,7 @@ class LevelResult:
     load_avg: float             # 1-minute load average of the machine at the end of the level
     errors: list[str]
     round: int = 0
+    peak_pss_mb: float | None = None   # sampled sum of the tree's proportional set sizes
 
 
 def summarize(model: str, server: str, clients: int, results: list[RequestResult],
@@ -189,21 +190,38 @@ def _status_kb(pid: int, key: str) -> int | None:
     return None
 
 
+def _pss(pid: int) -> int:
+    """Proportional set size in bytes: pages shared between processes (a forked
+    master and worker, say) are split between them instead of counted twice."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            for line in fh:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
 class RssWatch:
     """Polls the peak RSS (VmHWM) of every process in a tree."""
 
     def __init__(self, root: int, interval: float = 0.2) -> None:
         self.root, self.interval = root, interval
         self.peaks: dict[int, int] = {}
+        self.peak_pss = 0     # sampled: the kernel keeps no peak of the proportional set size
         self.reset_ok = True
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def _poll(self) -> None:
+        pss = 0
         for pid in process_tree(self.root):
             hwm = _status_kb(pid, "VmHWM:")
             if hwm is not None and hwm > self.peaks.get(pid, 0):
                 self.peaks[pid] = hwm
+            pss += _pss(pid)
+        self.peak_pss = max(self.peak_pss, pss)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -212,6 +230,7 @@ class RssWatch:
     def start(self) -> None:
         """Reset the kernel's peak counters and begin polling."""
         self.peaks = {}
+        self.peak_pss = 0
         for pid in process_tree(self.root):
             try:
                 with open(f"/proc/{pid}/clear_refs", "w") as fh:
@@ -664,13 +683,13 @@ def ratio(a, b) -> float | None:
 
 def markdown_table(levels: list[LevelResult]) -> str:
     head = ("| model | server | clients | reqs | failed | short | in tok | tok/s | TTFT p50 ms | TTFT p99 ms "
-            "| ITL p50 ms | ITL p99 ms | tok/event | peak RSS MB | load |")
+            "| ITL p50 ms | ITL p99 ms | tok/event | peak RSS MB | peak PSS MB | load |")
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for r in levels:
         lines.append(f"| {r.model} | {r.server} | {r.clients} | {r.requests} | {r.failed} | {r.short_outputs} "
                      f"| {fmt(r.mean_input_tokens)} | {fmt(r.tok_s)} | {fmt(r.ttft_p50_ms)} | {fmt(r.ttft_p99_ms)} "
                      f"| {fmt(r.itl_p50_ms, 2)} | {fmt(r.itl_p99_ms, 2)} | {fmt(r.tokens_per_event, 2)} "
-                     f"| {fmt(r.peak_rss_mb)} | {fmt(r.load_avg, 2)} |")
+                     f"| {fmt(r.peak_rss_mb)} | {fmt(r.peak_pss_mb)} | {fmt(r.load_avg, 2)} |")
     return "\n".join(lines)
 
 
@@ -682,23 +701,25 @@ def ratio_rows(levels: list[LevelResult]) -> list[dict]:
             continue
         b = base[(r.model, r.clients)]
         rss_delta = None if r.peak_rss_mb is None or b.peak_rss_mb is None else r.peak_rss_mb - b.peak_rss_mb
+        pss_delta = None if r.peak_pss_mb is None or b.peak_pss_mb is None else r.peak_pss_mb - b.peak_pss_mb
         rows.append({
             "model": r.model, "server": r.server, "clients": r.clients,
             "tok_s": ratio(r.tok_s, b.tok_s), "ttft_p50": ratio(r.ttft_p50_ms, b.ttft_p50_ms),
             "ttft_p99": ratio(r.ttft_p99_ms, b.ttft_p99_ms), "itl_p50": ratio(r.itl_p50_ms, b.itl_p50_ms),
-            "itl_p99": ratio(r.itl_p99_ms, b.itl_p99_ms), "rss_delta_mb": rss_delta,
+            "itl_p99": ratio(r.itl_p99_ms, b.itl_p99_ms), "rss_delta_mb": rss_delta, "pss_delta_mb": pss_delta,
             "failed": r.failed, "failed_llama": b.failed,
         })
     return rows
 
 
 def ratio_table(rows: list[dict]) -> str:
-    lines = ["| model | server | clients | tok/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | RSS - llama MB | failed (llama) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| model | server | clients | tok/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | RSS - llama MB "
+             "| PSS - llama MB | failed (llama) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for x in rows:
         lines.append(f"| {x['model']} | {x['server']} | {x['clients']} | {fmt(x['tok_s'], 2)} | {fmt(x['ttft_p50'], 2)} "
                      f"| {fmt(x['ttft_p99'], 2)} | {fmt(x['itl_p50'], 2)} | {fmt(x['itl_p99'], 2)} "
-                     f"| {fmt(x['rss_delta_mb'])} | {x['failed']} ({x['failed_llama']}) |")
+                     f"| {fmt(x['rss_delta_mb'])} | {fmt(x.get('pss_delta_mb'))} | {x['failed']} ({x['failed_llama']}) |")
     return "\n".join(lines)
 
 
@@ -764,6 +785,60 @@ def make_models(names: list[str], files: list[str], work: Path) -> list[Path]:
     return models
 
 
+class Profiler:
+    """Samples the busiest process of a server tree while one level runs.
+
+    ``py-spy``: Python stacks of every thread, idle ones too (``--idle``), as
+    collapsed stacks (one line per stack, count last). ``perf``: ``perf
+    record -g`` of the whole process (C, C++ and the interpreter), summarized
+    afterwards by shared object and by symbol. Both are stopped with SIGINT
+    when the level ends.
+    """
+
+    def __init__(self, kind: str, out_dir: Path) -> None:
+        self.kind, self.out_dir = kind, out_dir
+        self.proc: subprocess.Popen | None = None
+        self.path: Path | None = None
+
+    @staticmethod
+    def busiest(root: int) -> int:
+        """The process of the tree with the largest resident set: the worker that holds the model."""
+        return max(process_tree(root), key=lambda pid: _status_kb(pid, "VmRSS:") or 0)
+
+    def start(self, root: int, label: str) -> None:
+        pid = self.busiest(root)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        if self.kind == "py-spy":
+            self.path = self.out_dir / f"{label}.pyspy.txt"
+            argv = ["py-spy", "record", "-p", str(pid), "-r", "200", "-f", "raw", "--threads", "--idle",
+                    "-o", str(self.path)]
+            exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+            argv[0] = exe
+        else:
+            self.path = self.out_dir / f"{label}.perf.data"
+            argv = ["perf", "record", "-F", "499", "-g", "-p", str(pid), "-o", str(self.path)]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.5)   # let it attach before the load starts
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.kind == "perf" and self.path and self.path.exists():
+            for sort in ("dso", "sym"):
+                report = subprocess.run(["perf", "report", "-i", str(self.path), "--stdio", "--no-children",
+                                         "--sort", sort, "-g", "none", "--percent-limit", "0.5"],
+                                        capture_output=True, text=True)
+                self.path.with_suffix(f".{sort}.txt").write_text(report.stdout)
+        print(f"    profile: {self.path}", flush=True)
+        self.proc = None
+
+
 @dataclass
 class Contender:
     """One running server with what it takes to send it requests."""
@@ -808,18 +883,26 @@ def open_contender(variant: str, model: Path, args, cfg: LoadConfig, s: ServeSet
 
 
 def measure(c: Contender, model: Path, clients: int, n: int, first_index: int, cfg: LoadConfig,
-            rnd: int) -> LevelResult:
+            rnd: int, profiler: Profiler | None = None) -> LevelResult:
     if isinstance(c.proto, CompletionProtocol):
         for i in range(first_index, first_index + n):
             c.proto.prepare(make_prompt(i, cfg.prompt_words))
+    if profiler is not None:
+        profiler.start(c.srv.proc.pid, f"{model.stem}-{c.variant}-{clients}c-r{rnd}")
     c.watch.start()
-    results = run_level(c.srv.port, c.proto, c.headers, clients, n, cfg, first_index=first_index)
-    peak = c.watch.stop()
+    try:
+        results = run_level(c.srv.port, c.proto, c.headers, clients, n, cfg, first_index=first_index)
+    finally:
+        peak = c.watch.stop()
+        if profiler is not None:
+            profiler.stop()
     lvl = summarize(model.stem, c.variant, clients, results, cfg.max_tokens, peak)
     lvl.round = rnd
+    lvl.peak_pss_mb = round(c.watch.peak_pss / 1048576.0, 1)
     print(f"  {lvl.server:14s} {clients:3d} clients r{rnd}: {lvl.tok_s:8.1f} tok/s  TTFT p50 {fmt(lvl.ttft_p50_ms)} "
           f"p99 {fmt(lvl.ttft_p99_ms)} ms  ITL p50 {fmt(lvl.itl_p50_ms, 2)} p99 {fmt(lvl.itl_p99_ms, 2)} ms  "
-          f"failed {lvl.failed}/{lvl.requests}  RSS {fmt(lvl.peak_rss_mb)} MB  load {lvl.load_avg:.1f}"
+          f"failed {lvl.failed}/{lvl.requests}  RSS {fmt(lvl.peak_rss_mb)} PSS {fmt(lvl.peak_pss_mb)} MB  "
+          f"load {lvl.load_avg:.1f}"
           + (f"  errors: {lvl.errors}" if lvl.errors else ""), flush=True)
     if not c.srv.alive():
         print(f"  {c.variant} died during the {clients}-client level:\n{c.srv.log_tail()}", flush=True)
@@ -867,6 +950,8 @@ def parse_args(argv=None):
     p.add_argument("--lmsp", default=None, help="command that runs the lmsp CLI (default: .venv/bin/lmsp)")
     p.add_argument("--work-dir", type=Path, default=DEFAULT_WORK)
     p.add_argument("--json", type=Path, default=None, help="write all results here (default: WORK/results.json)")
+    p.add_argument("--profile", choices=("py-spy", "perf"), default=None,
+                   help="sample each server's busiest process during every level (files in WORK/profiles)")
     p.add_argument("--quick", action="store_true",
                    help="tiny model only, 32 output tokens, fewest requests: a smoke run")
     args = p.parse_args(argv)
@@ -941,7 +1026,8 @@ def main(argv=None) -> int:
                         if not c.srv.alive():
                             continue
                         # the same request indices (prompts, seeds) for every server
-                        levels.append(measure(c, model, clients, n, index, cfg, rnd))
+                        prof = Profiler(args.profile, work / "profiles") if args.profile else None
+                        levels.append(measure(c, model, clients, n, index, cfg, rnd, prof))
                     index += n
                 save()
         finally:
