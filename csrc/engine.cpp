@@ -181,6 +181,11 @@ Engine::Engine(const std::string & model_path, const EngineOptions & options) : 
         }
         throw NativeFailure("cannot create a llama context" + (why.empty() ? "" : ": " + why));
     }
+    ggml_threadpool_params tpp = ggml_threadpool_params_default(n_threads);
+    threadpool_.reset(ggml_threadpool_new(&tpp));
+    if (!threadpool_) throw NativeFailure("cannot start " + std::to_string(n_threads) + " CPU threads");
+    llama_attach_threadpool(ctx_.get(), threadpool_.get(), threadpool_.get());
+
     if (llama_n_ctx_seq(ctx_.get()) < uint32_t(n_ctx_)) {
         n_ctx_ = int32_t(llama_n_ctx_seq(ctx_.get()));
     }
@@ -233,6 +238,7 @@ void Engine::close() {
         batch_allocated_ = false;
     }
     ctx_.reset();
+    threadpool_.reset();
     model_.reset();
     if (event_wfd_ >= 0 && event_wfd_ != event_fd_) ::close(event_wfd_);
     if (event_fd_ >= 0) ::close(event_fd_);

@@ -15,6 +15,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "ggml-cpu.h"
 #include "gguf_info.h"
 #include "llama.h"
 #include "sampler.h"
@@ -128,6 +129,7 @@ public:
 private:
     struct ModelDeleter { void operator()(llama_model * m) const { llama_model_free(m); } };
     struct ContextDeleter { void operator()(llama_context * c) const { llama_free(c); } };
+    struct ThreadpoolDeleter { void operator()(ggml_threadpool * t) const { ggml_threadpool_free(t); } };
 
     struct Request {
         enum class Kind { snapshot, eval_logits } kind;
@@ -158,8 +160,11 @@ private:
     int32_t n_ctx_ = 0;
     int32_t n_vocab_ = 0;
 
-    // owned llama.cpp objects: freed in reverse order (batch, context, model)
+    // owned llama.cpp objects: freed in reverse order (batch, context, threadpool, model)
     std::unique_ptr<llama_model, ModelDeleter> model_;
+    // CPU threads kept for the engine's life, as llama-bench and llama-server
+    // do; without one, ggml starts and joins its threads at every step
+    std::unique_ptr<ggml_threadpool, ThreadpoolDeleter> threadpool_;
     std::unique_ptr<llama_context, ContextDeleter> ctx_;
     llama_batch batch_{};
     bool batch_allocated_ = false;
