@@ -47,6 +47,7 @@ class Stream:
     terminal: str | None = None
     error: str | None = None
     first_event: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
 
     def good(self) -> bool:
         return self.error is None and self.terminal in ("response.completed", "response.incomplete",
@@ -90,6 +91,22 @@ def read_stream(resp: http.client.HTTPResponse, st: Stream) -> None:
             ev_id, ev_type = None, None
 
 
+class OpenCount:
+    """How many streams are open now, and the most that were open at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.now = self.peak = 0
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.now += n
+            self.peak = max(self.peak, self.now)
+
+
+OPEN = OpenCount()
+
+
 def run_stream(port: int, method: str, path: str, headers: dict, body: dict | None, st: Stream,
                timeout: float) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
@@ -104,7 +121,11 @@ def run_stream(port: int, method: str, path: str, headers: dict, body: dict | No
         if resp.status != 200:
             st.error = f"HTTP {resp.status}: {resp.read(300).decode('utf-8', 'replace')}"
             return
-        read_stream(resp, st)
+        OPEN.add(1)
+        try:
+            read_stream(resp, st)
+        finally:
+            OPEN.add(-1)
     except (OSError, http.client.HTTPException, ValueError) as exc:
         st.error = f"{type(exc).__name__}: {exc}"
     finally:
@@ -117,9 +138,9 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--idle", type=int, default=500)
     p.add_argument("--active", type=int, default=64)
-    p.add_argument("--active-tokens", type=int, default=96, help="output tokens per active request")
+    p.add_argument("--active-tokens", type=int, default=512, help="output tokens per active request")
     p.add_argument("--idle-tokens", type=int, default=8, help="max_output_tokens of the idle responses")
-    p.add_argument("--parallel", type=int, default=8, help="sequences decoded together")
+    p.add_argument("--parallel", type=int, default=64, help="sequences decoded together")
     p.add_argument("--threads", type=int, default=0, help="engine threads (0: all cores)")
     p.add_argument("--heartbeat", type=float, default=2.0, help="LMSP_HEARTBEAT_SECONDS for the run")
     p.add_argument("--hold", type=float, default=3.0, help="seconds to hold the idle streams after the active end")
@@ -139,7 +160,6 @@ def main(argv=None) -> int:
                                   {"LMSP_HEARTBEAT_SECONDS": str(args.heartbeat)})
     threading.stack_size(256 * 1024)
     streams: list[Stream] = []
-    threads: list[threading.Thread] = []
     t0 = time.monotonic()
     try:
         srv.start()
@@ -151,8 +171,8 @@ def main(argv=None) -> int:
         def spawn(st: Stream, method: str, path: str, body: dict | None) -> None:
             t = threading.Thread(target=run_stream, args=(srv.port, method, path, auth, body, st, args.timeout),
                                  daemon=True)
+            st.thread = t
             streams.append(st)
-            threads.append(t)
             t.start()
 
         active = []
@@ -166,24 +186,39 @@ def main(argv=None) -> int:
             st.first_event.wait(args.timeout)
         print(f"{args.active} active streams open after {time.monotonic() - t0:.1f}s", flush=True)
 
-        idle = []
-        for i in range(args.idle):
-            status, body = serve.http_json(srv.port, "POST", "/v1/responses", {
-                "model": model.stem, "input": serve.make_prompt(10_000 + i, 8), "background": True,
-                "max_output_tokens": args.idle_tokens, "seed": i}, headers=auth)
-            st = Stream("idle")
-            idle.append(st)
-            if status not in (200, 202) or not body or "id" not in body:
-                st.error = f"create answered {status}: {body}"
-                streams.append(st)
-                continue
-            st.response_id = body["id"]
-            spawn(st, "GET", f"/v1/responses/{st.response_id}?stream=true", None)
-        print(f"{len(idle)} idle streams requested after {time.monotonic() - t0:.1f}s", flush=True)
+        idle = [Stream("idle") for _ in range(args.idle)]
+        spawn_lock = threading.Lock()
 
-        for t, st in zip(threads, streams):
-            if st.kind == "active":
-                t.join(args.timeout)
+        def create(i: int) -> None:
+            st = idle[i]
+            try:
+                status, body = serve.http_json(srv.port, "POST", "/v1/responses", {
+                    "model": model.stem, "input": serve.make_prompt(10_000 + i, 8), "background": True,
+                    "max_output_tokens": args.idle_tokens, "seed": i}, headers=auth)
+            except OSError as exc:
+                status, body = 0, str(exc)
+            with spawn_lock:
+                if status not in (200, 202) or not isinstance(body, dict) or "id" not in body:
+                    st.error = f"create answered {status}: {body}"
+                    streams.append(st)
+                    return
+                st.response_id = body["id"]
+                spawn(st, "GET", f"/v1/responses/{st.response_id}?stream=true", None)
+
+        creators = [threading.Thread(target=lambda k=k: [create(i) for i in range(k, args.idle, 16)])
+                    for k in range(16)]
+        for t in creators:
+            t.start()
+        for t in creators:
+            t.join()
+        for st in idle:
+            st.first_event.wait(args.timeout)
+        active_left = sum(1 for st in active if st.terminal is None and st.error is None)
+        print(f"{len(idle)} idle streams open after {time.monotonic() - t0:.1f}s, with {active_left} "
+              f"active streams still running; {OPEN.now} streams open", flush=True)
+
+        for st in active:
+            st.thread.join(args.timeout)
         t_active = time.monotonic() - t0
         running_idle = sum(1 for st in idle if st.terminal is None and st.error is None)
         print(f"active streams done after {t_active:.1f}s; {running_idle} idle streams still open", flush=True)
@@ -197,8 +232,9 @@ def main(argv=None) -> int:
                                           body.get("error", {}).get("code") == "task_finished"):
                     cancel_errors += 1
                     st.error = st.error or f"cancel answered {status}: {body}"
-        for t in threads:
-            t.join(args.timeout)
+        for st in list(streams):
+            if st.thread is not None:
+                st.thread.join(args.timeout)
         peak = watch.stop()
         alive = srv.alive()
     except (RuntimeError, OSError, ValueError, serve.subprocess.SubprocessError) as exc:
@@ -218,7 +254,8 @@ def main(argv=None) -> int:
         k["heartbeats"] += st.heartbeats
         k["terminal"][st.terminal] = k["terminal"].get(st.terminal, 0) + 1
     report = {"idle": args.idle, "active": args.active, "parallel": args.parallel, "elapsed_s": round(elapsed, 1),
-              "active_phase_s": round(t_active, 1), "idle_open_when_active_done": running_idle,
+              "active_phase_s": round(t_active, 1), "active_running_when_idle_open": active_left,
+              "idle_open_when_active_done": running_idle, "most_streams_open_at_once": OPEN.peak,
               "peak_rss_mb": round(peak / 1048576, 1), "server_alive_at_end": alive,
               "cancel_errors": cancel_errors, "by_kind": by_kind,
               "errors": sorted({st.error for st in bad if st.error})[:10]}
