@@ -12,7 +12,9 @@
 # Environment: CUDA_ARCH (default 90), JOBS (default: all cores), PYTHON
 # (default python3), LMSP_GPU_CPU_ONLY=1 runs the same steps without CUDA (to
 # check this script on a machine without a GPU), LMSP_GPU_SERVER=1 also builds
-# llama-server. Steps whose output is already there are skipped, so a second
+# llama-server and then runs the serving benchmark (5. bench/serve.py, lmsp
+# against llama-server with every layer on the GPU), LMSP_GPU_NATIVE=0 skips
+# step 4. Steps whose output is already there are skipped, so a second
 # run after a timeout continues where the first stopped.
 #
 # Both builds leave out the flash-attention CUDA kernels (GGML_CUDA_FA=OFF):
@@ -41,6 +43,7 @@ finish() {
         mkdir -p "$OUT"
         cp -r "$logs" "$OUT/" 2>/dev/null || true
         cp "$root"/bench/out/native-*.json "$OUT/" 2>/dev/null || true
+        cp "$root"/bench/out/serve-gpu.json "$OUT/" 2>/dev/null || true
     fi
     say "done (exit $rc)"
 }
@@ -128,6 +131,24 @@ fi
 # ---------------------------------------------------------------- 4. benchmark
 ngl=99
 [ "$cuda" = OFF ] && ngl=0
+if [ "${LMSP_GPU_NATIVE:-1}" = 1 ]; then
 say "bench/native.py"
 "$vpy" bench/native.py --llama-bench "$ref/bin/llama-bench" --n-gpu-layers "$ngl" \
     --llama-bench-configs matched --parallel 1,2,4,8,16 "$@" 2>&1 | tee "$logs/native.log"
+fi
+
+# ---------------------------------------------------------------- 5. serving
+if [ "${LMSP_GPU_SERVER:-0}" = 1 ]; then
+    # bench/serve.py starts `lmsp serve`: the service's own requirements, from .whl/
+    "$vpy" -c "import falcon, gunicorn, gevent" 2>/dev/null ||
+        pipi --no-deps falcon gunicorn gevent greenlet zope.event zope.interface
+    models=(--models tiny,bench)
+    if [ -f bench/out/models/tiny.gguf ] && [ -f bench/out/models/bench.gguf ]; then
+        models=(--models "" --model-file bench/out/models/tiny.gguf --model-file bench/out/models/bench.gguf)
+    fi
+    say "bench/serve.py"
+    "$vpy" bench/serve.py "${models[@]}" --llama-server "$ref/bin/llama-server" --lmsp "$venv/bin/lmsp" \
+        --n-gpu-layers "$ngl" --threads "${LMSP_GPU_SERVE_THREADS:-4}" --clients 1,16,64 \
+        --requests-per-client 1 --min-requests 8 --max-tokens 64 \
+        --json "$root/bench/out/serve-gpu.json" 2>&1 | tee "$logs/serve.log"
+fi
