@@ -24,7 +24,7 @@ def shipped_location() -> str:
 @pytest.fixture(scope="module")
 def nginx(served, tmp_path_factory):
     binary = shutil.which("nginx") or "/usr/sbin/nginx"
-    assert Path(binary).exists(), "nginx is not installed (.ci/run installs it)"
+    assert Path(binary).exists(), "nginx is not installed (scripts/dev test installs it where it can)"
     root = tmp_path_factory.mktemp("nginx")
     port = free_port()
     for name in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
