@@ -25,7 +25,7 @@ from lmsp.store.db import Database
 
 # (concurrent tasks, engine steps per transaction): a commit thread that finds several
 # steps waiting (while the previous fsync ran) writes them in one transaction
-CASES = ((1, 1), (8, 1), (64, 1), (64, 4))
+CASES = ((1, 1), (8, 1), (64, 1), (64, 4), (64, 16))
 
 
 def percentile(values: list[float], q: float) -> float:
