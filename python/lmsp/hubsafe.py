@@ -11,7 +11,35 @@ from __future__ import annotations
 
 import functools
 
-from lmsp.runtime._threads import gevent_active
+
+def gevent_active() -> bool:
+    """True when ``threading`` is patched by gevent (a gevent worker)."""
+    try:
+        from gevent import monkey
+    except ImportError:  # pragma: no cover - gevent is a dependency
+        return False
+    return bool(monkey.is_module_patched("threading"))
+
+
+def _capture(fn, args, kwargs):
+    # Exceptions come back as values: gevent's pool would otherwise print
+    # the traceback of every expected error (404, 409...) to the log.
+    try:
+        return True, fn(*args, **kwargs)
+    except BaseException as exc:  # re-raised in the calling greenlet
+        return False, exc
+
+
+def offload(fn, *args, **kwargs):
+    """Call ``fn`` in the hub's thread pool under gevent; directly otherwise."""
+    if not gevent_active():
+        return fn(*args, **kwargs)
+    import gevent
+
+    ok, value = gevent.get_hub().threadpool.apply(_capture, (fn, args, kwargs))
+    if ok:
+        return value
+    raise value
 
 
 class HubSafeStore:
@@ -35,7 +63,10 @@ class HubSafeStore:
 
         @functools.wraps(attr)
         def call(*args, **kwargs):
-            return pool.apply(attr, args, kwargs)
+            ok, value = pool.apply(_capture, (attr, args, kwargs))
+            if ok:
+                return value
+            raise value
 
         return call
 

@@ -42,7 +42,13 @@ CHILD = textwrap.dedent(
     t = gevent.spawn(ticker)
     w = gevent.spawn(writer)
     w.join(); t.join()
-    print(json.dumps({"outcome": done[0], "ticks_while_waiting": done[1]}))
+    from lmsp.errors import NotFound
+    try:
+        safe.get_response("resp_00000000000000000000000000")
+        missing = "found"
+    except NotFound:
+        missing = "not_found"
+    print(json.dumps({"outcome": done[0], "ticks_while_waiting": done[1], "missing": missing}))
     """
 )
 
@@ -53,7 +59,8 @@ def test_lock_wait_does_not_freeze_other_greenlets(tmp_path):
     db = tmp_path / "lmsp.db"
     Store.open(db).close()
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(db), "1.0"],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
     try:
         assert child.stdout.readline().strip() == "ready"
         holder = sqlite3.connect(db, isolation_level=None)
@@ -61,7 +68,7 @@ def test_lock_wait_does_not_freeze_other_greenlets(tmp_path):
         try:
             child.stdin.write("go\n")
             child.stdin.flush()
-            out, _ = child.communicate(timeout=60)
+            out, err = child.communicate(timeout=60)
         finally:
             holder.execute("ROLLBACK")
             holder.close()
@@ -72,6 +79,9 @@ def test_lock_wait_does_not_freeze_other_greenlets(tmp_path):
     assert report["outcome"] == "unavailable"
     # the ticker greenlet ran while the writer waited for the lock
     assert report["ticks_while_waiting"] > 1
+    # expected errors reach the caller as exceptions, with nothing printed by the pool
+    assert report["missing"] == "not_found"
+    assert "Traceback" not in err, err
 
 
 def test_outside_gevent_the_store_is_returned_as_is(tmp_path):

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import falcon
 
 from lmsp.auth import is_admin
-from lmsp.runtime._threads import gevent_active
+from lmsp.hubsafe import gevent_active
 from lmsp.errors import (InvalidJSON, InvalidRequest, NotFound, PayloadTooLarge, RequestTimeout,
                          UnsupportedMediaType)
 

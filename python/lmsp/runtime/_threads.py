@@ -17,6 +17,8 @@ import importlib
 import logging
 import os
 
+from lmsp.hubsafe import gevent_active
+
 log = logging.getLogger("lmsp.runtime")
 
 
@@ -27,15 +29,6 @@ def original(module: str, name: str):
     except ImportError:  # pragma: no cover - gevent is a dependency
         return getattr(importlib.import_module(module), name)
     return monkey.get_original(module, name)
-
-
-def gevent_active() -> bool:
-    """True when ``threading`` is patched by gevent (a gevent worker)."""
-    try:
-        from gevent import monkey
-    except ImportError:  # pragma: no cover
-        return False
-    return bool(monkey.is_module_patched("threading"))
 
 
 allocate_lock = original("_thread", "allocate_lock")

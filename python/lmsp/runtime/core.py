@@ -27,6 +27,7 @@ import weakref
 from dataclasses import dataclass, field
 
 from .. import ids
+from ..hubsafe import offload
 from ..errors import ContextLengthExceeded, IllegalTransition, LMSPError, ModelInUse, NotFound, Unavailable
 from . import prompt as prompting
 from ._threads import RealThread, Wakeup, allocate_lock, gevent_active
@@ -280,10 +281,7 @@ class Runtime:
     @staticmethod
     def _offload(fn, *args, **kwargs):
         """Run blocking work (hashing, loading) off the gevent hub; plain call otherwise."""
-        if gevent_active():
-            import gevent
-            return gevent.get_hub().threadpool.apply(fn, args, kwargs)
-        return fn(*args, **kwargs)
+        return offload(fn, *args, **kwargs)
 
     # ---------------------------------------------------------------- scheduler thread
     def _scheduler_loop(self) -> None:
