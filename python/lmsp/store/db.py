@@ -108,7 +108,6 @@ class Database:
         # where SQLite's busy handler would sleep in steps of up to 100 ms.
         # Other processes still meet in SQLite's lock and its busy timeout.
         self._writer = _os_lock()
-        self._writer_pid = os.getpid()
         self._counter = itertools.count(1)
 
     # -- connections ---------------------------------------------------------------
@@ -138,12 +137,17 @@ class Database:
             raise
         return conn
 
+    def _check_fork(self) -> None:
+        if os.getpid() != self._pid:
+            # A forked child must not touch the parent's connections, nor wait
+            # on a writer lock that a thread of the parent may have held: fresh ones.
+            self._idle, self._all, self._pid = [], [], os.getpid()
+            self._writer = _os_lock()
+
     def _acquire(self) -> sqlite3.Connection:
         if self._closed:
             raise RuntimeError("the store is closed")
-        if os.getpid() != self._pid:
-            # A forked child must not touch the parent's connections: forget them.
-            self._idle, self._all, self._pid = [], [], os.getpid()
+        self._check_fork()
         try:
             return self._idle.pop()
         except IndexError:
@@ -193,51 +197,34 @@ class Database:
         A lock held by others past the busy timeout, a full disk or a read-only
         file raise :class:`lmsp.errors.Unavailable`; nothing is half-written.
         """
+        self._check_fork()
         lock = self._writer
-        if self._writer_pid != os.getpid():
-            # a lock copied by fork may be held by a thread that is not here
-            lock = self._writer = _os_lock()
-            self._writer_pid = os.getpid()
         turn = lock.acquire(timeout=self.busy_timeout) if self.busy_timeout > 0 else lock.acquire(False)
         if not turn:
             raise Unavailable(f"the store is busy: no write turn within {self.busy_timeout:g} s",
                               retry_after=1)
         try:
-            with self._write_transaction() as conn:
+            with self._transaction("BEGIN IMMEDIATE") as conn:
                 yield conn
         finally:
             lock.release()
-
-    @contextmanager
-    def _write_transaction(self) -> Iterator[sqlite3.Connection]:
-        conn = self._acquire()
-        try:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise translate(exc) from exc
-            try:
-                yield conn
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                self._rollback(conn)
-                raise translate(exc) from exc
-            except BaseException:
-                self._rollback(conn)
-                raise
-            n = next(self._counter)  # atomic under the GIL; keep the attribute monotonic
-            if n > self.commits:
-                self.commits = n
-        finally:
-            self._release(conn)
+        n = next(self._counter)  # atomic under the GIL; keep the attribute monotonic
+        if n > self.commits:
+            self.commits = n
 
     @contextmanager
     def read(self) -> Iterator[sqlite3.Connection]:
         """A consistent read snapshot (a deferred transaction)."""
+        with self._transaction("BEGIN") as conn:
+            yield conn
+
+    @contextmanager
+    def _transaction(self, begin: str) -> Iterator[sqlite3.Connection]:
+        """``begin`` ... COMMIT on one pooled connection; any error rolls back."""
         conn = self._acquire()
         try:
             try:
-                conn.execute("BEGIN")
+                conn.execute(begin)
                 yield conn
                 conn.execute("COMMIT")
             except sqlite3.Error as exc:
