@@ -49,6 +49,71 @@ def free_port() -> int:
 
 # ---------------------------------------------------------------- processes
 
+NGINX_SITE = REPO / "deploy" / "nginx" / "lmsp.conf"
+
+
+def shipped_location() -> str:
+    """The ``location / { ... }`` block of deploy/nginx/lmsp.conf, as shipped."""
+    import re
+
+    match = re.search(r"^    location / \{\n.*?^    \}\n", NGINX_SITE.read_text(), re.S | re.M)
+    if match is None:
+        raise RuntimeError(f"no 'location /' block in {NGINX_SITE}")
+    return match.group(0)
+
+
+def start_nginx(root: Path, upstream: int, *, connections: int = 256,
+                keepalive: int = 16) -> tuple[subprocess.Popen, int]:
+    """A real nginx in the foreground, proxying to 127.0.0.1:``upstream`` with the
+    shipped site's ``location /`` block; every file it writes lives under ``root``.
+    Returns the process and the loopback port it listens on."""
+    import shutil
+
+    binary = shutil.which("nginx") or "/usr/sbin/nginx"
+    if not Path(binary).exists():
+        raise RuntimeError("nginx is not installed (scripts/dev test installs it where it can)")
+    port = free_port()
+    for name in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        (root / name).mkdir(parents=True, exist_ok=True)
+    conf = root / "nginx.conf"
+    conf.write_text(f"""
+daemon off;
+master_process on;
+worker_processes 1;
+pid {root}/nginx.pid;
+error_log {root}/error.log info;
+events {{ worker_connections {connections}; }}
+http {{
+    access_log {root}/access.log;
+    client_body_temp_path {root}/body;
+    proxy_temp_path {root}/proxy;
+    fastcgi_temp_path {root}/fastcgi;
+    uwsgi_temp_path {root}/uwsgi;
+    scgi_temp_path {root}/scgi;
+    upstream lmsp {{ server 127.0.0.1:{upstream}; keepalive {keepalive}; }}
+    server {{
+        listen 127.0.0.1:{port};
+{shipped_location()}
+    }}
+}}
+""")
+    proc = subprocess.Popen([binary, "-p", str(root), "-c", str(conf), "-e", str(root / "error.log")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while True:
+        if proc.poll() is not None:
+            log = (root / "error.log").read_text(errors="replace") if (root / "error.log").exists() else ""
+            raise RuntimeError(f"nginx exited ({proc.returncode}):\n{log}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, port
+        except OSError:
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError("nginx did not listen within 30 s") from None
+            time.sleep(0.05)
+
+
 def _proc_stat(pid: int) -> tuple[int, int, str] | None:
     """(ppid, pgrp, state) of a process, or None when it is gone."""
     try:

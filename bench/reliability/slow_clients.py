@@ -17,8 +17,6 @@ answered), within ``--duration`` seconds.
 from __future__ import annotations
 
 import contextlib
-import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -28,49 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from rel_harness import REPO, Server, bench_main, free_port  # noqa: E402
-
-SITE = REPO / "deploy" / "nginx" / "lmsp.conf"
-
-
-def _nginx(root: Path, upstream: int) -> tuple[subprocess.Popen, int]:
-    block = re.search(r"^    location / \{\n.*?^    \}\n", SITE.read_text(), re.S | re.M)
-    if block is None:
-        raise SystemExit(f"no 'location /' block in {SITE}")
-    port = free_port()
-    for name in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
-        (root / name).mkdir(parents=True, exist_ok=True)
-    conf = root / "nginx.conf"
-    conf.write_text(f"""
-daemon off;
-worker_processes 1;
-pid {root}/nginx.pid;
-error_log {root}/error.log info;
-events {{ worker_connections 256; }}
-http {{
-    access_log {root}/access.log;
-    client_body_temp_path {root}/body;
-    proxy_temp_path {root}/proxy;
-    fastcgi_temp_path {root}/fastcgi;
-    uwsgi_temp_path {root}/uwsgi;
-    scgi_temp_path {root}/scgi;
-    upstream lmsp {{ server 127.0.0.1:{upstream}; keepalive 16; }}
-    server {{
-        listen 127.0.0.1:{port};
-{block.group(0)}
-    }}
-}}
-""")
-    binary = shutil.which("nginx") or "/usr/sbin/nginx"
-    proc = subprocess.Popen([binary, "-p", str(root), "-c", str(conf), "-e", str(root / "error.log")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
-    for _ in range(300):
-        with contextlib.suppress(OSError):
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return proc, port
-        time.sleep(0.05)
-    proc.kill()
-    raise SystemExit("nginx did not start")
+from rel_harness import Server, bench_main, start_nginx  # noqa: E402
 
 
 def _slow(port: int, kind: str, token: str, interval: float, duration: float, out: dict, key: str) -> None:
@@ -108,7 +64,7 @@ def run(workdir: Path, duration: float, interval: float) -> dict:
     server.start()
     nginx = None
     try:
-        nginx, nport = _nginx(workdir / "nginx", server.port)
+        nginx, nport = start_nginx(workdir / "nginx", server.port)
         token = server.admin().token
         out: dict = {}
         threads = [threading.Thread(target=_slow, args=(port, kind, token, interval, duration, out, f"{via}/{kind}"))

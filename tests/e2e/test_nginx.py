@@ -1,73 +1,24 @@
 """Behind a real nginx using the shipped site's proxy settings, a stream arrives event by event."""
 from __future__ import annotations
 
-import re
-import shutil
-import socket
 import subprocess
-import time
+import sys
 from pathlib import Path
 
 import pytest
-from e2e_helpers import check_log, deltas, free_port, sse_events
+from e2e_helpers import check_log, deltas, sse_events
 
-SITE = Path(__file__).resolve().parents[2] / "deploy" / "nginx" / "lmsp.conf"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "reliability"))
 
-
-def shipped_location() -> str:
-    """The ``location / { ... }`` block of deploy/nginx/lmsp.conf, as shipped."""
-    match = re.search(r"^    location / \{\n.*?^    \}\n", SITE.read_text(), re.S | re.M)
-    assert match, f"no 'location /' block in {SITE}"
-    return match.group(0)
+from rel_harness import start_nginx  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def nginx(served, tmp_path_factory):
-    binary = shutil.which("nginx") or "/usr/sbin/nginx"
-    assert Path(binary).exists(), "nginx is not installed (scripts/dev test installs it where it can)"
-    root = tmp_path_factory.mktemp("nginx")
-    port = free_port()
-    for name in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
-        (root / name).mkdir()
-    conf = root / "nginx.conf"
-    conf.write_text(f"""
-daemon off;
-master_process on;
-worker_processes 1;
-pid {root}/nginx.pid;
-error_log {root}/error.log info;
-events {{ worker_connections 64; }}
-http {{
-    access_log {root}/access.log;
-    client_body_temp_path {root}/body;
-    proxy_temp_path {root}/proxy;
-    fastcgi_temp_path {root}/fastcgi;
-    uwsgi_temp_path {root}/uwsgi;
-    scgi_temp_path {root}/scgi;
-    upstream lmsp {{
-        server 127.0.0.1:{served.port};
-        keepalive 4;
-    }}
-    server {{
-        listen 127.0.0.1:{port};
-{shipped_location()}
-    }}
-}}
-""")
-    proc = subprocess.Popen([binary, "-p", str(root), "-c", str(conf), "-e", str(root / "error.log")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 30
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"nginx exited ({proc.returncode}):\n{(root / 'error.log').read_text(errors='replace')}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail("nginx did not listen")
-            time.sleep(0.05)
+    try:
+        proc, port = start_nginx(tmp_path_factory.mktemp("nginx"), served.port, connections=64, keepalive=4)
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
     yield port
     proc.terminate()
     try:
