@@ -9,7 +9,7 @@ from lmsp import auth
 from lmsp.errors import InvalidRequest, NotFound, RateLimited
 
 from . import idempotency
-from .common import Deps, caller, check_id, get_int, get_str, read_json, reject_unknown, set_json
+from .common import Deps, caller, check_id, get_int, get_str, reject_unknown, set_json
 
 log = logging.getLogger("lmsp.api")
 
@@ -81,7 +81,7 @@ class PairingsResource:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         idempotency.key_of(req)  # validated; codes are shown once and never recorded
-        body = read_json(req, self.deps.config.max_body_bytes, timeout=self.deps.config.body_timeout, optional=True) or {}
+        body = self.deps.body(req, optional=True) or {}
         set_json(resp, self.service.create_code(body), 201)
 
 
@@ -96,7 +96,7 @@ class PairResource:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         idempotency.key_of(req)  # validated; tokens are shown once and never recorded
-        body = read_json(req, self.deps.config.max_body_bytes, timeout=self.deps.config.body_timeout)
+        body = self.deps.body(req)
         set_json(resp, self.service.redeem(body), 201)
 
 

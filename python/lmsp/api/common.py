@@ -38,6 +38,18 @@ class Deps:
     random_seed: Callable[[], int] = None  # type: ignore[assignment]
     http_metrics: Any = None
 
+    def body(self, req: falcon.Request, *, optional: bool = False) -> dict | None:
+        """The request's JSON object body, within the configured size and time limits."""
+        return read_json(req, self.config.max_body_bytes, optional=optional,
+                         timeout=self.config.body_timeout)
+
+    def no_body(self, req: falcon.Request) -> dict | None:
+        """The body of a POST that takes no fields: none, or an empty object."""
+        body = self.body(req, optional=True)
+        if body:
+            reject_unknown(body, ())
+        return body
+
 
 # -- bodies -----------------------------------------------------------------
 

@@ -57,3 +57,16 @@ def run(store, req: falcon.Request, client_id: str, body,
         raise
     store.idempotency_finish(client_id, key, status, out)
     return status, out, False
+
+
+def replayed_header(replayed: bool) -> dict | None:
+    return {REPLAYED: "true"} if replayed else None
+
+
+def answer(store, req: falcon.Request, resp: falcon.Response, client_id: str, body,
+           action: Callable[[], tuple[int, dict]]) -> None:
+    """:func:`run` the action and write its JSON answer, marked when replayed."""
+    from .common import set_json
+
+    status, out, replayed = run(store, req, client_id, body, action)
+    set_json(resp, out, status, replayed_header(replayed))

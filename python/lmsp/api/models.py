@@ -8,7 +8,7 @@ import falcon
 from lmsp.errors import InvalidRequest
 
 from . import idempotency
-from .common import Deps, caller, get_str, read_json, reject_unknown, set_json
+from .common import Deps, caller, get_str, reject_unknown, set_json
 
 MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
@@ -18,10 +18,6 @@ def check_model_id(value: str, param: str = "id") -> str:
         raise InvalidRequest("a model id is 1 to 128 letters, digits or . _ : - "
                              "(starting with a letter or digit)", param=param)
     return value
-
-
-def _respond(req, resp, status, body, replayed):
-    set_json(resp, body, status, {idempotency.REPLAYED: "true"} if replayed else None)
 
 
 class ModelsResource:
@@ -34,7 +30,7 @@ class ModelsResource:
         set_json(resp, {"object": "list", "data": list(self.deps.runtime.list_models())})
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        body = read_json(req, self.deps.config.max_body_bytes, timeout=self.deps.config.body_timeout)
+        body = self.deps.body(req)
         reject_unknown(body, ("path", "id"))
         path = get_str(body, "path", required=True, max_len=4096)
         model_id = get_str(body, "id", max_len=128)
@@ -46,7 +42,7 @@ class ModelsResource:
         def register():
             return 201, self.deps.runtime.register_model(path, model_id)
 
-        _respond(req, resp, *idempotency.run(self.deps.store, req, caller(req)["id"], body, register))
+        idempotency.answer(self.deps.store, req, resp, caller(req)["id"], body, register)
 
 
 class ModelResource:
@@ -73,9 +69,7 @@ class ModelActionResource:
         self.action = action
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, model_id: str) -> None:
-        body = read_json(req, self.deps.config.max_body_bytes, timeout=self.deps.config.body_timeout, optional=True)
-        if body:
-            reject_unknown(body, ())
+        body = self.deps.no_body(req)
         runtime = self.deps.runtime
 
         def act():
@@ -84,4 +78,4 @@ class ModelActionResource:
                 return 200, runtime.load_model(model_id)
             return 200, runtime.unload_model(model_id)
 
-        _respond(req, resp, *idempotency.run(self.deps.store, req, caller(req)["id"], body, act))
+        idempotency.answer(self.deps.store, req, resp, caller(req)["id"], body, act)

@@ -17,7 +17,7 @@ from lmsp.errors import (InvalidRequest, LMSPError, ModelChanged, NotFound, Task
 
 from . import idempotency
 from .common import (Deps, caller, check_id, get_bool, get_int, get_number, get_str, header_int,
-                     owner_filter, query_bool, query_int, query_str, read_json, reject_unknown,
+                     owner_filter, query_bool, query_int, query_str, reject_unknown,
                      set_json)
 from .events import FINISHED_TASK_STATES, POLL_SECONDS, event_stream, start_sse
 
@@ -269,7 +269,7 @@ class ResponsesResource:
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         deps = self.deps
         client_id = caller(req)["id"]
-        body = read_json(req, deps.config.max_body_bytes, timeout=deps.config.body_timeout)
+        body = deps.body(req)
         key = idempotency.key_of(req)
         parsed = parse_create(body, deps.config, deps.random_seed)
         idem = None
@@ -365,14 +365,11 @@ class ResponseCancelResource:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, response_id: str) -> None:
         check_id(response_id, "resp", "response")
-        body = read_json(req, self.deps.config.max_body_bytes, timeout=self.deps.config.body_timeout, optional=True)
-        if body:
-            reject_unknown(body, ())
+        body = self.deps.no_body(req)
         owner = owner_filter(req)
 
         def act():
             self.service.cancel(response_id, owner)
             return 200, self.deps.store.get_response(response_id, owner)
 
-        status, out, replayed = idempotency.run(self.deps.store, req, caller(req)["id"], body, act)
-        set_json(resp, out, status, _replayed() if replayed else None)
+        idempotency.answer(self.deps.store, req, resp, caller(req)["id"], body, act)

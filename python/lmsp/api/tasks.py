@@ -5,7 +5,7 @@ import falcon
 
 from . import idempotency
 from .common import (Deps, caller, check_id, owner_filter, query_bool, query_int, query_str,
-                     read_json, reject_unknown, set_json)
+                     set_json)
 from .events import start_sse, wants_sse
 from .responses import ResponsesService, check_cursor, stream_start
 
@@ -50,16 +50,13 @@ class TaskCancelResource:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, task_id: str) -> None:
         check_id(task_id, "task", "task")
-        body = read_json(req, self.deps.config.max_body_bytes, timeout=self.deps.config.body_timeout, optional=True)
-        if body:
-            reject_unknown(body, ())
+        body = self.deps.no_body(req)
         owner = owner_filter(req)
 
         def act():
             return 200, self.service.cancel(task_id, owner)
 
-        status, out, replayed = idempotency.run(self.deps.store, req, caller(req)["id"], body, act)
-        set_json(resp, out, status, {idempotency.REPLAYED: "true"} if replayed else None)
+        idempotency.answer(self.deps.store, req, resp, caller(req)["id"], body, act)
 
 
 class TaskEventsResource:
