@@ -30,16 +30,20 @@ def _capture(fn, args, kwargs):
         return False, exc
 
 
+def _in_pool(pool, fn, args, kwargs):
+    ok, value = pool.apply(_capture, (fn, args, kwargs))
+    if ok:
+        return value
+    raise value
+
+
 def offload(fn, *args, **kwargs):
     """Call ``fn`` in the hub's thread pool under gevent; directly otherwise."""
     if not gevent_active():
         return fn(*args, **kwargs)
     import gevent
 
-    ok, value = gevent.get_hub().threadpool.apply(_capture, (fn, args, kwargs))
-    if ok:
-        return value
-    raise value
+    return _in_pool(gevent.get_hub().threadpool, fn, args, kwargs)
 
 
 class HubSafeStore:
@@ -63,11 +67,9 @@ class HubSafeStore:
 
         @functools.wraps(attr)
         def call(*args, **kwargs):
-            ok, value = pool.apply(_capture, (attr, args, kwargs))
-            if ok:
-                return value
-            raise value
+            return _in_pool(pool, attr, args, kwargs)
 
+        setattr(self, name, call)  # made once per method; later lookups skip __getattr__
         return call
 
 
