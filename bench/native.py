@@ -23,7 +23,8 @@ What is measured:
                n_parallel=K); aggregate tokens/s = tokens generated after
                every sequence had its first token / the time that took.
 llama-bench runs twice: "matched" uses the llama.cpp settings the engine uses
-(flash attention off, no weight repacking: see csrc/engine.cpp), "default"
+(no weight repacking; on the CPU flash attention with an f16 K and a bf16 V
+cache, on a GPU flash attention off: see csrc/engine.cpp), "default"
 uses llama-bench's own defaults. llama-bench and the engine take turns, one
 repetition each, so that both see the same machine when other work comes and
 goes. Every figure is the mean over ``--reps`` repetitions (each after a
@@ -156,7 +157,10 @@ def make_models(args: argparse.Namespace) -> list[tuple[str, Path]]:
 # ---------------------------------------------------------------- llama-bench
 
 LLAMA_BENCH_CONFIGS = {
-    "matched": ["-fa", "0", "--repack", "0"],
+    # the engine's llama.cpp settings (csrc/engine.cpp): on the CPU flash
+    # attention over an f16 K and a bf16 V cache; on a GPU flash attention off
+    "matched": ["-fa", "1", "-ctk", "f16", "-ctv", "bf16", "--repack", "0"],
+    "matched-gpu": ["-fa", "0", "--repack", "0"],
     "default": [],
 }
 
@@ -165,7 +169,8 @@ def run_llama_bench(args: argparse.Namespace, model: Path, config: str, warmup: 
     """One repetition of llama-bench's prompt and generation tests."""
     cmd = [str(args.llama_bench), "-m", str(model), "-p", str(args.n_prompt), "-n", str(args.n_gen),
            "-t", str(args.threads), "-r", "1", "-ngl", str(args.n_gpu_layers),
-           "-b", str(N_BATCH), "-ub", str(N_BATCH), "-o", "json", *LLAMA_BENCH_CONFIGS[config]]
+           "-b", str(N_BATCH), "-ub", str(N_BATCH), "-o", "json",
+           *LLAMA_BENCH_CONFIGS["matched-gpu" if config == "matched" and args.n_gpu_layers else config]]
     if not warmup:
         cmd.append("--no-warmup")
     print(f"# {shlex.join(cmd)}", flush=True)

@@ -259,6 +259,19 @@ def test_cancel_a_waiting_sequence(make_engine) -> None:
     assert runs[first].finish == "cancelled"
 
 
+def test_attention_is_batch_invariant_over_long_contexts_with_two_threads(make_engine) -> None:
+    """ggml's CPU flash attention has two kernels whose summation order depends on
+    the batch: tiled for 64+ query rows of a sequence, and one query over 512+ KV
+    cells split among the threads. The engine keeps both off (csrc/engine.cpp), so a
+    row's logits do not depend on how many rows were computed with it."""
+    tokens = random_prompt(11, 700)
+    wide = make_engine(n_ctx=1024, n_parallel=1, n_threads=2, n_batch=512)
+    one_by_one = make_engine(n_ctx=1024, n_parallel=1, n_threads=2, n_batch=1)
+    logits = wide.eval_logits(tokens)       # rows in 512- and 188-row batches
+    single = one_by_one.eval_logits(tokens)  # every row alone: one query over up to 700 cells
+    np.testing.assert_array_equal(single, logits)
+
+
 def test_eval_logits(engine: Engine) -> None:
     tokens = random_prompt(10, 20)
     logits = engine.eval_logits(tokens)
