@@ -1,0 +1,134 @@
+"""append_step's fast path: the guarded counter update (one UPDATE ... FROM VALUES, in
+chunks, or the per-row fallback of SQLite < 3.33) and the foreign changes that send a
+step back to the rows."""
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from lmsp.store import Store
+from store_checks import assert_consistent, event_types
+
+
+@pytest.fixture(params=["values", "values-in-chunks", "per-row"])
+def checked_steps(request, monkeypatch) -> list:
+    """Each variant of the counter update; returns a list that grows by one per step
+    that went through ``_step_checked`` (the rows) instead of the fast path."""
+    if request.param.startswith("values") and sqlite3.sqlite_version_info < (3, 33, 0):
+        pytest.skip("UPDATE ... FROM needs SQLite 3.33")
+    if request.param == "values-in-chunks":
+        monkeypatch.setattr(Store, "_COUNTERS_CHUNK", 2)
+    if request.param == "per-row":
+        monkeypatch.setattr(Store, "_COUNTERS_FROM_VALUES", False)
+    calls: list = []
+    checked = Store._step_checked
+
+    def spy(self, *args, **kwargs):
+        calls.append(args[2])  # the items
+        return checked(self, *args, **kwargs)
+
+    monkeypatch.setattr(Store, "_step_checked", spy)
+    return calls
+
+
+def step(store: Store, tids: list[str], n: int, owner: str = "w1") -> dict:
+    return store.append_step(owner, [{"task_id": t, "delta": f"<{t[-3:]}:{n}>", "tokens": [n]} for t in tids])
+
+
+def expected_text(tid: str, steps) -> str:
+    return "".join(f"<{tid[-3:]}:{n}>" for n in steps)
+
+
+def test_known_tasks_take_the_fast_path(store, running_task, checked_steps):
+    tids = [running_task() for _ in range(5)]
+    step(store, tids, 0)
+    assert len(checked_steps) == 1  # the first step reads the rows
+    for n in (1, 2, 3):
+        step(store, tids, n)
+    # a step that changes more than the counter: pending tokens, a snapshot path
+    store.append_step("w1", [{"task_id": tids[0], "delta": "", "tokens": [7, 8]},
+                             {"task_id": tids[1], "delta": "+", "tokens": [9], "kv_path": "snap/1.kv"}]
+                      + [{"task_id": t, "delta": "+", "tokens": [9]} for t in tids[2:]])
+    step(store, tids, 4)
+    assert len(checked_steps) == 1, "known tasks must not be read again"
+    for i, tid in enumerate(tids):
+        text = expected_text(tid, range(4)) + ("" if i == 0 else "+") + expected_text(tid, [4])
+        assert store.output_text(tid) == text
+        assert_consistent(store, tid)
+    last = store.events(tids[0], after=store.last_sequence(tids[0]) - 1)["data"][0]
+    assert last["delta"] == f"<{tids[0][-3:]}:4>"
+
+
+def test_a_foreign_event_in_one_task_redoes_the_whole_step_once(store, running_task, db_path, clock,
+                                                                  checked_steps):
+    tids = [running_task() for _ in range(5)]
+    step(store, tids, 0)
+    step(store, tids, 1)
+    other = Store.open(db_path, clock=clock)  # another process, in effect
+    try:
+        other.cancel(tids[3])  # task.cancelling: a foreign event, a new last_seq
+        before = len(checked_steps)
+        result = step(store, tids, 2)
+        assert len(checked_steps) == before + 1  # rolled back, redone from the rows
+        assert result == {"skipped": [], "cancelled": [], "finished": {}}
+        step(store, tids, 3)
+        assert len(checked_steps) == before + 1  # and fast again afterwards
+    finally:
+        other.close()
+    for tid in tids:
+        assert store.output_text(tid) == expected_text(tid, range(4))  # every delta exactly once
+        assert_consistent(store, tid)
+    assert event_types(store, tids[3])[-3:] == ["task.cancelling", "response.output_text.delta",
+                                                 "response.output_text.delta"]
+
+
+def test_a_lost_claim_is_caught_although_no_event_marks_it(store, running_task, db_path, clock, checked_steps):
+    lost = running_task("resume")  # lease until t+30
+    clock.advance(20)
+    kept = [running_task() for _ in range(3)]  # leases until t+50
+    tids = [lost, *kept]
+    step(store, tids, 0)
+    step(store, tids, 1)
+    clock.advance(11)
+    other = Store.open(db_path, clock=clock)  # another process, in effect
+    try:
+        assert other.recover(startup=False)["resumed"] == [lost]  # task.resumed, owner cleared
+        step(store, kept, 2)  # the other tasks are still w1's, fast
+        before = len(checked_steps)
+        assert [c["task_id"] for c in other.claim("w2", limit=10, lease=30)] == [lost]  # no event
+        result = step(store, tids, 3)
+        assert len(checked_steps) == before + 1
+        assert result["skipped"] == [lost]
+        step(store, kept, 4)
+        assert len(checked_steps) == before + 1
+        step(store, [lost], 5, owner="w2")
+    finally:
+        other.close()
+    assert store.output_text(lost) == expected_text(lost, [0, 1, 5])  # resumed: w2 continues, w1 wrote no more
+    for tid in kept:
+        assert store.output_text(tid) == expected_text(tid, range(5))
+    for tid in tids:
+        assert_consistent(store, tid)
+
+
+def test_an_owner_change_without_an_event_is_caught(store, running_task, db_path, checked_steps):
+    """Today every path that takes a running task away also writes an event (the sequence
+    guard alone would catch it); the owner in the guard catches a change that writes none."""
+    tids = [running_task() for _ in range(4)]
+    step(store, tids, 0)
+    step(store, tids, 1)
+    conn = sqlite3.connect(db_path, isolation_level=None)  # a foreign writer, no event
+    try:
+        conn.execute("UPDATE tasks SET owner = 'w2' WHERE id = ?", (tids[2],))
+    finally:
+        conn.close()
+    before = len(checked_steps)
+    result = step(store, tids, 2)
+    assert len(checked_steps) == before + 1
+    assert result["skipped"] == [tids[2]]
+    assert store.output_text(tids[2]) == expected_text(tids[2], range(2))
+    for tid in tids[:2] + tids[3:]:
+        assert store.output_text(tid) == expected_text(tid, range(3))
+    for tid in tids:
+        assert_consistent(store, tid)
