@@ -77,9 +77,10 @@ def test_load_and_unload_show_in_the_state(store, make_runtime, model_file):
     rt.register_model("tiny.gguf")
     assert rt.load_model("tiny")["state"] == "loaded"
     assert rt.model_object("tiny")["state"] == "loaded"
-    assert rt.check_request("tiny", [{"role": "user", "content": "hi"}]) > 0
+    tokens = rt.check_request("tiny", [{"role": "user", "content": "hi"}])
+    assert tokens and tokens[0] == 1  # BOS, then the rendered chat template
     assert rt.unload_model("tiny")["state"] == "available"
-    assert rt.check_request("tiny", [{"role": "user", "content": "hi"}]) == -1
+    assert rt.check_request("tiny", [{"role": "user", "content": "hi"}]) is None  # checked at run time
     with pytest.raises(NotFound):
         rt.load_model("nope")
 

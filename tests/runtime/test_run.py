@@ -34,6 +34,25 @@ def test_a_task_runs_to_completion_with_a_gapless_log(store, runtime):
     assert figures["ttft_seconds"]["count"] == 1
 
 
+def test_a_request_meeting_a_free_slot_is_claimed_as_it_is_created(store, runtime):
+    wait_finished(runtime, store, submit(store, runtime, max_output_tokens=2))  # loads the model
+    slot = runtime.reserve("tiny")
+    assert slot == (runtime.owner, runtime.lease)
+    created = store.create_task(client_id=None, model="tiny", on_restart="fail", background=True, stream=False,
+                                request={"model": "tiny", "input": "Hi", "max_output_tokens": 4}, claim=slot)
+    runtime.adopt(created["claim"])
+    task = wait_finished(runtime, store, created["task"]["id"])
+    assert task["status"] == "completed"
+    types = check_log(all_events(store, task["id"]))
+    assert types[:len(OPENING) - 1] == [t for t in OPENING if t != "task.loading"]  # the model was loaded
+    # every slot reserved is a slot the scheduler does not fill meanwhile
+    slots = [runtime.reserve("tiny") for _ in range(runtime.config.n_parallel + 1)]
+    assert slots[-1] is None and all(s is not None for s in slots[:-1])
+    for _ in slots[:-1]:
+        runtime.adopt(None)
+    assert runtime.reserve("unknown-model") is None
+
+
 def test_greedy_output_is_reproducible(store, runtime):
     first = submit(store, runtime, "The quick brown fox", max_output_tokens=10)
     second = submit(store, runtime, "The quick brown fox", max_output_tokens=10)
@@ -149,3 +168,31 @@ def test_a_busy_store_while_failing_a_task_is_retried(store, runtime, model_file
     task = wait_finished(runtime, store, task_id)
     assert task["status"] == "failed"
     assert task["error"]["code"] == "model_changed"
+
+
+def test_waiting_for_a_local_tasks_commit_trusts_the_announcements(store, runtime, monkeypatch):
+    """A stream of a task this worker runs does not ask the store whether it missed a
+    commit: the generation read before its last read of the events tells."""
+    from lmsp.runtime.core import _Run
+
+    waits, asked = [], []
+
+    class Waiter:
+        def wait(self, timeout):
+            waits.append(timeout)
+
+    monkeypatch.setattr(runtime.waiters, "register", lambda task_id: Waiter())
+    monkeypatch.setattr(runtime.waiters, "unregister", lambda task_id, waiter: None)
+    monkeypatch.setattr(runtime, "store", type("S", (), {"last_sequence": lambda self, t: asked.append(t) or 0})())
+    runtime._runs["task_local"] = _Run("task_local", "tiny")
+    try:
+        before = runtime.commit_generation()
+        runtime.waiters.notify(["task_local"])  # a commit announced after the caller's read
+        runtime.wait_for_commit("task_local", 5, 1.0, since=before)
+        assert waits == [] and asked == []  # back at once, to read again
+        runtime.wait_for_commit("task_local", 5, 1.0, since=runtime.commit_generation())
+        assert waits == [1.0] and asked == []  # nothing new: sleeps until woken
+        runtime.wait_for_commit("task_other", 5, 1.0, since=runtime.commit_generation())
+        assert asked == ["task_other"] and waits == [1.0, 1.0]  # not ours: the store decides
+    finally:
+        runtime._runs.pop("task_local", None)

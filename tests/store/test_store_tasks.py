@@ -155,6 +155,32 @@ def test_claim_takes_oldest_first_and_only_once(store, make_task, clock):
     assert store.claim("w3", limit=3, lease=30) == []
 
 
+def test_create_task_can_claim_the_new_task_for_a_worker(store, make_task, clock):
+    created = make_task(claim=("w1", 30))
+    tid = created["task"]["id"]
+    assert created["response"]["status"] == "queued"  # the response as created
+    assert created["task"]["status"] == "running"
+    assert created["claim"]["task_id"] == tid and created["claim"]["status"] == "queued"
+    assert created["claim"]["request"]["input"] == "hello" and created["claim"]["resume"] is None
+    events = all_events(store, tid)
+    assert [(e["type"], e["sequence_number"]) for e in events] == [
+        ("response.created", 1), ("response.queued", 2), ("task.running", 3), ("response.in_progress", 4)]
+    assert events[3]["response"]["status"] == "in_progress"
+    assert store.get_task(tid) == created["task"]
+    assert store.claim("w2", limit=5, lease=30) == []  # taken: nobody else gets it
+    store.append_step("w1", [{"task_id": tid, "delta": "hi", "tokens": [5], "finish": "stop",
+                              "usage": {"input_tokens": 2, "output_tokens": 1}}])
+    assert store.get_task(tid)["status"] == "completed"
+
+
+def test_create_task_leaves_the_new_task_queued_behind_older_ones(store, make_task, clock):
+    older = make_task()["task"]["id"]
+    clock.advance(1)
+    created = make_task(claim=("w1", 30))
+    assert created["claim"] is None and created["task"]["status"] == "queued"
+    assert [c["task_id"] for c in store.claim("w1", limit=5, lease=30)] == [older, created["task"]["id"]]
+
+
 def test_state_changes_need_the_claim(store, make_task):
     tid = make_task()["task"]["id"]
     with pytest.raises(ClaimLost):

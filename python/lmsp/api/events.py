@@ -61,12 +61,15 @@ def event_stream(store, runtime, task_id: str, *, after: int = 0, client_id: str
     (the client went away).
     """
     last = after
+    generation = getattr(runtime, "commit_generation", None)
+    since = None
     finished = False
     last_write = monotonic()
     busy_since = None
     try:
         while True:
             try:
+                since = generation() if generation is not None else None
                 page = store.events(task_id, after=last, limit=PAGE, client_id=client_id)
             except Unavailable:
                 # a store busy for a moment: wait and read again; give up after a while
@@ -98,7 +101,11 @@ def event_stream(store, runtime, task_id: str, *, after: int = 0, client_id: str
                 yield KEEP_ALIVE
                 last_write = monotonic()
                 continue
-            runtime.wait_for_commit(task_id, last, max(0.001, min(poll, heartbeat - idle)))
+            wait = max(0.001, min(poll, heartbeat - idle))
+            if since is None:
+                runtime.wait_for_commit(task_id, last, wait)
+            else:
+                runtime.wait_for_commit(task_id, last, wait, since=since)
     except LMSPError as exc:
         finished = True
         yield error_frame(exc.code, exc.message, exc.param)

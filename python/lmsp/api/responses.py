@@ -194,12 +194,21 @@ class ResponsesService:
         if model.get("state") == "changed":
             raise ModelChanged(f"the file of model {parsed.model!r} changed since it was registered;"
                                " register it again", param="model")
-        runtime.check_request(parsed.model, parsed.messages)
-        result = self.deps.store.create_task(
-            client_id=client_id, model=parsed.model, request=parsed.request,
-            on_restart=parsed.on_restart, background=parsed.background, stream=parsed.stream,
-            idempotency=idempotency_key)
-        if result.get("replay") is None:
+        tokens = runtime.check_request(parsed.model, parsed.messages)
+        reserve = getattr(runtime, "reserve", None)
+        slot = reserve(parsed.model) if reserve is not None else None
+        try:
+            result = self.deps.store.create_task(
+                client_id=client_id, model=parsed.model, request=parsed.request,
+                on_restart=parsed.on_restart, background=parsed.background, stream=parsed.stream,
+                idempotency=idempotency_key, claim=slot)
+        except BaseException:
+            if slot is not None:
+                runtime.adopt(None)
+            raise
+        if slot is not None:
+            runtime.adopt(result.get("claim"), tokens)
+        if result.get("replay") is None and result.get("claim") is None:
             runtime.notify_queued()
         return result
 

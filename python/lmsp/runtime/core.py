@@ -2,7 +2,9 @@
 
 Per worker process:
 
-* the **scheduler thread** claims queued tasks up to the free engine slots,
+* the **scheduler thread** claims queued tasks up to the free engine slots
+  (a request that finds a free slot and its model loaded has its task claimed
+  in the transaction that creates it: :meth:`Runtime.reserve`),
   loads the model when needed (task ``loading``), renders the prompt and
   submits it to the engine (task ``running``), resuming recovered tasks from
   their snapshot;
@@ -116,6 +118,9 @@ class Runtime:
         self._threads: list[RealThread] = []
         self._pending: dict[str, dict] = {}    # task id -> store item not yet committed (commit thread only)
         self._retry: list[tuple[_Run, dict]] = []  # claims to start again (scheduler thread only)
+        self._reserved = 0                     # slots promised to tasks being created (under _lock)
+        self._adopted: list[tuple[_Run, dict]] = []  # tasks created claimed, to start (under _lock)
+        self._claim_due = True                 # the store may hold claimable tasks: look on the next round
         self._next_renew = self._next_recover = 0.0
         self.lease = float(config.lease_seconds)
 
@@ -186,6 +191,41 @@ class Runtime:
 
     # hints from the web layer
     def notify_queued(self) -> None:
+        self._wake_scheduler()
+
+    def _wake_scheduler(self) -> None:
+        """Wake the scheduler to claim from the store (a task was queued or a slot came free)."""
+        self._claim_due = True
+        self._sched_wake.set()
+
+    def reserve(self, model_id: str) -> tuple[str, float] | None:
+        """A free engine slot of this worker for a task about to be created, as the
+        ``claim=(owner, lease)`` of ``store.create_task``; None when there is none
+        (or the model is not loaded here): the task is then queued as usual.
+        Every reservation ends with one :meth:`adopt` call."""
+        if not self.ready or self._stopping or self.registry.engine(model_id) is None:
+            return None
+        with self._lock:
+            if int(self.config.n_parallel) - len(self._runs) - self._reserved <= 0:
+                return None
+            self._reserved += 1
+        return self.owner, self.lease
+
+    def adopt(self, claim: dict | None, tokens: list[int] | None = None) -> None:
+        """End a reservation: start the task ``create_task`` claimed for this worker
+        (its claim record), or give the slot back (None: not claimed, or failed).
+        ``tokens``: the prompt as :meth:`check_request` rendered it."""
+        with self._lock:
+            self._reserved -= 1
+            if claim is None:
+                self._claim_due = True  # the slot is free again
+            elif not self._stopping:
+                if tokens:
+                    claim = dict(claim, tokens=tokens)
+                run = _Run(claim["task_id"], claim["model"], state="running")
+                self._runs[run.task_id] = run
+                self._adopted.append((run, claim))
+        # a claim left when stopping keeps its lease, which runs out: recovery applies its policy
         self._sched_wake.set()
 
     def notify_cancel(self, task_id: str) -> None:
@@ -201,32 +241,50 @@ class Runtime:
                 log.debug("cancel of %s: %s", task_id, exc)
         self.waiters.notify([task_id])
 
-    def wait_for_commit(self, task_id: str, after_seq: int, timeout: float) -> None:
+    def commit_generation(self) -> int:
+        """A number that changes with every commit this process announces (see wait_for_commit)."""
+        return self.waiters.generation
+
+    def wait_for_commit(self, task_id: str, after_seq: int, timeout: float, since: int | None = None) -> None:
+        """Return once the task has events after ``after_seq`` (or on timeout).
+
+        ``since``: :meth:`commit_generation` read before the caller last read the
+        events. For a task this process runs, every commit of its events is
+        announced, so an unchanged generation proves nothing new was committed
+        and the store need not be asked; other tasks are checked in the store.
+        """
         waiter = self.waiters.register(task_id)
         try:
-            try:
-                if self.store.last_sequence(task_id) > after_seq:
+            if since is not None and task_id in self._runs:
+                if self.waiters.generation != since:
                     return
-            except LMSPError:
-                return  # unknown task or busy store: let the caller re-read and decide
+            else:
+                try:
+                    if self.store.last_sequence(task_id) > after_seq:
+                        return
+                except LMSPError:
+                    return  # unknown task or busy store: let the caller re-read and decide
             waiter.wait(timeout)
         finally:
             self.waiters.unregister(task_id, waiter)
 
-    def check_request(self, model_id: str, prompt_messages: list[dict]) -> int:
+    def check_request(self, model_id: str, prompt_messages: list[dict]) -> list[int] | None:
+        """The prompt's tokens when the model is loaded here (None: checked at run time);
+        ContextLengthExceeded when it cannot fit with one output token."""
         engine = self.registry.engine(model_id)
         if engine is None:
-            return -1
+            return None
         try:
-            n = len(prompting.render(engine, prompt_messages))
+            tokens = prompting.render(engine, prompt_messages)
         except Exception as exc:  # a closed engine (unloaded meanwhile): check at run time
             log.debug("check_request: %s", exc)
-            return -1
+            return None
+        n = len(tokens)
         if n >= engine.n_ctx:
             raise ContextLengthExceeded(
                 f"the prompt is {n} tokens; model {model_id} takes at most {engine.n_ctx - 1} "
                 "with room for one output token", param="input")
-        return n
+        return tokens
 
     # the model registry
     def register_model(self, path: str, model_id: str | None = None, progress=None, *,
@@ -287,17 +345,23 @@ class Runtime:
     def _scheduler_loop(self) -> None:
         backoff = 0.0
         while not self._stopping:
-            self._sched_wake.wait(backoff or IDLE_WAIT)
+            if not self._sched_wake.wait(backoff or IDLE_WAIT):
+                self._claim_due = True  # idle: look for tasks queued by other workers or recovered
             if self._stopping:
                 break
             try:
                 self._claim_some()
                 backoff = 0.0
             except Exception as exc:  # a busy store: try again soon
+                self._claim_due = True
                 backoff = min(MAX_BACKOFF, (backoff or 0.05) * 2)
                 log.warning("claiming tasks failed (retry in %.2f s): %s", backoff, exc)
 
     def _claim_some(self) -> None:
+        with self._lock:
+            adopted, self._adopted = self._adopted, []
+        for run, claim in adopted:
+            self._advance(run, claim)
         now = time.monotonic()
         due = [entry for entry in self._retry if entry[0].retry_at <= now]
         self._retry = [entry for entry in self._retry if entry[0].retry_at > now]
@@ -305,9 +369,12 @@ class Runtime:
             if self._stopping:
                 return  # still claimed: release() in stop() hands them back
             self._advance(run, claim)
+        if not self._claim_due:
+            return  # woken for tasks adopted at creation only: no store round trip
+        self._claim_due = False  # a hint arriving from now on asks for another round
         while not self._stopping:
             with self._lock:
-                free = int(self.config.n_parallel) - len(self._runs)
+                free = int(self.config.n_parallel) - len(self._runs) - self._reserved
             if free <= 0:
                 return
             claims = self.store.claim(self.owner, limit=free, lease=self.lease)
@@ -367,7 +434,7 @@ class Runtime:
             except LMSPError as exc:  # changed, missing or refused by the engine
                 return self._fail(run, exc.code, exc.message)
         try:
-            tokens = prompting.render(engine, prompting.messages_for(request))
+            tokens = claim.get("tokens") or prompting.render(engine, prompting.messages_for(request))
             kwargs = prompting.sampling(request, self.config)
         except (ValueError, TypeError) as exc:
             return self._fail(run, "invalid_request", f"the request cannot be rendered: {exc}")
@@ -407,7 +474,7 @@ class Runtime:
         self.store.fail_task(run.task_id, self.owner, code=code, message=message)
         self._forget(run)
         self.waiters.notify([run.task_id])
-        self._sched_wake.set()
+        self._wake_scheduler()
 
     def _forget(self, run: _Run) -> None:
         with self._lock:
@@ -534,7 +601,7 @@ class Runtime:
                                   run.final.get("timings"))
         self.waiters.notify([item["task_id"] for item in items])
         if ended:
-            self._sched_wake.set()
+            self._wake_scheduler()
         return True
 
     def _renew(self) -> None:
@@ -568,4 +635,4 @@ class Runtime:
         if moved:
             log.warning("recovered %d task(s) of a dead worker: %s", len(moved), report)
             self.waiters.notify(moved)
-            self._sched_wake.set()
+            self._wake_scheduler()

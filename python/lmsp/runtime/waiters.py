@@ -56,6 +56,7 @@ class CommitWaiters:
         self._waiting: dict[str, set] = {}
         self._async = None          # the hub's async watcher (gevent only)
         self._hub_pending: list = []
+        self.generation = 0         # +1 at every notify (read without the lock: an int is atomic)
 
     def register(self, task_id: str):
         if gevent_active():
@@ -79,6 +80,7 @@ class CommitWaiters:
         """Wake everyone waiting on these tasks (any thread)."""
         fire = []
         with self._lock:
+            self.generation += 1
             for task_id in task_ids:
                 group = self._waiting.get(task_id)
                 if group:

@@ -358,11 +358,20 @@ class Store:
 
     # -- responses & tasks -----------------------------------------------------------------
     def create_task(self, *, client_id: str | None, model: str, request: dict, on_restart: str,
-                    background: bool, stream: bool, idempotency: tuple[str, str] | None = None) -> dict:
+                    background: bool, stream: bool, idempotency: tuple[str, str] | None = None,
+                    claim: tuple[str, float] | None = None) -> dict:
         """Persist a new response and its queued task in ONE transaction (11.2, B.8).
 
-        Returns ``{"response", "task", "replay"}``; ``replay`` is None for a new
-        task, else ``(status_code, body)`` to send again (nothing was created).
+        ``claim=(owner, lease)``: a worker with a free engine slot and the model
+        loaded takes the new task in the same transaction and moves it to
+        ``running`` (``task.running``, ``response.in_progress``), unless older
+        tasks wait to be claimed (they go first).
+
+        Returns ``{"response", "task", "replay", "claim"}``; ``replay`` is None
+        for a new task, else ``(status_code, body)`` to send again (nothing was
+        created); ``claim`` is what :meth:`claim` returns for one task when the
+        new task was claimed, else None. ``response`` is the response as
+        created (``queued``).
         """
         if on_restart not in st.POLICIES:
             raise InvalidRequest(f"on_restart must be one of {', '.join(st.POLICIES)}", param="on_restart")
@@ -391,8 +400,18 @@ class Store:
             response = self._response_row(conn, rid)
             self._emit_response(conn, task, "response.created", now, response)
             self._emit_response(conn, task, "response.queued", now, response)
-            self._save(conn, task)
             body = self._render_response(conn, response, task)
+            claimed = None
+            if claim is not None and conn.execute(
+                    "SELECT 1 FROM tasks WHERE owner IS NULL AND status IN ('queued','running') AND id != ?"
+                    " LIMIT 1", (tid,)).fetchone() is None:
+                owner, lease = claim
+                claimed = self._claim_record(task, response, None)
+                self._move(task, st.RUNNING)
+                task.update(owner=owner, lease_expires=now + lease, started_at=now)
+                self._emit_task(conn, task, "task.running", now)
+                self._emit_response(conn, task, "response.in_progress", now, response)
+            self._save(conn, task)
             if idempotency is not None:
                 if background:
                     conn.execute("INSERT INTO idempotency_keys (client_id, key, fingerprint, state, status, body,"
@@ -402,7 +421,7 @@ class Store:
                     conn.execute("INSERT INTO idempotency_keys (client_id, key, fingerprint, state, task_id,"
                                  " created_at, expires_at) VALUES (?,?,?,'task',?,?,?)",
                                  (client_id or "", key, fp, tid, now, now + self.idempotency_ttl))
-            return {"response": body, "task": obj.task_object(task), "replay": None}
+            return {"response": body, "task": obj.task_object(task), "replay": None, "claim": claimed}
 
     def _idempotency_check(self, conn: sqlite3.Connection, client_id: str | None, key: str, fp: str,
                            now: float) -> dict | None:
@@ -616,11 +635,16 @@ class Store:
                         emitted.append(text)
                     generated.extend(_tokens_list(task["pending_tokens"]))
                     resume = {"generated": generated, "emitted": "".join(emitted), "kv_path": task["kv_path"]}
-                claims.append({"task_id": task["id"], "response_id": task["response_id"], "model": task["model"],
-                               "request": json.loads(response["request"]), "status": task["status"],
-                               "on_restart": task["on_restart"], "attempts": task["attempts"],
-                               "item_id": response["item_id"], "resume": resume})
+                claims.append(self._claim_record(task, response, resume))
             return claims
+
+    @staticmethod
+    def _claim_record(task: dict, response: sqlite3.Row, resume: dict | None) -> dict:
+        """What a worker needs to run a task it claimed (``status``: the state it was claimed in)."""
+        return {"task_id": task["id"], "response_id": task["response_id"], "model": task["model"],
+                "request": json.loads(response["request"]), "status": task["status"],
+                "on_restart": task["on_restart"], "attempts": task["attempts"],
+                "item_id": response["item_id"], "resume": resume}
 
     def renew(self, owner: str, *, lease: float) -> list[str]:
         """Extend the leases of ``owner``'s unfinished tasks; return those now ``cancelling``."""
