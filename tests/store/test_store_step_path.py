@@ -17,10 +17,12 @@ def checked_steps(request, monkeypatch) -> list:
     that went through ``_step_checked`` (the rows) instead of the fast path."""
     if request.param.startswith("values") and sqlite3.sqlite_version_info < (3, 33, 0):
         pytest.skip("UPDATE ... FROM needs SQLite 3.33")
+    if request.param.startswith("values"):
+        monkeypatch.setattr(Store, "_COUNTERS_VALUES_MIN", 1)  # even for these few tasks
     if request.param == "values-in-chunks":
         monkeypatch.setattr(Store, "_COUNTERS_CHUNK", 2)
     if request.param == "per-row":
-        monkeypatch.setattr(Store, "_COUNTERS_FROM_VALUES", False)
+        monkeypatch.setattr(Store, "_COUNTERS_VALUES_MIN", float("inf"))
     calls: list = []
     checked = Store._step_checked
 
