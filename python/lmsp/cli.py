@@ -113,6 +113,25 @@ def cmd_serve(args) -> int:
     return EXIT_ERROR  # pragma: no cover
 
 
+# ---------------------------------------------------------------------- prepare
+def cmd_prepare(args) -> int:
+    from lmsp.runtime.service import StartupError, open_store, prepare
+
+    cfg = _load_config(args)
+    try:
+        store = open_store(cfg)
+        try:
+            report = prepare(cfg, store)
+        finally:
+            store.close()
+    except StartupError as exc:
+        raise CommandError(str(exc)) from None
+    counts = {key: len(value) for key, value in report.items() if isinstance(value, list)}
+    _print(args, {"recovered": counts},
+           "start-up recovery: " + (", ".join(f"{k} {v}" for k, v in counts.items() if v) or "nothing to do"))
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------- pair
 def cmd_pair(args) -> int:
     from . import auth
@@ -303,6 +322,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=None, help="worker processes (each holds its own model copy)")
     p.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("prepare", parents=[common],
+                       help="prepare the data directory and models and run start-up recovery (serve does it too)")
+    p.set_defaults(func=cmd_prepare)
 
     p = sub.add_parser("pair", parents=[common], help="make a one-time pairing code")
     p.add_argument("--scopes", required=True, help="comma-separated: responses:write,responses:read,...")

@@ -17,6 +17,11 @@ DURABILITY = ("full", "normal", "off")
 RESTART_POLICIES = ("fail", "retry", "resume")
 
 
+# set in the environment by the gunicorn master once start-up recovery ran, so
+# that its workers do not run it again
+RECOVERED_ENV = "LMSP_STARTUP_RECOVERED"
+
+
 @dataclass(frozen=True)
 class Config:
     data_dir: Path = Path("data")

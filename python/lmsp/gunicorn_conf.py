@@ -7,10 +7,11 @@ service configuration (``lmsp.config.load``: defaults, ``DATA_DIR/lmsp.toml``,
 
 What happens where:
 
-* the **master** (``on_starting``) prepares the data directory, the bootstrap
-  admin credential and the models, and runs start-up recovery (LMSP 11.3)
-  exactly once per service start; it closes its store before any worker
-  forks and never loads an engine;
+* the **master** (``on_starting``) has a child process prepare the data
+  directory, the bootstrap admin credential and the models, and run start-up
+  recovery (LMSP 11.3), exactly once per service start, before any worker
+  forks; the master itself never opens the store, never loads an engine and
+  never imports gevent (:mod:`lmsp.gunicorn_worker`), so it stays small;
 * each **worker** (gevent; one by default, since each worker holds its own copy
   of the model) builds the app, whose runtime starts its engine and loops
   after the fork;
@@ -27,7 +28,6 @@ import threading
 import traceback
 
 from lmsp import config as _config
-from lmsp.errors import LMSPError
 
 _cfg = _config.load()
 _env = os.environ.get
@@ -35,7 +35,7 @@ _env = os.environ.get
 wsgi_app = _env("LMSP_GUNICORN_APP", "lmsp.app:get_app()")
 bind = [_cfg.bind]
 workers = _cfg.workers
-worker_class = "gevent"
+worker_class = "lmsp.gunicorn_worker.GeventWorker"   # gunicorn's gevent worker, imported after the fork
 worker_connections = int(_env("LMSP_GUNICORN_WORKER_CONNECTIONS", "1000"))
 # Under gevent the worker's heartbeat runs in its own greenlet, so a long SSE
 # stream never trips this; only a hub blocked for this long gets the worker killed.
@@ -66,27 +66,31 @@ def _logging() -> None:
 def on_starting(server) -> None:
     """Master, once per service start: data dir, identity, bootstrap admin, models, start-up recovery.
 
-    The store opened here is closed before any worker forks, and the
-    environment tells the workers that recovery already ran.
+    They run in a child process (``lmsp prepare``, the same configuration from
+    the same environment), so that what they import and
+    touch (SQLite, the native module reading the model) stays out of the
+    master, whose memory every worker's fork starts from. The environment then
+    tells the workers that recovery already ran.
     """
     _logging()
-    from lmsp.runtime import RECOVERED_ENV, open_store, prepare
+    import json
+    import subprocess
 
-    from lmsp.runtime.service import StartupError
-
+    child = subprocess.run([sys.executable, "-m", "lmsp.cli", "prepare", "--json"], stdout=subprocess.PIPE,
+                           stdin=subprocess.DEVNULL, text=True, check=False)
     try:
-        store = open_store(_cfg)
-        try:
-            report = prepare(_cfg, store)
-        finally:
-            store.close()
-    except (StartupError, LMSPError, OSError) as exc:
-        message = exc.message if isinstance(exc, LMSPError) else str(exc)
+        outcome = json.loads(child.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        outcome = {}
+    if child.returncode != 0 or "recovered" not in outcome:
+        message = ((outcome.get("error") or {}).get("message")
+                   or f"the start-up preparation exited with status {child.returncode}")
         server.log.error("lmsp: cannot start: %s", message)
-        raise SystemExit(f"lmsp: cannot start: {message}") from None
-    os.environ[RECOVERED_ENV] = "1"
+        raise SystemExit(f"lmsp: cannot start: {message}")
+    os.environ[_config.RECOVERED_ENV] = "1"
+    counts = outcome.get("recovered") or {}
     server.log.info("lmsp: start-up recovery done (%s)",
-                    ", ".join(f"{k}={len(v)}" for k, v in report.items() if isinstance(v, list)) or "nothing")
+                    ", ".join(f"{k}={v}" for k, v in counts.items() if v) or "nothing")
 
 
 def post_fork(server, worker) -> None:

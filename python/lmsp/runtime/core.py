@@ -29,6 +29,7 @@ import weakref
 from dataclasses import dataclass, field
 
 from .. import ids
+from ..config import RECOVERED_ENV
 from ..hubsafe import offload
 from ..errors import ContextLengthExceeded, IllegalTransition, LMSPError, ModelInUse, NotFound, Unavailable
 from . import prompt as prompting
@@ -39,8 +40,6 @@ from .waiters import CommitWaiters
 
 log = logging.getLogger("lmsp.runtime")
 
-# set in the environment by the gunicorn master once it ran start-up recovery
-RECOVERED_ENV = "LMSP_STARTUP_RECOVERED"
 IDLE_WAIT = 0.5          # seconds a loop sleeps when nothing wakes it
 MAX_BACKOFF = 2.0        # seconds between retries of a failed commit
 # Bench only (bench/serve.py --servers lmsp-noevents), never for real use: a

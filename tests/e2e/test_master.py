@@ -1,0 +1,36 @@
+"""The gunicorn master of ``lmsp serve``: start-up preparation in a child, a small master."""
+from __future__ import annotations
+
+import subprocess
+
+from e2e_helpers import lmsp_command
+
+
+def mapped_files(pid: int) -> set[str]:
+    with open(f"/proc/{pid}/maps") as fh:
+        return {line.split()[-1] for line in fh if "/" in line}
+
+
+def test_the_master_holds_no_gevent_sqlite_or_engine(make_server):
+    server = make_server().start()
+    master = mapped_files(server.proc.pid)
+    [worker_pid] = server.workers()
+    worker = mapped_files(worker_pid)
+    for part in ("gevent", "_sqlite3"):
+        assert any(part in path for path in worker), part
+    for part in ("gevent", "_sqlite3", "lmsp/_native"):  # the engine loads in the worker, at first use
+        assert not any(part in path for path in master), f"{part} is loaded in the master"
+    assert "start-up recovery done" in server.log()
+
+
+def test_a_model_that_cannot_be_served_stops_the_start_with_its_reason(tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"not a gguf file at all")
+    with open(tmp_path / "serve.log", "wb") as log:
+        rc = subprocess.run(lmsp_command() + ["serve", "--data-dir", str(tmp_path / "data"), "--bind",
+                                              "127.0.0.1:0", "--model", str(bad)],
+                            stdout=log, stderr=subprocess.STDOUT, timeout=120).returncode
+    text = (tmp_path / "serve.log").read_text()
+    assert rc != 0
+    assert "lmsp: cannot start: the model" in text and "broken.gguf" in text, text
+    assert "Traceback" not in text.split("lmsp: cannot start")[0].splitlines()[-1]
