@@ -1,11 +1,14 @@
-"""Keep store calls off the gevent hub.
+"""Keep store waits off the gevent hub.
 
 SQLite waits for a lock held by another process inside ``sqlite3_step`` for
 up to the busy timeout. In a gevent worker that wait would freeze every
 greenlet of the process. :func:`hub_safe` wraps the store so that, while gevent
-has patched ``threading``, each call runs in the hub's thread pool (a real OS
+has patched ``threading``, each write runs in the hub's thread pool (a real OS
 thread; ``sqlite3`` releases the GIL while it waits) and only the calling
-greenlet waits. Outside gevent the store is returned unchanged.
+greenlet waits. A read (``Store.READS``) in WAL mode almost never meets a
+lock, so it runs on the hub itself under :func:`lmsp.store.db.no_wait` (no
+hand-over to a thread and back) and goes to the pool only when it does meet
+one. Outside gevent the store is returned unchanged.
 """
 from __future__ import annotations
 
@@ -64,10 +67,21 @@ class HubSafeStore:
         if not callable(attr):
             return attr
         pool = self._pool
+        if name in getattr(self._store, "READS", ()):
+            from lmsp.errors import Unavailable
+            from lmsp.store.db import no_wait
 
-        @functools.wraps(attr)
-        def call(*args, **kwargs):
-            return _in_pool(pool, attr, args, kwargs)
+            @functools.wraps(attr)
+            def call(*args, **kwargs):
+                try:
+                    with no_wait():
+                        return attr(*args, **kwargs)
+                except Unavailable:  # a lock: wait for it in the pool
+                    return _in_pool(pool, attr, args, kwargs)
+        else:
+            @functools.wraps(attr)
+            def call(*args, **kwargs):
+                return _in_pool(pool, attr, args, kwargs)
 
         setattr(self, name, call)  # made once per method; later lookups skip __getattr__
         return call

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 CHILD = textwrap.dedent(
     """
     from gevent import monkey
@@ -91,5 +93,96 @@ def test_outside_gevent_the_store_is_returned_as_is(tmp_path):
     store = Store.open(tmp_path / "lmsp.db")
     try:
         assert hub_safe(store) is store
+    finally:
+        store.close()
+
+
+READER = textwrap.dedent(
+    """
+    from gevent import monkey
+    monkey.patch_all()
+    import json, sys
+    import gevent
+    import lmsp.hubsafe as hubsafe
+    from lmsp.errors import NotFound, Unavailable
+    from lmsp.store import Store
+    from lmsp.store import db as dbmod
+
+    store = Store.open(sys.argv[1], busy_timeout=1.0)
+    safe = hubsafe.hub_safe(store)
+    pooled, hub = [], gevent.get_hub()
+    in_pool = hubsafe._in_pool
+    hubsafe._in_pool = lambda *args: pooled.append(1) or in_pool(*args)
+    read, locked = store._db.read, []
+
+    def read_or_lock():  # a lock, met only by reads that may not wait
+        if locked and getattr(dbmod._no_wait, "on", False):
+            raise Unavailable("database is locked")
+        threads.append(gevent.getcurrent() is hub or gevent.get_hub() is not hub)
+        return read()
+
+    threads = []
+    store._db.read = read_or_lock
+
+    def get():
+        try:
+            safe.get_response("resp_00000000000000000000000000")
+            return "found"
+        except NotFound:
+            return "not_found"
+
+    free = get()
+    free_pooled, free_threads = len(pooled), list(threads)
+    locked.append(1)
+    ticks, done = [], []
+
+    def ticker():
+        while not done:
+            ticks.append(1)
+            gevent.sleep(0.001)
+
+    t = gevent.spawn(ticker)
+    gevent.sleep(0.005)
+    after_lock = get()
+    done.append(1)
+    t.join()
+    print(json.dumps({"free": free, "free_pooled": free_pooled, "free_in_pool_thread": free_threads,
+                      "locked": after_lock, "locked_pooled": len(pooled) - free_pooled,
+                      "locked_in_pool_thread": threads[len(free_threads):]}))
+    """
+)
+
+
+def test_reads_run_on_the_hub_and_go_to_the_pool_when_they_meet_a_lock(tmp_path):
+    from lmsp.store import Store
+
+    db = tmp_path / "lmsp.db"
+    Store.open(db).close()
+    done = subprocess.run([sys.executable, "-c", READER, str(db)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    # no lock: answered on the hub's own thread, no pool involved
+    assert report["free"] == "not_found" and report["free_pooled"] == 0
+    assert report["free_in_pool_thread"] == [False]
+    # a lock: the read failed at once and was made again in the pool, where it may wait
+    assert report["locked"] == "not_found" and report["locked_pooled"] == 1
+    assert report["locked_in_pool_thread"] == [True]
+    assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_no_wait_reads_do_not_wait_and_refuse_writes(tmp_path):
+    from lmsp.store import Store
+    from lmsp.store.db import no_wait
+
+    store = Store.open(tmp_path / "lmsp.db", busy_timeout=3.0)
+    try:
+        with no_wait():
+            with store._db.read() as conn:
+                assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 0
+            with pytest.raises(RuntimeError):
+                store.set_setting("k", "v")
+        with store._db.read() as conn:
+            assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 3000
+        store.set_setting("k", "v")
     finally:
         store.close()

@@ -85,6 +85,21 @@ def translate(exc: sqlite3.Error) -> Exception:
     return err
 
 
+_no_wait = threading.local()
+
+
+@contextmanager
+def no_wait() -> Iterator[None]:
+    """Within this block (this thread), a read that meets a lock fails at once with
+    :class:`lmsp.errors.Unavailable` instead of waiting up to the busy timeout, and
+    a write is refused (see :mod:`lmsp.hubsafe`)."""
+    _no_wait.on = True
+    try:
+        yield
+    finally:
+        _no_wait.on = False
+
+
 class Database:
     """A pool of connections to one SQLite file with the service's pragmas."""
 
@@ -197,6 +212,8 @@ class Database:
         A lock held by others past the busy timeout, a full disk or a read-only
         file raise :class:`lmsp.errors.Unavailable`; nothing is half-written.
         """
+        if getattr(_no_wait, "on", False):
+            raise RuntimeError("a write inside no_wait(): only reads may run without waiting")
         self._check_fork()
         lock = self._writer
         turn = lock.acquire(timeout=self.busy_timeout) if self.busy_timeout > 0 else lock.acquire(False)
@@ -222,8 +239,11 @@ class Database:
     def _transaction(self, begin: str) -> Iterator[sqlite3.Connection]:
         """``begin`` ... COMMIT on one pooled connection; any error rolls back."""
         conn = self._acquire()
+        hurried = getattr(_no_wait, "on", False)
         try:
             try:
+                if hurried:
+                    conn.execute("PRAGMA busy_timeout = 0")
                 conn.execute(begin)
                 yield conn
                 conn.execute("COMMIT")
@@ -233,6 +253,9 @@ class Database:
             except BaseException:
                 self._rollback(conn)
                 raise
+            finally:
+                if hurried:
+                    conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
         finally:
             self._release(conn)
 

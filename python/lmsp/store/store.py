@@ -71,6 +71,12 @@ class Store:
     #: seconds after which a generic request's 'processing' idempotency row counts as
     #: abandoned (its process died before idempotency_finish/abort) and may be taken over
     PROCESSING_TIMEOUT = 600.0
+    # Methods that only read (one deferred transaction, no write): lmsp.hubsafe
+    # runs them on the gevent hub itself, failing fast on a lock, and only
+    # sends them to its thread pool when a lock is met.
+    READS = frozenset({"events", "last_sequence", "get_task", "get_response", "task_id_for_response",
+                       "client_by_token_hash", "get_model", "list_models", "list_responses", "list_tasks",
+                       "output_text"})
 
     def __init__(self, db: Database, *, clock: Callable[[], float], new_id: Callable[[str], str],
                  idempotency_ttl: float) -> None:
