@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <cstddef>
+#include <cstring>
 
 namespace lmsp {
 namespace {
@@ -15,16 +15,42 @@ uint64_t splitmix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
+// The highest logit's id (NaN never wins; ties keep the lowest id). Two
+// passes the compiler vectorizes: the maximum (a NaN compares false, so it is
+// never taken), then the first id holding it. No number at all: id 0.
 int32_t argmax(const float * logits, int32_t n) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; ++i) {
-        // NaN never wins; ties keep the lowest id
-        if (logits[i] > logits[best] || std::isnan(logits[best])) {
-            best = i;
+    constexpr int32_t kLanes = 16;
+    float lane[kLanes];
+    for (float & v : lane) v = -INFINITY;
+    int32_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+        for (int32_t j = 0; j < kLanes; ++j) {
+            const float v = logits[i + j];
+            lane[j] = v > lane[j] ? v : lane[j];
         }
     }
-    return best;
+    float best = -INFINITY;
+    for (; i < n; ++i) best = logits[i] > best ? logits[i] : best;
+    for (const float v : lane) best = v > best ? v : best;
+    for (i = 0; i < n; ++i) {
+        if (logits[i] == best) return i;
+    }
+    return 0;
 }
+
+// A candidate as one integer whose ascending order is (logit descending, id
+// ascending), NaN counting as -inf: sorting and selecting on these is a plain
+// integer comparison instead of a comparator that reads the logits.
+uint64_t sort_key(const float * logits, int32_t id) {
+    float l = logits[id];
+    if (std::isnan(l)) l = -INFINITY;
+    uint32_t bits;
+    std::memcpy(&bits, &l, sizeof bits);
+    bits = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);  // ascending with the float
+    return (uint64_t(~bits) << 32) | uint32_t(id);
+}
+
+int32_t key_id(uint64_t key) { return int32_t(key & 0xffffffffu); }
 
 }  // namespace
 
@@ -42,57 +68,63 @@ int32_t Sampler::sample(const float * logits, int32_t n_vocab, uint64_t index) {
     }
 
     // Candidates, ordered by (logit desc, id asc) whenever an order matters.
-    ids_.resize(size_t(n_vocab));
-    std::iota(ids_.begin(), ids_.end(), 0);
-    auto by_logit = [logits](int32_t a, int32_t b) {
-        const float la = std::isnan(logits[a]) ? -INFINITY : logits[a];
-        const float lb = std::isnan(logits[b]) ? -INFINITY : logits[b];
-        return la > lb || (la == lb && a < b);
-    };
-    size_t n = ids_.size();
-    const bool need_sort = params_.top_p < 1.0f;
+    keys_.resize(size_t(n_vocab));
+    for (int32_t i = 0; i < n_vocab; ++i) keys_[size_t(i)] = sort_key(logits, i);
+    const auto first = keys_.begin();
+    size_t n = keys_.size();
     if (params_.top_k > 0 && size_t(params_.top_k) < n) {
+        // the k best, in order (a heap of k: most candidates cost one comparison)
         n = size_t(params_.top_k);
-        std::partial_sort(ids_.begin(), ids_.begin() + std::ptrdiff_t(n), ids_.end(), by_logit);
-        ids_.resize(n);
-    } else if (need_sort) {
-        std::sort(ids_.begin(), ids_.end(), by_logit);
+        std::partial_sort(first, first + std::ptrdiff_t(n), keys_.end());
     }
+    const bool ordered = n < keys_.size();  // else: id order, the order keys_ was built in
 
     // Softmax at the temperature, in double, in candidate order.
-    double max_logit = -INFINITY;
-    for (size_t i = 0; i < n; ++i) {
-        const float l = logits[ids_[i]];
-        if (!std::isnan(l)) max_logit = std::max(max_logit, double(l));
-    }
-    if (!std::isfinite(max_logit)) {
+    const int32_t top = ordered ? key_id(keys_[0]) : key_id(*std::min_element(first, keys_.end()));
+    if (!std::isfinite(logits[top])) {
         return argmax(logits, n_vocab);
     }
-    const double inv_t = 1.0 / double(params_.temperature);
+    // exp in float (each weight within 1e-7 of the double one, at a fraction
+    // of the cost over a whole vocabulary); the sums stay in double
+    const float max_logit = logits[top];
+    const float inv_t = 1.0f / params_.temperature;
+    auto weight = [&](uint64_t key) {
+        const float l = logits[key_id(key)];
+        return std::isnan(l) ? 0.0 : double(std::exp((l - max_logit) * inv_t));
+    };
     probs_.resize(n);
     double total = 0.0;
     for (size_t i = 0; i < n; ++i) {
-        const float l = logits[ids_[i]];
-        const double p = std::isnan(l) ? 0.0 : std::exp((double(l) - max_logit) * inv_t);
-        probs_[i] = p;
-        total += p;
+        probs_[i] = weight(keys_[i]);
+        total += probs_[i];
     }
 
-    if (need_sort) {
-        // smallest prefix (in descending order) whose mass reaches top_p
+    if (params_.top_p < 1.0f) {
+        // The smallest prefix (in descending order) whose mass reaches top_p.
+        // Only that prefix needs an order: sort growing blocks of the best
+        // candidates until the mass is reached, instead of all of them.
         const double target = double(params_.top_p) * total;
         double cum = 0.0;
-        size_t keep = n;
-        for (size_t i = 0; i < n; ++i) {
-            cum += probs_[i];
-            if (cum >= target) {
-                keep = i + 1;
-                break;
+        size_t keep = n, sorted = ordered ? n : 0, i = 0;
+        for (size_t block = 64; keep == n && i < n; block *= 4) {
+            if (sorted < n) {
+                const size_t hi = std::min(n, sorted + block);
+                std::partial_sort(first + std::ptrdiff_t(sorted), first + std::ptrdiff_t(hi),
+                                  first + std::ptrdiff_t(n));
+                sorted = hi;
+            }
+            for (; i < sorted; ++i) {
+                probs_[i] = weight(keys_[i]);
+                cum += probs_[i];
+                if (cum >= target) {
+                    keep = i + 1;
+                    break;
+                }
             }
         }
         n = keep;
         total = 0.0;
-        for (size_t i = 0; i < n; ++i) total += probs_[i];
+        for (size_t j = 0; j < n; ++j) total += probs_[j];
     }
 
     const double u = counter_uniform(params_.seed, index) * total;
@@ -100,14 +132,14 @@ int32_t Sampler::sample(const float * logits, int32_t n_vocab, uint64_t index) {
     for (size_t i = 0; i < n; ++i) {
         cum += probs_[i];
         if (u < cum) {
-            return ids_[i];
+            return key_id(keys_[i]);
         }
     }
     // rounding at the very top: the last candidate with mass
     for (size_t i = n; i-- > 0;) {
-        if (probs_[i] > 0.0) return ids_[i];
+        if (probs_[i] > 0.0) return key_id(keys_[i]);
     }
-    return ids_[0];
+    return key_id(keys_[0]);
 }
 
 }  // namespace lmsp

@@ -28,8 +28,8 @@ public:
 
 private:
     SamplingParams params_;
-    // scratch, reused between calls
-    std::vector<int32_t> ids_;
+    // scratch, reused between calls: candidates as sort keys (see sampler.cpp)
+    std::vector<uint64_t> keys_;
     std::vector<double> probs_;
 };
 

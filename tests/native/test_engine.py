@@ -108,6 +108,16 @@ def test_top_k_one_is_greedy(engine: Engine) -> None:
     assert generate(engine, prompt, max_tokens=12, temperature=1.5, top_k=1, seed=3).tokens == greedy.tokens
 
 
+def test_a_tiny_top_p_keeps_only_the_best_token(engine: Engine) -> None:
+    prompt = prompt_tokens(engine, "Top p")
+    greedy = generate(engine, prompt, max_tokens=12, temperature=0)
+    # the smallest prefix of the sorted candidates holding 1e-6 of the mass is the best token
+    assert generate(engine, prompt, max_tokens=12, temperature=1.5, top_p=1e-6, seed=4).tokens == greedy.tokens
+    wide = generate(engine, prompt, max_tokens=12, temperature=1.5, top_p=0.95, seed=4)
+    assert wide.tokens == generate(engine, prompt, max_tokens=12, temperature=1.5, top_p=0.95, seed=4).tokens
+    assert wide.tokens != greedy.tokens
+
+
 @pytest.mark.parametrize("params", [dict(temperature=0), dict(seed=21, **SAMPLED)], ids=["greedy", "sampled"])
 def test_alone_and_batched_give_the_same_tokens(engine: Engine, params: dict) -> None:
     prompt = random_prompt(0, 30)
