@@ -46,6 +46,7 @@ class Config:
     max_body_bytes: int = 1 << 20
     body_timeout: float = 30.0        # seconds for a whole request body to arrive (408 after)
     lease_seconds: float = 10.0       # a worker's claim on a task, renewed while it runs
+    commit_window_ms: float = 4.0     # output gathered this long per commit (first and last events at once)
     heartbeat_seconds: float = 15.0   # SSE comment on an idle stream
     pairing_ttl_seconds: int = 600
     pairing_max_attempts: int = 5
@@ -77,6 +78,8 @@ class Config:
             raise ValueError(f"durability must be one of {', '.join(DURABILITY)}, not {self.durability!r}")
         if self.default_on_restart not in RESTART_POLICIES:
             raise ValueError(f"default_on_restart must be one of {', '.join(RESTART_POLICIES)}")
+        if not 0 <= self.commit_window_ms <= 1000:
+            raise ValueError("commit_window_ms must be between 0 and 1000")
         for name in ("n_ctx", "n_parallel", "n_batch", "max_output_tokens", "max_output_tokens_cap", "workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")

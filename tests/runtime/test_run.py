@@ -61,6 +61,35 @@ def test_greedy_output_is_reproducible(store, runtime):
     assert deltas(all_events(store, first)) == deltas(all_events(store, second))
 
 
+def test_group_commit_gathers_steps_but_not_the_first_output_or_the_end(store, make_runtime, model_file, config):
+    """With a commit window, one transaction carries the output of many engine steps;
+    the first output of a task and its end are committed as soon as they come."""
+    rt = make_runtime(store, config=config.replace(commit_window_ms=1000.0))
+    rt.register_model("tiny.gguf")
+    commits = []
+    real = store.append_step
+
+    def spy(owner, items):
+        commits.append([(item["task_id"], len(item["tokens"]), item["finish"]) for item in items])
+        return real(owner, items)
+
+    rt.store.append_step = spy  # the runtime's store is this fixture's store
+    task_id = submit(store, rt, max_output_tokens=40)
+    task = wait_finished(rt, store, task_id)
+    assert task["status"] == "completed"
+    events = all_events(store, task_id)
+    check_log(events)
+    tokens = [n for commit in commits for _, n, _ in commit]
+    assert sum(tokens) == 40 or events[-1]["type"] == "response.completed"
+    # the first commit with output carries it alone, at once; the last carries the end
+    first = next(i for i, commit in enumerate(commits) if commit[0][1])
+    assert commits[first][0][2] is None and commits[first][0][1] < sum(tokens)
+    assert commits[-1][0][2] is not None
+    # in between, a window of a second gathers the rest: far fewer commits than tokens
+    assert len(commits) - first <= 3, commits
+    assert rt.metrics()["tokens_generated"] == sum(tokens)
+
+
 def test_many_tasks_are_batched_into_shared_transactions(store, runtime):
     sizes = []
     real = store.append_step

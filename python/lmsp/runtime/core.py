@@ -11,7 +11,10 @@ Per worker process:
 * the **commit thread** sleeps on the engines' result descriptors, drains
   ``engine.poll()``, writes everything it drained in ONE ``store.append_step``
   transaction (all running tasks together), then wakes the requests waiting
-  for those tasks. It also renews the leases (acting on cancels made by other
+  for those tasks. Group commit: output keeps gathering for up to
+  ``commit_window_ms`` after the first uncommitted result, so one transaction
+  (one fsync) carries several engine steps; a task's first output and its end
+  are committed at once. It also renews the leases (acting on cancels made by other
   processes) and recovers the tasks of dead workers (leases expired).
 
 Both are real OS threads also under gevent. A store error in the commit thread
@@ -116,6 +119,9 @@ class Runtime:
         self._commit_wake = Wakeup()
         self._threads: list[RealThread] = []
         self._pending: dict[str, dict] = {}    # task id -> store item not yet committed (commit thread only)
+        self._pending_since = 0.0              # when the oldest uncommitted result arrived
+        self._urgent = False                   # a first output or an end is pending: commit now
+        self.window = float(config.commit_window_ms) / 1000.0
         self._retry: list[tuple[_Run, dict]] = []  # claims to start again (scheduler thread only)
         self._reserved = 0                     # slots promised to tasks being created (under _lock)
         self._adopted: list[tuple[_Run, dict]] = []  # tasks created claimed, to start (under _lock)
@@ -518,12 +524,17 @@ class Runtime:
                     fds.append(engine.fileno())
                 except Exception:  # closed meanwhile
                     pass
-            self._commit_wake.wait(IDLE_WAIT, fds)
+            wait = IDLE_WAIT
+            if self._pending:  # gathering: until the window closes
+                wait = max(0.0, self._pending_since + self.window - time.monotonic())
+            self._commit_wake.wait(wait, fds)
         stopping = self._stopping
         if self._aborted:
             return 0.0, True
         self._drain(engines)
-        if self._pending and not self._commit():
+        due = (self._urgent or stopping or backoff
+               or time.monotonic() >= self._pending_since + self.window)
+        if self._pending and due and not self._commit():
             backoff = min(MAX_BACKOFF, (backoff or 0.05) * 2)
             if stopping and backoff >= MAX_BACKOFF:
                 log.error("giving up on %d uncommitted results at shutdown", len(self._pending))
@@ -548,23 +559,29 @@ class Runtime:
                 continue
             if not results:
                 continue
+            now = time.monotonic()
             with self._lock:
                 for result in results:
                     run = self._by_seq.get((id(engine), result.get("seq")))
                     if run is None:
                         continue  # a sequence we gave up (claim lost)
+                    if not self._pending:
+                        self._pending_since = now
                     self._pending[run.task_id] = _merge(self._pending.get(run.task_id), run.task_id, result)
                     if not run.first_token and result.get("tokens"):
                         run.first_token = True
-                        self.stats.first_token(time.monotonic() - run.claimed_at)
+                        self._urgent = True  # time to first token is not to wait for the window
+                        self.stats.first_token(now - run.claimed_at)
                     if result.get("finish"):
                         run.final = result
+                        self._urgent = True
 
     def _commit(self) -> bool:
         items = list(self._pending.values())
         if BENCH_DEFER_DELTAS:
             items = [item for item in items if item["finish"]]
             if not items:
+                self._pending_since, self._urgent = time.monotonic(), False  # a new window
                 return True
         started = time.perf_counter()
         try:
@@ -575,6 +592,7 @@ class Runtime:
             return False
         n_tokens = sum(len(item["tokens"]) for item in items)
         self.stats.commit(time.perf_counter() - started, n_tokens)
+        self._urgent = False
         if len(items) == len(self._pending):
             self._pending = {}
         else:
