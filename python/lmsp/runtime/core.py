@@ -4,8 +4,7 @@ Per worker process:
 
 * the **scheduler thread** claims queued tasks up to the free engine slots
   (a request that finds a free slot and its model loaded has its task claimed
-  in the transaction that creates it and is put on the engine by the request
-  itself: :meth:`Runtime.reserve`, :meth:`Runtime.adopt`),
+  in the transaction that creates it: :meth:`Runtime.reserve`),
   loads the model when needed (task ``loading``), renders the prompt and
   submits it to the engine (task ``running``), resuming recovered tasks from
   their snapshot;
@@ -221,44 +220,18 @@ class Runtime:
         """End a reservation: start the task ``create_task`` claimed for this worker
         (its claim record), or give the slot back (None: not claimed, or failed).
         ``tokens``: the prompt as :meth:`check_request` rendered it."""
-        run = None
         with self._lock:
             self._reserved -= 1
             if claim is None:
                 self._claim_due = True  # the slot is free again
             elif not self._stopping:
+                if tokens:
+                    claim = dict(claim, tokens=tokens)
                 run = _Run(claim["task_id"], claim["model"], state="running")
                 self._runs[run.task_id] = run
+                self._adopted.append((run, claim))
         # a claim left when stopping keeps its lease, which runs out: recovery applies its policy
-        if run is not None and tokens and self._submit_adopted(run, claim, tokens):
-            return
-        if run is not None:
-            with self._lock:
-                self._adopted.append((run, dict(claim, tokens=tokens) if tokens else claim))
         self._sched_wake.set()
-
-    def _submit_adopted(self, run: _Run, claim: dict, tokens: list[int]) -> bool:
-        """Put an adopted task on the engine from the caller's thread, saving the hand-over to
-        the scheduler; False (nothing done) when anything would need the store, such as a
-        request the engine refuses: the scheduler then starts it, or fails it, as usual."""
-        engine = self.registry.engine(run.model)
-        if engine is None or len(tokens) >= engine.n_ctx:
-            return False
-        try:
-            kwargs = prompting.sampling(claim.get("request") or {}, self.config)
-            with self._lock:
-                seq = engine.submit(tokens, **kwargs)
-                run.engine, run.seq = engine, seq
-                self._by_seq[(id(engine), seq)] = run
-                cancel = run.cancel
-        except Exception as exc:  # refused or closed meanwhile: the scheduler's path reports it
-            log.debug("task %s: starting at once failed (%s); left to the scheduler", run.task_id, exc)
-            return False
-        if cancel:
-            engine.cancel(seq)
-        self._commit_wake.set()
-        log.debug("task %s: started as sequence %s (%d prompt tokens)", run.task_id, seq, len(tokens))
-        return True
 
     def notify_cancel(self, task_id: str) -> None:
         with self._lock:
