@@ -52,11 +52,98 @@ uint64_t sort_key(const float * logits, int32_t id) {
 
 int32_t key_id(uint64_t key) { return int32_t(key & 0xffffffffu); }
 
+// e^x for x <= 0, written so that a loop over it vectorizes (no calls, no
+// branches): x = k ln 2 + r with |r| <= ln 2 / 2, e^r by Cephes' degree-5
+// polynomial for expf (within about 1 ulp), 2^k through the exponent bits;
+// below -87 (and for -inf and NaN) the result is 0.
+inline float exp_nonpositive(float x) {
+    const bool inside = x > -87.0f;  // false for -inf and NaN too
+    x = inside ? x : -87.0f;
+    const int32_t k = int32_t(x * 1.44269504088896341f - 0.5f);  // nearest integer, x <= 0
+    const float kf = float(k);
+    const float r = (x - kf * 0.693359375f) + kf * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const int32_t bits = (k + 127) << 23;
+    float scale;
+    std::memcpy(&scale, &bits, sizeof scale);
+    return inside ? p * scale : 0.0f;
+}
+
 }  // namespace
 
 double counter_uniform(uint64_t seed, uint64_t counter) {
     const uint64_t r = splitmix64(splitmix64(seed) ^ splitmix64(counter + 0x632BE59BD9B4E019ULL));
     return double(r >> 11) * (1.0 / 9007199254740992.0);  // 53 bits
+}
+
+// Temperature alone: every token is a candidate, in id order, so no keys and
+// no sorting; one pass for the maximum, one for the weights (vectorized), one
+// scan for the draw.
+int32_t Sampler::sample_all(const float * logits, int32_t n_vocab, uint64_t index) {
+    constexpr int32_t kLanes = 16;
+    float top[kLanes];
+    for (float & v : top) v = -INFINITY;
+    int32_t i = 0;
+    for (; i + kLanes <= n_vocab; i += kLanes) {
+        for (int32_t j = 0; j < kLanes; ++j) top[j] = logits[i + j] > top[j] ? logits[i + j] : top[j];
+    }
+    float max_logit = -INFINITY;
+    for (; i < n_vocab; ++i) max_logit = logits[i] > max_logit ? logits[i] : max_logit;
+    for (const float v : top) max_logit = v > max_logit ? v : max_logit;
+    if (!std::isfinite(max_logit)) {
+        return argmax(logits, n_vocab);
+    }
+    const float inv_t = 1.0f / params_.temperature;
+    weights_.resize(size_t(n_vocab));
+    float * w = weights_.data();
+    for (i = 0; i < n_vocab; ++i) {
+        w[i] = exp_nonpositive((logits[i] - max_logit) * inv_t);  // NaN, -inf: 0
+    }
+    // The mass of each block of 256 tokens (vectorized), then the draw walks
+    // the blocks and scans only the one where the cumulative mass passes it.
+    constexpr int32_t kBlock = 256;
+    const int32_t n_blocks = (n_vocab + kBlock - 1) / kBlock;
+    block_mass_.resize(size_t(n_blocks));
+    double total = 0.0;
+    for (int32_t b = 0; b < n_blocks; ++b) {
+        const int32_t lo = b * kBlock, hi = std::min(n_vocab, lo + kBlock);
+        double lanes[8] = {};
+        i = lo;
+        for (; i + 8 <= hi; i += 8) {
+            for (int32_t j = 0; j < 8; ++j) lanes[j] += double(w[i + j]);
+        }
+        double mass = 0.0;
+        for (; i < hi; ++i) mass += double(w[i]);
+        for (const double v : lanes) mass += v;
+        block_mass_[size_t(b)] = mass;
+        total += mass;
+    }
+
+    const double u = counter_uniform(params_.seed, index) * total;
+    double cum = 0.0;
+    for (int32_t b = 0; b < n_blocks; ++b) {
+        const double mass = block_mass_[size_t(b)];
+        if (!(u < cum + mass) && b + 1 < n_blocks) {
+            cum += mass;
+            continue;
+        }
+        const int32_t lo = b * kBlock, hi = std::min(n_vocab, lo + kBlock);
+        for (i = lo; i < hi; ++i) {
+            cum += double(w[i]);
+            if (u < cum) return i;
+        }
+        for (i = hi; i-- > lo;) {  // rounding at the block's end: its last token with mass
+            if (w[i] > 0.0f) return i;
+        }
+        break;
+    }
+    return argmax(logits, n_vocab);
 }
 
 int32_t Sampler::sample(const float * logits, int32_t n_vocab, uint64_t index) {
@@ -65,6 +152,10 @@ int32_t Sampler::sample(const float * logits, int32_t n_vocab, uint64_t index) {
     }
     if (!(params_.temperature > 0.0f)) {
         return argmax(logits, n_vocab);
+    }
+
+    if (!(params_.top_k > 0 && params_.top_k < n_vocab) && !(params_.top_p < 1.0f)) {
+        return sample_all(logits, n_vocab, index);
     }
 
     // Candidates, ordered by (logit desc, id asc) whenever an order matters.

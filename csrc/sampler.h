@@ -27,10 +27,14 @@ public:
     int32_t sample(const float * logits, int32_t n_vocab, uint64_t index);
 
 private:
+    int32_t sample_all(const float * logits, int32_t n_vocab, uint64_t index);
+
     SamplingParams params_;
     // scratch, reused between calls: candidates as sort keys (see sampler.cpp)
     std::vector<uint64_t> keys_;
     std::vector<double> probs_;
+    std::vector<float> weights_;
+    std::vector<double> block_mass_;
 };
 
 }  // namespace lmsp
