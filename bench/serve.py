@@ -446,6 +446,8 @@ class CompletionProtocol(Protocol):
         body = {"prompt": self._templated[prompt], "n_predict": cfg.max_tokens, "stream": True,
                 "ignore_eos": True, "min_p": 0.0, **_sampling(cfg)}
         body["seed"] = cfg.seed + index
+        if not cfg.llama_prompt_cache:
+            body["cache_prompt"] = False
         return body
 
     def on_event(self, event, data, st):
@@ -471,6 +473,8 @@ class ChatProtocol(Protocol):
                 "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
                 "min_p": 0.0, **_sampling(cfg)}
         body["seed"] = cfg.seed + index
+        if not cfg.llama_prompt_cache:
+            body["cache_prompt"] = False
         return body
 
     def on_event(self, event, data, st):
@@ -499,6 +503,7 @@ class LoadConfig:
     top_k: int = 40
     seed: int = 1000
     timeout: float = 600.0
+    llama_prompt_cache: bool = False  # llama-server's reuse of a slot's cached prompt prefix
 
 
 def one_request(port: int, proto: Protocol, headers: dict, index: int, cfg: LoadConfig) -> RequestResult:
@@ -947,6 +952,9 @@ def parse_args(argv=None):
     p.add_argument("--llama-server", type=Path, default=DEFAULT_LLAMA)
     p.add_argument("--llama-endpoint", choices=("completion", "chat", "responses"), default="completion")
     p.add_argument("--llama-arg", action="append", default=[], help="extra llama-server argument (repeatable)")
+    p.add_argument("--llama-prompt-cache", action="store_true",
+                   help="let llama-server reuse the prompt prefix its slot cached from the previous request "
+                        "(cache_prompt; lmsp has no such cache, so by default both prefill every prompt in full)")
     p.add_argument("--lmsp", default=None, help="command that runs the lmsp CLI (default: .venv/bin/lmsp)")
     p.add_argument("--work-dir", type=Path, default=DEFAULT_WORK)
     p.add_argument("--json", type=Path, default=None, help="write all results here (default: WORK/results.json)")
@@ -985,7 +993,8 @@ def main(argv=None) -> int:
     work = args.work_dir.resolve()
     work.mkdir(parents=True, exist_ok=True)
     cfg = LoadConfig(max_tokens=args.max_tokens, prompt_words=args.prompt_words,
-                     temperature=args.temperature, top_k=args.top_k, seed=args.seed)
+                     temperature=args.temperature, top_k=args.top_k, seed=args.seed,
+                     llama_prompt_cache=args.llama_prompt_cache)
     ctx = args.ctx or max(256, 2 ** math.ceil(math.log2(args.prompt_words * 3 + 64 + args.max_tokens)))
     s = ServeSettings(threads=args.threads, parallel=args.parallel or max(clients_list),
                       ctx_per_seq=ctx, n_gpu_layers=args.n_gpu_layers)
@@ -993,7 +1002,7 @@ def main(argv=None) -> int:
     print(f"machine: {machine_line()}")
     print(f"settings: threads={s.threads} parallel={s.parallel} ctx/seq={s.ctx_per_seq} "
           f"ngl={s.n_gpu_layers} max_tokens={cfg.max_tokens} temperature={cfg.temperature} top_k={cfg.top_k} "
-          f"llama endpoint={args.llama_endpoint}", flush=True)
+          f"llama endpoint={args.llama_endpoint} llama prompt cache={args.llama_prompt_cache}", flush=True)
     levels: list[LevelResult] = []
     commands: dict[str, str] = {}
     out = args.json or work / "results.json"
