@@ -62,6 +62,17 @@ def shipped_location() -> str:
     return match.group(0)
 
 
+def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within ``timeout`` seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def start_nginx(root: Path, upstream: int, *, connections: int = 256,
                 keepalive: int = 16) -> tuple[subprocess.Popen, int]:
     """A real nginx in the foreground, proxying to 127.0.0.1:``upstream`` with the

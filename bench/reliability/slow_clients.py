@@ -16,9 +16,7 @@ answered), within ``--duration`` seconds.
 """
 from __future__ import annotations
 
-import contextlib
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -26,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from rel_harness import Server, bench_main, start_nginx  # noqa: E402
+from rel_harness import Server, bench_main, start_nginx, stop_process  # noqa: E402
 
 
 def _slow(port: int, kind: str, token: str, interval: float, duration: float, out: dict, key: str) -> None:
@@ -86,12 +84,7 @@ def run(workdir: Path, duration: float, interval: float) -> dict:
                 "healthz_served_meanwhile": served, "healthz_failed_meanwhile": failed}
     finally:
         if nginx is not None:
-            nginx.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                nginx.wait(10)
-            if nginx.poll() is None:
-                nginx.kill()
-                nginx.wait()
+            stop_process(nginx)
         server.stop()
 
 

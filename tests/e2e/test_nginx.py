@@ -1,7 +1,6 @@
 """Behind a real nginx using the shipped site's proxy settings, a stream arrives event by event."""
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -10,7 +9,7 @@ from e2e_helpers import check_log, deltas, sse_events
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "reliability"))
 
-from rel_harness import start_nginx  # noqa: E402
+from rel_harness import start_nginx, stop_process  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -20,12 +19,7 @@ def nginx(served, tmp_path_factory):
     except RuntimeError as exc:
         pytest.fail(str(exc))
     yield port
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop_process(proc)
 
 
 def test_events_pass_nginx_before_the_stream_ends(served, served_token, nginx):
