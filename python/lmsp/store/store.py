@@ -34,6 +34,9 @@ RESPONSE_STATUSES = {
 }
 FINISHES = (None, "stop", "length", "cancelled", "error")
 _UNFINISHED_SQL = "('queued','loading','running','cancelling')"
+# a task a worker may claim: word for word the WHERE of the tasks_claimable
+# partial index (schema.py), so that SQLite answers from that index
+_CLAIMABLE_SQL = "owner IS NULL AND status IN ('queued','running')"
 _FINISHED_SQL = "('completed','failed','cancelled')"
 _MAX_LIMIT = 100
 _NO_ENTRY = (None,)
@@ -409,8 +412,7 @@ class Store:
             body = self._render_response(conn, response, task)
             claimed = None
             if claim is not None and conn.execute(
-                    "SELECT 1 FROM tasks WHERE owner IS NULL AND status IN ('queued','running') AND id != ?"
-                    " LIMIT 1", (tid,)).fetchone() is None:
+                    f"SELECT 1 FROM tasks WHERE {_CLAIMABLE_SQL} AND id != ? LIMIT 1", (tid,)).fetchone() is None:
                 owner, lease = claim
                 claimed = self._claim_record(task, response, None)
                 self._move(task, st.RUNNING)
@@ -622,7 +624,7 @@ class Store:
             return []
         with self._db.write() as conn:
             now = self._clock()
-            rows = conn.execute("SELECT * FROM tasks WHERE owner IS NULL AND status IN ('queued','running') "
+            rows = conn.execute(f"SELECT * FROM tasks WHERE {_CLAIMABLE_SQL} "
                                 "ORDER BY created_at, id LIMIT ?", (int(limit),)).fetchall()
             claims = []
             for row in rows:
