@@ -15,10 +15,9 @@ uint64_t splitmix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
-// The highest logit's id (NaN never wins; ties keep the lowest id). Two
-// passes the compiler vectorizes: the maximum (a NaN compares false, so it is
-// never taken), then the first id holding it. No number at all: id 0.
-int32_t argmax(const float * logits, int32_t n) {
+// The largest logit, -inf when there is no number at all (a NaN compares
+// false, so it is never taken); 16 lanes so the compiler vectorizes it.
+float max_value(const float * logits, int32_t n) {
     constexpr int32_t kLanes = 16;
     float lane[kLanes];
     for (float & v : lane) v = -INFINITY;
@@ -32,7 +31,14 @@ int32_t argmax(const float * logits, int32_t n) {
     float best = -INFINITY;
     for (; i < n; ++i) best = logits[i] > best ? logits[i] : best;
     for (const float v : lane) best = v > best ? v : best;
-    for (i = 0; i < n; ++i) {
+    return best;
+}
+
+// The highest logit's id (NaN never wins; ties keep the lowest id): the
+// maximum, then the first id holding it. No number at all: id 0.
+int32_t argmax(const float * logits, int32_t n) {
+    const float best = max_value(logits, n);
+    for (int32_t i = 0; i < n; ++i) {
         if (logits[i] == best) return i;
     }
     return 0;
@@ -86,23 +92,15 @@ double counter_uniform(uint64_t seed, uint64_t counter) {
 // no sorting; one pass for the maximum, one for the weights (vectorized), one
 // scan for the draw.
 int32_t Sampler::sample_all(const float * logits, int32_t n_vocab, uint64_t index) {
-    constexpr int32_t kLanes = 16;
-    float top[kLanes];
-    for (float & v : top) v = -INFINITY;
-    int32_t i = 0;
-    for (; i + kLanes <= n_vocab; i += kLanes) {
-        for (int32_t j = 0; j < kLanes; ++j) top[j] = logits[i + j] > top[j] ? logits[i + j] : top[j];
-    }
-    float max_logit = -INFINITY;
-    for (; i < n_vocab; ++i) max_logit = logits[i] > max_logit ? logits[i] : max_logit;
-    for (const float v : top) max_logit = v > max_logit ? v : max_logit;
+    const float max_logit = max_value(logits, n_vocab);
     if (!std::isfinite(max_logit)) {
         return argmax(logits, n_vocab);
     }
     const float inv_t = 1.0f / params_.temperature;
     weights_.resize(size_t(n_vocab));
     float * w = weights_.data();
-    for (i = 0; i < n_vocab; ++i) {
+    int32_t i = 0;
+    for (; i < n_vocab; ++i) {
         w[i] = exp_nonpositive((logits[i] - max_logit) * inv_t);  // NaN, -inf: 0
     }
     // The mass of each block of 256 tokens (vectorized), then the draw walks
@@ -175,13 +173,11 @@ int32_t Sampler::sample(const float * logits, int32_t n_vocab, uint64_t index) {
     if (!std::isfinite(logits[top])) {
         return argmax(logits, n_vocab);
     }
-    // exp in float (each weight within 1e-7 of the double one, at a fraction
-    // of the cost over a whole vocabulary); the sums stay in double
+    // the weights in float (within about 1 ulp, exp_nonpositive), the sums in double
     const float max_logit = logits[top];
     const float inv_t = 1.0f / params_.temperature;
     auto weight = [&](uint64_t key) {
-        const float l = logits[key_id(key)];
-        return std::isnan(l) ? 0.0 : double(std::exp((l - max_logit) * inv_t));
+        return double(exp_nonpositive((logits[key_id(key)] - max_logit) * inv_t));  // NaN: 0
     };
     probs_.resize(n);
     double total = 0.0;
