@@ -6,7 +6,7 @@ vocabulary shipped with llama.cpp (``ggml-vocab-llama-spm.gguf``), so text goes
 in and out through a real tokenizer; a ChatML chat template is set so that
 messages can be formatted.
 
-    python -m lmsp.demo_model OUT.gguf [--preset tiny|small|bench] [--n-embd N ...]
+    python -m lmsp.demo_model OUT.gguf [--preset tiny|small|bench|large] [--n-embd N ...]
 
 ``tiny`` (the default) is for tests: a few MB, written in well under a second.
 ``bench`` is big enough for decoding to be bound by memory bandwidth.
@@ -110,6 +110,9 @@ PRESETS: dict[str, DemoModelSpec] = {
     # decoding bound by memory bandwidth: ~310M parameters, ~330 MB in q8_0
     "bench": DemoModelSpec(n_embd=1024, n_layer=16, n_head=16, n_head_kv=4, n_ff=4096,
                            dtype="q8_0", name="lmsp-demo-bench"),
+    # a GPU's decoding bound by memory bandwidth: ~1.26B parameters, ~1.3 GB in q8_0
+    "large": DemoModelSpec(n_embd=2048, n_layer=24, n_head=16, n_head_kv=8, n_ff=5632,
+                           dtype="q8_0", name="lmsp-demo-large"),
 }
 
 # GGUF general.file_type (llama_ftype) for each weight type
