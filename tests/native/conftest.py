@@ -2,6 +2,10 @@
 
 Engines here use one thread: on a small shared machine ggml's spinning
 barriers make two threads much slower than one for a model this size.
+
+LMSP_TEST_N_GPU_LAYERS=99 runs the fixtures' engines on a GPU instead, with an
+extension built with CUDA (bench/gpu.sh does), to see which of these
+properties hold there too.
 """
 from __future__ import annotations
 
@@ -10,13 +14,15 @@ from typing import Iterator
 
 import pytest
 
+from native_helpers import N_GPU_LAYERS
+
 from lmsp.native import Engine
 
 
 @pytest.fixture(scope="module")
 def engine(demo_model_path: Path) -> Iterator[Engine]:
     """A shared engine: 4 parallel sequences of 512 tokens. Tests leave it idle."""
-    e = Engine(str(demo_model_path), n_ctx=512, n_parallel=4, n_threads=1)
+    e = Engine(str(demo_model_path), n_ctx=512, n_parallel=4, n_threads=1, n_gpu_layers=N_GPU_LAYERS)
     yield e
     e.close()
 
@@ -30,6 +36,7 @@ def make_engine(demo_model_path: Path) -> Iterator:
         kwargs.setdefault("n_ctx", 512)
         kwargs.setdefault("n_parallel", 4)
         kwargs.setdefault("n_threads", 1)
+        kwargs.setdefault("n_gpu_layers", N_GPU_LAYERS)
         e = Engine(str(demo_model_path), **kwargs)
         made.append(e)
         return e

@@ -1,9 +1,13 @@
 """Helpers of the native engine tests (no fixtures here: see conftest.py)."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from lmsp.native import Engine
+
+# GPU layers of the fixtures' engines (conftest.py): 0, or 99 to run them on a GPU
+N_GPU_LAYERS = int(os.environ.get("LMSP_TEST_N_GPU_LAYERS", "0"))
 
 
 @dataclass

@@ -10,7 +10,7 @@ import gevent
 import gevent.socket
 import numpy as np
 import pytest
-from native_helpers import drain, generate, prompt_tokens
+from native_helpers import N_GPU_LAYERS, drain, generate, prompt_tokens
 
 from lmsp.native import ContextLengthError, Engine, EngineClosedError, NativeError, set_logging
 
@@ -28,7 +28,7 @@ def random_prompt(seed: int, n: int) -> list[int]:
 def test_info_and_sizes(engine: Engine) -> None:
     info = engine.info
     assert info["architecture"] == "llama"
-    assert info["backend"] == "cpu"
+    assert info["backend"] == ("cuda" if N_GPU_LAYERS else "cpu")
     assert info["n_ctx"] == engine.n_ctx == 512
     assert info["n_parallel"] == engine.n_parallel == 4
     assert engine.n_vocab == info["vocab_size"] == 32000
