@@ -1,154 +1,238 @@
 #!/usr/bin/env bash
-# The native benchmark on a CUDA machine, in one go:
-#   1. a virtual environment (build/gpu-venv) from the wheels in .whl/ (no
-#      network): only what the build and bench/native.py need;
-#   2. the extension built with CUDA (LMSP_CUDA=ON, arch 90) into that venv;
-#   3. llama-bench built with CUDA from the same source (bench/build_reference.sh);
-#   4. bench/native.py with every layer on the GPU; figures on stdout, the
-#      JSON report and logs copied to $OUT when it is set.
+# The GPU figures in one prepared run, on a CUDA machine that has no network
+# (bench/gpu_pack.sh prepares what it needs: .gpu/llama.cpp and .whl/):
+#   1. Python: a venv over the machine's own packages (build/gpu-venv) with
+#      the wheels of .whl/ installed into it;
+#   2. the demo models tiny, bench and large, written while step 3 builds;
+#   3. the extension built with CUDA (LMSP_CUDA=ON, arch 90) and
+#      LMSP_LLAMA_TOOLS=ON, then llama-bench and llama-server from the same
+#      build tree: ggml and llama are compiled once, and the references run
+#      the very libraries the extension runs;
+#   4. bench/gpu_smoke.py: the engine in fresh processes set up as the
+#      service and the tests set up theirs, then bench/native.py: the
+#      extension against llama-bench, every layer on the GPU;
+#   5. bench/serve.py: lmsp against llama-server, every layer on the GPU;
+#   6. the native engine tests with their engines on the GPU
+#      (LMSP_TEST_N_GPU_LAYERS=99): which of the CPU's properties hold there.
+# Steps 4-6 run even when another of them failed. A step that would start
+# after LMSP_GPU_BUDGET_S seconds (default 540) is skipped, and every step's
+# results are copied to $OUT (when set) as soon as it ends.
 #
-#   bench/gpu.sh [extra bench/native.py options]
+#   bench/gpu.sh
 #
 # Environment: CUDA_ARCH (default 90), JOBS (default: all cores), PYTHON
-# (default python3), LMSP_GPU_CPU_ONLY=1 runs the same steps without CUDA (to
-# check this script on a machine without a GPU), LMSP_GPU_SERVER=1 also builds
-# llama-server and then runs the serving benchmark (5. bench/serve.py, lmsp
-# against llama-server with every layer on the GPU), LMSP_GPU_NATIVE=0 skips
-# step 4. Steps whose output is already there are skipped, so a second
-# run after a timeout continues where the first stopped.
+# (default python3), LMSP_GPU_WHEELS (default .whl), LMSP_GPU_CPU_ONLY=1 (the
+# same steps without CUDA: a check of this script on a machine without a
+# GPU), LMSP_GPU_STEPS (default "smoke native serve tests"; empty: build
+# only), LMSP_GPU_MODELS (default "tiny bench large"), LMSP_GPU_SERVE_MODELS
+# (default "tiny bench"), LMSP_GPU_THREADS (default 4). Steps whose output is
+# already there (venv, build, models) are not redone.
 #
-# Both builds leave out the flash-attention CUDA kernels (GGML_CUDA_FA=OFF):
-# the engine runs with flash attention off, they are the largest part of the
-# CUDA compile, and llama-bench is then compared with the engine's settings.
-set -euo pipefail
+# The build leaves out the flash-attention CUDA kernels (GGML_CUDA_FA=OFF):
+# on a GPU the engine runs with flash attention off (csrc/engine.cpp), and
+# llama-bench and llama-server are run with it off as well.
+set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 start=$SECONDS
+budget=${LMSP_GPU_BUDGET_S:-540}
 say() { printf '[gpu.sh %4ds] %s\n' "$((SECONDS - start))" "$*"; }
+die() { say "error: $*"; exit 1; }
 
 py=${PYTHON:-python3}
 venv=$root/build/gpu-venv
-wheels=$root/.whl
+vpy=$venv/bin/python
+wheels=${LMSP_GPU_WHEELS:-$root/.whl}
 jobs=${JOBS:-$(nproc)}
 arch=${CUDA_ARCH:-90}
-cuda=ON
-[ "${LMSP_GPU_CPU_ONLY:-0}" = 1 ] && cuda=OFF
-logs=$root/bench/out/gpu-logs
+threads=${LMSP_GPU_THREADS:-4}
+read -r -a steps <<<"${LMSP_GPU_STEPS-smoke native serve tests}"
+read -r -a models <<<"${LMSP_GPU_MODELS:-tiny bench large}"
+read -r -a serve_models <<<"${LMSP_GPU_SERVE_MODELS:-tiny bench}"
+cuda=ON ngl=99
+if [ "${LMSP_GPU_CPU_ONLY:-0}" = 1 ]; then cuda=OFF ngl=0; fi
+build=$root/build/gpu-ext
+out=$root/bench/out/gpu
+logs=$out/logs
 mkdir -p "$logs"
 
-finish() {
-    rc=$?
-    if [ -n "${OUT:-}" ]; then
-        mkdir -p "$OUT"
-        cp -r "$logs" "$OUT/" 2>/dev/null || true
-        cp "$root"/bench/out/native-*.json "$OUT/" 2>/dev/null || true
-        cp "$root"/bench/out/serve-gpu.json "$OUT/" 2>/dev/null || true
-    fi
-    say "done (exit $rc)"
+# Results to $OUT after every step: the JSON reports and one archive of the logs.
+save() {
+    [ -n "${OUT:-}" ] || return 0
+    mkdir -p "$OUT"
+    cp "$out"/*.json "$OUT/" 2>/dev/null
+    # with the servers' own logs of the serving benchmark
+    tar -czf "$OUT/gpu-logs.tar.gz" -C "$out" logs $(cd "$out" && ls -d serve/logs 2>/dev/null) 2>/dev/null
+    return 0
 }
-trap finish EXIT
+trap 'rc=$?; save; say "done (exit $rc)"' EXIT
 
+# Runs step $1 (a function) with a log, unless the budget is spent; the
+# function runs its commands under `limited`, which ends them with the budget.
+status=()
+limit=0
+limited() { timeout --kill-after=10 "$limit" "$@"; }
+step() {
+    local name=$1
+    limit=$((budget - (SECONDS - start)))
+    if [ "$limit" -lt 20 ]; then
+        say "$name: skipped (budget of ${budget}s spent)"
+        status+=("$name=skipped")
+        return 0
+    fi
+    say "$name (at most ${limit}s)"
+    if "$name" 2>&1 | tee "$logs/$name.log"; then
+        status+=("$name=ok")
+    else
+        status+=("$name=failed")
+        say "$name failed"
+    fi
+    save
+}
+
+# ---------------------------------------------------------------- 0. machine
 if [ "$cuda" = ON ]; then
     for d in /usr/local/cuda/bin /usr/local/cuda-*/bin; do
         if [ -x "$d/nvcc" ] && ! command -v nvcc >/dev/null 2>&1; then export PATH=$d:$PATH; fi
     done
-    command -v nvcc >/dev/null 2>&1 || { echo "nvcc not found: is the CUDA toolkit installed?" >&2; exit 1; }
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+    command -v nvcc >/dev/null 2>&1 || die "nvcc not found: is the CUDA toolkit installed?"
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem \
+        --format=csv | tee "$logs/gpu.txt"
+    nvcc --version | tail -2 | tee -a "$logs/gpu.txt"
 fi
+{ "$py" -c "import sys; print(sys.executable, sys.version.split()[0])"; command -v cmake ninja nvcc; nproc; } 2>&1 |
+    tee -a "$logs/gpu.txt"
+# A compiler newer than the system's C++ library (a GCC under /opt, say) makes a
+# module that needs its own libstdc++: code from GCC 13 on leaves the set-up of
+# the standard streams to the library. Without this, a process that loaded the
+# older system library first (gevent's greenlet does) crashes in the first
+# stream output of llama.cpp's model loader.
+cxx=${CXX:-c++}
+if command -v "$cxx" >/dev/null 2>&1; then
+    libstdcxx=$("$cxx" -print-file-name=libstdc++.so.6)
+    case "$libstdcxx" in
+        /*) case "$(dirname "$(readlink -f "$libstdcxx")")" in
+                /lib|/lib64|/usr/lib|/usr/lib64|/lib/*-linux-gnu|/usr/lib/*-linux-gnu) ;;
+                *) export LD_LIBRARY_PATH=$(dirname "$libstdcxx")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+                   say "C++ library of $cxx first: $(dirname "$libstdcxx")" ;;
+            esac ;;
+    esac
+fi
+if [ ! -f third_party/llama.cpp/CMakeLists.txt ] && [ -f .gpu/llama.cpp/CMakeLists.txt ]; then
+    ln -sfn "$root/.gpu/llama.cpp" third_party/llama.cpp
+fi
+[ -f third_party/llama.cpp/CMakeLists.txt ] || die "no llama.cpp source: run bench/gpu_pack.sh where there is network"
 
 # ---------------------------------------------------------------- 1. Python
-if [ ! -x "$venv/bin/python" ]; then
+if [ ! -x "$vpy" ]; then
     say "venv $venv"
-    if ! "$py" -m venv --system-site-packages "$venv" >"$logs/venv.log" 2>&1; then
-        # no ensurepip: a venv without pip, then pip from its own wheel
-        rm -rf "$venv"
-        "$py" -m venv --system-site-packages --without-pip "$venv"
+    "$py" -m venv --without-pip --system-site-packages "$venv" || die "python3 -m venv failed"
+    # the packages of the Python it was made from, also when that is itself a venv
+    purelib=$("$vpy" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    "$py" -c "import site; print('\n'.join(site.getsitepackages()))" >"$purelib/_gpu_host.pth"
+    if ! "$vpy" -m pip --version >/dev/null 2>&1; then
+        # no pip in that Python: pip from its own wheel
         pipwhl=$(ls "$wheels"/pip-*.whl 2>/dev/null | head -1)
-        [ -n "$pipwhl" ] || { echo "no pip in $py and no pip wheel in .whl/" >&2; exit 1; }
-        "$venv/bin/python" "$pipwhl/pip" install -q --no-index --find-links "$wheels" pip
+        [ -n "$pipwhl" ] || die "no pip in $py and no pip wheel in $wheels"
+        "$vpy" "$pipwhl/pip" install -q --disable-pip-version-check --no-index "$pipwhl" || die "pip from $pipwhl failed"
+    fi
+    if ls "$wheels"/*.whl >/dev/null 2>&1; then
+        "$vpy" -m pip install -q --disable-pip-version-check --no-index --no-deps "$wheels"/*.whl ||
+            die "installing $wheels failed"
     fi
 fi
-vpy=$venv/bin/python
-pipi() { "$vpy" -m pip install -q --disable-pip-version-check --no-index --find-links "$wheels" "$@"; }
-need=()
-"$vpy" -c "import numpy" 2>/dev/null || need+=(numpy)
-"$vpy" -c "import yaml" 2>/dev/null || need+=(pyyaml)
-"$vpy" -c "import scikit_build_core" 2>/dev/null || need+=(scikit-build-core)
-"$vpy" -c "import pybind11" 2>/dev/null || need+=(pybind11)
-if ! command -v cmake >/dev/null 2>&1 && [ ! -x "$venv/bin/cmake" ]; then need+=(cmake); fi
-if ! command -v ninja >/dev/null 2>&1 && [ ! -x "$venv/bin/ninja" ]; then need+=(ninja); fi
-if [ ${#need[@]} -gt 0 ]; then
-    say "installing ${need[*]} from .whl/"
-    pipi "${need[@]}"
-fi
-# gguf's other requirements (requests, tqdm) are not needed to read and write files
-"$vpy" -c "import gguf" 2>/dev/null || pipi --no-deps gguf
+"$vpy" -c "import numpy, gguf, pybind11, scikit_build_core" || die "the venv lacks what the build needs"
 export PATH=$venv/bin:$PATH
 
-if command -v ccache >/dev/null 2>&1; then
-    # one cache for both builds: the second reuses what the first compiled
-    export CCACHE_BASEDIR=$root CCACHE_DIR=${CCACHE_DIR:-$root/build/ccache-gpu}
-    launch="-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache"
-else
-    launch=""
-fi
+# ---------------------------------------------------------------- 2. models
+mkdir -p bench/out/models
+(
+    for m in "${models[@]}"; do
+        f=bench/out/models/$m.gguf
+        [ -f "$f" ] || PYTHONPATH=$root/python "$vpy" -m lmsp.demo_model "$f" --preset "$m"
+    done
+) >"$logs/models.log" 2>&1 &
+models_pid=$!
 
-# ---------------------------------------------------------------- 2. extension
-if "$vpy" -c "import lmsp._native, sys; sys.exit(0 if ('CUDA' in lmsp._native.system_info()) == ('$cuda' == 'ON') else 1)" 2>/dev/null; then
-    say "extension already built"
-else
-    say "building the extension (LMSP_CUDA=$cuda, arch $arch, -j$jobs)"
+# ---------------------------------------------------------------- 3. build
+# CMake's FindCUDAToolkit looks for cuBLAS and the driver library in the
+# toolkit. An image whose toolkit has only the compiler and the runtime (cuBLAS
+# comes with its Python packages, nvidia-cublas) gets them named here, and
+# the run finds cuBLAS through LD_LIBRARY_PATH.
+cuda_args=""
+find_cuda_libs() {
+    local tk inc lib drv
+    tk=${CUDA_HOME:-${CUDA_PATH:-}}
+    [ -z "$tk" ] && [ -x /usr/local/cuda/bin/nvcc ] && tk=/usr/local/cuda
+    [ -z "$tk" ] && tk=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
+    # the installed module has no RPATH into the toolkit
+    export LD_LIBRARY_PATH=$tk/lib64:$(ls -d "$tk"/targets/*/lib 2>/dev/null | head -1)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    if ls "$tk"/include/cublas_v2.h "$tk"/targets/*/include/cublas_v2.h >/dev/null 2>&1; then
+        return 0
+    fi
+    inc=$(for sp in ${CUBLAS_ROOT:-} $("$vpy" -c "import sys; print(' '.join(p for p in sys.path if p.endswith('-packages')))"); do
+        [ -d "$sp/nvidia" ] && find "$sp/nvidia/" -maxdepth 3 -name cublas_v2.h
+    done 2>/dev/null | head -1)
+    [ -n "$inc" ] || { say "no cuBLAS found (toolkit $tk, Python packages)"; return 1; }
+    inc=$(dirname "$inc")
+    lib=$(ls "$inc"/../lib/libcublas.so* | head -1)
+    cuda_args="-DCUDA_cublas_LIBRARY=$lib -DCUDA_cublasLt_LIBRARY=$(ls "$inc"/../lib/libcublasLt.so* | head -1)"
+    cuda_args+=" -DCMAKE_CUDA_FLAGS=-I$inc -DCMAKE_CXX_FLAGS=-I$inc"
+    export LD_LIBRARY_PATH=$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    if ! ls "$tk"/lib64/libcuda.so "$tk"/lib64/stubs/libcuda.so "$tk"/targets/*/lib/stubs/libcuda.so >/dev/null 2>&1; then
+        drv=$( (ldconfig -p 2>/dev/null | awk '/libcuda\.so(\.1)? /{print $NF}'; \
+            find /usr/local/nvidia /usr/lib /usr/lib64 -name 'libcuda.so*' 2>/dev/null) | head -1)
+        [ -n "$drv" ] && cuda_args+=" -DCUDA_cuda_driver_LIBRARY=$drv"
+    fi
+    say "cuBLAS from $inc; $cuda_args"
+}
+if [ "$cuda" = ON ]; then find_cuda_libs || die "the CUDA build needs cuBLAS"; fi
+
+build_all() {
+    if "$vpy" -c "import lmsp._native as n, sys; sys.exit(0 if ('CUDA' in n.system_info()) == ('$cuda' == 'ON') else 1)" 2>/dev/null \
+            && [ -x "$build/bin/llama-bench" ] && [ -x "$build/bin/llama-server" ]; then
+        echo "already built"
+        return 0
+    fi
     export LMSP_CUDA=$cuda CMAKE_BUILD_PARALLEL_LEVEL=$jobs
-    export CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=$arch -DGGML_CUDA_FA=OFF $launch"
-    if ! "$vpy" -m pip install --disable-pip-version-check --no-index --no-deps --no-build-isolation \
-            --config-settings=build-dir="$root/build/gpu-ext" "$root" >"$logs/extension.log" 2>&1; then
-        tail -40 "$logs/extension.log" >&2
-        exit 1
-    fi
-    unset CMAKE_ARGS
-fi
-"$vpy" -c "import lmsp.native as n; print(n.system_info())"
+    export CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=$arch -DGGML_CUDA_FA=OFF -DLMSP_LLAMA_TOOLS=ON $cuda_args"
+    CMAKE_ARGS+=" -Dpybind11_DIR=$("$vpy" -m pybind11 --cmakedir)"
+    limited "$vpy" -m pip install --disable-pip-version-check --no-index --no-deps --no-build-isolation \
+        --config-settings=build-dir="$build" "$root" || return 1
+    limited cmake --build "$build" -j "$jobs" --target llama-bench llama-server || return 1
+    "$vpy" -c "import lmsp.native as n; print(n.system_info())"
+}
+t0=$SECONDS
+step build_all
+say "build: $((SECONDS - t0))s"
+[[ " ${status[*]} " == *" build_all=ok "* ]] || die "the build failed: $logs/build_all.log"
+wait "$models_pid" || { cat "$logs/models.log"; die "writing the demo models failed"; }
+model_files=()
+for m in "${models[@]}"; do model_files+=(--model-file "bench/out/models/$m.gguf"); done
 
-# ---------------------------------------------------------------- 3. llama-bench
-ref=$root/build/reference-gpu
-[ "$cuda" = OFF ] && ref=$root/build/reference
-if [ -x "$ref/bin/llama-bench" ] && { [ "${LMSP_GPU_SERVER:-0}" != 1 ] || [ -x "$ref/bin/llama-server" ]; }; then
-    say "llama-bench already built"
-else
-    say "building llama-bench (GGML_CUDA=$cuda, -j$jobs)"
-    targets="llama-bench"
-    [ "${LMSP_GPU_SERVER:-0}" = 1 ] && targets="llama-bench llama-server"
-    if ! LMSP_CUDA=$cuda CMAKE_CUDA_ARCHITECTURES=$arch JOBS=$jobs PYTHON=$vpy \
-            LMSP_REFERENCE_DIR=$ref LMSP_REFERENCE_TARGETS="$targets" \
-            LMSP_REFERENCE_CMAKE_ARGS="-DGGML_CUDA_FA=OFF" \
-            bench/build_reference.sh >"$logs/reference.log" 2>&1; then
-        tail -40 "$logs/reference.log" >&2
-        exit 1
-    fi
-fi
-
-# ---------------------------------------------------------------- 4. benchmark
-ngl=99
-[ "$cuda" = OFF ] && ngl=0
-if [ "${LMSP_GPU_NATIVE:-1}" = 1 ]; then
-say "bench/native.py"
-"$vpy" bench/native.py --llama-bench "$ref/bin/llama-bench" --n-gpu-layers "$ngl" \
-    --llama-bench-configs matched --parallel 1,2,4,8,16 "$@" 2>&1 | tee "$logs/native.log"
-fi
-
-# ---------------------------------------------------------------- 5. serving
-if [ "${LMSP_GPU_SERVER:-0}" = 1 ]; then
-    # bench/serve.py starts `lmsp serve`: the service's own requirements, from .whl/
-    "$vpy" -c "import falcon, gunicorn, gevent" 2>/dev/null ||
-        pipi --no-deps falcon gunicorn gevent greenlet zope.event zope.interface
-    models=(--models tiny,bench)
-    if [ -f bench/out/models/tiny.gguf ] && [ -f bench/out/models/bench.gguf ]; then
-        models=(--models "" --model-file bench/out/models/tiny.gguf --model-file bench/out/models/bench.gguf)
-    fi
-    say "bench/serve.py"
-    "$vpy" bench/serve.py "${models[@]}" --llama-server "$ref/bin/llama-server" --lmsp "$venv/bin/lmsp" \
-        --n-gpu-layers "$ngl" --threads "${LMSP_GPU_SERVE_THREADS:-4}" --clients 1,16,64 \
-        --requests-per-client 1 --min-requests 8 --max-tokens 64 \
-        --json "$root/bench/out/serve-gpu.json" 2>&1 | tee "$logs/serve.log"
-fi
+# ---------------------------------------------------------------- 4-6
+smoke() {
+    limited "$vpy" bench/gpu_smoke.py "bench/out/models/${models[0]}.gguf" --n-gpu-layers "$ngl"
+}
+native() {
+    limited "$vpy" bench/native.py --models "" "${model_files[@]}" --out-dir "$out" \
+        --llama-bench "$build/bin/llama-bench" --llama-bench-configs matched \
+        --n-gpu-layers "$ngl" --threads "$threads" --parallel 1,4,16,64 --reps 3
+}
+serve() {
+    local files=()
+    for m in "${serve_models[@]}"; do files+=(--model-file "bench/out/models/$m.gguf"); done
+    limited "$vpy" bench/serve.py --models "" "${files[@]}" --llama-server "$build/bin/llama-server" \
+        --llama-arg=-fa --llama-arg=off --lmsp "$venv/bin/lmsp" --servers llama,lmsp,lmsp-noevents \
+        --n-gpu-layers "$ngl" --threads "$threads" --clients 1,64 --rounds 1 \
+        --requests-per-client 1 --min-requests 8 --max-tokens 64 --work-dir "$out/serve" \
+        --json "$out/serve-gpu.json"
+}
+tests() {
+    limited env LMSP_TEST_N_GPU_LAYERS="$ngl" "$vpy" -m pytest -q -p no:cacheprovider \
+        tests/native/test_engine.py tests/native/test_resume.py
+}
+export PYTHONUNBUFFERED=1
+for s in "${steps[@]}"; do step "$s"; done
+say "steps: ${status[*]}"

@@ -301,7 +301,9 @@ def main(argv: list[str] | None = None) -> int:
         early = 0
         for rep in range(args.reps):
             for config in configs:
-                run = run_llama_bench(args, path, config, warmup=rep == 0)
+                # on a GPU every llama-bench process pays for its own CUDA and
+                # cuBLAS start-up in its first test: it always warms up there
+                run = run_llama_bench(args, path, config, warmup=rep == 0 or args.n_gpu_layers != 0)
                 lb[config][pp] += run[pp]
                 lb[config][tg] += run[tg]
                 lb[config]["commands"].append({"command": run["command"], "records": run["records"]})
