@@ -103,22 +103,6 @@ if [ "$cuda" = ON ]; then
 fi
 { "$py" -c "import sys; print(sys.executable, sys.version.split()[0])"; command -v cmake ninja nvcc; nproc; } 2>&1 |
     tee -a "$logs/gpu.txt"
-# A compiler newer than the system's C++ library (a GCC under /opt, say) makes a
-# module that needs its own libstdc++: code from GCC 13 on leaves the set-up of
-# the standard streams to the library. Without this, a process that loaded the
-# older system library first (gevent's greenlet does) crashes in the first
-# stream output of llama.cpp's model loader.
-cxx=${CXX:-c++}
-if command -v "$cxx" >/dev/null 2>&1; then
-    libstdcxx=$("$cxx" -print-file-name=libstdc++.so.6)
-    case "$libstdcxx" in
-        /*) case "$(dirname "$(readlink -f "$libstdcxx")")" in
-                /lib|/lib64|/usr/lib|/usr/lib64|/lib/*-linux-gnu|/usr/lib/*-linux-gnu) ;;
-                *) export LD_LIBRARY_PATH=$(dirname "$libstdcxx")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-                   say "C++ library of $cxx first: $(dirname "$libstdcxx")" ;;
-            esac ;;
-    esac
-fi
 if [ ! -f third_party/llama.cpp/CMakeLists.txt ] && [ -f .gpu/llama.cpp/CMakeLists.txt ]; then
     ln -sfn "$root/.gpu/llama.cpp" third_party/llama.cpp
 fi
