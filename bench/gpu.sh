@@ -140,38 +140,13 @@ mkdir -p bench/out/models
 models_pid=$!
 
 # ---------------------------------------------------------------- 3. build
-# CMake's FindCUDAToolkit looks for cuBLAS and the driver library in the
-# toolkit. An image whose toolkit has only the compiler and the runtime (cuBLAS
-# comes with its Python packages, nvidia-cublas) gets them named here, and
-# the run finds cuBLAS through LD_LIBRARY_PATH.
-cuda_args=""
-find_cuda_libs() {
-    local tk inc lib drv
-    tk=${CUDA_HOME:-${CUDA_PATH:-}}
-    [ -z "$tk" ] && [ -x /usr/local/cuda/bin/nvcc ] && tk=/usr/local/cuda
-    [ -z "$tk" ] && tk=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
-    # the installed module has no RPATH into the toolkit
+# The installed module has no RPATH into the CUDA toolkit: its libraries go
+# on LD_LIBRARY_PATH for every step.
+if [ "$cuda" = ON ]; then
+    tk=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
+    [ -x /usr/local/cuda/bin/nvcc ] && tk=/usr/local/cuda
     export LD_LIBRARY_PATH=$tk/lib64:$(ls -d "$tk"/targets/*/lib 2>/dev/null | head -1)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    if ls "$tk"/include/cublas_v2.h "$tk"/targets/*/include/cublas_v2.h >/dev/null 2>&1; then
-        return 0
-    fi
-    inc=$(for sp in ${CUBLAS_ROOT:-} $("$vpy" -c "import sys; print(' '.join(p for p in sys.path if p.endswith('-packages')))"); do
-        [ -d "$sp/nvidia" ] && find "$sp/nvidia/" -maxdepth 3 -name cublas_v2.h
-    done 2>/dev/null | head -1)
-    [ -n "$inc" ] || { say "no cuBLAS found (toolkit $tk, Python packages)"; return 1; }
-    inc=$(dirname "$inc")
-    lib=$(ls "$inc"/../lib/libcublas.so* | head -1)
-    cuda_args="-DCUDA_cublas_LIBRARY=$lib -DCUDA_cublasLt_LIBRARY=$(ls "$inc"/../lib/libcublasLt.so* | head -1)"
-    cuda_args+=" -DCMAKE_CUDA_FLAGS=-I$inc -DCMAKE_CXX_FLAGS=-I$inc"
-    export LD_LIBRARY_PATH=$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    if ! ls "$tk"/lib64/libcuda.so "$tk"/lib64/stubs/libcuda.so "$tk"/targets/*/lib/stubs/libcuda.so >/dev/null 2>&1; then
-        drv=$( (ldconfig -p 2>/dev/null | awk '/libcuda\.so(\.1)? /{print $NF}'; \
-            find /usr/local/nvidia /usr/lib /usr/lib64 -name 'libcuda.so*' 2>/dev/null) | head -1)
-        [ -n "$drv" ] && cuda_args+=" -DCUDA_cuda_driver_LIBRARY=$drv"
-    fi
-    say "cuBLAS from $inc; $cuda_args"
-}
-if [ "$cuda" = ON ]; then find_cuda_libs || die "the CUDA build needs cuBLAS"; fi
+fi
 
 build_all() {
     if "$vpy" -c "import lmsp._native as n, sys; sys.exit(0 if ('CUDA' in n.system_info()) == ('$cuda' == 'ON') else 1)" 2>/dev/null \
@@ -180,7 +155,7 @@ build_all() {
         return 0
     fi
     export LMSP_CUDA=$cuda CMAKE_BUILD_PARALLEL_LEVEL=$jobs
-    export CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=$arch -DGGML_CUDA_FA=OFF -DLMSP_LLAMA_TOOLS=ON $cuda_args"
+    export CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=$arch -DGGML_CUDA_FA=OFF -DLMSP_LLAMA_TOOLS=ON"
     CMAKE_ARGS+=" -Dpybind11_DIR=$("$vpy" -m pybind11 --cmakedir)"
     limited "$vpy" -m pip install --disable-pip-version-check --no-index --no-deps --no-build-isolation \
         --config-settings=build-dir="$build" "$root" || return 1
