@@ -35,10 +35,19 @@ float max_value(const float * logits, int32_t n) {
 }
 
 // The highest logit's id (NaN never wins; ties keep the lowest id): the
-// maximum, then the first id holding it. No number at all: id 0.
+// maximum, then the first id holding it, found a block at a time (a loop
+// with an early exit does not vectorize; one over a block does). No number
+// at all: id 0.
 int32_t argmax(const float * logits, int32_t n) {
     const float best = max_value(logits, n);
-    for (int32_t i = 0; i < n; ++i) {
+    constexpr int32_t kBlock = 64;
+    int32_t i = 0;
+    for (; i + kBlock <= n; i += kBlock) {
+        int hit = 0;
+        for (int32_t j = 0; j < kBlock; ++j) hit |= logits[i + j] == best;
+        if (hit) break;
+    }
+    for (; i < n; ++i) {
         if (logits[i] == best) return i;
     }
     return 0;
