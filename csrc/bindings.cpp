@@ -202,14 +202,14 @@ public:
         return out;
     }
 
-    bool wait(const py::object & timeout) {
+    bool wait(const py::object & timeout, bool urgent) {
         double t = -1.0;
         if (!timeout.is_none()) {
             t = timeout.cast<double>();
             if (!(t >= 0.0)) throw lmsp::InvalidArgument("timeout must be >= 0 or None");
         }
         py::gil_scoped_release nogil;
-        return engine_->wait(t);
+        return engine_->wait(t, urgent);
     }
 
     py::array_t<float> eval_logits(const py::object & tokens) {
@@ -379,8 +379,9 @@ PYBIND11_MODULE(_native, m) {
             "seq_id"_a)
         .def("snapshot", &PyEngine::snapshot, "seq_id"_a, "with_kv"_a = false)
         .def("poll", &PyEngine::poll)
-        .def("wait", &PyEngine::wait, "timeout"_a = py::none())
+        .def("wait", &PyEngine::wait, "timeout"_a = py::none(), "urgent"_a = false)
         .def("fileno", [](PyEngine & s) { return s.e().fileno(); })
+        .def("urgent_fileno", [](PyEngine & s) { return s.e().urgent_fileno(); })
         .def("eval_logits", &PyEngine::eval_logits, "tokens"_a)
         .def("stats", &PyEngine::stats)
         .def("close", &PyEngine::close)

@@ -96,11 +96,53 @@ struct Sequence {
     int batch_index = -1;  // row of its logits in the current batch, -1 if none
     Clock::time_point t_submit, t_admit, t_first;
     bool has_first = false;
+    bool reported = false;  // a result with output has been handed out
 
     Sequence(const SamplingParams & sp, std::vector<std::string> stops) : sampler(sp), text(std::move(stops)) {}
 };
 
 // ---------------------------------------------------------------- lifecycle
+
+namespace {
+
+// A file descriptor that polls readable once written to: an eventfd on Linux,
+// a pipe elsewhere (rfd then differs from wfd).
+void open_notifier(int & rfd, int & wfd) {
+#ifdef __linux__
+    rfd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (rfd < 0) throw NativeFailure(std::string("eventfd: ") + std::strerror(errno));
+    wfd = rfd;
+#else
+    int fds[2];
+    if (::pipe(fds) != 0) throw NativeFailure(std::string("pipe: ") + std::strerror(errno));
+    for (int fd : fds) {
+        ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+        ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+    }
+    rfd = fds[0];
+    wfd = fds[1];
+#endif
+}
+
+void close_notifier(int & rfd, int & wfd) {
+    if (wfd >= 0 && wfd != rfd) ::close(wfd);
+    if (rfd >= 0) ::close(rfd);
+    rfd = wfd = -1;
+}
+
+void signal_notifier(int wfd) {
+    const uint64_t one = 1;
+    ssize_t rc = ::write(wfd, &one, sizeof(one));
+    (void)rc;  // a full pipe is already readable
+}
+
+void clear_notifier(int rfd) {
+    uint64_t value;
+    while (::read(rfd, &value, sizeof(value)) > 0) {
+    }
+}
+
+}  // namespace
 
 Engine::Engine(const std::string & model_path, const EngineOptions & options) : options_(options) {
     log::install();
@@ -214,20 +256,13 @@ Engine::Engine(const std::string & model_path, const EngineOptions & options) : 
     batch_allocated_ = true;
     slot_used_.assign(size_t(options.n_parallel), false);
 
-#ifdef __linux__
-    event_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (event_fd_ < 0) throw NativeFailure(std::string("eventfd: ") + std::strerror(errno));
-    event_wfd_ = event_fd_;
-#else
-    int fds[2];
-    if (::pipe(fds) != 0) throw NativeFailure(std::string("pipe: ") + std::strerror(errno));
-    for (int fd : fds) {
-        ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-        ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+    open_notifier(event_fd_, event_wfd_);
+    try {
+        open_notifier(urgent_fd_, urgent_wfd_);
+    } catch (...) {
+        close_notifier(event_fd_, event_wfd_);
+        throw;
     }
-    event_fd_ = fds[0];
-    event_wfd_ = fds[1];
-#endif
 
     thread_ = std::thread([this] { run(); });
 }
@@ -244,7 +279,12 @@ void Engine::close() {
         stop_ = true;
     }
     cv_.notify_all();
+    {
+        // a waiter between its check of closed_ and its sleep would miss the notify
+        std::lock_guard<std::mutex> lk(results_mu_);
+    }
     results_cv_.notify_all();
+    urgent_cv_.notify_all();
     if (thread_.joinable()) {
         thread_.join();
     }
@@ -258,9 +298,8 @@ void Engine::close() {
     ctx_.reset();
     threadpool_.reset();
     model_.reset();
-    if (event_wfd_ >= 0 && event_wfd_ != event_fd_) ::close(event_wfd_);
-    if (event_fd_ >= 0) ::close(event_fd_);
-    event_fd_ = event_wfd_ = -1;
+    close_notifier(event_fd_, event_wfd_);
+    close_notifier(urgent_fd_, urgent_wfd_);
 }
 
 void Engine::check_open() const {
@@ -494,27 +533,35 @@ std::vector<StepResult> Engine::poll() {
     out.reserve(results_.size());
     for (auto & r : results_) out.push_back(std::move(r));
     results_.clear();
-    uint64_t value;
-    while (::read(event_fd_, &value, sizeof(value)) > 0) {
+    clear_notifier(event_fd_);
+    if (urgent_waiting_) {
+        urgent_waiting_ = false;
+        clear_notifier(urgent_fd_);
     }
     return out;
 }
 
-bool Engine::wait(double timeout_s) {
+bool Engine::wait(double timeout_s, bool urgent) {
     check_open();
     std::unique_lock<std::mutex> lk(results_mu_);
-    auto ready = [this] { return !results_.empty() || closed_.load(); };
+    auto ready = [this, urgent] { return (urgent ? urgent_waiting_ : !results_.empty()) || closed_.load(); };
+    std::condition_variable & cv = urgent ? urgent_cv_ : results_cv_;
     if (timeout_s < 0) {
-        results_cv_.wait(lk, ready);
+        cv.wait(lk, ready);
     } else {
-        results_cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), ready);
+        cv.wait_for(lk, std::chrono::duration<double>(timeout_s), ready);
     }
-    return !results_.empty() && !closed_.load();
+    return (urgent ? urgent_waiting_ : !results_.empty()) && !closed_.load();
 }
 
 int Engine::fileno() const {
     check_open();
     return event_fd_;
+}
+
+int Engine::urgent_fileno() const {
+    check_open();
+    return urgent_fd_;
 }
 
 EngineStats Engine::stats() const {
@@ -535,19 +582,37 @@ EngineStats Engine::stats() const {
 
 // ---------------------------------------------------------------- engine thread
 
-void Engine::push_results(std::vector<StepResult> results) {
-    if (results.empty()) return;
+void Engine::emit(Sequence & seq, StepResult result) {
+    result.urgent = result.finish != Finish::none || !seq.reported;
+    seq.reported = true;
+    outbox_.push_back(std::move(result));
+}
+
+// One hand-over per round of the engine loop, whatever number of sequences
+// it served: one lock, at most one write to each descriptor, one wake-up. A
+// consumer that waits for urgent results only (a commit thread gathering a
+// window) is not woken by the others, nor is its descriptor written.
+void Engine::push_results() {
+    if (outbox_.empty()) return;
+    bool was_empty, new_urgent;
     {
         std::lock_guard<std::mutex> lk(results_mu_);
-        const bool was_empty = results_.empty();
-        for (auto & r : results) results_.push_back(std::move(r));
-        if (was_empty) {
-            const uint64_t one = 1;
-            ssize_t rc = ::write(event_wfd_, &one, sizeof(one));
-            (void)rc;  // a full pipe is already readable
+        was_empty = results_.empty();
+        bool urgent = false;
+        for (auto & r : outbox_) {
+            urgent = urgent || r.urgent;
+            results_.push_back(std::move(r));
+        }
+        if (was_empty) signal_notifier(event_wfd_);
+        new_urgent = urgent && !urgent_waiting_;
+        if (new_urgent) {
+            urgent_waiting_ = true;
+            signal_notifier(urgent_wfd_);
         }
     }
-    results_cv_.notify_all();
+    outbox_.clear();
+    if (was_empty) results_cv_.notify_all();
+    if (new_urgent) urgent_cv_.notify_all();
 }
 
 void Engine::finish(Sequence & seq, Finish why, const std::string & error, std::vector<int32_t> tokens,
@@ -590,9 +655,7 @@ void Engine::finish(Sequence & seq, Finish why, const std::string & error, std::
         live_.erase(seq.id);
         cancels_.erase(seq.id);
     }
-    std::vector<StepResult> one;
-    one.push_back(std::move(r));
-    push_results(std::move(one));
+    emit(seq, std::move(r));
 }
 
 void Engine::admit(std::unique_ptr<Sequence> seq) {
@@ -846,9 +909,7 @@ void Engine::step() {
                     r.text = std::move(text);
                     r.n_prompt = s.n_prompt;
                     r.n_generated = int32_t(s.generated.size());
-                    std::vector<StepResult> one;
-                    one.push_back(std::move(r));
-                    push_results(std::move(one));
+                    emit(s, std::move(r));
                 }
             }
         }
@@ -919,6 +980,7 @@ void Engine::run() {
         } catch (const std::exception & e) {
             fail_all(std::string("engine error: ") + e.what());
         }
+        push_results();
     }
 
     // closing: pending requests fail, pending sequences are dropped

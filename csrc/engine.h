@@ -53,6 +53,7 @@ struct StepResult {
     int32_t n_prompt = 0;
     int32_t n_generated = 0;
     std::optional<Timings> timings;  // on finish
+    bool urgent = false;  // the sequence's first output, or its end
 };
 
 struct ResumeState {
@@ -119,8 +120,11 @@ public:
     bool cancel(int64_t seq_id);
     Snapshot snapshot(int64_t seq_id, bool with_kv);
     std::vector<StepResult> poll();
-    bool wait(double timeout_s);  // timeout_s < 0: no timeout
-    int fileno() const;
+    // timeout_s < 0: no timeout. urgent: return only once an urgent result
+    // (a sequence's first output or its end) is waiting, not for any result
+    bool wait(double timeout_s, bool urgent = false);
+    int fileno() const;         // readable while any result waits
+    int urgent_fileno() const;  // readable while an urgent result waits
     std::vector<float> eval_logits(const std::vector<int32_t> & tokens);
     EngineStats stats() const;
     void close();
@@ -151,7 +155,8 @@ private:
     void step();
     void finish(Sequence & seq, Finish why, const std::string & error, std::vector<int32_t> tokens,
                 std::string text);
-    void push_results(std::vector<StepResult> results);
+    void emit(Sequence & seq, StepResult result);  // into outbox_, handed over at the end of the round
+    void push_results();           // outbox_ -> results_
     void fail_all(const std::string & error);
 
     EngineOptions options_;
@@ -182,12 +187,17 @@ private:
 
     // results, guarded by results_mu_
     mutable std::mutex results_mu_;
-    std::condition_variable results_cv_;
+    std::condition_variable results_cv_;  // results_ became non-empty
+    std::condition_variable urgent_cv_;   // urgent_waiting_ became true
     std::deque<StepResult> results_;
+    bool urgent_waiting_ = false;  // results_ holds an urgent result
     int event_fd_ = -1;   // readable while results_ is not empty
     int event_wfd_ = -1;  // write end (same as event_fd_ for an eventfd)
+    int urgent_fd_ = -1;  // readable while urgent_waiting_
+    int urgent_wfd_ = -1;
 
     // engine thread only
+    std::vector<StepResult> outbox_;  // this round's results, handed over together
     std::vector<std::unique_ptr<Sequence>> active_;
     std::vector<bool> slot_used_;
 

@@ -50,6 +50,13 @@ not included in ``text``), "length" (max_tokens, or the context is full),
 of a sequence's results concatenate to its output text. ``wait()`` blocks
 without the GIL; ``fileno()`` is readable while results are pending.
 
+A result is *urgent* when it is its sequence's first output or its last
+result. ``wait(timeout, urgent=True)`` returns once an urgent result is
+pending, and ``urgent_fileno()`` is readable while one is: a consumer that
+takes results in windows (the service commits them in groups) sleeps through
+the others, and the engine thread neither writes a descriptor nor wakes a
+thread for them. Results of one engine step are handed over together.
+
 Sampling draws for output token i depend only on (seed, i); temperature 0 is
 greedy. On the CPU backend a sequence's tokens do not depend on what else is in
 the batch (see csrc/engine.cpp), so ``snapshot()`` + ``submit(resume=...)`` in

@@ -362,6 +362,40 @@ def test_fileno_is_readable_while_results_are_pending(make_engine) -> None:
     assert not e.wait(0)
 
 
+def test_urgent_wait_sleeps_through_all_but_first_outputs_and_ends(make_engine) -> None:
+    e = make_engine(n_parallel=3)
+    fd, urgent_fd = e.fileno(), e.urgent_fileno()
+    assert fd != urgent_fd
+    assert select.select([urgent_fd], [], [], 0)[0] == []
+    first = e.submit(random_prompt(14, 6), max_tokens=24, temperature=0)
+    assert e.wait(60, urgent=True)
+    assert select.select([urgent_fd], [], [], 0)[0] == [urgent_fd]
+    opened = e.poll()
+    assert opened[0]["seq"] == first and opened[0]["tokens"] and opened[0]["finish"] is None
+    assert select.select([urgent_fd], [], [], 0)[0] == []
+    # the next urgent result is the end: the tokens in between wait for it
+    assert e.wait(60, urgent=True)
+    rest = e.poll()
+    assert rest[-1]["finish"] in ("length", "stop")
+    assert sum(len(r["tokens"]) for r in opened + rest) == rest[-1]["n_generated"] > len(opened) + 1
+    assert not e.wait(0, urgent=True) and select.select([fd, urgent_fd], [], [], 0)[0] == []
+
+    # several sequences: every urgent wake-up finds a first output or an end
+    seqs = [e.submit(random_prompt(15 + i, 6), max_tokens=8 + 16 * i, temperature=0) for i in range(3)]
+    seen: set[int] = set()
+    ended: set[int] = set()
+    while len(ended) < len(seqs):
+        assert e.wait(60, urgent=True)
+        results = e.poll()
+        urgent = [r for r in results if r["finish"] or (r["tokens"] and r["seq"] not in seen)]
+        assert urgent, results
+        for r in results:
+            seen.add(r["seq"])
+            if r["finish"]:
+                ended.add(r["seq"])
+    assert not e.wait(0, urgent=True)
+
+
 def test_close_twice_and_use_after_close(demo_model_path) -> None:
     e = Engine(str(demo_model_path), n_ctx=64, n_parallel=1, n_threads=1)
     seq = e.submit([1, 100, 200], max_tokens=1000, temperature=0)  # still running at close
@@ -371,6 +405,7 @@ def test_close_twice_and_use_after_close(demo_model_path) -> None:
     assert issubclass(EngineClosedError, RuntimeError) and issubclass(EngineClosedError, NativeError)
     calls = [
         lambda: e.submit([1], max_tokens=1), lambda: e.poll(), lambda: e.wait(0), lambda: e.fileno(),
+        lambda: e.urgent_fileno(), lambda: e.wait(0, urgent=True),
         lambda: e.cancel(seq), lambda: e.snapshot(seq), lambda: e.tokenize("x"), lambda: e.detokenize([1]),
         lambda: e.apply_chat_template([]), lambda: e.eval_logits([1]), lambda: e.stats(),
     ]

@@ -14,7 +14,8 @@ Per worker process:
   for those tasks. Group commit: output keeps gathering for up to
   ``commit_window_ms`` after the first uncommitted result, so one transaction
   (one fsync) carries several engine steps; a task's first output and its end
-  are committed at once. It also renews the leases (acting on cancels made by other
+  are committed at once (while a window gathers, the thread sleeps on the
+  engines' urgent descriptors, which only those results make readable). It also renews the leases (acting on cancels made by other
   processes) and recovers the tasks of dead workers (leases expired).
 
 Both are real OS threads also under gevent. A store error in the commit thread
@@ -518,14 +519,17 @@ class Runtime:
         if backoff:
             self._commit_wake.wait(backoff)
         else:
+            # gathering a window: only a first output or an end cuts it short,
+            # so the engines do not wake this thread for every token
+            gathering = bool(self._pending)
             fds = []
             for _, engine in engines:
                 try:
-                    fds.append(engine.fileno())
+                    fds.append(engine.urgent_fileno() if gathering else engine.fileno())
                 except Exception:  # closed meanwhile
                     pass
             wait = IDLE_WAIT
-            if self._pending:  # gathering: until the window closes
+            if gathering:
                 wait = max(0.0, self._pending_since + self.window - time.monotonic())
             self._commit_wake.wait(wait, fds)
         stopping = self._stopping
