@@ -115,6 +115,16 @@ def mean_std(values: list[float]) -> dict:
     }
 
 
+def paired_ratio(ours: dict, ref: dict) -> float:
+    """lmsp / reference: the median of the ratios of the repetitions, each
+    pair measured back to back (slow drift of the machine cancels out), or the
+    ratio of the means where the samples do not pair up."""
+    a, b = ours.get("samples") or [], ref.get("samples") or []
+    if a and len(a) == len(b):
+        return statistics.median(x / y for x, y in zip(a, b))
+    return ours["mean"] / ref["mean"]
+
+
 def fmt(stat: dict | None) -> str:
     if not stat:
         return "-"
@@ -370,7 +380,7 @@ def print_table(report: dict, pp: str, tg: str, parallel: list[int]) -> None:
             for config in ("matched", "default"):
                 ref = lb.get(config, {}).get(test.split()[0])
                 cells.append(fmt(ref))
-                ratios.append(f"{ours['mean'] / ref['mean']:.3f}" if ref else "-")
+                ratios.append(f"{paired_ratio(ours, ref):.3f}" if ref else "-")
             rows.append((*cells, fmt(ours), *ratios))
         base = entry["lmsp"][tg]["mean"]
         for k in parallel:
@@ -385,7 +395,8 @@ def print_table(report: dict, pp: str, tg: str, parallel: list[int]) -> None:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
         if i == 0:
             print("  ".join("-" * w for w in widths))
-    print("\ntokens/s, mean ± standard deviation over the repetitions; "
+    print("\ntokens/s, mean ± standard deviation over the repetitions; ratios: the median over the "
+          "repetitions of lmsp / llama-bench measured back to back; "
           f"{tg}: the consumer is woken for every token, {tg} windowed: as the service's commit thread, "
           f"for a first output or an end, otherwise every {COMMIT_WINDOW_S * 1000:.0f} ms")
 
