@@ -7,7 +7,7 @@ import falcon.testing
 import pytest
 from api_helpers import assert_error, parse_sse
 
-from lmsp.api.events import event_stream
+from lmsp.api.events import event_stream, frame
 from lmsp.errors import Unavailable
 
 
@@ -231,3 +231,61 @@ def test_stream_waits_out_a_busy_store(user, held, store):
     frames.close()
     assert busy.failures == 0
     assert first.startswith(b"id: 1\n") and second.startswith(b"id: 2\n")
+
+
+def test_a_stream_takes_this_workers_latest_commit_from_memory(user, held, store):
+    """Events of the runtime's latest commit reach a stream without a read; anything
+    the commit did not write (another process's event, a gap) is read from the store."""
+    from lmsp.runtime.core import Runtime
+
+    tid = background(user)["task"]["id"]
+    held.start_all()
+
+    class Committing:
+        """The scripted worker, keeping its commits' rows as the runtime does."""
+
+        def __init__(self) -> None:
+            self._committed: dict = {}
+
+        def step(self, delta: str, finish: str | None = None) -> None:
+            outcome = store.append_step("scripted-worker", [{"task_id": tid, "delta": delta, "tokens": [1],
+                                                             "finish": finish}], with_events=True)
+            self._committed.update(outcome["events"])
+            if finish:
+                self._committed.pop(tid, None)
+
+        committed_events = Runtime.committed_events
+
+        def __getattr__(self, name):
+            return getattr(held, name)
+
+    class Counting:
+        def __init__(self) -> None:
+            self.reads = 0
+
+        def events(self, *args, **kwargs):
+            self.reads += 1
+            return store.events(*args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(store, name)
+
+    worker, counting = Committing(), Counting()
+    worker.step("Hello")  # before the stream opens: its first page is a read in any case
+    frames = event_stream(counting, worker, tid, heartbeat=10.0, poll=0.001)
+    log = [next(frames) for _ in range(store.last_sequence(tid))]
+    assert counting.reads == 1
+    for word in (" from", " memory"):
+        worker.step(word)
+        log.append(next(frames))
+        assert counting.reads == 1, "a committed delta of this worker is not read back"
+    # an event this worker's commit did not write: the next commit no longer covers the gap
+    held.store.cancel(tid)
+    worker.step(" again")
+    log += [next(frames), next(frames)]
+    assert counting.reads == 2
+    worker.step("", finish="stop")
+    log += list(frames)
+    assert counting.reads >= 3  # the end's events come from the store
+    assert log == [frame(e) for e in store.events(tid)["data"]]
+    assert b"response.cancelled" in log[-1]

@@ -69,9 +69,9 @@ def test_group_commit_gathers_steps_but_not_the_first_output_or_the_end(store, m
     commits = []
     real = store.append_step
 
-    def spy(owner, items):
+    def spy(owner, items, **kwargs):
         commits.append([(item["task_id"], len(item["tokens"]), item["finish"]) for item in items])
-        return real(owner, items)
+        return real(owner, items, **kwargs)
 
     rt.store.append_step = spy  # the runtime's store is this fixture's store
     task_id = submit(store, rt, max_output_tokens=40)
@@ -94,9 +94,9 @@ def test_many_tasks_are_batched_into_shared_transactions(store, runtime):
     sizes = []
     real = store.append_step
 
-    def spy(owner, items):
+    def spy(owner, items, **kwargs):
         sizes.append(len(items))
-        return real(owner, items)
+        return real(owner, items, **kwargs)
 
     store.append_step = spy
     ids = [submit(store, runtime, f"Story number {i}:", max_output_tokens=24) for i in range(8)]
@@ -149,11 +149,11 @@ def test_store_errors_keep_results_in_memory_until_a_commit_succeeds(store, runt
     real = store.append_step
     failures = []
 
-    def flaky(owner, items):
+    def flaky(owner, items, **kwargs):
         if len(failures) < 3:
             failures.append(len(items))
             raise Unavailable("database is locked")
-        return real(owner, items)
+        return real(owner, items, **kwargs)
 
     store.append_step = flaky
     task_id = submit(store, runtime, max_output_tokens=20)

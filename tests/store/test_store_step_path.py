@@ -136,3 +136,53 @@ def test_an_owner_change_without_an_event_is_caught(store, running_task, db_path
         assert store.output_text(tid) == expected_text(tid, range(3))
     for tid in tids:
         assert_consistent(store, tid)
+
+
+def _as_read(store: Store, written: dict) -> dict:
+    """append_step's events, as the event objects a read of the store returns."""
+    from lmsp.objects import event_object
+
+    keys = ("seq", "type", "created_at", "text", "data")
+    return {tid: [event_object(dict(zip(keys, row)), item_id) for row in rows]
+            for tid, (item_id, rows) in written.items()}
+
+
+def test_with_events_returns_exactly_the_rows_a_read_returns(store, running_task, db_path, clock, checked_steps):
+    tids = [running_task() for _ in range(4)]
+    seen = {tid: store.last_sequence(tid) for tid in tids}
+
+    def check(outcome: dict, running: list[str]) -> None:
+        got = _as_read(store, outcome["events"])
+        assert sorted(got) == sorted(running)
+        for tid in running:
+            assert got[tid] == store.events(tid, after=seen[tid])["data"]  # everything, nothing more
+            seen[tid] = store.last_sequence(tid)
+
+    # the first step (the rows: output_item and content_part open, then the delta)
+    check(store.append_step("w1", [{"task_id": t, "delta": "a", "tokens": [1]} for t in tids],
+                            with_events=True), tids)
+    # the fast path, several steps of one task in one transaction, a step without text
+    outcome = store.append_step("w1", [{"task_id": tids[0], "delta": "b", "tokens": [2]},
+                                       {"task_id": tids[0], "delta": "", "tokens": [3]},
+                                       {"task_id": tids[0], "delta": "c", "tokens": [4]},
+                                       {"task_id": tids[1], "delta": "", "tokens": [5]}], with_events=True)
+    assert len(checked_steps) == 1
+    check(outcome, [tids[0]])  # tids[1] wrote no event
+    assert [e["delta"] for e in store.events(tids[0], after=seen[tids[0]] - 2)["data"]] == ["b", "c"]
+    # a step that ends one task and skips one that is no longer ours: neither is in it
+    other = Store.open(db_path, clock=clock)
+    try:
+        other.cancel(tids[2])
+    finally:
+        other.close()
+    before_cancel, seen[tids[2]] = seen[tids[2]], store.last_sequence(tids[2])  # task.cancelling: not ours
+    outcome = store.append_step("w1", [{"task_id": tids[0], "delta": "d", "tokens": [6]},
+                                       {"task_id": tids[1], "delta": "e", "tokens": [7], "finish": "stop"},
+                                       {"task_id": tids[2], "delta": "f", "tokens": [8]},
+                                       {"task_id": tids[3], "delta": "g", "tokens": [9]}], with_events=True)
+    assert outcome["finished"] == {tids[1]: "completed"}
+    assert outcome["events"][tids[2]][1][0][0] == before_cancel + 2  # the foreign event is not in it
+    check(outcome, [tids[0], tids[2], tids[3]])  # a cancelling task still runs until the engine stops it
+    assert "events" not in step(store, [tids[0]], 1)  # only when asked
+    for tid in tids:
+        assert_consistent(store, tid)

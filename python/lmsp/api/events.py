@@ -3,7 +3,9 @@
 A stream reads committed events from the store after the last sequence number
 it sent, writes them, and waits for the next commit through
 ``runtime.wait_for_commit`` (which never blocks the gevent hub and holds no
-store connection). It ends after the terminal event.
+store connection). It ends after the terminal event. Events that this worker's
+latest commit wrote come from ``runtime.committed_events`` instead of a read,
+once the store has answered for the task.
 """
 from __future__ import annotations
 
@@ -62,6 +64,8 @@ def event_stream(store, runtime, task_id: str, *, after: int = 0, client_id: str
     """
     last = after
     generation = getattr(runtime, "commit_generation", None)
+    committed = getattr(runtime, "committed_events", None)
+    checked = False  # the store has answered once: the task exists and the client may read it
     since = None
     finished = False
     last_write = monotonic()
@@ -70,7 +74,12 @@ def event_stream(store, runtime, task_id: str, *, after: int = 0, client_id: str
         while True:
             try:
                 since = generation() if generation is not None else None
-                page = store.events(task_id, after=last, limit=PAGE, client_id=client_id)
+                fresh = committed(task_id, last) if checked and committed is not None else None
+                if fresh:
+                    page = {"data": fresh, "has_more": False}
+                else:
+                    page = store.events(task_id, after=last, limit=PAGE, client_id=client_id)
+                    checked = True
             except Unavailable:
                 # a store busy for a moment: wait and read again; give up after a while
                 now = monotonic()

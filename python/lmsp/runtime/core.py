@@ -15,7 +15,10 @@ Per worker process:
   ``commit_window_ms`` after the first uncommitted result, so one transaction
   (one fsync) carries several engine steps; a task's first output and its end
   are committed at once (while a window gathers, the thread sleeps on the
-  engines' urgent descriptors, which only those results make readable). It also renews the leases (acting on cancels made by other
+  engines' urgent descriptors, which only those results make readable). The
+  rows a commit wrote for the tasks it left running are kept until the next
+  one, so that this worker's streams take them from memory
+  (:meth:`Runtime.committed_events`) instead of reading them back. It also renews the leases (acting on cancels made by other
   processes) and recovers the tasks of dead workers (leases expired).
 
 Both are real OS threads also under gevent. A store error in the commit thread
@@ -35,6 +38,7 @@ from dataclasses import dataclass, field
 from .. import ids
 from ..config import RECOVERED_ENV
 from ..hubsafe import offload
+from ..objects import event_object
 from ..errors import ContextLengthExceeded, IllegalTransition, LMSPError, ModelInUse, NotFound, Unavailable
 from . import prompt as prompting
 from ._threads import RealThread, Wakeup, allocate_lock, gevent_active
@@ -51,6 +55,7 @@ MAX_BACKOFF = 2.0        # seconds between retries of a failed commit
 # run shows what writing the step events costs. Streams then get the whole
 # text at the end.
 BENCH_DEFER_DELTAS = os.environ.get("LMSP_BENCH_NO_PERSIST_EVENTS") == "1"
+_EVENT_KEYS = ("seq", "type", "created_at", "text", "data")  # a row of store.append_step's events
 START_TRIES = 5          # transient errors a claimed task may meet before it fails
 
 _started: "weakref.WeakSet[Runtime]" = weakref.WeakSet()
@@ -122,6 +127,9 @@ class Runtime:
         self._pending: dict[str, dict] = {}    # task id -> store item not yet committed (commit thread only)
         self._pending_since = 0.0              # when the oldest uncommitted result arrived
         self._urgent = False                   # a first output or an end is pending: commit now
+        # task id -> (item_id, event rows) of its latest commit, for this worker's streams
+        # (replaced whole by the commit thread; read by the streams)
+        self._committed: dict[str, tuple] = {}
         self.window = float(config.commit_window_ms) / 1000.0
         self._retry: list[tuple[_Run, dict]] = []  # claims to start again (scheduler thread only)
         self._reserved = 0                     # slots promised to tasks being created (under _lock)
@@ -250,6 +258,24 @@ class Runtime:
     def commit_generation(self) -> int:
         """A number that changes with every commit this process announces (see wait_for_commit)."""
         return self.waiters.generation
+
+    def committed_events(self, task_id: str, after: int) -> list[dict] | None:
+        """The task's events after ``after`` from the latest commit this worker made
+        for it, when that commit wrote every one of them; None when it did not (or
+        when there is nothing new): then the store has them.
+
+        A stream of a task running here gets its events without reading them back:
+        they are the rows of a transaction that has committed, the same rows a read
+        would return, and no event is handed out before its commit.
+        """
+        entry = self._committed.get(task_id)
+        if entry is None:
+            return None
+        item_id, rows = entry
+        first = rows[0][0]
+        if not first <= after + 1 <= rows[-1][0]:
+            return None
+        return [event_object(dict(zip(_EVENT_KEYS, row)), item_id) for row in rows[after + 1 - first:]]
 
     def wait_for_commit(self, task_id: str, after_seq: int, timeout: float, since: int | None = None) -> None:
         """Return once the task has events after ``after_seq`` (or on timeout).
@@ -483,6 +509,7 @@ class Runtime:
         self._wake_scheduler()
 
     def _forget(self, run: _Run) -> None:
+        self._committed.pop(run.task_id, None)
         with self._lock:
             self._runs.pop(run.task_id, None)
             if run.seq is not None:
@@ -589,13 +616,16 @@ class Runtime:
                 return True
         started = time.perf_counter()
         try:
-            outcome = self.store.append_step(self.owner, items) or {}
+            outcome = self.store.append_step(self.owner, items, with_events=True) or {}
         except Exception as exc:
             self.stats.commit_failed()
             log.warning("committing %d task(s) failed, kept in memory: %s", len(items), exc)
             return False
         n_tokens = sum(len(item["tokens"]) for item in items)
         self.stats.commit(time.perf_counter() - started, n_tokens)
+        committed = outcome.get("events")
+        if committed:
+            self._committed.update(committed)
         self._urgent = False
         if len(items) == len(self._pending):
             self._pending = {}
@@ -609,6 +639,8 @@ class Runtime:
             for run in ended:
                 if run is not None and run.seq is not None:
                     self._by_seq.pop((id(run.engine), run.seq), None)
+        for task_id in done + skipped:
+            self._committed.pop(task_id, None)
         for run in ended:
             if run is None:
                 continue

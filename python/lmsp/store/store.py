@@ -688,11 +688,17 @@ class Store:
             self._emit_response(conn, task, "response.in_progress", now)
             self._save(conn, task)
 
-    def append_step(self, owner: str, items: list[dict]) -> dict:
+    def append_step(self, owner: str, items: list[dict], *, with_events: bool = False) -> dict:
         """Record one engine step for many tasks in ONE transaction.
 
         Returns ``{"skipped": [ids not owned or not running], "cancelled": [ids that
-        ended cancelled], "finished": {id: final status}}``.
+        ended cancelled], "finished": {id: final status}}``. With ``with_events``
+        also ``"events": {id: (item_id, rows)}``: for each task still running
+        after the step, the event rows this transaction wrote for it (all of
+        them, in order, without gaps), as ``(seq, type, created_at, text,
+        data)``, which is what :meth:`events` would read back; a worker hands
+        them to its streams without reading them again. Built after the
+        transaction, outside the write lock.
 
         The common step (deltas only, for tasks this process stepped before)
         does not read the task rows: each row's update is guarded by the owner
@@ -733,7 +739,9 @@ class Store:
             for item in items:
                 cache.pop(item["task_id"], None)
             raise
-        states, outcome = result
+        states, outcome, rows = result
+        if with_events:
+            outcome["events"] = self._written(rows, states)
         if len(cache) > 100_000:  # entries of tasks that were taken away and never stepped again
             cache.clear()
         for tid, state in states.items():
@@ -742,6 +750,21 @@ class Store:
             else:
                 cache[tid] = state
         return outcome
+
+    @staticmethod
+    def _written(rows: list[tuple], states: dict) -> dict[str, tuple]:
+        """The event rows of the tasks left running, per task: ``(item_id, [(seq, type, created_at,
+        text, data)])``. A finished task's rows are left out: its last events come from ``_end``."""
+        out: dict[str, tuple] = {}
+        for tid, seq, etype, created_at, text, _, data in rows:
+            entry = out.get(tid)
+            if entry is None:
+                state = states.get(tid)
+                if state is None:
+                    continue
+                entry = out[tid] = (state[5], [])
+            entry[1].append((seq, etype, created_at, text, data))
+        return out
 
     @staticmethod
     def _step_items(owner: str, items: list[dict], known: dict, now: float, events: list,
@@ -849,7 +872,7 @@ class Store:
         if updated != len(states):  # someone else changed a task: roll back, redo from the rows
             raise _StaleStep()
         conn.executemany(self._EVENT_INSERT, events)
-        return states, {"skipped": [], "cancelled": [], "finished": {}}
+        return states, {"skipped": [], "cancelled": [], "finished": {}}, events
 
     def _step_checked(self, conn: sqlite3.Connection, owner: str, items: list[dict], now: float):
         wanted = list(dict.fromkeys(item["task_id"] for item in items))
@@ -880,7 +903,7 @@ class Store:
                 cancelled.append(tid)
         for tid in wanted:
             states.setdefault(tid, None)  # not ours (any more): forget it
-        return states, {"skipped": skipped, "cancelled": cancelled, "finished": finished}
+        return states, {"skipped": skipped, "cancelled": cancelled, "finished": finished}, events
 
     def _end(self, conn: sqlite3.Connection, task_id: str, item: dict, now: float) -> str:
         """The final transition of a task the engine finished; a cancel accepted before always wins."""
