@@ -1,6 +1,8 @@
 """The runtime on the real store and engine: runs, batching, cancels, store errors."""
 from __future__ import annotations
 
+import time
+
 from runtime_helpers import all_events, check_log, deltas, submit, wait_finished, wait_until
 
 from lmsp.errors import Unavailable
@@ -51,6 +53,61 @@ def test_a_request_meeting_a_free_slot_is_claimed_as_it_is_created(store, runtim
     for _ in slots[:-1]:
         runtime.adopt(None)
     assert runtime.reserve("unknown-model") is None
+
+
+def _render(runtime, request):
+    from lmsp.runtime import prompt as prompting
+
+    return runtime.check_request(request["model"], prompting.messages_for(request))
+
+
+def test_a_sequence_started_early_becomes_its_tasks_once_the_task_commits(store, runtime):
+    request = {"model": "tiny", "input": "Early bird", "max_output_tokens": 6, "temperature": 1.0, "seed": 5}
+    usual = submit(store, runtime, "Early bird", max_output_tokens=6, temperature=1.0, seed=5)
+    wait_finished(runtime, store, usual)
+    tokens = _render(runtime, request)
+    assert tokens
+    slot = runtime.reserve("tiny")
+    early = runtime.start_early("tiny", tokens, request)
+    assert early is not None
+    # the sequence runs to its end before its task exists: the results wait
+    wait_for = time.monotonic() + 60
+    while not any(r.get("finish") for r in list(early.held)) and time.monotonic() < wait_for:
+        time.sleep(0.01)
+    assert early.held and early.held[-1]["finish"] == "length"
+    assert not runtime._pending
+    created = store.create_task(client_id=None, model="tiny", on_restart="fail", background=True, stream=False,
+                                request=request, claim=slot)
+    runtime.adopt(created["claim"], tokens, early=early)
+    task = wait_finished(runtime, store, created["task"]["id"])
+    assert task["status"] == "completed"
+    events = all_events(store, task["id"])
+    check_log(events)
+    assert deltas(events) == store.output_text(usual)  # the same output as a task started as usual
+    assert runtime.metrics()["claimed_tasks"] == 0
+
+
+def test_a_sequence_started_early_for_a_task_not_created_is_dropped(store, runtime):
+    wait_finished(runtime, store, submit(store, runtime, max_output_tokens=2))  # loads the model
+    request = {"model": "tiny", "input": "Never stored", "max_output_tokens": 400, "temperature": 0.0}
+    engine = runtime.registry.engine("tiny")
+    before = engine.stats()["finished"]
+    n = runtime.config.n_parallel + 1  # more than the slots: one kept by mistake would show
+    for _ in range(n):
+        assert runtime.reserve("tiny")
+        early = runtime.start_early("tiny", _render(runtime, request), request)
+        assert early is not None
+        runtime.adopt(None, early=early)  # the creation failed, or replayed an earlier task
+    wait_for = time.monotonic() + 60
+    while engine.stats()["finished"] < before + n and time.monotonic() < wait_for:
+        time.sleep(0.01)
+    assert engine.stats()["finished"] == before + n  # cancelled at their next step
+    assert engine.stats()["active"] == 0
+    slots = [runtime.reserve("tiny") for _ in range(runtime.config.n_parallel)]
+    assert all(slots)
+    for _ in slots:
+        runtime.adopt(None)
+    assert runtime.metrics()["claimed_tasks"] == 0 and not runtime._by_seq
 
 
 def test_greedy_output_is_reproducible(store, runtime):

@@ -197,6 +197,10 @@ class ResponsesService:
         tokens = runtime.check_request(parsed.model, parsed.messages)
         reserve = getattr(runtime, "reserve", None)
         slot = reserve(parsed.model) if reserve is not None else None
+        early = None
+        if slot is not None:
+            # the prefill runs while the task commits; nothing of it is out before
+            early = runtime.start_early(parsed.model, tokens, parsed.request)
         try:
             result = self.deps.store.create_task(
                 client_id=client_id, model=parsed.model, request=parsed.request,
@@ -204,10 +208,10 @@ class ResponsesService:
                 idempotency=idempotency_key, claim=slot)
         except BaseException:
             if slot is not None:
-                runtime.adopt(None)
+                runtime.adopt(None, early=early)
             raise
         if slot is not None:
-            runtime.adopt(result.get("claim"), tokens)
+            runtime.adopt(result.get("claim"), tokens, early=early)
         if result.get("replay") is None and result.get("claim") is None:
             runtime.notify_queued()
         return result

@@ -81,6 +81,9 @@ class _Run:
     claimed_at: float = field(default_factory=time.monotonic)
     first_token: bool = False
     final: dict | None = field(default=None, repr=False)   # the engine's last result
+    # a sequence started before its task committed (Runtime.start_early): its results
+    # wait here until the task is adopted; None once they go to the store
+    held: list | None = field(default=None, repr=False)
 
 
 def _merge(item: dict | None, task_id: str, result: dict) -> dict:
@@ -134,6 +137,8 @@ class Runtime:
         self._retry: list[tuple[_Run, dict]] = []  # claims to start again (scheduler thread only)
         self._reserved = 0                     # slots promised to tasks being created (under _lock)
         self._adopted: list[tuple[_Run, dict]] = []  # tasks created claimed, to start (under _lock)
+        self._early: list[_Run] = []           # sequences started for tasks being created (under _lock)
+        self._released: list[_Run] = []        # early runs adopted, results to take (under _lock)
         self._claim_due = True                 # the store may hold claimable tasks: look on the next round
         self._next_renew = self._next_recover = 0.0
         self.lease = float(config.lease_seconds)
@@ -225,20 +230,67 @@ class Runtime:
             self._reserved += 1
         return self.owner, self.lease
 
-    def adopt(self, claim: dict | None, tokens: list[int] | None = None) -> None:
+    def start_early(self, model_id: str, tokens: list[int] | None, request: dict) -> _Run | None:
+        """Start the sequence of a task being created in a reserved slot, before its
+        creation commits, so that the prefill runs meanwhile; pass the result to
+        :meth:`adopt`. Nothing of it reaches the store or a client before the task
+        is adopted: its results are held until then, and dropped with the sequence
+        if the task is not created here. None when it cannot start early (the
+        scheduler then starts the task as usual)."""
+        engine = self.registry.engine(model_id)
+        if engine is None or not tokens or self._stopping:
+            return None
+        try:
+            kwargs = prompting.sampling(request, self.config)
+        except (ValueError, TypeError):
+            return None
+        run = _Run("", model_id, state="running", held=[])
+        try:
+            with self._lock:
+                seq = engine.submit(tokens, **kwargs)
+                run.engine, run.seq = engine, seq
+                self._by_seq[(id(engine), seq)] = run
+                self._early.append(run)
+        except Exception as exc:  # the usual start reports it on the task
+            log.debug("early start refused: %s", exc)
+            return None
+        return run
+
+    def adopt(self, claim: dict | None, tokens: list[int] | None = None, early: _Run | None = None) -> None:
         """End a reservation: start the task ``create_task`` claimed for this worker
         (its claim record), or give the slot back (None: not claimed, or failed).
-        ``tokens``: the prompt as :meth:`check_request` rendered it."""
+        ``tokens``: the prompt as :meth:`check_request` rendered it; ``early``: what
+        :meth:`start_early` returned, whose sequence becomes the task's."""
+        dropped = None
         with self._lock:
             self._reserved -= 1
+            if early is not None:
+                self._early.remove(early)
             if claim is None:
                 self._claim_due = True  # the slot is free again
-            elif not self._stopping:
+                dropped = early
+            elif self._stopping:
+                dropped = early
+            elif early is not None:
+                early.task_id = claim["task_id"]
+                self._runs[early.task_id] = early
+                self._released.append(early)
+            else:
                 if tokens:
                     claim = dict(claim, tokens=tokens)
                 run = _Run(claim["task_id"], claim["model"], state="running")
                 self._runs[run.task_id] = run
                 self._adopted.append((run, claim))
+            if dropped is not None:
+                self._by_seq.pop((id(dropped.engine), dropped.seq), None)
+        if dropped is not None:
+            try:
+                dropped.engine.cancel(dropped.seq)
+            except Exception:  # closed meanwhile: nothing runs
+                pass
+        if early is not None and dropped is None:
+            self._commit_wake.set()  # its held results, a first token among them maybe
+            return
         # a claim left when stopping keeps its lease, which runs out: recovery applies its policy
         self._sched_wake.set()
 
@@ -364,7 +416,7 @@ class Runtime:
         """NotFound for an unknown model; ModelInUse while this worker runs tasks on it."""
         self.store.get_model(model_id)
         with self._lock:
-            busy = any(r.model == model_id for r in self._runs.values())
+            busy = any(r.model == model_id for r in (*self._runs.values(), *self._early))
         if busy:
             raise ModelInUse(f"model {model_id} is generating; cancel its tasks or wait for them")
 
@@ -583,6 +635,14 @@ class Runtime:
         return 0.0, False
 
     def _drain(self, engines) -> None:
+        if self._released:
+            now = time.monotonic()
+            with self._lock:
+                released, self._released = self._released, []
+                for run in released:  # adopted: what they produced meanwhile goes first
+                    held, run.held = run.held, None
+                    for result in held:
+                        self._take(run, result, now)
         for _, engine in engines:
             try:
                 results = engine.poll()
@@ -596,16 +656,23 @@ class Runtime:
                     run = self._by_seq.get((id(engine), result.get("seq")))
                     if run is None:
                         continue  # a sequence we gave up (claim lost)
-                    if not self._pending:
-                        self._pending_since = now
-                    self._pending[run.task_id] = _merge(self._pending.get(run.task_id), run.task_id, result)
-                    if not run.first_token and result.get("tokens"):
-                        run.first_token = True
-                        self._urgent = True  # time to first token is not to wait for the window
-                        self.stats.first_token(now - run.claimed_at)
-                    if result.get("finish"):
-                        run.final = result
-                        self._urgent = True
+                    if run.held is not None:
+                        run.held.append(result)  # its task is not committed yet
+                        continue
+                    self._take(run, result, now)
+
+    def _take(self, run: _Run, result: dict, now: float) -> None:
+        """One engine result into the pending items (under _lock)."""
+        if not self._pending:
+            self._pending_since = now
+        self._pending[run.task_id] = _merge(self._pending.get(run.task_id), run.task_id, result)
+        if not run.first_token and result.get("tokens"):
+            run.first_token = True
+            self._urgent = True  # time to first token is not to wait for the window
+            self.stats.first_token(now - run.claimed_at)
+        if result.get("finish"):
+            run.final = result
+            self._urgent = True
 
     def _commit(self) -> bool:
         items = list(self._pending.values())
