@@ -568,8 +568,11 @@ class Store:
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise InvalidRequest("limit must be a positive integer", param="limit")
         with self._db.read() as conn:
-            task = self._task(conn, task_id, client_id)
-            item_id = conn.execute("SELECT item_id FROM responses WHERE id = ?", (task["response_id"],)).fetchone()[0]
+            row = conn.execute("SELECT t.client_id, r.item_id FROM tasks t JOIN responses r ON r.id = t.response_id"
+                               " WHERE t.id = ?", (task_id,)).fetchone()
+            if row is None or (client_id is not None and row[0] != client_id):
+                raise NotFound(f"no task {task_id}")
+            item_id = row[1]
             rows = conn.execute("SELECT seq, type, created_at, text, data FROM task_events WHERE task_id = ? "
                                 "AND seq > ? ORDER BY seq LIMIT ?", (task_id, after, limit + 1)).fetchall()
         return {"object": "list", "data": [obj.event_object(r, item_id) for r in rows[:limit]],
