@@ -149,7 +149,7 @@ def test_ratios_and_goals_compare_each_variant_to_llama(serve):
                                  rss, 0, 10.0, 1.0, 0.5, [])
     levels = [level("llama", 1, 100.0, 10.0, 100.0), level("lmsp", 1, 96.0, 12.0, 150.0),
               level("llama", 16, 400.0, 20.0, 100.0), level("lmsp", 16, 380.0, 21.0, 170.0, failed=1),
-              level("lmsp-noevents", 16, 395.0, 20.0, 150.0)]
+              level("lmsp-noevents", 16, 395.0, 20.0, 150.0), level("lmsp-memevents", 16, 420.0, 20.0, 150.0)]
     rows = {(x["server"], x["clients"]): x for x in serve.ratio_rows(levels)}
     assert rows[("lmsp", 1)]["tok_s"] == pytest.approx(0.96)
     assert rows[("lmsp", 16)]["rss_delta_mb"] == pytest.approx(70.0)
@@ -159,7 +159,8 @@ def test_ratios_and_goals_compare_each_variant_to_llama(serve):
     assert "MISS  tiny 16c tok/s ratio >= 1.0" in checks
     assert "MISS  tiny 16c failed == 0" in checks
     assert "MISS  tiny 16c RSS - llama <= 60 MB" in checks
-    assert "PASS  tiny 16c persistence cost <= 5%" in checks
+    assert "PASS  tiny 16c persistence cost <= 5% (no streaming, upper bound)" in checks
+    assert "MISS  tiny 16c persistence cost <= 5% (streamed from memory): 0.095" in checks
 
 
 def test_process_tree_and_rss_watch_see_this_process(serve):

@@ -282,3 +282,41 @@ def test_waiting_for_a_local_tasks_commit_trusts_the_announcements(store, runtim
         assert asked == ["task_other"] and waits == [1.0, 1.0]  # not ours: the store decides
     finally:
         runtime._runs.pop("task_local", None)
+
+
+def test_the_benchmarks_in_memory_mode_streams_every_event_and_writes_them_at_the_end(store, runtime,
+                                                                                    monkeypatch):
+    from lmsp.runtime import core
+
+    monkeypatch.setattr(core, "BENCH_EVENTS_IN_MEMORY", True)
+    wait_finished(runtime, store, submit(store, runtime, max_output_tokens=2))  # loads the model
+    writes = []
+    real = store.append_step
+
+    def spy(owner, items, **kwargs):
+        writes.append({item["task_id"] for item in items})
+        return real(owner, items, **kwargs)
+
+    store.append_step = spy
+    shown = []
+    notify = runtime.waiters.notify
+
+    def watch(task_ids):
+        for task_id in task_ids:
+            entry = runtime._committed.get(task_id)
+            if entry is not None:
+                shown.extend(row[0] for row in entry[1])
+        notify(task_ids)
+
+    runtime.waiters.notify = watch
+    task_id = submit(store, runtime, "Held in memory", max_output_tokens=30)
+    task = wait_finished(runtime, store, task_id)
+    assert task["status"] == "completed"
+    assert writes == [{task_id}]  # one transaction, at the end
+    events = all_events(store, task_id)
+    check_log(events)
+    deltas_at = [e["sequence_number"] for e in events if e["type"] == "response.output_text.delta"]
+    # every delta but one coming with the end was handed to the streams before it was written
+    assert len(deltas_at) >= 2 and set(deltas_at[:-1]) <= set(shown)
+    assert sorted(set(shown)) == list(range(min(shown), max(shown) + 1)) and max(shown) <= deltas_at[-1]
+    assert deltas(events) == store.output_text(task_id)

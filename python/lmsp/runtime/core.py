@@ -55,6 +55,13 @@ MAX_BACKOFF = 2.0        # seconds between retries of a failed commit
 # run shows what writing the step events costs. Streams then get the whole
 # text at the end.
 BENCH_DEFER_DELTAS = os.environ.get("LMSP_BENCH_NO_PERSIST_EVENTS") == "1"
+# Bench only (bench/serve.py --servers lmsp-memevents), never for real use: the
+# events of a running task are made exactly as a commit would make them and
+# handed to its streams from memory, but written only when the task ends (all
+# of them, in one transaction): streams get every event as they do from a
+# commit, so a run shows what the transactions of the steps cost, and nothing
+# else. A crash loses the unwritten events.
+BENCH_EVENTS_IN_MEMORY = os.environ.get("LMSP_BENCH_EVENTS_IN_MEMORY") == "1"
 _EVENT_KEYS = ("seq", "type", "created_at", "text", "data")  # a row of store.append_step's events
 START_TRIES = 5          # transient errors a claimed task may meet before it fails
 
@@ -133,6 +140,10 @@ class Runtime:
         # task id -> (item_id, event rows) of its latest commit, for this worker's streams
         # (replaced whole by the commit thread; read by the streams)
         self._committed: dict[str, tuple] = {}
+        # bench only (BENCH_EVENTS_IN_MEMORY, commit thread): per task, its steps not written
+        # yet and the state append_step would continue them from
+        self._unwritten: dict[str, list[dict]] = {}
+        self._unwritten_state: dict[str, tuple] = {}
         self.window = float(config.commit_window_ms) / 1000.0
         self._retry: list[tuple[_Run, dict]] = []  # claims to start again (scheduler thread only)
         self._reserved = 0                     # slots promised to tasks being created (under _lock)
@@ -681,9 +692,14 @@ class Runtime:
             if not items:
                 self._pending_since, self._urgent = time.monotonic(), False  # a new window
                 return True
+        written = items
+        if BENCH_EVENTS_IN_MEMORY:
+            items, written = self._bench_in_memory(items)
+            if not items:
+                return True
         started = time.perf_counter()
         try:
-            outcome = self.store.append_step(self.owner, items, with_events=True) or {}
+            outcome = self.store.append_step(self.owner, written, with_events=True) or {}
         except Exception as exc:
             self.stats.commit_failed()
             log.warning("committing %d task(s) failed, kept in memory: %s", len(items), exc)
@@ -700,6 +716,9 @@ class Runtime:
             for item in items:
                 del self._pending[item["task_id"]]
         done = [item["task_id"] for item in items if item["finish"]]
+        for task_id in done:
+            self._unwritten.pop(task_id, None)
+            self._unwritten_state.pop(task_id, None)
         skipped = list(outcome.get("skipped") or ())
         with self._lock:
             ended = [self._runs.pop(task_id, None) for task_id in done + skipped]
@@ -723,6 +742,38 @@ class Runtime:
         if ended:
             self._wake_scheduler()
         return True
+
+    def _bench_in_memory(self, items: list[dict]) -> tuple[list[dict], list[dict]]:
+        """BENCH_EVENTS_IN_MEMORY: hand the steps of running tasks to their streams
+        without a transaction; return (the ending items, what to write now: each
+        ending task's held steps, then its end)."""
+        from ..store import Store
+
+        now = time.time()
+        ending, written, shown = [], [], []
+        for item in items:
+            task_id = item["task_id"]
+            if item["finish"]:
+                ending.append(item)
+                written += self._unwritten.get(task_id, [])
+                written.append(item)
+                continue
+            state = self._unwritten_state.get(task_id)
+            if state is None:
+                state = self.store.step_state(task_id)
+            rows: list[tuple] = []
+            states = Store._step_items(self.owner, [item], {task_id: state}, now, rows, None, None)
+            self._unwritten_state[task_id] = states[task_id]
+            self._unwritten.setdefault(task_id, []).append(item)
+            if rows:
+                self._committed[task_id] = (state[5], [(r[1], r[2], r[3], r[4], r[6]) for r in rows])
+            del self._pending[task_id]
+            shown.append(task_id)
+        if not ending:
+            self._urgent = False
+        if shown:
+            self.waiters.notify(shown)
+        return ending, written
 
     def _renew(self) -> None:
         with self._lock:

@@ -754,6 +754,18 @@ class Store:
                 cache[tid] = state
         return outcome
 
+    def step_state(self, task_id: str) -> tuple:
+        """The state :meth:`append_step` continues a task from: ``(owner, last_seq,
+        item_open, pending_tokens, kv_path, item_id)``. For the serving benchmark's
+        in-memory mode, which makes a task's events before it writes them."""
+        with self._db.read() as conn:
+            row = conn.execute("SELECT t.owner, t.last_seq, t.item_open, t.pending_tokens, t.kv_path, r.item_id"
+                               " FROM tasks t JOIN responses r ON r.id = t.response_id WHERE t.id = ?",
+                               (task_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"no task {task_id}")
+        return tuple(row)
+
     @staticmethod
     def _written(rows: list[tuple], states: dict) -> dict[str, tuple]:
         """The event rows of the tasks left running, per task: ``(item_id, [(seq, type, created_at,
