@@ -766,7 +766,10 @@ class Runtime:
             self._unwritten_state[task_id] = states[task_id]
             self._unwritten.setdefault(task_id, []).append(item)
             if rows:
-                self._committed[task_id] = (state[5], [(r[1], r[2], r[3], r[4], r[6]) for r in rows])
+                # every unwritten row stays readable: a stream that slept through a step
+                # has no store to read it from
+                entry = self._committed.setdefault(task_id, (state[5], []))
+                entry[1].extend((r[1], r[2], r[3], r[4], r[6]) for r in rows)
             del self._pending[task_id]
             shown.append(task_id)
         if not ending:
