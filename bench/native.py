@@ -21,7 +21,7 @@ What is measured:
                detokenising and handing results to Python are included. The
                Python consumer is woken for every token.
     tg<N> windowed  the same, with the consumer woken as the service's commit
-               thread is: by the first output and by the end (the engine's
+               thread is: by the first text and by the end (the engine's
                urgent results), otherwise once per 4 ms commit window.
     tg<N> xK   lmsp only: K sequences decoded together (one engine with
                n_parallel=K); aggregate tokens/s = tokens generated after
@@ -208,7 +208,7 @@ def _drain(engine, seqs: set[int], deadline_s: float = 600.0, window_s: float | 
 
     Without ``window_s`` the consumer is woken for every result, as a client
     streaming the engine's tokens one by one would be. With it, it takes them
-    the way the service's commit thread does: woken by a first output or an
+    the way the service's commit thread does: woken by a first text or an
     end (urgent results), otherwise once per window."""
     state = {s: {"first": None, "end": None, "last": None} for s in seqs}
     left = set(seqs)
@@ -398,7 +398,7 @@ def print_table(report: dict, pp: str, tg: str, parallel: list[int]) -> None:
     print("\ntokens/s, mean ± standard deviation over the repetitions; ratios: the median over the "
           "repetitions of lmsp / llama-bench measured back to back; "
           f"{tg}: the consumer is woken for every token, {tg} windowed: as the service's commit thread, "
-          f"for a first output or an end, otherwise every {COMMIT_WINDOW_S * 1000:.0f} ms")
+          f"for a first text or an end, otherwise every {COMMIT_WINDOW_S * 1000:.0f} ms")
 
 
 if __name__ == "__main__":

@@ -96,7 +96,7 @@ struct Sequence {
     int batch_index = -1;  // row of its logits in the current batch, -1 if none
     Clock::time_point t_submit, t_admit, t_first;
     bool has_first = false;
-    bool reported = false;  // a result with output has been handed out
+    bool reported = false;  // a result with text has been handed out
 
     Sequence(const SamplingParams & sp, std::vector<std::string> stops) : sampler(sp), text(std::move(stops)) {}
 };
@@ -583,8 +583,11 @@ EngineStats Engine::stats() const {
 // ---------------------------------------------------------------- engine thread
 
 void Engine::emit(Sequence & seq, StepResult result) {
-    result.urgent = result.finish != Finish::none || !seq.reported;
-    seq.reported = true;
+    // the first text, not the first token: a token whose text is held back (part
+    // of a UTF-8 character, or what may begin a stop string) shows nothing yet
+    const bool first_text = !seq.reported && !result.text.empty();
+    result.urgent = result.finish != Finish::none || first_text;
+    seq.reported = seq.reported || first_text;
     outbox_.push_back(std::move(result));
 }
 

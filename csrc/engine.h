@@ -53,7 +53,7 @@ struct StepResult {
     int32_t n_prompt = 0;
     int32_t n_generated = 0;
     std::optional<Timings> timings;  // on finish
-    bool urgent = false;  // the sequence's first output, or its end
+    bool urgent = false;  // the sequence's first text, or its end
 };
 
 struct ResumeState {
@@ -121,7 +121,7 @@ public:
     Snapshot snapshot(int64_t seq_id, bool with_kv);
     std::vector<StepResult> poll();
     // timeout_s < 0: no timeout. urgent: return only once an urgent result
-    // (a sequence's first output or its end) is waiting, not for any result
+    // (a sequence's first text or its end) is waiting, not for any result
     bool wait(double timeout_s, bool urgent = false);
     int fileno() const;         // readable while any result waits
     int urgent_fileno() const;  // readable while an urgent result waits

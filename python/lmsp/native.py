@@ -50,8 +50,9 @@ not included in ``text``), "length" (max_tokens, or the context is full),
 of a sequence's results concatenate to its output text. ``wait()`` blocks
 without the GIL; ``fileno()`` is readable while results are pending.
 
-A result is *urgent* when it is its sequence's first output or its last
-result. ``wait(timeout, urgent=True)`` returns once an urgent result is
+A result is *urgent* when it carries its sequence's first text (a token
+whose text is held back, part of a UTF-8 character or what may begin a stop
+string, shows none yet) or is its last result. ``wait(timeout, urgent=True)`` returns once an urgent result is
 pending, and ``urgent_fileno()`` is readable while one is: a consumer that
 takes results in windows (the service commits them in groups) sleeps through
 the others, and the engine thread neither writes a descriptor nor wakes a

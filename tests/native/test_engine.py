@@ -370,8 +370,9 @@ def test_urgent_wait_sleeps_through_all_but_first_outputs_and_ends(make_engine) 
     first = e.submit(random_prompt(14, 6), max_tokens=24, temperature=0)
     assert e.wait(60, urgent=True)
     assert select.select([urgent_fd], [], [], 0)[0] == [urgent_fd]
-    opened = e.poll()
-    assert opened[0]["seq"] == first and opened[0]["tokens"] and opened[0]["finish"] is None
+    opened = e.poll()  # up to the first text (a token may show none yet)
+    assert opened[-1]["seq"] == first and opened[-1]["text"] and opened[-1]["finish"] is None
+    assert not any(r["text"] for r in opened[:-1])
     assert select.select([urgent_fd], [], [], 0)[0] == []
     # the next urgent result is the end: the tokens in between wait for it
     assert e.wait(60, urgent=True)
@@ -380,20 +381,39 @@ def test_urgent_wait_sleeps_through_all_but_first_outputs_and_ends(make_engine) 
     assert sum(len(r["tokens"]) for r in opened + rest) == rest[-1]["n_generated"] > len(opened) + 1
     assert not e.wait(0, urgent=True) and select.select([fd, urgent_fd], [], [], 0)[0] == []
 
-    # several sequences: every urgent wake-up finds a first output or an end
+    # several sequences: every urgent wake-up finds a first text or an end
     seqs = [e.submit(random_prompt(15 + i, 6), max_tokens=8 + 16 * i, temperature=0) for i in range(3)]
     seen: set[int] = set()
     ended: set[int] = set()
     while len(ended) < len(seqs):
         assert e.wait(60, urgent=True)
         results = e.poll()
-        urgent = [r for r in results if r["finish"] or (r["tokens"] and r["seq"] not in seen)]
+        urgent = [r for r in results if r["finish"] or (r["text"] and r["seq"] not in seen)]
         assert urgent, results
         for r in results:
-            seen.add(r["seq"])
+            if r["text"]:
+                seen.add(r["seq"])
             if r["finish"]:
                 ended.add(r["seq"])
     assert not e.wait(0, urgent=True)
+
+
+def test_the_first_text_is_urgent_not_a_first_token_that_shows_none(make_engine) -> None:
+    e = make_engine(n_parallel=1)
+    prompt = random_prompt(18, 6)
+    plain = generate(e, prompt, max_tokens=6, temperature=0)
+    first_piece = plain.results[0]["text"]  # as streamed (the piece's leading space kept)
+    assert plain.results[0]["tokens"] == plain.tokens[:1] and first_piece and plain.text.startswith(first_piece)
+    # a stop string that begins with the first token's text holds that text back
+    seq = e.submit(prompt, max_tokens=6, temperature=0, stop=[first_piece + "\x00never"])
+    assert e.wait(60, urgent=True)
+    results = e.poll()
+    assert results[0]["tokens"] == plain.tokens[:1] and results[0]["text"] == ""
+    assert results[-1]["text"] and not any(r["text"] for r in results[:-1])
+    n = sum(len(r["tokens"]) for r in results)
+    assert "".join(r["text"] for r in results) == "".join(r["text"] for r in plain.results[:n])
+    e.cancel(seq)
+    drain(e, [seq])
 
 
 def test_close_twice_and_use_after_close(demo_model_path) -> None:

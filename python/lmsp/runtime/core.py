@@ -13,9 +13,10 @@ Per worker process:
   transaction (all running tasks together), then wakes the requests waiting
   for those tasks. Group commit: output keeps gathering for up to
   ``commit_window_ms`` after the first uncommitted result, so one transaction
-  (one fsync) carries several engine steps; a task's first output and its end
+  (one fsync) carries several engine steps; a task's first text and its end
   are committed at once (while a window gathers, the thread sleeps on the
-  engines' urgent descriptors, which only those results make readable). The
+  engines' urgent descriptors, which only a sequence's first text and its
+  end make readable). The
   rows a commit wrote for the tasks it left running are kept until the next
   one, so that this worker's streams take them from memory
   (:meth:`Runtime.committed_events`) instead of reading them back. It also renews the leases (acting on cancels made by other
@@ -87,6 +88,7 @@ class _Run:
     failure: tuple[str, str] | None = None   # (code, message) once it must fail
     claimed_at: float = field(default_factory=time.monotonic)
     first_token: bool = False
+    first_text: bool = False
     final: dict | None = field(default=None, repr=False)   # the engine's last result
     # a sequence started before its task committed (Runtime.start_early): its results
     # wait here until the task is adopted; None once they go to the store
@@ -136,7 +138,7 @@ class Runtime:
         self._threads: list[RealThread] = []
         self._pending: dict[str, dict] = {}    # task id -> store item not yet committed (commit thread only)
         self._pending_since = 0.0              # when the oldest uncommitted result arrived
-        self._urgent = False                   # a first output or an end is pending: commit now
+        self._urgent = False                   # a first text or an end is pending: commit now
         # task id -> (item_id, event rows) of its latest commit, for this worker's streams
         # (replaced whole by the commit thread; read by the streams)
         self._committed: dict[str, tuple] = {}
@@ -609,7 +611,7 @@ class Runtime:
         if backoff:
             self._commit_wake.wait(backoff)
         else:
-            # gathering a window: only a first output or an end cuts it short,
+            # gathering a window: only a first text or an end cuts it short,
             # so the engines do not wake this thread for every token
             gathering = bool(self._pending)
             fds = []
@@ -679,8 +681,12 @@ class Runtime:
         self._pending[run.task_id] = _merge(self._pending.get(run.task_id), run.task_id, result)
         if not run.first_token and result.get("tokens"):
             run.first_token = True
-            self._urgent = True  # time to first token is not to wait for the window
             self.stats.first_token(now - run.claimed_at)
+        if not run.first_text and result.get("text"):
+            # the first text a client will see is not to wait for the window (a first
+            # token may show none yet: part of a UTF-8 character, a possible stop string)
+            run.first_text = True
+            self._urgent = True
         if result.get("finish"):
             run.final = result
             self._urgent = True
