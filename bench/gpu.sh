@@ -183,7 +183,7 @@ serve() {
     local files=()
     for m in "${serve_models[@]}"; do files+=(--model-file "bench/out/models/$m.gguf"); done
     limited "$vpy" bench/serve.py --models "" "${files[@]}" --llama-server "$build/bin/llama-server" \
-        --llama-arg=-fa --llama-arg=off --lmsp "$venv/bin/lmsp" --servers llama,lmsp,lmsp-noevents \
+        --llama-arg=-fa --llama-arg=off --lmsp "$venv/bin/lmsp" --servers llama,lmsp,lmsp-memevents \
         --n-gpu-layers "$ngl" --threads "$threads" --clients 1,64 --rounds 1 \
         --requests-per-client 1 --min-requests 8 --max-tokens 64 --work-dir "$out/serve" \
         --json "$out/serve-gpu.json"
