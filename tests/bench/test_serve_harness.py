@@ -183,3 +183,18 @@ def test_median_round_is_picked_per_server_and_level(serve):
               level("lmsp", 50.0, 0), level("lmsp", 70.0, 1)]
     picked = {x.server: (x.tok_s, x.round) for x in serve.median_rounds(levels)}
     assert picked == {"llama": (200.0, 2), "lmsp": (50.0, 0)}
+
+
+def test_round_stats_and_the_persistence_goal_on_means(serve):
+    def level(server, tok_s, rnd):
+        return serve.LevelResult("tiny", server, 4, 8, 0, 100, 1.0, tok_s, 10.0, 12.0, 1.0, 2.0,
+                                 100.0, 0, 10.0, 1.0, 0.5, [])
+    levels = [level("lmsp", v, i) for i, v in enumerate((1900.0, 2000.0, 2100.0))]
+    levels += [level("lmsp-memevents", v, i) for i, v in enumerate((2000.0, 2100.0, 2200.0))]
+    stats = {x["server"]: x for x in serve.round_stats(levels)}
+    assert stats["lmsp"]["tok_s_mean"] == pytest.approx(2000.0)
+    assert stats["lmsp"]["tok_s_std"] == pytest.approx(100.0)
+    assert (stats["lmsp"]["tok_s_min"], stats["lmsp"]["tok_s_max"], stats["lmsp"]["rounds"]) == (1900.0, 2100.0, 3)
+    checks = serve.persistence_on_means(list(stats.values()))
+    assert checks == ["  PASS  tiny 4c persistence cost <= 5% against lmsp-memevents, means of 3 rounds: 0.048"]
+    assert "| tiny | lmsp | 4 | 3 | 2000.0 | 100.0 | 1900.0 | 2100.0 |" in serve.round_stats_table(list(stats.values()))
