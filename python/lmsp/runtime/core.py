@@ -771,11 +771,10 @@ class Runtime:
             states = Store._step_items(self.owner, [item], {task_id: state}, now, rows, None, None)
             self._unwritten_state[task_id] = states[task_id]
             self._unwritten.setdefault(task_id, []).append(item)
-            if rows:
+            for tid, (item_id, written_rows) in Store._written(rows, states).items():
                 # every unwritten row stays readable: a stream that slept through a step
                 # has no store to read it from
-                entry = self._committed.setdefault(task_id, (state[5], []))
-                entry[1].extend((r[1], r[2], r[3], r[4], r[6]) for r in rows)
+                self._committed.setdefault(tid, (item_id, []))[1].extend(written_rows)
             del self._pending[task_id]
             shown.append(task_id)
         if not ending:
