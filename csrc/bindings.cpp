@@ -35,6 +35,21 @@ PyObject * new_exception(py::module_ & m, const char * name, PyObject * bases, c
     return type;
 }
 
+// Short calls keep the GIL. Giving it away costs little when nobody waits for
+// it, but in the service other threads do (the commit thread, gevent's pool),
+// and taking it back then waits for one of them to let go: a request's submit
+// took 0.35 ms at the 90th percentile with the GIL given away, 0.08 ms with it
+// held (traced in the service, 60 requests at 1 client). Long inputs still run
+// without it, so that other threads go on meanwhile.
+constexpr size_t kGilFreeBytes = 64 * 1024;  // tokenizing this much takes about a millisecond
+
+template <class F>
+auto with_gil_free_if(bool long_work, F && f) {
+    if (!long_work) return f();
+    py::gil_scoped_release nogil;
+    return f();
+}
+
 // Exception text may quote file names or llama.cpp's log: make it valid UTF-8.
 std::string clean(const char * what) {
     std::string raw(what), out;
@@ -171,7 +186,8 @@ public:
             }
             req.resume = std::move(rs);
         }
-        py::gil_scoped_release nogil;
+        // a queue push under the engine's lock, which its thread holds only briefly
+        // (never while it decodes, never while it needs Python): with the GIL held
         return engine_->submit(std::move(req));
     }
 
@@ -332,19 +348,16 @@ PYBIND11_MODULE(_native, m) {
         .def(
             "tokenize",
             [](PyEngine & s, const std::string & text, bool add_special, bool parse_special) {
-                py::gil_scoped_release nogil;
-                return s.e().tokenize(text, add_special, parse_special);
+                return with_gil_free_if(text.size() >= kGilFreeBytes,
+                                        [&] { return s.e().tokenize(text, add_special, parse_special); });
             },
             "text"_a, "add_special"_a = true, "parse_special"_a = false)
         .def(
             "detokenize",
             [](PyEngine & s, const py::object & tokens) {
                 std::vector<int32_t> t = as_tokens(tokens, "tokens");
-                std::string out;
-                {
-                    py::gil_scoped_release nogil;
-                    out = s.e().detokenize(t);
-                }
+                const std::string out = with_gil_free_if(t.size() * 4 >= kGilFreeBytes,
+                                                         [&] { return s.e().detokenize(t); });
                 return py::str(out);
             },
             "tokens"_a)
@@ -352,6 +365,7 @@ PYBIND11_MODULE(_native, m) {
             "apply_chat_template",
             [](PyEngine & s, const py::object & messages, bool add_generation_prompt) {
                 std::vector<lmsp::ChatMessage> msgs;
+                size_t size = 0;
                 for (const py::handle m : py::iter(messages)) {
                     if (!py::isinstance<py::dict>(m)) throw py::type_error("each message must be a dict");
                     py::dict d = py::reinterpret_borrow<py::dict>(m);
@@ -359,12 +373,10 @@ PYBIND11_MODULE(_native, m) {
                         throw lmsp::InvalidArgument("each message needs 'role' and 'content'");
                     }
                     msgs.push_back({as_str(d["role"], "role"), as_str(d["content"], "content")});
+                    size += msgs.back().content.size();
                 }
-                std::string out;
-                {
-                    py::gil_scoped_release nogil;
-                    out = s.e().apply_chat_template(msgs, add_generation_prompt);
-                }
+                const std::string out = with_gil_free_if(
+                    size >= kGilFreeBytes, [&] { return s.e().apply_chat_template(msgs, add_generation_prompt); });
                 return py::str(out);
             },
             "messages"_a, "add_generation_prompt"_a = true)
