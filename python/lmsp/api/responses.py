@@ -198,10 +198,10 @@ class ResponsesService:
         reserve = getattr(runtime, "reserve", None)
         slot = reserve(parsed.model) if reserve is not None else None
         early = None
-        if slot is not None:
-            # the prefill runs while the task commits; nothing of it is out before
-            early = runtime.start_early(parsed.model, tokens, parsed.request)
         try:
+            if slot is not None:
+                # the prefill runs while the task commits; nothing of it is out before
+                early = runtime.start_early(parsed.model, tokens, parsed.request)
             result = self.deps.store.create_task(
                 client_id=client_id, model=parsed.model, request=parsed.request,
                 on_restart=parsed.on_restart, background=parsed.background, stream=parsed.stream,
