@@ -49,12 +49,14 @@ import sys
 import time
 from pathlib import Path
 
+from lmsp.config import Config
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_LLAMA_BENCH = ROOT / "build" / "reference" / "bin" / "llama-bench"
 DEFAULT_OUT = ROOT / "bench" / "out"
 BOS = 1
 N_BATCH = 512
-COMMIT_WINDOW_S = 0.004  # the service's default commit_window_ms (lmsp.config)
+COMMIT_WINDOW_S = Config.commit_window_ms / 1000.0  # the service's default window
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -56,6 +56,7 @@ import shlex
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -947,8 +948,8 @@ def round_stats(levels: list[LevelResult]) -> list[dict]:
             groups.setdefault((lvl.model, lvl.server, lvl.clients), []).append(lvl.tok_s)
     out = []
     for (model, server, clients), values in groups.items():
-        mean = sum(values) / len(values)
-        std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+        mean = statistics.fmean(values)
+        std = statistics.stdev(values) if len(values) > 1 else 0.0
         out.append({"model": model, "server": server, "clients": clients, "rounds": len(values),
                     "tok_s_mean": mean, "tok_s_std": std, "tok_s_min": min(values), "tok_s_max": max(values)})
     return out

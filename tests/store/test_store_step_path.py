@@ -142,8 +142,7 @@ def _as_read(store: Store, written: dict) -> dict:
     """append_step's events, as the event objects a read of the store returns."""
     from lmsp.objects import event_object
 
-    keys = ("seq", "type", "created_at", "text", "data")
-    return {tid: [event_object(dict(zip(keys, row)), item_id) for row in rows]
+    return {tid: [event_object(dict(zip(Store.EVENT_ROW, row)), item_id) for row in rows]
             for tid, (item_id, rows) in written.items()}
 
 

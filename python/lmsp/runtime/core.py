@@ -63,7 +63,6 @@ BENCH_DEFER_DELTAS = os.environ.get("LMSP_BENCH_NO_PERSIST_EVENTS") == "1"
 # commit, so a run shows what the transactions of the steps cost, and nothing
 # else. A crash loses the unwritten events.
 BENCH_EVENTS_IN_MEMORY = os.environ.get("LMSP_BENCH_EVENTS_IN_MEMORY") == "1"
-_EVENT_KEYS = ("seq", "type", "created_at", "text", "data")  # a row of store.append_step's events
 START_TRIES = 5          # transient errors a claimed task may meet before it fails
 
 _started: "weakref.WeakSet[Runtime]" = weakref.WeakSet()
@@ -340,7 +339,8 @@ class Runtime:
         first = rows[0][0]
         if not first <= after + 1 <= rows[-1][0]:
             return None
-        return [event_object(dict(zip(_EVENT_KEYS, row)), item_id) for row in rows[after + 1 - first:]]
+        keys = self.store.EVENT_ROW
+        return [event_object(dict(zip(keys, row)), item_id) for row in rows[after + 1 - first:]]
 
     def wait_for_commit(self, task_id: str, after_seq: int, timeout: float, since: int | None = None) -> None:
         """Return once the task has events after ``after_seq`` (or on timeout).
@@ -722,9 +722,10 @@ class Runtime:
             for item in items:
                 del self._pending[item["task_id"]]
         done = [item["task_id"] for item in items if item["finish"]]
-        for task_id in done:
-            self._unwritten.pop(task_id, None)
-            self._unwritten_state.pop(task_id, None)
+        if BENCH_EVENTS_IN_MEMORY:
+            for task_id in done:
+                self._unwritten.pop(task_id, None)
+                self._unwritten_state.pop(task_id, None)
         skipped = list(outcome.get("skipped") or ())
         with self._lock:
             ended = [self._runs.pop(task_id, None) for task_id in done + skipped]

@@ -766,6 +766,9 @@ class Store:
             raise NotFound(f"no task {task_id}")
         return tuple(row)
 
+    # an event row as events() reads it and append_step(with_events=True) hands it out
+    EVENT_ROW = ("seq", "type", "created_at", "text", "data")
+
     @staticmethod
     def _written(rows: list[tuple], states: dict) -> dict[str, tuple]:
         """The event rows of the tasks left running, per task: ``(item_id, [(seq, type, created_at,
