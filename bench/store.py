@@ -8,8 +8,7 @@ Measures, on one database file in DIR (a temporary folder by default):
     (append_step with every task's delta in one transaction), at 1, 8 and 64
     concurrent tasks;
   * the same rows inserted on a bare sqlite3 connection with the same pragmas
-    and schema (events only, and events plus the per-task counter update the
-    store also makes), as the reference; and prints the ratios.
+    and schema, as the reference; and prints the ratios.
 """
 from __future__ import annotations
 
@@ -83,13 +82,13 @@ def store_steppers(store: Store, k: int, steps: int) -> tuple:
     return one_per_txn, batched
 
 
-def bare_stepper(path: Path, durability: str, k: int, steps: int, with_counter: bool) -> tuple:
+def bare_stepper(path: Path, durability: str, k: int, steps: int) -> tuple:
     """The same event rows on a bare connection: BEGIN IMMEDIATE, executemany, COMMIT per step."""
     store = Store.open(path, durability=durability)
     tids = running_tasks(store, k, "bare")
     store.close()
     conn = Database(path, durability=durability).connect()  # the same pragmas, the same schema
-    seq = {t: conn.execute("SELECT last_seq FROM tasks WHERE id = ?", (t,)).fetchone()[0] for t in tids}
+    seq = {t: conn.execute("SELECT max(seq) FROM task_events WHERE task_id = ?", (t,)).fetchone()[0] for t in tids}
     now = time.time()
 
     def step() -> int:
@@ -101,8 +100,6 @@ def bare_stepper(path: Path, durability: str, k: int, steps: int, with_counter: 
         conn.execute("BEGIN IMMEDIATE")
         conn.executemany("INSERT INTO task_events (task_id, seq, type, created_at, text, tokens, data) "
                          "VALUES (?,?,?,?,?,?,?)", rows)
-        if with_counter:
-            conn.executemany("UPDATE tasks SET last_seq = ? WHERE id = ?", [(seq[t], t) for t in tids])
         conn.execute("COMMIT")
         return len(rows)
 
@@ -136,20 +133,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"create_task to a committed 202: p50 {c['p50_ms']:.2f} ms  p99 {c['p99_ms']:.2f} ms  "
               f"(mean {c['mean_ms']:.2f} ms, n={c['n']})")
         print(f"{'tasks':>5} {'steps/txn':>9} {'store 1/txn':>12} {'store batched':>14} {'bare batched':>13} "
-              f"{'bare+counter':>13} {'batched/bare':>13} {'batched/bare+ctr':>17}   (events/s)")
+              f"{'batched/bare':>13}   (events/s)")
         for k, steps in CASES:
             store = Store.open(root / f"append-{k}-{steps}.db", durability=args.durability)
             single, batched = store_steppers(store, k, steps)
-            bare, bare_conn = bare_stepper(root / f"bare-{k}-{steps}.db", args.durability, k, steps, False)
-            bare_ctr, ctr_conn = bare_stepper(root / f"barec-{k}-{steps}.db", args.durability, k, steps, True)
-            r = rates({"single": single, "batched": batched, "bare": bare, "bare_ctr": bare_ctr},
-                      args.seconds, args.rounds)
-            print(f"{k:>5} {steps:>9} {r['single']:>12,.0f} {r['batched']:>14,.0f} {r['bare']:>13,.0f} {r['bare_ctr']:>13,.0f} "
-                  f"{r['batched'] / r['bare']:>13.2f} {r['batched'] / r['bare_ctr']:>17.2f}")
+            bare, bare_conn = bare_stepper(root / f"bare-{k}-{steps}.db", args.durability, k, steps)
+            r = rates({"single": single, "batched": batched, "bare": bare}, args.seconds, args.rounds)
+            print(f"{k:>5} {steps:>9} {r['single']:>12,.0f} {r['batched']:>14,.0f} {r['bare']:>13,.0f} "
+                  f"{r['batched'] / r['bare']:>13.2f}")
             sys.stdout.flush()
             store.close()
             bare_conn.close()
-            ctr_conn.close()
         return 0
 
 

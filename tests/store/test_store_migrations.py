@@ -6,6 +6,7 @@ import sqlite3
 import pytest
 
 from lmsp.store import SCHEMA_VERSION, Store, StoreError
+from lmsp.store.db import PAGE_SIZE
 from lmsp.store.schema import migrate
 
 
@@ -15,6 +16,7 @@ def test_fresh_database_has_the_current_version_and_pragmas(db_path):
     conn = sqlite3.connect(db_path)
     assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("PRAGMA page_size").fetchone()[0] == PAGE_SIZE
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert {"service_config", "clients", "models", "responses", "tasks", "task_events",
             "idempotency_keys", "pairings"} <= tables
@@ -28,7 +30,7 @@ def test_older_database_is_migrated_with_its_data(db_path):
     conn.execute("INSERT INTO clients (id, name, scopes, token_hash, created_at) "
                  "VALUES ('cli_old', 'old', '[\"admin\"]', 'h', 1)")
     conn.close()
-    s = Store.open(db_path)
+    s = Store.open(db_path)  # a file of SQLite's default page size keeps it
     assert s.client_by_token_hash("h")["id"] == "cli_old"
     s.create_pairing(code_hash="c", scopes=["admin"], expires_at=2e9)  # a table of version 2
     s.close()
@@ -71,3 +73,34 @@ def test_durability_sets_synchronous(db_path, durability, expected):
     assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
     conn.close()
     s.close()
+
+
+def test_version_2_tasks_keep_their_counters_without_the_copied_column(db_path, clock):
+    """Migration 3: a task's counter is its last event's number; the tasks row stops copying it."""
+    db_path.parent.mkdir(parents=True)
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    migrate(conn, target=2)
+    conn.close()
+    # a task written by the version-2 layout: its row carries last_seq = 2
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    conn.execute("INSERT INTO responses (id, model, created_at, request, background, stream, item_id) "
+                 "VALUES ('resp_1', 'm', 1, '{}', 1, 0, 'msg_1')")
+    conn.execute("INSERT INTO tasks (id, response_id, model, status, on_restart, created_at, last_seq) "
+                 "VALUES ('task_1', 'resp_1', 'm', 'queued', 'fail', 1, 2)")
+    for seq, etype in ((1, "response.created"), (2, "response.queued")):
+        conn.execute("INSERT INTO task_events (task_id, seq, type, created_at, data) VALUES (?,?,?,1,'{}')",
+                     ("task_1", seq, etype))
+    conn.close()
+    s = Store.open(db_path, clock=clock)
+    try:
+        assert s.last_sequence("task_1") == 2
+        assert s.get_task("task_1")["last_sequence_number"] == 2
+        s.cancel("task_1")
+        assert s.last_sequence("task_1") == 3
+        assert [e["sequence_number"] for e in s.events("task_1")["data"]] == [1, 2, 3]
+    finally:
+        s.close()
+    conn = sqlite3.connect(db_path)
+    columns = {r[1] for r in conn.execute("PRAGMA table_info(tasks)")}
+    conn.close()
+    assert ("last_seq" in columns) == (sqlite3.sqlite_version_info < (3, 35, 0))

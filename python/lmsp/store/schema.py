@@ -7,6 +7,7 @@ database written by a newer version of the service is refused.
 from __future__ import annotations
 
 import sqlite3
+from typing import Callable
 
 from .db import StoreError
 
@@ -70,7 +71,7 @@ CREATE TABLE tasks (
     started_at      REAL,
     finished_at     REAL,
     error           TEXT,              -- JSON {"code","message"}
-    last_seq        INTEGER NOT NULL DEFAULT 0,
+    last_seq        INTEGER NOT NULL DEFAULT 0,  -- dropped by migration 3
     owner           TEXT,              -- the worker holding the claim
     lease_expires   REAL,
     attempt_seq     INTEGER NOT NULL DEFAULT 0,  -- output of this attempt starts after it
@@ -146,11 +147,24 @@ INDEXES_V2 = [
     "CREATE INDEX pairing_failures_at ON pairing_failures(at)",
 ]
 
-MIGRATIONS: list[list[str]] = [
+
+
+def _drop_task_counter(conn: sqlite3.Connection) -> None:
+    """A task's sequence counter is the number of its last event (``lmsp.store.store``), so
+    the column that repeated it goes. SQLite before 3.35 cannot drop a column: there it
+    stays, unread and unwritten."""
+    if sqlite3.sqlite_version_info >= (3, 35, 0):
+        conn.execute("ALTER TABLE tasks DROP COLUMN last_seq")
+
+
+# a step: an SQL statement, or a function of the connection for what SQL alone cannot say
+MIGRATIONS: list[list[str | Callable[[sqlite3.Connection], None]]] = [
     # 1: the task store
     [SERVICE_CONFIG, CLIENTS, MODELS, RESPONSES, TASKS, TASK_EVENTS, IDEMPOTENCY_KEYS, *INDEXES_V1],
     # 2: pairing codes and the failed-attempt log
     [PAIRINGS, PAIRING_FAILURES, *INDEXES_V2],
+    # 3: the task row no longer copies its counter
+    [_drop_task_counter],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -180,8 +194,11 @@ def migrate(conn: sqlite3.Connection, *, target: int = SCHEMA_VERSION, path: str
             if version >= target:
                 conn.execute("COMMIT")
                 return applied
-            for statement in MIGRATIONS[version]:
-                conn.execute(statement)
+            for step in MIGRATIONS[version]:
+                if callable(step):
+                    step(conn)
+                else:
+                    conn.execute(step)
             conn.execute(f"PRAGMA user_version = {version + 1}")
             conn.execute("COMMIT")
             applied.append(version + 1)

@@ -38,6 +38,22 @@ _UNFINISHED_SQL = "('queued','loading','running','cancelling')"
 # partial index (schema.py), so that SQLite answers from that index
 _CLAIMABLE_SQL = "owner IS NULL AND status IN ('queued','running')"
 _FINISHED_SQL = "('completed','failed','cancelled')"
+
+
+def _last_seq_sql(table: str) -> str:
+    """A task's sequence counter: the number of its last event (0 before the first).
+
+    task_events' primary key (task_id, seq) is the counter, read in one seek, so
+    appending an event is the whole of advancing it: no task row has to follow
+    each event, and two writers of one number collide on that key.
+    """
+    return f"coalesce((SELECT max(seq) FROM task_events e WHERE e.task_id = {table}.id), 0)"
+
+
+# a task row as a dict of these, plus ``last_seq``
+_TASK_SELECT = ("SELECT id, response_id, client_id, model, status, on_restart, attempts, created_at, started_at,"
+                " finished_at, error, owner, lease_expires, attempt_seq, item_open, pending_tokens, kv_path, "
+                f"{_last_seq_sql('tasks')} AS last_seq FROM tasks")
 _MAX_LIMIT = 100
 _NO_ENTRY = (None,)
 
@@ -289,7 +305,7 @@ class Store:
     # -- internals of the task log ---------------------------------------------------------
     @staticmethod
     def _task(conn: sqlite3.Connection, task_id: str, client_id: str | None = None) -> dict:
-        row = conn.execute("SELECT * FROM tasks WHERE id = ?", (task_id,)).fetchone()
+        row = conn.execute(_TASK_SELECT + " WHERE id = ?", (task_id,)).fetchone()
         if row is None or (client_id is not None and row["client_id"] != client_id):
             raise NotFound(f"no task {task_id}")
         return dict(row)
@@ -347,10 +363,10 @@ class Store:
     @staticmethod
     def _save(conn: sqlite3.Connection, task: dict) -> None:
         conn.execute(
-            "UPDATE tasks SET status=?, attempts=?, started_at=?, finished_at=?, error=?, last_seq=?, owner=?,"
+            "UPDATE tasks SET status=?, attempts=?, started_at=?, finished_at=?, error=?, owner=?,"
             " lease_expires=?, attempt_seq=?, item_open=?, pending_tokens=?, kv_path=? WHERE id=?",
             (task["status"], task["attempts"], task["started_at"], task["finished_at"], task["error"],
-             task["last_seq"], task["owner"], task["lease_expires"], task["attempt_seq"], task["item_open"],
+             task["owner"], task["lease_expires"], task["attempt_seq"], task["item_open"],
              task["pending_tokens"], task["kv_path"], task["id"]))
 
     @staticmethod
@@ -446,7 +462,7 @@ class Store:
             raise IdempotencyKeyInUse("a request with this Idempotency-Key is still being processed")
         task = response = None
         if row["task_id"] is not None:
-            trow = conn.execute("SELECT * FROM tasks WHERE id = ?", (row["task_id"],)).fetchone()
+            trow = conn.execute(_TASK_SELECT + " WHERE id = ?", (row["task_id"],)).fetchone()
             if trow is not None:
                 task = dict(trow)
                 response = self._render_response(conn, self._response_row(conn, task["response_id"]), task)
@@ -495,7 +511,7 @@ class Store:
     def get_response(self, response_id: str, client_id: str | None = None) -> dict:
         with self._db.read() as conn:
             response = self._response_row(conn, response_id, client_id)
-            task = dict(conn.execute("SELECT * FROM tasks WHERE response_id = ?", (response_id,)).fetchone())
+            task = dict(conn.execute(_TASK_SELECT + " WHERE response_id = ?", (response_id,)).fetchone())
             return self._render_response(conn, response, task)
 
     def _page(self, conn: sqlite3.Connection, sql: str, args: list, limit: int, render) -> dict:
@@ -521,7 +537,7 @@ class Store:
                + " AND ".join(where) + " ORDER BY r.id DESC")
         with self._db.read() as conn:
             def render(rid: str) -> dict:
-                task = dict(conn.execute("SELECT * FROM tasks WHERE response_id = ?", (rid,)).fetchone())
+                task = dict(conn.execute(_TASK_SELECT + " WHERE response_id = ?", (rid,)).fetchone())
                 return self._render_response(conn, self._response_row(conn, rid), task)
             return self._page(conn, sql, args, limit, render)
 
@@ -580,7 +596,7 @@ class Store:
 
     def last_sequence(self, task_id: str) -> int:
         with self._db.read() as conn:
-            row = conn.execute("SELECT last_seq FROM tasks WHERE id = ?", (task_id,)).fetchone()
+            row = conn.execute(f"SELECT {_last_seq_sql('tasks')} FROM tasks WHERE id = ?", (task_id,)).fetchone()
         if row is None:
             raise NotFound(f"no task {task_id}")
         return row[0]
@@ -627,7 +643,7 @@ class Store:
             return []
         with self._db.write() as conn:
             now = self._clock()
-            rows = conn.execute(f"SELECT * FROM tasks WHERE {_CLAIMABLE_SQL} "
+            rows = conn.execute(f"{_TASK_SELECT} WHERE {_CLAIMABLE_SQL} "
                                 "ORDER BY created_at, id LIMIT ?", (int(limit),)).fetchall()
             claims = []
             for row in rows:
@@ -704,11 +720,13 @@ class Store:
         transaction, outside the write lock.
 
         The common step (deltas only, for tasks this process stepped before)
-        does not read the task rows: each row's update is guarded by the owner
-        and the sequence number this process last wrote, so a change made by
-        anyone else (a cancel, a recovery) makes the guard miss: that
-        transaction is rolled back and the step is redone in a new one from the
-        rows as they are. Either way the step is written exactly once.
+        reads no task row and, while a task's row does not change, writes only
+        its events: they take the numbers after the last one this process
+        wrote, so a change made by anyone else since (a cancel, a recovery,
+        each with its event) collides on the events' key or misses the guard
+        of the row's update: that transaction is rolled back and the step is
+        redone in a new one from the rows as they are. Either way the step is
+        written exactly once.
         """
         cache = self._step_cache
         # the fast path's states before the step, taken once (other threads may update the
@@ -759,8 +777,8 @@ class Store:
         item_open, pending_tokens, kv_path, item_id)``. For the serving benchmark's
         in-memory mode, which makes a task's events before it writes them."""
         with self._db.read() as conn:
-            row = conn.execute("SELECT t.owner, t.last_seq, t.item_open, t.pending_tokens, t.kv_path, r.item_id"
-                               " FROM tasks t JOIN responses r ON r.id = t.response_id WHERE t.id = ?",
+            row = conn.execute(f"SELECT t.owner, {_last_seq_sql('t')}, t.item_open, t.pending_tokens, t.kv_path,"
+                               " r.item_id FROM tasks t JOIN responses r ON r.id = t.response_id WHERE t.id = ?",
                                (task_id,)).fetchone()
         if row is None:
             raise NotFound(f"no task {task_id}")
@@ -838,58 +856,26 @@ class Store:
 
     _EVENT_INSERT = ("INSERT INTO task_events (task_id, seq, type, created_at, text, tokens, data) "
                      "VALUES (?,?,?,?,?,?,?)")
-    # The guarded updates of the fast path: a row matches only while ``owner`` holds the
-    # task and its last_seq is the one this process last wrote. Most steps change only
-    # the counter: from about 6 such tasks on, one UPDATE ... FROM (VALUES ...) statement
-    # costs less than an executemany of the per-row update (about 40% less at 64 tasks;
-    # more below 6: measured). SQLite < 3.33 has no UPDATE ... FROM: always per row.
-    _STEP_UPDATE = ("UPDATE tasks SET last_seq = ?, item_open = ?, pending_tokens = ?, kv_path = ? "
-                    "WHERE id = ? AND owner = ? AND last_seq = ?")
-    _COUNTER_UPDATE = "UPDATE tasks SET last_seq = ? WHERE id = ? AND owner = ? AND last_seq = ?"
-    _COUNTERS_VALUES_MIN = 6 if sqlite3.sqlite_version_info >= (3, 33, 0) else float("inf")
-    _COUNTERS_CHUNK = 200  # tasks per statement: 601 parameters, under every SQLite's limit
-    _COUNTERS_SQL: dict[int, str] = {}
-
-    @classmethod
-    def _counters_sql(cls, n: int) -> str:
-        """The guarded counter update of ``n`` tasks, parameters (id, last_seq, expected)* owner."""
-        sql = cls._COUNTERS_SQL.get(n)
-        if sql is None:
-            sql = cls._COUNTERS_SQL[n] = (
-                "UPDATE tasks SET last_seq = v.column2 FROM (VALUES " + ",".join(("(?,?,?)",) * n)
-                + ") AS v WHERE tasks.id = v.column1 AND tasks.owner = ? AND tasks.last_seq = v.column3")
-        return sql
+    # The fast path's guard: a step writes a task's next events at the numbers that follow
+    # the last one this process wrote, so an event of anyone else (a cancel, a recovery,
+    # another worker) since then takes the first of those numbers, and the insert
+    # fails on task_events' primary key. A task whose row changes without an event of
+    # its own in this step (a token held back) has the same condition in its update.
+    _STEP_UPDATE = ("UPDATE tasks SET item_open = ?, pending_tokens = ?, kv_path = ? WHERE id = ? AND owner = ? "
+                    f"AND {_last_seq_sql('tasks')} = ?")
 
     def _step_fast(self, conn: sqlite3.Connection, owner: str, items: list[dict], known: dict, now: float):
         events: list[tuple] = []
         states = self._step_items(owner, items, known, now, events, None, None)
-        per_row = len(states) < self._COUNTERS_VALUES_MIN
-        counters: list = []  # the counter-only tasks: per-row tuples, or flat (id, last_seq, expected)*
-        steps: list[tuple] = []
-        for tid, new in states.items():
-            old = known[tid]
-            if new[2] == old[2] and new[3] == old[3] and new[4] == old[4]:
-                if per_row:
-                    counters.append((new[1], tid, owner, old[1]))
-                else:
-                    counters += (tid, new[1], old[1])
-            else:
-                steps.append((new[1], new[2], new[3], new[4], tid, owner, old[1]))
-        updated = 0
-        if per_row:
-            if counters:
-                updated += conn.executemany(self._COUNTER_UPDATE, counters).rowcount
-        else:
-            size = 3 * self._COUNTERS_CHUNK
-            for i in range(0, len(counters), size):
-                chunk = counters[i:i + size]
-                chunk.append(owner)
-                updated += conn.execute(self._counters_sql(len(chunk) // 3), chunk).rowcount
-        if steps:
-            updated += conn.executemany(self._STEP_UPDATE, steps).rowcount
-        if updated != len(states):  # someone else changed a task: roll back, redo from the rows
+        steps = [(new[2], new[3], new[4], tid, owner, known[tid][1]) for tid, new in states.items()
+                 if new[2:5] != known[tid][2:5]]
+        # the updates first: their guard reads the counters before this step's events
+        if steps and conn.executemany(self._STEP_UPDATE, steps).rowcount != len(steps):
             raise _StaleStep()
-        conn.executemany(self._EVENT_INSERT, events)
+        try:
+            conn.executemany(self._EVENT_INSERT, events)
+        except sqlite3.IntegrityError:  # a number taken by another writer, or the task is gone
+            raise _StaleStep() from None
         return states, {"skipped": [], "cancelled": [], "finished": {}}, events
 
     def _step_checked(self, conn: sqlite3.Connection, owner: str, items: list[dict], now: float):
@@ -898,7 +884,7 @@ class Store:
         for i in range(0, len(wanted), 500):
             chunk = wanted[i:i + 500]
             for row in conn.execute(
-                    "SELECT t.id, t.status, t.owner, t.last_seq, t.item_open, t.pending_tokens, t.kv_path,"
+                    f"SELECT t.id, t.status, t.owner, {_last_seq_sql('t')}, t.item_open, t.pending_tokens, t.kv_path,"
                     " r.item_id FROM tasks t JOIN responses r ON r.id = t.response_id"
                     f" WHERE t.id IN ({','.join('?' * len(chunk))})", chunk):
                 if row[2] == owner and row[1] in (st.RUNNING, st.CANCELLING):
@@ -910,8 +896,8 @@ class Store:
         conn.executemany(self._EVENT_INSERT, events)
         written = [(tid, s) for tid, s in states.items() if s is not None]
         written += [(tid, s) for tid, _, s in ends]
-        conn.executemany("UPDATE tasks SET last_seq = ?, item_open = ?, pending_tokens = ?, kv_path = ? "
-                         "WHERE id = ?", [(s[1], s[2], s[3], s[4], tid) for tid, s in written])
+        conn.executemany("UPDATE tasks SET item_open = ?, pending_tokens = ?, kv_path = ? WHERE id = ?",
+                         [(s[2], s[3], s[4], tid) for tid, s in written])
         finished: dict[str, str] = {}
         cancelled: list[str] = []
         for tid, item, _ in ends:
@@ -1065,8 +1051,8 @@ class Store:
         while True:
             before = counts["tasks"]
             with self._db.read() as conn:
-                rows = conn.execute(f"SELECT id, response_id, last_seq FROM tasks WHERE finished_at < ? AND "
-                                    f"status IN {_FINISHED_SQL} ORDER BY finished_at LIMIT ?",
+                rows = conn.execute(f"SELECT id, response_id, {_last_seq_sql('tasks')} FROM tasks WHERE "
+                                    f"finished_at < ? AND status IN {_FINISHED_SQL} ORDER BY finished_at LIMIT ?",
                                     (cutoff, batch)).fetchall()
             if not rows:
                 break
