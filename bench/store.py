@@ -8,11 +8,13 @@ Measures, on one database file in DIR (a temporary folder by default):
     (append_step with every task's delta in one transaction), at 1, 8 and 64
     concurrent tasks;
   * the same rows inserted on a bare sqlite3 connection with the same pragmas
-    and schema, as the reference; and prints the ratios.
+    and schema, as the reference, and once more in a file of SQLite's default
+    page size and checkpoint threshold; and prints the ratios.
 """
 from __future__ import annotations
 
 import argparse
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -82,12 +84,20 @@ def store_steppers(store: Store, k: int, steps: int) -> tuple:
     return one_per_txn, batched
 
 
-def bare_stepper(path: Path, durability: str, k: int, steps: int) -> tuple:
-    """The same event rows on a bare connection: BEGIN IMMEDIATE, executemany, COMMIT per step."""
+def bare_stepper(path: Path, durability: str, k: int, steps: int, sqlite_defaults: bool = False) -> tuple:
+    """The same event rows on a bare connection: BEGIN IMMEDIATE, executemany, COMMIT per step.
+    ``sqlite_defaults``: in a file of 4 KB pages, checkpointed every 1000 pages."""
+    if sqlite_defaults:
+        first = sqlite3.connect(path, isolation_level=None)
+        first.execute("PRAGMA page_size = 4096")
+        first.execute("PRAGMA journal_mode = WAL")  # writes the file: the page size is set
+        first.close()
     store = Store.open(path, durability=durability)
     tids = running_tasks(store, k, "bare")
     store.close()
     conn = Database(path, durability=durability).connect()  # the same pragmas, the same schema
+    if sqlite_defaults:
+        conn.execute("PRAGMA wal_autocheckpoint = 1000")
     seq = {t: conn.execute("SELECT max(seq) FROM task_events WHERE task_id = ?", (t,)).fetchone()[0] for t in tids}
     now = time.time()
 
@@ -133,17 +143,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"create_task to a committed 202: p50 {c['p50_ms']:.2f} ms  p99 {c['p99_ms']:.2f} ms  "
               f"(mean {c['mean_ms']:.2f} ms, n={c['n']})")
         print(f"{'tasks':>5} {'steps/txn':>9} {'store 1/txn':>12} {'store batched':>14} {'bare batched':>13} "
-              f"{'batched/bare':>13}   (events/s)")
+              f"{'batched/bare':>13} {'bare 4K pages':>14} {'batched/bare4K':>15}   (events/s)")
         for k, steps in CASES:
             store = Store.open(root / f"append-{k}-{steps}.db", durability=args.durability)
             single, batched = store_steppers(store, k, steps)
             bare, bare_conn = bare_stepper(root / f"bare-{k}-{steps}.db", args.durability, k, steps)
-            r = rates({"single": single, "batched": batched, "bare": bare}, args.seconds, args.rounds)
+            bare4k, bare4k_conn = bare_stepper(root / f"bare4k-{k}-{steps}.db", args.durability, k, steps, True)
+            r = rates({"single": single, "batched": batched, "bare": bare, "bare4k": bare4k},
+                      args.seconds, args.rounds)
             print(f"{k:>5} {steps:>9} {r['single']:>12,.0f} {r['batched']:>14,.0f} {r['bare']:>13,.0f} "
-                  f"{r['batched'] / r['bare']:>13.2f}")
+                  f"{r['batched'] / r['bare']:>13.2f} {r['bare4k']:>14,.0f} {r['batched'] / r['bare4k']:>15.2f}")
             sys.stdout.flush()
             store.close()
             bare_conn.close()
+            bare4k_conn.close()
         return 0
 
 
