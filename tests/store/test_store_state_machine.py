@@ -147,7 +147,7 @@ class StoreMachine(RuleBasedStateMachine):
             if tid is None or tid in seen:
                 continue
             seen.add(tid)
-            items.append({"task_id": tid, "delta": delta, "tokens": [1] if delta else [], "finish": finish})
+            items.append({"task_id": tid, "delta": delta, "tokens": [1], "finish": finish})  # no text: held back
             t = self.tasks[tid]
             if t["owner"] != worker or t["status"] not in ("running", "cancelling"):
                 expected_skip.append(tid)
