@@ -1,6 +1,7 @@
 """The runtime on the real store and engine: runs, batching, cancels, store errors."""
 from __future__ import annotations
 
+import sqlite3
 import time
 
 from runtime_helpers import all_events, check_log, deltas, submit, wait_finished, wait_until
@@ -320,3 +321,30 @@ def test_the_benchmarks_in_memory_mode_streams_every_event_and_writes_them_at_th
     assert len(deltas_at) >= 2 and set(deltas_at[:-1]) <= set(shown)
     assert sorted(set(shown)) == list(range(min(shown), max(shown) + 1)) and max(shown) <= deltas_at[-1]
     assert deltas(events) == store.output_text(task_id)
+
+
+def test_a_claimed_task_this_worker_does_not_run_is_not_kept_alive(store, runtime, config):
+    """A task held by this worker without a sequence (say its creation committed but the request
+    failed before handing it over) must not have its lease renewed with the ones that run: it
+    runs out, and recovery applies the task's restart policy."""
+    busy = submit(store, runtime, "Count:", max_output_tokens=2000)
+    wait_until(runtime, store, busy, lambda t: t["last_sequence_number"] >= 4)
+    orphan = store.create_task(client_id=None, model="tiny", request={"model": "tiny", "input": "x"},
+                               on_restart="retry", background=True, stream=False,
+                               claim=(runtime.owner, 60.0))["task"]["id"]
+
+    def leases() -> dict:
+        conn = sqlite3.connect(config.db_path)
+        try:
+            return dict(conn.execute("SELECT id, lease_expires FROM tasks WHERE id IN (?, ?)", (busy, orphan)))
+        finally:
+            conn.close()
+
+    before = leases()
+    runtime._renew()
+    after = leases()
+    assert after[orphan] == before[orphan]
+    assert after[busy] > before[busy]
+    store.cancel(busy)
+    runtime.notify_cancel(busy)
+    wait_finished(runtime, store, busy)

@@ -1,6 +1,8 @@
 """Responses, tasks, events, cancel (B.5-B.7) through the Store interface."""
 from __future__ import annotations
 
+import sqlite3
+
 import pytest
 
 from lmsp.errors import IllegalTransition, InvalidRequest, NotFound, TaskFinished, TaskUnfinished
@@ -370,3 +372,19 @@ def test_a_step_after_someone_else_wrote_the_task_rereads_it(store, running_task
     assert store.output_text(tid) == "ab"
     assert event_types(store, tid)[-3:] == ["task.cancelling", "response.output_text.delta", "response.cancelled"]
     assert_consistent(store, tid)
+
+
+def test_renew_extends_only_the_named_tasks(store, running_task, db_path, clock):
+    kept, lost = running_task(), running_task()
+    clock.advance(20)
+    assert store.renew("w1", lease=30, task_ids=[kept]) == []
+    conn = sqlite3.connect(db_path)
+    try:
+        leases = dict(conn.execute("SELECT id, lease_expires FROM tasks WHERE id IN (?, ?)", (kept, lost)))
+    finally:
+        conn.close()
+    assert leases[kept] == clock.now + 30
+    assert leases[lost] < clock.now + 30  # as claimed: it runs out first
+    clock.advance(11)
+    assert store.recover(startup=False)["failed"] == [lost]
+    assert store.get_task(kept)["status"] == "running"

@@ -489,9 +489,9 @@ class Runtime:
         """Start (or fail) a claimed task; a transient error keeps the claim and retries it later.
 
         A claimed task must end up submitted, failed in the store, or dropped
-        because the store says it is no longer ours to run: the lease renewal
-        extends every unfinished task this worker owns, so a task merely
-        forgotten here would wait forever.
+        because the store says it is no longer ours to run. (The lease renewal
+        extends only the tasks in ``_runs``: one forgotten anyway waits for its
+        lease to run out and for recovery to apply its restart policy.)
         """
         try:
             if run.failure is not None:
@@ -786,10 +786,11 @@ class Runtime:
 
     def _renew(self) -> None:
         with self._lock:
-            if not self._runs:
-                return  # nothing claimed: no lease to extend
+            running = list(self._runs)
+        if not running:
+            return  # nothing claimed: no lease to extend
         try:
-            cancelling = self.store.renew(self.owner, lease=self.lease)
+            cancelling = self.store.renew(self.owner, lease=self.lease, task_ids=running)
         except Exception as exc:
             log.warning("renewing leases failed: %s", exc)
             return

@@ -13,7 +13,7 @@ import os
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from .. import ids as _ids
 from .. import objects as obj
@@ -673,12 +673,24 @@ class Store:
                 "on_restart": task["on_restart"], "attempts": task["attempts"],
                 "item_id": response["item_id"], "resume": resume}
 
-    def renew(self, owner: str, *, lease: float) -> list[str]:
-        """Extend the leases of ``owner``'s unfinished tasks; return those now ``cancelling``."""
+    def renew(self, owner: str, *, lease: float, task_ids: Iterable[str] | None = None) -> list[str]:
+        """Extend the leases of ``owner``'s unfinished tasks (only those in ``task_ids`` when
+        given); return those of its tasks now ``cancelling``.
+
+        A worker names the tasks it runs, so that one it holds but does not run
+        (lost between its claim and its start) is not kept alive: its lease runs
+        out and recovery applies its restart policy.
+        """
         with self._db.write() as conn:
             now = self._clock()
-            conn.execute(f"UPDATE tasks SET lease_expires = ? WHERE owner = ? AND status IN {_UNFINISHED_SQL}",
-                         (now + lease, owner))
+            sql = f"UPDATE tasks SET lease_expires = ? WHERE owner = ? AND status IN {_UNFINISHED_SQL}"
+            if task_ids is None:
+                conn.execute(sql, (now + lease, owner))
+            else:
+                ids = list(task_ids)
+                for i in range(0, len(ids), 500):
+                    chunk = ids[i:i + 500]
+                    conn.execute(f"{sql} AND id IN ({','.join('?' * len(chunk))})", (now + lease, owner, *chunk))
             return [r[0] for r in conn.execute("SELECT id FROM tasks WHERE owner = ? AND status = 'cancelling'",
                                                (owner,))]
 
