@@ -1,6 +1,6 @@
 """Store benchmark: durable task creation latency and event append rates.
 
-    python bench/store.py [--dir DIR] [--seconds 2] [--durability full]
+    python bench/store.py [--dir DIR] [--seconds 3] [--rounds 11] [--durability full]
 
 Measures, on one database file in DIR (a temporary folder by default):
   * create_task latency to a durable commit (p50/p99);
@@ -116,21 +116,28 @@ def bare_stepper(path: Path, durability: str, k: int, steps: int, sqlite_default
     return step, conn
 
 
-def rates(writers: dict, seconds: float, rounds: int) -> dict:
-    """Events/s of each writer: the median over ``rounds`` interleaved slices (fair under noise)."""
+def rates(writers: dict, seconds: float, rounds: int) -> tuple[dict, dict]:
+    """Events/s of each writer over ``rounds`` interleaved slices (the writers take turns, so
+    that load from other processes hits them alike): ``(medians, samples per round)``."""
     samples: dict[str, list[float]] = {name: [] for name in writers}
     for _ in range(rounds):
         for name, fn in writers.items():
             events, elapsed = timed(fn, seconds / rounds)
             samples[name].append(events / elapsed)
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return {name: statistics.median(values) for name, values in samples.items()}, samples
+
+
+def paired(samples: dict, name: str, reference: str) -> float:
+    """The median over the rounds of ``name``'s rate over ``reference``'s in the same round:
+    the disk's speed drifts from second to second, less so within one round."""
+    return statistics.median(a / b for a, b in zip(samples[name], samples[reference]))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dir", type=Path, default=None, help="where the database files go (default: a temp dir)")
-    parser.add_argument("--seconds", type=float, default=2.0, help="seconds per writer and concurrency level")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved slices per measurement")
+    parser.add_argument("--seconds", type=float, default=3.0, help="seconds per writer and concurrency level")
+    parser.add_argument("--rounds", type=int, default=11, help="interleaved slices per measurement")
     parser.add_argument("--creates", type=int, default=300, help="create_task calls for the latency figures")
     parser.add_argument("--durability", default="full", choices=("full", "normal", "off"))
     args = parser.parse_args(argv)
@@ -145,16 +152,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'tasks':>5} {'steps/txn':>9} {'store 1/txn':>12} {'store batched':>14} {'bare batched':>13} "
               f"{'batched/bare':>13} {'bare 4K pages':>14} {'batched/bare4K':>15}   (events/s)")
         for k, steps in CASES:
+            # each writer in a file of its own, as each bare reference is: one writer's
+            # commits and checkpoints do not land in another's figure
+            single_store = Store.open(root / f"single-{k}-{steps}.db", durability=args.durability)
+            single, _ = store_steppers(single_store, k, steps)
             store = Store.open(root / f"append-{k}-{steps}.db", durability=args.durability)
-            single, batched = store_steppers(store, k, steps)
+            _, batched = store_steppers(store, k, steps)
             bare, bare_conn = bare_stepper(root / f"bare-{k}-{steps}.db", args.durability, k, steps)
             bare4k, bare4k_conn = bare_stepper(root / f"bare4k-{k}-{steps}.db", args.durability, k, steps, True)
-            r = rates({"single": single, "batched": batched, "bare": bare, "bare4k": bare4k},
-                      args.seconds, args.rounds)
+            r, samples = rates({"single": single, "batched": batched, "bare": bare, "bare4k": bare4k},
+                               args.seconds, args.rounds)
             print(f"{k:>5} {steps:>9} {r['single']:>12,.0f} {r['batched']:>14,.0f} {r['bare']:>13,.0f} "
-                  f"{r['batched'] / r['bare']:>13.2f} {r['bare4k']:>14,.0f} {r['batched'] / r['bare4k']:>15.2f}")
+                  f"{paired(samples, 'batched', 'bare'):>13.2f} {r['bare4k']:>14,.0f} "
+                  f"{paired(samples, 'batched', 'bare4k'):>15.2f}")
             sys.stdout.flush()
             store.close()
+            single_store.close()
             bare_conn.close()
             bare4k_conn.close()
         return 0
