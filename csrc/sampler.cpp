@@ -217,10 +217,13 @@ int32_t Sampler::sample(const float * logits, int32_t n_vocab, uint64_t index) {
         // The smallest prefix (in descending order) whose mass reaches top_p.
         // Only that prefix needs an order: sort growing blocks of the best
         // candidates until the mass is reached, instead of all of them.
+        // (The mass may be reached at the last candidate: keep == n then, so
+        // whether it was reached is a flag of its own.)
         const double target = double(params_.top_p) * total;
         double cum = 0.0;
         size_t keep = n, sorted = ordered ? n : 0, i = 0;
-        for (size_t block = 64; keep == n && i < n; block *= 4) {
+        bool reached = false;
+        for (size_t block = 64; !reached && i < n; block *= 4) {
             if (sorted < n) {
                 const size_t hi = std::min(n, sorted + block);
                 std::partial_sort(first + std::ptrdiff_t(sorted), first + std::ptrdiff_t(hi),
@@ -232,6 +235,7 @@ int32_t Sampler::sample(const float * logits, int32_t n_vocab, uint64_t index) {
                 cum += probs_[i];
                 if (cum >= target) {
                     keep = i + 1;
+                    reached = true;
                     break;
                 }
             }

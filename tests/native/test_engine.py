@@ -108,6 +108,22 @@ def test_top_k_one_is_greedy(engine: Engine) -> None:
     assert generate(engine, prompt, max_tokens=12, temperature=1.5, top_k=1, seed=3).tokens == greedy.tokens
 
 
+@pytest.mark.parametrize("top_k", [3, 0])
+def test_a_top_p_reached_at_the_last_candidate_still_samples(engine: Engine, top_k: int) -> None:
+    """A hot, flat distribution and a top_p close to 1: the mass is reached only at the last
+    candidate (of the top k, or of the whole vocabulary). The engine once looped there forever."""
+    prompt = prompt_tokens(engine, "Top p at the end")
+    seq = engine.submit(prompt, max_tokens=6, temperature=50.0, top_k=top_k, top_p=0.99999, seed=5)
+    tokens, finish = [], None
+    while finish is None:
+        assert engine.wait(60), "no result from the engine within 60 s: it is stuck"
+        for res in engine.poll():
+            assert res["seq"] == seq
+            tokens += res["tokens"]
+            finish = res["finish"]
+    assert finish == "length" and len(tokens) == 6
+
+
 def test_a_tiny_top_p_keeps_only_the_best_token(engine: Engine) -> None:
     prompt = prompt_tokens(engine, "Top p")
     greedy = generate(engine, prompt, max_tokens=12, temperature=0)
