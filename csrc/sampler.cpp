@@ -52,6 +52,28 @@ float max_value(const float * logits, int32_t n) {
     return best;
 }
 
+// Whether any of the 64 logits at p is >= bar (a NaN is not), in vector
+// compares where the module is built for them.
+bool any_at_least_64(const float * p, float bar) {
+#if defined(__AVX512F__)
+    const __m512 b = _mm512_set1_ps(bar);
+    const __mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(p), b, _CMP_GE_OQ) |
+                        _mm512_cmp_ps_mask(_mm512_loadu_ps(p + 16), b, _CMP_GE_OQ) |
+                        _mm512_cmp_ps_mask(_mm512_loadu_ps(p + 32), b, _CMP_GE_OQ) |
+                        _mm512_cmp_ps_mask(_mm512_loadu_ps(p + 48), b, _CMP_GE_OQ);
+    return m != 0;
+#elif defined(__AVX__)
+    const __m256 b = _mm256_set1_ps(bar);
+    __m256 m = _mm256_cmp_ps(_mm256_loadu_ps(p), b, _CMP_GE_OQ);
+    for (int j = 8; j < 64; j += 8) m = _mm256_or_ps(m, _mm256_cmp_ps(_mm256_loadu_ps(p + j), b, _CMP_GE_OQ));
+    return _mm256_movemask_ps(m) != 0;
+#else
+    int hit = 0;
+    for (int j = 0; j < 64; ++j) hit |= p[j] >= bar;
+    return hit != 0;
+#endif
+}
+
 // The highest logit's id (NaN never wins; ties keep the lowest id): the
 // maximum, then the first id holding it, found a block at a time (a loop
 // with an early exit does not vectorize; one over a block does). No number
@@ -171,6 +193,41 @@ int32_t Sampler::sample_all(const float * logits, int32_t n_vocab, uint64_t inde
     return argmax(logits, n_vocab);
 }
 
+// keys_ = the k best candidates (0 < k < n_vocab) in ascending key order: what
+// partial_sort of every token's key gives, without a key per token. A heap of k
+// keys holds the best so far, the worst on top; a later token (a larger id)
+// beats it only with a logit at least as high (equal floats, such as -0 and +0,
+// go to the keys to decide), which a vectorized pass tests 64 logits at a time.
+// A NaN never passes that test, as its key (-inf, a larger id) never wins.
+void Sampler::select_top_k(const float * logits, int32_t n_vocab, size_t k) {
+    keys_.resize(k);
+    for (size_t i = 0; i < k; ++i) keys_[i] = sort_key(logits, int32_t(i));
+    std::make_heap(keys_.begin(), keys_.end());
+    auto bar = [&] {
+        const float l = logits[key_id(keys_.front())];
+        return std::isnan(l) ? -INFINITY : l;
+    };
+    float worst = bar();
+    auto consider = [&](int32_t id) {
+        if (!(logits[id] >= worst)) return;
+        const uint64_t key = sort_key(logits, id);
+        if (key >= keys_.front()) return;
+        std::pop_heap(keys_.begin(), keys_.end());
+        keys_.back() = key;
+        std::push_heap(keys_.begin(), keys_.end());
+        worst = bar();
+    };
+    constexpr int32_t kBlock = 64;
+    int32_t i = int32_t(k);
+    for (; i + kBlock <= n_vocab; i += kBlock) {
+        if (any_at_least_64(logits + i, worst)) {
+            for (int32_t j = 0; j < kBlock; ++j) consider(i + j);
+        }
+    }
+    for (; i < n_vocab; ++i) consider(i);
+    std::sort_heap(keys_.begin(), keys_.end());
+}
+
 int32_t Sampler::sample(const float * logits, int32_t n_vocab, uint64_t index) {
     if (n_vocab <= 0) {
         return 0;
@@ -184,16 +241,19 @@ int32_t Sampler::sample(const float * logits, int32_t n_vocab, uint64_t index) {
     }
 
     // Candidates, ordered by (logit desc, id asc) whenever an order matters.
-    keys_.resize(size_t(n_vocab));
-    for (int32_t i = 0; i < n_vocab; ++i) keys_[size_t(i)] = sort_key(logits, i);
-    const auto first = keys_.begin();
-    size_t n = keys_.size();
-    if (params_.top_k > 0 && size_t(params_.top_k) < n) {
-        // the k best, in order (a heap of k: most candidates cost one comparison)
+    size_t n;
+    bool ordered;
+    if (params_.top_k > 0 && params_.top_k < n_vocab) {
         n = size_t(params_.top_k);
-        std::partial_sort(first, first + std::ptrdiff_t(n), keys_.end());
+        select_top_k(logits, n_vocab, n);
+        ordered = true;
+    } else {
+        keys_.resize(size_t(n_vocab));
+        for (int32_t i = 0; i < n_vocab; ++i) keys_[size_t(i)] = sort_key(logits, i);
+        n = keys_.size();
+        ordered = false;  // id order, the order keys_ was built in
     }
-    const bool ordered = n < keys_.size();  // else: id order, the order keys_ was built in
+    const auto first = keys_.begin();
 
     // Softmax at the temperature, in double, in candidate order.
     const int32_t top = ordered ? key_id(keys_[0]) : key_id(*std::min_element(first, keys_.end()));

@@ -3,6 +3,7 @@
 // others, and a resumed sequence continues exactly where it stopped.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -28,6 +29,7 @@ public:
 
 private:
     int32_t sample_all(const float * logits, int32_t n_vocab, uint64_t index);
+    void select_top_k(const float * logits, int32_t n_vocab, size_t k);
 
     SamplingParams params_;
     // scratch, reused between calls: candidates as sort keys (see sampler.cpp)
