@@ -148,7 +148,6 @@ INDEXES_V2 = [
 ]
 
 
-
 def _drop_task_counter(conn: sqlite3.Connection) -> None:
     """A task's sequence counter is the number of its last event (``lmsp.store.store``), so
     the column that repeated it goes. SQLite before 3.35 cannot drop a column: there it
