@@ -107,27 +107,89 @@ uint64_t sort_key(const float * logits, int32_t id) {
 
 int32_t key_id(uint64_t key) { return int32_t(key & 0xffffffffu); }
 
-// e^x for x <= 0, written so that a loop over it vectorizes (no calls, no
-// branches): x = k ln 2 + r with |r| <= ln 2 / 2, e^r by Cephes' degree-5
+// a * b + c in one rounding where the build has FMA instructions, so that the
+// scalar and the vector code below round alike (and the compiler finds
+// nothing left to fuse in its own way).
+inline float mul_add(float a, float b, float c) {
+#if defined(__FMA__)
+    return std::fma(a, b, c);
+#else
+    return a * b + c;
+#endif
+}
+
+// e^x for x <= 0: x = k ln 2 + r with |r| <= ln 2 / 2, e^r by Cephes' degree-5
 // polynomial for expf (within about 1 ulp), 2^k through the exponent bits;
-// below -87 (and for -inf and NaN) the result is 0.
+// below -87 (and for -inf and NaN) the result is 0. exp_weights below is the
+// same, operation for operation, in vector registers.
 inline float exp_nonpositive(float x) {
     const bool inside = x > -87.0f;  // false for -inf and NaN too
     x = inside ? x : -87.0f;
-    const int32_t k = int32_t(x * 1.44269504088896341f - 0.5f);  // nearest integer, x <= 0
+    const int32_t k = int32_t(mul_add(x, 1.44269504088896341f, -0.5f));  // nearest integer, x <= 0
     const float kf = float(k);
-    const float r = (x - kf * 0.693359375f) + kf * 2.12194440e-4f;
+    const float r = mul_add(kf, 2.12194440e-4f, mul_add(-kf, 0.693359375f, x));
     float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    p = mul_add(p, r, 1.3981999507e-3f);
+    p = mul_add(p, r, 8.3334519073e-3f);
+    p = mul_add(p, r, 4.1665795894e-2f);
+    p = mul_add(p, r, 1.6666665459e-1f);
+    p = mul_add(p, r, 5.0000001201e-1f);
+    p = mul_add(p * r, r, r) + 1.0f;
     const int32_t bits = (k + 127) << 23;
     float scale;
     std::memcpy(&scale, &bits, sizeof scale);
     return inside ? p * scale : 0.0f;
+}
+
+// w[i] = exp_nonpositive((logits[i] - m) * inv_t) for i < n, the same values
+// bit for bit; vector registers where the build has them (compilers leave the
+// scalar loop scalar: the select and the conversions stop them).
+void exp_weights(const float * logits, float * w, int32_t n, float m, float inv_t) {
+    int32_t i = 0;
+#if defined(__AVX512F__) && defined(__FMA__)
+    const __m512 vm = _mm512_set1_ps(m), vt = _mm512_set1_ps(inv_t), floor = _mm512_set1_ps(-87.0f);
+    for (; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(logits + i), vm), vt);
+        const __mmask16 inside = _mm512_cmp_ps_mask(x, floor, _CMP_GT_OQ);
+        x = _mm512_mask_blend_ps(inside, floor, x);
+        const __m512i k = _mm512_cvttps_epi32(
+            _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(-0.5f)));
+        const __m512 kf = _mm512_cvtepi32_ps(k);
+        const __m512 r = _mm512_fmadd_ps(kf, _mm512_set1_ps(2.12194440e-4f),
+                                         _mm512_fnmadd_ps(kf, _mm512_set1_ps(0.693359375f), x));
+        __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+        p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+        const __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k, _mm512_set1_epi32(127)), 23));
+        _mm512_storeu_ps(w + i, _mm512_maskz_mul_ps(inside, p, scale));
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    const __m256 vm = _mm256_set1_ps(m), vt = _mm256_set1_ps(inv_t), floor = _mm256_set1_ps(-87.0f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(logits + i), vm), vt);
+        const __m256 inside = _mm256_cmp_ps(x, floor, _CMP_GT_OQ);
+        x = _mm256_blendv_ps(floor, x, inside);
+        const __m256i k = _mm256_cvttps_epi32(
+            _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(-0.5f)));
+        const __m256 kf = _mm256_cvtepi32_ps(k);
+        const __m256 r = _mm256_fmadd_ps(kf, _mm256_set1_ps(2.12194440e-4f),
+                                         _mm256_fnmadd_ps(kf, _mm256_set1_ps(0.693359375f), x));
+        __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+        p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+        const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23));
+        _mm256_storeu_ps(w + i, _mm256_and_ps(_mm256_mul_ps(p, scale), inside));
+    }
+#endif
+    for (; i < n; ++i) w[i] = exp_nonpositive((logits[i] - m) * inv_t);  // NaN, -inf: 0
 }
 
 }  // namespace
@@ -138,8 +200,8 @@ double counter_uniform(uint64_t seed, uint64_t counter) {
 }
 
 // Temperature alone: every token is a candidate, in id order, so no keys and
-// no sorting; one pass for the maximum, one for the weights (vectorized), one
-// scan for the draw.
+// no sorting; one pass for the maximum, one for the weights, one for the
+// blocks' masses, one scan for the draw.
 int32_t Sampler::sample_all(const float * logits, int32_t n_vocab, uint64_t index) {
     const float max_logit = max_value(logits, n_vocab);
     if (!std::isfinite(max_logit)) {
@@ -148,10 +210,8 @@ int32_t Sampler::sample_all(const float * logits, int32_t n_vocab, uint64_t inde
     const float inv_t = 1.0f / params_.temperature;
     weights_.resize(size_t(n_vocab));
     float * w = weights_.data();
+    exp_weights(logits, w, n_vocab, max_logit, inv_t);
     int32_t i = 0;
-    for (; i < n_vocab; ++i) {
-        w[i] = exp_nonpositive((logits[i] - max_logit) * inv_t);  // NaN, -inf: 0
-    }
     // The mass of each block of 256 tokens (vectorized), then the draw walks
     // the blocks and scans only the one where the cumulative mass passes it.
     constexpr int32_t kBlock = 256;
@@ -162,9 +222,23 @@ int32_t Sampler::sample_all(const float * logits, int32_t n_vocab, uint64_t inde
         const int32_t lo = b * kBlock, hi = std::min(n_vocab, lo + kBlock);
         double lanes[8] = {};
         i = lo;
+#if defined(__AVX512F__)
+        __m512d acc = _mm512_setzero_pd();  // lane j: lanes[j], summed in the same order
+        for (; i + 8 <= hi; i += 8) acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm256_loadu_ps(w + i)));
+        _mm512_storeu_pd(lanes, acc);
+#elif defined(__AVX__)
+        __m256d acc0 = _mm256_setzero_pd(), acc1 = _mm256_setzero_pd();
+        for (; i + 8 <= hi; i += 8) {
+            acc0 = _mm256_add_pd(acc0, _mm256_cvtps_pd(_mm_loadu_ps(w + i)));
+            acc1 = _mm256_add_pd(acc1, _mm256_cvtps_pd(_mm_loadu_ps(w + i + 4)));
+        }
+        _mm256_storeu_pd(lanes, acc0);
+        _mm256_storeu_pd(lanes + 4, acc1);
+#else
         for (; i + 8 <= hi; i += 8) {
             for (int32_t j = 0; j < 8; ++j) lanes[j] += double(w[i + j]);
         }
+#endif
         double mass = 0.0;
         for (; i < hi; ++i) mass += double(w[i]);
         for (const double v : lanes) mass += v;
