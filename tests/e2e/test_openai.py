@@ -78,3 +78,14 @@ def test_models_list(client):
     assert "tiny" in ids
     tiny = next(m for m in models.data if m.id == "tiny")
     assert tiny.owned_by == "local"
+
+
+def test_a_flat_distribution_with_top_p_near_one_completes(client, served):
+    """Temperature 2, top-k 3 and a top_p close to 1: the probability mass is reached only at the
+    last candidate, where the engine's sampler once looped forever and took the worker with it."""
+    response = client.responses.create(model="tiny", input="Roll the dice", max_output_tokens=8,
+                                       temperature=2.0, top_p=0.9999, extra_body={"top_k": 3, "seed": 11})
+    assert response.status in ("completed", "incomplete")
+    assert 0 < response.usage.output_tokens <= 8
+    after = client.responses.create(model="tiny", input="Still there?", max_output_tokens=4, temperature=0)
+    assert after.status in ("completed", "incomplete")
