@@ -19,59 +19,143 @@ uint64_t splitmix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
-// The largest logit, -inf when there is no number at all (a NaN compares
-// false, so it is never taken). Vector max instructions where the module is
-// built for them: max(v, acc) returns acc when v is NaN, which is exactly
-// v > acc ? v : acc. (Compilers leave the portable loop scalar: 6.5 us for
-// 32,000 logits against 1.7 with AVX-512.)
-float max_value(const float * logits, int32_t n) {
-    int32_t i = 0;
-    float best = -INFINITY;
-#if defined(__AVX512F__)
-    __m512 a0 = _mm512_set1_ps(-INFINITY), a1 = a0, a2 = a0, a3 = a0;
-    for (; i + 64 <= n; i += 64) {
-        a0 = _mm512_max_ps(_mm512_loadu_ps(logits + i), a0);
-        a1 = _mm512_max_ps(_mm512_loadu_ps(logits + i + 16), a1);
-        a2 = _mm512_max_ps(_mm512_loadu_ps(logits + i + 32), a2);
-        a3 = _mm512_max_ps(_mm512_loadu_ps(logits + i + 48), a3);
-    }
-    best = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(a0, a1), _mm512_max_ps(a2, a3)));
-#elif defined(__AVX__)
-    __m256 a0 = _mm256_set1_ps(-INFINITY), a1 = a0, a2 = a0, a3 = a0;
-    for (; i + 32 <= n; i += 32) {
-        a0 = _mm256_max_ps(_mm256_loadu_ps(logits + i), a0);
-        a1 = _mm256_max_ps(_mm256_loadu_ps(logits + i + 8), a1);
-        a2 = _mm256_max_ps(_mm256_loadu_ps(logits + i + 16), a2);
-        a3 = _mm256_max_ps(_mm256_loadu_ps(logits + i + 24), a3);
-    }
-    alignas(32) float lane[8];
-    _mm256_store_ps(lane, _mm256_max_ps(_mm256_max_ps(a0, a1), _mm256_max_ps(a2, a3)));
-    for (const float v : lane) best = v > best ? v : best;
+// a * b + c in one rounding where the build has FMA instructions, so that the
+// scalar and the vector code below round alike (and the compiler finds
+// nothing left to fuse in its own way).
+inline float mul_add(float a, float b, float c) {
+#if defined(__FMA__)
+    return std::fma(a, b, c);
+#else
+    return a * b + c;
 #endif
+}
+
+// The operations of the loops below, on one float or on a vector register of
+// Width floats: each loop is written once, for Scalar and for the vector
+// registers the module is built for (Native). Compilers leave these loops
+// scalar (the selects and conversions stop them), and each vector operation
+// rounds as its scalar one: max(a, b) is a > b ? a : b (a NaN a gives b), the
+// compares are ordered (false for NaN), fma is one rounding.
+struct Scalar {
+    using F = float;
+    using I = int32_t;
+    using M = bool;
+    static constexpr int32_t Width = 1;
+    static F load(const float * p) { return *p; }
+    static void store(float * p, F v) { *p = v; }
+    static F set(float v) { return v; }
+    static F add(F a, F b) { return a + b; }
+    static F sub(F a, F b) { return a - b; }
+    static F mul(F a, F b) { return a * b; }
+    static F fma(F a, F b, F c) { return mul_add(a, b, c); }
+    static F fnma(F a, F b, F c) { return mul_add(-a, b, c); }
+    static F max(F a, F b) { return a > b ? a : b; }
+    static M greater(F a, F b) { return a > b; }
+    static M at_least(F a, F b) { return a >= b; }
+    static M either(M a, M b) { return a || b; }
+    static bool any(M m) { return m; }
+    static F select(M m, F yes, F no) { return m ? yes : no; }
+    static F zero_unless(M m, F v) { return m ? v : 0.0f; }
+    static I trunc(F a) { return int32_t(a); }
+    static F to_float(I k) { return float(k); }
+    static F pow2(I k) {  // 2^k through the exponent bits
+        const int32_t bits = (k + 127) << 23;
+        float v;
+        std::memcpy(&v, &bits, sizeof v);
+        return v;
+    }
+    static float reduce_max(F a) { return a; }
+};
+
+#if defined(__AVX512F__) && defined(__FMA__)
+struct Avx512 {
+    using F = __m512;
+    using I = __m512i;
+    using M = __mmask16;
+    static constexpr int32_t Width = 16;
+    static F load(const float * p) { return _mm512_loadu_ps(p); }
+    static void store(float * p, F v) { _mm512_storeu_ps(p, v); }
+    static F set(float v) { return _mm512_set1_ps(v); }
+    static F add(F a, F b) { return _mm512_add_ps(a, b); }
+    static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+    static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+    static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+    static F fnma(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
+    static F max(F a, F b) { return _mm512_max_ps(a, b); }
+    static M greater(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ); }
+    static M at_least(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ); }
+    static M either(M a, M b) { return M(a | b); }
+    static bool any(M m) { return m != 0; }
+    static F select(M m, F yes, F no) { return _mm512_mask_blend_ps(m, no, yes); }
+    static F zero_unless(M m, F v) { return _mm512_maskz_mov_ps(m, v); }
+    static I trunc(F a) { return _mm512_cvttps_epi32(a); }
+    static F to_float(I k) { return _mm512_cvtepi32_ps(k); }
+    static F pow2(I k) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k, _mm512_set1_epi32(127)), 23)); }
+    static float reduce_max(F a) { return _mm512_reduce_max_ps(a); }
+};
+using Native = Avx512;
+#elif defined(__AVX2__) && defined(__FMA__)
+struct Avx2 {
+    using F = __m256;
+    using I = __m256i;
+    using M = __m256;
+    static constexpr int32_t Width = 8;
+    static F load(const float * p) { return _mm256_loadu_ps(p); }
+    static void store(float * p, F v) { _mm256_storeu_ps(p, v); }
+    static F set(float v) { return _mm256_set1_ps(v); }
+    static F add(F a, F b) { return _mm256_add_ps(a, b); }
+    static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
+    static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+    static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+    static F fnma(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
+    static F max(F a, F b) { return _mm256_max_ps(a, b); }
+    static M greater(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_GT_OQ); }
+    static M at_least(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_GE_OQ); }
+    static M either(M a, M b) { return _mm256_or_ps(a, b); }
+    static bool any(M m) { return _mm256_movemask_ps(m) != 0; }
+    static F select(M m, F yes, F no) { return _mm256_blendv_ps(no, yes, m); }
+    static F zero_unless(M m, F v) { return _mm256_and_ps(v, m); }
+    static I trunc(F a) { return _mm256_cvttps_epi32(a); }
+    static F to_float(I k) { return _mm256_cvtepi32_ps(k); }
+    static F pow2(I k) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23)); }
+    static float reduce_max(F a) {
+        alignas(32) float lane[8];
+        _mm256_store_ps(lane, a);
+        float best = lane[0];
+        for (const float v : lane) best = v > best ? v : best;
+        return best;
+    }
+};
+using Native = Avx2;
+#else
+using Native = Scalar;
+#endif
+
+// The largest logit, -inf when there is no number at all (a NaN compares
+// false, so it is never taken).
+float max_value(const float * logits, int32_t n) {
+    using V = Native;
+    constexpr int32_t W = V::Width;
+    int32_t i = 0;
+    typename V::F a0 = V::set(-INFINITY), a1 = a0, a2 = a0, a3 = a0;
+    for (; i + 4 * W <= n; i += 4 * W) {
+        a0 = V::max(V::load(logits + i), a0);
+        a1 = V::max(V::load(logits + i + W), a1);
+        a2 = V::max(V::load(logits + i + 2 * W), a2);
+        a3 = V::max(V::load(logits + i + 3 * W), a3);
+    }
+    float best = V::reduce_max(V::max(V::max(a0, a1), V::max(a2, a3)));
     for (; i < n; ++i) best = logits[i] > best ? logits[i] : best;
     return best;
 }
 
-// Whether any of the 64 logits at p is >= bar (a NaN is not), in vector
-// compares where the module is built for them.
+// Whether any of the 64 logits at p is >= bar (a NaN is not).
 bool any_at_least_64(const float * p, float bar) {
-#if defined(__AVX512F__)
-    const __m512 b = _mm512_set1_ps(bar);
-    const __mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(p), b, _CMP_GE_OQ) |
-                        _mm512_cmp_ps_mask(_mm512_loadu_ps(p + 16), b, _CMP_GE_OQ) |
-                        _mm512_cmp_ps_mask(_mm512_loadu_ps(p + 32), b, _CMP_GE_OQ) |
-                        _mm512_cmp_ps_mask(_mm512_loadu_ps(p + 48), b, _CMP_GE_OQ);
-    return m != 0;
-#elif defined(__AVX__)
-    const __m256 b = _mm256_set1_ps(bar);
-    __m256 m = _mm256_cmp_ps(_mm256_loadu_ps(p), b, _CMP_GE_OQ);
-    for (int j = 8; j < 64; j += 8) m = _mm256_or_ps(m, _mm256_cmp_ps(_mm256_loadu_ps(p + j), b, _CMP_GE_OQ));
-    return _mm256_movemask_ps(m) != 0;
-#else
-    int hit = 0;
-    for (int j = 0; j < 64; ++j) hit |= p[j] >= bar;
-    return hit != 0;
-#endif
+    using V = Native;
+    const typename V::F b = V::set(bar);
+    typename V::M m = V::at_least(V::load(p), b);
+    for (int32_t j = V::Width; j < 64; j += V::Width) m = V::either(m, V::at_least(V::load(p + j), b));
+    return V::any(m);
 }
 
 // The highest logit's id (NaN never wins; ties keep the lowest id): the
@@ -107,88 +191,37 @@ uint64_t sort_key(const float * logits, int32_t id) {
 
 int32_t key_id(uint64_t key) { return int32_t(key & 0xffffffffu); }
 
-// a * b + c in one rounding where the build has FMA instructions, so that the
-// scalar and the vector code below round alike (and the compiler finds
-// nothing left to fuse in its own way).
-inline float mul_add(float a, float b, float c) {
-#if defined(__FMA__)
-    return std::fma(a, b, c);
-#else
-    return a * b + c;
-#endif
-}
-
 // e^x for x <= 0: x = k ln 2 + r with |r| <= ln 2 / 2, e^r by Cephes' degree-5
 // polynomial for expf (within about 1 ulp), 2^k through the exponent bits;
-// below -87 (and for -inf and NaN) the result is 0. exp_weights below is the
-// same, operation for operation, in vector registers.
-inline float exp_nonpositive(float x) {
-    const bool inside = x > -87.0f;  // false for -inf and NaN too
-    x = inside ? x : -87.0f;
-    const int32_t k = int32_t(mul_add(x, 1.44269504088896341f, -0.5f));  // nearest integer, x <= 0
-    const float kf = float(k);
-    const float r = mul_add(kf, 2.12194440e-4f, mul_add(-kf, 0.693359375f, x));
-    float p = 1.9875691500e-4f;
-    p = mul_add(p, r, 1.3981999507e-3f);
-    p = mul_add(p, r, 8.3334519073e-3f);
-    p = mul_add(p, r, 4.1665795894e-2f);
-    p = mul_add(p, r, 1.6666665459e-1f);
-    p = mul_add(p, r, 5.0000001201e-1f);
-    p = mul_add(p * r, r, r) + 1.0f;
-    const int32_t bits = (k + 127) << 23;
-    float scale;
-    std::memcpy(&scale, &bits, sizeof scale);
-    return inside ? p * scale : 0.0f;
+// below -87 (and for -inf and NaN) the result is 0. For one float or a vector.
+template <class V>
+typename V::F exp_nonpositive_v(typename V::F x) {
+    const typename V::F floor = V::set(-87.0f);
+    const typename V::M inside = V::greater(x, floor);  // false for -inf and NaN too
+    x = V::select(inside, x, floor);
+    const typename V::I k = V::trunc(V::fma(x, V::set(1.44269504088896341f), V::set(-0.5f)));  // nearest, x <= 0
+    const typename V::F kf = V::to_float(k);
+    const typename V::F r = V::fma(kf, V::set(2.12194440e-4f), V::fnma(kf, V::set(0.693359375f), x));
+    typename V::F p = V::set(1.9875691500e-4f);
+    p = V::fma(p, r, V::set(1.3981999507e-3f));
+    p = V::fma(p, r, V::set(8.3334519073e-3f));
+    p = V::fma(p, r, V::set(4.1665795894e-2f));
+    p = V::fma(p, r, V::set(1.6666665459e-1f));
+    p = V::fma(p, r, V::set(5.0000001201e-1f));
+    p = V::add(V::fma(V::mul(p, r), r, r), V::set(1.0f));
+    return V::zero_unless(inside, V::mul(p, V::pow2(k)));
 }
 
-// w[i] = exp_nonpositive((logits[i] - m) * inv_t) for i < n, the same values
-// bit for bit; vector registers where the build has them (compilers leave the
-// scalar loop scalar: the select and the conversions stop them).
+inline float exp_nonpositive(float x) { return exp_nonpositive_v<Scalar>(x); }
+
+// w[i] = exp_nonpositive((logits[i] - m) * inv_t) for i < n: the same values bit
+// for bit, in vector registers where the build has them.
 void exp_weights(const float * logits, float * w, int32_t n, float m, float inv_t) {
+    using V = Native;
     int32_t i = 0;
-#if defined(__AVX512F__) && defined(__FMA__)
-    const __m512 vm = _mm512_set1_ps(m), vt = _mm512_set1_ps(inv_t), floor = _mm512_set1_ps(-87.0f);
-    for (; i + 16 <= n; i += 16) {
-        __m512 x = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(logits + i), vm), vt);
-        const __mmask16 inside = _mm512_cmp_ps_mask(x, floor, _CMP_GT_OQ);
-        x = _mm512_mask_blend_ps(inside, floor, x);
-        const __m512i k = _mm512_cvttps_epi32(
-            _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(-0.5f)));
-        const __m512 kf = _mm512_cvtepi32_ps(k);
-        const __m512 r = _mm512_fmadd_ps(kf, _mm512_set1_ps(2.12194440e-4f),
-                                         _mm512_fnmadd_ps(kf, _mm512_set1_ps(0.693359375f), x));
-        __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-        p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-        const __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k, _mm512_set1_epi32(127)), 23));
-        _mm512_storeu_ps(w + i, _mm512_maskz_mul_ps(inside, p, scale));
+    for (; i + V::Width <= n; i += V::Width) {
+        V::store(w + i, exp_nonpositive_v<V>(V::mul(V::sub(V::load(logits + i), V::set(m)), V::set(inv_t))));
     }
-#elif defined(__AVX2__) && defined(__FMA__)
-    const __m256 vm = _mm256_set1_ps(m), vt = _mm256_set1_ps(inv_t), floor = _mm256_set1_ps(-87.0f);
-    for (; i + 8 <= n; i += 8) {
-        __m256 x = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(logits + i), vm), vt);
-        const __m256 inside = _mm256_cmp_ps(x, floor, _CMP_GT_OQ);
-        x = _mm256_blendv_ps(floor, x, inside);
-        const __m256i k = _mm256_cvttps_epi32(
-            _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(-0.5f)));
-        const __m256 kf = _mm256_cvtepi32_ps(k);
-        const __m256 r = _mm256_fmadd_ps(kf, _mm256_set1_ps(2.12194440e-4f),
-                                         _mm256_fnmadd_ps(kf, _mm256_set1_ps(0.693359375f), x));
-        __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-        p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
-        const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23));
-        _mm256_storeu_ps(w + i, _mm256_and_ps(_mm256_mul_ps(p, scale), inside));
-    }
-#endif
     for (; i < n; ++i) w[i] = exp_nonpositive((logits[i] - m) * inv_t);  // NaN, -inf: 0
 }
 
