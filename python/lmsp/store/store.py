@@ -879,8 +879,11 @@ class Store:
     def _step_fast(self, conn: sqlite3.Connection, owner: str, items: list[dict], known: dict, now: float):
         events: list[tuple] = []
         states = self._step_items(owner, items, known, now, events, None, None)
-        steps = [(new[2], new[3], new[4], tid, owner, known[tid][1]) for tid, new in states.items()
-                 if new[2:5] != known[tid][2:5]]
+        steps = []  # tasks whose row changes: item_open, pending_tokens or kv_path
+        for tid, new in states.items():
+            old = known[tid]
+            if new[2] != old[2] or new[3] != old[3] or new[4] != old[4]:
+                steps.append((new[2], new[3], new[4], tid, owner, old[1]))
         # the updates first: their guard reads the counters before this step's events
         if steps and conn.executemany(self._STEP_UPDATE, steps).rowcount != len(steps):
             raise _StaleStep()
