@@ -129,7 +129,7 @@ py::dict result_dict(lmsp::StepResult & r) {
 class PyEngine {
 public:
     PyEngine(const py::object & model_path, int32_t n_ctx, int32_t n_parallel, int32_t n_threads,
-             int32_t n_gpu_layers, int32_t n_batch, int32_t prefill_chunk) {
+             int32_t n_gpu_layers, int32_t n_batch, int32_t prefill_chunk, bool batch_invariant) {
         const std::string path = fspath(model_path);
         lmsp::EngineOptions o;
         o.n_ctx = n_ctx;
@@ -138,6 +138,7 @@ public:
         o.n_gpu_layers = n_gpu_layers;
         o.n_batch = n_batch;
         o.prefill_chunk = prefill_chunk;
+        o.batch_invariant = batch_invariant;
         py::gil_scoped_release nogil;
         engine_ = std::make_unique<lmsp::Engine>(path, o);
     }
@@ -150,6 +151,7 @@ public:
         d["n_parallel"] = engine_->n_parallel();
         d["n_vocab"] = engine_->n_vocab();
         d["backend"] = engine_->backend();
+        d["batch_invariant"] = engine_->batch_invariant();
         return d;
     }
 
@@ -337,9 +339,9 @@ PYBIND11_MODULE(_native, m) {
         .def_property_readonly("emitted", [](const lmsp::TextStream & t) { return py::str(t.emitted()); });
 
     py::class_<PyEngine>(m, "Engine")
-        .def(py::init<const py::object &, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t>(), "model_path"_a,
-             py::kw_only(), "n_ctx"_a = 4096, "n_parallel"_a = 4, "n_threads"_a = 0, "n_gpu_layers"_a = 0,
-             "n_batch"_a = 512, "prefill_chunk"_a = 256)
+        .def(py::init<const py::object &, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, bool>(),
+             "model_path"_a, py::kw_only(), "n_ctx"_a = 4096, "n_parallel"_a = 4, "n_threads"_a = 0,
+             "n_gpu_layers"_a = 0, "n_batch"_a = 512, "prefill_chunk"_a = 256, "batch_invariant"_a = true)
         .def_property_readonly("info", &PyEngine::info)
         .def_property_readonly("n_ctx", [](PyEngine & s) { return s.e().n_ctx(); })
         .def_property_readonly("n_vocab", [](PyEngine & s) { return s.e().n_vocab(); })

@@ -48,6 +48,14 @@
 // cells differ from the same rows computed in 512-row batches (by up to 1.5e-2,
 // from the second row on). The same invariance is what makes a resume without KV state
 // (prefill of prompt+generated) exact.
+// EngineOptions::batch_invariant = false gives this up on the CPU for speed:
+// K and V both f16 (the tiled kernel for prompt chunks of 64+ rows, the
+// split-KV one for a lone query over 512+ cells) and repacked weights, as
+// llama.cpp's own tools run by default. The tiny demo model then prefills a
+// 512-token prompt about 5x faster (llama-bench, one thread); a sequence's
+// logits may then differ in the last bits with its neighbours in the batch,
+// and a resume without KV state may continue differently from an
+// uninterrupted run (what was already emitted never changes).
 // GPU (LMSP_CUDA): kernels are chosen by batch size and are NOT batch
 // invariant. Measured on an H200 (CUDA 13, sm_90): greedy tokens matched alone
 // and batched, a sampled sequence diverged at its 36th token; resume (with and
@@ -163,7 +171,7 @@ Engine::Engine(const std::string & model_path, const EngineOptions & options) : 
 
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = options.n_gpu_layers;
-    mp.use_extra_bufts = false;  // see the batch-invariance note above
+    mp.use_extra_bufts = !options.batch_invariant;  // see the batch-invariance note above
     log::begin_capture();
     try {
         model_.reset(llama_model_load_from_file(model_path.c_str(), mp));
@@ -215,10 +223,10 @@ Engine::Engine(const std::string & model_path, const EngineOptions & options) : 
     cp.n_threads = n_threads;
     cp.n_threads_batch = n_threads;
     if (options.n_gpu_layers == 0) {
-        // CPU: flash attention, kept on its per-row kernel (see the note above)
+        // CPU: flash attention; a bf16 V cache keeps it on its per-row kernel (see the note above)
         cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
         cp.type_k = GGML_TYPE_F16;
-        cp.type_v = GGML_TYPE_BF16;
+        cp.type_v = options.batch_invariant ? GGML_TYPE_BF16 : GGML_TYPE_F16;
     } else {
         cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
     }
@@ -251,6 +259,7 @@ Engine::Engine(const std::string & model_path, const EngineOptions & options) : 
     }
 
     backend_ = (options.n_gpu_layers != 0 && llama_supports_gpu_offload()) ? "cuda" : "cpu";
+    batch_invariant_ = options.batch_invariant && backend_ == "cpu";
 
     batch_ = llama_batch_init(options.n_batch, 0, 1);
     batch_allocated_ = true;

@@ -29,6 +29,10 @@ struct EngineOptions {
     int32_t n_gpu_layers = 0;
     int32_t n_batch = 512;
     int32_t prefill_chunk = 256;
+    // CPU only: keep the kernels whose sums do not depend on the batch (see the
+    // batch-invariance note in engine.cpp). False takes llama.cpp's faster
+    // defaults: the tiled flash attention and repacked weights.
+    bool batch_invariant = true;
 };
 
 enum class Finish { none, stop, length, cancelled, error };
@@ -111,6 +115,7 @@ public:
     int32_t n_vocab() const { return n_vocab_; }
     int32_t n_parallel() const { return options_.n_parallel; }
     const std::string & backend() const { return backend_; }
+    bool batch_invariant() const { return batch_invariant_; }
 
     std::vector<int32_t> tokenize(const std::string & text, bool add_special, bool parse_special) const;
     std::string detokenize(const std::vector<int32_t> & tokens) const;
@@ -162,6 +167,7 @@ private:
     EngineOptions options_;
     GgufInfo info_;
     std::string backend_;
+    bool batch_invariant_ = true;
     int32_t n_ctx_ = 0;
     int32_t n_vocab_ = 0;
 

@@ -39,6 +39,7 @@ class Config:
     n_threads: int = 0                # 0: all cores
     n_gpu_layers: int = 0
     n_batch: int = 512
+    batch_invariant: bool = True      # CPU: a sequence's tokens do not depend on its batch (false: faster prefill)
     # requests
     max_output_tokens: int = 256      # default for a request that gives none
     max_output_tokens_cap: int = 4096
@@ -78,6 +79,8 @@ class Config:
             raise ValueError(f"durability must be one of {', '.join(DURABILITY)}, not {self.durability!r}")
         if self.default_on_restart not in RESTART_POLICIES:
             raise ValueError(f"default_on_restart must be one of {', '.join(RESTART_POLICIES)}")
+        if not isinstance(self.batch_invariant, bool):
+            raise ValueError(f"batch_invariant must be true or false, not {self.batch_invariant!r}")
         if not 0 <= self.commit_window_ms <= 1000:
             raise ValueError("commit_window_ms must be between 0 and 1000")
         for name in ("n_ctx", "n_parallel", "n_batch", "max_output_tokens", "max_output_tokens_cap", "workers"):
@@ -88,10 +91,21 @@ class Config:
         return self
 
 
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
 def _coerce(f: dataclasses.Field, raw):
     kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
     if raw is None:
         return None
+    if kind.startswith("bool"):
+        if isinstance(raw, bool):
+            return raw
+        word = str(raw).strip().lower()
+        if word in _TRUE or word in _FALSE:
+            return word in _TRUE
+        raise ValueError(f"{f.name} must be true or false, not {raw!r}")
     if "Path" in kind:
         return Path(raw)
     if kind.startswith("int"):

@@ -33,7 +33,7 @@ __all__ = [
 Engine.__doc__ = """A loaded model and its decoding thread.
 
 Engine(model_path, *, n_ctx=4096, n_parallel=4, n_threads=0, n_gpu_layers=0,
-       n_batch=512, prefill_chunk=256)
+       n_batch=512, prefill_chunk=256, batch_invariant=True)
 
 ``n_ctx`` is the context of ONE sequence (capped at the model's training
 context); ``n_parallel`` sequences decode together, one llama_batch per step;
@@ -61,7 +61,9 @@ thread for them. Results of one engine step are handed over together.
 Sampling draws for output token i depend only on (seed, i); temperature 0 is
 greedy. On the CPU backend a sequence's tokens do not depend on what else is in
 the batch (see csrc/engine.cpp), so ``snapshot()`` + ``submit(resume=...)`` in
-a new engine continues the same output. ``snapshot()`` of a sequence that has
+a new engine continues the same output. ``batch_invariant=False`` trades that
+for llama.cpp's faster CPU kernels (a long prompt prefills several times
+faster); ``info["batch_invariant"]`` says which holds (False on a GPU). ``snapshot()`` of a sequence that has
 finished raises KeyError.
 
 A model without a chat template (or with one llama.cpp does not know) is

@@ -20,7 +20,8 @@ llama.cpp agrees with this reference to about 1e-6 of the logits' spread (f32
 rounding). On the CPU it keeps K in an f16 cache (2^-11 relative rounding)
 and V in a bf16 one (2^-8, see csrc/engine.cpp), which shows in the logits as
 up to 7.1e-3 of their standard deviation with f32 weights and 8.0e-3 with f16
-weights (measured on the tiny model; 2.7e-3 and 4.3e-3 with V in f16).
+weights (measured on the tiny model; 2.7e-3 and 4.3e-3 with V in f16, as
+with ``batch_invariant=False``).
 So for f32 and f16 weights we require, at every position,
 
     max |engine - reference| <= 1e-2 * max(1, std(reference logits))
@@ -116,6 +117,9 @@ class Reference:
 # token ids of the SPM vocabulary: BOS, then ordinary pieces across the whole
 # range (byte tokens 3..258 included), long enough for rope to turn far
 TOKENS = [1] + np.random.default_rng(7).integers(3, 32000, size=47).tolist()
+# 64 rows or more: with batch_invariant=False the CPU's flash attention takes
+# its tiled kernel for them
+LONG_TOKENS = [1] + np.random.default_rng(8).integers(3, 32000, size=95).tolist()
 
 
 @pytest.fixture(scope="module")
@@ -142,22 +146,25 @@ def test_reference_is_causal(references: dict[str, Reference]) -> None:
     assert np.abs(full[5:] - ref.logits(TOKENS[:4] + TOKENS[5:12])[4:]).max() > 1e-3
 
 
+@pytest.mark.parametrize("invariant", [True, False], ids=["invariant", "fast"])
 @pytest.mark.parametrize(("dtype", "tolerance"), [("f32", 1e-2), ("f16", 1e-2), ("q8_0", 0.25)])
 def test_engine_logits_match_the_reference(models: dict[str, Path], references: dict[str, Reference],
-                                           dtype: str, tolerance: float) -> None:
+                                           dtype: str, tolerance: float, invariant: bool) -> None:
     path = models[dtype]
-    want = references[dtype].logits(TOKENS)
-    engine = Engine(str(path))
+    tokens = TOKENS if invariant else LONG_TOKENS
+    want = references[dtype].logits(tokens)
+    engine = Engine(str(path), batch_invariant=invariant)
     try:
-        got = np.asarray(engine.eval_logits(TOKENS))
+        assert engine.info["batch_invariant"] is (invariant and engine.info["backend"] == "cpu")
+        got = np.asarray(engine.eval_logits(tokens))
     finally:
         engine.close()
     assert got.dtype == np.float32
-    assert got.shape == want.shape == (len(TOKENS), 32000)
+    assert got.shape == want.shape == (len(tokens), 32000)
     scale = np.maximum(1.0, want.std(axis=1))
     error = np.abs(got - want).max(axis=1) / scale
     assert error.max() <= tolerance, f"worst position {error.argmax()}: {error.max():.3g} of the logit scale"
     top2 = np.sort(want, axis=1)[:, -2:]
     clear = (top2[:, 1] - top2[:, 0]) > tolerance * scale
-    assert clear.sum() >= len(TOKENS) // 4  # the check below is not empty
+    assert clear.sum() >= len(tokens) // 4  # the check below is not empty
     np.testing.assert_array_equal(got.argmax(axis=1)[clear], want.argmax(axis=1)[clear])

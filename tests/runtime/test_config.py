@@ -13,3 +13,14 @@ def test_the_commit_window_comes_from_the_environment_and_is_checked(tmp_path):
     for bad in ("-1", "1001"):
         with pytest.raises(ValueError, match="commit_window_ms"):
             config_mod.load(env={"LMSP_COMMIT_WINDOW_MS": bad}, data_dir=str(tmp_path))
+
+
+def test_batch_invariance_is_on_unless_turned_off(tmp_path):
+    assert config_mod.load(env={}, data_dir=str(tmp_path)).batch_invariant is True
+    for word, value in (("0", False), ("false", False), ("Off", False), ("1", True), ("yes", True)):
+        cfg = config_mod.load(env={"LMSP_BATCH_INVARIANT": word}, data_dir=str(tmp_path))
+        assert cfg.batch_invariant is value
+    (tmp_path / "lmsp.toml").write_text("batch_invariant = false\n")
+    assert config_mod.load(env={}, data_dir=str(tmp_path)).batch_invariant is False
+    with pytest.raises(ValueError, match="batch_invariant must be true or false"):
+        config_mod.load(env={"LMSP_BATCH_INVARIANT": "sometimes"}, data_dir=str(tmp_path))

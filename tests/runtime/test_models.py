@@ -147,3 +147,21 @@ def test_delete_is_refused_while_a_task_needs_the_model(store, make_runtime, mod
     assert model_file.exists()  # the file is left alone
     with pytest.raises(NotFound):
         rt.model_object("tiny")
+
+
+def test_the_engine_is_loaded_with_the_batch_invariance_setting(store, make_runtime, config, model_file):
+    from lmsp.native import Engine
+
+    loaded = []
+
+    def engine(path, **kwargs):
+        made = Engine(path, **kwargs)
+        loaded.append((kwargs["batch_invariant"], made.info["batch_invariant"]))
+        return made
+
+    rt = make_runtime(store, engine_factory=engine, config=config.replace(batch_invariant=False))
+    rt.register_model("tiny.gguf")
+    task = wait_finished(rt, store, submit(store, rt, max_output_tokens=8))
+    assert task["status"] == "completed"
+    assert loaded == [(False, False)]
+    check_log(all_events(store, task["id"]))

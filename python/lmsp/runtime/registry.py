@@ -218,7 +218,8 @@ class ModelRegistry:
         try:
             factory = self._factory or native.Engine
             engine = factory(str(path), n_ctx=cfg.n_ctx, n_parallel=cfg.n_parallel, n_threads=cfg.n_threads,
-                             n_gpu_layers=cfg.n_gpu_layers, n_batch=cfg.n_batch)
+                             n_gpu_layers=cfg.n_gpu_layers, n_batch=cfg.n_batch,
+                             batch_invariant=cfg.batch_invariant)
         except MemoryError:
             self._set_state(model_id, FAILED)
             raise LMSPError(f"not enough memory to load model {model_id}", code="model_load_failed") from None
@@ -228,7 +229,9 @@ class ModelRegistry:
         with self._lock:
             self._engines[model_id] = engine
         self._set_state(model_id, AVAILABLE)  # "loaded" is per process; the store keeps the file's state
-        log.info("loaded model %s (%s)", model_id, getattr(engine, "info", {}).get("backend", "?"))
+        info = getattr(engine, "info", {})
+        log.info("loaded model %s (%s, batch invariant: %s)", model_id, info.get("backend", "?"),
+                 info.get("batch_invariant", "?"))
         return engine
 
     def _set_state(self, model_id: str, state: str) -> None:
