@@ -28,8 +28,9 @@ What is measured:
                every sequence had its first token / the time that took.
 llama-bench runs twice: "matched" uses the llama.cpp settings the engine uses
 (no weight repacking; on the CPU flash attention with an f16 K and a bf16 V
-cache, on a GPU flash attention off: see csrc/engine.cpp), "default"
-uses llama-bench's own defaults. llama-bench and the engine take turns, one
+cache, on a GPU flash attention off: see csrc/engine.cpp; with
+``--no-batch-invariant`` f16 K and V and repacking, as the engine then has),
+"default" uses llama-bench's own defaults. llama-bench and the engine take turns, one
 repetition each, so that both see the same machine when other work comes and
 goes. Every figure is the mean over ``--reps`` repetitions (each after a
 warm-up), with the standard deviation. The table goes to
@@ -68,6 +69,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="also benchmark this GGUF file (repeatable)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--n-gpu-layers", type=int, default=0)
+    p.add_argument("--no-batch-invariant", dest="batch_invariant", action="store_false",
+                   help="run the engine with batch_invariant=False (llama.cpp's faster CPU kernels); "
+                        "the matched llama-bench run then uses the same cache types and repacking")
     p.add_argument("--n-prompt", type=int, default=512)
     p.add_argument("--n-gen", type=int, default=128)
     p.add_argument("--parallel", default="1,2,4,8",
@@ -173,11 +177,19 @@ def make_models(args: argparse.Namespace) -> list[tuple[str, Path]]:
 
 # ---------------------------------------------------------------- llama-bench
 
+def matched_config(args: argparse.Namespace) -> str:
+    if args.n_gpu_layers:
+        return "matched-gpu"
+    return "matched" if args.batch_invariant else "matched-fast"
+
+
 LLAMA_BENCH_CONFIGS = {
     # the engine's llama.cpp settings (csrc/engine.cpp): on the CPU flash
     # attention over an f16 K and a bf16 V cache; on a GPU flash attention off
     "matched": ["-fa", "1", "-ctk", "f16", "-ctv", "bf16", "--repack", "0"],
     "matched-gpu": ["-fa", "0", "--repack", "0"],
+    # --no-batch-invariant: f16 K and V (the tiled and split-KV kernels), repacked weights
+    "matched-fast": ["-fa", "1", "-ctk", "f16", "-ctv", "f16", "--repack", "1"],
     "default": [],
 }
 
@@ -187,7 +199,7 @@ def run_llama_bench(args: argparse.Namespace, model: Path, config: str, warmup: 
     cmd = [str(args.llama_bench), "-m", str(model), "-p", str(args.n_prompt), "-n", str(args.n_gen),
            "-t", str(args.threads), "-r", "1", "-ngl", str(args.n_gpu_layers),
            "-b", str(N_BATCH), "-ub", str(N_BATCH), "-o", "json",
-           *LLAMA_BENCH_CONFIGS["matched-gpu" if config == "matched" and args.n_gpu_layers else config]]
+           *LLAMA_BENCH_CONFIGS[matched_config(args) if config == "matched" else config]]
     if not warmup:
         cmd.append("--no-warmup")
     print(f"# {shlex.join(cmd)}", flush=True)
@@ -249,7 +261,8 @@ def bench_prefill(args: argparse.Namespace, model: Path, reps: int) -> list[floa
 
     rates = []
     with Engine(str(model), n_ctx=args.n_prompt + 8, n_parallel=1, n_threads=args.threads,
-                n_gpu_layers=args.n_gpu_layers, n_batch=N_BATCH, prefill_chunk=args.n_prompt) as engine:
+                n_gpu_layers=args.n_gpu_layers, n_batch=N_BATCH, prefill_chunk=args.n_prompt,
+                batch_invariant=args.batch_invariant) as engine:
         for rep in range(reps + 1):  # the first, shorter, is the warm-up
             n = args.n_prompt if rep else min(args.n_prompt, 64)
             seq = engine.submit(_prompt(n, rep), max_tokens=1, temperature=0.0)
@@ -266,7 +279,8 @@ def bench_generation(args: argparse.Namespace, model: Path, n_seqs: int, reps: i
 
     rates, early = [], 0
     with Engine(str(model), n_ctx=args.n_gen + 8, n_parallel=n_seqs, n_threads=args.threads,
-                n_gpu_layers=args.n_gpu_layers, n_batch=N_BATCH, prefill_chunk=N_BATCH) as engine:
+                n_gpu_layers=args.n_gpu_layers, n_batch=N_BATCH, prefill_chunk=N_BATCH,
+                batch_invariant=args.batch_invariant) as engine:
         for rep in range(reps + 1):  # the first, shorter, is the warm-up
             max_tokens = args.n_gen if rep else min(args.n_gen, 16)
             seqs = {engine.submit([BOS, 100 + 7 * i + rep], max_tokens=max_tokens, temperature=0.0)

@@ -20,6 +20,8 @@ process tree, then the ratio of each lmsp variant to llama-server.
 Server variants (``--servers``):
     llama            llama-server built by bench/build_reference.sh
     lmsp             ``lmsp serve`` as shipped (durability "full": fsync per commit)
+    lmsp-fast        batch_invariant=false: llama.cpp's faster CPU kernels, as
+                     llama-server uses them (a setting users may choose)
     lmsp-nofsync     durability "off": commits without fsync
     lmsp-noevents    LMSP_BENCH_NO_PERSIST_EVENTS=1: delta events are not
                      written to the store, and streams get a task's text when
@@ -68,9 +70,10 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_WORK = ROOT / "bench" / "out" / "serve"
 DEFAULT_LLAMA = ROOT / "build" / "reference" / "bin" / "llama-server"
 LMSP_SCOPES = "responses:write,responses:read,models:read"
-VARIANTS = ("llama", "lmsp", "lmsp-nofsync", "lmsp-noevents", "lmsp-memevents")
+VARIANTS = ("llama", "lmsp", "lmsp-fast", "lmsp-nofsync", "lmsp-noevents", "lmsp-memevents")
 LMSP_VARIANT_ENV = {
     "lmsp": {},
+    "lmsp-fast": {"LMSP_BATCH_INVARIANT": "0"},
     "lmsp-nofsync": {"LMSP_DURABILITY": "off"},
     "lmsp-noevents": {"LMSP_BENCH_NO_PERSIST_EVENTS": "1"},
     "lmsp-memevents": {"LMSP_BENCH_EVENTS_IN_MEMORY": "1"},
