@@ -86,9 +86,14 @@ _WORDS = ("river stone lantern orbit velvet copper meadow signal harbor quartz "
           "marble thistle anchor comet saffron canyon ripple fable juniper atlas").split()
 
 
-def make_prompt(index: int, n_words: int) -> str:
+def make_prompt(index: int, n_words: int, shared_words: int = 0) -> str:
+    """Request ``index``'s prompt: its own ``n_words``, after ``shared_words``
+    that every request begins with (a system message, say)."""
     words = [_WORDS[(index * 7 + k * (index % 5 + 1)) % len(_WORDS)] for k in range(n_words)]
-    return f"Story {index}: " + " ".join(words) + ". Continue the story."
+    prompt = f"Story {index}: " + " ".join(words) + ". Continue the story."
+    if shared_words:
+        prompt = "Background: " + " ".join(_WORDS[(3 * k) % len(_WORDS)] for k in range(shared_words)) + ". " + prompt
+    return prompt
 
 
 # --------------------------------------------------------------------------- stats
@@ -511,6 +516,7 @@ class ChatProtocol(Protocol):
 class LoadConfig:
     max_tokens: int = 64
     prompt_words: int = 24
+    shared_words: int = 0   # words every prompt begins with
     temperature: float = 1.0
     top_k: int = 40
     seed: int = 1000
@@ -520,7 +526,7 @@ class LoadConfig:
 
 def one_request(port: int, proto: Protocol, headers: dict, index: int, cfg: LoadConfig) -> RequestResult:
     res = RequestResult()
-    prompt = make_prompt(index, cfg.prompt_words)
+    prompt = make_prompt(index, cfg.prompt_words, cfg.shared_words)
     body = json.dumps(proto.body(index, prompt, cfg)).encode()
     hdrs = {"Content-Type": "application/json", "Accept": "text/event-stream", **headers}
     st: dict = {}
@@ -874,7 +880,8 @@ def open_contender(variant: str, model: Path, args, cfg: LoadConfig, s: ServeSet
     if variant == "llama":
         srv = LlamaServer.create(args.llama_server, model, s, work, args.llama_arg)
     else:
-        srv = LmspServer.create(lmsp_cmd, model, s, work, variant, {})
+        srv = LmspServer.create(lmsp_cmd, model, s, work, variant,
+                                {"LMSP_PREFIX_CACHE": "1" if cfg.llama_prompt_cache else "0"})
     commands[f"{variant} {model.stem}"] = shlex.join(srv.argv)
     srv.start()
     try:
@@ -891,7 +898,7 @@ def open_contender(variant: str, model: Path, args, cfg: LoadConfig, s: ServeSet
         # warm-up: load the model (lmsp loads it on first use) and touch every code path once
         if isinstance(proto, CompletionProtocol):
             for i in range(args.warmup):
-                proto.prepare(make_prompt(10**6 + i, cfg.prompt_words))
+                proto.prepare(make_prompt(10**6 + i, cfg.prompt_words, cfg.shared_words))
         warm = run_level(srv.port, proto, headers, min(2, s.parallel), args.warmup, cfg, first_index=10**6)
         bad = [r.error for r in warm if not r.ok]
         if bad:
@@ -906,7 +913,7 @@ def measure(c: Contender, model: Path, clients: int, n: int, first_index: int, c
             rnd: int, profiler: Profiler | None = None) -> LevelResult:
     if isinstance(c.proto, CompletionProtocol):
         for i in range(first_index, first_index + n):
-            c.proto.prepare(make_prompt(i, cfg.prompt_words))
+            c.proto.prepare(make_prompt(i, cfg.prompt_words, cfg.shared_words))
     if profiler is not None:
         profiler.start(c.srv.proc.pid, f"{model.stem}-{c.variant}-{clients}c-r{rnd}")
     c.watch.start()
@@ -995,6 +1002,9 @@ def parse_args(argv=None):
                    help="measure each level this many times, servers taking turns; report the median round")
     p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
     p.add_argument("--prompt-words", type=int, default=24)
+    p.add_argument("--shared-words", type=int, default=0,
+                   help="words every prompt begins with, before its own (a shared system message; "
+                        "with --prompt-cache both servers can reuse them)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=40)
     p.add_argument("--seed", type=int, default=1000)
@@ -1005,9 +1015,10 @@ def parse_args(argv=None):
     p.add_argument("--llama-server", type=Path, default=DEFAULT_LLAMA)
     p.add_argument("--llama-endpoint", choices=("completion", "chat", "responses"), default="completion")
     p.add_argument("--llama-arg", action="append", default=[], help="extra llama-server argument (repeatable)")
-    p.add_argument("--llama-prompt-cache", action="store_true",
-                   help="let llama-server reuse the prompt prefix its slot cached from the previous request "
-                        "(cache_prompt; lmsp has no such cache, so by default both prefill every prompt in full)")
+    p.add_argument("--prompt-cache", "--llama-prompt-cache", dest="llama_prompt_cache", action="store_true",
+                   help="let both servers reuse the prompt prefix a slot holds from its previous request "
+                        "(llama-server's cache_prompt, lmsp's prefix_cache); by default both prefill every "
+                        "prompt in full")
     p.add_argument("--lmsp", default=None, help="command that runs the lmsp CLI (default: .venv/bin/lmsp)")
     p.add_argument("--work-dir", type=Path, default=DEFAULT_WORK)
     p.add_argument("--json", type=Path, default=None, help="write all results here (default: WORK/results.json)")
@@ -1045,17 +1056,19 @@ def main(argv=None) -> int:
     raise_fd_limit()
     work = args.work_dir.resolve()
     work.mkdir(parents=True, exist_ok=True)
-    cfg = LoadConfig(max_tokens=args.max_tokens, prompt_words=args.prompt_words,
+    cfg = LoadConfig(max_tokens=args.max_tokens, prompt_words=args.prompt_words, shared_words=args.shared_words,
                      temperature=args.temperature, top_k=args.top_k, seed=args.seed,
                      llama_prompt_cache=args.llama_prompt_cache)
-    ctx = args.ctx or max(256, 2 ** math.ceil(math.log2(args.prompt_words * 3 + 64 + args.max_tokens)))
+    words = args.prompt_words + args.shared_words
+    ctx = args.ctx or max(256, 2 ** math.ceil(math.log2(words * 3 + 64 + args.max_tokens)))
     s = ServeSettings(threads=args.threads, parallel=args.parallel or max(clients_list),
                       ctx_per_seq=ctx, n_gpu_layers=args.n_gpu_layers)
     models = make_models([m for m in args.models.split(",") if m], args.model_file, work)
     print(f"machine: {machine_line()}")
     print(f"settings: threads={s.threads} parallel={s.parallel} ctx/seq={s.ctx_per_seq} "
           f"ngl={s.n_gpu_layers} max_tokens={cfg.max_tokens} temperature={cfg.temperature} top_k={cfg.top_k} "
-          f"llama endpoint={args.llama_endpoint} llama prompt cache={args.llama_prompt_cache}", flush=True)
+          f"llama endpoint={args.llama_endpoint} prompt caches={args.llama_prompt_cache} "
+          f"shared words={cfg.shared_words}", flush=True)
     levels: list[LevelResult] = []
     commands: dict[str, str] = {}
     out = args.json or work / "results.json"

@@ -121,6 +121,7 @@ py::dict result_dict(lmsp::StepResult & r) {
     d["error"] = r.finish == lmsp::Finish::error ? py::object(py::str(r.error)) : py::object(py::none());
     d["n_prompt"] = r.n_prompt;
     d["n_generated"] = r.n_generated;
+    d["n_cached"] = r.n_cached;
     d["timings"] = r.timings ? timings_dict(*r.timings) : py::dict();
     return d;
 }
@@ -129,7 +130,8 @@ py::dict result_dict(lmsp::StepResult & r) {
 class PyEngine {
 public:
     PyEngine(const py::object & model_path, int32_t n_ctx, int32_t n_parallel, int32_t n_threads,
-             int32_t n_gpu_layers, int32_t n_batch, int32_t prefill_chunk, bool batch_invariant) {
+             int32_t n_gpu_layers, int32_t n_batch, int32_t prefill_chunk, bool batch_invariant,
+             bool prefix_cache) {
         const std::string path = fspath(model_path);
         lmsp::EngineOptions o;
         o.n_ctx = n_ctx;
@@ -139,6 +141,7 @@ public:
         o.n_batch = n_batch;
         o.prefill_chunk = prefill_chunk;
         o.batch_invariant = batch_invariant;
+        o.prefix_cache = prefix_cache;
         py::gil_scoped_release nogil;
         engine_ = std::make_unique<lmsp::Engine>(path, o);
     }
@@ -339,9 +342,10 @@ PYBIND11_MODULE(_native, m) {
         .def_property_readonly("emitted", [](const lmsp::TextStream & t) { return py::str(t.emitted()); });
 
     py::class_<PyEngine>(m, "Engine")
-        .def(py::init<const py::object &, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, bool>(),
+        .def(py::init<const py::object &, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, bool, bool>(),
              "model_path"_a, py::kw_only(), "n_ctx"_a = 4096, "n_parallel"_a = 4, "n_threads"_a = 0,
-             "n_gpu_layers"_a = 0, "n_batch"_a = 512, "prefill_chunk"_a = 256, "batch_invariant"_a = true)
+             "n_gpu_layers"_a = 0, "n_batch"_a = 512, "prefill_chunk"_a = 256, "batch_invariant"_a = true,
+             "prefix_cache"_a = true)
         .def_property_readonly("info", &PyEngine::info)
         .def_property_readonly("n_ctx", [](PyEngine & s) { return s.e().n_ctx(); })
         .def_property_readonly("n_vocab", [](PyEngine & s) { return s.e().n_vocab(); })

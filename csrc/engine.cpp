@@ -95,6 +95,7 @@ struct Sequence {
     size_t n_fed = 0;
     int32_t n_prompt = 0;
     int32_t n_past = 0;         // positions in this sequence's KV
+    int32_t n_cached = 0;       // leading feed tokens whose KV its slot already held
     std::vector<int32_t> generated;
     int32_t max_tokens = 0;
     Sampler sampler;
@@ -264,6 +265,8 @@ Engine::Engine(const std::string & model_path, const EngineOptions & options) : 
     batch_ = llama_batch_init(options.n_batch, 0, 1);
     batch_allocated_ = true;
     slot_used_.assign(size_t(options.n_parallel), false);
+    slot_tokens_.assign(size_t(options.n_parallel), {});
+    slot_freed_at_.assign(size_t(options.n_parallel), 0);
 
     open_notifier(event_fd_, event_wfd_);
     try {
@@ -641,6 +644,7 @@ void Engine::finish(Sequence & seq, Finish why, const std::string & error, std::
     r.error = error;
     r.n_prompt = seq.n_prompt;
     r.n_generated = int32_t(seq.generated.size());
+    r.n_cached = seq.n_cached;
     Timings t;
     if (seq.state != SeqState::waiting) {
         t.queued_ms = ms_between(seq.t_submit, seq.t_admit);
@@ -655,8 +659,19 @@ void Engine::finish(Sequence & seq, Finish why, const std::string & error, std::
     r.timings = t;
 
     if (seq.slot >= 0) {
-        llama_memory_seq_rm(llama_get_memory(ctx_.get()), seq.slot, -1, -1);
-        slot_used_[size_t(seq.slot)] = false;
+        const size_t slot = size_t(seq.slot);
+        if (options_.prefix_cache && why != Finish::error) {
+            // the KV at positions < n_past: the prompt, then the generated tokens fed back
+            auto & held = slot_tokens_[slot];
+            held.assign(seq.feed.begin(), seq.feed.begin() + seq.n_prompt);
+            held.insert(held.end(), seq.generated.begin(), seq.generated.end());
+            held.resize(std::min(held.size(), size_t(std::max(seq.n_past, 0))));
+            llama_memory_seq_rm(llama_get_memory(ctx_.get()), seq.slot, int32_t(held.size()), -1);
+        } else {
+            forget_slot(seq.slot);
+        }
+        slot_freed_at_[slot] = ++slot_clock_;
+        slot_used_[slot] = false;
         seq.slot = -1;
         n_active_--;
     }
@@ -670,20 +685,52 @@ void Engine::finish(Sequence & seq, Finish why, const std::string & error, std::
     emit(seq, std::move(r));
 }
 
-void Engine::admit(std::unique_ptr<Sequence> seq) {
-    int slot = -1;
+void Engine::forget_slot(int slot) {
+    llama_memory_seq_rm(llama_get_memory(ctx_.get()), slot, -1, -1);
+    slot_tokens_[size_t(slot)].clear();
+}
+
+// The free slot whose KV holds the longest prefix of ``tokens`` (``common``
+// of them), else the one freed longest ago, whose cache is the least likely
+// to be asked for again.
+int Engine::pick_slot(const std::vector<int32_t> * tokens, size_t & common) const {
+    int best = -1;
+    common = 0;
     for (size_t i = 0; i < slot_used_.size(); ++i) {
-        if (!slot_used_[i]) {
-            slot = int(i);
-            break;
+        if (slot_used_[i]) continue;
+        size_t n = 0;
+        if (tokens != nullptr) {
+            const auto & held = slot_tokens_[i];
+            const size_t limit = std::min(held.size(), tokens->size());
+            while (n < limit && held[n] == (*tokens)[n]) n++;
+        }
+        if (best < 0 || n > common || (n == common && slot_freed_at_[i] < slot_freed_at_[size_t(best)])) {
+            best = int(i);
+            common = n;
         }
     }
+    return best;
+}
+
+void Engine::admit(std::unique_ptr<Sequence> seq) {
+    // a sequence restored from its KV state takes none of a slot's cache
+    size_t common = 0;
+    const bool reuse = options_.prefix_cache && !seq->kv_state;
+    const int slot = pick_slot(reuse ? &seq->feed : nullptr, common);
     seq->slot = slot;
     slot_used_[size_t(slot)] = true;
     n_active_++;
     seq->t_admit = Clock::now();
     llama_memory_t mem = llama_get_memory(ctx_.get());
-    llama_memory_seq_rm(mem, slot, -1, -1);
+    if (reuse && common > 0) {
+        // the last token is fed again in any case: its logits give the next one
+        common = std::min(common, seq->feed.size() - 1);
+        llama_memory_seq_rm(mem, slot, int32_t(common), -1);
+        slot_tokens_[size_t(slot)].clear();
+    } else {
+        common = 0;
+        forget_slot(slot);
+    }
 
     bool restored = false;
     if (seq->kv_state) {
@@ -704,8 +751,9 @@ void Engine::admit(std::unique_ptr<Sequence> seq) {
         if (seq->feed.size() < size_t(seq->n_prompt) + seq->generated.size()) {
             seq->feed.insert(seq->feed.end(), seq->generated.begin(), seq->generated.end());
         }
-        seq->n_fed = 0;
-        seq->n_past = 0;
+        seq->n_fed = common;
+        seq->n_past = int32_t(common);
+        seq->n_cached = int32_t(common);
         seq->state = SeqState::prefilling;
     }
     if (!seq->generated.empty()) {
@@ -780,7 +828,7 @@ void Engine::handle_request(Request & req) {
         return;
     }
     llama_memory_t mem = llama_get_memory(ctx_.get());
-    llama_memory_seq_rm(mem, 0, -1, -1);
+    forget_slot(0);
     std::vector<float> out;
     try {
         out.resize(req.tokens.size() * size_t(n_vocab_));
@@ -874,6 +922,10 @@ void Engine::step() {
         tokens_decoded_ += batch_.n_tokens;
         if (rc != 0) {
             const std::string err = "llama_decode failed (" + std::to_string(rc) + ")";
+            // what a failed decode left in the cache is not to be built on
+            for (size_t i = 0; i < slot_used_.size(); ++i) {
+                if (!slot_used_[i]) forget_slot(int(i));
+            }
             for (auto & s : active_) {
                 if (s->state == SeqState::finished) continue;
                 // only sequences that had tokens in this batch are affected
@@ -937,6 +989,9 @@ void Engine::fail_all(const std::string & error) {
         if (s->state != SeqState::finished) finish(*s, Finish::error, error, {}, "");
     }
     active_.clear();
+    for (size_t i = 0; i < slot_used_.size(); ++i) {
+        if (!slot_used_[i]) forget_slot(int(i));
+    }
 }
 
 void Engine::run() {

@@ -33,6 +33,9 @@ struct EngineOptions {
     // batch-invariance note in engine.cpp). False takes llama.cpp's faster
     // defaults: the tiled flash attention and repacked weights.
     bool batch_invariant = true;
+    // a free slot keeps the KV of its last sequence (its prompt and what was
+    // generated), and a new sequence whose tokens start the same continues it
+    bool prefix_cache = true;
 };
 
 enum class Finish { none, stop, length, cancelled, error };
@@ -56,6 +59,7 @@ struct StepResult {
     std::string error;
     int32_t n_prompt = 0;
     int32_t n_generated = 0;
+    int32_t n_cached = 0;  // leading prompt tokens whose KV a free slot already held
     std::optional<Timings> timings;  // on finish
     bool urgent = false;  // the sequence's first text, or its end
 };
@@ -157,6 +161,8 @@ private:
     void run();
     void handle_request(Request & req);
     void admit(std::unique_ptr<Sequence> seq);
+    int pick_slot(const std::vector<int32_t> * tokens, size_t & common) const;
+    void forget_slot(int slot);
     void step();
     void finish(Sequence & seq, Finish why, const std::string & error, std::vector<int32_t> tokens,
                 std::string text);
@@ -206,6 +212,10 @@ private:
     std::vector<StepResult> outbox_;  // this round's results, handed over together
     std::vector<std::unique_ptr<Sequence>> active_;
     std::vector<bool> slot_used_;
+    // prefix cache: a free slot's KV, the tokens at its positions 0.., and when it was freed
+    std::vector<std::vector<int32_t>> slot_tokens_;
+    std::vector<uint64_t> slot_freed_at_;
+    uint64_t slot_clock_ = 0;
 
     std::atomic<int64_t> steps_{0}, tokens_decoded_{0}, tokens_generated_{0}, submitted_{0}, finished_{0};
     std::atomic<int64_t> n_active_{0};

@@ -29,7 +29,8 @@ class TextStream:
 class Engine:
     def __init__(self, model_path: str | PathLike[str], *, n_ctx: int = 4096, n_parallel: int = 4,
                  n_threads: int = 0, n_gpu_layers: int = 0, n_batch: int = 512,
-                 prefill_chunk: int = 256, batch_invariant: bool = True) -> None: ...
+                 prefill_chunk: int = 256, batch_invariant: bool = True,
+                 prefix_cache: bool = True) -> None: ...
     @property
     def info(self) -> dict[str, Any]: ...
     @property

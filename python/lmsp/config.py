@@ -40,6 +40,7 @@ class Config:
     n_gpu_layers: int = 0
     n_batch: int = 512
     batch_invariant: bool = True      # CPU: a sequence's tokens do not depend on its batch (false: faster prefill)
+    prefix_cache: bool = True         # a free slot keeps its KV; a prompt that starts the same prefills the rest only
     # requests
     max_output_tokens: int = 256      # default for a request that gives none
     max_output_tokens_cap: int = 4096
@@ -79,8 +80,9 @@ class Config:
             raise ValueError(f"durability must be one of {', '.join(DURABILITY)}, not {self.durability!r}")
         if self.default_on_restart not in RESTART_POLICIES:
             raise ValueError(f"default_on_restart must be one of {', '.join(RESTART_POLICIES)}")
-        if not isinstance(self.batch_invariant, bool):
-            raise ValueError(f"batch_invariant must be true or false, not {self.batch_invariant!r}")
+        for name in ("batch_invariant", "prefix_cache"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, not {getattr(self, name)!r}")
         if not 0 <= self.commit_window_ms <= 1000:
             raise ValueError("commit_window_ms must be between 0 and 1000")
         for name in ("n_ctx", "n_parallel", "n_batch", "max_output_tokens", "max_output_tokens_cap", "workers"):

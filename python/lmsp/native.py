@@ -33,7 +33,7 @@ __all__ = [
 Engine.__doc__ = """A loaded model and its decoding thread.
 
 Engine(model_path, *, n_ctx=4096, n_parallel=4, n_threads=0, n_gpu_layers=0,
-       n_batch=512, prefill_chunk=256, batch_invariant=True)
+       n_batch=512, prefill_chunk=256, batch_invariant=True, prefix_cache=True)
 
 ``n_ctx`` is the context of ONE sequence (capped at the model's training
 context); ``n_parallel`` sequences decode together, one llama_batch per step;
@@ -41,9 +41,16 @@ context); ``n_parallel`` sequences decode together, one llama_batch per step;
 the engine. Prompts are prefilled ``prefill_chunk`` tokens per step so that a
 long prompt does not stall running sequences.
 
+With ``prefix_cache`` a slot keeps the KV of its last sequence (prompt and
+generated tokens) while free, and a new sequence is given the free slot that
+holds the longest start of its tokens and prefills only the rest: the next
+turn of a conversation, or prompts sharing a system message. Where the
+engine is batch invariant this gives the same output as a full prefill.
+
 Results come from ``poll()`` (non-blocking), in order per sequence, as dicts
 ``{"seq", "tokens", "text", "finish", "error", "n_prompt", "n_generated",
-"timings"}``; ``finish`` is None until the sequence's last result, then
+"n_cached", "timings"}`` (``n_cached``, on the last result: the leading prompt
+tokens taken from the cache); ``finish`` is None until the sequence's last result, then
 "stop" (end-of-generation token, not included in ``tokens``, or a stop string,
 not included in ``text``), "length" (max_tokens, or the context is full),
 "cancelled" or "error". ``timings`` is {} except on the last result. The texts

@@ -76,7 +76,9 @@ def response_object(response: Row, task: Row, text: str | None) -> dict:
     usage = _json(response["usage"])
     if usage is not None:
         usage = {"input_tokens": int(usage.get("input_tokens", 0)),
-                 "output_tokens": int(usage.get("output_tokens", 0))}
+                 "input_tokens_details": {"cached_tokens": int(usage.get("cached_tokens", 0))},
+                 "output_tokens": int(usage.get("output_tokens", 0)),
+                 "output_tokens_details": {"reasoning_tokens": 0}}
         usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
     return {
         "id": response["id"],

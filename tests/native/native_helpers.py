@@ -38,6 +38,18 @@ def drain(engine: Engine, seqs: list[int]) -> dict[int, Run]:
     return runs
 
 
+def take(engine: Engine, at_least: int) -> Run:
+    """Polls the one running sequence until at least ``at_least`` tokens came out."""
+    run = Run()
+    while len(run.tokens) < at_least:
+        engine.wait(60)
+        for res in engine.poll():
+            run.results.append(res)
+            run.tokens += res["tokens"]
+            run.text += res["text"]
+    return run
+
+
 def generate(engine: Engine, prompt: list[int], **kwargs) -> Run:
     seq = engine.submit(prompt, **kwargs)
     return drain(engine, [seq])[seq]

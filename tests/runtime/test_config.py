@@ -24,3 +24,4 @@ def test_batch_invariance_is_on_unless_turned_off(tmp_path):
     assert config_mod.load(env={}, data_dir=str(tmp_path)).batch_invariant is False
     with pytest.raises(ValueError, match="batch_invariant must be true or false"):
         config_mod.load(env={"LMSP_BATCH_INVARIANT": "sometimes"}, data_dir=str(tmp_path))
+    assert config_mod.load(env={"LMSP_PREFIX_CACHE": "off"}, data_dir=str(tmp_path)).prefix_cache is False

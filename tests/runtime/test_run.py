@@ -348,3 +348,26 @@ def test_a_claimed_task_this_worker_does_not_run_is_not_kept_alive(store, runtim
     store.cancel(busy)
     runtime.notify_cancel(busy)
     wait_finished(runtime, store, busy)
+
+
+def test_a_repeated_prompt_reports_its_cached_tokens(store, runtime):
+    first = wait_finished(runtime, store, submit(store, runtime, "A story about a lighthouse",
+                                                 max_output_tokens=6))
+    usage = store.get_response(first["response_id"])["usage"]
+    assert usage["input_tokens_details"] == {"cached_tokens": 0}
+    assert usage["output_tokens_details"] == {"reasoning_tokens": 0}
+    again = wait_finished(runtime, store, submit(store, runtime, "A story about a lighthouse",
+                                                 max_output_tokens=6))
+    usage = store.get_response(again["response_id"])["usage"]
+    # the whole prompt but its last token, whose logits give the first output token
+    assert usage["input_tokens_details"]["cached_tokens"] == usage["input_tokens"] - 1
+    assert store.output_text(again["id"]) == store.output_text(first["id"])  # greedy, invariant
+    assert runtime.metrics()["cached_prompt_tokens"] == usage["input_tokens"] - 1
+
+
+def test_the_prefix_cache_can_be_turned_off(store, make_runtime, config, model_file):
+    rt = make_runtime(store, config=config.replace(prefix_cache=False))
+    rt.register_model("tiny.gguf")
+    for _ in range(2):
+        task = wait_finished(rt, store, submit(store, rt, "A story about a lighthouse", max_output_tokens=4))
+        assert store.get_response(task["response_id"])["usage"]["input_tokens_details"]["cached_tokens"] == 0

@@ -107,7 +107,8 @@ def _merge(item: dict | None, task_id: str, result: dict) -> dict:
         if finish == "error":
             item["error"] = {"code": "engine_error", "message": result.get("error") or "generation failed"}
         item["usage"] = {"input_tokens": int(result.get("n_prompt") or 0),
-                         "output_tokens": int(result.get("n_generated") or 0)}
+                         "output_tokens": int(result.get("n_generated") or 0),
+                         "cached_tokens": int(result.get("n_cached") or 0)}
     return item
 
 
@@ -744,6 +745,7 @@ class Runtime:
                     pass
             elif run.final is not None:
                 self.stats.finish(run.final.get("finish") or "error", run.final.get("n_prompt"),
+                                  run.final.get("n_cached"),
                                   run.final.get("timings"))
         self.waiters.notify([item["task_id"] for item in items])
         if ended:

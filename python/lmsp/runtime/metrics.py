@@ -37,6 +37,7 @@ class Metrics:
         self._lock = allocate_lock()
         self.tokens_generated = 0
         self.prompt_tokens = 0
+        self.cached_prompt_tokens = 0
         self.finished: dict[str, int] = {}
         self.commits = 0
         self.commit_errors = 0
@@ -58,10 +59,11 @@ class Metrics:
         with self._lock:
             self.commit_errors += 1
 
-    def finish(self, reason: str, n_prompt: int, timings: dict | None) -> None:
+    def finish(self, reason: str, n_prompt: int, n_cached: int | None, timings: dict | None) -> None:
         with self._lock:
             self.finished[reason] = self.finished.get(reason, 0) + 1
             self.prompt_tokens += int(n_prompt or 0)
+            self.cached_prompt_tokens += int(n_cached or 0)
             timings = timings or {}
             decode_ms, n = timings.get("decode_ms"), timings.get("n_decoded", timings.get("n_generated"))
             if decode_ms and n and decode_ms > 0:
@@ -72,6 +74,7 @@ class Metrics:
             return {
                 "tokens_generated": self.tokens_generated,
                 "prompt_tokens": self.prompt_tokens,
+                "cached_prompt_tokens": self.cached_prompt_tokens,
                 "tasks_finished": dict(self.finished),
                 "store_commits": self.commits,
                 "store_commit_errors": self.commit_errors,

@@ -219,7 +219,7 @@ class ModelRegistry:
             factory = self._factory or native.Engine
             engine = factory(str(path), n_ctx=cfg.n_ctx, n_parallel=cfg.n_parallel, n_threads=cfg.n_threads,
                              n_gpu_layers=cfg.n_gpu_layers, n_batch=cfg.n_batch,
-                             batch_invariant=cfg.batch_invariant)
+                             batch_invariant=cfg.batch_invariant, prefix_cache=cfg.prefix_cache)
         except MemoryError:
             self._set_state(model_id, FAILED)
             raise LMSPError(f"not enough memory to load model {model_id}", code="model_load_failed") from None
