@@ -89,3 +89,17 @@ def test_a_flat_distribution_with_top_p_near_one_completes(client, served):
     assert 0 < response.usage.output_tokens <= 8
     after = client.responses.create(model="tiny", input="Still there?", max_output_tokens=4, temperature=0)
     assert after.status in ("completed", "incomplete")
+
+
+def test_the_next_turn_of_a_conversation_reports_its_cached_tokens(client):
+    question = [{"role": "system", "content": "You answer in one word."},
+                {"role": "user", "content": "Name a river."}]
+    first = client.responses.create(model="tiny", input=question, max_output_tokens=6, temperature=0)
+    turn = question + [{"role": "assistant", "content": first.output_text},
+                       {"role": "user", "content": "And a lake?"}]
+    second = client.responses.create(model="tiny", input=turn, max_output_tokens=6, temperature=0)
+    cached = second.usage.input_tokens_details.cached_tokens
+    # at least the system message and the first question came from the cache
+    assert 0 < cached < second.usage.input_tokens
+    assert second.usage.output_tokens_details.reasoning_tokens == 0
+    assert second.usage.total_tokens == second.usage.input_tokens + second.usage.output_tokens
