@@ -160,13 +160,14 @@ public:
 
     int64_t submit(const py::object & prompt, const py::object & max_tokens, double temperature, double top_p,
                    const py::object & top_k, const py::object & seed, const py::object & stop,
-                   const py::object & resume) {
+                   const py::object & resume, const std::string & cache_key) {
         lmsp::SubmitRequest req;
         req.prompt = as_tokens(prompt, "prompt");
         req.max_tokens = as_int32(max_tokens, "max_tokens");
         req.sampling.temperature = float(temperature);
         req.sampling.top_p = float(top_p);
         req.sampling.top_k = as_int32(top_k, "top_k");
+        req.cache_key = cache_key;
         if (!py::isinstance<py::int_>(seed) || py::isinstance<py::bool_>(seed)) throw py::type_error("seed must be an int");
         req.sampling.seed = PyLong_AsUnsignedLongLongMask(seed.ptr());
         if (PyErr_Occurred()) throw py::error_already_set();
@@ -387,7 +388,8 @@ PYBIND11_MODULE(_native, m) {
             },
             "messages"_a, "add_generation_prompt"_a = true)
         .def("submit", &PyEngine::submit, "prompt"_a, py::kw_only(), "max_tokens"_a, "temperature"_a = 1.0,
-             "top_p"_a = 1.0, "top_k"_a = 0, "seed"_a = 0, "stop"_a = py::tuple(), "resume"_a = py::none())
+             "top_p"_a = 1.0, "top_k"_a = 0, "seed"_a = 0, "stop"_a = py::tuple(), "resume"_a = py::none(),
+             "cache_key"_a = "")
         .def(
             "cancel",
             [](PyEngine & s, int64_t seq) {

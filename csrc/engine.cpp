@@ -96,6 +96,7 @@ struct Sequence {
     int32_t n_prompt = 0;
     int32_t n_past = 0;         // positions in this sequence's KV
     int32_t n_cached = 0;       // leading feed tokens whose KV its slot already held
+    std::string cache_key;      // whose slots' KV it may reuse
     std::vector<int32_t> generated;
     int32_t max_tokens = 0;
     Sampler sampler;
@@ -266,6 +267,7 @@ Engine::Engine(const std::string & model_path, const EngineOptions & options) : 
     batch_allocated_ = true;
     slot_used_.assign(size_t(options.n_parallel), false);
     slot_tokens_.assign(size_t(options.n_parallel), {});
+    slot_keys_.assign(size_t(options.n_parallel), {});
     slot_freed_at_.assign(size_t(options.n_parallel), 0);
 
     open_notifier(event_fd_, event_wfd_);
@@ -445,6 +447,7 @@ int64_t Engine::submit(SubmitRequest req) {
     seq->n_prompt = int32_t(req.prompt.size());
     seq->max_tokens = req.max_tokens;
     seq->feed = std::move(req.prompt);
+    seq->cache_key = std::move(req.cache_key);
 
     size_t n_resumed = 0;
     if (req.resume) {
@@ -666,6 +669,7 @@ void Engine::finish(Sequence & seq, Finish why, const std::string & error, std::
             held.assign(seq.feed.begin(), seq.feed.begin() + seq.n_prompt);
             held.insert(held.end(), seq.generated.begin(), seq.generated.end());
             held.resize(std::min(held.size(), size_t(std::max(seq.n_past, 0))));
+            slot_keys_[slot] = seq.cache_key;
             llama_memory_seq_rm(llama_get_memory(ctx_.get()), seq.slot, int32_t(held.size()), -1);
         } else {
             forget_slot(seq.slot);
@@ -690,16 +694,17 @@ void Engine::forget_slot(int slot) {
     slot_tokens_[size_t(slot)].clear();
 }
 
-// The free slot whose KV holds the longest prefix of ``tokens`` (``common``
-// of them), else the one freed longest ago, whose cache is the least likely
-// to be asked for again.
-int Engine::pick_slot(const std::vector<int32_t> * tokens, size_t & common) const {
+// The free slot whose KV, left by a sequence of the same ``key``, holds the
+// longest prefix of ``tokens`` (``common`` of them), else the one freed
+// longest ago, whose cache is the least likely to be asked for again. The key
+// keeps one client's prompts from being found, or timed, by another.
+int Engine::pick_slot(const std::vector<int32_t> * tokens, const std::string & key, size_t & common) const {
     int best = -1;
     common = 0;
     for (size_t i = 0; i < slot_used_.size(); ++i) {
         if (slot_used_[i]) continue;
         size_t n = 0;
-        if (tokens != nullptr) {
+        if (tokens != nullptr && slot_keys_[i] == key) {
             const auto & held = slot_tokens_[i];
             const size_t limit = std::min(held.size(), tokens->size());
             while (n < limit && held[n] == (*tokens)[n]) n++;
@@ -716,7 +721,7 @@ void Engine::admit(std::unique_ptr<Sequence> seq) {
     // a sequence restored from its KV state takes none of a slot's cache
     size_t common = 0;
     const bool reuse = options_.prefix_cache && !seq->kv_state;
-    const int slot = pick_slot(reuse ? &seq->feed : nullptr, common);
+    const int slot = pick_slot(reuse ? &seq->feed : nullptr, seq->cache_key, common);
     seq->slot = slot;
     slot_used_[size_t(slot)] = true;
     n_active_++;

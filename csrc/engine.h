@@ -76,6 +76,8 @@ struct SubmitRequest {
     SamplingParams sampling;
     std::vector<std::string> stop;
     std::optional<ResumeState> resume;
+    // the prefix cache's scope: a sequence reuses only KV left by one with the same key
+    std::string cache_key;
 };
 
 struct Snapshot {
@@ -161,7 +163,7 @@ private:
     void run();
     void handle_request(Request & req);
     void admit(std::unique_ptr<Sequence> seq);
-    int pick_slot(const std::vector<int32_t> * tokens, size_t & common) const;
+    int pick_slot(const std::vector<int32_t> * tokens, const std::string & key, size_t & common) const;
     void forget_slot(int slot);
     void step();
     void finish(Sequence & seq, Finish why, const std::string & error, std::vector<int32_t> tokens,
@@ -214,6 +216,7 @@ private:
     std::vector<bool> slot_used_;
     // prefix cache: a free slot's KV, the tokens at its positions 0.., and when it was freed
     std::vector<std::vector<int32_t>> slot_tokens_;
+    std::vector<std::string> slot_keys_;
     std::vector<uint64_t> slot_freed_at_;
     uint64_t slot_clock_ = 0;
 

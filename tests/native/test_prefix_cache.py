@@ -135,3 +135,15 @@ def test_a_resume_with_kv_state_ignores_the_cache(make_engine) -> None:
     resumed = generate(second, prompt, max_tokens=30, temperature=0, resume=snap)
     assert resumed.last["n_cached"] == 0
     assert snap["generated"] + resumed.tokens == full.tokens
+
+
+def test_a_sequence_reuses_only_kv_left_under_its_own_cache_key(pair) -> None:
+    cached, plain = pair
+    prompt = prompt_tokens(cached, "A secret that only one client should find quickly")
+    generate(cached, prompt, max_tokens=4, temperature=0, cache_key="client-a")
+    other = generate(cached, prompt + [450], max_tokens=6, temperature=0, cache_key="client-b")
+    assert other.last["n_cached"] == 0
+    # b's run took the other slot: a's KV is still there for a
+    same = generate(cached, prompt + [450], max_tokens=6, temperature=0, cache_key="client-a")
+    assert same.last["n_cached"] == len(prompt)
+    assert same.tokens == other.tokens == generate(plain, prompt + [450], max_tokens=6, temperature=0).tokens

@@ -371,3 +371,17 @@ def test_the_prefix_cache_can_be_turned_off(store, make_runtime, config, model_f
     for _ in range(2):
         task = wait_finished(rt, store, submit(store, rt, "A story about a lighthouse", max_output_tokens=4))
         assert store.get_response(task["response_id"])["usage"]["input_tokens_details"]["cached_tokens"] == 0
+
+
+def test_one_clients_prompts_are_not_cached_for_another(store, runtime):
+    def ask(client_id):
+        created = store.create_task(client_id=client_id, model="tiny", on_restart="fail", background=True,
+                                    stream=False, request={"model": "tiny", "input": "A private question",
+                                                           "temperature": 0.0, "max_output_tokens": 4})
+        runtime.notify_queued()
+        task = wait_finished(runtime, store, created["task"]["id"])
+        return store.get_response(task["response_id"])["usage"]["input_tokens_details"]["cached_tokens"]
+
+    assert ask("cli_a") == 0
+    assert ask("cli_b") == 0  # in another of the 4 slots: a's stays
+    assert ask("cli_a") > 0

@@ -201,7 +201,7 @@ class ResponsesService:
         try:
             if slot is not None:
                 # the prefill runs while the task commits; nothing of it is out before
-                early = runtime.start_early(parsed.model, tokens, parsed.request)
+                early = runtime.start_early(parsed.model, tokens, parsed.request, client_id)
             result = self.deps.store.create_task(
                 client_id=client_id, model=parsed.model, request=parsed.request,
                 on_restart=parsed.on_restart, background=parsed.background, stream=parsed.stream,

@@ -243,7 +243,8 @@ class Runtime:
             self._reserved += 1
         return self.owner, self.lease
 
-    def start_early(self, model_id: str, tokens: list[int] | None, request: dict) -> _Run | None:
+    def start_early(self, model_id: str, tokens: list[int] | None, request: dict,
+                    client_id: str | None = None) -> _Run | None:
         """Start the sequence of a task being created in a reserved slot, before its
         creation commits, so that the prefill runs meanwhile; pass the result to
         :meth:`adopt`. Nothing of it reaches the store or a client before the task
@@ -260,7 +261,7 @@ class Runtime:
         run = _Run("", model_id, state="running", held=[])
         try:
             with self._lock:
-                seq = engine.submit(tokens, **kwargs)
+                seq = engine.submit(tokens, cache_key=client_id or "", **kwargs)
                 run.engine, run.seq = engine, seq
                 self._by_seq[(id(engine), seq)] = run
                 self._early.append(run)
@@ -552,7 +553,7 @@ class Runtime:
             self.waiters.notify([task_id])
         try:
             with self._lock:
-                seq = engine.submit(tokens, resume=resume, **kwargs)
+                seq = engine.submit(tokens, resume=resume, cache_key=claim.get("client_id") or "", **kwargs)
                 run.engine, run.seq = engine, seq
                 self._by_seq[(id(engine), seq)] = run
                 cancel = run.cancel

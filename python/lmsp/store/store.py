@@ -671,7 +671,7 @@ class Store:
         return {"task_id": task["id"], "response_id": task["response_id"], "model": task["model"],
                 "request": json.loads(response["request"]), "status": task["status"],
                 "on_restart": task["on_restart"], "attempts": task["attempts"],
-                "item_id": response["item_id"], "resume": resume}
+                "item_id": response["item_id"], "resume": resume, "client_id": task["client_id"]}
 
     def renew(self, owner: str, *, lease: float, task_ids: Iterable[str] | None = None) -> list[str]:
         """Extend the leases of ``owner``'s unfinished tasks (only those in ``task_ids`` when
