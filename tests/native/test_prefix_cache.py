@@ -10,8 +10,6 @@ import numpy as np
 import pytest
 from native_helpers import N_GPU_LAYERS, drain, generate, prompt_tokens, take
 
-from lmsp.native import Engine
-
 pytestmark = pytest.mark.skipif(N_GPU_LAYERS != 0, reason="exactness needs the batch-invariant CPU backend")
 
 CASES = {
