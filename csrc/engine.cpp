@@ -670,7 +670,9 @@ void Engine::finish(Sequence & seq, Finish why, const std::string & error, std::
             held.insert(held.end(), seq.generated.begin(), seq.generated.end());
             held.resize(std::min(held.size(), size_t(std::max(seq.n_past, 0))));
             slot_keys_[slot] = seq.cache_key;
-            llama_memory_seq_rm(llama_get_memory(ctx_.get()), seq.slot, int32_t(held.size()), -1);
+            if (!llama_memory_seq_rm(llama_get_memory(ctx_.get()), seq.slot, int32_t(held.size()), -1)) {
+                forget_slot(seq.slot);
+            }
         } else {
             forget_slot(seq.slot);
         }
@@ -730,7 +732,13 @@ void Engine::admit(std::unique_ptr<Sequence> seq) {
     if (reuse && common > 0) {
         // the last token is fed again in any case: its logits give the next one
         common = std::min(common, seq->feed.size() - 1);
-        llama_memory_seq_rm(mem, slot, int32_t(common), -1);
+        // a cache that cannot drop a sequence's tail (recurrent models), or that
+        // no longer holds its first positions (sliding-window layers), is not reused
+        if (!llama_memory_seq_rm(mem, slot, int32_t(common), -1) || llama_memory_seq_pos_min(mem, slot) != 0 ||
+            llama_memory_seq_pos_max(mem, slot) != int32_t(common) - 1) {
+            common = 0;
+            forget_slot(slot);
+        }
         slot_tokens_[size_t(slot)].clear();
     } else {
         common = 0;
