@@ -760,9 +760,11 @@ class Store:
         try:
             result = None
             if known is not None:
+                # the rows follow from the states taken above alone: made before the write lock
+                fast = self._fast_rows(owner, items, known, self._clock())
                 try:
                     with self._db.write() as conn:
-                        result = self._step_fast(conn, owner, items, known, self._clock())
+                        result = self._step_fast(conn, *fast)
                 except _StaleStep:  # rolled back; redone below from the rows
                     result = None
             if result is None:
@@ -876,14 +878,19 @@ class Store:
     _STEP_UPDATE = ("UPDATE tasks SET item_open = ?, pending_tokens = ?, kv_path = ? WHERE id = ? AND owner = ? "
                     f"AND {_last_seq_sql('tasks')} = ?")
 
-    def _step_fast(self, conn: sqlite3.Connection, owner: str, items: list[dict], known: dict, now: float):
+    @classmethod
+    def _fast_rows(cls, owner: str, items: list[dict], known: dict, now: float) -> tuple:
+        """The fast step's writes: ``(states, event rows, guarded row updates)``."""
         events: list[tuple] = []
-        states = self._step_items(owner, items, known, now, events, None, None)
+        states = cls._step_items(owner, items, known, now, events, None, None)
         steps = []  # tasks whose row changes: item_open, pending_tokens or kv_path
         for tid, new in states.items():
             old = known[tid]
             if new[2] != old[2] or new[3] != old[3] or new[4] != old[4]:
                 steps.append((new[2], new[3], new[4], tid, owner, old[1]))
+        return states, events, steps
+
+    def _step_fast(self, conn: sqlite3.Connection, states: dict, events: list[tuple], steps: list[tuple]):
         # the updates first: their guard reads the counters before this step's events
         if steps and conn.executemany(self._STEP_UPDATE, steps).rowcount != len(steps):
             raise _StaleStep()
