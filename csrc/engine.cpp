@@ -697,26 +697,37 @@ void Engine::forget_slot(int slot) {
 }
 
 // The free slot whose KV, left by a sequence of the same ``key``, holds the
-// longest prefix of ``tokens`` (``common`` of them), else the one freed
-// longest ago, whose cache is the least likely to be asked for again. The key
+// longest prefix of ``tokens`` (``common`` of them), if that prefix is the
+// whole prompt (a request made again), most of what the slot holds (a
+// conversation's next turn) or long in itself (a shared system message).
+// Else an empty slot, else the one freed longest ago, whose cache is the
+// least likely to be asked for again: a prompt that shares only a chat
+// template's opening with a slot's conversation does not evict it. The key
 // keeps one client's prompts from being found, or timed, by another.
 int Engine::pick_slot(const std::vector<int32_t> * tokens, const std::string & key, size_t & common) const {
-    int best = -1;
+    constexpr size_t kLongPrefix = 256;
+    int hit = -1, spare = -1;
     common = 0;
+    auto sooner = [this](size_t a, size_t b) {  // the better slot to give up: empty first, then oldest
+        const bool ea = slot_tokens_[a].empty(), eb = slot_tokens_[b].empty();
+        return ea != eb ? ea : slot_freed_at_[a] < slot_freed_at_[b];
+    };
     for (size_t i = 0; i < slot_used_.size(); ++i) {
         if (slot_used_[i]) continue;
+        if (spare < 0 || sooner(i, size_t(spare))) spare = int(i);
+        if (tokens == nullptr || slot_keys_[i] != key) continue;
+        const auto & held = slot_tokens_[i];
+        const size_t limit = std::min(held.size(), tokens->size());
         size_t n = 0;
-        if (tokens != nullptr && slot_keys_[i] == key) {
-            const auto & held = slot_tokens_[i];
-            const size_t limit = std::min(held.size(), tokens->size());
-            while (n < limit && held[n] == (*tokens)[n]) n++;
-        }
-        if (best < 0 || n > common || (n == common && slot_freed_at_[i] < slot_freed_at_[size_t(best)])) {
-            best = int(i);
+        while (n < limit && held[n] == (*tokens)[n]) n++;
+        const bool whole = n + 1 >= tokens->size();
+        if (n == 0 || !(whole || 2 * n >= held.size() || n >= kLongPrefix)) continue;
+        if (hit < 0 || n > common || (n == common && slot_freed_at_[i] < slot_freed_at_[size_t(hit)])) {
+            hit = int(i);
             common = n;
         }
     }
-    return best;
+    return hit >= 0 ? hit : spare;
 }
 
 void Engine::admit(std::unique_ptr<Sequence> seq) {

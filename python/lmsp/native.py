@@ -44,7 +44,9 @@ long prompt does not stall running sequences.
 With ``prefix_cache`` a slot keeps the KV of its last sequence (prompt and
 generated tokens) while free, and a new sequence is given the free slot that
 holds the longest start of its tokens and prefills only the rest: the next
-turn of a conversation, or prompts sharing a system message. Only KV left by
+turn of a conversation, a request made again, or prompts sharing a long
+system message (a start shared only in a chat template's opening does not
+count, so that it does not evict a conversation: see ``pick_slot``). Only KV left by
 a sequence submitted with the same ``cache_key`` is reused (the service
 passes the client, so that no client finds, or times, another's prompts).
 Where the engine is batch invariant this gives the same output as a full
