@@ -16,6 +16,7 @@ process tree, then the ratio of each lmsp variant to llama-server.
     python bench/serve.py --quick                 # tiny model, a minute or two
     python bench/serve.py                         # tiny and bench models
     python bench/serve.py --models bench --clients 1,16 --n-gpu-layers 99
+    python bench/serve.py --models tiny --turns 4 --prompt-cache   # conversations
 
 Server variants (``--servers``):
     llama            llama-server built by bench/build_reference.sh
@@ -118,6 +119,7 @@ class RequestResult:
     text_events: int = 0
     output_tokens: int = 0
     input_tokens: int = 0
+    text: str = ""          # the output text (kept for a conversation's next turn)
 
 
 @dataclass
@@ -395,13 +397,23 @@ class Protocol:
 
     path = "/"
 
-    def body(self, index: int, prompt: str, cfg: "LoadConfig") -> dict:
+    def body(self, index: int, prompt: str, cfg: "LoadConfig", history: list[dict] = ()) -> dict:
+        """The request for ``prompt``, a user message after the conversation ``history``."""
         raise NotImplementedError
 
     def on_event(self, event: str | None, data: str, st: dict) -> tuple[int, bool]:
         """Returns (output tokens this event carries, or -1 when it carries text
-        but does not say how many; stream finished)."""
+        but does not say how many; stream finished). Output text goes to st["text"]."""
         raise NotImplementedError
+
+
+def _messages(prompt: str, history) -> list[dict]:
+    return [*history, {"role": "user", "content": prompt}]
+
+
+def _add_text(st: dict, text: str | None) -> None:
+    if text:
+        st["text"] = st.get("text", "") + text
 
 
 def _sampling(cfg: "LoadConfig") -> dict:
@@ -416,8 +428,9 @@ class ResponsesProtocol(Protocol):
     def __init__(self, model_id: str, extra: dict | None = None) -> None:
         self.model_id, self.extra = model_id, dict(extra or {})
 
-    def body(self, index, prompt, cfg):
-        body = {"model": self.model_id, "input": prompt, "max_output_tokens": cfg.max_tokens,
+    def body(self, index, prompt, cfg, history=()):
+        given = _messages(prompt, history) if history else prompt
+        body = {"model": self.model_id, "input": given, "max_output_tokens": cfg.max_tokens,
                 "stream": True, **_sampling(cfg)}
         body["seed"] = cfg.seed + index
         body.update(self.extra)
@@ -427,6 +440,7 @@ class ResponsesProtocol(Protocol):
         if event is None and data.startswith("{"):
             event = json.loads(data).get("type")
         if event == "response.output_text.delta":
+            _add_text(st, json.loads(data).get("delta"))
             return -1, False
         if event in ("response.completed", "response.incomplete"):
             usage = (json.loads(data).get("response") or {}).get("usage") or {}
@@ -450,17 +464,22 @@ class CompletionProtocol(Protocol):
         self.port = port
         self._templated: dict[str, str] = {}
 
-    def prepare(self, prompt: str) -> None:
-        if prompt in self._templated:
+    @staticmethod
+    def key(prompt: str, history=()) -> str:
+        return json.dumps(_messages(prompt, history))
+
+    def prepare(self, prompt: str, history=()) -> None:
+        key = self.key(prompt, history)
+        if key in self._templated:
             return
-        status, out = http_json(self.port, "POST", "/apply-template",
-                                {"messages": [{"role": "user", "content": prompt}]})
+        status, out = http_json(self.port, "POST", "/apply-template", {"messages": _messages(prompt, history)})
         if status != 200 or not out or "prompt" not in out:
             raise RuntimeError(f"llama-server /apply-template answered {status}: {out}")
-        self._templated[prompt] = out["prompt"]
+        self._templated[key] = out["prompt"]
 
-    def body(self, index, prompt, cfg):
-        body = {"prompt": self._templated[prompt], "n_predict": cfg.max_tokens, "stream": True,
+    def body(self, index, prompt, cfg, history=()):
+        templated = self._templated[self.key(prompt, history)]
+        body = {"prompt": templated, "n_predict": cfg.max_tokens, "stream": True,
                 "ignore_eos": True, "min_p": 0.0, **_sampling(cfg)}
         body["seed"] = cfg.seed + index
         if not cfg.llama_prompt_cache:
@@ -469,6 +488,7 @@ class CompletionProtocol(Protocol):
 
     def on_event(self, event, data, st):
         msg = json.loads(data)
+        _add_text(st, msg.get("content"))
         n = int(msg.get("tokens_predicted") or 0)
         carried = n - st.get("n_prev", 0)
         st["n_prev"] = n
@@ -485,8 +505,8 @@ class ChatProtocol(Protocol):
 
     path = "/v1/chat/completions"
 
-    def body(self, index, prompt, cfg):
-        body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": cfg.max_tokens,
+    def body(self, index, prompt, cfg, history=()):
+        body = {"messages": _messages(prompt, history), "max_tokens": cfg.max_tokens,
                 "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
                 "min_p": 0.0, **_sampling(cfg)}
         body["seed"] = cfg.seed + index
@@ -506,6 +526,7 @@ class ChatProtocol(Protocol):
             st["input_tokens"] = int(msg["usage"].get("prompt_tokens") or 0)
         for choice in msg.get("choices") or ():
             if (choice.get("delta") or {}).get("content"):
+                _add_text(st, choice["delta"]["content"])
                 return -1, False
         return 0, False
 
@@ -517,6 +538,7 @@ class LoadConfig:
     max_tokens: int = 64
     prompt_words: int = 24
     shared_words: int = 0   # words every prompt begins with
+    turns: int = 1          # requests per conversation, each repeating the ones before with their answers
     temperature: float = 1.0
     top_k: int = 40
     seed: int = 1000
@@ -524,10 +546,14 @@ class LoadConfig:
     llama_prompt_cache: bool = False  # llama-server's reuse of a slot's cached prompt prefix
 
 
-def one_request(port: int, proto: Protocol, headers: dict, index: int, cfg: LoadConfig) -> RequestResult:
+def one_request(port: int, proto: Protocol, headers: dict, index: int, cfg: LoadConfig,
+                history: list[dict] = ()) -> RequestResult:
+    """Request ``index``, a user message after ``history`` (the conversation so far)."""
     res = RequestResult()
-    prompt = make_prompt(index, cfg.prompt_words, cfg.shared_words)
-    body = json.dumps(proto.body(index, prompt, cfg)).encode()
+    prompt = make_prompt(index, cfg.prompt_words, 0 if history else cfg.shared_words)
+    if history and isinstance(proto, CompletionProtocol):
+        proto.prepare(prompt, history)  # llama-server renders the conversation: not timed
+    body = json.dumps(proto.body(index, prompt, cfg, history)).encode()
     hdrs = {"Content-Type": "application/json", "Accept": "text/event-stream", **headers}
     st: dict = {}
     times: list[tuple[float, int]] = []   # (arrival, tokens carried or -1)
@@ -558,6 +584,7 @@ def one_request(port: int, proto: Protocol, headers: dict, index: int, cfg: Load
     res.ok = res.error is None
     res.output_tokens = int(st.get("output_tokens") or 0)
     res.input_tokens = int(st.get("input_tokens") or 0)
+    res.text = st.get("text", "")
     res.text_events = len(times)
     if times:
         res.ttft = times[0][0] - res.t_start
@@ -575,22 +602,32 @@ def one_request(port: int, proto: Protocol, headers: dict, index: int, cfg: Load
 
 def run_level(port: int, proto: Protocol, headers: dict, clients: int, n_requests: int,
               cfg: LoadConfig, first_index: int) -> list[RequestResult]:
-    """``clients`` threads, each sending its share of ``n_requests`` one after another."""
+    """``clients`` threads, each sending its share of ``n_requests`` one after another;
+    with ``cfg.turns`` > 1, in conversations of that many requests (request
+    ``first_index + t`` of a conversation starting at ``first_index``...)."""
     results: list[RequestResult] = []
     lock = threading.Lock()
-    counter = iter(range(first_index, first_index + n_requests))
+    turns = max(1, cfg.turns)
+    counter = iter(range(first_index, first_index + n_requests, turns))
     start = threading.Barrier(clients)
 
     def client() -> None:
         start.wait()
         while True:
             with lock:
-                index = next(counter, None)
-            if index is None:
+                first = next(counter, None)
+            if first is None:
                 return
-            r = one_request(port, proto, headers, index, cfg)
-            with lock:
-                results.append(r)
+            history: list[dict] = []
+            for index in range(first, first + turns):
+                r = one_request(port, proto, headers, index, cfg, history)
+                with lock:
+                    results.append(r)
+                if not r.ok:
+                    break
+                history = [*history, {"role": "user", "content": make_prompt(
+                    index, cfg.prompt_words, 0 if history else cfg.shared_words)},
+                    {"role": "assistant", "content": r.text}]
 
     threads = [threading.Thread(target=client, name=f"client-{i}") for i in range(clients)]
     for t in threads:
@@ -1002,6 +1039,9 @@ def parse_args(argv=None):
                    help="measure each level this many times, servers taking turns; report the median round")
     p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
     p.add_argument("--prompt-words", type=int, default=24)
+    p.add_argument("--turns", type=int, default=1,
+                   help="requests per conversation: each repeats the conversation so far with the server's "
+                        "answers, then asks its own question (with --prompt-cache, both servers can reuse it)")
     p.add_argument("--shared-words", type=int, default=0,
                    help="words every prompt begins with, before its own (a shared system message; "
                         "with --prompt-cache both servers can reuse them)")
@@ -1057,9 +1097,10 @@ def main(argv=None) -> int:
     work = args.work_dir.resolve()
     work.mkdir(parents=True, exist_ok=True)
     cfg = LoadConfig(max_tokens=args.max_tokens, prompt_words=args.prompt_words, shared_words=args.shared_words,
+                     turns=max(1, args.turns),
                      temperature=args.temperature, top_k=args.top_k, seed=args.seed,
                      llama_prompt_cache=args.llama_prompt_cache)
-    words = args.prompt_words + args.shared_words
+    words = (args.prompt_words + 8) * max(1, args.turns) + args.shared_words + args.max_tokens * (max(1, args.turns) - 1)
     ctx = args.ctx or max(256, 2 ** math.ceil(math.log2(words * 3 + 64 + args.max_tokens)))
     s = ServeSettings(threads=args.threads, parallel=args.parallel or max(clients_list),
                       ctx_per_seq=ctx, n_gpu_layers=args.n_gpu_layers)
@@ -1068,7 +1109,7 @@ def main(argv=None) -> int:
     print(f"settings: threads={s.threads} parallel={s.parallel} ctx/seq={s.ctx_per_seq} "
           f"ngl={s.n_gpu_layers} max_tokens={cfg.max_tokens} temperature={cfg.temperature} top_k={cfg.top_k} "
           f"llama endpoint={args.llama_endpoint} prompt caches={args.llama_prompt_cache} "
-          f"shared words={cfg.shared_words}", flush=True)
+          f"shared words={cfg.shared_words} turns={cfg.turns}", flush=True)
     levels: list[LevelResult] = []
     commands: dict[str, str] = {}
     out = args.json or work / "results.json"

@@ -116,7 +116,7 @@ def test_responses_stream_counts_tokens_and_latencies(serve, fake_port):
 
 def test_completion_stream_spreads_gaps_over_the_tokens_a_chunk_carries(serve, fake_port):
     proto = serve.CompletionProtocol(fake_port)
-    proto._templated = {serve.make_prompt(0, 24): "templated"}
+    proto._templated = {proto.key(serve.make_prompt(0, 24)): "templated"}
     res = serve.one_request(fake_port, proto, {}, 0, serve.LoadConfig(max_tokens=6))
     assert res.ok and res.output_tokens == 6 and res.input_tokens == 9
     # text chunks: "ab" (2 tokens), then c0..c3 (1 each): the later 4 chunks give 4 gaps
@@ -198,3 +198,17 @@ def test_round_stats_and_the_persistence_goal_on_means(serve):
     checks = serve.persistence_on_means(list(stats.values()))
     assert checks == ["  PASS  tiny 4c persistence cost <= 5% against lmsp-memevents, means of 3 rounds: 0.048"]
     assert "| tiny | lmsp | 4 | 3 | 2000.0 | 100.0 | 1900.0 | 2100.0 |" in serve.round_stats_table(list(stats.values()))
+
+
+def test_a_conversation_repeats_its_turns_with_the_answers(serve, fake_port):
+    cfg = serve.LoadConfig(max_tokens=2, seed=100, turns=3)
+    results = serve.run_level(fake_port, serve.ResponsesProtocol("tiny"), {}, 1, 3, cfg, first_index=0)
+    assert [r.ok for r in results] == [True] * 3 and [r.text for r in results] == ["t0t1"] * 3
+    inputs = [body["input"] for _, body, _ in FakeHandler.seen]
+    assert inputs[0] == serve.make_prompt(0, 24)
+    assert inputs[2] == [{"role": "user", "content": serve.make_prompt(0, 24)},
+                         {"role": "assistant", "content": "t0t1"},
+                         {"role": "user", "content": serve.make_prompt(1, 24)},
+                         {"role": "assistant", "content": "t0t1"},
+                         {"role": "user", "content": serve.make_prompt(2, 24)}]
+    assert [body["seed"] for _, body, _ in FakeHandler.seen] == [100, 101, 102]
