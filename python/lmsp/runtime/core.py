@@ -250,7 +250,8 @@ class Runtime:
         :meth:`adopt`. Nothing of it reaches the store or a client before the task
         is adopted: its results are held until then, and dropped with the sequence
         if the task is not created here. None when it cannot start early (the
-        scheduler then starts the task as usual)."""
+        scheduler then starts the task as usual). ``client_id``: the task's client,
+        the scope of the engine's prefix cache."""
         engine = self.registry.engine(model_id)
         if engine is None or not tokens or self._stopping:
             return None
