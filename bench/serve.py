@@ -1100,7 +1100,10 @@ def main(argv=None) -> int:
                      turns=max(1, args.turns),
                      temperature=args.temperature, top_k=args.top_k, seed=args.seed,
                      llama_prompt_cache=args.llama_prompt_cache)
-    words = (args.prompt_words + 8) * max(1, args.turns) + args.shared_words + args.max_tokens * (max(1, args.turns) - 1)
+    # words of a conversation's last request (about 8 more a question around its own
+    # words, an earlier answer counted as its tokens), at most 3 tokens a word
+    turns = max(1, args.turns)
+    words = (args.prompt_words + 8) * turns + args.shared_words + args.max_tokens * (turns - 1)
     ctx = args.ctx or max(256, 2 ** math.ceil(math.log2(words * 3 + 64 + args.max_tokens)))
     s = ServeSettings(threads=args.threads, parallel=args.parallel or max(clients_list),
                       ctx_per_seq=ctx, n_gpu_layers=args.n_gpu_layers)

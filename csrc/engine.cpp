@@ -261,14 +261,10 @@ Engine::Engine(const std::string & model_path, const EngineOptions & options) : 
     }
 
     backend_ = (options.n_gpu_layers != 0 && llama_supports_gpu_offload()) ? "cuda" : "cpu";
-    batch_invariant_ = options.batch_invariant && backend_ == "cpu";
 
     batch_ = llama_batch_init(options.n_batch, 0, 1);
     batch_allocated_ = true;
-    slot_used_.assign(size_t(options.n_parallel), false);
-    slot_tokens_.assign(size_t(options.n_parallel), {});
-    slot_keys_.assign(size_t(options.n_parallel), {});
-    slot_freed_at_.assign(size_t(options.n_parallel), 0);
+    slots_.resize(size_t(options.n_parallel));
 
     open_notifier(event_fd_, event_wfd_);
     try {
@@ -662,22 +658,22 @@ void Engine::finish(Sequence & seq, Finish why, const std::string & error, std::
     r.timings = t;
 
     if (seq.slot >= 0) {
-        const size_t slot = size_t(seq.slot);
+        Slot & slot = slots_[size_t(seq.slot)];
         if (options_.prefix_cache && why != Finish::error) {
             // the KV at positions < n_past: the prompt, then the generated tokens fed back
-            auto & held = slot_tokens_[slot];
+            auto & held = slot.tokens;
             held.assign(seq.feed.begin(), seq.feed.begin() + seq.n_prompt);
             held.insert(held.end(), seq.generated.begin(), seq.generated.end());
             held.resize(std::min(held.size(), size_t(std::max(seq.n_past, 0))));
-            slot_keys_[slot] = seq.cache_key;
+            slot.key = seq.cache_key;
             if (!llama_memory_seq_rm(llama_get_memory(ctx_.get()), seq.slot, int32_t(held.size()), -1)) {
                 forget_slot(seq.slot);
             }
         } else {
             forget_slot(seq.slot);
         }
-        slot_freed_at_[slot] = ++slot_clock_;
-        slot_used_[slot] = false;
+        slot.freed_at = ++slot_clock_;
+        slot.used = false;
         seq.slot = -1;
         n_active_--;
     }
@@ -693,7 +689,13 @@ void Engine::finish(Sequence & seq, Finish why, const std::string & error, std::
 
 void Engine::forget_slot(int slot) {
     llama_memory_seq_rm(llama_get_memory(ctx_.get()), slot, -1, -1);
-    slot_tokens_[size_t(slot)].clear();
+    slots_[size_t(slot)].tokens.clear();
+}
+
+void Engine::forget_free_slots() {
+    for (size_t i = 0; i < slots_.size(); ++i) {
+        if (!slots_[i].used) forget_slot(int(i));
+    }
 }
 
 // The free slot whose KV, left by a sequence of the same ``key``, holds the
@@ -709,20 +711,20 @@ int Engine::pick_slot(const std::vector<int32_t> * tokens, const std::string & k
     int hit = -1, spare = -1;
     common = 0;
     auto sooner = [this](size_t a, size_t b) {  // the better slot to give up: empty first, then oldest
-        const bool ea = slot_tokens_[a].empty(), eb = slot_tokens_[b].empty();
-        return ea != eb ? ea : slot_freed_at_[a] < slot_freed_at_[b];
+        const bool ea = slots_[a].tokens.empty(), eb = slots_[b].tokens.empty();
+        return ea != eb ? ea : slots_[a].freed_at < slots_[b].freed_at;
     };
-    for (size_t i = 0; i < slot_used_.size(); ++i) {
-        if (slot_used_[i]) continue;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+        if (slots_[i].used) continue;
         if (spare < 0 || sooner(i, size_t(spare))) spare = int(i);
-        if (tokens == nullptr || slot_keys_[i] != key) continue;
-        const auto & held = slot_tokens_[i];
+        if (tokens == nullptr || slots_[i].key != key) continue;
+        const auto & held = slots_[i].tokens;
         const size_t limit = std::min(held.size(), tokens->size());
         size_t n = 0;
         while (n < limit && held[n] == (*tokens)[n]) n++;
         const bool whole = n + 1 >= tokens->size();
         if (n == 0 || !(whole || 2 * n >= held.size() || n >= kLongPrefix)) continue;
-        if (hit < 0 || n > common || (n == common && slot_freed_at_[i] < slot_freed_at_[size_t(hit)])) {
+        if (hit < 0 || n > common || (n == common && slots_[i].freed_at < slots_[size_t(hit)].freed_at)) {
             hit = int(i);
             common = n;
         }
@@ -736,7 +738,7 @@ void Engine::admit(std::unique_ptr<Sequence> seq) {
     const bool reuse = options_.prefix_cache && !seq->kv_state;
     const int slot = pick_slot(reuse ? &seq->feed : nullptr, seq->cache_key, common);
     seq->slot = slot;
-    slot_used_[size_t(slot)] = true;
+    slots_[size_t(slot)].used = true;
     n_active_++;
     seq->t_admit = Clock::now();
     llama_memory_t mem = llama_get_memory(ctx_.get());
@@ -750,7 +752,7 @@ void Engine::admit(std::unique_ptr<Sequence> seq) {
             common = 0;
             forget_slot(slot);
         }
-        slot_tokens_[size_t(slot)].clear();
+        slots_[size_t(slot)].tokens.clear();
     } else {
         common = 0;
         forget_slot(slot);
@@ -946,10 +948,7 @@ void Engine::step() {
         tokens_decoded_ += batch_.n_tokens;
         if (rc != 0) {
             const std::string err = "llama_decode failed (" + std::to_string(rc) + ")";
-            // what a failed decode left in the cache is not to be built on
-            for (size_t i = 0; i < slot_used_.size(); ++i) {
-                if (!slot_used_[i]) forget_slot(int(i));
-            }
+            forget_free_slots();  // what a failed decode left in the cache is not to be built on
             for (auto & s : active_) {
                 if (s->state == SeqState::finished) continue;
                 // only sequences that had tokens in this batch are affected
@@ -1013,9 +1012,7 @@ void Engine::fail_all(const std::string & error) {
         if (s->state != SeqState::finished) finish(*s, Finish::error, error, {}, "");
     }
     active_.clear();
-    for (size_t i = 0; i < slot_used_.size(); ++i) {
-        if (!slot_used_[i]) forget_slot(int(i));
-    }
+    forget_free_slots();
 }
 
 void Engine::run() {
@@ -1026,7 +1023,7 @@ void Engine::run() {
         std::unordered_set<int64_t> cancels;
         {
             std::unique_lock<std::mutex> lk(mu_);
-            const size_t n_slots = slot_used_.size();
+            const size_t n_slots = slots_.size();
             cv_.wait(lk, [&] {
                 return stop_ || !requests_.empty() || !cancels_.empty() || !active_.empty() ||
                        (!waiting_.empty() && active_.size() < n_slots);

@@ -121,7 +121,7 @@ public:
     int32_t n_vocab() const { return n_vocab_; }
     int32_t n_parallel() const { return options_.n_parallel; }
     const std::string & backend() const { return backend_; }
-    bool batch_invariant() const { return batch_invariant_; }
+    bool batch_invariant() const { return options_.batch_invariant && backend_ == "cpu"; }
 
     std::vector<int32_t> tokenize(const std::string & text, bool add_special, bool parse_special) const;
     std::string detokenize(const std::vector<int32_t> & tokens) const;
@@ -165,6 +165,7 @@ private:
     void admit(std::unique_ptr<Sequence> seq);
     int pick_slot(const std::vector<int32_t> * tokens, const std::string & key, size_t & common) const;
     void forget_slot(int slot);
+    void forget_free_slots();
     void step();
     void finish(Sequence & seq, Finish why, const std::string & error, std::vector<int32_t> tokens,
                 std::string text);
@@ -175,7 +176,6 @@ private:
     EngineOptions options_;
     GgufInfo info_;
     std::string backend_;
-    bool batch_invariant_ = true;
     int32_t n_ctx_ = 0;
     int32_t n_vocab_ = 0;
 
@@ -213,11 +213,14 @@ private:
     // engine thread only
     std::vector<StepResult> outbox_;  // this round's results, handed over together
     std::vector<std::unique_ptr<Sequence>> active_;
-    std::vector<bool> slot_used_;
-    // prefix cache: a free slot's KV, the tokens at its positions 0.., and when it was freed
-    std::vector<std::vector<int32_t>> slot_tokens_;
-    std::vector<std::string> slot_keys_;
-    std::vector<uint64_t> slot_freed_at_;
+    // one KV stream each; a free one keeps its last sequence's KV (the prefix cache)
+    struct Slot {
+        bool used = false;
+        std::vector<int32_t> tokens;  // the tokens at the KV's positions 0..
+        std::string key;              // the cache_key of the sequence that left them
+        uint64_t freed_at = 0;        // slot_clock_ when it was last given up
+    };
+    std::vector<Slot> slots_;
     uint64_t slot_clock_ = 0;
 
     std::atomic<int64_t> steps_{0}, tokens_decoded_{0}, tokens_generated_{0}, submitted_{0}, finished_{0};
