@@ -9,7 +9,10 @@ Measures, on one database file in DIR (a temporary folder by default):
     concurrent tasks;
   * the same rows inserted on a bare sqlite3 connection with the same pragmas
     and schema, as the reference, and once more in a file of SQLite's default
-    page size and checkpoint threshold; and prints the ratios.
+    page size and checkpoint threshold; and prints the ratios;
+  * for scale, the same rows appended to a table in insertion order (no
+    per-task key): what the store's layout, one B-tree leaf per running task
+    per step, costs against a plain log.
 """
 from __future__ import annotations
 
@@ -116,6 +119,35 @@ def bare_stepper(path: Path, durability: str, k: int, steps: int, sqlite_default
     return step, conn
 
 
+def log_stepper(path: Path, durability: str, k: int, steps: int) -> tuple:
+    """The same rows appended in insertion order to a rowid table with no other key: a
+    transaction dirties the log's last leaves only, however many tasks it carries (the
+    store's ``task_events`` is keyed by task, so each running task's delta lands in a
+    leaf of its own). Not a layout the store can use as it is: a task's events and its
+    last number would need a scan of the log."""
+    conn = Database(path, durability=durability).connect()
+    conn.execute("CREATE TABLE IF NOT EXISTS event_log (id INTEGER PRIMARY KEY, task_id TEXT NOT NULL, "
+                 "seq INTEGER NOT NULL, type TEXT NOT NULL, created_at REAL NOT NULL, text TEXT, tokens TEXT, "
+                 "data TEXT)")
+    tids = [f"task_{i:026d}" for i in range(k)]
+    seq = dict.fromkeys(tids, 0)
+    now = time.time()
+
+    def step() -> int:
+        rows = []
+        for _ in range(steps):
+            for t in tids:
+                seq[t] += 1
+                rows.append((t, seq[t], "response.output_text.delta", now, " tok", "42", None))
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany("INSERT INTO event_log (task_id, seq, type, created_at, text, tokens, data) "
+                         "VALUES (?,?,?,?,?,?,?)", rows)
+        conn.execute("COMMIT")
+        return len(rows)
+
+    return step, conn
+
+
 def rates(writers: dict, seconds: float, rounds: int) -> tuple[dict, dict]:
     """Events/s of each writer over ``rounds`` interleaved slices (the writers take turns, so
     that load from other processes hits them alike): ``(medians, samples per round)``."""
@@ -150,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"create_task to a committed 202: p50 {c['p50_ms']:.2f} ms  p99 {c['p99_ms']:.2f} ms  "
               f"(mean {c['mean_ms']:.2f} ms, n={c['n']})")
         print(f"{'tasks':>5} {'steps/txn':>9} {'store 1/txn':>12} {'store batched':>14} {'bare batched':>13} "
-              f"{'batched/bare':>13} {'bare 4K pages':>14} {'batched/bare4K':>15}   (events/s)")
+              f"{'batched/bare':>13} {'bare 4K pages':>14} {'batched/bare4K':>15} {'bare log':>10} "
+              f"{'log/bare':>9}   (events/s)")
         for k, steps in CASES:
             # each writer in a file of its own, as each bare reference is: one writer's
             # commits and checkpoints do not land in another's figure
@@ -160,16 +193,19 @@ def main(argv: list[str] | None = None) -> int:
             _, batched = store_steppers(store, k, steps)
             bare, bare_conn = bare_stepper(root / f"bare-{k}-{steps}.db", args.durability, k, steps)
             bare4k, bare4k_conn = bare_stepper(root / f"bare4k-{k}-{steps}.db", args.durability, k, steps, True)
-            r, samples = rates({"single": single, "batched": batched, "bare": bare, "bare4k": bare4k},
-                               args.seconds, args.rounds)
+            log, log_conn = log_stepper(root / f"log-{k}-{steps}.db", args.durability, k, steps)
+            r, samples = rates({"single": single, "batched": batched, "bare": bare, "bare4k": bare4k,
+                                "log": log}, args.seconds, args.rounds)
             print(f"{k:>5} {steps:>9} {r['single']:>12,.0f} {r['batched']:>14,.0f} {r['bare']:>13,.0f} "
                   f"{paired(samples, 'batched', 'bare'):>13.2f} {r['bare4k']:>14,.0f} "
-                  f"{paired(samples, 'batched', 'bare4k'):>15.2f}")
+                  f"{paired(samples, 'batched', 'bare4k'):>15.2f} {r['log']:>10,.0f} "
+                  f"{paired(samples, 'log', 'bare'):>9.2f}")
             sys.stdout.flush()
             store.close()
             single_store.close()
             bare_conn.close()
             bare4k_conn.close()
+            log_conn.close()
         return 0
 
 
