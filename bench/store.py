@@ -102,21 +102,28 @@ def bare_stepper(path: Path, durability: str, k: int, steps: int, sqlite_default
     if sqlite_defaults:
         conn.execute("PRAGMA wal_autocheckpoint = 1000")
     seq = {t: conn.execute("SELECT max(seq) FROM task_events WHERE task_id = ?", (t,)).fetchone()[0] for t in tids}
+    return inserting_step(conn, "task_events", seq, steps), conn
+
+
+def inserting_step(conn: sqlite3.Connection, table: str, seq: dict[str, int], steps: int):
+    """A writer that inserts ``steps`` delta rows for each task of ``seq`` (its last
+    numbers) into ``table``: BEGIN IMMEDIATE, executemany, COMMIT."""
+    insert = (f"INSERT INTO {table} (task_id, seq, type, created_at, text, tokens, data) "
+              "VALUES (?,?,?,?,?,?,?)")
     now = time.time()
 
     def step() -> int:
         rows = []
         for _ in range(steps):
-            for t in tids:
+            for t in seq:
                 seq[t] += 1
                 rows.append((t, seq[t], "response.output_text.delta", now, " tok", "42", None))
         conn.execute("BEGIN IMMEDIATE")
-        conn.executemany("INSERT INTO task_events (task_id, seq, type, created_at, text, tokens, data) "
-                         "VALUES (?,?,?,?,?,?,?)", rows)
+        conn.executemany(insert, rows)
         conn.execute("COMMIT")
         return len(rows)
 
-    return step, conn
+    return step
 
 
 def log_stepper(path: Path, durability: str, k: int, steps: int) -> tuple:
@@ -129,23 +136,8 @@ def log_stepper(path: Path, durability: str, k: int, steps: int) -> tuple:
     conn.execute("CREATE TABLE IF NOT EXISTS event_log (id INTEGER PRIMARY KEY, task_id TEXT NOT NULL, "
                  "seq INTEGER NOT NULL, type TEXT NOT NULL, created_at REAL NOT NULL, text TEXT, tokens TEXT, "
                  "data TEXT)")
-    tids = [f"task_{i:026d}" for i in range(k)]
-    seq = dict.fromkeys(tids, 0)
-    now = time.time()
-
-    def step() -> int:
-        rows = []
-        for _ in range(steps):
-            for t in tids:
-                seq[t] += 1
-                rows.append((t, seq[t], "response.output_text.delta", now, " tok", "42", None))
-        conn.execute("BEGIN IMMEDIATE")
-        conn.executemany("INSERT INTO event_log (task_id, seq, type, created_at, text, tokens, data) "
-                         "VALUES (?,?,?,?,?,?,?)", rows)
-        conn.execute("COMMIT")
-        return len(rows)
-
-    return step, conn
+    seq = dict.fromkeys((f"task_{i:026d}" for i in range(k)), 0)
+    return inserting_step(conn, "event_log", seq, steps), conn
 
 
 def rates(writers: dict, seconds: float, rounds: int) -> tuple[dict, dict]:
