@@ -12,6 +12,7 @@
 #include "engine.h"
 #include "errors.h"
 #include "gguf_info.h"
+#include "quantize.h"
 #include "llama.h"
 #include "text.h"
 
@@ -320,6 +321,17 @@ PYBIND11_MODULE(_native, m) {
             return info_dict(info);
         },
         "path"_a, "GGUF metadata without loading the weights.");
+
+    m.def(
+        "quantize",
+        [](const py::object & src, const py::object & dst, const std::string & type, int n_threads) {
+            const std::string s = fspath(src), d = fspath(dst);
+            py::gil_scoped_release nogil;
+            lmsp::quantize(s, d, type, n_threads);
+        },
+        "src"_a, "dst"_a, "type"_a, "n_threads"_a = 0,
+        "Write the GGUF model src to dst with its weights in type (see QUANTIZE_TYPES).");
+    m.attr("QUANTIZE_TYPES") = py::tuple(py::cast(lmsp::quantize_types()));
 
     py::class_<lmsp::TextStream>(m, "TextStream",
                                  "Streaming-safe UTF-8 text with stop strings (the engine's text module).")

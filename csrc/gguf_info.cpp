@@ -241,6 +241,8 @@ GgufInfo read_gguf_info(const std::string & path) {
                                " bytes, the file has " + std::to_string(file_size));
     }
 
+    for (const auto & entry : elements_by_type) info.matrix_types.push_back(entry.first);
+
     const auto ftype = get_uint(ctx.get(), "general.file_type");
     const char * fname = ftype ? ftype_name(*ftype) : nullptr;
     if (fname != nullptr) {

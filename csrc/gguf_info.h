@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace lmsp {
 
@@ -26,6 +27,9 @@ struct GgufInfo {
     // Not shown to Python: why llama.cpp would abort (not throw) on this
     // file's hyperparameters; empty when they are within its limits.
     std::string unloadable;
+    // Not shown to Python: the ggml types of the matrices (tensors of two or
+    // more dimensions), each once.
+    std::vector<int> matrix_types;
 };
 
 // Reads the header with ggml's GGUF reader (no tensor data is loaded) and

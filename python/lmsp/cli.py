@@ -7,6 +7,7 @@
     lmsp tasks   [list [--status S] [--limit N] | show TASK_ID | cancel TASK_ID]
     lmsp gc      [--retention-days DAYS]                      apply retention now
     lmsp doctor                                               database integrity, model files and digests
+    lmsp quantize SRC DST --type TYPE [--threads N]           a model's weights written again in TYPE
 
 Every command takes ``--data-dir`` (or ``LMSP_DATA_DIR``). The operator
 commands work on the store directly (no server needed); with ``--json`` each
@@ -306,6 +307,30 @@ def cmd_doctor(args) -> int:
     return EXIT_OK if healthy else EXIT_ERROR
 
 
+# ---------------------------------------------------------------------- quantize
+def cmd_quantize(args) -> int:
+    from . import native
+
+    src = args.src
+    if not os.path.isabs(src) and not os.path.exists(src):
+        inside = _load_config(args).models_dir / src
+        if inside.exists():
+            src = str(inside)  # a name inside the models directory
+    if os.path.exists(args.dst) and not args.force:
+        raise CommandError(f"{args.dst} exists (--force replaces it)")
+    started = time.monotonic()
+    try:
+        native.quantize(src, args.dst, args.type, args.threads)
+        info = native.read_gguf_info(args.dst)
+    except native.NativeError as exc:
+        raise CommandError(str(exc)) from None
+    out = {"path": os.path.abspath(args.dst), "quantization": info["quantization"], "size_bytes": info["size_bytes"],
+           "source_bytes": os.path.getsize(src), "seconds": round(time.monotonic() - started, 2)}
+    _print(args, out, f"wrote {args.dst}: {out['quantization']}, {out['size_bytes']:,} bytes "
+                      f"(from {out['source_bytes']:,}) in {out['seconds']} s")
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
@@ -357,6 +382,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("doctor", parents=[common], help="check the database and every model file")
     p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("quantize", parents=[common], help="write a GGUF model again with its weights in another type")
+    p.add_argument("src", help="the GGUF model to read (a name inside the models directory will do)")
+    p.add_argument("dst", help="the GGUF file to write")
+    p.add_argument("--type", required=True, help="the weights' type as llama.cpp names it: q4_k_m, q5_k_m, q6_k, "
+                   "q8_0, f16, ... (lmsp.native.QUANTIZE_TYPES)")
+    p.add_argument("--threads", type=int, default=0, help="threads to quantize on (default: one per core)")
+    p.add_argument("--force", action="store_true", help="replace DST if it exists")
+    p.set_defaults(func=cmd_quantize)
     return parser
 
 

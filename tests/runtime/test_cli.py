@@ -97,3 +97,22 @@ def test_prepare_makes_the_data_directory_ready_and_recovers(run, config):
     assert (config.data_dir / "admin.token").is_file()
     assert run("models", "list")["data"][0]["id"] == "demo"  # no model named: the demo model
     assert run("prepare") == out  # again: nothing more to do
+
+
+def test_quantize_writes_a_smaller_model(run, config, tmp_path):
+    from lmsp.demo_model import write_demo_model
+
+    config.models_dir.mkdir(parents=True, exist_ok=True)
+    write_demo_model(config.models_dir / "small-f16.gguf", preset="small", n_layer=1)
+    out = tmp_path / "small-q8_0.gguf"
+    done = run("quantize", "small-f16.gguf", str(out), "--type", "q8_0")  # found in models/
+    assert done["quantization"] == "Q8_0" and done["path"] == str(out)
+    assert done["size_bytes"] == out.stat().st_size < done["source_bytes"]
+    assert run("quantize", "small-f16.gguf", str(out), "--type", "q8_0", ok=False)["error"]["message"].endswith(
+        "exists (--force replaces it)")
+    assert "already quantized" in run("quantize", str(out), str(tmp_path / "again.gguf"), "--type", "q4_0",
+                                      ok=False)["error"]["message"]
+    assert "unknown quantization type" in run("quantize", "small-f16.gguf", str(tmp_path / "x.gguf"), "--type",
+                                              "q9", ok=False)["error"]["message"]
+    assert run("quantize", "missing.gguf", str(tmp_path / "x.gguf"), "--type", "q8_0", ok=False)["error"]
+    assert not (tmp_path / "x.gguf").exists() and not (tmp_path / "again.gguf").exists()
