@@ -1,12 +1,26 @@
-"""lmsp.native.quantize: llama.cpp's quantizer in the module."""
+"""lmsp.native.quantize, and batch invariance on the models it makes.
+
+K-quant weights (q4_k_m and its kin, the most common downloads) are where
+ggml's CPU backend has a tiled matmul for 8 or more rows, summing in another
+order than the one-row path: without the engine's reference kernels a
+sequence's logits would depend on how many rows were computed with it.
+"""
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
+import numpy as np
 import pytest
+from native_helpers import N_GPU_LAYERS, drain, generate
 
 from lmsp.demo_model import write_demo_model
-from lmsp.native import QUANTIZE_TYPES, ModelFormatError, NativeError, quantize, read_gguf_info
+from lmsp.native import QUANTIZE_TYPES, Engine, ModelFormatError, NativeError, quantize, read_gguf_info, system_info
+
+
+def random_prompt(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(100, 30000) for _ in range(n)]
 
 
 @pytest.fixture(scope="module")
@@ -64,3 +78,46 @@ def test_quantize_refuses_bad_arguments(demo_model_path: Path, kquant_model: Pat
     with pytest.raises(NativeError, match="could not quantize"):
         quantize(demo_model_path, tmp_path / "no" / "such" / "dir.gguf", "q8_0")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.gguf", "text.gguf"]
+
+
+def _engine(path: Path, **kwargs) -> Engine:
+    kwargs.setdefault("n_ctx", 512)
+    kwargs.setdefault("n_threads", 1)
+    return Engine(str(path), n_gpu_layers=N_GPU_LAYERS, **kwargs)
+
+
+# the float and legacy block types take the one-row path anyway; the K-quants and
+# i-quants only with the reference kernels the engine then turns on
+@pytest.mark.parametrize("kind", ["f16", "q8_0", "q4_0", "q4_k_m", "q6_k", "iq4_xs"])
+def test_logits_do_not_depend_on_the_batch_whatever_the_weights(quantized, kind: str) -> None:
+    tokens = random_prompt(4, 80)
+    with _engine(quantized(kind), n_parallel=1) as engine:
+        logits = engine.eval_logits(tokens)  # 80 rows in one batch
+        for n in (1, 7, 8, 33):
+            np.testing.assert_array_equal(engine.eval_logits(tokens[:n]), logits[:n])
+
+
+def test_without_invariance_a_kquant_models_rows_differ(kquant_model: Path) -> None:
+    """What the test above guards against: on a CPU with ggml's tiled or
+    repacked K-quant paths (x86 with AVX2), batch_invariant=False gives rows
+    that depend on the batch."""
+    if "AVX2 = 1" not in system_info():
+        pytest.skip("ggml has no tiled K-quant matmul for this CPU")
+    tokens = random_prompt(4, 80)
+    with _engine(kquant_model, n_parallel=1, batch_invariant=False) as fast:
+        whole = fast.eval_logits(tokens)
+        assert not all(np.array_equal(fast.eval_logits(tokens[:n]), whole[:n]) for n in (1, 7))
+
+
+@pytest.mark.parametrize("params", [dict(temperature=0), dict(seed=5, temperature=0.9, top_k=40)],
+                         ids=["greedy", "sampled"])
+def test_a_kquant_sequence_alone_and_among_eight_others(kquant_model: Path, params: dict) -> None:
+    prompt = random_prompt(0, 30)
+    with _engine(kquant_model, n_parallel=9) as engine:
+        alone = generate(engine, prompt, max_tokens=24, **params)
+        # nine rows per decoding step, and neighbours still prefilling among them
+        seqs = [engine.submit(random_prompt(10 + i, 5 + 20 * i), max_tokens=24, **params) for i in range(8)]
+        seqs.insert(4, engine.submit(prompt, max_tokens=24, **params))
+        runs = drain(engine, seqs)
+    assert runs[seqs[4]].tokens == alone.tokens
+    assert len(alone.tokens) == 24

@@ -1,0 +1,17 @@
+#include "llama_private.h"
+
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+#include "llama-context.h"  // llama_context::get_sched(): src/ of the pinned llama.cpp
+
+namespace lmsp {
+
+void use_reference_cpu_kernels(llama_context * ctx) {
+    ggml_backend_sched_t sched = ctx->get_sched();
+    for (int i = 0; i < ggml_backend_sched_get_n_backends(sched); ++i) {
+        ggml_backend_t backend = ggml_backend_sched_get_backend(sched, i);
+        if (ggml_backend_is_cpu(backend)) ggml_backend_cpu_set_use_ref(backend, true);
+    }
+}
+
+}  // namespace lmsp

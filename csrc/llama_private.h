@@ -1,0 +1,15 @@
+// What the engine takes from llama.cpp beyond its public API (llama.h), each
+// through llama.cpp's own internal headers of the pinned source.
+#pragma once
+
+struct llama_context;
+
+namespace lmsp {
+
+// Puts the context's CPU backend on ggml's reference kernels
+// (ggml_backend_cpu_set_use_ref): every matmul, whatever the number of rows,
+// takes the one-row dot product, and flash attention its per-row kernel,
+// with no fusion of ops. (llama.cpp gives every context a CPU backend.)
+void use_reference_cpu_kernels(llama_context * ctx);
+
+}  // namespace lmsp
