@@ -156,6 +156,7 @@ public:
         d["n_vocab"] = engine_->n_vocab();
         d["backend"] = engine_->backend();
         d["batch_invariant"] = engine_->batch_invariant();
+        d["reference_kernels"] = engine_->reference_kernels();
         return d;
     }
 

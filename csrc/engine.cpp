@@ -281,6 +281,7 @@ Engine::Engine(const std::string & model_path, const EngineOptions & options) : 
     }
     if (options.batch_invariant && !every_matmul_is_row_wise(info_.matrix_types)) {
         use_reference_cpu_kernels(ctx_.get());
+        reference_kernels_ = true;
     }
     ggml_threadpool_params tpp = ggml_threadpool_params_default(n_threads);
     threadpool_.reset(ggml_threadpool_new(&tpp));

@@ -122,6 +122,8 @@ public:
     int32_t n_parallel() const { return options_.n_parallel; }
     const std::string & backend() const { return backend_; }
     bool batch_invariant() const { return options_.batch_invariant && backend_ == "cpu"; }
+    // Whether the CPU backend runs ggml's reference kernels (batch invariance on K-quant weights).
+    bool reference_kernels() const { return reference_kernels_; }
 
     std::vector<int32_t> tokenize(const std::string & text, bool add_special, bool parse_special) const;
     std::string detokenize(const std::vector<int32_t> & tokens) const;
@@ -175,6 +177,7 @@ private:
 
     EngineOptions options_;
     GgufInfo info_;
+    bool reference_kernels_ = false;
     std::string backend_;
     int32_t n_ctx_ = 0;
     int32_t n_vocab_ = 0;

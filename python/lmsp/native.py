@@ -79,8 +79,10 @@ greedy. On the CPU backend a sequence's tokens do not depend on what else is in
 the batch (see csrc/engine.cpp), so ``snapshot()`` + ``submit(resume=...)`` in
 a new engine continues the same output. ``batch_invariant=False`` trades that
 for llama.cpp's faster CPU kernels (a long prompt prefills several times
-faster); ``info["batch_invariant"]`` says which holds (False on a GPU). ``snapshot()`` of a sequence that has
-finished raises KeyError.
+faster); ``info["batch_invariant"]`` says which holds (False on a GPU), and
+``info["reference_kernels"]`` whether invariance put the model's K-quant or
+i-quant weights on ggml's one-row kernels. ``snapshot()`` of a sequence that
+has finished raises KeyError.
 
 A model without a chat template (or with one llama.cpp does not know) is
 formatted as "System: ...\\n\\nUser: ...\\n\\n" and so on, ending with

@@ -165,3 +165,18 @@ def test_the_engine_is_loaded_with_the_batch_invariance_setting(store, make_runt
     assert task["status"] == "completed"
     assert loaded == [(False, False)]
     check_log(all_events(store, task["id"]))
+
+
+def test_a_kquant_model_loaded_invariant_says_what_it_costs(store, make_runtime, config, caplog):
+    from lmsp.demo_model import write_demo_model
+    from lmsp.native import quantize
+
+    source = write_demo_model(config.data_dir / "small-f16.gguf", preset="small", n_layer=1)
+    quantize(source, config.models_dir / "small-q4_k_m.gguf", "q4_k_m")
+    rt = make_runtime(store)
+    rt.register_model("small-q4_k_m.gguf")
+    with caplog.at_level("WARNING", logger="lmsp"):
+        task = wait_finished(rt, store, submit(store, rt, model="small-q4_k_m", max_output_tokens=4))
+    assert task["status"] == "completed"
+    warned = [r.getMessage() for r in caplog.records if "K-quant" in r.getMessage()]
+    assert len(warned) == 1 and "LMSP_BATCH_INVARIANT=0" in warned[0]

@@ -232,6 +232,11 @@ class ModelRegistry:
         info = getattr(engine, "info", {})
         log.info("loaded model %s (%s, batch invariant: %s)", model_id, info.get("backend", "?"),
                  info.get("batch_invariant", "?"))
+        if info.get("reference_kernels"):
+            log.warning("model %s has K-quant or i-quant weights: batch invariance keeps its matmuls on "
+                        "llama.cpp's one-row kernel, which prefills and decodes many sequences at about half "
+                        "the speed; batch_invariant = false (LMSP_BATCH_INVARIANT=0) trades it for that speed",
+                        model_id)
         return engine
 
     def _set_state(self, model_id: str, state: str) -> None:
