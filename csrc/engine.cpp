@@ -43,7 +43,7 @@
 //    Not for the float and legacy block types, which have no such kernel:
 //    there the lost fusion (RMS norm with its weight) made the tiny demo
 //    model decode about 10% slower, while the 310M q8_0 one decoded at 0.998
-//    of its speed with it. tests/native/test_quantize.py checks six types.
+//    of its speed with it. tests/native/test_quantize.py checks seven types.
 // Each sequence also has its own KV stream (kv_unified=false), so its cells
 // and positions do not depend on its neighbours (a unified cache only adds
 // masked cells, whose zero weights leave the sums unchanged).

@@ -88,7 +88,7 @@ def _engine(path: Path, **kwargs) -> Engine:
 
 # the float and legacy block types take the one-row path anyway; the K-quants and
 # i-quants only with the reference kernels the engine then turns on
-@pytest.mark.parametrize("kind", ["f16", "q8_0", "q4_0", "q4_k_m", "q6_k", "iq4_xs"])
+@pytest.mark.parametrize("kind", ["f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q6_k", "iq4_xs"])
 def test_logits_do_not_depend_on_the_batch_whatever_the_weights(quantized, kind: str) -> None:
     tokens = random_prompt(4, 80)
     with _engine(quantized(kind), n_parallel=1) as engine:
