@@ -13,8 +13,8 @@ std::vector<std::string> quantize_types();
 // `n_threads` threads (0: one per core). Checks `src` as the engine does
 // before llama.cpp reads it. Throws FileMissing, ModelFormatError,
 // InvalidArgument (an unknown type, dst the same file as src, src already
-// quantized) or
-// NativeFailure (llama.cpp could not write the file).
+// quantized) or NativeFailure (llama.cpp could not write the file). dst
+// appears only once complete.
 void quantize(const std::string & src, const std::string & dst, const std::string & type, int n_threads);
 
 }  // namespace lmsp
