@@ -86,8 +86,12 @@ def _engine(path: Path, **kwargs) -> Engine:
     return Engine(str(path), n_gpu_layers=N_GPU_LAYERS, **kwargs)
 
 
+cpu_only = pytest.mark.skipif(N_GPU_LAYERS != 0, reason="exactness needs the batch-invariant CPU backend")
+
+
 # the float and legacy block types take the one-row path anyway; the K-quants and
 # i-quants only with the reference kernels the engine then turns on
+@cpu_only
 @pytest.mark.parametrize("kind", ["f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q6_k", "iq4_xs"])
 def test_logits_do_not_depend_on_the_batch_whatever_the_weights(quantized, kind: str) -> None:
     tokens = random_prompt(4, 80)
@@ -99,6 +103,7 @@ def test_logits_do_not_depend_on_the_batch_whatever_the_weights(quantized, kind:
             np.testing.assert_array_equal(engine.eval_logits(tokens[:n]), logits[:n])
 
 
+@cpu_only
 def test_without_invariance_a_kquant_models_rows_differ(kquant_model: Path) -> None:
     """What the test above guards against: on a CPU with ggml's tiled or
     repacked K-quant paths (x86 with AVX2), batch_invariant=False gives rows
@@ -112,6 +117,7 @@ def test_without_invariance_a_kquant_models_rows_differ(kquant_model: Path) -> N
         assert not all(np.array_equal(fast.eval_logits(tokens[:n]), whole[:n]) for n in (1, 7))
 
 
+@cpu_only
 @pytest.mark.parametrize("params", [dict(temperature=0), dict(seed=5, temperature=0.9, top_k=40)],
                          ids=["greedy", "sampled"])
 def test_a_kquant_sequence_alone_and_among_eight_others(kquant_model: Path, params: dict) -> None:
