@@ -279,7 +279,8 @@ Engine::Engine(const std::string & model_path, const EngineOptions & options) : 
         }
         throw NativeFailure("cannot create a llama context" + (why.empty() ? "" : ": " + why));
     }
-    if (options.batch_invariant && !every_matmul_is_row_wise(info_.matrix_types)) {
+    backend_ = (options.n_gpu_layers != 0 && llama_supports_gpu_offload()) ? "cuda" : "cpu";
+    if (batch_invariant() && !every_matmul_is_row_wise(info_.matrix_types)) {
         use_reference_cpu_kernels(ctx_.get());
         reference_kernels_ = true;
     }
@@ -291,8 +292,6 @@ Engine::Engine(const std::string & model_path, const EngineOptions & options) : 
     if (llama_n_ctx_seq(ctx_.get()) < uint32_t(n_ctx_)) {
         n_ctx_ = int32_t(llama_n_ctx_seq(ctx_.get()));
     }
-
-    backend_ = (options.n_gpu_layers != 0 && llama_supports_gpu_offload()) ? "cuda" : "cpu";
 
     batch_ = llama_batch_init(options.n_batch, 0, 1);
     batch_allocated_ = true;
