@@ -116,6 +116,7 @@ py::dict result_dict(lmsp::StepResult & r) {
     py::dict d;
     d["seq"] = r.seq;
     d["tokens"] = py::cast(r.tokens);
+    if (!r.logprobs.empty()) d["logprobs"] = py::cast(r.logprobs);
     d["text"] = py::str(r.text);
     const char * f = lmsp::finish_name(r.finish);
     d["finish"] = f ? py::object(py::str(f)) : py::object(py::none());
@@ -162,8 +163,9 @@ public:
 
     int64_t submit(const py::object & prompt, const py::object & max_tokens, double temperature, double top_p,
                    const py::object & top_k, const py::object & seed, const py::object & stop,
-                   const py::object & resume, const std::string & cache_key) {
+                   const py::object & resume, const std::string & cache_key, bool logprobs) {
         lmsp::SubmitRequest req;
+        req.logprobs = logprobs;
         req.prompt = as_tokens(prompt, "prompt");
         req.max_tokens = as_int32(max_tokens, "max_tokens");
         req.sampling.temperature = float(temperature);
@@ -402,7 +404,7 @@ PYBIND11_MODULE(_native, m) {
             "messages"_a, "add_generation_prompt"_a = true)
         .def("submit", &PyEngine::submit, "prompt"_a, py::kw_only(), "max_tokens"_a, "temperature"_a = 1.0,
              "top_p"_a = 1.0, "top_k"_a = 0, "seed"_a = 0, "stop"_a = py::tuple(), "resume"_a = py::none(),
-             "cache_key"_a = "")
+             "cache_key"_a = "", "logprobs"_a = false)
         .def(
             "cancel",
             [](PyEngine & s, int64_t seq) {

@@ -37,13 +37,15 @@
 //  - weight repacking (extra buffer types): repacked gemm (4+ rows) and gemv
 //    (1 row) differ.
 //  - a tiled matmul for 8+ rows of K-quant and i-quant weights (q4_k, q6_k,
-//    iq4_xs, ...; ggml-cpu/tiled). For a model with such weights the engine
-//    puts the CPU backend on ggml's reference kernels (llama_private.cpp),
-//    which also keeps flash attention on its per-row kernel and fuses no ops.
-//    Not for the float and legacy block types, which have no such kernel:
-//    there the lost fusion (RMS norm with its weight) made the tiny demo
-//    model decode about 10% slower, while the 310M q8_0 one decoded at 0.998
-//    of its speed with it. tests/native/test_quantize.py checks seven types.
+//    iq4_xs, ...; ggml-cpu/tiled), whose rows come out the same for any
+//    batch of 8 or more. For a model with such weights the engine computes
+//    each row in one of two fixed ways ("Two kinds of steps" in step()):
+//    prompts tiled, in steps of their own, everything else on ggml's
+//    reference kernels (llama_private.cpp), which take the one-row path,
+//    keep flash attention on its per-row kernel and fuse no ops. Not for the
+//    float and legacy block types, which have no such kernel: there the
+//    lost fusion (RMS norm with its weight) made the tiny demo model decode
+//    about 10% slower. tests/native/test_quantize.py checks seven types.
 // Each sequence also has its own KV stream (kv_unified=false), so its cells
 // and positions do not depend on its neighbours (a unified cache only adds
 // masked cells, whose zero weights leave the sums unchanged).
@@ -97,6 +99,31 @@ bool every_matmul_is_row_wise(const std::vector<int> & types) {
     }
     return true;
 }
+
+// ln softmax(logits)[token], summed in double.
+float log_probability(const float * logits, int32_t n, int32_t token) {
+    float top = -INFINITY;
+    for (int32_t i = 0; i < n; ++i) top = std::max(top, logits[i]);
+    double sum = 0.0;
+    for (int32_t i = 0; i < n; ++i) sum += std::exp(double(logits[i]) - double(top));
+    return float(double(logits[token]) - double(top) - std::log(sum));
+}
+
+// ggml's tiled matmul takes 8 rows or more; each row it computes comes out the
+// same however many there are. Fewer take the one-row path.
+constexpr size_t kMinTiledRows = 8;
+
+// How many leading positions of a slot's KV a new sequence may take over
+// when rows are computed in two ways (tiled prefill, one-row decode): up to
+// `common`, where each row was computed the way a prefill of the new
+// sequence would compute it (the first `t_slot` rows of the slot tiled, the
+// first `t_new` of the new sequence), leaving its tiled rows 0 or at least
+// kMinTiledRows to prefill.
+size_t same_kind_prefix(size_t common, size_t t_slot, size_t t_new) {
+    if (t_slot != t_new) common = std::min(common, std::min(t_slot, t_new));
+    if (t_new > common && t_new - common < kMinTiledRows) common = t_new - kMinTiledRows;
+    return common;
+}
 }  // namespace
 
 const char * finish_name(Finish f) {
@@ -124,7 +151,10 @@ struct Sequence {
     int32_t n_prompt = 0;
     int32_t n_past = 0;         // positions in this sequence's KV
     int32_t n_cached = 0;       // leading feed tokens whose KV its slot already held
+    size_t t_end = 0;           // feed tokens [0, t_end) are prefilled in tiled steps
     std::string cache_key;      // whose slots' KV it may reuse
+    bool logprobs = false;      // hand out each token's log probability
+    std::vector<float> next_logprobs;  // for the token of the next result
     std::vector<int32_t> generated;
     int32_t max_tokens = 0;
     Sampler sampler;
@@ -281,8 +311,9 @@ Engine::Engine(const std::string & model_path, const EngineOptions & options) : 
     }
     backend_ = (options.n_gpu_layers != 0 && llama_supports_gpu_offload()) ? "cuda" : "cpu";
     if (batch_invariant() && !every_matmul_is_row_wise(info_.matrix_types)) {
-        use_reference_cpu_kernels(ctx_.get());
-        reference_kernels_ = true;
+        use_reference_cpu_kernels(ctx_.get(), true);
+        reference_kernels_ = kernels_reference_now_ = true;
+        tiled_prefill_ = size_t(options.n_batch) >= 2 * kMinTiledRows;
     }
     ggml_threadpool_params tpp = ggml_threadpool_params_default(n_threads);
     threadpool_.reset(ggml_threadpool_new(&tpp));
@@ -475,6 +506,7 @@ int64_t Engine::submit(SubmitRequest req) {
     seq->max_tokens = req.max_tokens;
     seq->feed = std::move(req.prompt);
     seq->cache_key = std::move(req.cache_key);
+    seq->logprobs = req.logprobs;
 
     size_t n_resumed = 0;
     if (req.resume) {
@@ -668,6 +700,8 @@ void Engine::finish(Sequence & seq, Finish why, const std::string & error, std::
     }
     StepResult r;
     r.seq = seq.id;
+    if (!tokens.empty()) r.logprobs = std::move(seq.next_logprobs);
+    seq.next_logprobs.clear();
     r.tokens = std::move(tokens);
     r.text = std::move(text);
     r.finish = why;
@@ -696,6 +730,7 @@ void Engine::finish(Sequence & seq, Finish why, const std::string & error, std::
             held.assign(seq.feed.begin(), seq.feed.begin() + seq.n_prompt);
             held.insert(held.end(), seq.generated.begin(), seq.generated.end());
             held.resize(std::min(held.size(), size_t(std::max(seq.n_past, 0))));
+            slot.tiled_rows = std::min(seq.t_end, held.size());
             slot.key = seq.cache_key;
             if (!llama_memory_seq_rm(llama_get_memory(ctx_.get()), seq.slot, int32_t(held.size()), -1)) {
                 forget_slot(seq.slot);
@@ -721,6 +756,14 @@ void Engine::finish(Sequence & seq, Finish why, const std::string & error, std::
 void Engine::forget_slot(int slot) {
     llama_memory_seq_rm(llama_get_memory(ctx_.get()), slot, -1, -1);
     slots_[size_t(slot)].tokens.clear();
+    slots_[size_t(slot)].tiled_rows = 0;
+}
+
+void Engine::set_reference_kernels(bool on) {
+    if (on != kernels_reference_now_) {
+        use_reference_cpu_kernels(ctx_.get(), on);
+        kernels_reference_now_ = on;
+    }
 }
 
 void Engine::forget_free_slots() {
@@ -773,9 +816,14 @@ void Engine::admit(std::unique_ptr<Sequence> seq) {
     n_active_++;
     seq->t_admit = Clock::now();
     llama_memory_t mem = llama_get_memory(ctx_.get());
+    // a prompt of kMinTiledRows or more is prefilled tiled (two kinds of steps)
+    seq->t_end = tiled_prefill_ && size_t(seq->n_prompt) >= kMinTiledRows ? size_t(seq->n_prompt) : 0;
     if (reuse && common > 0) {
         // the last token is fed again in any case: its logits give the next one
         common = std::min(common, seq->feed.size() - 1);
+        if (tiled_prefill_) common = same_kind_prefix(common, slots_[size_t(slot)].tiled_rows, seq->t_end);
+    }
+    if (reuse && common > 0) {
         // a cache that cannot drop a sequence's tail (recurrent models), or that
         // no longer holds its first positions (sliding-window layers), is not reused
         if (!llama_memory_seq_rm(mem, slot, int32_t(common), -1) || llama_memory_seq_pos_min(mem, slot) != 0 ||
@@ -886,6 +934,7 @@ void Engine::handle_request(Request & req) {
     }
     llama_memory_t mem = llama_get_memory(ctx_.get());
     forget_slot(0);
+    set_reference_kernels(reference_kernels_);  // every row the one-row way: any prefix gives the same rows
     std::vector<float> out;
     try {
         out.resize(req.tokens.size() * size_t(n_vocab_));
@@ -941,11 +990,34 @@ void Engine::step() {
         return k;
     };
 
+    // Two kinds of steps, where the engine runs on ggml's reference kernels
+    // for batch invariance (K-quant weights): a tiled step prefills prompts
+    // of kMinTiledRows tokens or more, in chunks of at least that many, with
+    // ggml's tiled matmul; every other row (decoding, prompts shorter than
+    // that, generated tokens fed again on a resume) goes through a one-row
+    // step on the reference kernels. Every row of a sequence is thus computed
+    // the same way whatever runs beside it. Since the last layer and the
+    // output matmul see only the rows whose logits are wanted, a tiled step
+    // ends at most kMinTiledRows - 1 prompts. The two kinds take turns while
+    // both have work.
+    bool tiled_step = false;
+    if (tiled_prefill_) {
+        bool tiled_work = false, one_row_work = false;
+        for (auto & s : active_) {
+            if (s->state == SeqState::generating) one_row_work = true;
+            if (s->state != SeqState::prefilling) continue;
+            (s->n_fed < s->t_end ? tiled_work : one_row_work) = true;
+        }
+        tiled_step = tiled_work && (!one_row_work || !last_step_prefill_);
+        last_step_prefill_ = tiled_step;
+        set_reference_kernels(!tiled_step);
+    }
+
     // generating sequences first: one token each
     std::vector<Sequence *> context_full;
     for (auto & s : active_) {
         s->batch_index = -1;
-        if (s->state != SeqState::generating) continue;
+        if (s->state != SeqState::generating || tiled_step) continue;
         if (s->n_past >= n_ctx_) {
             context_full.push_back(s.get());
             continue;
@@ -954,12 +1026,27 @@ void Engine::step() {
         s->n_past++;
     }
     // then prompt chunks within what is left of the batch
+    size_t prompts_ended = 0;
     for (auto & s : active_) {
         if (s->state != SeqState::prefilling) continue;
         const int32_t room = options_.n_batch - batch_.n_tokens;
         if (room <= 0) break;
         const size_t left = s->feed.size() - s->n_fed;
-        const size_t n = std::min({left, size_t(options_.prefill_chunk), size_t(room)});
+        size_t n = std::min({left, size_t(options_.prefill_chunk), size_t(room)});
+        if (tiled_prefill_) {
+            const bool tiled_rows = s->n_fed < s->t_end;
+            if (tiled_rows != tiled_step) continue;
+            if (tiled_rows) {
+                const size_t t_left = s->t_end - s->n_fed;
+                n = std::min({t_left, std::max(size_t(options_.prefill_chunk), 2 * kMinTiledRows), size_t(room)});
+                if (n < t_left && t_left - n < kMinTiledRows) n = t_left - kMinTiledRows;  // no short tail
+                if (n < kMinTiledRows) continue;  // no room this step
+                if (s->n_fed + n == s->feed.size()) {
+                    if (prompts_ended + 1 >= kMinTiledRows) continue;
+                    prompts_ended++;
+                }
+            }
+        }
         for (size_t i = 0; i < n; ++i) {
             const bool last = (s->n_fed + 1 == s->feed.size());
             const int32_t k = add(s->feed[s->n_fed], s->n_past, s->slot, last);
@@ -1010,6 +1097,7 @@ void Engine::step() {
                 }
                 const int32_t token = s.sampler.sample(logits, n_vocab_, s.generated.size());
                 tokens_generated_++;
+                if (s.logprobs) s.next_logprobs = {log_probability(logits, n_vocab_, token)};
                 if (llama_vocab_is_eog(vocab_, token)) {
                     finish(s, Finish::stop, "", {}, s.text.flush());
                     continue;
@@ -1024,6 +1112,8 @@ void Engine::step() {
                     StepResult r;
                     r.seq = s.id;
                     r.tokens = {token};
+                    r.logprobs = std::move(s.next_logprobs);
+                    s.next_logprobs.clear();
                     r.text = std::move(text);
                     r.n_prompt = s.n_prompt;
                     r.n_generated = int32_t(s.generated.size());

@@ -54,6 +54,7 @@ struct Timings {
 struct StepResult {
     int64_t seq = 0;
     std::vector<int32_t> tokens;
+    std::vector<float> logprobs;  // each token's, when the submission asked for them
     std::string text;
     Finish finish = Finish::none;
     std::string error;
@@ -78,6 +79,9 @@ struct SubmitRequest {
     std::optional<ResumeState> resume;
     // the prefix cache's scope: a sequence reuses only KV left by one with the same key
     std::string cache_key;
+    // hand out each generated token's natural log probability under the
+    // model's own distribution (a softmax of the logits, before sampling)
+    bool logprobs = false;
 };
 
 struct Snapshot {
@@ -178,6 +182,12 @@ private:
     EngineOptions options_;
     GgufInfo info_;
     bool reference_kernels_ = false;
+    // With reference kernels: prompts are prefilled by ggml's tiled kernels
+    // in steps of their own (see "Two kinds of steps" in engine.cpp)
+    bool tiled_prefill_ = false;
+    bool last_step_prefill_ = false;
+    bool kernels_reference_now_ = false;  // what the CPU backend is set to
+    void set_reference_kernels(bool on);
     std::string backend_;
     int32_t n_ctx_ = 0;
     int32_t n_vocab_ = 0;
@@ -222,6 +232,7 @@ private:
         std::vector<int32_t> tokens;  // the tokens at the KV's positions 0..
         std::string key;              // the cache_key of the sequence that left them
         uint64_t freed_at = 0;        // slot_clock_ when it was last given up
+        size_t tiled_rows = 0;        // leading positions computed by a tiled prefill
     };
     std::vector<Slot> slots_;
     uint64_t slot_clock_ = 0;

@@ -6,11 +6,11 @@
 
 namespace lmsp {
 
-void use_reference_cpu_kernels(llama_context * ctx) {
+void use_reference_cpu_kernels(llama_context * ctx, bool on) {
     ggml_backend_sched_t sched = ctx->get_sched();
     for (int i = 0; i < ggml_backend_sched_get_n_backends(sched); ++i) {
         ggml_backend_t backend = ggml_backend_sched_get_backend(sched, i);
-        if (ggml_backend_is_cpu(backend)) ggml_backend_cpu_set_use_ref(backend, true);
+        if (ggml_backend_is_cpu(backend)) ggml_backend_cpu_set_use_ref(backend, on);
     }
 }
 

@@ -6,10 +6,12 @@ struct llama_context;
 
 namespace lmsp {
 
-// Puts the context's CPU backend on ggml's reference kernels
-// (ggml_backend_cpu_set_use_ref): every matmul, whatever the number of rows,
-// takes the one-row dot product, and flash attention its per-row kernel,
-// with no fusion of ops. (llama.cpp gives every context a CPU backend.)
-void use_reference_cpu_kernels(llama_context * ctx);
+// Puts the context's CPU backend on ggml's reference kernels, or takes it
+// off them, for the graphs computed from then on
+// (ggml_backend_cpu_set_use_ref): with them every matmul, whatever the
+// number of rows, takes the one-row dot product, and flash attention its
+// per-row kernel, with no fusion of ops. (llama.cpp gives every context a
+// CPU backend.)
+void use_reference_cpu_kernels(llama_context * ctx, bool on);
 
 }  // namespace lmsp

@@ -63,7 +63,10 @@ tokens taken from the cache); ``finish`` is None until the sequence's last resul
 "stop" (end-of-generation token, not included in ``tokens``, or a stop string,
 not included in ``text``), "length" (max_tokens, or the context is full),
 "cancelled" or "error". ``timings`` is {} except on the last result. The texts
-of a sequence's results concatenate to its output text. ``wait()`` blocks
+of a sequence's results concatenate to its output text. A sequence submitted
+with ``logprobs=True`` also has ``"logprobs"`` beside its results' tokens:
+each token's natural log probability under the model (a softmax of its
+logits, before temperature, top-k or top-p). ``wait()`` blocks
 without the GIL; ``fileno()`` is readable while results are pending.
 
 A result is *urgent* when it carries its sequence's first text (a token

@@ -14,6 +14,7 @@ N_GPU_LAYERS = int(os.environ.get("LMSP_TEST_N_GPU_LAYERS", "0"))
 class Run:
     """Everything poll() gave for one sequence."""
     tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)  # when submitted with logprobs=True
     text: str = ""
     finish: str | None = None
     results: list[dict] = field(default_factory=list)
@@ -33,6 +34,7 @@ def drain(engine: Engine, seqs: list[int]) -> dict[int, Run]:
             assert run.finish is None, "a result after the finish"
             run.results.append(res)
             run.tokens += res["tokens"]
+            run.logprobs += res.get("logprobs", [])
             run.text += res["text"]
             run.finish = res["finish"]
     return runs
@@ -46,6 +48,7 @@ def take(engine: Engine, at_least: int) -> Run:
         for res in engine.poll():
             run.results.append(res)
             run.tokens += res["tokens"]
+            run.logprobs += res.get("logprobs", [])
             run.text += res["text"]
     return run
 

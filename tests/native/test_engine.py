@@ -312,6 +312,19 @@ def test_eval_logits(engine: Engine) -> None:
         engine.eval_logits([1] * 513)
 
 
+def test_logprobs_are_the_models_log_probabilities(engine: Engine) -> None:
+    prompt = random_prompt(12, 20)
+    run = generate(engine, prompt, max_tokens=6, temperature=0.8, seed=4, logprobs=True)
+    assert len(run.logprobs) == len(run.tokens) == 6
+    assert all(lp <= 0.0 for lp in run.logprobs)
+    # the first token's: ln softmax of the prompt's last row of logits
+    last = engine.eval_logits(prompt)[-1].astype(np.float64)
+    want = last[run.tokens[0]] - last.max() - np.log(np.exp(last - last.max()).sum())
+    assert run.logprobs[0] == pytest.approx(want, abs=1e-5)
+    # not asked for: not there
+    assert "logprobs" not in generate(engine, prompt, max_tokens=2, temperature=0).last
+
+
 def test_eval_logits_needs_an_idle_engine(make_engine) -> None:
     e = make_engine(n_parallel=1, n_ctx=LONG)
     seq = e.submit(random_prompt(11, 10), max_tokens=LONG, temperature=0)

@@ -8,6 +8,7 @@ sequence's logits would depend on how many rows were computed with it.
 from __future__ import annotations
 
 import random
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -117,16 +118,169 @@ def test_without_invariance_a_kquant_models_rows_differ(kquant_model: Path) -> N
         assert not all(np.array_equal(fast.eval_logits(tokens[:n]), whole[:n]) for n in (1, 7))
 
 
+SAMPLED = dict(seed=5, temperature=0.9, top_k=40)
+CASES = {"greedy": dict(temperature=0), "sampled": SAMPLED}
+
+
 @cpu_only
-@pytest.mark.parametrize("params", [dict(temperature=0), dict(seed=5, temperature=0.9, top_k=40)],
-                         ids=["greedy", "sampled"])
-def test_a_kquant_sequence_alone_and_among_eight_others(kquant_model: Path, params: dict) -> None:
-    prompt = random_prompt(0, 30)
-    with _engine(kquant_model, n_parallel=9) as engine:
-        alone = generate(engine, prompt, max_tokens=24, **params)
+@pytest.mark.parametrize("chunk", [256, 16])
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_kquant_sequence_alone_and_among_eight_others(kquant_model: Path, case: str, chunk: int) -> None:
+    """Prompts of 8 tokens or more are prefilled by the tiled kernel in steps
+    of their own, in chunks of 8 rows or more; every other row (decoding, a
+    prompt of 5) by the one-row kernel. With 16-token chunks the 37-token
+    prompt is cut 16 + 13 + 8, never leaving a tail of fewer than 8."""
+    params = CASES[case]
+    prompt = random_prompt(0, 37)
+    with _engine(kquant_model, n_parallel=9, prefill_chunk=chunk) as engine:
+        assert engine.info["reference_kernels"]
+        alone = generate(engine, prompt, max_tokens=24, logprobs=True, **params)
         # nine rows per decoding step, and neighbours still prefilling among them
         seqs = [engine.submit(random_prompt(10 + i, 5 + 20 * i), max_tokens=24, **params) for i in range(8)]
-        seqs.insert(4, engine.submit(prompt, max_tokens=24, **params))
+        seqs.insert(4, engine.submit(prompt, max_tokens=24, logprobs=True, **params))
         runs = drain(engine, seqs)
-    assert runs[seqs[4]].tokens == alone.tokens
-    assert len(alone.tokens) == 24
+    # the log probabilities, to the last bit: the logits were the same
+    assert (runs[seqs[4]].tokens, runs[seqs[4]].logprobs) == (alone.tokens, alone.logprobs)
+    assert len(alone.tokens) == len(alone.logprobs) == 24
+
+
+def kv_rows(state: bytes) -> dict[int, bytes]:
+    """A sequence's KV state (llama_state_seq_get_data of the pinned
+    llama.cpp: a magic number and the sequence id, then per stream its cells'
+    positions, each layer's K rows and, untransposed, each layer's V rows) as
+    {position: that cell's K and V bytes in every layer}."""
+    at = 0
+
+    def take(fmt: str):
+        nonlocal at
+        values = struct.unpack_from("<" + fmt, state, at)
+        at += struct.calcsize("<" + fmt)
+        return values
+
+    rows: dict[int, bytes] = {}
+    magic, _ = take("Ii")
+    assert magic == 0xAF143CD8
+    (n_stream,) = take("I")
+    for _ in range(n_stream):
+        (n_cells,) = take("I")
+        if n_cells == 0:
+            continue
+        positions = []
+        for _ in range(n_cells):
+            pos, n_seq = take("iI")
+            take(f"{n_seq}i")
+            positions.append(pos)
+        v_trans, n_layer = take("II")
+        assert v_trans == 0  # flash attention keeps V by rows
+        parts: list[list[bytes]] = [[] for _ in positions]
+        for _ in range(2 * n_layer):  # K of every layer, then V of every layer
+            _, row = take("iQ")
+            for i in range(n_cells):
+                parts[i].append(state[at + i * row: at + (i + 1) * row])
+            at += n_cells * row
+        rows.update({pos: b"".join(p) for pos, p in zip(positions, parts)})
+    assert at == len(state)
+    return rows
+
+
+def kv_after(engine: Engine, prompt: list[int], tokens: int, neighbours: list[list[int]] = ()) -> dict[int, bytes]:
+    """The KV rows of a greedy sequence on ``prompt`` once it has made ``tokens``
+    tokens or more, beside ``neighbours`` (long-running sequences)."""
+    others = [engine.submit(p, max_tokens=400, temperature=0) for p in neighbours]
+    seq = engine.submit(prompt, max_tokens=400, temperature=0)
+    made = 0
+    while made < tokens:
+        engine.wait(60)
+        made += sum(len(r["tokens"]) for r in engine.poll() if r["seq"] == seq)
+    state = engine.snapshot(seq, with_kv=True)["kv_state"]
+    for s in [seq, *others]:
+        engine.cancel(s)
+    drain(engine, [seq, *others])
+    return kv_rows(state)
+
+
+@cpu_only
+@pytest.mark.parametrize("chunk", [256, 16])
+def test_a_kquant_sequences_kv_is_the_same_alone_and_among_others(kquant_model: Path, chunk: int) -> None:
+    """Row by row, bit for bit: the prompt's KV (prefilled tiled) and the
+    generated tokens' (decoded the one-row way), alone and beside prompts of
+    5 to 145 tokens that prefill and decode with it."""
+    prompt = random_prompt(0, 37)
+    neighbours = [random_prompt(10 + i, 5 + 20 * i) for i in range(8)]
+    with _engine(kquant_model, n_parallel=9, n_ctx=512, prefill_chunk=chunk) as engine:
+        alone = kv_after(engine, prompt, 40)
+        beside = kv_after(engine, prompt, 40, neighbours)  # the later steps decode nine rows
+    common = sorted(set(alone) & set(beside))
+    assert common[:len(prompt) + 39] == list(range(len(prompt) + 39))
+    assert [p for p in common if alone[p] != beside[p]] == []
+
+
+@cpu_only
+def test_nine_prompts_ending_together_give_what_each_gives_alone(kquant_model: Path) -> None:
+    """A tiled step ends at most 7 prompts: the last layer and the output
+    matmul see only the rows whose logits are wanted, and 8 of them would
+    take the tiled kernel there."""
+    prompts = [random_prompt(30 + i, 10) for i in range(9)]
+    with _engine(kquant_model, n_parallel=9) as engine:
+        alone = [generate(engine, p, max_tokens=6, temperature=0, logprobs=True).logprobs for p in prompts]
+        seqs = [engine.submit(p, max_tokens=6, temperature=0, logprobs=True) for p in prompts]
+        runs = drain(engine, seqs)
+    assert [runs[s].logprobs for s in seqs] == alone
+
+
+@cpu_only
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("n_prompt", [5, 40])
+def test_a_kquant_resume_without_kv_continues_the_same_output(kquant_model: Path, case: str, n_prompt: int) -> None:
+    """Resumed without its KV state, a sequence prefills its prompt as the
+    first run did (tiled from 8 tokens on) and its generated tokens the one-row
+    way, as they were decoded."""
+    params = CASES[case]
+    prompt = random_prompt(50, n_prompt)
+    with _engine(kquant_model, n_parallel=2) as first:
+        full = generate(first, prompt, max_tokens=30, logprobs=True, **params)
+    assert full.finish == "length"
+    # a snapshot after the results that carried the first 10 tokens or more
+    generated, emitted = [], ""
+    for result in full.results:
+        if len(generated) >= 10:
+            break
+        generated += result["tokens"]
+        emitted += result["text"]
+    with _engine(kquant_model, n_parallel=2) as second:
+        other = second.submit(random_prompt(51, 20), max_tokens=20, **params)
+        seq = second.submit(prompt, max_tokens=30, resume={"generated": generated, "emitted": emitted},
+                            logprobs=True, **params)
+        runs = drain(second, [other, seq])
+    assert generated + runs[seq].tokens == full.tokens
+    assert emitted + runs[seq].text == full.text
+    assert runs[seq].logprobs == full.logprobs[len(generated):]
+
+
+@cpu_only
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_kquant_prefix_cache_gives_what_a_full_prefill_gives(kquant_model: Path, case: str) -> None:
+    """A slot's KV is taken over only where it was computed the way a prefill
+    of the new prompt computes it: the earlier prompt's tiled rows, never its
+    answer's one-row ones, leaving 8 rows or more to prefill."""
+    params = CASES[case]
+    with _engine(kquant_model, n_parallel=2) as cached, \
+            _engine(kquant_model, n_parallel=2, prefix_cache=False) as plain:
+        first_prompt = random_prompt(60, 40)
+        def both(engine, prompt):
+            run = generate(engine, prompt, max_tokens=12, logprobs=True, **params)
+            return run, (run.tokens, run.logprobs)
+
+        first, _ = both(cached, first_prompt)
+        follow_up = first_prompt + first.tokens + random_prompt(61, 15)
+        second, got = both(cached, follow_up)
+        assert second.last["n_cached"] == len(first_prompt)
+        assert got == both(plain, follow_up)[1]
+        again, got_again = both(cached, follow_up)
+        assert again.last["n_cached"] == len(follow_up) - 8
+        assert got_again == got
+        short = random_prompt(62, 6)  # prefilled the one-row way, as decoding is
+        once = both(cached, short)[1]
+        twice, got_twice = both(cached, short)
+        assert twice.last["n_cached"] == len(short) - 1
+        assert once == got_twice == both(plain, short)[1]

@@ -233,9 +233,9 @@ class ModelRegistry:
         log.info("loaded model %s (%s, batch invariant: %s)", model_id, info.get("backend", "?"),
                  info.get("batch_invariant", "?"))
         if info.get("reference_kernels"):
-            log.warning("model %s has K-quant or i-quant weights: batch invariance keeps its matmuls on "
-                        "llama.cpp's one-row kernel, which prefills and decodes many sequences at about half "
-                        "the speed; batch_invariant = false (LMSP_BATCH_INVARIANT=0) trades it for that speed",
+            log.warning("model %s has K-quant or i-quant weights: batch invariance decodes on llama.cpp's "
+                        "one-row kernel, which decodes many requests at once at about two thirds of the speed; "
+                        "batch_invariant = false (LMSP_BATCH_INVARIANT=0) trades invariance for that speed",
                         model_id)
         return engine
 
