@@ -996,10 +996,11 @@ void Engine::step() {
     // ggml's tiled matmul; every other row (decoding, prompts shorter than
     // that, generated tokens fed again on a resume) goes through a one-row
     // step on the reference kernels. Every row of a sequence is thus computed
-    // the same way whatever runs beside it. Since the last layer and the
-    // output matmul see only the rows whose logits are wanted, a tiled step
-    // ends at most kMinTiledRows - 1 prompts. The two kinds take turns while
-    // both have work.
+    // the same way whatever runs beside it. The sequences of a tiled step
+    // feed chunks of one length (see below), and since the last layer and
+    // the output matmul see only the rows whose logits are wanted, a tiled
+    // step ends at most kMinTiledRows - 1 prompts. The two kinds take turns
+    // while both have work.
     bool tiled_step = false;
     if (tiled_prefill_) {
         bool tiled_work = false, one_row_work = false;
@@ -1027,6 +1028,7 @@ void Engine::step() {
     }
     // then prompt chunks within what is left of the batch
     size_t prompts_ended = 0;
+    size_t tiled_n = 0;  // a tiled step's chunk length, the same for each of its sequences
     for (auto & s : active_) {
         if (s->state != SeqState::prefilling) continue;
         const int32_t room = options_.n_batch - batch_.n_tokens;
@@ -1041,6 +1043,18 @@ void Engine::step() {
                 n = std::min({t_left, std::max(size_t(options_.prefill_chunk), 2 * kMinTiledRows), size_t(room)});
                 if (n < t_left && t_left - n < kMinTiledRows) n = t_left - kMinTiledRows;  // no short tail
                 if (n < kMinTiledRows) continue;  // no room this step
+                if (tiled_n == 0) {
+                    tiled_n = n;
+                } else {
+                    // llama.cpp cuts a batch of several sequences into ubatches that take
+                    // as many rows from each: with chunks of one length every ubatch holds
+                    // whole chunks, never a short remainder of one
+                    if (t_left < tiled_n || (t_left > tiled_n && t_left - tiled_n < kMinTiledRows) ||
+                        size_t(room) < tiled_n) {
+                        continue;
+                    }
+                    n = tiled_n;
+                }
                 if (s->n_fed + n == s->feed.size()) {
                     if (prompts_ended + 1 >= kMinTiledRows) continue;
                     prompts_ended++;

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from native_helpers import N_GPU_LAYERS, drain, generate
+from native_helpers import N_GPU_LAYERS, drain, generate, take
 
 from lmsp.demo_model import write_demo_model
 from lmsp.native import QUANTIZE_TYPES, Engine, ModelFormatError, NativeError, quantize, read_gguf_info, system_info
@@ -125,14 +125,15 @@ CASES = {"greedy": dict(temperature=0), "sampled": SAMPLED}
 @cpu_only
 @pytest.mark.parametrize("chunk", [256, 16])
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_kquant_sequence_alone_and_among_eight_others(kquant_model: Path, case: str, chunk: int) -> None:
+@pytest.mark.parametrize("kind", ["q4_k_m", "iq4_xs"])
+def test_a_kquant_sequence_alone_and_among_eight_others(quantized, kind: str, case: str, chunk: int) -> None:
     """Prompts of 8 tokens or more are prefilled by the tiled kernel in steps
     of their own, in chunks of 8 rows or more; every other row (decoding, a
     prompt of 5) by the one-row kernel. With 16-token chunks the 37-token
     prompt is cut 16 + 13 + 8, never leaving a tail of fewer than 8."""
     params = CASES[case]
     prompt = random_prompt(0, 37)
-    with _engine(kquant_model, n_parallel=9, prefill_chunk=chunk) as engine:
+    with _engine(quantized(kind), n_parallel=9, prefill_chunk=chunk) as engine:
         assert engine.info["reference_kernels"]
         alone = generate(engine, prompt, max_tokens=24, logprobs=True, **params)
         # nine rows per decoding step, and neighbours still prefilling among them
@@ -213,6 +214,25 @@ def test_a_kquant_sequences_kv_is_the_same_alone_and_among_others(kquant_model: 
     common = sorted(set(alone) & set(beside))
     assert common[:len(prompt) + 39] == list(range(len(prompt) + 39))
     assert [p for p in common if alone[p] != beside[p]] == []
+
+
+@cpu_only
+@pytest.mark.parametrize("kind", ["q6_k", "iq4_xs"])  # where the two kernels differ in every layer
+def test_prompts_of_other_lengths_in_one_step_give_what_each_gives_alone(quantized, kind: str) -> None:
+    """llama.cpp cuts a batch of several sequences (one KV stream each) into
+    ubatches that take as many tokens from each: a 20-token prompt beside a
+    16-token one would leave its last 4 rows to a ubatch of their own, too
+    few for the tiled kernel."""
+    prompts = [random_prompt(70, 20), random_prompt(71, 16), random_prompt(72, 29), random_prompt(73, 8)]
+    with _engine(quantized(kind), n_parallel=5, prefix_cache=False) as engine:  # every prompt prefilled whole
+        alone = [generate(engine, p, max_tokens=4, temperature=0, logprobs=True).logprobs for p in prompts]
+        # a sequence decoding meanwhile, so that the four arrive during a step and are
+        # admitted together
+        busy = engine.submit(random_prompt(74, 5), max_tokens=60, temperature=0)
+        take(engine, 1)  # busy: its first result is out
+        seqs = [engine.submit(p, max_tokens=4, temperature=0, logprobs=True) for p in prompts]
+        runs = drain(engine, [*seqs, busy])
+    assert [runs[s].logprobs for s in seqs] == alone
 
 
 @cpu_only
