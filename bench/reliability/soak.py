@@ -281,13 +281,13 @@ def check_replay(client: Client, view: StoreView, limit: int, rng: random.Random
 def run_soak(workdir: Path, cycles: int, *, seed: int = 0, clients: int = 4,
              load_seconds: tuple[float, float] = (0.3, 2.5), backlog: int = 24, max_tokens: tuple[int, int] = (4, 64),
              startup_kill_rate: float = 0.1, replay_limit: int = 30, env: dict[str, str] | None = None,
-             log=print) -> SoakReport:
+             model_file: Path | None = None, log=print) -> SoakReport:
     rng = random.Random(seed)
     report = SoakReport()
     t0 = time.monotonic()
     data_dir = workdir / "data"
-    server = Server(data_dir, log=workdir / "server.log", env=env)
-    model = "demo"
+    server = Server(data_dir, log=workdir / "server.log", env=env, model=model_file)
+    model = model_file.stem if model_file is not None else "demo"  # the id lmsp serve --model gives it
     known: list[str] = []
     before: StoreView | None = None
     pending: list[Req] = []        # requests of the last cycle, checked after the restart
@@ -390,10 +390,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument("--cycles", type=int, default=100)
         ap.add_argument("--seed", type=int, default=1)
         ap.add_argument("--clients", type=int, default=4)
+        ap.add_argument("--model", type=Path, default=None,
+                        help="a GGUF file to serve instead of the demo model")
 
     return bench_main(__doc__, argv, options,
                       lambda a, workdir, log: run_soak(workdir, a.cycles, seed=a.seed, clients=a.clients,
-                                                       log=log).summary(),
+                                                       model_file=a.model, log=log).summary(),
                       lambda summary: summary["violations"])
 
 
