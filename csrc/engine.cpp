@@ -313,7 +313,6 @@ Engine::Engine(const std::string & model_path, const EngineOptions & options) : 
     if (batch_invariant() && !every_matmul_is_row_wise(info_.matrix_types)) {
         use_reference_cpu_kernels(ctx_.get(), true);
         reference_kernels_ = kernels_reference_now_ = true;
-        tiled_prefill_ = size_t(options.n_batch) >= 2 * kMinTiledRows;
     }
     ggml_threadpool_params tpp = ggml_threadpool_params_default(n_threads);
     threadpool_.reset(ggml_threadpool_new(&tpp));
@@ -759,6 +758,11 @@ void Engine::forget_slot(int slot) {
     slots_[size_t(slot)].tiled_rows = 0;
 }
 
+bool Engine::tiled_prefill() const {
+    // a batch holds a chunk of 2 * kMinTiledRows rows: the first prompt of a tiled step always advances
+    return reference_kernels_ && size_t(options_.n_batch) >= 2 * kMinTiledRows;
+}
+
 void Engine::set_reference_kernels(bool on) {
     if (on != kernels_reference_now_) {
         use_reference_cpu_kernels(ctx_.get(), on);
@@ -817,11 +821,11 @@ void Engine::admit(std::unique_ptr<Sequence> seq) {
     seq->t_admit = Clock::now();
     llama_memory_t mem = llama_get_memory(ctx_.get());
     // a prompt of kMinTiledRows or more is prefilled tiled (two kinds of steps)
-    seq->t_end = tiled_prefill_ && size_t(seq->n_prompt) >= kMinTiledRows ? size_t(seq->n_prompt) : 0;
+    seq->t_end = tiled_prefill() && size_t(seq->n_prompt) >= kMinTiledRows ? size_t(seq->n_prompt) : 0;
     if (reuse && common > 0) {
         // the last token is fed again in any case: its logits give the next one
         common = std::min(common, seq->feed.size() - 1);
-        if (tiled_prefill_) common = same_kind_prefix(common, slots_[size_t(slot)].tiled_rows, seq->t_end);
+        if (tiled_prefill()) common = same_kind_prefix(common, slots_[size_t(slot)].tiled_rows, seq->t_end);
     }
     if (reuse && common > 0) {
         // a cache that cannot drop a sequence's tail (recurrent models), or that
@@ -1002,7 +1006,7 @@ void Engine::step() {
     // step ends at most kMinTiledRows - 1 prompts. The two kinds take turns
     // while both have work.
     bool tiled_step = false;
-    if (tiled_prefill_) {
+    if (tiled_prefill()) {
         bool tiled_work = false, one_row_work = false;
         for (auto & s : active_) {
             if (s->state == SeqState::generating) one_row_work = true;
@@ -1035,7 +1039,7 @@ void Engine::step() {
         if (room <= 0) break;
         const size_t left = s->feed.size() - s->n_fed;
         size_t n = std::min({left, size_t(options_.prefill_chunk), size_t(room)});
-        if (tiled_prefill_) {
+        if (tiled_prefill()) {
             const bool tiled_rows = s->n_fed < s->t_end;
             if (tiled_rows != tiled_step) continue;
             if (tiled_rows) {

@@ -184,7 +184,7 @@ private:
     bool reference_kernels_ = false;
     // With reference kernels: prompts are prefilled by ggml's tiled kernels
     // in steps of their own (see "Two kinds of steps" in engine.cpp)
-    bool tiled_prefill_ = false;
+    bool tiled_prefill() const;
     bool last_step_prefill_ = false;
     bool kernels_reference_now_ = false;  // what the CPU backend is set to
     void set_reference_kernels(bool on);

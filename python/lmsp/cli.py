@@ -55,6 +55,14 @@ def _open_store(cfg):
     return open_store(cfg)
 
 
+def _model_path(cfg, path: str) -> str:
+    """``path`` as given, or the file of that name inside the models directory
+    when only that one exists."""
+    if not os.path.isabs(path) and not os.path.exists(path) and (cfg.models_dir / path).exists():
+        return str(cfg.models_dir / path)
+    return path
+
+
 def _print(args, obj: dict, text: str | None = None) -> None:
     if args.json:
         print(json.dumps(obj, ensure_ascii=False))
@@ -191,9 +199,7 @@ def cmd_models(args) -> int:
         if args.action == "add":
             if not args.target:
                 raise CommandError("models add needs a GGUF file")
-            path = args.target
-            if not os.path.isabs(path) and not os.path.exists(path) and (cfg.models_dir / path).exists():
-                path = str(cfg.models_dir / path)  # a name inside the models directory
+            path = _model_path(cfg, args.target)
             progress = _Progress(f"sha256 {os.path.basename(path)}", enabled=not args.json and sys.stderr.isatty())
             model = registry.register(os.path.abspath(path), args.id, progress, confined=False)
             _print(args, model, f"registered {model['id']}: {model['architecture']}, {model['quantization']}, "
@@ -311,11 +317,7 @@ def cmd_doctor(args) -> int:
 def cmd_quantize(args) -> int:
     from . import native
 
-    src = args.src
-    if not os.path.isabs(src) and not os.path.exists(src):
-        inside = _load_config(args).models_dir / src
-        if inside.exists():
-            src = str(inside)  # a name inside the models directory
+    src = _model_path(_load_config(args), args.src)
     if os.path.exists(args.dst) and not args.force:
         raise CommandError(f"{args.dst} exists (--force replaces it)")
     started = time.monotonic()

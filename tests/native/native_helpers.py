@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from lmsp.native import Engine
 
 # GPU layers of the fixtures' engines (conftest.py): 0, or 99 to run them on a GPU
@@ -60,3 +62,8 @@ def generate(engine: Engine, prompt: list[int], **kwargs) -> Run:
 
 def prompt_tokens(engine: Engine, text: str) -> list[int]:
     return engine.tokenize(text, add_special=True)
+
+
+def random_prompt(seed: int, n: int) -> list[int]:
+    """BOS, then ordinary pieces of the SPM vocabulary (byte tokens included)."""
+    return [1] + np.random.default_rng(seed).integers(3, 32000, size=n - 1).tolist()

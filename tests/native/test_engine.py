@@ -10,7 +10,7 @@ import gevent
 import gevent.socket
 import numpy as np
 import pytest
-from native_helpers import N_GPU_LAYERS, drain, generate, prompt_tokens
+from native_helpers import N_GPU_LAYERS, drain, generate, prompt_tokens, random_prompt
 
 from lmsp.native import ContextLengthError, Engine, EngineClosedError, NativeError, set_logging
 
@@ -18,11 +18,6 @@ SAMPLED = dict(temperature=0.9, top_p=0.9, top_k=40)
 # a context (and max_tokens) long enough that a sequence is still running when
 # the test acts on it, however slowly the test itself is scheduled
 LONG = 4096
-
-
-def random_prompt(seed: int, n: int) -> list[int]:
-    # BOS, then ordinary pieces of the SPM vocabulary (byte tokens included)
-    return [1] + np.random.default_rng(seed).integers(3, 32000, size=n - 1).tolist()
 
 
 def test_info_and_sizes(engine: Engine) -> None:
