@@ -18,34 +18,41 @@
 #include "text.h"
 
 // Batch invariance (a sequence decoded alone or next to others gives the same
-// logits bit for bit). Reading ggml-cpu shows four kernels whose summation
-// order depends on the shape of the batch, so the engine keeps all four off:
+// logits bit for bit). Reading ggml-cpu shows these kernels whose summation
+// order depends on the shape of the batch:
 //  - llamafile's sgemm (CMakeLists.txt, GGML_LLAMAFILE=OFF) takes over
 //    matmuls of two or more rows; one row goes through vec_dot, which
-//    accumulates in another order.
-//  - flash attention: the CPU kernel has a tiled path for 64+ query rows of a
-//    sequence and a split-KV path (per-thread partials) for one query over
-//    512+ cells; both need K and V of the same type (f16 or f32; llama.cpp
-//    casts an f32 cache to f16). So the engine runs flash attention with an
-//    f16 K cache and a bf16 V cache: every row takes the per-row kernel, which
-//    skips masked cells and accumulates V in f32. Against attention without
-//    flash attention this prefills the tiny demo model's 86-token prompt in
-//    2.0 ms instead of 4.4 (one thread); bf16 keeps V to 8 significant bits
-//    (the precision most models are trained in), which shows as 7e-3 of the
-//    logits' scale against the numpy reference instead of 3e-3 (tests/native).
-//    tests/native checks the invariance with 2 threads over 700 cells.
+//    accumulates in another order. Kept off.
 //  - weight repacking (extra buffer types): repacked gemm (4+ rows) and gemv
-//    (1 row) differ.
+//    (1 row) differ. Kept off.
+//  - flash attention with K and V of one type (f16 here): a tiled kernel for
+//    64+ query rows of a sequence in one ubatch, and a split-KV one
+//    (per-thread partials) for a lone query over 512+ cells. The per-row
+//    kernel skips masked cells and accumulates V in f32. The tiled one sums
+//    a row over 64-cell tiles of the sequence's own KV stream, where masked
+//    cells add exact zeros, so each row it computes comes out the same
+//    however many rows come with it, but not as the per-row kernel's.
 //  - a tiled matmul for 8+ rows of K-quant and i-quant weights (q4_k, q6_k,
-//    iq4_xs, ...; ggml-cpu/tiled), whose rows come out the same for any
-//    batch of 8 or more. For a model with such weights the engine computes
-//    each row in one of two fixed ways ("Two kinds of steps" in step()):
-//    prompts tiled, in steps of their own, everything else on ggml's
-//    reference kernels (llama_private.cpp), which take the one-row path,
-//    keep flash attention on its per-row kernel and fuse no ops. Not for the
-//    float and legacy block types, which have no such kernel: there the
-//    lost fusion (RMS norm with its weight) made the tiny demo model decode
-//    about 10% slower. tests/native/test_quantize.py checks seven types.
+//    iq4_xs, ...; ggml-cpu/tiled), whose rows likewise come out the same for
+//    any batch of 8 or more.
+// So the engine computes each row in one of two fixed ways ("Two kinds of
+// steps" in step()): a prompt of 64 tokens or more (8 or more on K-quant
+// weights) is prefilled tiled, in steps of its own kind, in chunks of at
+// least that many rows; every other row (decoding, shorter prompts, the
+// generated tokens fed again on a resume) goes through one-row steps on
+// ggml's reference kernels (llama_private.cpp), which take the per-row flash
+// attention and vec_dot. They also fuse no ops, which changes no bits (the
+// fused RMS norm multiplies as the two ops do) and no speed that llama-bench
+// can tell on the tiny demo model. The tiled flash attention prefills that
+// model's 86-token prompt in 2.0 ms instead of 3.7, and an 850-token one in
+// 26 ms instead of 161 (llama-bench -fa 1 -ctk f16 --repack 0, -ctv f16
+// against bf16, one thread). With batches under 128 tokens, too small for
+// a tiled chunk beside a split one, the V cache is bf16 instead, which keeps
+// flash attention on its per-row kernel for every row (V to 8 significant
+// bits, which shows as 7e-3 of the logits' scale against the numpy
+// reference instead of 3e-3; tests/native). A MoE model with K-quant
+// experts is not prefilled tiled: how many rows an expert gets depends on
+// the whole batch, so every row takes the reference kernels.
 // Each sequence also has its own KV stream (kv_unified=false), so its cells
 // and positions do not depend on its neighbours (a unified cache only adds
 // masked cells, whose zero weights leave the sums unchanged).
@@ -54,11 +61,11 @@
 // batch (eval_logits of a prefix versus the whole, tests/native), and tokens
 // are equal alone and batched, and after resume. Turning llamafile, repacking
 // or kv_unified back on, one at a time, did not change those results on that
-// model: those are guards taken from the code. Flash attention with K and V
-// both f16 did: with 2 threads, logits computed one row at a time over 700
-// cells differ from the same rows computed in 512-row batches (by up to 1.5e-2,
-// from the second row on). The same invariance is what makes a resume without KV state
-// (prefill of prompt+generated) exact.
+// model: those are guards taken from the code. Flash attention's own paths
+// did: with 2 threads, logits computed one row at a time over 700 cells
+// differ from the same rows computed in 512-row batches (by up to 1.5e-2,
+// from the second row on). The same invariance is what makes a resume
+// without KV state (prefill of prompt+generated) exact.
 // EngineOptions::batch_invariant = false gives this up on the CPU for speed:
 // K and V both f16 (the tiled kernel for prompt chunks of 64+ rows, the
 // split-KV one for a lone query over 512+ cells) and repacked weights, as
@@ -112,16 +119,20 @@ float log_probability(const float * logits, int32_t n, int32_t token) {
 // ggml's tiled matmul takes 8 rows or more; each row it computes comes out the
 // same however many there are. Fewer take the one-row path.
 constexpr size_t kMinTiledRows = 8;
+// ggml's tiled flash attention takes 64 query rows of a sequence or more.
+constexpr size_t kFaTileRows = 64;
 
 // How many leading positions of a slot's KV a new sequence may take over
 // when rows are computed in two ways (tiled prefill, one-row decode): up to
 // `common`, where each row was computed the way a prefill of the new
-// sequence would compute it (the first `t_slot` rows of the slot tiled, the
-// first `t_new` of the new sequence), leaving its tiled rows 0 or at least
-// kMinTiledRows to prefill.
-size_t same_kind_prefix(size_t common, size_t t_slot, size_t t_new) {
+// sequence would compute it (the first `t_slot` rows of the slot tiled in
+// chunks of at least `m_slot`, the first `t_new` of the new sequence in
+// chunks of at least `m_new`), leaving its tiled rows 0 or at least `m_new`
+// to prefill.
+size_t same_kind_prefix(size_t common, size_t t_slot, size_t m_slot, size_t t_new, size_t m_new) {
+    if (t_slot > 0 && t_new > 0 && m_slot != m_new) return 0;  // tiled in two ways from the first row
     if (t_slot != t_new) common = std::min(common, std::min(t_slot, t_new));
-    if (t_new > common && t_new - common < kMinTiledRows) common = t_new - kMinTiledRows;
+    if (t_new > common && t_new - common < m_new) common = t_new - m_new;
     return common;
 }
 }  // namespace
@@ -152,6 +163,7 @@ struct Sequence {
     int32_t n_past = 0;         // positions in this sequence's KV
     int32_t n_cached = 0;       // leading feed tokens whose KV its slot already held
     size_t t_end = 0;           // feed tokens [0, t_end) are prefilled in tiled steps
+    size_t t_min = 0;           // ... in chunks of at least this many rows
     std::string cache_key;      // whose slots' KV it may reuse
     bool logprobs = false;      // hand out each token's log probability
     std::vector<float> next_logprobs;  // for the token of the next result
@@ -229,6 +241,11 @@ Engine::Engine(const std::string & model_path, const EngineOptions & options) : 
         throw ModelFormatError("cannot load model " + model_path + ": " + info_.unloadable);
     }
 
+    // the kernels batch invariance keeps (see the note above)
+    const bool invariant_cpu = options.batch_invariant && options.n_gpu_layers == 0;
+    const bool moe_kquant = info_.n_expert > 0 && !every_matmul_is_row_wise(info_.matrix_types);
+    fa_tiles_ = invariant_cpu && !moe_kquant && size_t(options.n_batch) >= 2 * kFaTileRows;
+
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = options.n_gpu_layers;
     mp.use_extra_bufts = !options.batch_invariant;  // see the batch-invariance note above
@@ -283,10 +300,11 @@ Engine::Engine(const std::string & model_path, const EngineOptions & options) : 
     cp.n_threads = n_threads;
     cp.n_threads_batch = n_threads;
     if (options.n_gpu_layers == 0) {
-        // CPU: flash attention; a bf16 V cache keeps it on its per-row kernel (see the note above)
+        // CPU: flash attention; without tiled prompts, a bf16 V cache keeps it
+        // on its per-row kernel (see the note above)
         cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
         cp.type_k = GGML_TYPE_F16;
-        cp.type_v = options.batch_invariant ? GGML_TYPE_BF16 : GGML_TYPE_F16;
+        cp.type_v = options.batch_invariant && !fa_tiles_ ? GGML_TYPE_BF16 : GGML_TYPE_F16;
     } else {
         cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
     }
@@ -310,9 +328,12 @@ Engine::Engine(const std::string & model_path, const EngineOptions & options) : 
         throw NativeFailure("cannot create a llama context" + (why.empty() ? "" : ": " + why));
     }
     backend_ = (options.n_gpu_layers != 0 && llama_supports_gpu_offload()) ? "cuda" : "cpu";
-    if (batch_invariant() && !every_matmul_is_row_wise(info_.matrix_types)) {
+    reference_kernels_ = batch_invariant() && !every_matmul_is_row_wise(info_.matrix_types);
+    matmul_tiles_ = reference_kernels_ && !moe_kquant && size_t(options.n_batch) >= 2 * kMinTiledRows;
+    one_row_reference_ = reference_kernels_ || fa_tiles_;
+    if (one_row_reference_) {
         use_reference_cpu_kernels(ctx_.get(), true);
-        reference_kernels_ = kernels_reference_now_ = true;
+        kernels_reference_now_ = true;
     }
     ggml_threadpool_params tpp = ggml_threadpool_params_default(n_threads);
     threadpool_.reset(ggml_threadpool_new(&tpp));
@@ -730,6 +751,7 @@ void Engine::finish(Sequence & seq, Finish why, const std::string & error, std::
             held.insert(held.end(), seq.generated.begin(), seq.generated.end());
             held.resize(std::min(held.size(), size_t(std::max(seq.n_past, 0))));
             slot.tiled_rows = std::min(seq.t_end, held.size());
+            slot.tiled_min = seq.t_min;
             slot.key = seq.cache_key;
             if (!llama_memory_seq_rm(llama_get_memory(ctx_.get()), seq.slot, int32_t(held.size()), -1)) {
                 forget_slot(seq.slot);
@@ -756,11 +778,15 @@ void Engine::forget_slot(int slot) {
     llama_memory_seq_rm(llama_get_memory(ctx_.get()), slot, -1, -1);
     slots_[size_t(slot)].tokens.clear();
     slots_[size_t(slot)].tiled_rows = 0;
+    slots_[size_t(slot)].tiled_min = 0;
 }
 
-bool Engine::tiled_prefill() const {
-    // a batch holds a chunk of 2 * kMinTiledRows rows: the first prompt of a tiled step always advances
-    return reference_kernels_ && size_t(options_.n_batch) >= 2 * kMinTiledRows;
+size_t Engine::tiled_min(size_t n_prompt) const {
+    // each kind is on only where a batch holds two of its smallest chunks:
+    // the first prompt of a tiled step always advances
+    if (fa_tiles_ && n_prompt >= kFaTileRows) return kFaTileRows;
+    if (matmul_tiles_ && n_prompt >= kMinTiledRows) return kMinTiledRows;
+    return 0;
 }
 
 void Engine::set_reference_kernels(bool on) {
@@ -820,12 +846,16 @@ void Engine::admit(std::unique_ptr<Sequence> seq) {
     n_active_++;
     seq->t_admit = Clock::now();
     llama_memory_t mem = llama_get_memory(ctx_.get());
-    // a prompt of kMinTiledRows or more is prefilled tiled (two kinds of steps)
-    seq->t_end = tiled_prefill() && size_t(seq->n_prompt) >= kMinTiledRows ? size_t(seq->n_prompt) : 0;
+    // a long enough prompt is prefilled tiled (two kinds of steps)
+    seq->t_min = tiled_min(size_t(seq->n_prompt));
+    seq->t_end = seq->t_min > 0 ? size_t(seq->n_prompt) : 0;
     if (reuse && common > 0) {
         // the last token is fed again in any case: its logits give the next one
         common = std::min(common, seq->feed.size() - 1);
-        if (tiled_prefill()) common = same_kind_prefix(common, slots_[size_t(slot)].tiled_rows, seq->t_end);
+        if (two_kinds()) {
+            const Slot & held = slots_[size_t(slot)];
+            common = same_kind_prefix(common, held.tiled_rows, held.tiled_min, seq->t_end, seq->t_min);
+        }
     }
     if (reuse && common > 0) {
         // a cache that cannot drop a sequence's tail (recurrent models), or that
@@ -938,7 +968,7 @@ void Engine::handle_request(Request & req) {
     }
     llama_memory_t mem = llama_get_memory(ctx_.get());
     forget_slot(0);
-    set_reference_kernels(reference_kernels_);  // every row the one-row way: any prefix gives the same rows
+    set_reference_kernels(one_row_reference_);  // every row the one-row way: any prefix gives the same rows
     std::vector<float> out;
     try {
         out.resize(req.tokens.size() * size_t(n_vocab_));
@@ -981,6 +1011,41 @@ void Engine::handle_request(Request & req) {
     req.logits.set_value(std::move(out));
 }
 
+void Engine::order_batch_by_slot() {
+    // llama.cpp cuts a batch of several sequences (one KV stream each) into
+    // ubatches of consecutive sequence ids, taking them in the order their
+    // rows come: rows in the order of admission would cut a run of
+    // neighbouring slots into several ubatches, each one more pass over
+    // the weights. Sorted by slot, each run is one ubatch.
+    const auto n = size_t(batch_.n_tokens);
+    bool sorted = true;
+    for (size_t k = 1; k < n && sorted; ++k) sorted = batch_.seq_id[k - 1][0] <= batch_.seq_id[k][0];
+    if (sorted) return;
+    std::vector<int32_t> order(n);
+    for (size_t k = 0; k < n; ++k) order[k] = int32_t(k);
+    std::stable_sort(order.begin(), order.end(),
+                     [this](int32_t a, int32_t b) { return batch_.seq_id[a][0] < batch_.seq_id[b][0]; });
+    std::vector<int32_t> token(n), pos(n), seq(n), moved_to(n);
+    std::vector<int8_t> logits(n);
+    for (size_t k = 0; k < n; ++k) {
+        const auto from = size_t(order[k]);
+        token[k] = batch_.token[from];
+        pos[k] = batch_.pos[from];
+        seq[k] = batch_.seq_id[from][0];
+        logits[k] = batch_.logits[from];
+        moved_to[from] = int32_t(k);
+    }
+    for (size_t k = 0; k < n; ++k) {
+        batch_.token[k] = token[k];
+        batch_.pos[k] = pos[k];
+        batch_.seq_id[k][0] = seq[k];
+        batch_.logits[k] = logits[k];
+    }
+    for (auto & s : active_) {
+        if (s->batch_index >= 0) s->batch_index = moved_to[size_t(s->batch_index)];
+    }
+}
+
 void Engine::step() {
     llama_memory_t mem = llama_get_memory(ctx_.get());
     batch_.n_tokens = 0;
@@ -994,19 +1059,20 @@ void Engine::step() {
         return k;
     };
 
-    // Two kinds of steps, where the engine runs on ggml's reference kernels
-    // for batch invariance (K-quant weights): a tiled step prefills prompts
-    // of kMinTiledRows tokens or more, in chunks of at least that many, with
-    // ggml's tiled matmul; every other row (decoding, prompts shorter than
-    // that, generated tokens fed again on a resume) goes through a one-row
-    // step on the reference kernels. Every row of a sequence is thus computed
-    // the same way whatever runs beside it. The sequences of a tiled step
-    // feed chunks of one length (see below), and since the last layer and
-    // the output matmul see only the rows whose logits are wanted, a tiled
-    // step ends at most kMinTiledRows - 1 prompts. The two kinds take turns
-    // while both have work.
+    // Two kinds of steps, for batch invariance on the CPU (the note at the
+    // top): a tiled step prefills prompts of at least tiled_min() tokens, in
+    // chunks of at least that many rows (kFaTileRows for ggml's tiled flash
+    // attention, kMinTiledRows for its tiled K-quant matmul); every other row
+    // (decoding, shorter prompts, generated tokens fed again on a resume)
+    // goes through a one-row step on the reference kernels. Every row of a
+    // sequence is thus computed the same way whatever runs beside it. The
+    // sequences of a tiled step feed chunks of one length (see below), so
+    // its prompts are all of one kind; and since the last layer and the
+    // output matmul see only the rows whose logits are wanted, a tiled step
+    // on K-quant weights ends at most kMinTiledRows - 1 prompts. The two
+    // kinds take turns while both have work.
     bool tiled_step = false;
-    if (tiled_prefill()) {
+    if (two_kinds()) {
         bool tiled_work = false, one_row_work = false;
         for (auto & s : active_) {
             if (s->state == SeqState::generating) one_row_work = true;
@@ -1039,28 +1105,29 @@ void Engine::step() {
         if (room <= 0) break;
         const size_t left = s->feed.size() - s->n_fed;
         size_t n = std::min({left, size_t(options_.prefill_chunk), size_t(room)});
-        if (tiled_prefill()) {
+        if (two_kinds()) {
             const bool tiled_rows = s->n_fed < s->t_end;
             if (tiled_rows != tiled_step) continue;
             if (tiled_rows) {
+                const size_t m = s->t_min;
                 const size_t t_left = s->t_end - s->n_fed;
-                n = std::min({t_left, std::max(size_t(options_.prefill_chunk), 2 * kMinTiledRows), size_t(room)});
-                if (n < t_left && t_left - n < kMinTiledRows) n = t_left - kMinTiledRows;  // no short tail
-                if (n < kMinTiledRows) continue;  // no room this step
+                n = std::min({t_left, std::max(size_t(options_.prefill_chunk), 2 * m), size_t(room)});
+                if (n < t_left && t_left - n < m) n = t_left - m;  // no short tail
+                if (n < m) continue;  // no room this step
                 if (tiled_n == 0) {
                     tiled_n = n;
                 } else {
                     // llama.cpp cuts a batch of several sequences into ubatches that take
                     // as many rows from each: with chunks of one length every ubatch holds
                     // whole chunks, never a short remainder of one
-                    if (t_left < tiled_n || (t_left > tiled_n && t_left - tiled_n < kMinTiledRows) ||
+                    if (tiled_n < m || t_left < tiled_n || (t_left > tiled_n && t_left - tiled_n < m) ||
                         size_t(room) < tiled_n) {
                         continue;
                     }
                     n = tiled_n;
                 }
                 if (s->n_fed + n == s->feed.size()) {
-                    if (prompts_ended + 1 >= kMinTiledRows) continue;
+                    if (reference_kernels_ && prompts_ended + 1 >= kMinTiledRows) continue;
                     prompts_ended++;
                 }
             }
@@ -1079,6 +1146,7 @@ void Engine::step() {
     }
 
     if (batch_.n_tokens > 0) {
+        order_batch_by_slot();
         const int32_t rc = llama_decode(ctx_.get(), batch_);
         steps_++;
         tokens_decoded_ += batch_.n_tokens;

@@ -31,7 +31,8 @@ struct EngineOptions {
     int32_t prefill_chunk = 256;
     // CPU only: keep the kernels whose sums do not depend on the batch (see the
     // batch-invariance note in engine.cpp). False takes llama.cpp's faster
-    // defaults: the tiled flash attention and repacked weights.
+    // defaults for every row: its tiled and split-KV kernels wherever a batch
+    // allows them, and repacked weights.
     bool batch_invariant = true;
     // a free slot keeps the KV of its last sequence (its prompt and what was
     // generated), and a new sequence whose tokens start the same continues it
@@ -173,6 +174,7 @@ private:
     void forget_slot(int slot);
     void forget_free_slots();
     void step();
+    void order_batch_by_slot();  // rows of one slot stay in their order
     void finish(Sequence & seq, Finish why, const std::string & error, std::vector<int32_t> tokens,
                 std::string text);
     void emit(Sequence & seq, StepResult result);  // into outbox_, handed over at the end of the round
@@ -181,10 +183,17 @@ private:
 
     EngineOptions options_;
     GgufInfo info_;
-    bool reference_kernels_ = false;
-    // With reference kernels: prompts are prefilled by ggml's tiled kernels
-    // in steps of their own (see "Two kinds of steps" in engine.cpp)
-    bool tiled_prefill() const;
+    bool reference_kernels_ = false;  // K-quant or i-quant weights decode on ggml's one-row kernels
+    // Batch invariance on the CPU computes each row one of two ways ("Two
+    // kinds of steps" in engine.cpp): one-row steps on ggml's reference
+    // kernels, and prompts prefilled by ggml's tiled kernels in steps of
+    // their own, in chunks of at least tiled_min(prompt length) rows (0: the
+    // prompt goes through one-row steps).
+    bool one_row_reference_ = false;  // one-row steps run the reference kernels
+    bool fa_tiles_ = false;           // prompts of 64+ tokens: tiled flash attention (K and V f16)
+    bool matmul_tiles_ = false;       // prompts of 8+ tokens: tiled K-quant matmul
+    size_t tiled_min(size_t n_prompt) const;
+    bool two_kinds() const { return fa_tiles_ || matmul_tiles_; }
     bool last_step_prefill_ = false;
     bool kernels_reference_now_ = false;  // what the CPU backend is set to
     void set_reference_kernels(bool on);
@@ -233,6 +242,7 @@ private:
         std::string key;              // the cache_key of the sequence that left them
         uint64_t freed_at = 0;        // slot_clock_ when it was last given up
         size_t tiled_rows = 0;        // leading positions computed by a tiled prefill
+        size_t tiled_min = 0;         // ... in chunks of at least this many rows
     };
     std::vector<Slot> slots_;
     uint64_t slot_clock_ = 0;

@@ -181,6 +181,7 @@ GgufInfo read_gguf_info(const std::string & path) {
         const auto u = [&](const char * k) { return get_uint(ctx.get(), a + k).value_or(0); };
         const uint64_t n_expert = u("expert_count"), n_used = u("expert_used_count");
         const uint64_t n_groups = u("expert_group_count"), n_group_used = u("expert_group_used_count");
+        info.n_expert = n_expert;
         std::string & why = info.unloadable;
         // (a missing block_count makes llama.cpp throw, which is fine)
         if (get_uint(ctx.get(), a + "block_count") && (info.n_layer < 1 || info.n_layer > 512)) {

@@ -30,6 +30,8 @@ struct GgufInfo {
     // Not shown to Python: the ggml types of the matrices (tensors of two or
     // more dimensions), each once.
     std::vector<int> matrix_types;
+    // Not shown to Python: experts per MoE layer (0 for a dense model).
+    uint64_t n_expert = 0;
 };
 
 // Reads the header with ggml's GGUF reader (no tensor data is loaded) and

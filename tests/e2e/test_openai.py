@@ -92,7 +92,9 @@ def test_a_flat_distribution_with_top_p_near_one_completes(client, served):
 
 
 def test_the_next_turn_of_a_conversation_reports_its_cached_tokens(client):
-    question = [{"role": "system", "content": "You answer in one word."},
+    # a prompt of 64 tokens or more from the first turn on: the engine prefills
+    # those tiled, shorter ones row by row, and builds on rows of one kind only
+    question = [{"role": "system", "content": "You answer in one word. " + "Be brief, plain and exact. " * 12},
                 {"role": "user", "content": "Name a river."}]
     first = client.responses.create(model="tiny", input=question, max_output_tokens=6, temperature=0)
     turn = question + [{"role": "assistant", "content": first.output_text},

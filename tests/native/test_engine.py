@@ -280,17 +280,20 @@ def test_cancel_a_waiting_sequence(make_engine) -> None:
     assert runs[first].finish == "cancelled"
 
 
-def test_attention_is_batch_invariant_over_long_contexts_with_two_threads(make_engine) -> None:
+@pytest.mark.parametrize(("n_tokens", "wide_batch", "narrow_batch"), [(641, 512, 128), (700, 64, 1)])
+def test_attention_is_batch_invariant_over_long_contexts_with_two_threads(
+        make_engine, n_tokens: int, wide_batch: int, narrow_batch: int) -> None:
     """ggml's CPU flash attention has two kernels whose summation order depends on
     the batch: tiled for 64+ query rows of a sequence, and one query over 512+ KV
-    cells split among the threads. The engine keeps both off (csrc/engine.cpp), so a
-    row's logits do not depend on how many rows were computed with it."""
-    tokens = random_prompt(11, 700)
-    wide = make_engine(n_ctx=1024, n_parallel=1, n_threads=2, n_batch=512)
-    one_by_one = make_engine(n_ctx=1024, n_parallel=1, n_threads=2, n_batch=1)
-    logits = wide.eval_logits(tokens)       # rows in 512- and 188-row batches
-    single = one_by_one.eval_logits(tokens)  # every row alone: one query over up to 700 cells
-    np.testing.assert_array_equal(single, logits)
+    cells split among the threads. eval_logits keeps every row on the per-row
+    kernel (csrc/engine.cpp), so a row's logits do not depend on how many rows
+    were computed with it: 641 rows in batches of 512 and 129 against 128 five
+    times and then one alone over 641 cells (K and V caches f16); 700 rows in
+    batches of 64 against one at a time (batches under 128 rows: a bf16 V cache)."""
+    tokens = random_prompt(11, n_tokens)
+    wide = make_engine(n_ctx=1024, n_parallel=1, n_threads=2, n_batch=wide_batch)
+    narrow = make_engine(n_ctx=1024, n_parallel=1, n_threads=2, n_batch=narrow_batch)
+    np.testing.assert_array_equal(narrow.eval_logits(tokens), wide.eval_logits(tokens))
 
 
 def test_eval_logits(engine: Engine) -> None:

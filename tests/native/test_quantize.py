@@ -141,6 +141,29 @@ def test_a_kquant_sequence_alone_and_among_eight_others(quantized, kind: str, ca
     assert len(alone.tokens) == len(alone.logprobs) == 24
 
 
+@cpu_only
+@pytest.mark.parametrize("chunk", [256, 64])
+@pytest.mark.parametrize("kind", ["f32", "q4_k_m"])
+def test_long_prompts_and_contexts_alone_and_among_others(small_model: Path, quantized, kind: str,
+                                                           chunk: int) -> None:
+    """Prompts of 64 tokens or more are prefilled with ggml's tiled flash
+    attention, in steps of their own and chunks of 64 rows or more (with
+    64-token chunks the 150-token prompt is cut 86 + 64); decoding, with two
+    threads, runs on the per-row kernel even where a lone sequence's query
+    meets 512 cells or more, which would otherwise split them among the
+    threads. Beside it: prompts of 5 to 200 tokens."""
+    model = small_model if kind == "f32" else quantized(kind)
+    prompt = random_prompt(80, 150)
+    with _engine(model, n_parallel=5, n_ctx=1024, n_threads=2, prefill_chunk=chunk) as engine:
+        alone = generate(engine, prompt, max_tokens=400, logprobs=True, **SAMPLED)
+        seqs = [engine.submit(random_prompt(81 + i, n), max_tokens=300, **SAMPLED)
+                for i, n in enumerate([5, 70, 130, 200])]
+        seqs.insert(2, engine.submit(prompt, max_tokens=400, logprobs=True, **SAMPLED))
+        runs = drain(engine, seqs)
+    assert alone.finish == "length"
+    assert (runs[seqs[2]].tokens, runs[seqs[2]].logprobs) == (alone.tokens, alone.logprobs)
+
+
 def kv_rows(state: bytes) -> dict[int, bytes]:
     """A sequence's KV state (llama_state_seq_get_data of the pinned
     llama.cpp: a magic number and the sequence id, then per stream its cells'
@@ -275,28 +298,52 @@ def test_a_kquant_resume_without_kv_continues_the_same_output(kquant_model: Path
 
 @cpu_only
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_kquant_prefix_cache_gives_what_a_full_prefill_gives(kquant_model: Path, case: str) -> None:
+@pytest.mark.parametrize(("kind", "n_first", "n_more", "tile"),
+                         [("q4_k_m", 20, 15, 8), ("q4_k_m", 80, 60, 64), ("f32", 80, 60, 64)])
+def test_the_prefix_cache_gives_what_a_full_prefill_gives(small_model: Path, quantized, case: str, kind: str,
+                                                          n_first: int, n_more: int, tile: int) -> None:
     """A slot's KV is taken over only where it was computed the way a prefill
     of the new prompt computes it: the earlier prompt's tiled rows, never its
-    answer's one-row ones, leaving 8 rows or more to prefill."""
+    answer's one-row ones, and only rows tiled for the same kind of step
+    (on K-quant weights, prompts under 64 tokens in chunks of 8 or more;
+    prompts of 64 or more in chunks of 64 or more), leaving a whole chunk of
+    that kind to prefill."""
     params = CASES[case]
-    with _engine(kquant_model, n_parallel=2) as cached, \
-            _engine(kquant_model, n_parallel=2, prefix_cache=False) as plain:
-        first_prompt = random_prompt(60, 40)
+    model = small_model if kind == "f32" else quantized(kind)
+    with _engine(model, n_parallel=2) as cached, \
+            _engine(model, n_parallel=2, prefix_cache=False) as plain:
+        first_prompt = random_prompt(60, n_first)
         def both(engine, prompt):
             run = generate(engine, prompt, max_tokens=12, logprobs=True, **params)
             return run, (run.tokens, run.logprobs)
 
         first, _ = both(cached, first_prompt)
-        follow_up = first_prompt + first.tokens + random_prompt(61, 15)
+        follow_up = first_prompt + first.tokens + random_prompt(61, n_more)
+        assert (len(follow_up) >= 64) is (tile == 64)
         second, got = both(cached, follow_up)
         assert second.last["n_cached"] == len(first_prompt)
         assert got == both(plain, follow_up)[1]
         again, got_again = both(cached, follow_up)
-        assert again.last["n_cached"] == len(follow_up) - 8
+        assert again.last["n_cached"] == len(follow_up) - tile
         assert got_again == got
         short = random_prompt(62, 6)  # prefilled the one-row way, as decoding is
         once = both(cached, short)[1]
         twice, got_twice = both(cached, short)
         assert twice.last["n_cached"] == len(short) - 1
         assert once == got_twice == both(plain, short)[1]
+
+
+@cpu_only
+def test_a_prefix_tiled_for_the_other_kind_of_step_is_not_taken_over(kquant_model: Path) -> None:
+    """A 40-token prompt is prefilled in chunks of 8 rows or more (per-row flash
+    attention), a 100-token one in chunks of 64 or more (tiled flash attention):
+    the second cannot build on the first's rows, however many tokens they share."""
+    with _engine(kquant_model, n_parallel=1) as cached, \
+            _engine(kquant_model, n_parallel=1, prefix_cache=False) as plain:
+        shorter = random_prompt(63, 40)
+        generate(cached, shorter, max_tokens=4, temperature=0)
+        longer = shorter + random_prompt(64, 60)
+        run = generate(cached, longer, max_tokens=12, logprobs=True, temperature=0)
+        assert run.last["n_cached"] == 0
+        fresh = generate(plain, longer, max_tokens=12, logprobs=True, temperature=0)
+        assert (run.tokens, run.logprobs) == (fresh.tokens, fresh.logprobs)
