@@ -74,6 +74,11 @@ class DemoModelSpec:
     rope_freq_base: float = 10000.0
     rms_eps: float = 1e-5
     name: str = "lmsp-demo-tiny"
+    # a mixture of experts (llama.cpp's llama architecture with expert
+    # tensors, as Mixtral): n_expert feed-forward blocks per layer, of which
+    # each token takes n_expert_used; 0 for a dense model
+    n_expert: int = 0
+    n_expert_used: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -97,6 +102,13 @@ class DemoModelSpec:
         if self.dtype == "q8_0" and (self.n_embd % 32 or self.n_ff % 32):
             raise ValueError("q8_0 needs n_embd and n_ff to be multiples of 32 "
                              f"(got n_embd={self.n_embd}, n_ff={self.n_ff})")
+        for field in ("n_expert", "n_expert_used"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{field} must be a non-negative integer, got {value!r}")
+        if (self.n_expert == 0) != (self.n_expert_used == 0) or self.n_expert_used > self.n_expert:
+            raise ValueError("a mixture of experts needs 0 < n_expert_used <= n_expert "
+                             f"(got n_expert={self.n_expert}, n_expert_used={self.n_expert_used})")
         if not self.rms_eps > 0 or not self.rope_freq_base > 0:
             raise ValueError("rms_eps and rope_freq_base must be positive")
 
@@ -158,10 +170,21 @@ def tensor_specs(spec: DemoModelSpec, n_vocab: int) -> list[tuple[str, tuple[int
             (p + "attn_v.weight", (spec.n_head_kv * hd, e), w, 0.0, e ** -0.5),
             (p + "attn_output.weight", (e, spec.n_head * hd), w, 0.0, (spec.n_head * hd) ** -0.5),
             (p + "ffn_norm.weight", (e,), *norm),
-            (p + "ffn_gate.weight", (ff, e), w, 0.0, e ** -0.5),
-            (p + "ffn_up.weight", (ff, e), w, 0.0, e ** -0.5),
-            (p + "ffn_down.weight", (e, ff), w, 0.0, ff ** -0.5),
         ]
+        if spec.n_expert:
+            x = spec.n_expert
+            out += [
+                (p + "ffn_gate_inp.weight", (x, e), "f32", 0.0, e ** -0.5),
+                (p + "ffn_gate_exps.weight", (x, ff, e), w, 0.0, e ** -0.5),
+                (p + "ffn_down_exps.weight", (x, e, ff), w, 0.0, ff ** -0.5),
+                (p + "ffn_up_exps.weight", (x, ff, e), w, 0.0, e ** -0.5),
+            ]
+        else:
+            out += [
+                (p + "ffn_gate.weight", (ff, e), w, 0.0, e ** -0.5),
+                (p + "ffn_up.weight", (ff, e), w, 0.0, e ** -0.5),
+                (p + "ffn_down.weight", (e, ff), w, 0.0, ff ** -0.5),
+            ]
     out += [
         ("output_norm.weight", (e,), *norm),
         # a wider spread than 1/sqrt(fan_in) so that next-token choices are not near-uniform
@@ -254,7 +277,8 @@ def write_demo_model(path: os.PathLike[str] | str, *, preset: str = "tiny",
 
     ``options`` override fields of the preset's :class:`DemoModelSpec`
     (``n_embd``, ``n_layer``, ``n_head``, ``n_head_kv``, ``n_ff``, ``n_ctx``,
-    ``seed``, ``dtype``, ``rope_freq_base``, ``rms_eps``, ``name``). The file
+    ``seed``, ``dtype``, ``rope_freq_base``, ``rms_eps``, ``name``,
+    ``n_expert``, ``n_expert_used``). The file
     appears atomically: it is written beside ``path`` and renamed into place.
     Raises ``ValueError``/``TypeError`` for bad options and
     ``FileNotFoundError`` when the vocabulary cannot be found.
@@ -281,6 +305,9 @@ def write_demo_model(path: os.PathLike[str] | str, *, preset: str = "tiny",
             writer.add_rope_dimension_count(spec.head_dim)
             writer.add_rope_freq_base(spec.rope_freq_base)
             writer.add_layer_norm_rms_eps(spec.rms_eps)
+            if spec.n_expert:
+                writer.add_expert_count(spec.n_expert)
+                writer.add_expert_used_count(spec.n_expert_used)
             writer.add_file_type(_FILE_TYPE[spec.dtype])
             if spec.dtype == "q8_0":
                 writer.add_quantization_version(gguf.GGML_QUANT_VERSION)

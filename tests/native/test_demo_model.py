@@ -141,6 +141,9 @@ def test_weight_types(tiny: gguf.GGUFReader, tmp_path: Path, dtype: str, qtype,
     ({"dtype": "q8_0", "n_embd": 48, "n_head": 4}, "multiples of 32"),
     ({"seed": -1}, "seed must be"),
     ({"preset": "huge"}, "unknown preset"),
+    ({"n_expert": 4}, "mixture of experts needs"),
+    ({"n_expert": 2, "n_expert_used": 3}, "mixture of experts needs"),
+    ({"n_expert": -1}, "n_expert must be"),
 ])
 def test_bad_options_are_refused(tmp_path: Path, options: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -179,6 +182,18 @@ def test_command_line_error_is_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     assert demo_model.main([str(tmp_path / "x.gguf"), "--n-head", "5"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "Traceback" not in err
+
+
+def test_a_mixture_of_experts(tmp_path: Path) -> None:
+    path = write_demo_model(tmp_path / "moe.gguf", n_expert=4, n_expert_used=2)
+    r = gguf.GGUFReader(path)
+    assert r.fields["llama.expert_count"].contents() == 4
+    assert r.fields["llama.expert_used_count"].contents() == 2
+    shapes = {t.name: tuple(int(d) for d in t.shape) for t in r.tensors}  # ggml order: fastest first
+    assert shapes["blk.0.ffn_gate_inp.weight"] == (64, 4)
+    assert shapes["blk.1.ffn_up_exps.weight"] == (64, 128, 4)
+    assert shapes["blk.1.ffn_down_exps.weight"] == (128, 64, 4)
+    assert "blk.0.ffn_up.weight" not in shapes
 
 
 def test_native_reader_agrees(demo_model_path: Path, tiny: gguf.GGUFReader) -> None:

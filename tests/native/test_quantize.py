@@ -164,6 +164,30 @@ def test_long_prompts_and_contexts_alone_and_among_others(small_model: Path, qua
     assert (runs[seqs[2]].tokens, runs[seqs[2]].logprobs) == (alone.tokens, alone.logprobs)
 
 
+@pytest.fixture(scope="module")
+def moe_kquant_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The small shape as a mixture of 4 experts (2 per token), in q4_k_m."""
+    folder = tmp_path_factory.mktemp("moe")
+    dense = write_demo_model(folder / "moe.gguf", preset="small", n_layer=2, n_expert=4, n_expert_used=2)
+    quantize(dense, folder / "moe-q4_k_m.gguf", "q4_k_m")
+    return folder / "moe-q4_k_m.gguf"
+
+
+@cpu_only
+def test_a_moe_kquant_sequence_alone_and_among_others(moe_kquant_model: Path) -> None:
+    """How many rows each expert gets depends on every row of the batch, and
+    ggml's tiled K-quant matmul takes an expert's rows from 8 on: on a mixture
+    of experts with K-quant weights no prompt is prefilled tiled, and every
+    row takes the reference kernels."""
+    prompts = [random_prompt(90 + i, n) for i, n in enumerate([5, 12, 40, 100])]
+    with _engine(moe_kquant_model, n_parallel=4, prefix_cache=False) as engine:
+        assert engine.info["reference_kernels"]
+        alone = [generate(engine, p, max_tokens=16, logprobs=True, **SAMPLED) for p in prompts]
+        seqs = [engine.submit(p, max_tokens=16, logprobs=True, **SAMPLED) for p in prompts]
+        runs = drain(engine, seqs)
+    assert [(runs[s].tokens, runs[s].logprobs) for s in seqs] == [(a.tokens, a.logprobs) for a in alone]
+
+
 def kv_rows(state: bytes) -> dict[int, bytes]:
     """A sequence's KV state (llama_state_seq_get_data of the pinned
     llama.cpp: a magic number and the sequence id, then per stream its cells'
