@@ -39,7 +39,7 @@ class Config:
     n_threads: int = 0                # 0: all cores
     n_gpu_layers: int = 0
     n_batch: int = 512
-    batch_invariant: bool = True      # CPU: a sequence's tokens do not depend on its batch (false: faster prefill)
+    batch_invariant: bool = True      # CPU: a sequence's tokens do not depend on its batch (false: faster batched decoding)
     prefix_cache: bool = True         # a free slot keeps its KV; a prompt that starts the same prefills the rest only
     # requests
     max_output_tokens: int = 256      # default for a request that gives none

@@ -81,8 +81,9 @@ Sampling draws for output token i depend only on (seed, i); temperature 0 is
 greedy. On the CPU backend a sequence's tokens do not depend on what else is in
 the batch (see csrc/engine.cpp), so ``snapshot()`` + ``submit(resume=...)`` in
 a new engine continues the same output. ``batch_invariant=False`` trades that
-for llama.cpp's faster CPU kernels (a long prompt prefills several times
-faster); ``info["batch_invariant"]`` says which holds (False on a GPU), and
+for llama.cpp's faster CPU kernels everywhere (batched decoding on K-quant
+weights gains most; prompts of 64 tokens or more already take the tiled
+kernels); ``info["batch_invariant"]`` says which holds (False on a GPU), and
 ``info["reference_kernels"]`` whether invariance put the model's K-quant or
 i-quant weights on ggml's one-row kernels. ``snapshot()`` of a sequence that
 has finished raises KeyError.
