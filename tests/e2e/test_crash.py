@@ -6,7 +6,7 @@ import signal
 
 from e2e_helpers import FINISHED, check_log, deltas
 
-LONG = {"model": "tiny", "input": "Count:", "background": True, "max_output_tokens": 1500, "temperature": 0}
+LONG = {"model": "tiny", "input": "Count on:", "background": True, "max_output_tokens": 1500, "temperature": 0}
 
 
 def start_long_tasks(server, token, policies):

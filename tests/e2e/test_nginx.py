@@ -27,7 +27,7 @@ def test_events_pass_nginx_before_the_stream_ends(served, served_token, nginx):
     the test cancel the task, which ends the stream. A buffering proxy would hold those events
     back, and the read would time out instead."""
     token = served_token
-    blocker = served.call("POST", "/v1/responses", {"model": "tiny", "input": "Count:", "background": True,
+    blocker = served.call("POST", "/v1/responses", {"model": "tiny", "input": "Count on:", "background": True,
                                                       "max_output_tokens": 1500}, token=token, expect=202)
     served.wait_task(token, blocker["task"]["id"], lambda t: t["status"] == "running")
     waiting = served.call("POST", "/v1/responses", {"model": "tiny", "input": "Next:", "background": True},

@@ -48,7 +48,7 @@ def test_streamed_create(client):
 
 
 def test_background_retrieve_and_cancel(client):
-    response = client.responses.create(model="tiny", input="Count:", max_output_tokens=1500, background=True,
+    response = client.responses.create(model="tiny", input="Count on:", max_output_tokens=1500, background=True,
                                        temperature=0)
     assert response.status == "queued"
     assert response.background is True

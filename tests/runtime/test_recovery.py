@@ -14,7 +14,7 @@ def crash_mid_run(store, make_runtime, on_restart, *, min_seq=10):
     """A runtime generates a long answer, then dies (no commit, no release) mid-run."""
     rt = make_runtime(store)
     rt.register_model("tiny.gguf")
-    task_id = submit(store, rt, "Count:", on_restart=on_restart, max_output_tokens=1500)
+    task_id = submit(store, rt, "Count on:", on_restart=on_restart, max_output_tokens=1500)
     wait_until(rt, store, task_id, lambda t: t["last_sequence_number"] >= min_seq)
     rt.abort()
     task = store.get_task(task_id)
@@ -45,7 +45,7 @@ def test_resume_after_a_crash_continues_without_emitting_again(config, store, ma
         usage = restarted.get_response(task["response_id"])["usage"]
         assert usage["output_tokens"] == 1500 or types[-1] == "response.completed"
         # greedy on the CPU: the resumed answer is the answer an uninterrupted run gives
-        reference = submit(restarted, rt, "Count:", max_output_tokens=1500)
+        reference = submit(restarted, rt, "Count on:", max_output_tokens=1500)
         wait_finished(rt, restarted, reference)
         assert restarted.output_text(reference) == text
     finally:
@@ -108,7 +108,7 @@ def test_a_dead_workers_task_is_recovered_when_its_lease_expires(config, store, 
 def test_a_graceful_stop_leaves_running_tasks_to_their_restart_policy(config, store, make_runtime, model_file):
     rt = make_runtime(store)
     rt.register_model("tiny.gguf")
-    task_id = submit(store, rt, "Count:", on_restart="resume", max_output_tokens=1500)
+    task_id = submit(store, rt, "Count on:", on_restart="resume", max_output_tokens=1500)
     wait_until(rt, store, task_id, lambda t: t["last_sequence_number"] >= 10)
     rt.stop()
     assert store.get_task(task_id)["status"] in ("running", "completed")

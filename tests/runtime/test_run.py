@@ -170,7 +170,7 @@ def test_many_tasks_are_batched_into_shared_transactions(store, runtime):
 
 
 def test_cancel_mid_run_ends_cancelled_never_completed(store, runtime):
-    task_id = submit(store, runtime, "Count:", max_output_tokens=2000)
+    task_id = submit(store, runtime, "Count on:", max_output_tokens=2000)
     wait_until(runtime, store, task_id, lambda t: t["last_sequence_number"] >= 8)
     assert store.cancel(task_id)["status"] == "cancelling"
     runtime.notify_cancel(task_id)
@@ -183,7 +183,7 @@ def test_cancel_mid_run_ends_cancelled_never_completed(store, runtime):
 
 
 def test_a_cancel_from_another_process_is_seen_through_the_lease_renewal(store, runtime):
-    task_id = submit(store, runtime, "Count:", max_output_tokens=2000)
+    task_id = submit(store, runtime, "Count on:", max_output_tokens=2000)
     wait_until(runtime, store, task_id, lambda t: t["last_sequence_number"] >= 8)
     store.cancel(task_id)  # no in-process hint: the runtime learns it from store.renew
     task = wait_finished(runtime, store, task_id)
@@ -327,7 +327,7 @@ def test_a_claimed_task_this_worker_does_not_run_is_not_kept_alive(store, runtim
     """A task held by this worker without a sequence (say its creation committed but the request
     failed before handing it over) must not have its lease renewed with the ones that run: it
     runs out, and recovery applies the task's restart policy."""
-    busy = submit(store, runtime, "Count:", max_output_tokens=2000)
+    busy = submit(store, runtime, "Count on:", max_output_tokens=2000)
     wait_until(runtime, store, busy, lambda t: t["last_sequence_number"] >= 4)
     orphan = store.create_task(client_id=None, model="tiny", request={"model": "tiny", "input": "x"},
                                on_restart="retry", background=True, stream=False,
