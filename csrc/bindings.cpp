@@ -255,7 +255,7 @@ public:
     py::dict stats() {
         const lmsp::EngineStats s = engine_->stats();
         return py::dict("active"_a = s.active, "waiting"_a = s.waiting, "steps"_a = s.steps,
-                        "tokens_decoded"_a = s.tokens_decoded, "tokens_generated"_a = s.tokens_generated,
+                        "ubatches"_a = s.ubatches, "tokens_decoded"_a = s.tokens_decoded, "tokens_generated"_a = s.tokens_generated,
                         "submitted"_a = s.submitted, "finished"_a = s.finished);
     }
 

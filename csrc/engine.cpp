@@ -107,6 +107,42 @@ bool every_matmul_is_row_wise(const std::vector<int> & types) {
     return true;
 }
 
+// How many ubatches llama.cpp cuts a batch into when each sequence has a KV
+// stream of its own (split_equal): from the lowest sequence with rows left,
+// a run of consecutive sequence ids, as many rows from each as the one with
+// the fewest has left and the ubatch holds; each ubatch is one pass over
+// the weights. The rows are sorted by sequence.
+int64_t count_ubatches(const llama_batch & batch, int32_t n_ubatch) {
+    std::vector<std::pair<int32_t, int32_t>> left;  // (sequence, rows left), ascending
+    for (int32_t k = 0; k < batch.n_tokens; ++k) {
+        const int32_t seq = batch.seq_id[k][0];
+        if (left.empty() || left.back().first != seq) left.emplace_back(seq, 0);
+        left.back().second++;
+    }
+    int64_t n = 0;
+    for (;;) {
+        size_t first = 0;
+        while (first < left.size() && left[first].second == 0) ++first;
+        if (first == left.size()) return n;
+        size_t end = first + 1;
+        int32_t rows = left[first].second;
+        for (size_t prev = first, i = first + 1; i < left.size(); ++i) {
+            if (left[i].second == 0) continue;
+            if (left[i].first != left[prev].first + 1) break;
+            rows = std::min(rows, left[i].second);
+            end = i + 1;
+            prev = i;
+        }
+        size_t n_seqs = 0;
+        for (size_t i = first; i < end; ++i) n_seqs += left[i].second > 0;
+        rows = std::max<int32_t>(1, std::min<int32_t>(rows, n_ubatch / int32_t(n_seqs)));
+        for (size_t i = first; i < end; ++i) {
+            if (left[i].second > 0) left[i].second -= rows;
+        }
+        n++;
+    }
+}
+
 // ln softmax(logits)[token], summed in double.
 float log_probability(const float * logits, int32_t n, int32_t token) {
     float top = -INFINITY;
@@ -667,6 +703,7 @@ EngineStats Engine::stats() const {
     }
     s.active = n_active_.load();
     s.steps = steps_.load();
+    s.ubatches = ubatches_.load();
     s.tokens_decoded = tokens_decoded_.load();
     s.tokens_generated = tokens_generated_.load();
     s.submitted = submitted_.load();
@@ -814,7 +851,15 @@ int Engine::pick_slot(const std::vector<int32_t> * tokens, const std::string & k
     constexpr size_t kLongPrefix = 256;
     int hit = -1, spare = -1;
     common = 0;
-    auto sooner = [this](size_t a, size_t b) {  // the better slot to give up: empty first, then oldest
+    // llama.cpp decodes a run of consecutive slots in one ubatch, each further
+    // run being one more pass over the weights: first a slot between two
+    // running sequences (two runs become one), then one beside a running one
+    auto running_beside = [this](size_t i) {
+        return int(i > 0 && slots_[i - 1].used) + int(i + 1 < slots_.size() && slots_[i + 1].used);
+    };
+    auto sooner = [&](size_t a, size_t b) {  // the better slot to give up: joining runs, empty, oldest
+        const int ra = running_beside(a), rb = running_beside(b);
+        if (ra != rb) return ra > rb;
         const bool ea = slots_[a].tokens.empty(), eb = slots_[b].tokens.empty();
         return ea != eb ? ea : slots_[a].freed_at < slots_[b].freed_at;
     };
@@ -1147,6 +1192,7 @@ void Engine::step() {
 
     if (batch_.n_tokens > 0) {
         order_batch_by_slot();
+        ubatches_ += options_.n_parallel > 1 ? count_ubatches(batch_, options_.n_batch) : 1;
         const int32_t rc = llama_decode(ctx_.get(), batch_);
         steps_++;
         tokens_decoded_ += batch_.n_tokens;

@@ -96,6 +96,7 @@ struct EngineStats {
     int64_t active = 0;
     int64_t waiting = 0;
     int64_t steps = 0;
+    int64_t ubatches = 0;          // llama.cpp's passes over the weights (one or more per step)
     int64_t tokens_decoded = 0;    // tokens through llama_decode (prompt + generated)
     int64_t tokens_generated = 0;  // tokens sampled
     int64_t submitted = 0;
@@ -247,7 +248,7 @@ private:
     std::vector<Slot> slots_;
     uint64_t slot_clock_ = 0;
 
-    std::atomic<int64_t> steps_{0}, tokens_decoded_{0}, tokens_generated_{0}, submitted_{0}, finished_{0};
+    std::atomic<int64_t> steps_{0}, ubatches_{0}, tokens_decoded_{0}, tokens_generated_{0}, submitted_{0}, finished_{0};
     std::atomic<int64_t> n_active_{0};
 
     std::atomic<bool> closed_{false};

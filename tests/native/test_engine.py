@@ -158,6 +158,43 @@ def test_more_sequences_than_slots_wait_their_turn(make_engine) -> None:
     assert stats["tokens_generated"] == 100 and stats["steps"] > 0
 
 
+def test_a_new_sequence_fills_the_hole_between_two_running_ones(make_engine) -> None:
+    """llama.cpp decodes a run of consecutive slots in one ubatch (one pass over
+    the weights) and each further run in another: a sequence admitted while
+    slots 0 and 2 run takes slot 1 (not the empty slot 3, though slot 1 still
+    holds its last sequence's KV), so the three then decode in one ubatch per
+    step."""
+    e = make_engine(n_parallel=5)
+    tokens: dict[int, int] = {}
+    ended: set[int] = set()
+
+    def poll_until(done) -> None:
+        while not done():
+            e.wait(60)
+            for r in e.poll():
+                tokens[r["seq"]] = tokens.get(r["seq"], 0) + len(r["tokens"])
+                if r["finish"] is not None:
+                    ended.add(r["seq"])
+
+    running = [e.submit(random_prompt(40 + i, 4), max_tokens=400, temperature=0) for i in range(3)]
+    poll_until(lambda: all(tokens.get(s) for s in running))  # slots 0, 1 and 2
+    assert e.cancel(running[1])  # frees slot 1 before the next admission
+    # (a prompt that no slot's cache holds the start of)
+    joined = e.submit(random_prompt(43, 8), max_tokens=60, temperature=0)
+    poll_until(lambda: tokens.get(joined))  # from here every step decodes slots 0, 1 and 2
+    before = e.stats()
+    poll_until(lambda: tokens[joined] >= 30 or ended & {running[0], running[2], joined})
+    after = e.stats()
+    assert not ended & {running[0], running[2], joined}  # (their answers are longer)
+    steps = after["steps"] - before["steps"]
+    assert steps >= 25
+    # (a step under way while stats() read the counters may count on one side only)
+    assert after["ubatches"] - before["ubatches"] <= steps + 1
+    for seq in (running[0], running[2], joined):
+        e.cancel(seq)
+    poll_until(lambda: ended >= set(running) | {joined})
+
+
 def test_stop_strings(engine: Engine) -> None:
     prompt = random_prompt(5, 12)
     full = generate(engine, prompt, max_tokens=40, temperature=0)
