@@ -42,7 +42,14 @@ from rel_harness import Client, Server, bench_main  # noqa: E402
 POLICIES = ("fail", "retry", "resume")
 KINDS = ("plain", "stream", "background", "background_stream")
 PROMPTS = ["Tell me a story about a lighthouse.", "List the planets.", "Why is the sky blue?",
-           "Write a poem about rain.", "Count to twenty.", "Describe a cat in detail."]
+           "Write a poem about rain.", "Count to twenty.", "Describe a cat in detail.",
+           # over 64 tokens: prefilled by the engine's tiled steps
+           "Summarize this passage in two sentences. The harbour town woke before dawn: fishermen "
+           "checked their nets by lantern light, the baker lit the ovens, and gulls circled the "
+           "breakwater waiting for scraps. By noon the market filled with traders from the hill "
+           "villages, selling wool, cheese and honey, while children ran between the stalls. In the "
+           "evening the lighthouse keeper climbed the spiral stairs, trimmed the wick and watched "
+           "the boats come home one by one across the darkening water."]
 TERMINAL = {"response.completed", "response.incomplete", "response.failed", "response.cancelled"}
 
 
