@@ -119,17 +119,21 @@ CASES = {"greedy": dict(temperature=0), "sampled": SAMPLED}
 
 
 @cpu_only
-@pytest.mark.parametrize("chunk", [256, 16])
-@pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("kind", ["q4_k_m", "iq4_xs"])
-def test_a_kquant_sequence_alone_and_among_eight_others(quantized, kind: str, case: str, chunk: int) -> None:
+@pytest.mark.parametrize(("kind", "case", "chunk", "batch"), [
+    *[(kind, case, chunk, 512) for kind in ("q4_k_m", "iq4_xs") for case in CASES for chunk in (256, 16)],
+    ("q4_k_m", "sampled", 16, 64),  # batches under 128 rows: no tiled attention, a bf16 V cache
+])
+def test_a_kquant_sequence_alone_and_among_eight_others(quantized, kind: str, case: str, chunk: int,
+                                                        batch: int) -> None:
     """Prompts of 8 tokens or more are prefilled by the tiled kernel in steps
     of their own, in chunks of 8 rows or more; every other row (decoding, a
     prompt of 5) by the one-row kernel. With 16-token chunks the 37-token
-    prompt is cut 16 + 13 + 8, never leaving a tail of fewer than 8."""
+    prompt is cut 16 + 13 + 8, never leaving a tail of fewer than 8. The
+    neighbours' prompts of 64 tokens or more take the tiled attention too,
+    where batches hold 128 rows or more."""
     params = CASES[case]
     prompt = random_prompt(0, 37)
-    with _engine(quantized(kind), n_parallel=9, prefill_chunk=chunk) as engine:
+    with _engine(quantized(kind), n_parallel=9, prefill_chunk=chunk, n_batch=batch) as engine:
         assert engine.info["reference_kernels"]
         alone = generate(engine, prompt, max_tokens=24, logprobs=True, **params)
         # nine rows per decoding step, and neighbours still prefilling among them
