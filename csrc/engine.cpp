@@ -111,9 +111,10 @@ bool every_matmul_is_row_wise(const std::vector<int> & types) {
 // stream of its own (split_equal): from the lowest sequence with rows left,
 // a run of consecutive sequence ids, as many rows from each as the one with
 // the fewest has left and the ubatch holds; each ubatch is one pass over
-// the weights. The rows are sorted by sequence.
-int64_t count_ubatches(const llama_batch & batch, int32_t n_ubatch) {
-    std::vector<std::pair<int32_t, int32_t>> left;  // (sequence, rows left), ascending
+// the weights. The rows are sorted by sequence; `left` is scratch space.
+int64_t count_ubatches(const llama_batch & batch, int32_t n_ubatch,
+                       std::vector<std::pair<int32_t, int32_t>> & left) {  // (sequence, rows left), ascending
+    left.clear();
     for (int32_t k = 0; k < batch.n_tokens; ++k) {
         const int32_t seq = batch.seq_id[k][0];
         if (left.empty() || left.back().first != seq) left.emplace_back(seq, 0);
@@ -1066,26 +1067,21 @@ void Engine::order_batch_by_slot() {
     bool sorted = true;
     for (size_t k = 1; k < n && sorted; ++k) sorted = batch_.seq_id[k - 1][0] <= batch_.seq_id[k][0];
     if (sorted) return;
-    std::vector<int32_t> order(n);
-    for (size_t k = 0; k < n; ++k) order[k] = int32_t(k);
-    std::stable_sort(order.begin(), order.end(),
-                     [this](int32_t a, int32_t b) { return batch_.seq_id[a][0] < batch_.seq_id[b][0]; });
-    std::vector<int32_t> token(n), pos(n), seq(n), moved_to(n);
-    std::vector<int8_t> logits(n);
+    auto & rows = reorder_;
+    rows.resize(n);
     for (size_t k = 0; k < n; ++k) {
-        const auto from = size_t(order[k]);
-        token[k] = batch_.token[from];
-        pos[k] = batch_.pos[from];
-        seq[k] = batch_.seq_id[from][0];
-        logits[k] = batch_.logits[from];
-        moved_to[from] = int32_t(k);
+        rows[k] = {int32_t(k), batch_.token[k], batch_.pos[k], batch_.seq_id[k][0], batch_.logits[k]};
     }
+    std::stable_sort(rows.begin(), rows.end(), [](const Row & a, const Row & b) { return a.seq < b.seq; });
     for (size_t k = 0; k < n; ++k) {
-        batch_.token[k] = token[k];
-        batch_.pos[k] = pos[k];
-        batch_.seq_id[k][0] = seq[k];
-        batch_.logits[k] = logits[k];
+        batch_.token[k] = rows[k].token;
+        batch_.pos[k] = rows[k].pos;
+        batch_.seq_id[k][0] = rows[k].seq;
+        batch_.logits[k] = rows[k].logits;
     }
+    auto & moved_to = moved_to_;  // old row -> new row
+    moved_to.resize(n);
+    for (size_t k = 0; k < n; ++k) moved_to[size_t(rows[k].from)] = int32_t(k);
     for (auto & s : active_) {
         if (s->batch_index >= 0) s->batch_index = moved_to[size_t(s->batch_index)];
     }
@@ -1192,7 +1188,7 @@ void Engine::step() {
 
     if (batch_.n_tokens > 0) {
         order_batch_by_slot();
-        ubatches_ += options_.n_parallel > 1 ? count_ubatches(batch_, options_.n_batch) : 1;
+        ubatches_ += options_.n_parallel > 1 ? count_ubatches(batch_, options_.n_batch, step_rows_) : 1;
         const int32_t rc = llama_decode(ctx_.get(), batch_);
         steps_++;
         tokens_decoded_ += batch_.n_tokens;

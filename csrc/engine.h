@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "ggml-cpu.h"
@@ -176,6 +177,13 @@ private:
     void forget_free_slots();
     void step();
     void order_batch_by_slot();  // rows of one slot stay in their order
+    struct Row {  // a batch row, with its place before the sort
+        int32_t from, token, pos, seq;
+        int8_t logits;
+    };
+    std::vector<Row> reorder_;                            // order_batch_by_slot's scratch
+    std::vector<int32_t> moved_to_;                       // ... and its old row -> new row
+    std::vector<std::pair<int32_t, int32_t>> step_rows_;  // count_ubatches' scratch
     void finish(Sequence & seq, Finish why, const std::string & error, std::vector<int32_t> tokens,
                 std::string text);
     void emit(Sequence & seq, StepResult result);  // into outbox_, handed over at the end of the round
