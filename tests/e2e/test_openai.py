@@ -1,6 +1,7 @@
 """The official ``openai`` package, unmodified, as a client of the real service."""
 from __future__ import annotations
 
+import re
 import time
 
 import openai
@@ -105,3 +106,12 @@ def test_the_next_turn_of_a_conversation_reports_its_cached_tokens(client):
     assert 0 < cached < second.usage.input_tokens
     assert second.usage.output_tokens_details.reasoning_tokens == 0
     assert second.usage.total_tokens == second.usage.input_tokens + second.usage.output_tokens
+
+
+def test_metrics_count_the_engine_steps_and_passes(client, served):
+    client.responses.create(model="tiny", input="Hello there", max_output_tokens=4, temperature=0)
+    text = served.call("GET", "/metrics")
+    steps = re.search(r'^lmsp_engine_steps_total\{model="tiny"\} (\d+)$', text, re.M)
+    passes = re.search(r'^lmsp_engine_ubatches_total\{model="tiny"\} (\d+)$', text, re.M)
+    assert steps and passes, text
+    assert int(passes[1]) >= int(steps[1]) > 0

@@ -422,7 +422,18 @@ class Runtime:
         figures["active_sequences"] = sum(1 for r in runs if r.seq is not None)
         figures["queue_depth"] = sum(1 for r in runs if r.seq is None)  # claimed here, not decoding yet
         figures["engine_slots"] = int(self.config.n_parallel)
-        figures["loaded_models"] = [model_id for model_id, _ in self.registry.engines()]
+        engines = self.registry.engines()
+        figures["loaded_models"] = [model_id for model_id, _ in engines]
+        steps, passes = {}, {}
+        for model_id, engine in engines:
+            try:
+                counts = engine.stats()
+            except Exception:  # closed meanwhile, or an engine without counters
+                continue
+            steps[model_id] = counts.get("steps", 0)
+            passes[model_id] = counts.get("ubatches", counts.get("steps", 0))
+        figures["engine_steps"] = steps
+        figures["engine_ubatches"] = passes
         figures["waiting_requests"] = self.waiters.waiting()
         figures["ready"] = self.ready
         return figures
