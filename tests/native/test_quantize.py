@@ -169,23 +169,26 @@ def test_long_prompts_and_contexts_alone_and_among_others(small_model: Path, qua
 
 
 @pytest.fixture(scope="module")
-def moe_kquant_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The small shape as a mixture of 4 experts (2 per token), in q4_k_m."""
+def moe_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The small shape as a mixture of 4 experts (2 per token), in f16 and q4_k_m."""
     folder = tmp_path_factory.mktemp("moe")
-    dense = write_demo_model(folder / "moe.gguf", preset="small", n_layer=2, n_expert=4, n_expert_used=2)
-    quantize(dense, folder / "moe-q4_k_m.gguf", "q4_k_m")
-    return folder / "moe-q4_k_m.gguf"
+    made = {"f16": write_demo_model(folder / "moe.gguf", preset="small", n_layer=2, n_expert=4, n_expert_used=2)}
+    quantize(made["f16"], folder / "moe-q4_k_m.gguf", "q4_k_m")
+    made["q4_k_m"] = folder / "moe-q4_k_m.gguf"
+    return made
 
 
 @cpu_only
-def test_a_moe_kquant_sequence_alone_and_among_others(moe_kquant_model: Path) -> None:
+@pytest.mark.parametrize("kind", ["f16", "q4_k_m"])
+def test_a_moe_sequence_alone_and_among_others(moe_models: dict[str, Path], kind: str) -> None:
     """How many rows each expert gets depends on every row of the batch, and
     ggml's tiled K-quant matmul takes an expert's rows from 8 on: on a mixture
     of experts with K-quant weights no prompt is prefilled tiled, and every
-    row takes the reference kernels."""
+    row takes the reference kernels. With float experts (one row at a time
+    however many come) the 100-token prompt takes the tiled attention."""
     prompts = [random_prompt(90 + i, n) for i, n in enumerate([5, 12, 40, 100])]
-    with _engine(moe_kquant_model, n_parallel=4, prefix_cache=False) as engine:
-        assert engine.info["reference_kernels"]
+    with _engine(moe_models[kind], n_parallel=4, prefix_cache=False) as engine:
+        assert engine.info["reference_kernels"] is (kind == "q4_k_m")
         alone = [generate(engine, p, max_tokens=16, logprobs=True, **SAMPLED) for p in prompts]
         seqs = [engine.submit(p, max_tokens=16, logprobs=True, **SAMPLED) for p in prompts]
         runs = drain(engine, seqs)
