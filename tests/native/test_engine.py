@@ -195,6 +195,37 @@ def test_a_new_sequence_fills_the_hole_between_two_running_ones(make_engine) -> 
     poll_until(lambda: ended >= set(running) | {joined})
 
 
+def test_slots_apart_decode_in_a_ubatch_each(make_engine) -> None:
+    """The other side of the test above: with slot 1 left empty, slots 0 and 2
+    take a ubatch each, every step."""
+    e = make_engine(n_parallel=3)
+    seqs = [e.submit(random_prompt(50 + i, 4), max_tokens=300, temperature=0) for i in range(3)]
+    made = dict.fromkeys(seqs, 0)
+    ended: set[int] = set()
+
+    def poll_until(done) -> None:
+        while not done():
+            e.wait(60)
+            for r in e.poll():
+                made[r["seq"]] += len(r["tokens"])
+                if r["finish"] is not None:
+                    ended.add(r["seq"])
+
+    poll_until(lambda: all(made.values()))
+    assert e.cancel(seqs[1])
+    poll_until(lambda: seqs[1] in ended)
+    before = e.stats()
+    poll_until(lambda: made[seqs[0]] >= 40 or len(ended) > 1)
+    after = e.stats()
+    assert ended == {seqs[1]}
+    steps = after["steps"] - before["steps"]
+    assert steps >= 20
+    assert abs((after["ubatches"] - before["ubatches"]) - 2 * steps) <= 2
+    e.cancel(seqs[0])
+    e.cancel(seqs[2])
+    poll_until(lambda: len(ended) == 3)
+
+
 def test_stop_strings(engine: Engine) -> None:
     prompt = random_prompt(5, 12)
     full = generate(engine, prompt, max_tokens=40, temperature=0)
