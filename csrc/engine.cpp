@@ -28,7 +28,8 @@
 //  - flash attention with K and V of one type (f16 here): a tiled kernel for
 //    64+ query rows of a sequence in one ubatch, and a split-KV one
 //    (per-thread partials) for a lone query over 512+ cells. The per-row
-//    kernel skips masked cells and accumulates V in f32. The tiled one sums
+//    kernel skips masked cells and sums V in the V cache's precision (f16;
+//    f32 for a bf16 cache). The tiled one sums
 //    a row over 64-cell tiles of the sequence's own KV stream, where masked
 //    cells add exact zeros, so each row it computes comes out the same
 //    however many rows come with it, but not as the per-row kernel's.
@@ -46,8 +47,9 @@
 // can tell on the tiny demo model. The tiled flash attention prefills that
 // model's 86-token prompt in 2.0 ms instead of 3.7, and an 850-token one in
 // 26 ms instead of 161 (llama-bench -fa 1 -ctk f16 --repack 0, -ctv f16
-// against bf16, one thread). With batches under 128 tokens, too small for
-// a tiled chunk beside a split one, the V cache is bf16 instead, which keeps
+// against bf16, one thread). With batches under 128 rows (two of the
+// smallest tiled chunks: a chunk leaves no shorter tail, so a step must hold
+// up to twice the least) the V cache is bf16 instead, which keeps
 // flash attention on its per-row kernel for every row (V to 8 significant
 // bits, which shows as 7e-3 of the logits' scale against the numpy
 // reference instead of 3e-3; tests/native). A MoE model with K-quant
@@ -67,10 +69,10 @@
 // from the second row on). The same invariance is what makes a resume
 // without KV state (prefill of prompt+generated) exact.
 // EngineOptions::batch_invariant = false gives this up on the CPU for speed:
-// K and V both f16 (the tiled kernel for prompt chunks of 64+ rows, the
-// split-KV one for a lone query over 512+ cells) and repacked weights, as
-// llama.cpp's own tools run by default. The tiny demo model then prefills a
-// 512-token prompt about 5x faster (llama-bench, one thread); a sequence's
+// llama.cpp's kernels for every row wherever the batch allows them (tiled
+// and split-KV flash attention, the tiled K-quant matmul, fused ops) and
+// repacked weights, as its own tools run by default. Many sequences on
+// K-quant weights then decode about 1.5x faster; a sequence's
 // logits may then differ in the last bits with its neighbours in the batch,
 // and a resume without KV state may continue differently from an
 // uninterrupted run (what was already emitted never changes).
