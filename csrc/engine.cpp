@@ -282,7 +282,8 @@ Engine::Engine(const std::string & model_path, const EngineOptions & options) : 
 
     // the kernels batch invariance keeps (see the note above)
     const bool invariant_cpu = options.batch_invariant && options.n_gpu_layers == 0;
-    const bool moe_kquant = info_.n_expert > 0 && !every_matmul_is_row_wise(info_.matrix_types);
+    const bool row_wise = every_matmul_is_row_wise(info_.matrix_types);
+    const bool moe_kquant = info_.n_expert > 0 && !row_wise;
     fa_tiles_ = invariant_cpu && !moe_kquant && size_t(options.n_batch) >= 2 * kFaTileRows;
 
     llama_model_params mp = llama_model_default_params();
@@ -367,10 +368,9 @@ Engine::Engine(const std::string & model_path, const EngineOptions & options) : 
         throw NativeFailure("cannot create a llama context" + (why.empty() ? "" : ": " + why));
     }
     backend_ = (options.n_gpu_layers != 0 && llama_supports_gpu_offload()) ? "cuda" : "cpu";
-    reference_kernels_ = batch_invariant() && !every_matmul_is_row_wise(info_.matrix_types);
+    reference_kernels_ = batch_invariant() && !row_wise;
     matmul_tiles_ = reference_kernels_ && !moe_kquant && size_t(options.n_batch) >= 2 * kMinTiledRows;
-    one_row_reference_ = reference_kernels_ || fa_tiles_;
-    if (one_row_reference_) {
+    if (one_row_reference()) {
         use_reference_cpu_kernels(ctx_.get(), true);
         kernels_reference_now_ = true;
     }
@@ -1016,7 +1016,7 @@ void Engine::handle_request(Request & req) {
     }
     llama_memory_t mem = llama_get_memory(ctx_.get());
     forget_slot(0);
-    set_reference_kernels(one_row_reference_);  // every row the one-row way: any prefix gives the same rows
+    set_reference_kernels(one_row_reference());  // every row the one-row way: any prefix gives the same rows
     std::vector<float> out;
     try {
         out.resize(req.tokens.size() * size_t(n_vocab_));

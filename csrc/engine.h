@@ -198,9 +198,10 @@ private:
     // kernels, and prompts prefilled by ggml's tiled kernels in steps of
     // their own, in chunks of at least tiled_min(prompt length) rows (0: the
     // prompt goes through one-row steps).
-    bool one_row_reference_ = false;  // one-row steps run the reference kernels
     bool fa_tiles_ = false;           // prompts of 64+ tokens: tiled flash attention (K and V f16)
     bool matmul_tiles_ = false;       // prompts of 8+ tokens: tiled K-quant matmul
+    // one-row steps run the reference kernels
+    bool one_row_reference() const { return reference_kernels_ || fa_tiles_; }
     size_t tiled_min(size_t n_prompt) const;
     bool two_kinds() const { return fa_tiles_ || matmul_tiles_; }
     bool last_step_prefill_ = false;

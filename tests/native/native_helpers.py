@@ -55,6 +55,24 @@ def take(engine: Engine, at_least: int) -> Run:
     return run
 
 
+class Watch:
+    """Counts, per sequence, the tokens poll() gave and whether it finished,
+    while a test polls until a condition of its own holds."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.tokens: dict[int, int] = {}
+        self.ended: set[int] = set()
+
+    def until(self, done) -> None:
+        while not done():
+            self.engine.wait(60)
+            for res in self.engine.poll():
+                self.tokens[res["seq"]] = self.tokens.get(res["seq"], 0) + len(res["tokens"])
+                if res["finish"] is not None:
+                    self.ended.add(res["seq"])
+
+
 def generate(engine: Engine, prompt: list[int], **kwargs) -> Run:
     seq = engine.submit(prompt, **kwargs)
     return drain(engine, [seq])[seq]

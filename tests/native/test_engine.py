@@ -10,7 +10,7 @@ import gevent
 import gevent.socket
 import numpy as np
 import pytest
-from native_helpers import N_GPU_LAYERS, drain, generate, prompt_tokens, random_prompt
+from native_helpers import N_GPU_LAYERS, Watch, drain, generate, prompt_tokens, random_prompt
 
 from lmsp.native import ContextLengthError, Engine, EngineClosedError, NativeError, set_logging
 
@@ -165,65 +165,45 @@ def test_a_new_sequence_fills_the_hole_between_two_running_ones(make_engine) -> 
     holds its last sequence's KV), so the three then decode in one ubatch per
     step."""
     e = make_engine(n_parallel=5)
-    tokens: dict[int, int] = {}
-    ended: set[int] = set()
-
-    def poll_until(done) -> None:
-        while not done():
-            e.wait(60)
-            for r in e.poll():
-                tokens[r["seq"]] = tokens.get(r["seq"], 0) + len(r["tokens"])
-                if r["finish"] is not None:
-                    ended.add(r["seq"])
-
+    w = Watch(e)
     running = [e.submit(random_prompt(40 + i, 4), max_tokens=400, temperature=0) for i in range(3)]
-    poll_until(lambda: all(tokens.get(s) for s in running))  # slots 0, 1 and 2
+    w.until(lambda: all(w.tokens.get(s) for s in running))  # slots 0, 1 and 2
     assert e.cancel(running[1])  # frees slot 1 before the next admission
     # (a prompt that no slot's cache holds the start of)
     joined = e.submit(random_prompt(43, 8), max_tokens=60, temperature=0)
-    poll_until(lambda: tokens.get(joined))  # from here every step decodes slots 0, 1 and 2
+    w.until(lambda: w.tokens.get(joined))  # from here every step decodes slots 0, 1 and 2
     before = e.stats()
-    poll_until(lambda: tokens[joined] >= 30 or ended & {running[0], running[2], joined})
+    w.until(lambda: w.tokens[joined] >= 30 or w.ended & {running[0], running[2], joined})
     after = e.stats()
-    assert not ended & {running[0], running[2], joined}  # (their answers are longer)
+    assert not w.ended & {running[0], running[2], joined}  # (their answers are longer)
     steps = after["steps"] - before["steps"]
     assert steps >= 25
     # (a step under way while stats() read the counters may count on one side only)
     assert after["ubatches"] - before["ubatches"] <= steps + 1
     for seq in (running[0], running[2], joined):
         e.cancel(seq)
-    poll_until(lambda: ended >= set(running) | {joined})
+    w.until(lambda: w.ended >= set(running) | {joined})
 
 
 def test_slots_apart_decode_in_a_ubatch_each(make_engine) -> None:
     """The other side of the test above: with slot 1 left empty, slots 0 and 2
     take a ubatch each, every step."""
     e = make_engine(n_parallel=3)
+    w = Watch(e)
     seqs = [e.submit(random_prompt(50 + i, 4), max_tokens=300, temperature=0) for i in range(3)]
-    made = dict.fromkeys(seqs, 0)
-    ended: set[int] = set()
-
-    def poll_until(done) -> None:
-        while not done():
-            e.wait(60)
-            for r in e.poll():
-                made[r["seq"]] += len(r["tokens"])
-                if r["finish"] is not None:
-                    ended.add(r["seq"])
-
-    poll_until(lambda: all(made.values()))
+    w.until(lambda: all(w.tokens.get(s) for s in seqs))
     assert e.cancel(seqs[1])
-    poll_until(lambda: seqs[1] in ended)
+    w.until(lambda: seqs[1] in w.ended)
     before = e.stats()
-    poll_until(lambda: made[seqs[0]] >= 40 or len(ended) > 1)
+    w.until(lambda: w.tokens[seqs[0]] >= 40 or len(w.ended) > 1)
     after = e.stats()
-    assert ended == {seqs[1]}
+    assert w.ended == {seqs[1]}
     steps = after["steps"] - before["steps"]
     assert steps >= 20
     assert abs((after["ubatches"] - before["ubatches"]) - 2 * steps) <= 2
     e.cancel(seqs[0])
     e.cancel(seqs[2])
-    poll_until(lambda: len(ended) == 3)
+    w.until(lambda: len(w.ended) == 3)
 
 
 def test_stop_strings(engine: Engine) -> None:
