@@ -148,6 +148,32 @@ def test_group_commit_gathers_steps_but_not_the_first_output_or_the_end(store, m
     assert rt.metrics()["tokens_generated"] == sum(tokens)
 
 
+def test_the_commit_thread_sleeps_while_a_window_gathers(store, make_runtime, model_file, config):
+    """Between a window's first result and its end the commit thread sleeps (an
+    urgent result aside): it does not poll the engine in a loop. ``poll`` counts
+    whole milliseconds, so the last fraction of one before the window's end is
+    rounded up; rounded down, every window ended in a spin of empty rounds."""
+    rt = make_runtime(store, config=config.replace(commit_window_ms=4.0))
+    rt.register_model("tiny.gguf")
+    drains = []
+    real = rt._drain
+
+    def spy(engines):
+        drains.append(len(rt._pending))
+        return real(engines)
+
+    rt._drain = spy
+    task_id = submit(store, rt, "Count on:", max_output_tokens=64)
+    task = wait_finished(rt, store, task_id)
+    assert task["status"] == "completed"
+    tokens = rt.metrics()["tokens_generated"]
+    assert tokens == 64
+    # a round per window end, per urgent result and per token that opens a window
+    # at most; a spin makes hundreds per window
+    gathering = sum(1 for pending in drains if pending)
+    assert gathering <= 2 * tokens, (gathering, tokens)
+
+
 def test_many_tasks_are_batched_into_shared_transactions(store, runtime):
     sizes = []
     real = store.append_step

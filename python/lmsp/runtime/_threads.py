@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import importlib
 import logging
+import math
 import os
 
 from lmsp.hubsafe import gevent_active
@@ -122,7 +123,9 @@ class Wakeup:
         poller.register(self._r, _POLLIN)
         for fd in fds:
             poller.register(fd, _POLLIN)
-        ms = None if timeout is None else max(0, int(timeout * 1000))
+        # poll counts whole milliseconds: round up, or the last fraction of a
+        # millisecond before a deadline would be spent calling poll(0) in a loop
+        ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
         try:
             ready = poller.poll(ms)
         except InterruptedError:
