@@ -144,6 +144,7 @@ class LevelResult:
     errors: list[str]
     round: int = 0
     peak_pss_mb: float | None = None   # sampled sum of the tree's proportional set sizes
+    cpu_ms_per_token: float | None = None  # CPU time of the server's processes / output tokens
 
 
 def summarize(model: str, server: str, clients: int, results: list[RequestResult],
@@ -222,14 +223,32 @@ def _pss(pid: int) -> int:
     return 0
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, all its threads, so far."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return 0.0
+    fields_ = stat[stat.rfind(b")") + 2:].split()
+    return (int(fields_[11]) + int(fields_[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_seconds(root: int) -> float:
+    return sum(_cpu_seconds(pid) for pid in process_tree(root))
+
+
 class RssWatch:
-    """Polls the peak RSS (VmHWM) of every process in a tree."""
+    """Polls the peak RSS (VmHWM) of every process in a tree, and counts the
+    CPU time the tree spends between ``start`` and ``stop`` (``cpu_s``)."""
 
     def __init__(self, root: int, interval: float = 0.2) -> None:
         self.root, self.interval = root, interval
         self.peaks: dict[int, int] = {}
         self.peak_pss = 0     # sampled: the kernel keeps no peak of the proportional set size
         self.reset_ok = True
+        self.cpu_s = 0.0
+        self._cpu_start = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -256,6 +275,7 @@ class RssWatch:
                     fh.write("5")
             except OSError:
                 self.reset_ok = False
+        self._cpu_start = tree_cpu_seconds(self.root)
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="rss-watch", daemon=True)
         self._thread.start()
@@ -264,6 +284,7 @@ class RssWatch:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        self.cpu_s = tree_cpu_seconds(self.root) - self._cpu_start
         self._poll()
         return sum(self.peaks.values())
 
@@ -744,13 +765,14 @@ def ratio(a, b) -> float | None:
 
 def markdown_table(levels: list[LevelResult]) -> str:
     head = ("| model | server | clients | reqs | failed | short | in tok | tok/s | TTFT p50 ms | TTFT p99 ms "
-            "| ITL p50 ms | ITL p99 ms | tok/event | peak RSS MB | peak PSS MB | load |")
+            "| ITL p50 ms | ITL p99 ms | tok/event | CPU ms/tok | peak RSS MB | peak PSS MB | load |")
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for r in levels:
         lines.append(f"| {r.model} | {r.server} | {r.clients} | {r.requests} | {r.failed} | {r.short_outputs} "
                      f"| {fmt(r.mean_input_tokens)} | {fmt(r.tok_s)} | {fmt(r.ttft_p50_ms)} | {fmt(r.ttft_p99_ms)} "
                      f"| {fmt(r.itl_p50_ms, 2)} | {fmt(r.itl_p99_ms, 2)} | {fmt(r.tokens_per_event, 2)} "
-                     f"| {fmt(r.peak_rss_mb)} | {fmt(r.peak_pss_mb)} | {fmt(r.load_avg, 2)} |")
+                     f"| {fmt(r.cpu_ms_per_token, 3)} | {fmt(r.peak_rss_mb)} | {fmt(r.peak_pss_mb)} "
+                     f"| {fmt(r.load_avg, 2)} |")
     return "\n".join(lines)
 
 
@@ -768,19 +790,20 @@ def ratio_rows(levels: list[LevelResult]) -> list[dict]:
             "tok_s": ratio(r.tok_s, b.tok_s), "ttft_p50": ratio(r.ttft_p50_ms, b.ttft_p50_ms),
             "ttft_p99": ratio(r.ttft_p99_ms, b.ttft_p99_ms), "itl_p50": ratio(r.itl_p50_ms, b.itl_p50_ms),
             "itl_p99": ratio(r.itl_p99_ms, b.itl_p99_ms), "rss_delta_mb": rss_delta, "pss_delta_mb": pss_delta,
+            "cpu_per_token": ratio(r.cpu_ms_per_token, b.cpu_ms_per_token),
             "failed": r.failed, "failed_llama": b.failed,
         })
     return rows
 
 
 def ratio_table(rows: list[dict]) -> str:
-    lines = ["| model | server | clients | tok/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | RSS - llama MB "
-             "| PSS - llama MB | failed (llama) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| model | server | clients | tok/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | CPU/tok "
+             "| RSS - llama MB | PSS - llama MB | failed (llama) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for x in rows:
         lines.append(f"| {x['model']} | {x['server']} | {x['clients']} | {fmt(x['tok_s'], 2)} | {fmt(x['ttft_p50'], 2)} "
                      f"| {fmt(x['ttft_p99'], 2)} | {fmt(x['itl_p50'], 2)} | {fmt(x['itl_p99'], 2)} "
-                     f"| {fmt(x['rss_delta_mb'])} | {fmt(x.get('pss_delta_mb'))} | {x['failed']} ({x['failed_llama']}) |")
+                     f"| {fmt(x.get('cpu_per_token'), 2)} | {fmt(x['rss_delta_mb'])} | {fmt(x.get('pss_delta_mb'))} | {x['failed']} ({x['failed_llama']}) |")
     return "\n".join(lines)
 
 
@@ -963,9 +986,12 @@ def measure(c: Contender, model: Path, clients: int, n: int, first_index: int, c
     lvl = summarize(model.stem, c.variant, clients, results, cfg.max_tokens, peak)
     lvl.round = rnd
     lvl.peak_pss_mb = round(c.watch.peak_pss / 1048576.0, 1)
+    if lvl.output_tokens:
+        lvl.cpu_ms_per_token = round(c.watch.cpu_s * 1000.0 / lvl.output_tokens, 4)
     print(f"  {lvl.server:14s} {clients:3d} clients r{rnd}: {lvl.tok_s:8.1f} tok/s  TTFT p50 {fmt(lvl.ttft_p50_ms)} "
           f"p99 {fmt(lvl.ttft_p99_ms)} ms  ITL p50 {fmt(lvl.itl_p50_ms, 2)} p99 {fmt(lvl.itl_p99_ms, 2)} ms  "
-          f"failed {lvl.failed}/{lvl.requests}  RSS {fmt(lvl.peak_rss_mb)} PSS {fmt(lvl.peak_pss_mb)} MB  "
+          f"failed {lvl.failed}/{lvl.requests}  CPU {fmt(lvl.cpu_ms_per_token, 3)} ms/tok  "
+          f"RSS {fmt(lvl.peak_rss_mb)} PSS {fmt(lvl.peak_pss_mb)} MB  "
           f"load {lvl.load_avg:.1f}"
           + (f"  errors: {lvl.errors}" if lvl.errors else ""), flush=True)
     if not c.srv.alive():

@@ -150,8 +150,13 @@ def test_ratios_and_goals_compare_each_variant_to_llama(serve):
     levels = [level("llama", 1, 100.0, 10.0, 100.0), level("lmsp", 1, 96.0, 12.0, 150.0),
               level("llama", 16, 400.0, 20.0, 100.0), level("lmsp", 16, 380.0, 21.0, 170.0, failed=1),
               level("lmsp-noevents", 16, 395.0, 20.0, 150.0), level("lmsp-memevents", 16, 420.0, 20.0, 150.0)]
+    levels[0].cpu_ms_per_token, levels[1].cpu_ms_per_token = 0.5, 0.6
     rows = {(x["server"], x["clients"]): x for x in serve.ratio_rows(levels)}
     assert rows[("lmsp", 1)]["tok_s"] == pytest.approx(0.96)
+    assert rows[("lmsp", 1)]["cpu_per_token"] == pytest.approx(1.2)
+    assert rows[("lmsp", 16)]["cpu_per_token"] is None  # not measured: no ratio
+    assert "| 1.20 |" in serve.ratio_table([rows[("lmsp", 1)]])
+    assert "| 0.600 |" in serve.markdown_table([levels[1]])
     assert rows[("lmsp", 16)]["rss_delta_mb"] == pytest.approx(70.0)
     checks = "\n".join(serve.goal_checks(levels))
     assert "PASS  tiny 1c tok/s ratio >= 0.95" in checks
@@ -169,8 +174,10 @@ def test_process_tree_and_rss_watch_see_this_process(serve):
     assert os.getpid() in serve.process_tree(os.getpid())
     watch = serve.RssWatch(os.getpid(), interval=0.01)
     watch.start()
+    sum(i * i for i in range(3_000_000))  # some CPU time for the watch to count
     peak = watch.stop()
     assert peak > 1048576
+    assert watch.cpu_s > 0
 
 
 def test_median_round_is_picked_per_server_and_level(serve):
