@@ -288,11 +288,12 @@ def test_waiting_for_a_local_tasks_commit_trusts_the_announcements(store, runtim
     commit: the generation read before its last read of the events tells."""
     from lmsp.runtime.core import _Run
 
-    waits, asked = [], []
+    waits, asked, watched = [], [], []
 
     class Waiter:
         def wait(self, timeout):
             waits.append(timeout)
+            watched.append({task_id: sorted(group.values()) for task_id, group in runtime._watched.items()})
 
     monkeypatch.setattr(runtime.waiters, "register", lambda task_id: Waiter())
     monkeypatch.setattr(runtime.waiters, "unregister", lambda task_id, waiter: None)
@@ -306,9 +307,48 @@ def test_waiting_for_a_local_tasks_commit_trusts_the_announcements(store, runtim
         runtime.wait_for_commit("task_local", 5, 1.0, since=runtime.commit_generation())
         assert waits == [1.0] and asked == []  # nothing new: sleeps until woken
         runtime.wait_for_commit("task_other", 5, 1.0, since=runtime.commit_generation())
-        assert asked == ["task_other"] and waits == [1.0, 1.0]  # not ours: the store decides
+        # not ours: no read of its own; the watch thread's round covers it while it waits
+        assert asked == [] and waits == [1.0, 1.0]
+        assert watched[-1] == {"task_other": [5]} and runtime._watched == {}
     finally:
         runtime._runs.pop("task_local", None)
+
+
+def test_waiters_on_tasks_run_elsewhere_share_one_read_per_round(store, make_runtime):
+    """Requests waiting for the events of tasks another worker runs are served by the
+    watch thread: one read of all their counters per round, none per waiter, and a
+    waiter wakes when its own task moves."""
+    import threading
+
+    rt = make_runtime(store)
+    single, batches = [], []
+    real_single, real_batch = store.last_sequence, store.last_sequences
+    store.last_sequence = lambda task_id: single.append(task_id) or real_single(task_id)
+    store.last_sequences = lambda ids: batches.append(sorted(ids)) or real_batch(ids)
+    tids = [store.create_task(client_id=None, model="tiny", request={"input": f"q{i}"}, on_restart="fail",
+                              background=True, stream=False, claim=("other-worker", 60.0))["task"]["id"]
+            for i in range(20)]
+    woken = {}
+
+    def wait(task_id):
+        rt.wait_for_commit(task_id, store.get_task(task_id)["last_sequence_number"], 60.0)
+        woken[task_id] = True
+
+    threads = {t: threading.Thread(target=wait, args=(t,), daemon=True) for t in tids}
+    for thread in threads.values():
+        thread.start()
+    while len(rt._watched) < len(tids):  # every waiter registered
+        threads[tids[0]].join(0.01)
+    store.append_step("other-worker", [{"task_id": tids[0], "delta": "x", "tokens": [1]}])
+    threads[tids[0]].join(60.0)
+    assert woken == {tids[0]: True}  # its task moved: woken long before its time-out
+    store.append_step("other-worker", [{"task_id": t, "delta": "y", "tokens": [2]} for t in tids[1:]])
+    for thread in threads.values():
+        thread.join(60.0)
+    assert set(woken) == set(tids)
+    assert single == []  # no waiter asked the store for itself
+    assert max(len(batch) for batch in batches) == len(tids)  # one read carried every watched task
+    assert rt._watched == {}
 
 
 def test_the_benchmarks_in_memory_mode_streams_every_event_and_writes_them_at_the_end(store, runtime,

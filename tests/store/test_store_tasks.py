@@ -146,6 +146,20 @@ def test_append_step_skips_tasks_not_owned_or_not_running(store, make_task, runn
         store.append_step("w1", [{"task_id": mine, "finish": "exploded"}])
 
 
+def test_last_sequences_reads_many_counters_at_once(store, make_task, running_task):
+    queued = make_task()["task"]["id"]
+    running = running_task()
+    store.append_step("w1", [{"task_id": running, "delta": "a", "tokens": [1]}])
+    store.append_step("w1", [{"task_id": running, "delta": "b", "tokens": [2]}])
+    many = [make_task()["task"]["id"] for _ in range(600)]  # more than one chunk of ids
+    got = store.last_sequences([queued, running, "task_gone", queued] + many)
+    assert got[queued] == store.last_sequence(queued)
+    assert got[running] == store.last_sequence(running) > got[queued]
+    assert "task_gone" not in got  # no such task: left out
+    assert len(got) == 602 and all(got[t] == got[queued] for t in many)
+    assert store.last_sequences([]) == {}
+
+
 def test_claim_takes_oldest_first_and_only_once(store, make_task, clock):
     tids = []
     for _ in range(4):

@@ -27,7 +27,7 @@ TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "respo
 FINISHED_TASK_STATES = frozenset({"completed", "failed", "cancelled"})
 KEEP_ALIVE = b": keep-alive\n\n"
 PAGE = 500
-POLL_SECONDS = 0.25  # a task run by another worker process is seen by polling
+POLL_SECONDS = 0.25  # how often a stream polls the store when the runtime does not watch it
 BUSY_GIVE_UP_SECONDS = 10.0  # a stream whose store stays unavailable this long ends with an error event
 
 
@@ -110,7 +110,10 @@ def event_stream(store, runtime, task_id: str, *, after: int = 0, client_id: str
                 yield KEEP_ALIVE
                 last_write = monotonic()
                 continue
-            wait = max(0.001, min(poll, heartbeat - idle))
+            # a runtime that watches the store wakes the stream when its task moves;
+            # otherwise the stream polls
+            wait = heartbeat - idle if getattr(runtime, "watches_store", False) else min(poll, heartbeat - idle)
+            wait = max(0.001, wait)
             if since is None:
                 runtime.wait_for_commit(task_id, last, wait)
             else:

@@ -35,6 +35,7 @@ MAX_MESSAGES = 10_000
 MAX_TEXT = 4_000_000          # characters in one message; the body cap comes first anyway
 MAX_STOP = 16
 MAX_METADATA = 16
+WATCHED_WAIT_SECONDS = 5.0    # a wait the runtime ends when the task moves; the time-out is a fallback
 
 
 @dataclass
@@ -223,7 +224,9 @@ class ResponsesService:
             task = store.get_task(task_id, client_id)
             if task["status"] in FINISHED_TASK_STATES:
                 return task
-            runtime.wait_for_commit(task_id, task["last_sequence_number"], POLL_SECONDS)
+            runtime.wait_for_commit(task_id, task["last_sequence_number"],
+                                    WATCHED_WAIT_SECONDS if getattr(runtime, "watches_store", False)
+                                    else POLL_SECONDS)
 
     def cancel(self, any_id: str, client_id: str | None) -> dict:
         """B.7 cancel of a response's or a task's task; the Task object."""

@@ -20,9 +20,13 @@ Per worker process:
   rows a commit wrote for the tasks it left running are kept until the next
   one, so that this worker's streams take them from memory
   (:meth:`Runtime.committed_events`) instead of reading them back. It also renews the leases (acting on cancels made by other
-  processes) and recovers the tasks of dead workers (leases expired).
+  processes) and recovers the tasks of dead workers (leases expired);
+* the **watch thread** serves the requests that wait for the events of a task
+  this worker does not run (queued, or run by another worker): one read of
+  every such task's sequence counter per round, instead of one per waiting
+  request, and it wakes those whose task moved.
 
-Both are real OS threads also under gevent. A store error in the commit thread
+All three are real OS threads also under gevent. A store error in the commit thread
 keeps the results in memory and retries with backoff; nothing is lost and
 nothing is written twice (the items of a failed transaction are merged with
 the next results and written together).
@@ -64,6 +68,8 @@ BENCH_DEFER_DELTAS = os.environ.get("LMSP_BENCH_NO_PERSIST_EVENTS") == "1"
 # else. A crash loses the unwritten events.
 BENCH_EVENTS_IN_MEMORY = os.environ.get("LMSP_BENCH_EVENTS_IN_MEMORY") == "1"
 START_TRIES = 5          # transient errors a claimed task may meet before it fails
+WATCH_SECONDS = 0.25     # rounds of the watch thread while the tasks it watches stand still
+WATCH_BUSY_SECONDS = 0.02  # ... and while one of them moved in the last round
 
 _started: "weakref.WeakSet[Runtime]" = weakref.WeakSet()
 
@@ -135,6 +141,7 @@ class Runtime:
         self._aborted = False
         self._sched_wake = Wakeup()
         self._commit_wake = Wakeup()
+        self._watch_wake = Wakeup()
         self._threads: list[RealThread] = []
         self._pending: dict[str, dict] = {}    # task id -> store item not yet committed (commit thread only)
         self._pending_since = 0.0              # when the oldest uncommitted result arrived
@@ -152,6 +159,9 @@ class Runtime:
         self._adopted: list[tuple[_Run, dict]] = []  # tasks created claimed, to start (under _lock)
         self._early: list[_Run] = []           # sequences started for tasks being created (under _lock)
         self._released: list[_Run] = []        # early runs adopted, results to take (under _lock)
+        # task id -> {waiter: the sequence number it waits to pass}, for tasks not run here (under _lock)
+        self._watched: dict[str, dict] = {}
+        self.watches_store = False             # the watch thread runs: waiters need not poll the store
         self._claim_due = True                 # the store may hold claimable tasks: look on the next round
         self._next_renew = self._next_recover = 0.0
         self.lease = float(config.lease_seconds)
@@ -166,9 +176,11 @@ class Runtime:
             from .service import prepare
             prepare(self.config, self.store, registry=self.registry)
         self._threads = [RealThread(self._scheduler_loop, "lmsp-scheduler"),
-                         RealThread(self._commit_loop, "lmsp-commit")]
+                         RealThread(self._commit_loop, "lmsp-commit"),
+                         RealThread(self._watch_loop, "lmsp-watch")]
         for thread in self._threads:
             thread.start()
+        self.watches_store = True
         self.ready = True
         _started.add(self)
         log.info("runtime %s started (%s)", self.owner, "gevent" if gevent_active() else "threads")
@@ -187,6 +199,7 @@ class Runtime:
         deadline = time.monotonic() + timeout
         self._sched_wake.set()
         self._commit_wake.set()
+        self._watch_wake.set()
         for thread in self._threads:
             if not thread.join(max(0.0, deadline - time.monotonic())):
                 log.warning("thread %s did not stop within %.1f s", thread.name, timeout)
@@ -202,6 +215,7 @@ class Runtime:
         if all(not t.alive for t in self._threads):
             self._sched_wake.close()
             self._commit_wake.close()
+            self._watch_wake.close()
         log.info("runtime %s stopped", self.owner)
 
     def abort(self) -> None:
@@ -217,6 +231,7 @@ class Runtime:
         _started.discard(self)
         self._sched_wake.set()
         self._commit_wake.set()
+        self._watch_wake.set()
         for thread in self._threads:
             thread.join(10.0)
         self.registry.close()
@@ -351,13 +366,21 @@ class Runtime:
         ``since``: :meth:`commit_generation` read before the caller last read the
         events. For a task this process runs, every commit of its events is
         announced, so an unchanged generation proves nothing new was committed
-        and the store need not be asked; other tasks are checked in the store.
+        and the store need not be asked. A task run elsewhere (or by nobody
+        yet) is left to the watch thread, which reads the counters of all such
+        tasks at once and wakes the waiters of those that passed their number;
+        without it (the runtime not started) the store is asked here.
         """
         waiter = self.waiters.register(task_id)
+        watched = False
         try:
-            if since is not None and task_id in self._runs:
+            if task_id in self._runs and since is not None:
                 if self.waiters.generation != since:
                     return
+            elif task_id not in self._runs and self.watches_store:
+                with self._lock:
+                    self._watched.setdefault(task_id, {})[waiter] = after_seq
+                watched = True
             else:
                 try:
                     if self.store.last_sequence(task_id) > after_seq:
@@ -366,6 +389,13 @@ class Runtime:
                     return  # unknown task or busy store: let the caller re-read and decide
             waiter.wait(timeout)
         finally:
+            if watched:
+                with self._lock:
+                    group = self._watched.get(task_id)
+                    if group is not None:
+                        group.pop(waiter, None)
+                        if not group:
+                            del self._watched[task_id]
             self.waiters.unregister(task_id, waiter)
 
     def check_request(self, model_id: str, prompt_messages: list[dict]) -> list[int] | None:
@@ -603,6 +633,32 @@ class Runtime:
                 return fh.read()
         except OSError:
             return None  # resume then re-reads the prompt and the generated tokens
+
+    # ---------------------------------------------------------------- watch thread
+    def _watch_loop(self) -> None:
+        wait = WATCH_SECONDS
+        while not self._stopping:
+            self._watch_wake.wait(wait)
+            if self._stopping:
+                break
+            try:
+                wait = WATCH_BUSY_SECONDS if self._watch_round() else WATCH_SECONDS
+            except Exception as exc:  # a busy store: the next round reads again
+                log.debug("watch round failed: %s", exc)
+                wait = WATCH_SECONDS
+
+    def _watch_round(self) -> bool:
+        """One read of the watched tasks' counters; wake the waiters of those that
+        passed a waiter's number (or are gone). True when one did."""
+        with self._lock:
+            if not self._watched:
+                return False
+            lowest = {task_id: min(group.values()) for task_id, group in self._watched.items() if group}
+        last = self.store.last_sequences(lowest)
+        moved = [task_id for task_id, after in lowest.items() if last.get(task_id, after + 1) > after]
+        if moved:
+            self.waiters.notify(moved)
+        return bool(moved)
 
     # ---------------------------------------------------------------- commit thread
     def _commit_loop(self) -> None:

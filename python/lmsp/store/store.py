@@ -93,9 +93,9 @@ class Store:
     # Methods that only read (one deferred transaction, no write): lmsp.hubsafe
     # runs them on the gevent hub itself, failing fast on a lock, and only
     # sends them to its thread pool when a lock is met.
-    READS = frozenset({"events", "last_sequence", "get_task", "get_response", "task_id_for_response",
-                       "client_by_token_hash", "get_model", "list_models", "list_responses", "list_tasks",
-                       "output_text"})
+    READS = frozenset({"events", "last_sequence", "last_sequences", "get_task", "get_response",
+                       "task_id_for_response", "client_by_token_hash", "get_model", "list_models",
+                       "list_responses", "list_tasks", "output_text"})
 
     def __init__(self, db: Database, *, clock: Callable[[], float], new_id: Callable[[str], str],
                  idempotency_ttl: float) -> None:
@@ -600,6 +600,19 @@ class Store:
         if row is None:
             raise NotFound(f"no task {task_id}")
         return row[0]
+
+    def last_sequences(self, task_ids) -> dict[str, int]:
+        """The sequence counters of many tasks in one read snapshot, by task id;
+        a task that does not exist (any more) is left out."""
+        ids = list(dict.fromkeys(task_ids))
+        out: dict[str, int] = {}
+        with self._db.read() as conn:
+            for i in range(0, len(ids), 500):
+                chunk = ids[i:i + 500]
+                marks = ",".join("?" * len(chunk))
+                out.update(conn.execute(f"SELECT id, {_last_seq_sql('tasks')} FROM tasks WHERE id IN ({marks})",
+                                        chunk))
+        return out
 
     def output_text(self, task_id: str) -> str:
         """The task's output: the concatenated deltas after its last ``task.requeued``."""
