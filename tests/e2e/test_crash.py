@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 
-from e2e_helpers import FINISHED, check_log, deltas
+from e2e_helpers import FINISHED, check_log, deltas, sse_events
 
 LONG = {"model": "tiny", "input": "Count on:", "background": True, "max_output_tokens": 1500, "temperature": 0}
 
@@ -120,3 +121,34 @@ def test_two_workers_share_the_queue_through_the_store(make_server):
         types = check_log(events)
         assert types.count("task.running") == 1
         assert deltas(events) == events[-4]["text"]
+
+
+def test_streams_of_queued_tasks_follow_them_on_either_worker(make_server):
+    """Streams opened while their tasks wait in the queue get every event, in order,
+    once some worker runs them: the stream's own worker or the other one."""
+    server = make_server(env={"LMSP_WORKERS": "2", "LMSP_N_PARALLEL": "1"}).start()
+    token = server.pair()
+    created = [server.call("POST", "/v1/responses", {"model": "tiny", "input": f"Item {i}:", "background": True,
+                                                      "max_output_tokens": 120, "temperature": 0},
+                           token=token, expect=202) for i in range(6)]
+    streamed: dict[str, list] = {}
+
+    def follow(response):
+        path = f"/v1/responses/{response['id']}?stream=true"
+        streamed[response["task"]["id"]] = list(sse_events("127.0.0.1", server.port, "GET", path, token=token,
+                                                           timeout=60))
+
+    threads = [threading.Thread(target=follow, args=(r,)) for r in created]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert len(streamed) == len(created)
+    for response in created:
+        task_id = response["task"]["id"]
+        task = server.wait_task(token, task_id, finished)
+        assert task["status"] == "completed"
+        events = streamed[task_id]
+        assert [e["sequence_number"] for e in events] == list(range(1, len(events) + 1))
+        assert events == server.events(token, task_id)
+        check_log(events)
