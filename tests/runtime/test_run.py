@@ -351,6 +351,23 @@ def test_waiters_on_tasks_run_elsewhere_share_one_read_per_round(store, make_run
     assert rt._watched == {}
 
 
+def test_when_the_watch_thread_ends_its_waiters_are_woken_to_ask_the_store_themselves(store, make_runtime):
+    import threading
+
+    rt = make_runtime(store)
+    task_id = store.create_task(client_id=None, model="tiny", request={"input": "q"}, on_restart="fail",
+                                background=True, stream=False, claim=("other-worker", 60.0))["task"]["id"]
+    after = store.get_task(task_id)["last_sequence_number"]
+    waiter = threading.Thread(target=rt.wait_for_commit, args=(task_id, after, 600.0), daemon=True)
+    waiter.start()
+    while task_id not in rt._watched:
+        waiter.join(0.01)
+    rt.stop(timeout=10.0)
+    waiter.join(60.0)
+    assert not waiter.is_alive()  # woken by the watch thread's end, not by its time-out
+    assert rt.watches_store is False and rt._watched == {}
+
+
 def test_the_benchmarks_in_memory_mode_streams_every_event_and_writes_them_at_the_end(store, runtime,
                                                                                     monkeypatch):
     from lmsp.runtime import core

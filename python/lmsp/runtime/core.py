@@ -637,15 +637,21 @@ class Runtime:
     # ---------------------------------------------------------------- watch thread
     def _watch_loop(self) -> None:
         wait = WATCH_SECONDS
-        while not self._stopping:
-            self._watch_wake.wait(wait)
-            if self._stopping:
-                break
-            try:
-                wait = WATCH_BUSY_SECONDS if self._watch_round() else WATCH_SECONDS
-            except Exception as exc:  # a busy store: the next round reads again
-                log.debug("watch round failed: %s", exc)
-                wait = WATCH_SECONDS
+        try:
+            while not self._stopping:
+                self._watch_wake.wait(wait)
+                if self._stopping:
+                    break
+                try:
+                    wait = WATCH_BUSY_SECONDS if self._watch_round() else WATCH_SECONDS
+                except Exception as exc:  # a busy store: the next round reads again
+                    log.debug("watch round failed: %s", exc)
+                    wait = WATCH_SECONDS
+        finally:
+            self.watches_store = False  # from now on each waiter asks the store itself
+            with self._lock:
+                waiting = list(self._watched)
+            self.waiters.notify(waiting)  # ... starting now
 
     def _watch_round(self) -> bool:
         """One read of the watched tasks' counters; wake the waiters of those that
