@@ -102,8 +102,18 @@ def owned_running(data_dir: Path, pid: int) -> list[sqlite3.Row]:
         conn.close()
 
 
+def busy_worker(server, data_dir: Path, deadline: float) -> int | None:
+    """A worker that runs a task now (None if none does before ``deadline``)."""
+    while time.monotonic() < deadline:
+        for pid in server.worker_pids():
+            if owned_running(data_dir, pid):
+                return pid
+        time.sleep(0.02)
+    return None
+
+
 def run_worker_kill(workdir: Path, rounds: int, *, seed: int = 0, workers: int = 1, tasks_per_round: int = 4,
-                    max_tokens: int = 400, lease_seconds: float = 2.0, timeout: float = 120.0,
+                    max_tokens: int = 800, lease_seconds: float = 2.0, timeout: float = 120.0,
                     log=print) -> WorkerKillReport:
     rng = random.Random(seed)
     report = WorkerKillReport()
@@ -126,20 +136,13 @@ def run_worker_kill(workdir: Path, rounds: int, *, seed: int = 0, workers: int =
                     continue
                 ids.append(res.body["id"])
             # wait until a worker has started some of them
-            deadline = time.monotonic() + timeout
-            victim, owned = None, []
-            while time.monotonic() < deadline and not owned:
-                for pid in server.worker_pids():
-                    owned = owned_running(data_dir, pid)
-                    if owned:
-                        victim = pid
-                        break
-                else:
-                    time.sleep(0.02)
-            if not owned:
+            victim = busy_worker(server, data_dir, time.monotonic() + timeout)
+            if victim is None:
                 report.violations.append(Violation("setup", None, f"round {rnd}: no worker ever ran a task"))
                 break
             time.sleep(rng.uniform(0.05, 0.5))    # let it start more of them
+            if not owned_running(data_dir, victim):  # its tasks ended meanwhile: one that still runs some
+                victim = busy_worker(server, data_dir, time.monotonic() + 1.0) or victim
             before_workers = set(server.worker_pids())
             os.kill(victim, signal.SIGKILL)
             t_kill = time.monotonic()
