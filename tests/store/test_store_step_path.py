@@ -216,3 +216,62 @@ def test_with_events_returns_exactly_the_rows_a_read_returns(store, running_task
     assert "events" not in step(store, [tids[0]], 1)  # only when asked
     for tid in tids:
         assert_consistent(store, tid)
+
+
+def test_only_new_and_ending_tasks_go_through_their_rows(store, running_task, checked_steps):
+    """A step of tasks this process stepped before, one it has not and one that ends: the
+    first take the fast path, the two others are read, in the same transaction."""
+    tids = [running_task() for _ in range(4)]
+    step(store, tids, 0)
+    new = running_task()  # claimed and started, never stepped here
+    seen = {tid: store.last_sequence(tid) for tid in [*tids, new]}
+    before = len(checked_steps)
+    items = [{"task_id": t, "delta": f"<{t[-3:]}:1>", "tokens": [1]} for t in tids[:3]]
+    items += [{"task_id": tids[3], "delta": "", "tokens": [], "finish": "stop"},
+              {"task_id": new, "delta": "first", "tokens": [9]}]
+    outcome = store.append_step("w1", items, with_events=True)
+    assert len(checked_steps) == before + 1
+    assert sorted(item["task_id"] for item in checked_steps[-1]) == sorted([tids[3], new])
+    assert outcome["finished"] == {tids[3]: "completed"} and outcome["skipped"] == []
+    got = _as_read(store, outcome["events"])
+    assert sorted(got) == sorted([*tids[:3], new])
+    for tid in got:
+        assert got[tid] == store.events(tid, after=seen[tid])["data"]
+    step(store, [*tids[:3], new], 2)
+    assert len(checked_steps) == before + 1  # all known now
+    for tid in tids[:3]:
+        assert store.output_text(tid) == expected_text(tid, range(3))
+    assert store.output_text(new) == "first" + expected_text(new, [2])
+    assert store.get_task(tids[3])["status"] == "completed"
+    for tid in [*tids, new]:
+        assert_consistent(store, tid)
+
+
+def test_a_task_created_claimed_takes_the_fast_path_from_its_first_step(store, db_path, clock, checked_steps):
+    def create() -> tuple[str, int]:
+        out = store.create_task(client_id=None, model="m", request={"input": "x"}, on_restart="fail",
+                                background=False, stream=True, claim=("w1", 30.0))
+        assert out["claim"] is not None
+        return out["task"]["id"], store.last_sequence(out["task"]["id"])
+
+    tid, created = create()
+    outcome = store.append_step("w1", [{"task_id": tid, "delta": "Hi", "tokens": [5]}], with_events=True)
+    assert checked_steps == []
+    assert _as_read(store, outcome["events"])[tid] == store.events(tid, after=created)["data"]
+    assert event_types(store, tid)[-3:] == ["response.output_item.added", "response.content_part.added",
+                                            "response.output_text.delta"]
+    # a change by anyone else before the first step: the fast insert collides, the rows decide
+    other_tid, _ = create()
+    other = Store.open(db_path, clock=clock)  # another process, in effect
+    try:
+        other.cancel(other_tid)
+    finally:
+        other.close()
+    outcome = store.append_step("w1", [{"task_id": tid, "delta": " there", "tokens": [6]},
+                                       {"task_id": other_tid, "delta": "Hi", "tokens": [5]}])
+    assert len(checked_steps) == 1  # rolled back once, redone from the rows
+    assert store.output_text(tid) == "Hi there" and store.output_text(other_tid) == "Hi"
+    assert event_types(store, other_tid)[-4:] == ["task.cancelling", "response.output_item.added",
+                                                  "response.content_part.added", "response.output_text.delta"]
+    for t in (tid, other_tid):
+        assert_consistent(store, t)

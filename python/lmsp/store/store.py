@@ -426,7 +426,7 @@ class Store:
             self._emit_response(conn, task, "response.created", now, response)
             self._emit_response(conn, task, "response.queued", now, response)
             body = self._render_response(conn, response, task)
-            claimed = None
+            claimed = seed = None
             if claim is not None and conn.execute(
                     f"SELECT 1 FROM tasks WHERE {_CLAIMABLE_SQL} AND id != ? LIMIT 1", (tid,)).fetchone() is None:
                 owner, lease = claim
@@ -435,6 +435,8 @@ class Store:
                 task.update(owner=owner, lease_expires=now + lease, started_at=now)
                 self._emit_task(conn, task, "task.running", now)
                 self._emit_response(conn, task, "response.in_progress", now, response)
+                # the step state this transaction leaves: the task's first step needs no read
+                seed = (owner, task["last_seq"], 0, "", None, mid)
             self._save(conn, task)
             if idempotency is not None:
                 if background:
@@ -445,7 +447,10 @@ class Store:
                     conn.execute("INSERT INTO idempotency_keys (client_id, key, fingerprint, state, task_id,"
                                  " created_at, expires_at) VALUES (?,?,?,'task',?,?,?)",
                                  (client_id or "", key, fp, tid, now, now + self.idempotency_ttl))
-            return {"response": body, "task": obj.task_object(task), "replay": None, "claim": claimed}
+            out = {"response": body, "task": obj.task_object(task), "replay": None, "claim": claimed}
+        if seed is not None:  # committed
+            self._step_cache[tid] = seed
+        return out
 
     def _idempotency_check(self, conn: sqlite3.Connection, client_id: str | None, key: str, fp: str,
                            now: float) -> dict | None:
@@ -744,40 +749,52 @@ class Store:
         them to its streams without reading them again. Built after the
         transaction, outside the write lock.
 
-        The common step (deltas only, for tasks this process stepped before)
-        reads no task row and, while a task's row does not change, writes only
-        its events: they take the numbers after the last one this process
-        wrote, so a change made by anyone else since (a cancel, a recovery,
-        each with its event) collides on the events' key or misses the guard
-        of the row's update: that transaction is rolled back and the step is
-        redone in a new one from the rows as they are. Either way the step is
-        written exactly once.
+        The items of tasks this process stepped (or created claimed) before,
+        when they do not end them, read no task row and, while a task's row
+        does not change, write only their events: they take the numbers after
+        the last one this process wrote, so a change made by anyone else since
+        (a cancel, a recovery, each with its event) collides on the events'
+        key or misses the guard of the row's update: that transaction is
+        rolled back and the whole step is redone in a new one from the rows
+        as they are. The other items (a task new to this process, one that
+        ends) go through their rows in the same transaction. Either way the
+        step is written exactly once.
         """
         cache = self._step_cache
         # the fast path's states before the step, taken once (other threads may update the
-        # cache meanwhile): only while no item finishes and this process last wrote every
-        # task as ``owner``; None otherwise
-        known: dict[str, tuple] | None = {}
+        # cache meanwhile): the tasks this process last wrote as ``owner`` whose items do
+        # not finish them. The others (new to this process, ending) go through their rows,
+        # in the same transaction.
+        known: dict[str, tuple] = {}
+        checked: set[str] = set()
         for item in items:
+            tid = item["task_id"]
             finish = item.get("finish")
             if finish is not None:
                 if finish not in FINISHES:
                     raise ValueError(f"unknown finish {finish!r}")
-                known = None
-            elif known is not None:
-                state = cache.get(item["task_id"], _NO_ENTRY)
+                checked.add(tid)
+            elif tid not in checked and tid not in known:
+                state = cache.get(tid, _NO_ENTRY)
                 if state[0] == owner:
-                    known[item["task_id"]] = state
+                    known[tid] = state
                 else:
-                    known = None
+                    checked.add(tid)
+        for tid in checked:
+            known.pop(tid, None)
+        fast_items = [item for item in items if item["task_id"] in known]
+        rest = [item for item in items if item["task_id"] not in known] if len(fast_items) < len(items) else []
         try:
             result = None
-            if known is not None:
+            if fast_items:
                 # the rows follow from the states taken above alone: made before the write lock
-                fast = self._fast_rows(owner, items, known, self._clock())
+                now = self._clock()
+                fast = self._fast_rows(owner, fast_items, known, now)
                 try:
                     with self._db.write() as conn:
                         result = self._step_fast(conn, *fast)
+                        if rest:
+                            result = self._merge_steps(result, self._step_checked(conn, owner, rest, now))
                 except _StaleStep:  # rolled back; redone below from the rows
                     result = None
             if result is None:
@@ -912,6 +929,13 @@ class Store:
         except sqlite3.IntegrityError:  # a number taken by another writer, or the task is gone
             raise _StaleStep() from None
         return states, {"skipped": [], "cancelled": [], "finished": {}}, events
+
+    @staticmethod
+    def _merge_steps(fast: tuple, checked: tuple) -> tuple:
+        """One step's result from its fast part and its checked part (disjoint tasks)."""
+        states, _, events = fast
+        checked_states, outcome, checked_events = checked
+        return {**states, **checked_states}, outcome, events + checked_events
 
     def _step_checked(self, conn: sqlite3.Connection, owner: str, items: list[dict], now: float):
         wanted = list(dict.fromkeys(item["task_id"] for item in items))
