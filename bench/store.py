@@ -12,7 +12,10 @@ Measures, on one database file in DIR (a temporary folder by default):
     page size and checkpoint threshold; and prints the ratios;
   * for scale, the same rows appended to a table in insertion order (no
     per-task key): what the store's layout, one B-tree leaf per running task
-    per step, costs against a plain log.
+    per step, costs against a plain log;
+  * tasks coming and going: with 64 running tasks, the time of a step in which
+    one task ends and the next step's new task (created claimed) joins, against
+    a step of the same tasks alone, taking turns.
 """
 from __future__ import annotations
 
@@ -140,6 +143,32 @@ def log_stepper(path: Path, durability: str, k: int, steps: int) -> tuple:
     return inserting_step(conn, "event_log", seq, steps), conn
 
 
+def bench_turnover(store: Store, k: int, steps: int) -> dict:
+    """``k`` running tasks; steps alternate between the tasks alone and a step in which
+    the oldest task ends while a task created claimed (never stepped) takes its first
+    step. Medians of each kind's commit time, in ms."""
+    owner = f"turnover-{k}"
+    tids = running_tasks(store, k, owner)
+    plain, turnover = [], []
+
+    def delta(tid: str) -> dict:
+        return {"task_id": tid, "delta": " tok", "tokens": [42]}
+
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        store.append_step(owner, [delta(t) for t in tids])
+        plain.append(time.perf_counter() - t0)
+        new = store.create_task(client_id="cli", model="m", request={"input": "x"}, on_restart="resume",
+                                background=True, stream=False, claim=(owner, 3600))["task"]["id"]
+        items = [{"task_id": tids[0], "delta": "", "tokens": [], "finish": "stop"}]
+        items += [delta(t) for t in tids[1:]] + [delta(new)]
+        t0 = time.perf_counter()
+        store.append_step(owner, items)
+        turnover.append(time.perf_counter() - t0)
+        tids = tids[1:] + [new]
+    return {"plain_ms": statistics.median(plain) * 1e3, "turnover_ms": statistics.median(turnover) * 1e3}
+
+
 def rates(writers: dict, seconds: float, rounds: int) -> tuple[dict, dict]:
     """Events/s of each writer over ``rounds`` interleaved slices (the writers take turns, so
     that load from other processes hits them alike): ``(medians, samples per round)``."""
@@ -164,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=11, help="interleaved slices per measurement")
     parser.add_argument("--creates", type=int, default=300, help="create_task calls for the latency figures")
     parser.add_argument("--durability", default="full", choices=("full", "normal", "off"))
+    parser.add_argument("--turnover-steps", type=int, default=1000, help="steps of each kind for the turnover figure")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         root = Path(tmp)
@@ -198,6 +228,11 @@ def main(argv: list[str] | None = None) -> int:
             bare_conn.close()
             bare4k_conn.close()
             log_conn.close()
+        store = Store.open(root / "turnover.db", durability=args.durability)
+        t = bench_turnover(store, 64, args.turnover_steps)
+        store.close()
+        print(f"64 tasks, one ending and one new in a step: {t['turnover_ms']:.3f} ms a step; "
+              f"the same tasks alone: {t['plain_ms']:.3f} ms (medians of {args.turnover_steps} each)")
         return 0
 
 
