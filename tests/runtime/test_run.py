@@ -314,6 +314,16 @@ def test_waiting_for_a_local_tasks_commit_trusts_the_announcements(store, runtim
         runtime._runs.pop("task_local", None)
 
 
+def registered(rt, task_ids, timeout=60.0):
+    """Wait until a waiter of each task is registered with the watch thread."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not all(t in rt._watched for t in task_ids):
+        assert time.monotonic() < deadline, f"waiters not registered: {sorted(set(task_ids) - set(rt._watched))}"
+        time.sleep(0.01)
+
+
 def test_waiters_on_tasks_run_elsewhere_share_one_read_per_round(store, make_runtime):
     """Requests waiting for the events of tasks another worker runs are served by the
     watch thread: one read of all their counters per round, none per waiter, and a
@@ -337,8 +347,7 @@ def test_waiters_on_tasks_run_elsewhere_share_one_read_per_round(store, make_run
     threads = {t: threading.Thread(target=wait, args=(t,), daemon=True) for t in tids}
     for thread in threads.values():
         thread.start()
-    while len(rt._watched) < len(tids):  # every waiter registered
-        threads[tids[0]].join(0.01)
+    registered(rt, tids)
     store.append_step("other-worker", [{"task_id": tids[0], "delta": "x", "tokens": [1]}])
     threads[tids[0]].join(60.0)
     assert woken == {tids[0]: True}  # its task moved: woken long before its time-out
@@ -360,8 +369,7 @@ def test_when_the_watch_thread_ends_its_waiters_are_woken_to_ask_the_store_thems
     after = store.get_task(task_id)["last_sequence_number"]
     waiter = threading.Thread(target=rt.wait_for_commit, args=(task_id, after, 600.0), daemon=True)
     waiter.start()
-    while task_id not in rt._watched:
-        waiter.join(0.01)
+    registered(rt, [task_id])
     rt.stop(timeout=10.0)
     waiter.join(60.0)
     assert not waiter.is_alive()  # woken by the watch thread's end, not by its time-out
