@@ -782,8 +782,11 @@ class Store:
                     checked.add(tid)
         for tid in checked:
             known.pop(tid, None)
-        fast_items = [item for item in items if item["task_id"] in known]
-        rest = [item for item in items if item["task_id"] not in known] if len(fast_items) < len(items) else []
+        if checked:
+            fast_items = [item for item in items if item["task_id"] in known]
+            rest = [item for item in items if item["task_id"] not in known]
+        else:  # the usual step: every task known, nothing to split
+            fast_items, rest = items, []
         try:
             result = None
             if fast_items:
