@@ -109,6 +109,23 @@ class Unavailable(LMSPError):
         super().__init__(message, **kw)
 
 
+class ModelLoadFailed(LMSPError):
+    """The engine cannot load a registered model's file. The client that asked
+    for the load gets 503 ``unavailable`` when memory ran out (the model may
+    fit once others are unloaded), else 400 ``invalid_request`` (not a file
+    this engine can run); a task that needed the model fails with
+    :attr:`task_code`."""
+
+    task_code = "model_load_failed"
+
+    def __init__(self, message: str, *, out_of_memory: bool = False) -> None:
+        if out_of_memory:
+            super().__init__(message, headers={"Retry-After": "30"}, code=Unavailable.code)
+            self.status = Unavailable.status
+        else:
+            super().__init__(message)
+
+
 class IllegalTransition(Conflict):
     """A task state change that LMSP does not allow; nothing was changed."""
 

@@ -1,6 +1,7 @@
 """B.1: every error code with its status and body, and bad input never a 500."""
 from __future__ import annotations
 
+import json
 import sqlite3
 
 import falcon.testing
@@ -164,6 +165,14 @@ BAD_BODIES = [
     ("latin-1", b'{"model": "tiny"}', "application/json; charset=latin-1", 415, "unsupported_media_type"),
     ("gzip", b'{"model": "tiny"}', "application/json", 415, "unsupported_media_type"),
     ("huge", b'{"input": "' + b"x" * (1 << 20) + b'"}', "application/json", 413, "payload_too_large"),
+    # a lone surrogate escape: a string that no UTF-8 text (database, log, answer) can hold
+    ("surrogate in input", b'{"model": "tiny", "input": "a\\ud800b"}', "application/json", 400, "invalid_json"),
+    ("surrogate in a field name", b'{"model": "tiny", "input": "x", "\\udc80": 1}', "application/json", 400,
+     "invalid_json"),
+    ("surrogate in metadata", b'{"model": "tiny", "input": "x", "metadata": {"k\\uDBFF": "v"}}',
+     "application/json", 400, "invalid_json"),
+    ("nested 33 deep", b'{"model": "tiny", "input": [{"role": "user", "content": [{"type": "text", "text": "x",'
+     b' "annotations": ' + b"[" * 29 + b"]" * 29 + b"}]}]}", "application/json", 400, "invalid_json"),
 ]
 
 
@@ -175,6 +184,48 @@ def test_bad_bodies(user, store, name, body, ctype, status, code):
     result = user.post("/v1/responses", body=body, headers=headers)
     assert_error(result, status, code)
     assert store.list_tasks()["data"] == []
+
+
+def test_whole_characters_and_nesting_within_the_limit_are_accepted(user, config):
+    body = (b'{"model": "tiny", "input": [{"role": "user", "content": [{"type": "text", "text": "\\ud83d\\ude00 \\\\ud800",'
+            b' "annotations": ' + b"[" * 27 + b"]" * 27 + b'}]}], "background": true}')
+    result = user.post("/v1/responses", body=body, headers={"Content-Type": "application/json"})
+    assert result.status_code == 202, result.text
+    with sqlite3.connect(config.db_path) as conn:
+        (stored,) = conn.execute("SELECT request FROM responses").fetchone()
+    # a part's annotations play no part: the task keeps the role and the text
+    assert json.loads(stored)["input"] == [{"role": "user", "content": "\U0001F600 \\ud800"}]
+
+
+@pytest.mark.parametrize("field,value,param", [
+    ("temperature", 10**400, "temperature"),
+    ("top_p", -10**400, "top_p"),
+    ("input", "a\0b", "input"),
+    ("input", [{"role": "user", "content": [{"type": "text", "text": "a\0"}]}], "input[0].content"),
+    ("instructions", "be\0", "instructions"),
+])
+def test_values_nothing_downstream_can_take_are_refused(user, store, field, value, param):
+    result = user.post("/v1/responses", json={"model": "tiny", "input": "hi", field: value})
+    assert_error(result, 400, "invalid_request", param=param)
+    assert store.list_tasks()["data"] == []
+
+
+def test_numbers_beyond_the_stores_integers_are_refused(user):
+    rid = user.post("/v1/responses", json={"model": "tiny", "input": "hi", "background": True}).json["id"]
+    tid = user.get(f"/v1/responses/{rid}").json["task"]["id"]
+    big = str(2**63)
+    assert_error(user.get(f"/v1/tasks/{tid}/events?after={big}"), 400, "invalid_request", param="after")
+    assert_error(user.get(f"/v1/tasks/{tid}/events", headers={"Last-Event-ID": big}), 400, "invalid_request",
+                 param="Last-Event-ID")
+    stream = user.get(f"/v1/responses/{rid}?stream=true&starting_after={2**70}")
+    assert_error(stream, 400, "invalid_request", param="starting_after")
+    assert user.get(f"/v1/tasks/{tid}/events?after={2**63 - 1}").json["data"] == []
+
+
+def test_error_bodies_are_ascii_json(user):
+    result = user.post("/v1/responses", json={"model": "tiny", "input": "hi", "caf\u00e9": 1})
+    err = assert_error(result, 400, "invalid_request", param="caf\u00e9")
+    assert result.content.isascii() and "caf\u00e9" in err["message"]
 
 
 def test_json_with_charset_and_suffix_types_are_accepted(user):

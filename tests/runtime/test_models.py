@@ -7,7 +7,7 @@ import os
 import pytest
 from runtime_helpers import all_events, check_log, submit, wait_finished
 
-from lmsp.errors import InvalidRequest, ModelChanged, ModelInUse, NotFound
+from lmsp.errors import InvalidRequest, LMSPError, ModelChanged, ModelInUse, NotFound
 
 
 def test_register_reads_the_digest_and_the_gguf_metadata(store, make_runtime, model_file):
@@ -64,6 +64,22 @@ def test_missing_and_non_gguf_files_are_clear_errors(store, make_runtime, config
     assert store.list_models() == []
 
 
+def test_messages_name_the_path_given_not_the_data_directory(store, make_runtime, config):
+    rt = make_runtime(store)
+    (config.models_dir / "notes.gguf").write_text("these are not weights\n" * 10)
+    with pytest.raises(InvalidRequest) as err:
+        rt.register_model("notes.gguf")
+    assert str(config.models_dir.resolve()) not in err.value.message
+
+
+@pytest.mark.parametrize("path", ["a" * 300 + ".gguf", "/".join(["d" * 200] * 30)])
+def test_paths_the_file_system_refuses_are_bad_requests(store, make_runtime, path):
+    rt = make_runtime(store)
+    with pytest.raises(InvalidRequest) as err:
+        rt.register_model(path)
+    assert err.value.param == "path" and err.value.status == 400
+
+
 @pytest.mark.parametrize("bad_id", ["", "-x", "a b", "x" * 200, "a/b"])
 def test_bad_model_ids_are_refused(store, make_runtime, model_file, bad_id):
     rt = make_runtime(store)
@@ -94,6 +110,10 @@ def test_check_request_refuses_prompts_that_cannot_fit(store, make_runtime, mode
     with pytest.raises(ContextLengthExceeded) as err:
         rt.check_request("tiny", [{"role": "user", "content": "word " * 5000}])
     assert err.value.status == 400
+    # what the chat template refuses is refused before a task exists, not failed when it runs
+    with pytest.raises(InvalidRequest) as err:
+        rt.check_request("tiny", [{"role": "user", "content": "a\x00b"}])
+    assert err.value.param == "input"
 
 
 def test_a_changed_file_is_never_served(store, make_runtime, model_file):
@@ -123,9 +143,13 @@ def test_a_missing_file_shows_missing_and_fails_its_tasks(store, make_runtime, m
     assert "missing" in task["error"]["message"]
 
 
-def test_an_engine_that_fails_to_load_fails_the_task(store, make_runtime, model_file):
+@pytest.mark.parametrize("error,status,code", [
+    (MemoryError("cannot allocate the KV cache"), 503, "unavailable"),
+    (ValueError("unknown model architecture: 'xyz'"), 400, "invalid_request"),
+])
+def test_an_engine_that_fails_to_load_fails_the_task(store, make_runtime, model_file, error, status, code):
     def broken(path, **kwargs):
-        raise MemoryError("cannot allocate the KV cache")
+        raise error
 
     rt = make_runtime(store, engine_factory=broken)
     rt.register_model("tiny.gguf")
@@ -134,6 +158,11 @@ def test_an_engine_that_fails_to_load_fails_the_task(store, make_runtime, model_
     assert task["status"] == "failed"
     assert task["error"]["code"] == "model_load_failed"
     assert rt.model_object("tiny")["state"] == "failed"
+    # a load asked for over HTTP: one of LMSP's codes (503 when memory ran out, which may pass)
+    with pytest.raises(LMSPError) as err:
+        rt.load_model("tiny")
+    assert (err.value.status, err.value.code) == (status, code)
+    assert ("Retry-After" in err.value.headers) == (status == 503)
 
 
 def test_delete_is_refused_while_a_task_needs_the_model(store, make_runtime, model_file):

@@ -53,15 +53,17 @@ class Deps:
 
 # -- bodies -----------------------------------------------------------------
 
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+def dumps(obj: Any, *, ascii_only: bool = False) -> str:
+    return json.dumps(obj, ensure_ascii=ascii_only, separators=(",", ":"))
 
 
 def set_json(resp: falcon.Response, obj: Any, status: int = 200,
-             headers: dict[str, str] | None = None) -> None:
+             headers: dict[str, str] | None = None, *, ascii_only: bool = False) -> None:
+    """``ascii_only``: every character beyond ASCII escaped, so that any string
+    can be written (error bodies, which may quote what a client sent)."""
     resp.status = status
     resp.content_type = JSON_TYPE
-    resp.text = dumps(obj)
+    resp.text = dumps(obj, ascii_only=ascii_only)
     for name, value in (headers or {}).items():
         resp.set_header(name, value)
 
@@ -144,11 +146,47 @@ def read_json(req: falcon.Request, max_bytes: int, *, optional: bool = False,
         raise InvalidJSON("the request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise InvalidJSON("the request body must be a JSON object")
+    _check_parsed(body, text)
     return body
 
 
 def _reject_constant(name: str):
     raise ValueError(f"{name} is not valid JSON")
+
+
+MAX_DEPTH = 32  # arrays and objects within one another; a request of B.5 needs 5
+
+
+def _check_parsed(body: dict, text: str) -> None:
+    """What ``json.loads`` lets through and nothing downstream can take: a lone
+    surrogate escape (``"\\ud800"``: a string no UTF-8 file, database or answer
+    can hold) and nesting deeper than :data:`MAX_DEPTH`. The body is walked only
+    when its text could hold either."""
+    surrogates = "\\ud" in text or "\\uD" in text
+    if not surrogates and text.count("[") + text.count("{") <= MAX_DEPTH:
+        return
+    stack = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > MAX_DEPTH:
+                raise InvalidJSON(f"the request body is nested more than {MAX_DEPTH} levels deep")
+            if isinstance(value, dict):
+                if surrogates:
+                    for key in value:
+                        _check_text(key)
+                value = value.values()
+            stack.extend((item, depth + 1) for item in value)
+        elif surrogates and isinstance(value, str):
+            _check_text(value)
+
+
+def _check_text(value: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidJSON(f"the request body has a lone surrogate (\\u{ord(value[exc.start]):04x}) in a "
+                          "string; JSON strings must escape whole characters") from None
 
 
 # -- fields -----------------------------------------------------------------
@@ -200,12 +238,18 @@ def get_number(body: dict, name: str, *, default=None, minimum=None, maximum=Non
     param = param or name
     if value is _MISSING or value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidRequest(f"{param!r} must be a number", param=param)
+    try:
+        value = float(value)
+    except OverflowError:  # an integer beyond any float
+        value = math.inf
+    if not math.isfinite(value):
+        raise InvalidRequest(f"{param!r} must be a finite number", param=param)
     if exclusive_minimum is not None and value <= exclusive_minimum:
         raise InvalidRequest(f"{param!r} must be greater than {exclusive_minimum}", param=param)
     _check_range(value, minimum, maximum, param)
-    return float(value)
+    return value
 
 
 def get_bool(body: dict, name: str, *, default: bool = False, param: str | None = None) -> bool:
@@ -240,7 +284,10 @@ def query_str(req: falcon.Request, name: str, *, choices=None, default=None):
     return value
 
 
-def query_int(req: falcon.Request, name: str, *, default=None, minimum=None, maximum=None):
+INT64_MAX = 2**63 - 1  # the store's integers are SQLite's: 64 bits
+
+
+def query_int(req: falcon.Request, name: str, *, default=None, minimum=None, maximum=INT64_MAX):
     raw = query_str(req, name)
     if raw is None:
         return default
@@ -274,6 +321,8 @@ def header_int(req: falcon.Request, name: str) -> int | None:
         raise InvalidRequest(f"header {name!r} must be a non-negative integer", param=name) from None
     if value < 0:
         raise InvalidRequest(f"header {name!r} must be a non-negative integer", param=name)
+    if value > INT64_MAX:
+        raise InvalidRequest(f"header {name!r} must be at most {INT64_MAX}", param=name)
     return value
 
 

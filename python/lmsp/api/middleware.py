@@ -93,7 +93,7 @@ _HTTP_CODES = {
 
 def handle_lmsp_error(req: falcon.Request, resp: falcon.Response, ex: LMSPError, params) -> None:
     resp.stream = None
-    set_json(resp, ex.body(), ex.status, ex.headers)
+    set_json(resp, ex.body(), ex.status, ex.headers, ascii_only=True)
     if ex.status >= 500:
         log.warning("request refused: %s", ex.message, extra={"code": ex.code, "status": ex.status})
 
@@ -110,7 +110,7 @@ def handle_http_error(req: falcon.Request, resp: falcon.Response, ex: falcon.HTT
         message = ex.description or ex.title or "request refused"
     resp.stream = None
     set_json(resp, {"error": {"code": code, "message": message, "param": None}}, status,
-             dict(ex.headers or {}))
+             dict(ex.headers or {}), ascii_only=True)
 
 
 def handle_unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception, params) -> None:
@@ -131,5 +131,5 @@ def handle_unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception,
 
 def error_frame(code: str, message: str, param: str | None = None) -> bytes:
     """The SSE ``error`` event of a stream that cannot go on (OpenAI's shape)."""
-    data = dumps({"type": "error", "code": code, "message": message, "param": param})
+    data = dumps({"type": "error", "code": code, "message": message, "param": param}, ascii_only=True)
     return f"event: error\ndata: {data}\n\n".encode("utf-8")

@@ -69,12 +69,18 @@ def _content_text(content, param: str) -> str:
     raise InvalidRequest(f"{param!r} must be a string or an array of text parts", param=param)
 
 
+def _check_nul(text: str, param: str) -> str:
+    if "\x00" in text:  # no chat template or tokenizer takes it
+        raise InvalidRequest(f"{param!r} must not contain NUL characters", param=param)
+    return text
+
+
 def parse_messages(value) -> list[dict]:
     """``input``: a string (one user message) or a list of messages."""
     if isinstance(value, str):
         if len(value) > MAX_TEXT:
             raise InvalidRequest(f"'input' is longer than {MAX_TEXT} characters", param="input")
-        return [{"role": "user", "content": value}]
+        return [{"role": "user", "content": _check_nul(value, "input")}]
     if not isinstance(value, list):
         raise InvalidRequest("'input' must be a string or an array of messages", param="input")
     if not value:
@@ -97,7 +103,8 @@ def parse_messages(value) -> list[dict]:
                                  param=f"{where}.role")
         if "content" not in item or item["content"] is None:
             raise InvalidRequest(f"{where}.content is required", param=f"{where}.content")
-        messages.append({"role": role, "content": _content_text(item["content"], f"{where}.content")})
+        text = _content_text(item["content"], f"{where}.content")
+        messages.append({"role": role, "content": _check_nul(text, f"{where}.content")})
     return messages
 
 
@@ -139,8 +146,12 @@ def parse_create(body: dict, config, random_seed) -> CreateRequest:
     if "input" not in body or body["input"] is None:
         raise InvalidRequest("'input' is required", param="input")
     messages = parse_messages(body["input"])
+    # what the task keeps of the input: the messages as checked, each content one
+    # text (a content part's other fields, such as annotations, play no part)
+    given = body["input"] if isinstance(body["input"], str) else [dict(m) for m in messages]
     instructions = get_str(body, "instructions", allow_empty=True, max_len=MAX_TEXT)
     if instructions:
+        _check_nul(instructions, "instructions")
         messages.insert(0, {"role": "system", "content": instructions})
     max_output = get_int(body, "max_output_tokens", default=config.max_output_tokens, minimum=1)
     max_output = min(max_output, config.max_output_tokens_cap)
@@ -159,7 +170,7 @@ def parse_create(body: dict, config, random_seed) -> CreateRequest:
                              param="on_restart")
     request = {
         "model": model,
-        "input": body["input"],
+        "input": given,
         "instructions": instructions,
         "max_output_tokens": max_output,
         "temperature": get_number(body, "temperature", default=1.0, minimum=0, maximum=2),

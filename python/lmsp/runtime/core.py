@@ -44,7 +44,8 @@ from .. import ids
 from ..config import RECOVERED_ENV
 from ..hubsafe import offload
 from ..objects import event_object
-from ..errors import ContextLengthExceeded, IllegalTransition, LMSPError, ModelInUse, NotFound, Unavailable
+from ..errors import (ContextLengthExceeded, IllegalTransition, InvalidRequest, LMSPError, ModelInUse, NotFound,
+                      Unavailable)
 from . import prompt as prompting
 from ._threads import RealThread, Wakeup, allocate_lock, gevent_active
 from .metrics import Metrics
@@ -406,6 +407,8 @@ class Runtime:
             return None
         try:
             tokens = prompting.render(engine, prompt_messages)
+        except ValueError as exc:  # what the chat template or the tokenizer refuses: so would the run
+            raise InvalidRequest(f"the request cannot be rendered: {exc}", param="input") from None
         except Exception as exc:  # a closed engine (unloaded meanwhile): check at run time
             log.debug("check_request: %s", exc)
             return None
@@ -573,7 +576,7 @@ class Runtime:
             except Unavailable:
                 raise  # a busy store: retry
             except LMSPError as exc:  # changed, missing or refused by the engine
-                return self._fail(run, exc.code, exc.message)
+                return self._fail(run, getattr(exc, "task_code", exc.code), exc.message)
         try:
             tokens = claim.get("tokens") or prompting.render(engine, prompting.messages_for(request))
             kwargs = prompting.sampling(request, self.config)

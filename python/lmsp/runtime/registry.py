@@ -15,7 +15,7 @@ import os
 import re
 from pathlib import Path, PurePosixPath
 
-from ..errors import InvalidRequest, LMSPError, ModelChanged, ModelInUse, NotFound
+from ..errors import InvalidRequest, LMSPError, ModelChanged, ModelInUse, ModelLoadFailed, NotFound
 from ..objects import public_model
 from ._threads import allocate_lock
 
@@ -51,6 +51,12 @@ def file_digest(path: str | os.PathLike, progress=None) -> tuple[str, int]:
     return "sha256:" + h.hexdigest(), done
 
 
+def _without(exc: Exception, real: os.PathLike, given: str) -> str:
+    """An error's text with the file's real path (where the data directory lies)
+    replaced by the path the client gave."""
+    return str(exc).replace(str(real), given)
+
+
 def model_object(row: dict, state: str | None = None) -> dict:
     """The Model object of LMSP B.4 from a store model (without its path), ``state`` overriding."""
     out = public_model(row)
@@ -76,6 +82,13 @@ class ModelRegistry:
         """The real path of a model file; confined to the models directory unless the operator asks."""
         if not isinstance(path, str) or not path.strip() or "\x00" in path:
             raise InvalidRequest("path must be a non-empty file name under the models directory", param="path")
+        try:
+            return self._resolve(path, confined)
+        except (OSError, ValueError) as exc:  # a name too long, a loop of links, ...
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "unusable path"
+            raise InvalidRequest(f"cannot use path {path!r}: {reason}", param="path") from None
+
+    def _resolve(self, path: str, confined: bool) -> Path:
         root = Path(self.config.models_dir).resolve()
         if confined:
             pure = PurePosixPath(path)
@@ -109,11 +122,12 @@ class ModelRegistry:
         try:
             info = native.read_gguf_info(str(real))
         except native.ModelFormatError as exc:
-            raise InvalidRequest(f"{path} is not a usable GGUF model: {exc}", param="path") from None
+            raise InvalidRequest(f"{path} is not a usable GGUF model: {_without(exc, real, path)}",
+                                 param="path") from None
         except FileNotFoundError:
             raise InvalidRequest(f"no such model file: {path}", param="path") from None
         except (OSError, ValueError) as exc:
-            raise InvalidRequest(f"cannot read {path}: {exc}", param="path") from None
+            raise InvalidRequest(f"cannot read {path}: {_without(exc, real, path)}", param="path") from None
         digest, size = file_digest(real, progress)
         stored_path = str(real)
         if confined:
@@ -222,10 +236,10 @@ class ModelRegistry:
                              batch_invariant=cfg.batch_invariant, prefix_cache=cfg.prefix_cache)
         except MemoryError:
             self._set_state(model_id, FAILED)
-            raise LMSPError(f"not enough memory to load model {model_id}", code="model_load_failed") from None
+            raise ModelLoadFailed(f"not enough memory to load model {model_id}", out_of_memory=True) from None
         except (native.NativeError, OSError, ValueError, RuntimeError) as exc:
             self._set_state(model_id, FAILED)
-            raise LMSPError(f"model {model_id} failed to load: {exc}", code="model_load_failed") from None
+            raise ModelLoadFailed(f"model {model_id} failed to load: {_without(exc, path, row['path'])}") from None
         with self._lock:
             self._engines[model_id] = engine
         self._set_state(model_id, AVAILABLE)  # "loaded" is per process; the store keeps the file's state
