@@ -275,3 +275,25 @@ def test_a_task_created_claimed_takes_the_fast_path_from_its_first_step(store, d
                                                   "response.content_part.added", "response.output_text.delta"]
     for t in (tid, other_tid):
         assert_consistent(store, t)
+
+
+@pytest.mark.parametrize("policy", ["resume", "retry"])
+def test_an_item_of_an_earlier_claim_is_skipped(store, running_task, clock, policy):
+    """Recovered from w1 (its lease ran out) and claimed by w1 again: what w1's old run
+    still sends for the task is not this claim's output, and is refused."""
+    tid = running_task(policy)
+    first = store.get_task(tid)["attempts"]
+    store.append_step("w1", [{"task_id": tid, "attempt": first, "delta": "old", "tokens": [1]}])
+    report = store.recover(startup=False, now=clock() + 3600)
+    assert tid in report["resumed"] + report["requeued"]
+    (claim,) = [c for c in store.claim("w1", limit=10, lease=30) if c["task_id"] == tid]
+    if policy == "retry":
+        store.set_running(tid, "w1")
+    assert claim["attempts"] == first + 1
+    out = store.append_step("w1", [{"task_id": tid, "attempt": first, "delta": "stale", "tokens": [2]}])
+    assert out["skipped"] == [tid]
+    out = store.append_step("w1", [{"task_id": tid, "attempt": first + 1, "delta": "new", "tokens": [3]}])
+    assert out["skipped"] == []
+    text = store.output_text(tid)
+    assert "stale" not in text and text.endswith("new")
+    assert_consistent(store, tid)

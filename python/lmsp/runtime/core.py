@@ -85,6 +85,7 @@ class _Run:
     """One claimed task in this process."""
     task_id: str
     model: str
+    attempt: int = 0             # the task's attempts when claimed: its steps are for this attempt only
     engine: object = None
     seq: int | None = None
     state: str = "queued"        # the task's state in the store as this worker set it
@@ -101,11 +102,16 @@ class _Run:
     held: list | None = field(default=None, repr=False)
 
 
-def _merge(item: dict | None, task_id: str, result: dict) -> dict:
-    """Fold one engine result into the pending store item of its task."""
-    if item is None:
-        item = {"task_id": task_id, "delta": "", "tokens": [], "finish": None, "error": None,
-                "usage": None, "kv_path": None}
+class _EngineGone(Exception):
+    """The engine a task was about to start on left the registry: the start is tried again."""
+
+
+def _merge(item: dict | None, run: _Run, result: dict) -> dict:
+    """Fold one engine result into the pending store item of its task (a new one in
+    place of an item of an earlier claim of the task, which the store would refuse)."""
+    if item is None or item["attempt"] != run.attempt:
+        item = {"task_id": run.task_id, "attempt": run.attempt, "delta": "", "tokens": [], "finish": None,
+                "error": None, "usage": None, "kv_path": None}
     item["delta"] += result.get("text") or ""
     item["tokens"].extend(result.get("tokens") or ())
     finish = result.get("finish")
@@ -278,6 +284,8 @@ class Runtime:
         run = _Run("", model_id, state="running", held=[])
         try:
             with self._lock:
+                if self.registry.engine(model_id) is not engine:
+                    return None  # unloaded meanwhile: the scheduler loads it
                 seq = engine.submit(tokens, cache_key=client_id or "", **kwargs)
                 run.engine, run.seq = engine, seq
                 self._by_seq[(id(engine), seq)] = run
@@ -303,13 +311,13 @@ class Runtime:
             elif self._stopping:
                 dropped = early
             elif early is not None:
-                early.task_id = claim["task_id"]
+                early.task_id, early.attempt = claim["task_id"], claim.get("attempts", 0)
                 self._runs[early.task_id] = early
                 self._released.append(early)
             else:
                 if tokens:
                     claim = dict(claim, tokens=tokens)
-                run = _Run(claim["task_id"], claim["model"], state="running")
+                run = _Run(claim["task_id"], claim["model"], attempt=claim.get("attempts", 0), state="running")
                 self._runs[run.task_id] = run
                 self._adopted.append((run, claim))
             if dropped is not None:
@@ -378,16 +386,18 @@ class Runtime:
             if task_id in self._runs and since is not None:
                 if self.waiters.generation != since:
                     return
-            elif task_id not in self._runs and self.watches_store:
-                with self._lock:
-                    self._watched.setdefault(task_id, {})[waiter] = after_seq
-                watched = True
             else:
-                try:
-                    if self.store.last_sequence(task_id) > after_seq:
-                        return
-                except LMSPError:
-                    return  # unknown task or busy store: let the caller re-read and decide
+                if task_id not in self._runs:
+                    with self._lock:  # the watch thread's end clears the flag under it
+                        if self.watches_store:
+                            self._watched.setdefault(task_id, {})[waiter] = after_seq
+                            watched = True
+                if not watched:
+                    try:
+                        if self.store.last_sequence(task_id) > after_seq:
+                            return
+                    except LMSPError:
+                        return  # unknown task or busy store: let the caller re-read and decide
             waiter.wait(timeout)
         finally:
             if watched:
@@ -429,8 +439,10 @@ class Runtime:
         return self.registry.object(model_id)
 
     def unload_model(self, model_id: str) -> dict:
-        self._refuse_if_busy(model_id)
-        self._offload(self.registry.unload, model_id)
+        self.store.get_model(model_id)  # NotFound
+        engine = self._detach_engine(model_id)
+        if engine is not None:
+            self._offload(self.registry.close_engine, model_id, engine)
         return self.registry.object(model_id)
 
     def delete_model(self, model_id: str) -> None:
@@ -439,7 +451,22 @@ class Runtime:
 
     def _delete_model(self, model_id: str) -> None:
         self.store.delete_model(model_id)  # ModelInUse while unfinished tasks need it
-        self.registry.unload(model_id)
+        try:
+            engine = self._detach_engine(model_id)
+        except ModelInUse:  # a task that started meanwhile ends on it; the file's row is gone
+            log.warning("model %s deleted while a task still runs on it; it stays loaded until "
+                        "unloaded", model_id)
+            return
+        if engine is not None:
+            self.registry.close_engine(model_id, engine)
+
+    def _detach_engine(self, model_id: str):
+        """The model's engine, out of the registry once no task of this worker uses
+        it (ModelInUse otherwise): one step under the lock a task's start takes to
+        submit, so no task can start on an engine about to close."""
+        with self._lock:
+            self._check_idle(model_id)
+            return self.registry.detach(model_id)
 
     def model_object(self, model_id: str) -> dict:
         return self.registry.object(model_id)
@@ -476,8 +503,11 @@ class Runtime:
         """NotFound for an unknown model; ModelInUse while this worker runs tasks on it."""
         self.store.get_model(model_id)
         with self._lock:
-            busy = any(r.model == model_id for r in (*self._runs.values(), *self._early))
-        if busy:
+            self._check_idle(model_id)
+
+    def _check_idle(self, model_id: str) -> None:
+        """ModelInUse while this worker runs or starts tasks on the model (under _lock)."""
+        if any(r.model == model_id for r in (*self._runs.values(), *self._early)):
             raise ModelInUse(f"model {model_id} is generating; cancel its tasks or wait for them")
 
     @staticmethod
@@ -524,12 +554,30 @@ class Runtime:
             claims = self.store.claim(self.owner, limit=free, lease=self.lease)
             if not claims:
                 return
-            for claim in claims:
-                if self._stopping:
-                    return
-                run = _Run(claim["task_id"], claim["model"], state=claim.get("status") or "queued")
-                with self._lock:
+            # every claim joins _runs at once, so that its lease is renewed while the
+            # ones before it start (a model load may outlast a lease)
+            runs = [_Run(claim["task_id"], claim["model"], attempt=claim.get("attempts", 0),
+                         state=claim.get("status") or "queued") for claim in claims]
+            stale = []
+            with self._lock:
+                for run in runs:
+                    old = self._runs.get(run.task_id)
+                    if old is not None:  # taken from this worker by a recovery meanwhile
+                        stale.append(old)
+                        if old.seq is not None:
+                            self._by_seq.pop((id(old.engine), old.seq), None)
                     self._runs[run.task_id] = run
+            for old in stale:
+                log.warning("task %s was recovered from this worker and claimed again; its old run stops",
+                            old.task_id)
+                if old.seq is not None:
+                    try:
+                        old.engine.cancel(old.seq)
+                    except Exception:  # closed meanwhile: nothing runs
+                        pass
+            for run, claim in zip(runs, claims):
+                if self._stopping:
+                    return  # still claimed: release() in stop() hands them back
                 self._advance(run, claim)
 
     def _advance(self, run: _Run, claim: dict) -> None:
@@ -540,11 +588,17 @@ class Runtime:
         extends only the tasks in ``_runs``: one forgotten anyway waits for its
         lease to run out and for recovery to apply its restart policy.)
         """
+        with self._lock:
+            if self._runs.get(run.task_id) is not run:
+                return  # an earlier claim of a task claimed again since
         try:
             if run.failure is not None:
                 self._fail(run, *run.failure)
             else:
-                self._start_run(run, claim)
+                try:
+                    self._start_run(run, claim)
+                except _EngineGone:  # unloaded as it started: load it again
+                    self._start_run(run, claim)
         except IllegalTransition as exc:  # cancelled meanwhile, or the claim was lost
             log.info("task %s dropped: %s", run.task_id, exc.message)
             self._forget(run)
@@ -598,6 +652,8 @@ class Runtime:
             self.waiters.notify([task_id])
         try:
             with self._lock:
+                if self.registry.engine(run.model) is not engine:  # unloaded since: load it again
+                    raise _EngineGone(f"model {run.model} was unloaded as the task started")
                 seq = engine.submit(tokens, resume=resume, cache_key=claim.get("client_id") or "", **kwargs)
                 run.engine, run.seq = engine, seq
                 self._by_seq[(id(engine), seq)] = run
@@ -621,9 +677,10 @@ class Runtime:
         self._wake_scheduler()
 
     def _forget(self, run: _Run) -> None:
-        self._committed.pop(run.task_id, None)
         with self._lock:
-            self._runs.pop(run.task_id, None)
+            if self._runs.get(run.task_id) is run:
+                del self._runs[run.task_id]
+                self._committed.pop(run.task_id, None)
             if run.seq is not None:
                 self._by_seq.pop((id(run.engine), run.seq), None)
 
@@ -651,8 +708,8 @@ class Runtime:
                     log.debug("watch round failed: %s", exc)
                     wait = WATCH_SECONDS
         finally:
-            self.watches_store = False  # from now on each waiter asks the store itself
             with self._lock:
+                self.watches_store = False  # from now on each waiter asks the store itself
                 waiting = list(self._watched)
             self.waiters.notify(waiting)  # ... starting now
 
@@ -721,6 +778,7 @@ class Runtime:
         if now >= self._next_renew:
             self._next_renew = now + self.lease / 3
             self._renew()
+            self._end_orphans()
         if now >= self._next_recover:
             self._next_recover = now + self.lease / 2
             self._recover_dead()
@@ -757,7 +815,7 @@ class Runtime:
         """One engine result into the pending items (under _lock)."""
         if not self._pending:
             self._pending_since = now
-        self._pending[run.task_id] = _merge(self._pending.get(run.task_id), run.task_id, result)
+        self._pending[run.task_id] = _merge(self._pending.get(run.task_id), run, result)
         if not run.first_token and result.get("tokens"):
             run.first_token = True
             self.stats.first_token(now - run.claimed_at)
@@ -806,8 +864,12 @@ class Runtime:
                 self._unwritten.pop(task_id, None)
                 self._unwritten_state.pop(task_id, None)
         skipped = list(outcome.get("skipped") or ())
+        attempts = {item["task_id"]: item.get("attempt") for item in items}
         with self._lock:
-            ended = [self._runs.pop(task_id, None) for task_id in done + skipped]
+            # a run claimed again since its items were taken is not the one the store refused
+            ended = [self._runs.pop(task_id) if task_id in self._runs
+                     and self._runs[task_id].attempt == attempts.get(task_id, self._runs[task_id].attempt)
+                     else None for task_id in done + skipped]
             for run in ended:
                 if run is not None and run.seq is not None:
                     self._by_seq.pop((id(run.engine), run.seq), None)
@@ -886,9 +948,26 @@ class Runtime:
                 except Exception:
                     pass
 
+    def _end_orphans(self) -> None:
+        """End with an error the runs whose engine closed under them (nothing polls
+        a closed engine): otherwise their leases would be renewed for ever. An
+        unload waits for a model's tasks, so this is a safety net."""
+        with self._lock:
+            orphans = [run for run in self._runs.values() if run.engine is not None and run.final is None
+                       and run.held is None and getattr(run.engine, "closed", False)]
+            if not orphans:
+                return
+            now = time.monotonic()
+            for run in orphans:
+                log.error("task %s: its engine closed while it ran", run.task_id)
+                self._take(run, {"seq": run.seq, "tokens": [], "text": "", "finish": "error",
+                                 "error": "the model was unloaded while the task ran"}, now)
+
     def _recover_dead(self) -> None:
         try:
-            report = self.store.recover(startup=False)
+            # this worker's own tasks are alive, whatever their lease says (a wall
+            # clock stepped forward, renewals refused by a busy store)
+            report = self.store.recover(startup=False, exclude_owner=self.owner)
         except Exception as exc:
             log.warning("recovering expired leases failed: %s", exc)
             return

@@ -263,13 +263,22 @@ class ModelRegistry:
             log.warning("could not record state %s of model %s: %s", state, model_id, exc)
 
     def unload(self, model_id: str) -> bool:
-        with self._lock:
-            engine = self._engines.pop(model_id, None)
+        engine = self.detach(model_id)
         if engine is None:
             return False
+        self.close_engine(model_id, engine)
+        return True
+
+    def detach(self, model_id: str):
+        """Take a model's engine out of this process's registry (None when it is not
+        loaded): from now on nothing finds it, and the caller closes it."""
+        with self._lock:
+            return self._engines.pop(model_id, None)
+
+    @staticmethod
+    def close_engine(model_id: str, engine) -> None:
         engine.close()
         log.info("unloaded model %s", model_id)
-        return True
 
     def close(self) -> None:
         with self._lock:

@@ -749,6 +749,11 @@ class Store:
         them to its streams without reading them again. Built after the
         transaction, outside the write lock.
 
+        An item may carry ``attempt``, the task's ``attempts`` in the claim its
+        output belongs to: an item of an earlier claim (the task recovered from
+        this owner, then claimed by it again) is skipped. Every recovery writes
+        an event, so such an item never passes the fast path below.
+
         The items of tasks this process stepped (or created claimed) before,
         when they do not end them, read no task row and, while a task's row
         does not change, write only their events: they take the numbers after
@@ -943,17 +948,27 @@ class Store:
     def _step_checked(self, conn: sqlite3.Connection, owner: str, items: list[dict], now: float):
         wanted = list(dict.fromkeys(item["task_id"] for item in items))
         rows: dict[str, tuple] = {}
+        attempts: dict[str, int] = {}
         for i in range(0, len(wanted), 500):
             chunk = wanted[i:i + 500]
             for row in conn.execute(
                     f"SELECT t.id, t.status, t.owner, {_last_seq_sql('t')}, t.item_open, t.pending_tokens, t.kv_path,"
-                    " r.item_id FROM tasks t JOIN responses r ON r.id = t.response_id"
+                    " r.item_id, t.attempts FROM tasks t JOIN responses r ON r.id = t.response_id"
                     f" WHERE t.id IN ({','.join('?' * len(chunk))})", chunk):
                 if row[2] == owner and row[1] in (st.RUNNING, st.CANCELLING):
                     rows[row[0]] = (owner, row[3], row[4], row[5], row[6], row[7])
+                    attempts[row[0]] = row[8]
         events: list[tuple] = []
         ends: list[tuple] = []
         skipped: list[str] = []
+        # an item of an earlier claim of the task (recovered, then claimed again by
+        # this owner) is not this claim's: skipped like a task that is not ours
+        stale = {item["task_id"] for item in items
+                 if item.get("attempt") is not None and item["task_id"] in rows
+                 and item["attempt"] != attempts[item["task_id"]]}
+        if stale:
+            items = [item for item in items if item["task_id"] not in stale]
+            skipped.extend(stale)
         states = self._step_items(owner, items, rows, now, events, ends, skipped)
         conn.executemany(self._EVENT_INSERT, events)
         written = [(tid, s) for tid, s in states.items() if s is not None]
@@ -1036,13 +1051,16 @@ class Store:
             conn.execute(f"UPDATE tasks SET lease_expires = 0 WHERE owner = ? AND status IN {_UNFINISHED_SQL}",
                          (owner,))
 
-    def recover(self, *, startup: bool = True, now: float | None = None, batch: int = 100) -> dict:
+    def recover(self, *, startup: bool = True, now: float | None = None, batch: int = 100,
+                exclude_owner: str | None = None) -> dict:
         """Apply the 11.3 table to leftover tasks and report what was done.
 
         ``startup=True``: every queued/loading/running/cancelling task (run it
         once, before any worker claims). ``startup=False``: only tasks whose
-        owner's lease expired (a worker died). Returns ``{"failed", "requeued",
-        "resumed", "cancelled": [task ids], "kv_paths": [snapshot files no longer needed]}``.
+        owner's lease expired (a worker died), other than ``exclude_owner``'s
+        (the caller's own, which it knows to be alive). Returns ``{"failed",
+        "requeued", "resumed", "cancelled": [task ids], "kv_paths": [snapshot
+        files no longer needed]}``.
         """
         report: dict[str, list] = {"failed": [], "requeued": [], "resumed": [], "cancelled": [], "kv_paths": []}
         when = self._clock() if now is None else now
@@ -1051,6 +1069,9 @@ class Store:
         if not startup:
             where += " AND owner IS NOT NULL AND lease_expires < ?"
             args = (float(when),)
+            if exclude_owner is not None:
+                where += " AND owner != ?"
+                args += (exclude_owner,)
         sql = f"SELECT id FROM tasks WHERE {where} AND id > ? ORDER BY id LIMIT ?"
         last = ""
         while True:
@@ -1064,7 +1085,8 @@ class Store:
                     task = self._task(conn, tid)
                     if task["status"] not in st.UNFINISHED:
                         continue
-                    if not startup and not (task["owner"] is not None and task["lease_expires"] < when):
+                    if not startup and not (task["owner"] is not None and task["lease_expires"] < when
+                                            and task["owner"] != exclude_owner):
                         continue
                     self._recover_one(conn, task, stamp, report)
         return report

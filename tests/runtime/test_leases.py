@@ -1,0 +1,116 @@
+"""A worker's claims and leases: renewed while a model loads, never recovered by
+the worker itself, claimed again after a recovery without running twice, and
+never left on an engine that closed."""
+from __future__ import annotations
+
+import threading
+
+from runtime_helpers import all_events, check_log, submit, wait_finished, wait_until
+
+from lmsp import native
+
+
+def test_tasks_claimed_behind_a_model_load_keep_their_leases(store, make_runtime, model_file):
+    """One claim takes several tasks; the first loads the model, which may outlast a
+    lease: the others are renewed meanwhile, not failed by a recovery."""
+    ids: list[str] = []
+    renewed_all = threading.Event()
+    rounds = []
+    real_renew, real_recover = store.renew, store.recover
+
+    def renew(owner, **kwargs):
+        if set(ids) <= set(kwargs.get("task_ids") or ()):
+            rounds.append(1)
+            if len(rounds) >= 4:  # more than a lease (renewals come every third of one)
+                renewed_all.set()
+        return real_renew(owner, **kwargs)
+
+    def recover(**kwargs):
+        report = real_recover(**kwargs)
+        if any(report.get(key) for key in ("failed", "requeued", "resumed", "cancelled")):
+            renewed_all.set()  # the failure this test looks for: no need to wait longer
+        return report
+
+    store.renew, store.recover = renew, recover
+
+    def slow_engine(path, **kwargs):
+        assert renewed_all.wait(60), "no renewal covered the waiting tasks"
+        return native.Engine(path, **kwargs)
+
+    rt = make_runtime(store, start=False, engine_factory=slow_engine)
+    rt.register_model("tiny.gguf")
+    ids += [submit(store, None, f"Question {i}", max_output_tokens=4) for i in range(3)]
+    rt.start()
+    rt.notify_queued()
+    tasks = [wait_finished(rt, store, t) for t in ids]
+    assert [(t["status"], t["error"]) for t in tasks] == [("completed", None)] * 3
+    assert len(rounds) >= 4
+
+
+def test_a_worker_never_recovers_its_own_tasks(store, runtime):
+    """A wall clock stepped forward (an edge box setting its clock after boot) makes
+    every lease look expired: the worker's own tasks run on, untouched."""
+    reference = wait_finished(runtime, store, submit(store, runtime, "Count on:", max_output_tokens=300))
+    expected = store.output_text(reference["id"])
+    real_clock = store._clock
+    offset = [0.0]
+    store._clock = lambda: real_clock() + offset[0]
+    tid = submit(store, runtime, "Count on:", max_output_tokens=300, on_restart="resume")
+    wait_until(runtime, store, tid, lambda t: t["last_sequence_number"] >= 8)
+    offset[0] = 3600.0
+    runtime._recover_dead()  # the commit thread's round
+    task = wait_finished(runtime, store, tid)
+    assert task["status"] == "completed" and task["attempts"] == reference["attempts"]
+    assert "task.resumed" not in check_log(all_events(store, tid))
+    assert store.output_text(tid) == expected
+
+
+def test_a_task_recovered_from_its_worker_and_claimed_back_runs_once(store, runtime):
+    """Another worker recovered the task (this one's renewals had failed for a lease)
+    and this worker claimed it again: the old run stops, and what it had not committed
+    is refused by the store, so the output is one run's, resumed where its log ended."""
+    reference = wait_finished(runtime, store, submit(store, runtime, "Count on:", max_output_tokens=300))
+    expected = store.output_text(reference["id"])
+    tid = submit(store, runtime, "Count on:", max_output_tokens=300, on_restart="resume")
+    wait_until(runtime, store, tid, lambda t: t["last_sequence_number"] >= 8)
+    first = runtime._runs[tid]
+    # another worker's recovery round, with this worker's lease run out
+    report = store.recover(startup=False, now=store._clock() + 3600)
+    assert report["resumed"] == [tid]
+    runtime.notify_queued()
+    task = wait_finished(runtime, store, tid)
+    assert task["status"] == "completed"
+    assert check_log(all_events(store, tid)).count("task.resumed") == 1
+    assert store.output_text(tid) == expected
+    assert (id(first.engine), first.seq) not in runtime._by_seq
+    assert tid not in runtime._runs
+
+
+def test_a_task_starting_as_its_model_unloads_loads_it_again(store, runtime):
+    wait_finished(runtime, store, submit(store, runtime, max_output_tokens=2))  # loads the model
+    started = {}
+    real_close = runtime.registry.close_engine
+
+    def close_engine(model_id, engine):
+        # the model has left the registry, its engine not closed yet: a task arrives
+        tid = submit(store, runtime, "Count on:", max_output_tokens=8)
+        started["task"] = wait_finished(runtime, store, tid)
+        started["engine"] = runtime.registry.engine(model_id)
+        real_close(model_id, engine)
+
+    runtime.registry.close_engine = close_engine
+    runtime.unload_model("tiny")
+    assert started["task"]["status"] == "completed"
+    assert started["engine"] is not None  # loaded again for the task
+    assert runtime.registry.engine("tiny") is started["engine"] and not started["engine"].closed
+
+
+def test_a_task_whose_engine_closes_under_it_ends(store, runtime):
+    """Nothing polls a closed engine: the run must not hold its slot and its lease for ever."""
+    tid = submit(store, runtime, "Count on:", max_output_tokens=4000)
+    wait_until(runtime, store, tid, lambda t: t["last_sequence_number"] >= 4)
+    engine = runtime.registry.detach("tiny")  # closed behind the runtime's back
+    engine.close()
+    task = wait_finished(runtime, store, tid)
+    assert task["status"] == "failed" and task["error"]["code"] == "engine_error"
+    assert runtime.metrics()["claimed_tasks"] == 0
