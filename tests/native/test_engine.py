@@ -164,13 +164,13 @@ def test_a_new_sequence_fills_the_hole_between_two_running_ones(make_engine) -> 
     slots 0 and 2 run takes slot 1 (not the empty slot 3, though slot 1 still
     holds its last sequence's KV), so the three then decode in one ubatch per
     step."""
-    e = make_engine(n_parallel=5)
+    e = make_engine(n_parallel=5, n_ctx=LONG)
     w = Watch(e)
-    running = [e.submit(random_prompt(40 + i, 4), max_tokens=400, temperature=0) for i in range(3)]
+    running = [e.submit(random_prompt(40 + i, 4), max_tokens=LONG, temperature=0) for i in range(3)]
     w.until(lambda: all(w.tokens.get(s) for s in running))  # slots 0, 1 and 2
     assert e.cancel(running[1])  # frees slot 1 before the next admission
     # (a prompt that no slot's cache holds the start of)
-    joined = e.submit(random_prompt(43, 8), max_tokens=400, temperature=0)
+    joined = e.submit(random_prompt(43, 8), max_tokens=LONG, temperature=0)
     w.until(lambda: w.tokens.get(joined))  # from here every step decodes slots 0, 1 and 2
     before = e.stats()
     # (counted on the engine's side: poll() may hand over several steps' tokens at once)
@@ -189,9 +189,9 @@ def test_a_new_sequence_fills_the_hole_between_two_running_ones(make_engine) -> 
 def test_slots_apart_decode_in_a_ubatch_each(make_engine) -> None:
     """The other side of the test above: with slot 1 left empty, slots 0 and 2
     take a ubatch each, every step."""
-    e = make_engine(n_parallel=3)
+    e = make_engine(n_parallel=3, n_ctx=LONG)
     w = Watch(e)
-    seqs = [e.submit(random_prompt(50 + i, 4), max_tokens=300, temperature=0) for i in range(3)]
+    seqs = [e.submit(random_prompt(50 + i, 4), max_tokens=LONG, temperature=0) for i in range(3)]
     w.until(lambda: all(w.tokens.get(s) for s in seqs))
     assert e.cancel(seqs[1])
     w.until(lambda: seqs[1] in w.ended)

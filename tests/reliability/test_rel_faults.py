@@ -54,7 +54,7 @@ def _wait_finished(server: Server, response_ids: list[str], timeout: float = 120
 # ------------------------------------------------------------------ locked
 
 def test_database_locked_past_the_busy_timeout_gives_503_and_the_worker_keeps_serving(make_server):
-    server = make_server(env={"LMSP_BUSY_TIMEOUT": "2"})
+    server = make_server(env={"LMSP_BUSY_TIMEOUT": "5"})
     server.start()
     client = server.pair(["responses:write", "responses:read"])
     workers = server.worker_pids()

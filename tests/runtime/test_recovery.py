@@ -84,8 +84,11 @@ def test_a_dead_workers_task_is_recovered_when_its_lease_expires(config, store, 
     survivor_store = open_store(config)  # another worker process: its own connections
     survivor = None
     try:
-        survivor = make_runtime(survivor_store)
+        # started once the task is claimed by the worker that dies: running, its idle
+        # scheduler's round (every IDLE_WAIT) could claim the task first and run it to the end
+        survivor = make_runtime(survivor_store, start=False)
         task_id, before, _ = crash_mid_run(store, make_runtime, policy)
+        survivor.start()
         # nobody restarts the service: the survivor's lease check finds the task (lease 1 s)
         task = wait_finished(survivor, survivor_store, task_id)
         events = all_events(survivor_store, task_id)
