@@ -114,3 +114,39 @@ def test_a_task_whose_engine_closes_under_it_ends(store, runtime):
     task = wait_finished(runtime, store, tid)
     assert task["status"] == "failed" and task["error"]["code"] == "engine_error"
     assert runtime.metrics()["claimed_tasks"] == 0
+
+
+def test_a_cancel_from_another_process_reaches_a_stream_while_the_model_loads(store, make_runtime, model_file):
+    """The task is claimed here and its model loads; another process cancels it (the
+    store ends a loading task at once): a stream waiting in this worker wakes now, not
+    when the load is over."""
+    loading, release = threading.Event(), threading.Event()
+
+    def slow_engine(path, **kwargs):
+        loading.set()
+        assert release.wait(60)
+        return native.Engine(path, **kwargs)
+
+    rt = make_runtime(store, engine_factory=slow_engine)
+    rt.register_model("tiny.gguf")
+    tid = submit(store, rt, max_output_tokens=4)
+    try:
+        assert loading.wait(60)
+        task = wait_until(rt, store, tid, lambda t: t["status"] == "loading")
+        since = rt.commit_generation()
+        stream = threading.Thread(target=rt.wait_for_commit,
+                                  args=(tid, task["last_sequence_number"], 60), kwargs={"since": since})
+        stream.start()
+        # the stream waits on the watch thread, which reads the store for it
+        wait_until(None, store, tid, lambda t: tid in rt._watched)
+        other = type(store).open(store._db.path)  # another process's connections
+        try:
+            assert other.cancel(tid)["status"] == "cancelled"
+        finally:
+            other.close()
+        stream.join(60)
+        assert not stream.is_alive() and not release.is_set()
+        assert store.get_task(tid)["status"] == "cancelled"
+    finally:
+        release.set()
+    wait_until(rt, store, tid, lambda t: tid not in rt._runs)

@@ -375,29 +375,32 @@ class Runtime:
         ``since``: :meth:`commit_generation` read before the caller last read the
         events. For a task this process runs, every commit of its events is
         announced, so an unchanged generation proves nothing new was committed
-        and the store need not be asked. A task run elsewhere (or by nobody
-        yet) is left to the watch thread, which reads the counters of all such
+        and the store need not be asked. A task run elsewhere, by nobody yet,
+        or claimed here but not decoding yet (which others may still cancel),
+        is left to the watch thread, which reads the counters of all such
         tasks at once and wakes the waiters of those that passed their number;
         without it (the runtime not started) the store is asked here.
         """
         waiter = self.waiters.register(task_id)
         watched = False
         try:
-            if task_id in self._runs and since is not None:
-                if self.waiters.generation != since:
-                    return
-            else:
-                if task_id not in self._runs:
-                    with self._lock:  # the watch thread's end clears the flag under it
-                        if self.watches_store:
-                            self._watched.setdefault(task_id, {})[waiter] = after_seq
-                            watched = True
-                if not watched:
-                    try:
-                        if self.store.last_sequence(task_id) > after_seq:
-                            return
-                    except LMSPError:
-                        return  # unknown task or busy store: let the caller re-read and decide
+            run = self._runs.get(task_id)
+            if run is not None and since is not None and self.waiters.generation != since:
+                return
+            # a task claimed here but not decoding yet (its model loading, say) can still
+            # be moved by others: a cancel from another process ends it at once
+            decoding_here = run is not None and run.seq is not None
+            if not decoding_here:
+                with self._lock:  # the watch thread's end clears the flag under it
+                    if self.watches_store:
+                        self._watched.setdefault(task_id, {})[waiter] = after_seq
+                        watched = True
+            if not watched and not (decoding_here and since is not None):
+                try:
+                    if self.store.last_sequence(task_id) > after_seq:
+                        return
+                except LMSPError:
+                    return  # unknown task or busy store: let the caller re-read and decide
             waiter.wait(timeout)
         finally:
             if watched:
