@@ -45,6 +45,43 @@ def test_stream_replay_is_the_event_stream_again(user, store):
     assert len(store.list_tasks()["data"]) == 1
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_store_false_response_deleted_after_delivery_is_replayed_not_run_again(user, store, stream):
+    """The client's connection may have dropped before the answer arrived: its retry
+    gets the final Response object (as JSON: the stream is gone), no second task."""
+    body = {"model": "tiny", "input": "hi", "store": False, "stream": stream}
+    first = post(user, body, f"k-nostore-{stream}")
+    assert first.status_code == 200
+    assert store.list_tasks()["data"] == []  # deleted once delivered
+    again = post(user, body, f"k-nostore-{stream}")
+    assert again.status_code == 200 and again.headers["Idempotent-Replayed"] == "true"
+    assert again.json["status"] == "completed" and again.json["output"]
+    if not stream:
+        assert again.json == first.json
+    assert store.list_tasks()["data"] == []  # no second task, ever
+
+
+def test_a_deleted_responses_key_answers_404_and_runs_nothing(user, store):
+    body = {"model": "tiny", "input": "hi"}
+    rid = post(user, body, "k-deleted").json["id"]
+    assert user.delete(f"/v1/responses/{rid}").status_code == 200
+    again = post(user, body, "k-deleted")
+    assert_error(again, 404, "not_found")
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert store.list_tasks()["data"] == []
+
+
+def test_retention_before_a_key_expires_keeps_the_key(user, store, clock):
+    body = {"model": "tiny", "input": "hi", "background": True}
+    assert post(user, body, "k-gc").status_code == 202
+    user.get("/v1/responses")  # (the scripted runtime finishes it)
+    clock.advance(3600)
+    assert store.gc(retention=60)["tasks"] == 1  # a retention shorter than the key's life
+    again = post(user, body, "k-gc")
+    assert_error(again, 404, "not_found")
+    assert store.list_tasks()["data"] == []
+
+
 def test_same_key_other_request_is_422(user, scripted):
     scripted.auto = False
     post(user, {"model": "tiny", "input": "hi", "background": True}, "k-2")

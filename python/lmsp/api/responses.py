@@ -256,7 +256,8 @@ class ResponsesService:
     def forget(self, response_id: str, client_id: str | None) -> None:
         """``store: false``: delete a finished response once it was delivered."""
         try:
-            self.deps.store.delete_response(response_id, client_id)
+            # an idempotency key keeps the final object for a retry of a client that missed it
+            self.deps.store.delete_response(response_id, client_id, keep_for_key=True)
         except LMSPError as exc:
             log.info("response %s not deleted after delivery: %s", response_id, exc.message)
 
@@ -304,6 +305,11 @@ class ResponsesResource:
             idem = (key, idempotency.fingerprint(client_id, req.method, req.path, body))
         result = self.service.create(client_id, parsed, idem)
         replay = result.get("replay")
+        if replay is not None and result.get("task") is None:
+            # the key's response was deleted since: its stored answer (the final
+            # Response object, or 404), as JSON: there is no stream to replay
+            set_json(resp, replay[1], replay[0], _replayed())
+            return
         response = result["response"] if replay is None else replay[1]
         response_id = response["id"]
         task_id = response["task"]["id"]

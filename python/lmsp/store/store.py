@@ -55,6 +55,9 @@ _TASK_SELECT = ("SELECT id, response_id, client_id, model, status, on_restart, a
                 " finished_at, error, owner, lease_expires, attempt_seq, item_open, pending_tokens, kv_path, "
                 f"{_last_seq_sql('tasks')} AS last_seq FROM tasks")
 _MAX_LIMIT = 100
+# what a retry with the idempotency key of a deleted response is answered (B.8: no second task)
+_DELETED_ANSWER = {"error": {"code": "not_found", "param": None,
+                             "message": "the response of this Idempotency-Key was deleted"}}
 _NO_ENTRY = (None,)
 
 
@@ -474,9 +477,8 @@ class Store:
         if row["state"] == "done":
             return {"response": response, "task": None if task is None else obj.task_object(task),
                     "replay": (row["status"], json.loads(row["body"]))}
-        if task is None:  # the task it pointed at was deleted: the key is spent
-            conn.execute("DELETE FROM idempotency_keys WHERE client_id = ? AND key = ?", (client_id or "", key))
-            return None
+        if task is None:  # its task is gone without its key row turned into an answer: still no second task
+            return {"response": None, "task": None, "replay": (404, _DELETED_ANSWER)}
         if task["status"] in st.UNFINISHED:
             raise IdempotencyKeyInUse("the request with this Idempotency-Key is still running")
         return {"response": response, "task": obj.task_object(task), "replay": (200, response)}
@@ -546,16 +548,34 @@ class Store:
                 return self._render_response(conn, self._response_row(conn, rid), task)
             return self._page(conn, sql, args, limit, render)
 
-    def delete_response(self, response_id: str, client_id: str | None = None) -> dict:
+    def delete_response(self, response_id: str, client_id: str | None = None, *,
+                        keep_for_key: bool = False) -> dict:
+        """Delete a finished response with its task and events. An idempotency key of
+        its request answers a retry with 404 from now on; with ``keep_for_key`` (a
+        ``store: false`` response deleted once delivered, whose client may not have
+        received it) with the final Response object, until the key expires."""
         with self._db.write() as conn:
-            self._response_row(conn, response_id, client_id)
+            response = self._response_row(conn, response_id, client_id)
             task = conn.execute("SELECT id, status FROM tasks WHERE response_id = ?", (response_id,)).fetchone()
             if task is not None and task["status"] in st.UNFINISHED:
                 raise TaskUnfinished(f"response {response_id} is still {task['status']}; cancel it first")
             if task is not None:
-                conn.execute("DELETE FROM idempotency_keys WHERE task_id = ?", (task["id"],))
+                final = None
+                if keep_for_key:
+                    full = dict(conn.execute(_TASK_SELECT + " WHERE id = ?", (task["id"],)).fetchone())
+                    final = self._render_response(conn, response, full)
+                self._answer_keys(conn, task["id"], final)
             conn.execute("DELETE FROM responses WHERE id = ?", (response_id,))  # cascades to task and events
         return obj.deleted_response(response_id)
+
+    @staticmethod
+    def _answer_keys(conn: sqlite3.Connection, task_id: str, final: dict | None) -> None:
+        """The idempotency keys of a task about to be deleted keep, until they
+        expire, what a retry is answered (B.8: never a second task): ``final``
+        (the finished Response object), or else 404, the response deleted."""
+        status, body = (200, final) if final is not None else (404, _DELETED_ANSWER)
+        conn.execute("UPDATE idempotency_keys SET state = 'done', status = ?, body = ?, task_id = NULL "
+                     "WHERE task_id = ?", (status, _dumps(body), task_id))
 
     def get_task(self, task_id: str, client_id: str | None = None) -> dict:
         with self._db.read() as conn:
@@ -1183,6 +1203,6 @@ class Store:
                 if row is None or row["status"] not in st.FINISHED or not row["finished_at"] < cutoff:
                     continue
                 counts["events"] += conn.execute("DELETE FROM task_events WHERE task_id = ?", (tid,)).rowcount
-                conn.execute("DELETE FROM idempotency_keys WHERE task_id = ?", (tid,))
+                self._answer_keys(conn, tid, None)
                 conn.execute("DELETE FROM responses WHERE id = ?", (rid,))  # cascades to the task
                 counts["tasks"] += 1
