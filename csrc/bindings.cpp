@@ -191,8 +191,11 @@ public:
                 if (!py::isinstance<py::bytes>(kv) && !PyByteArray_Check(kv.ptr()) && !PyMemoryView_Check(kv.ptr())) {
                     throw py::type_error("resume.kv_state must be bytes or None");
                 }
-                std::string raw = py::bytes(kv).cast<std::string>();
-                rs.kv_state = std::vector<uint8_t>(raw.begin(), raw.end());
+                // a copy of any of the three (a memoryview need not be contiguous)
+                py::object copy = py::reinterpret_steal<py::object>(PyBytes_FromObject(kv.ptr()));
+                if (!copy) throw py::error_already_set();
+                const char * data = PyBytes_AS_STRING(copy.ptr());
+                rs.kv_state = std::vector<uint8_t>(data, data + PyBytes_GET_SIZE(copy.ptr()));
             }
             req.resume = std::move(rs);
         }

@@ -158,6 +158,8 @@ float log_probability(const float * logits, int32_t n, int32_t token) {
 // ggml's tiled matmul takes 8 rows or more; each row it computes comes out the
 // same however many there are. Fewer take the one-row path.
 constexpr size_t kMinTiledRows = 8;
+// A wait longer than this (about 31 years) is a wait without end.
+constexpr double kForever = 1e9;
 // ggml's tiled flash attention takes 64 query rows of a sequence or more.
 constexpr size_t kFaTileRows = 64;
 
@@ -263,7 +265,18 @@ void clear_notifier(int rfd) {
 
 }  // namespace
 
-Engine::Engine(const std::string & model_path, const EngineOptions & options) : options_(options) {
+// A batch larger than every sequence's whole context holds nothing more: llama.cpp
+// takes no more, and the engine's own batch is allocated at this size.
+static EngineOptions bounded(EngineOptions o) {
+    const int64_t whole = int64_t(o.n_ctx) * int64_t(o.n_parallel);
+    if (o.n_ctx >= 1 && o.n_parallel >= 1 && int64_t(o.n_batch) > whole) {
+        o.n_batch = int32_t(std::max<int64_t>(whole, o.n_parallel));
+    }
+    return o;
+}
+
+Engine::Engine(const std::string & model_path, const EngineOptions & given) : options_(bounded(given)) {
+    const EngineOptions & options = options_;
     log::install();
     static std::once_flag backend_once;
     std::call_once(backend_once, [] { llama_backend_init(); });
@@ -271,7 +284,9 @@ Engine::Engine(const std::string & model_path, const EngineOptions & options) : 
     if (options.n_parallel < 1 || options.n_parallel > int32_t(llama_max_parallel_sequences())) {
         throw InvalidArgument("n_parallel must be between 1 and " + std::to_string(llama_max_parallel_sequences()));
     }
-    if (options.n_threads < 0) throw InvalidArgument("n_threads must be >= 0");
+    if (options.n_threads < 0 || options.n_threads > GGML_MAX_N_THREADS) {
+        throw InvalidArgument("n_threads must be between 0 and " + std::to_string(GGML_MAX_N_THREADS));
+    }
     if (options.n_batch < options.n_parallel) throw InvalidArgument("n_batch must be >= n_parallel");
     if (options.prefill_chunk < 1) throw InvalidArgument("prefill_chunk must be >= 1");
 
@@ -398,8 +413,6 @@ Engine::Engine(const std::string & model_path, const EngineOptions & options) : 
     thread_ = std::thread([this] { run(); });
 }
 
-Engine::~Engine() { close(); }
-
 void Engine::close() {
     std::lock_guard<std::mutex> guard(close_mu_);
     if (closed_.exchange(true)) {
@@ -428,7 +441,14 @@ void Engine::close() {
     }
     ctx_.reset();
     threadpool_.reset();
-    model_.reset();
+    // The model (whose vocabulary tokenize, detokenize and the chat template read
+    // without the engine's lock, from threads that checked closed_ before this)
+    // and the notifiers (which a poll() past its check may still clear) stay
+    // until the object goes: Python keeps it alive through any call on it.
+}
+
+Engine::~Engine() {
+    close();
     close_notifier(event_fd_, event_wfd_);
     close_notifier(urgent_fd_, urgent_wfd_);
 }
@@ -679,7 +699,7 @@ bool Engine::wait(double timeout_s, bool urgent) {
     std::unique_lock<std::mutex> lk(results_mu_);
     auto ready = [this, urgent] { return (urgent ? urgent_waiting_ : !results_.empty()) || closed_.load(); };
     std::condition_variable & cv = urgent ? urgent_cv_ : results_cv_;
-    if (timeout_s < 0) {
+    if (timeout_s < 0 || timeout_s > kForever) {  // (a longer duration overflows the clock's)
         cv.wait(lk, ready);
     } else {
         cv.wait_for(lk, std::chrono::duration<double>(timeout_s), ready);

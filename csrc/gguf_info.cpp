@@ -46,7 +46,8 @@ std::optional<uint64_t> get_uint(const gguf_context * ctx, const std::string & k
         case GGUF_TYPE_ARRAY: {
             // some models store per-layer head counts; take the first entry
             const enum gguf_type at = gguf_get_arr_type(ctx, id);
-            if (gguf_get_arr_n(ctx, id) == 0) break;
+            // (gguf_get_arr_data asserts on an array of strings: the type first)
+            if (gguf_get_arr_n(ctx, id) == 0 || (at != GGUF_TYPE_UINT32 && at != GGUF_TYPE_INT32)) break;
             const void * data = gguf_get_arr_data(ctx, id);
             if (at == GGUF_TYPE_UINT32) return uint64_t(static_cast<const uint32_t *>(data)[0]);
             if (at == GGUF_TYPE_INT32) {

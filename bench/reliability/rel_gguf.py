@@ -162,6 +162,10 @@ CORRUPTIONS = {
     "array_count_max": lambda: _with_kv(KV(b"tokenizer.ggml.tokens", ARRAY, (STRING, [b"a"]), 2**64 - 1)),
     "array_count_2e61_u64": lambda: _with_kv(KV(b"tokenizer.ggml.scores", ARRAY, (U64, [1]), 2**61)),
     "nested_arrays": lambda: _with_kv(KV(b"x.nested", ARRAY, (ARRAY, []), 3)),
+    # a count the reader takes from a number or from the first entry of an array
+    # of numbers, given as an array of strings or of floats
+    "block_count_strings": lambda: _with_kv(KV(b"llama.block_count", ARRAY, (STRING, [b"a", b"b"])), True),
+    "head_count_floats": lambda: _with_kv(KV(b"llama.attention.head_count", ARRAY, (F32, [2.0])), True),
     "unknown_value_type": lambda: _with_kv(KV(b"x.unknown", 99, b"\x01\x02")),
     "arch_not_string": _corrupt(kvs=_set("kvs.0.vtype", U32)),
     "no_architecture": _corrupt(kvs=lambda s: s.kvs.pop(0)),

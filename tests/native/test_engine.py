@@ -295,6 +295,7 @@ def test_bad_submissions(engine: Engine, kwargs: dict, error: type) -> None:
     (dict(n_threads=-1), ValueError),
     (dict(n_batch=2, n_parallel=4), ValueError),
     (dict(prefill_chunk=0), ValueError),
+    (dict(n_threads=2**31 - 1), ValueError),  # more than ggml's 512 threads
 ])
 def test_bad_engine_options(demo_model_path, kwargs: dict, error: type) -> None:
     with pytest.raises(error):
@@ -515,6 +516,44 @@ def test_close_twice_and_use_after_close(demo_model_path) -> None:
     for call in calls:
         with pytest.raises(EngineClosedError):
             call()
+
+
+def test_close_while_another_thread_tokenizes(demo_model_path) -> None:
+    """A long tokenize runs without the GIL and without the engine's lock; a close()
+    meanwhile must not free the vocabulary under it."""
+    e = Engine(str(demo_model_path), n_ctx=64, n_parallel=1, n_threads=1)
+    text = "hello world, this is some text " * 200_000
+    out: dict = {}
+
+    def tokenize() -> None:
+        try:
+            out["n"] = len(e.tokenize(text))
+        except EngineClosedError:
+            out["n"] = None
+    worker = threading.Thread(target=tokenize)
+    worker.start()
+    e.close()
+    worker.join(120)
+    assert not worker.is_alive() and "n" in out
+    if out["n"] is not None:  # it passed its check before the close: it finished on the model
+        assert out["n"] > 1_000_000
+
+
+def test_a_wait_without_end_waits(demo_model_path) -> None:
+    """inf (or any timeout beyond the clock's range) is a wait without end, not none."""
+    with Engine(str(demo_model_path), n_ctx=64, n_parallel=1, n_threads=1) as e:
+        got: dict = {}
+        waiter = threading.Thread(target=lambda: got.setdefault("woken", e.wait(float("inf"))))
+        waiter.start()
+        e.submit([1, 2], max_tokens=1)
+        waiter.join(60)
+        assert got == {"woken": True}
+        assert e.wait(1e300) is True  # the result is still there
+
+
+def test_a_batch_beyond_the_whole_context_is_bounded(demo_model_path) -> None:
+    with Engine(str(demo_model_path), n_ctx=64, n_parallel=1, n_threads=1, n_batch=2**31 - 1) as e:
+        assert generate(e, [1, 2, 3], max_tokens=4, temperature=0).finish == "length"
 
 
 def test_context_manager_closes(demo_model_path) -> None:

@@ -41,6 +41,27 @@ def interrupted(engine: Engine, params: dict, after: int, with_kv: bool) -> dict
     return snap
 
 
+def _strided(data: bytes) -> memoryview:
+    """The same bytes as a memoryview that is not contiguous."""
+    spread = bytearray(2 * len(data))
+    spread[::2] = data
+    return memoryview(spread)[::2]
+
+
+@pytest.mark.parametrize("wrap", [bytearray, _strided], ids=["bytearray", "memoryview"])
+def test_kv_state_as_any_bytes_like(make_engine, wrap) -> None:
+    first = make_engine(n_parallel=1, n_ctx=LONG)
+    snap = interrupted(first, CASES["greedy"], after=12, with_kv=True)
+    max_tokens = len(snap["generated"]) + 10
+    full = generate(first, PROMPT, max_tokens=max_tokens, **CASES["greedy"])
+    first.close()
+    second = make_engine(n_parallel=1, n_ctx=LONG)
+    kv = wrap(snap["kv_state"])
+    assert bytes(kv) == snap["kv_state"]
+    seq = second.submit(PROMPT, max_tokens=max_tokens, resume=dict(snap, kv_state=kv), **CASES["greedy"])
+    assert snap["generated"] + drain(second, [seq])[seq].tokens == full.tokens
+
+
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("with_kv", [True, False], ids=["kv", "prefill"])
 def test_resume_in_a_new_engine_continues_the_same_output(make_engine, case: str, with_kv: bool) -> None:
