@@ -124,16 +124,21 @@ def cmd_serve(args) -> int:
 
 # ---------------------------------------------------------------------- prepare
 def cmd_prepare(args) -> int:
+    from lmsp.datadir import DataDirInUse, hold_data_dir
     from lmsp.runtime.service import StartupError, open_store, prepare
 
     cfg = _load_config(args)
     try:
-        store = open_store(cfg)
+        lock = hold_data_dir(cfg.data_dir)  # no service may run on the directory meanwhile
         try:
-            report = prepare(cfg, store)
+            store = open_store(cfg)
+            try:
+                report = prepare(cfg, store)
+            finally:
+                store.close()
         finally:
-            store.close()
-    except StartupError as exc:
+            os.close(lock)
+    except (DataDirInUse, StartupError) as exc:
         raise CommandError(str(exc)) from None
     counts = {key: len(value) for key, value in report.items() if isinstance(value, list)}
     _print(args, {"recovered": counts},

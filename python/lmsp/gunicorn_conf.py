@@ -31,6 +31,10 @@ from lmsp import config as _config
 
 _cfg = _config.load()
 _env = os.environ.get
+# the data directory's lock (lmsp.datadir.hold_data_dir), taken in on_starting; the
+# processes of a service killed just before may take a few seconds to let go of it
+_data_lock: int | None = None
+_DATA_LOCK_WAIT = 10.0
 
 wsgi_app = _env("LMSP_GUNICORN_APP", "lmsp.app:get_app()")
 bind = [_cfg.bind]
@@ -76,8 +80,18 @@ def on_starting(server) -> None:
     import json
     import subprocess
 
+    from lmsp.datadir import LOCK_FD_ENV, DataDirInUse, hold_data_dir
+
+    global _data_lock
+    try:
+        # held by the master (and inherited by every worker) for the service's life
+        _data_lock = hold_data_dir(_cfg.data_dir, wait=_DATA_LOCK_WAIT)
+    except DataDirInUse as exc:
+        server.log.error("lmsp: cannot start: %s", exc)
+        raise SystemExit(f"lmsp: cannot start: {exc}") from None
+    env = dict(os.environ, **{LOCK_FD_ENV: str(_data_lock)})
     child = subprocess.run([sys.executable, "-m", "lmsp.cli", "prepare", "--json"], stdout=subprocess.PIPE,
-                           stdin=subprocess.DEVNULL, text=True, check=False)
+                           stdin=subprocess.DEVNULL, text=True, check=False, env=env, pass_fds=(_data_lock,))
     try:
         outcome = json.loads(child.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):

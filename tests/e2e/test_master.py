@@ -1,6 +1,7 @@
 """The gunicorn master of ``lmsp serve``: start-up preparation in a child, a small master."""
 from __future__ import annotations
 
+import os
 import subprocess
 
 from e2e_helpers import lmsp_command
@@ -34,3 +35,25 @@ def test_a_model_that_cannot_be_served_stops_the_start_with_its_reason(tmp_path)
     assert rc != 0
     assert "lmsp: cannot start: the model" in text and "broken.gguf" in text, text
     assert "Traceback" not in text.split("lmsp: cannot start")[0].splitlines()[-1]
+
+
+def test_a_second_service_on_the_same_data_directory_refuses_to_start(make_server):
+    """Its start-up recovery would fail the first service's running tasks as left over:
+    it stops before, with its reason, and the first service's task runs on."""
+    from test_crash import LONG, finished
+
+    server = make_server().start()
+    token = server.pair()
+    created = server.call("POST", "/v1/responses", {**LONG, "on_restart": "fail"}, token=token, expect=202)
+    task_id = created["task"]["id"]
+    server.wait_task(token, task_id, lambda t: t["status"] == "running")
+    with open(server.log_dir / "second.log", "wb") as log:
+        rc = subprocess.run(lmsp_command() + ["serve", "--data-dir", str(server.data_dir), "--bind",
+                                              "127.0.0.1:0", "--model", str(server.model)],
+                            stdout=log, stderr=subprocess.STDOUT, timeout=120,
+                            env={**{k: v for k, v in os.environ.items() if not k.startswith("LMSP_")},
+                                 **server.env}).returncode
+    text = (server.log_dir / "second.log").read_text()
+    assert rc != 0 and "another lmsp service uses the data directory" in text, text
+    task = server.wait_task(token, task_id, finished)
+    assert task["status"] == "completed", task

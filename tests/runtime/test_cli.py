@@ -99,6 +99,19 @@ def test_prepare_makes_the_data_directory_ready_and_recovers(run, config):
     assert run("prepare") == out  # again: nothing more to do
 
 
+def test_prepare_refuses_a_data_directory_a_service_holds(run, config):
+    """Start-up recovery fails every unfinished task as left over: never under a live service."""
+    from lmsp.datadir import hold_data_dir
+
+    lock = hold_data_dir(config.data_dir)  # what a running service's master holds
+    try:
+        out = run("prepare", ok=False)
+        assert "another lmsp service uses the data directory" in out["error"]["message"]
+    finally:
+        os.close(lock)
+    assert "recovered" in run("prepare")
+
+
 def test_quantize_writes_a_smaller_model(run, config, tmp_path):
     from lmsp.demo_model import write_demo_model
 
