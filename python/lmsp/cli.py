@@ -264,8 +264,8 @@ def cmd_tasks(args) -> int:
 def cmd_gc(args) -> int:
     cfg = _load_config(args)
     days = cfg.retention_days if args.retention_days is None else args.retention_days
-    if days < 0:
-        raise CommandError("--retention-days must not be negative")
+    if not 0 <= days < float("inf"):  # (NaN fails too)
+        raise CommandError("--retention-days must be a number of days, 0 or more")
     store = _open_store(cfg)
     try:
         counts = store.gc(retention=days * 86400.0)
@@ -284,7 +284,8 @@ def cmd_doctor(args) -> int:
     db_path = cfg.db_path
     if not db_path.exists():
         raise CommandError(f"no database at {db_path}")
-    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=cfg.busy_timeout)
+    # as a URI (read-only), with '#', '?' and '%' in the path escaped
+    conn = sqlite3.connect(db_path.resolve().as_uri() + "?mode=ro", uri=True, timeout=cfg.busy_timeout)
     try:
         rows = conn.execute("PRAGMA integrity_check").fetchall()
         fk = conn.execute("PRAGMA foreign_key_check").fetchall()

@@ -83,6 +83,9 @@ class Config:
         for name in ("batch_invariant", "prefix_cache"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, not {getattr(self, name)!r}")
+        for name in ("retention_days", "idempotency_ttl_hours"):
+            if not 0 <= getattr(self, name) < float("inf"):  # (NaN fails too)
+                raise ValueError(f"{name} must be a number, 0 or more")
         if not 0 <= self.commit_window_ms <= 1000:
             raise ValueError("commit_window_ms must be between 0 and 1000")
         for name in ("n_ctx", "n_parallel", "n_batch", "max_output_tokens", "max_output_tokens_cap", "workers"):

@@ -50,6 +50,21 @@ def test_bad_input_is_a_clear_error(run):
     assert run("clients", "revoke", "cli_nope", ok=False)["error"]["code"] == "not_found"
     assert run("tasks", "show", "task_nope", ok=False)["error"]["code"] == "not_found"
     assert run("models", "add", "/no/such/file.gguf", ok=False)["error"]["code"] == "invalid_request"
+    for days in ("nan", "inf", "-1"):
+        assert run("gc", "--retention-days", days, ok=False)["error"]["code"] == "command_failed"
+
+
+def test_doctor_reads_a_data_directory_whose_path_needs_escaping(capsys, tmp_path, monkeypatch):
+    for name in list(os.environ):
+        if name.startswith("LMSP_"):
+            monkeypatch.delenv(name)
+    data = tmp_path / "lm#s?p%41"
+    assert cli.main(["prepare", "--data-dir", str(data), "--json"]) == 0
+    capsys.readouterr()
+    assert cli.main(["doctor", "--data-dir", str(data), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["database"]["integrity"] == "ok"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [data.name]  # no other file was opened as the database
 
 
 def test_models_add_list_remove_and_doctor(run, config, demo_model_path, tmp_path):

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import socket
 import time
 import weakref
@@ -71,6 +72,8 @@ BENCH_EVENTS_IN_MEMORY = os.environ.get("LMSP_BENCH_EVENTS_IN_MEMORY") == "1"
 START_TRIES = 5          # transient errors a claimed task may meet before it fails
 WATCH_SECONDS = 0.25     # rounds of the watch thread while the tasks it watches stand still
 WATCH_BUSY_SECONDS = 0.02  # ... and while one of them moved in the last round
+JANITOR_FIRST_SECONDS = 60.0  # the janitor's first round after a start (workers spread around it) ...
+JANITOR_SECONDS = 600.0       # ... and its rounds after that
 
 _started: "weakref.WeakSet[Runtime]" = weakref.WeakSet()
 
@@ -149,6 +152,7 @@ class Runtime:
         self._sched_wake = Wakeup()
         self._commit_wake = Wakeup()
         self._watch_wake = Wakeup()
+        self._janitor_wake = Wakeup()
         self._threads: list[RealThread] = []
         self._pending: dict[str, dict] = {}    # task id -> store item not yet committed (commit thread only)
         self._pending_since = 0.0              # when the oldest uncommitted result arrived
@@ -184,7 +188,8 @@ class Runtime:
             prepare(self.config, self.store, registry=self.registry)
         self._threads = [RealThread(self._scheduler_loop, "lmsp-scheduler"),
                          RealThread(self._commit_loop, "lmsp-commit"),
-                         RealThread(self._watch_loop, "lmsp-watch")]
+                         RealThread(self._watch_loop, "lmsp-watch"),
+                         RealThread(self._janitor_loop, "lmsp-janitor")]
         for thread in self._threads:
             thread.start()
         self.watches_store = True
@@ -207,6 +212,7 @@ class Runtime:
         self._sched_wake.set()
         self._commit_wake.set()
         self._watch_wake.set()
+        self._janitor_wake.set()
         for thread in self._threads:
             if not thread.join(max(0.0, deadline - time.monotonic())):
                 log.warning("thread %s did not stop within %.1f s", thread.name, timeout)
@@ -223,6 +229,7 @@ class Runtime:
             self._sched_wake.close()
             self._commit_wake.close()
             self._watch_wake.close()
+            self._janitor_wake.close()
         log.info("runtime %s stopped", self.owner)
 
     def abort(self) -> None:
@@ -239,6 +246,7 @@ class Runtime:
         self._sched_wake.set()
         self._commit_wake.set()
         self._watch_wake.set()
+        self._janitor_wake.set()
         for thread in self._threads:
             thread.join(10.0)
         self.registry.close()
@@ -728,6 +736,28 @@ class Runtime:
         if moved:
             self.waiters.notify(moved)
         return bool(moved)
+
+    # ---------------------------------------------------------------- janitor thread
+    def _janitor_loop(self) -> None:
+        """Retention (LMSP B.10), in every worker: finished tasks with their events and
+        responses past ``retention_days``, expired idempotency keys and pairing codes
+        go, in small transactions (``Store.gc``); unfinished tasks never do."""
+        wait = JANITOR_FIRST_SECONDS * (0.5 + random.random())
+        while not self._stopping:
+            self._janitor_wake.wait(wait)
+            if self._stopping:
+                break
+            try:
+                self._janitor_round()
+            except Exception as exc:  # a busy store: the next round does it
+                log.warning("retention round failed: %s", exc)
+            wait = JANITOR_SECONDS * (0.75 + random.random() / 2)
+
+    def _janitor_round(self) -> dict:
+        counts = self.store.gc(retention=float(self.config.retention_days) * 86400.0)
+        if any(counts.values()):
+            log.info("retention: deleted %s", ", ".join(f"{n} {what}" for what, n in counts.items() if n))
+        return counts
 
     # ---------------------------------------------------------------- commit thread
     def _commit_loop(self) -> None:
