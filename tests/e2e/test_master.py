@@ -57,3 +57,11 @@ def test_a_second_service_on_the_same_data_directory_refuses_to_start(make_serve
     assert rc != 0 and "another lmsp service uses the data directory" in text, text
     task = server.wait_task(token, task_id, finished)
     assert task["status"] == "completed", task
+
+
+def test_a_worker_told_to_go_claims_no_more_then_stops(make_server):
+    server = make_server().start()
+    server.stop()
+    log = server.log()
+    assert "draining: no more claims" in log, log
+    assert log.index("draining: no more claims") < log.index("stopped")

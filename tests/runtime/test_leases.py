@@ -150,3 +150,21 @@ def test_a_cancel_from_another_process_reaches_a_stream_while_the_model_loads(st
     finally:
         release.set()
     wait_until(rt, store, tid, lambda t: tid not in rt._runs)
+
+
+def test_a_draining_worker_claims_nothing_more(store, make_runtime, model_file):
+    """SIGTERM (a stop, or a reload's old worker): what is queued is left to the others."""
+    rt = make_runtime(store)
+    rt.register_model("tiny.gguf")
+    wait_finished(rt, store, submit(store, rt, max_output_tokens=2))
+    rounds = []
+    real = rt._claim_some
+    rt._claim_some = lambda: rounds.append(1) or real()
+    claims = []
+    real_claim = store.claim
+    store.claim = lambda *a, **k: claims.append(1) or real_claim(*a, **k)
+    rt.drain()
+    assert not rt.ready and rt.reserve("tiny") is None
+    tid = submit(store, rt, max_output_tokens=2)  # notify_queued: a scheduler round
+    wait_until(None, store, tid, lambda t: rounds)
+    assert claims == [] and store.get_task(tid)["status"] == "queued"

@@ -148,6 +148,7 @@ class Runtime:
         self._runs: dict[str, _Run] = {}
         self._by_seq: dict[tuple[int, int], _Run] = {}
         self._stopping = False
+        self._draining = False
         self._aborted = False
         self._sched_wake = Wakeup()
         self._commit_wake = Wakeup()
@@ -196,6 +197,14 @@ class Runtime:
         self.ready = True
         _started.add(self)
         log.info("runtime %s started (%s)", self.owner, "gevent" if gevent_active() else "threads")
+
+    def drain(self) -> None:
+        """The worker is going (SIGTERM): claim no more queued tasks and take no more
+        new ones at creation (they queue for the other workers), but run on what is
+        claimed until :meth:`stop`."""
+        self._draining = True
+        self.ready = False
+        log.info("runtime %s draining: no more claims", self.owner)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Graceful stop: no more claims, commit what the engine already produced, release the claims.
@@ -554,8 +563,8 @@ class Runtime:
             if self._stopping:
                 return  # still claimed: release() in stop() hands them back
             self._advance(run, claim)
-        if not self._claim_due:
-            return  # woken for tasks adopted at creation only: no store round trip
+        if not self._claim_due or self._draining:
+            return  # woken for tasks adopted at creation only (or going): no store round trip
         self._claim_due = False  # a hint arriving from now on asks for another round
         while not self._stopping:
             with self._lock:
