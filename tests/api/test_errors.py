@@ -220,6 +220,11 @@ def test_numbers_beyond_the_stores_integers_are_refused(user):
     stream = user.get(f"/v1/responses/{rid}?stream=true&starting_after={2**70}")
     assert_error(stream, 400, "invalid_request", param="starting_after")
     assert user.get(f"/v1/tasks/{tid}/events?after={2**63 - 1}").json["data"] == []
+    # plain decimal digits only: no "1_0", "+3", " 3" or digits of other scripts
+    for odd in ("1_0", "%2B3", "%203", "%D9%A3", "%EF%BC%93", "3.0"):
+        assert_error(user.get(f"/v1/responses?limit={odd}"), 400, "invalid_request", param="limit")
+    assert_error(user.get(f"/v1/tasks/{tid}/events", headers={"Last-Event-ID": "1_0"}), 400, "invalid_request",
+                 param="Last-Event-ID")
 
 
 def test_error_bodies_are_ascii_json(user):

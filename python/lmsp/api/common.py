@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -285,16 +286,16 @@ def query_str(req: falcon.Request, name: str, *, choices=None, default=None):
 
 
 INT64_MAX = 2**63 - 1  # the store's integers are SQLite's: 64 bits
+_DECIMAL = re.compile(r"-?[0-9]{1,30}")
 
 
 def query_int(req: falcon.Request, name: str, *, default=None, minimum=None, maximum=INT64_MAX):
     raw = query_str(req, name)
     if raw is None:
         return default
-    try:
-        value = int(raw, 10)
-    except ValueError:
-        raise InvalidRequest(f"query parameter {name!r} must be an integer", param=name) from None
+    if not _DECIMAL.fullmatch(raw):  # (int() also takes "1_0", " 3", "+3" and non-ASCII digits)
+        raise InvalidRequest(f"query parameter {name!r} must be an integer", param=name)
+    value = int(raw)
     _check_range(value, minimum, maximum, name)
     return value
 
@@ -315,10 +316,9 @@ def header_int(req: falcon.Request, name: str) -> int | None:
     raw = req.get_header(name)
     if raw is None or not raw.strip():
         return None
-    try:
-        value = int(raw.strip(), 10)
-    except ValueError:
-        raise InvalidRequest(f"header {name!r} must be a non-negative integer", param=name) from None
+    if not _DECIMAL.fullmatch(raw.strip()):
+        raise InvalidRequest(f"header {name!r} must be a non-negative integer", param=name)
+    value = int(raw.strip())
     if value < 0:
         raise InvalidRequest(f"header {name!r} must be a non-negative integer", param=name)
     if value > INT64_MAX:
