@@ -53,13 +53,18 @@ NGINX_SITE = REPO / "deploy" / "nginx" / "lmsp.conf"
 
 
 def shipped_location() -> str:
-    """The ``location / { ... }`` block of deploy/nginx/lmsp.conf, as shipped."""
+    """The ``location`` blocks of deploy/nginx/lmsp.conf's TLS server, as shipped:
+    ``location /`` and the one that keeps ``/metrics`` to the machine itself."""
     import re
 
-    match = re.search(r"^    location / \{\n.*?^    \}\n", NGINX_SITE.read_text(), re.S | re.M)
-    if match is None:
-        raise RuntimeError(f"no 'location /' block in {NGINX_SITE}")
-    return match.group(0)
+    site = NGINX_SITE.read_text()
+    blocks = []
+    for start, what in ((r"location / \{", "location /"), (r"location [^\n]*metrics[^\n]*\{", "metrics")):
+        match = re.search(rf"^    {start}\n.*?^    \}}\n", site, re.S | re.M)
+        if match is None:
+            raise RuntimeError(f"no '{what}' block in {NGINX_SITE}")
+        blocks.append(match.group(0))
+    return "".join(blocks)
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:

@@ -22,6 +22,7 @@ import os
 import sqlite3
 import sys
 import time
+import unicodedata
 
 from . import config as _config
 from .errors import LMSPError
@@ -74,8 +75,24 @@ def _when(ts) -> str:
     return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
 
+def private_umask() -> int:
+    """Files and directories made from now on are the service user's alone (the
+    database holds every client's prompts and answers, the data directory the
+    admin token); returns the mask before."""
+    before = os.umask(0o077)
+    os.umask(before | 0o077)
+    return before
+
+
+def _cell(value) -> str:
+    """A value for the terminal: control characters (a stored name may hold some) shown as '?'."""
+    if value is None:
+        return "-"
+    return "".join("?" if unicodedata.category(ch) == "Cc" else ch for ch in str(value))
+
+
 def _table(rows: list[list], header: list[str]) -> str:
-    cells = [header] + [["-" if c is None else str(c) for c in row] for row in rows]
+    cells = [header] + [[_cell(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
 
@@ -114,6 +131,7 @@ def cmd_serve(args) -> int:
         env["LMSP_WORKERS"] = str(args.workers)
     if args.log_level is not None:
         env["LMSP_LOG_LEVEL"] = args.log_level
+    private_umask()  # for gunicorn too: the database holds every client's prompts and answers
     cfg.data_dir.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "gunicorn", "--config", "python:lmsp.gunicorn_conf"]
     sys.stdout.flush()
@@ -128,6 +146,7 @@ def cmd_prepare(args) -> int:
     from lmsp.runtime.service import StartupError, open_store, prepare
 
     cfg = _load_config(args)
+    umask = private_umask()
     try:
         lock = hold_data_dir(cfg.data_dir)  # no service may run on the directory meanwhile
         try:
@@ -140,6 +159,8 @@ def cmd_prepare(args) -> int:
             os.close(lock)
     except (DataDirInUse, StartupError) as exc:
         raise CommandError(str(exc)) from None
+    finally:
+        os.umask(umask)
     counts = {key: len(value) for key, value in report.items() if isinstance(value, list)}
     _print(args, {"recovered": counts},
            "start-up recovery: " + (", ".join(f"{k} {v}" for k, v in counts.items() if v) or "nothing to do"))

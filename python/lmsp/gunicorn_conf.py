@@ -31,6 +31,9 @@ from lmsp import config as _config
 
 _cfg = _config.load()
 _env = os.environ.get
+# what the service writes (the database, the data directory) is its user's alone, whether it
+# was started by `lmsp serve` (which sets the same mask) or by gunicorn directly
+os.umask(os.umask(0o077) | 0o077)
 # the data directory's lock (lmsp.datadir.hold_data_dir), taken in on_starting; the
 # processes of a service killed just before may take a few seconds to let go of it
 _data_lock: int | None = None

@@ -149,6 +149,14 @@ def test_pair_validation(anon):
                  "invalid_request", "admin")
 
 
+def test_names_shown_to_the_operator_take_no_control_characters(admin, anon):
+    assert_error(admin.post("/v1/pairings", json={"name": "lab\x1b[2J"}), 400, "invalid_request", "name")
+    code = admin.post("/v1/pairings").json["code"]
+    result = anon.post("/v1/pair", json={"code": code, "client_name": "laptop\x07\x1b]0;owned\x07"})
+    assert_error(result, 400, "invalid_request", "client_name")
+    assert anon.post("/v1/pair", json={"code": code, "client_name": "Lämpchen 日本"}).status_code == 201
+
+
 def test_unknown_client_is_404(admin):
     assert_error(admin.delete("/v1/clients/cli_NOPE"), 404, "not_found")
     assert_error(admin.get("/v1/clients/nope"), 404, "not_found")

@@ -191,7 +191,12 @@ def test_isolation_between_clients(user, other, scripted):
     for method, path in [("GET", f"/v1/responses/{rid}"), ("DELETE", f"/v1/responses/{rid}"),
                          ("POST", f"/v1/responses/{rid}/cancel"), ("GET", f"/v1/tasks/{tid}"),
                          ("POST", f"/v1/tasks/{tid}/cancel"), ("GET", f"/v1/tasks/{tid}/events")]:
-        assert_error(other.request(method, path), 404, "not_found")
+        err = assert_error(other.request(method, path), 404, "not_found")
+        # the same answer as for an id nobody has: nothing of the other client's task shows
+        unknown = assert_error(other.request(method, path.replace(rid, rid[:-4] + "ZZZZ")
+                                             .replace(tid, tid[:-4] + "ZZZZ")), 404, "not_found")
+        assert err["message"] == unknown["message"].replace(rid[:-4] + "ZZZZ", rid).replace(
+            tid[:-4] + "ZZZZ", tid), (method, path, err)
     assert_error(other.get(f"/v1/responses/{rid}", params={"stream": "true"}), 404, "not_found")
     assert_error(other.get(f"/v1/tasks/{tid}/events", headers={"Accept": "text/event-stream"}), 404,
                  "not_found")

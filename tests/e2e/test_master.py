@@ -24,6 +24,20 @@ def test_the_master_holds_no_gevent_sqlite_or_engine(make_server):
     assert "start-up recovery done" in server.log()
 
 
+def test_what_the_service_writes_is_its_users_alone(make_server):
+    """The database holds every client's prompts and answers: not for other local users,
+    whatever the umask the service was started with."""
+    old = os.umask(0o022)
+    try:
+        server = make_server().start()
+    finally:
+        os.umask(old)
+    data = server.data_dir
+    for path in (data, data / "lmsp.db", data / "lmsp.db-wal", data / "admin.token", data / "models",
+                 data / "snapshots", data / "lmsp.lock"):
+        assert path.exists() and path.stat().st_mode & 0o077 == 0, (path, oct(path.stat().st_mode))
+
+
 def test_a_model_that_cannot_be_served_stops_the_start_with_its_reason(tmp_path):
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"not a gguf file at all")

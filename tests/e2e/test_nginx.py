@@ -1,4 +1,5 @@
-"""Behind a real nginx using the shipped site's proxy settings, a stream arrives event by event."""
+"""Behind a real nginx using the shipped site's locations: a stream arrives event by event, and
+/metrics stays on the machine."""
 from __future__ import annotations
 
 import sys
@@ -50,3 +51,21 @@ def test_a_streamed_response_through_nginx(served, served_token, nginx):
     assert types[0] == "response.created"
     assert types[-1] in ("response.completed", "response.incomplete")
     assert deltas(events) == events[-1]["response"]["output"][0]["content"][0]["text"]
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/metrics/"])
+def test_metrics_stay_on_the_machine(nginx, path):
+    """The shipped site serves /metrics to 127.0.0.1 only, with or without the trailing
+    slash the service ignores; 127.0.0.2 stands for any other address."""
+    import http.client
+
+    def status(source: str) -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", nginx, timeout=30, source_address=(source, 0))
+        try:
+            conn.request("GET", path)
+            return conn.getresponse().status
+        finally:
+            conn.close()
+
+    assert status("127.0.0.1") == 200
+    assert status("127.0.0.2") == 403

@@ -72,6 +72,20 @@ def test_messages_name_the_path_given_not_the_data_directory(store, make_runtime
     assert str(config.models_dir.resolve()) not in err.value.message
 
 
+def test_a_file_named_by_the_operator_shows_by_its_name_only(store, make_runtime, demo_model_path, tmp_path):
+    """An operator may register a file outside the models directory (``--model``); what
+    clients read of it (a task's error, a load's answer) names the file, not where it is."""
+    outside = tmp_path / "elsewhere" / "op.gguf"
+    outside.parent.mkdir()
+    outside.write_bytes(demo_model_path.read_bytes())
+    rt = make_runtime(store)
+    rt.register_model(str(outside), confined=False)
+    outside.unlink()
+    with pytest.raises(ModelChanged) as err:
+        rt.load_model("op")
+    assert "op.gguf" in err.value.message and str(outside.parent) not in err.value.message
+
+
 @pytest.mark.parametrize("path", ["a" * 300 + ".gguf", "/".join(["d" * 200] * 30)])
 def test_paths_the_file_system_refuses_are_bad_requests(store, make_runtime, path):
     rt = make_runtime(store)

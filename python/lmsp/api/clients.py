@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import unicodedata
 
 import falcon
 
@@ -23,6 +24,14 @@ def client_object(row: dict) -> dict:
     return out
 
 
+
+def _printable(value: str | None, param: str) -> str | None:
+    """A name shown in listings and on the operator's terminal (``lmsp clients``):
+    no control characters, which could drive that terminal."""
+    if value is not None and any(unicodedata.category(ch) == "Cc" for ch in value):
+        raise InvalidRequest(f"{param!r} must not contain control characters", param=param)
+    return value
+
 class PairingService:
     """Pairing codes and their redemption, without HTTP."""
 
@@ -33,7 +42,7 @@ class PairingService:
         reject_unknown(body, ("scopes", "name", "expires_in"))
         scopes = body.get("scopes")
         scopes = DEFAULT_PAIRING_SCOPES if scopes is None else auth.validate_scopes(scopes)
-        name = get_str(body, "name", max_len=200)
+        name = _printable(get_str(body, "name", max_len=200), "name")
         ttl = self.deps.config.pairing_ttl_seconds
         expires_in = get_int(body, "expires_in", default=ttl, minimum=1, maximum=max(ttl, 86400))
         now = self.deps.clock()
@@ -50,7 +59,7 @@ class PairingService:
     def redeem(self, body: dict) -> dict:
         reject_unknown(body, ("code", "client_name"))
         code = get_str(body, "code", required=True, max_len=100)
-        client_name = get_str(body, "client_name", required=True, max_len=200)
+        client_name = _printable(get_str(body, "client_name", required=True, max_len=200), "client_name")
         store, config = self.deps.store, self.deps.config
         since = self.deps.clock() - FAILURE_WINDOW_SECONDS
         if store.count_pairing_failures(since) >= config.pairing_max_attempts:

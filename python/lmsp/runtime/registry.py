@@ -51,6 +51,12 @@ def file_digest(path: str | os.PathLike, progress=None) -> tuple[str, int]:
     return "sha256:" + h.hexdigest(), done
 
 
+def _shown(stored_path: str) -> str:
+    """A model file's path as clients may read it: relative to the models directory,
+    or the file's name for a file the operator named outside it."""
+    return os.path.basename(stored_path) if os.path.isabs(stored_path) else stored_path
+
+
 def _without(exc: Exception, real: os.PathLike, given: str) -> str:
     """An error's text with the file's real path (where the data directory lies)
     replaced by the path the client gave."""
@@ -221,7 +227,7 @@ class ModelRegistry:
         path = self.file_path(row)
         if not path.is_file():
             self._set_state(model_id, MISSING)
-            raise ModelChanged(f"the file of model {model_id} is missing: {row['path']}")
+            raise ModelChanged(f"the file of model {model_id} is missing: {_shown(row['path'])}")
         digest, _ = file_digest(path)
         if digest != row["digest"]:
             self._set_state(model_id, CHANGED)
@@ -239,7 +245,7 @@ class ModelRegistry:
             raise ModelLoadFailed(f"not enough memory to load model {model_id}", out_of_memory=True) from None
         except (native.NativeError, OSError, ValueError, RuntimeError) as exc:
             self._set_state(model_id, FAILED)
-            raise ModelLoadFailed(f"model {model_id} failed to load: {_without(exc, path, row['path'])}") from None
+            raise ModelLoadFailed(f"model {model_id} failed to load: {_without(exc, path, _shown(row['path']))}") from None
         with self._lock:
             self._engines[model_id] = engine
         self._set_state(model_id, AVAILABLE)  # "loaded" is per process; the store keeps the file's state

@@ -322,8 +322,9 @@ class Store:
 
     def _resolve(self, conn: sqlite3.Connection, task_or_response_id: str, client_id: str | None) -> dict:
         if str(task_or_response_id).startswith("resp_"):
-            row = conn.execute("SELECT id FROM tasks WHERE response_id = ?", (task_or_response_id,)).fetchone()
-            if row is None:
+            row = conn.execute("SELECT id, client_id FROM tasks WHERE response_id = ?",
+                               (task_or_response_id,)).fetchone()
+            if row is None or (client_id is not None and row[1] != client_id):  # another's: unknown alike
                 raise NotFound(f"no response {task_or_response_id}")
             return self._task(conn, row[0], client_id)
         return self._task(conn, task_or_response_id, client_id)
