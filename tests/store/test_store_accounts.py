@@ -108,3 +108,38 @@ def test_models_hold_metadata_only(store, make_task):
     store.delete_model("tiny")
     with pytest.raises(NotFound):
         store.delete_model("tiny")
+
+
+def test_concurrent_guesses_cannot_outrun_the_limit(store, clock):
+    """The count, the code and the failure's record are one transaction: of many guesses
+    at once, exactly the limit's worth are tried, the others are refused unread."""
+    import threading
+
+    from lmsp.errors import RateLimited
+
+    store.create_pairing(code_hash="real", scopes=["responses:read"], expires_at=clock.now + 600)
+    outcomes: list[str] = []
+    lock = threading.Lock()
+
+    def guess(i: int) -> None:
+        try:
+            store.redeem_pairing(code_hash=f"wrong-{i}", client_name="x", token_hash=f"t{i}",
+                                 max_failures=5, window=60)
+            result = "paired"
+        except NotFound:
+            result = "tried"
+        except RateLimited:
+            result = "limited"
+        with lock:
+            outcomes.append(result)
+
+    threads = [threading.Thread(target=guess, args=(i,)) for i in range(40)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert outcomes.count("tried") == 5 and outcomes.count("limited") == 35
+    with pytest.raises(RateLimited):  # the real code too, until the window passes
+        store.redeem_pairing(code_hash="real", client_name="x", token_hash="r", max_failures=5, window=60)
+    clock.advance(61)
+    assert store.redeem_pairing(code_hash="real", client_name="x", token_hash="r", max_failures=5, window=60)

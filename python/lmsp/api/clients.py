@@ -7,7 +7,7 @@ import unicodedata
 import falcon
 
 from lmsp import auth
-from lmsp.errors import InvalidRequest, NotFound, RateLimited
+from lmsp.errors import InvalidRequest, NotFound
 
 from . import idempotency
 from .common import Deps, caller, check_id, get_int, get_str, reject_unknown, set_json
@@ -61,16 +61,12 @@ class PairingService:
         code = get_str(body, "code", required=True, max_len=100)
         client_name = _printable(get_str(body, "client_name", required=True, max_len=200), "client_name")
         store, config = self.deps.store, self.deps.config
-        since = self.deps.clock() - FAILURE_WINDOW_SECONDS
-        if store.count_pairing_failures(since) >= config.pairing_max_attempts:
-            raise RateLimited("too many failed pairing attempts; try again later",
-                              retry_after=FAILURE_WINDOW_SECONDS)
         token = auth.new_token()
         try:
             client = store.redeem_pairing(code_hash=auth.hash_code(code), client_name=client_name,
-                                          token_hash=auth.hash_token(token))
+                                          token_hash=auth.hash_token(token),
+                                          max_failures=config.pairing_max_attempts, window=FAILURE_WINDOW_SECONDS)
         except NotFound:
-            store.record_pairing_failure()
             log.warning("failed pairing attempt")
             raise InvalidRequest("the pairing code is unknown, already used or expired",
                                  param="code") from None

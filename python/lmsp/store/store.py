@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable
 from .. import ids as _ids
 from .. import objects as obj
 from ..errors import (IdempotencyKeyInUse, IdempotencyKeyReused, InvalidRequest, ModelInUse,
-                      NotFound, TaskFinished, TaskUnfinished, Conflict)
+                      NotFound, RateLimited, TaskFinished, TaskUnfinished, Conflict)
 from . import states as st
 from .db import Database, translate
 from .schema import migrate
@@ -234,19 +234,34 @@ class Store:
                 raise Conflict("this pairing code already exists") from exc
             return obj.pairing_object(conn.execute("SELECT * FROM pairings WHERE id = ?", (pid,)).fetchone())
 
-    def redeem_pairing(self, *, code_hash: str, client_name: str, token_hash: str) -> dict:
-        """Use a pairing code once and create its client; NotFound if unknown, used or expired."""
+    def redeem_pairing(self, *, code_hash: str, client_name: str, token_hash: str,
+                       max_failures: int | None = None, window: float = 60.0) -> dict:
+        """Use a pairing code once and create its client; NotFound if unknown, used or
+        expired, which counts as a failed attempt. With ``max_failures``: RateLimited
+        once that many attempts failed within ``window`` seconds. The count, the code's
+        use and the failure's record are one transaction, so concurrent guesses
+        cannot all pass the count before any of them is recorded."""
         if not isinstance(client_name, str) or not client_name.strip():
             raise InvalidRequest("client_name is required", param="client_name")
+        client = None
         with self._db.write() as conn:
             now = self._clock()
-            row = conn.execute("SELECT * FROM pairings WHERE code_hash = ? AND used_at IS NULL AND expires_at > ?",
-                               (code_hash, now)).fetchone()
-            if row is None:
-                raise NotFound("unknown, used or expired pairing code", param="code")
-            client = self._insert_client(conn, client_name, json.loads(row["scopes"]), token_hash)
-            conn.execute("UPDATE pairings SET used_at = ?, client_id = ? WHERE id = ?", (now, client["id"], row["id"]))
-            return client
+            limited = max_failures is not None and conn.execute(
+                "SELECT count(*) FROM pairing_failures WHERE at >= ?", (now - window,)).fetchone()[0] >= max_failures
+            if not limited:
+                row = conn.execute("SELECT * FROM pairings WHERE code_hash = ? AND used_at IS NULL AND expires_at > ?",
+                                   (code_hash, now)).fetchone()
+                if row is None:
+                    conn.execute("INSERT INTO pairing_failures (at) VALUES (?)", (now,))  # committed below
+                else:
+                    client = self._insert_client(conn, client_name, json.loads(row["scopes"]), token_hash)
+                    conn.execute("UPDATE pairings SET used_at = ?, client_id = ? WHERE id = ?",
+                                 (now, client["id"], row["id"]))
+        if limited:
+            raise RateLimited("too many failed pairing attempts; try again later", retry_after=int(window))
+        if client is None:
+            raise NotFound("unknown, used or expired pairing code", param="code")
+        return client
 
     def count_pairing_failures(self, since: float) -> int:
         with self._db.read() as conn:
