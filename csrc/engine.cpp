@@ -265,12 +265,14 @@ void clear_notifier(int rfd) {
 
 }  // namespace
 
-// A batch larger than every sequence's whole context holds nothing more: llama.cpp
-// takes no more, and the engine's own batch is allocated at this size.
+// A batch larger than every sequence's whole context holds nothing more, and the
+// engine's own batch is allocated at the size asked: beyond the whole context
+// (and llama.cpp's default of 512, below which nothing changes, since the
+// batch size also picks the prompt kernels), it is lowered to that.
 static EngineOptions bounded(EngineOptions o) {
-    const int64_t whole = int64_t(o.n_ctx) * int64_t(o.n_parallel);
+    const int64_t whole = std::max<int64_t>(int64_t(o.n_ctx) * int64_t(o.n_parallel), 512);
     if (o.n_ctx >= 1 && o.n_parallel >= 1 && int64_t(o.n_batch) > whole) {
-        o.n_batch = int32_t(std::max<int64_t>(whole, o.n_parallel));
+        o.n_batch = int32_t(whole);
     }
     return o;
 }
