@@ -38,6 +38,18 @@ Measurements, all taken by this client:
     TTFT     request sent -> first event that carries output text
     ITL      gap between consecutive text events, divided by the tokens the
              later event carries (llama-server's /completion says how many)
+    event gap  the gap between consecutive text events as it is: a server
+             that sends tokens in bunches (lmsp's group commit) has fewer,
+             longer gaps, which the per-token ITL hides
+    failed   over all rounds of a level (the row's other figures are its
+             median round's)
+
+llama-server gets the API lmsp serves (``--llama-endpoint responses``, the
+default), so both render the chat template and parse the same request
+inside the time measured; ``chat`` is its OpenAI chat endpoint, and
+``completion`` its native one fed a prompt templated before the clock
+starts (the least work per request). Both servers run with the same batch
+(512) and flash attention (on for the CPU, off with layers on a GPU).
     tok/s    output tokens reported by the server's usage, summed over the
              successful requests of a level, over the level's wall time
     RSS      sum over the server's process tree of VmHWM (peak resident set),
@@ -64,6 +76,7 @@ import subprocess
 import sys
 import threading
 import time
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -116,6 +129,7 @@ class RequestResult:
     t_end: float = 0.0
     ttft: float | None = None
     gaps: list[float] = field(default_factory=list)   # per-token inter-token gaps
+    event_gaps: list[float] = field(default_factory=list)  # gaps between text events, as the client waits
     text_events: int = 0
     output_tokens: int = 0
     input_tokens: int = 0
@@ -145,6 +159,10 @@ class LevelResult:
     round: int = 0
     peak_pss_mb: float | None = None   # sampled sum of the tree's proportional set sizes
     cpu_ms_per_token: float | None = None  # CPU time of the server's processes / output tokens
+    # the gaps between text events: a server that sends tokens in bunches has fewer,
+    # longer ones, which the per-token ITL (each gap spread over its tokens) hides
+    event_gap_p50_ms: float | None = None
+    event_gap_p99_ms: float | None = None
 
 
 def summarize(model: str, server: str, clients: int, results: list[RequestResult],
@@ -154,6 +172,7 @@ def summarize(model: str, server: str, clients: int, results: list[RequestResult
     wall = (max(r.t_end for r in results) - min(r.t_start for r in results)) if results else 0.0
     ttfts = [r.ttft for r in ok if r.ttft is not None]
     gaps = [g for r in ok for g in r.gaps]
+    event_gaps = [g for r in ok for g in r.event_gaps]
     ms = lambda v: None if v is None else round(v * 1000.0, 2)  # noqa: E731
     errors = sorted({r.error or "?" for r in results if not r.ok})
     return LevelResult(
@@ -162,6 +181,7 @@ def summarize(model: str, server: str, clients: int, results: list[RequestResult
         tok_s=round(out / wall, 2) if wall > 0 else 0.0,
         ttft_p50_ms=ms(percentile(ttfts, 50)), ttft_p99_ms=ms(percentile(ttfts, 99)),
         itl_p50_ms=ms(percentile(gaps, 50)), itl_p99_ms=ms(percentile(gaps, 99)),
+        event_gap_p50_ms=ms(percentile(event_gaps, 50)), event_gap_p99_ms=ms(percentile(event_gaps, 99)),
         peak_rss_mb=None if peak_rss is None else round(peak_rss / 1048576.0, 1),
         short_outputs=sum(1 for r in ok if r.output_tokens < max_tokens),
         mean_input_tokens=round(sum(r.input_tokens for r in ok) / len(ok), 1) if ok else 0.0,
@@ -618,6 +638,7 @@ def one_request(port: int, proto: Protocol, headers: dict, index: int, cfg: Load
         for (t0, _), (t1, c) in zip(times, times[1:]):
             k = per_unknown if c < 0 else c
             res.gaps.extend([(t1 - t0) / k] * max(1, round(k)))
+            res.event_gaps.append(t1 - t0)
     return res
 
 
@@ -690,6 +711,9 @@ class LlamaServer(Server):
         argv = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
                 "-t", str(s.threads), "-tb", str(s.threads), "--parallel", str(s.parallel),
                 "-c", str(s.ctx_per_seq * s.parallel), "--no-kv-unified", "-ngl", str(s.n_gpu_layers),
+                # lmsp's batch (n_batch = n_ubatch = 512); flash attention as lmsp has it:
+                # on for the CPU, off with layers on a GPU (csrc/engine.cpp)
+                "-b", "512", "-ub", "512", "-fa", "off" if s.n_gpu_layers else "on",
                 "--no-webui", "--cache-ram", "0", "--log-disable", *extra]
         srv = cls(argv, dict(os.environ), work / "logs" / f"llama-{model.stem}.log", work)
         srv.port = port
@@ -765,12 +789,14 @@ def ratio(a, b) -> float | None:
 
 def markdown_table(levels: list[LevelResult]) -> str:
     head = ("| model | server | clients | reqs | failed | short | in tok | tok/s | TTFT p50 ms | TTFT p99 ms "
-            "| ITL p50 ms | ITL p99 ms | tok/event | CPU ms/tok | peak RSS MB | peak PSS MB | load |")
+            "| ITL p50 ms | ITL p99 ms | event gap p50 ms | event gap p99 ms | tok/event | CPU ms/tok "
+            "| peak RSS MB | peak PSS MB | load |")
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for r in levels:
         lines.append(f"| {r.model} | {r.server} | {r.clients} | {r.requests} | {r.failed} | {r.short_outputs} "
                      f"| {fmt(r.mean_input_tokens)} | {fmt(r.tok_s)} | {fmt(r.ttft_p50_ms)} | {fmt(r.ttft_p99_ms)} "
-                     f"| {fmt(r.itl_p50_ms, 2)} | {fmt(r.itl_p99_ms, 2)} | {fmt(r.tokens_per_event, 2)} "
+                     f"| {fmt(r.itl_p50_ms, 2)} | {fmt(r.itl_p99_ms, 2)} | {fmt(r.event_gap_p50_ms, 2)} "
+                     f"| {fmt(r.event_gap_p99_ms, 2)} | {fmt(r.tokens_per_event, 2)} "
                      f"| {fmt(r.cpu_ms_per_token, 3)} | {fmt(r.peak_rss_mb)} | {fmt(r.peak_pss_mb)} "
                      f"| {fmt(r.load_avg, 2)} |")
     return "\n".join(lines)
@@ -789,7 +815,10 @@ def ratio_rows(levels: list[LevelResult]) -> list[dict]:
             "model": r.model, "server": r.server, "clients": r.clients,
             "tok_s": ratio(r.tok_s, b.tok_s), "ttft_p50": ratio(r.ttft_p50_ms, b.ttft_p50_ms),
             "ttft_p99": ratio(r.ttft_p99_ms, b.ttft_p99_ms), "itl_p50": ratio(r.itl_p50_ms, b.itl_p50_ms),
-            "itl_p99": ratio(r.itl_p99_ms, b.itl_p99_ms), "rss_delta_mb": rss_delta, "pss_delta_mb": pss_delta,
+            "itl_p99": ratio(r.itl_p99_ms, b.itl_p99_ms),
+            "event_gap_p50": ratio(r.event_gap_p50_ms, b.event_gap_p50_ms),
+            "event_gap_p99": ratio(r.event_gap_p99_ms, b.event_gap_p99_ms),
+            "rss_delta_mb": rss_delta, "pss_delta_mb": pss_delta,
             "cpu_per_token": ratio(r.cpu_ms_per_token, b.cpu_ms_per_token),
             "failed": r.failed, "failed_llama": b.failed,
         })
@@ -797,12 +826,13 @@ def ratio_rows(levels: list[LevelResult]) -> list[dict]:
 
 
 def ratio_table(rows: list[dict]) -> str:
-    lines = ["| model | server | clients | tok/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | CPU/tok "
-             "| RSS - llama MB | PSS - llama MB | failed (llama) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| model | server | clients | tok/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | event gap p50 "
+             "| event gap p99 | CPU/tok | RSS - llama MB | PSS - llama MB | failed (llama) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for x in rows:
         lines.append(f"| {x['model']} | {x['server']} | {x['clients']} | {fmt(x['tok_s'], 2)} | {fmt(x['ttft_p50'], 2)} "
                      f"| {fmt(x['ttft_p99'], 2)} | {fmt(x['itl_p50'], 2)} | {fmt(x['itl_p99'], 2)} "
+                     f"| {fmt(x.get('event_gap_p50'), 2)} | {fmt(x.get('event_gap_p99'), 2)} "
                      f"| {fmt(x.get('cpu_per_token'), 2)} | {fmt(x['rss_delta_mb'])} | {fmt(x.get('pss_delta_mb'))} | {x['failed']} ({x['failed_llama']}) |")
     return "\n".join(lines)
 
@@ -1007,7 +1037,12 @@ def median_rounds(levels: list[LevelResult]) -> list[LevelResult]:
     out = []
     for group in groups.values():
         ranked = sorted(group, key=lambda x: x.tok_s)
-        out.append(ranked[(len(ranked) - 1) // 2])
+        # failures lower tok/s, so the median round tends to be one without: the row
+        # counts the requests and failures of every round, and its errors
+        pick = ranked[(len(ranked) - 1) // 2]
+        out.append(dataclasses.replace(pick, requests=sum(x.requests for x in group),
+                                       failed=sum(x.failed for x in group),
+                                       errors=sorted({e for x in group for e in x.errors})))
     return out
 
 
@@ -1079,7 +1114,9 @@ def parse_args(argv=None):
     p.add_argument("--ctx", type=int, default=0, help="context per sequence (0: enough for prompt + output)")
     p.add_argument("--n-gpu-layers", type=int, default=0)
     p.add_argument("--llama-server", type=Path, default=DEFAULT_LLAMA)
-    p.add_argument("--llama-endpoint", choices=("completion", "chat", "responses"), default="completion")
+    # responses: the API lmsp serves, so both servers render the chat template and parse the
+    # same request inside the time measured (/completion is fed a prompt templated beforehand)
+    p.add_argument("--llama-endpoint", choices=("completion", "chat", "responses"), default="responses")
     p.add_argument("--llama-arg", action="append", default=[], help="extra llama-server argument (repeatable)")
     p.add_argument("--prompt-cache", "--llama-prompt-cache", dest="llama_prompt_cache", action="store_true",
                    help="let both servers reuse the prompt prefix a slot holds from its previous request "
@@ -1154,6 +1191,7 @@ def main(argv=None) -> int:
             "over_rounds": round_stats(levels),
         }, indent=2))
     lmsp_cmd = lmsp_command(args.lmsp)
+    missed: list[str] = []  # levels of a server that had died (or did not start): failures too
     for model in models:
         print(f"model {model.name} ({model.stat().st_size / 1e6:.1f} MB)", flush=True)
         running: list[Contender] = []
@@ -1163,6 +1201,7 @@ def main(argv=None) -> int:
                     running.append(open_contender(variant, model, args, cfg, s, work, lmsp_cmd, commands))
                 except (RuntimeError, OSError, subprocess.SubprocessError, ValueError) as exc:
                     print(f"  {variant} on {model.name} did not start: {exc}", flush=True)
+                    missed.append(f"{variant} on {model.name}: did not start")
             index = 0
             for clients in clients_list:
                 n = max(args.min_requests, clients * args.requests_per_client)
@@ -1170,6 +1209,7 @@ def main(argv=None) -> int:
                     # alternate the order, so that no server always goes first after a pause
                     for c in (running if rnd % 2 == 0 else running[::-1]):
                         if not c.srv.alive():
+                            missed.append(f"{c.variant} on {model.name}, {clients} clients, round {rnd + 1}")
                             continue
                         # the same request indices (prompts, seeds) for every server
                         prof = Profiler(args.profile, work / "profiles") if args.profile else None
@@ -1199,10 +1239,12 @@ def main(argv=None) -> int:
         checks = persistence_on_means(stats)
         if checks:
             print("\n".join(checks))
+    for what in missed:
+        print(f"  MISS  not measured, the server was not running: {what}")
     save()
     print(f"\nresults: {out}")
     failed = sum(x.failed for x in levels)
-    return 1 if failed or not levels else 0
+    return 1 if failed or missed or not levels else 0
 
 
 if __name__ == "__main__":

@@ -36,13 +36,16 @@ def post(port: int, headers: dict, body: dict) -> dict:
     return out
 
 
-def follow(port: int, headers: dict, response_id: str, opened: threading.Semaphore) -> None:
-    """Hold a stream open, reading whatever comes, until the server closes it."""
+def follow(port: int, headers: dict, response_id: str, opened: threading.Semaphore, good: list) -> None:
+    """Hold a stream open, reading whatever comes, until the server closes it; ``good``
+    gets one entry for a stream the server accepted (200)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     try:
         conn.request("GET", f"/v1/responses/{response_id}?stream=true",
                      headers={**headers, "Accept": "text/event-stream"})
         resp = conn.getresponse()
+        if resp.status == 200:
+            good.append(response_id)
         opened.release()
         while resp.read1(4096):
             pass
@@ -63,12 +66,16 @@ def one(args, model: Path, work: Path, n: int) -> dict:
         busy = post(srv.port, headers, {"model": model.stem, "input": "Count on:", "temperature": 0,
                                         "max_output_tokens": 4000, "background": True})
         opened = threading.Semaphore(0)
+        good: list[str] = []
         for i in range(n):
             rid = post(srv.port, headers, {"model": model.stem, "input": f"Question {i}",
                                            "max_output_tokens": 4, "background": True})["id"]
-            threading.Thread(target=follow, args=(srv.port, headers, rid, opened), daemon=True).start()
+            threading.Thread(target=follow, args=(srv.port, headers, rid, opened, good), daemon=True).start()
         for _ in range(n):
-            opened.acquire(timeout=60)
+            if not opened.acquire(timeout=60):
+                raise RuntimeError("a stream did not open within 60 s")
+        if len(good) != n:
+            raise RuntimeError(f"{n - len(good)} of {n} streams were refused")
         time.sleep(1.0)  # every stream has read what there was and waits
         cpu0, t0 = serve.tree_cpu_seconds(srv.proc.pid), time.monotonic()
         time.sleep(args.seconds)

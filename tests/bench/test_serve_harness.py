@@ -104,6 +104,7 @@ def test_responses_stream_counts_tokens_and_latencies(serve, fake_port):
     assert [r.error for r in results] == [None, None, None]
     assert all(r.output_tokens == 5 and r.input_tokens == 11 and r.text_events == 5 for r in results)
     assert all(r.ttft is not None and r.ttft >= 0 and len(r.gaps) == 4 for r in results)
+    assert all(len(r.event_gaps) == 4 for r in results)
     seeds = sorted(body["seed"] for _, body, _ in FakeHandler.seen)
     assert seeds == [100, 101, 102]
     assert all(auth == "Bearer x" and body["stream"] is True and body["model"] == "tiny"
@@ -121,6 +122,7 @@ def test_completion_stream_spreads_gaps_over_the_tokens_a_chunk_carries(serve, f
     assert res.ok and res.output_tokens == 6 and res.input_tokens == 9
     # text chunks: "ab" (2 tokens), then c0..c3 (1 each): the later 4 chunks give 4 gaps
     assert res.text_events == 5 and len(res.gaps) == 4
+    assert len(res.event_gaps) == 4  # the gaps as they are, one per later chunk
     path, body, _ = FakeHandler.seen[0]
     assert path == "/completion" and body["prompt"] == "templated" and body["ignore_eos"] is True
 
@@ -190,6 +192,13 @@ def test_median_round_is_picked_per_server_and_level(serve):
               level("lmsp", 50.0, 0), level("lmsp", 70.0, 1)]
     picked = {x.server: (x.tok_s, x.round) for x in serve.median_rounds(levels)}
     assert picked == {"llama": (200.0, 2), "lmsp": (50.0, 0)}
+    # a round with failures (and so fewer tokens/s) is not the median, but its failures count
+    failing = level("lmsp", 40.0, 2)
+    failing.failed, failing.errors = 3, ["HTTP 503"]
+    rows = {x.server: x for x in serve.median_rounds(levels + [failing])}
+    assert (rows["lmsp"].tok_s, rows["lmsp"].round) == (50.0, 0)
+    assert rows["lmsp"].failed == 3 and rows["lmsp"].requests == 12 and rows["lmsp"].errors == ["HTTP 503"]
+    assert rows["llama"].failed == 0 and rows["llama"].requests == 12
 
 
 def test_round_stats_and_the_persistence_goal_on_means(serve):
