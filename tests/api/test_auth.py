@@ -160,3 +160,31 @@ def test_names_shown_to_the_operator_take_no_control_characters(admin, anon):
 def test_unknown_client_is_404(admin):
     assert_error(admin.delete("/v1/clients/cli_NOPE"), 404, "not_found")
     assert_error(admin.get("/v1/clients/nope"), 404, "not_found")
+
+
+def test_a_revoked_clients_open_stream_ends(app, store, scripted, admin, monkeypatch):
+    """Revocation takes effect on the next request, and on the streams already open."""
+    import lmsp.api.events as events
+    from api_helpers import parse_sse
+
+    monkeypatch.setattr(events, "AUTH_RECHECK_SECONDS", 0.0)
+    client, token = make_client(store, ["responses:write", "responses:read"], "soon-revoked")
+    cid = client["id"]
+    api = Api(app, token)
+    scripted.auto = False  # the task waits: the stream stays open until something ends it
+    rid = api.post("/v1/responses", json={"model": "tiny", "input": "hi", "background": True}).json["id"]
+    waits = []
+    real_wait = scripted.wait_for_commit
+
+    def wait_for_commit(task_id, after_seq, timeout, *args, **kwargs):
+        waits.append(task_id)
+        if len(waits) == 1:
+            store.revoke_client(cid)  # while the stream waits
+        return real_wait(task_id, after_seq, min(timeout, 0.05))
+
+    scripted.wait_for_commit = wait_for_commit
+    result = api.get(f"/v1/responses/{rid}", params={"stream": "true"})
+    frames = parse_sse(result.text)
+    assert frames[-1]["event"] == "error" and frames[-1]["data"]["code"] == "unauthorized"
+    # the task is not cancelled: its stored answer stays for an admin
+    assert store.get_task(store.task_id_for_response(rid, None))["status"] == "queued"

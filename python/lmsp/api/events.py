@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 
 import falcon
 
-from lmsp.errors import LMSPError, Unavailable
+from lmsp.errors import LMSPError, Unauthorized, Unavailable
 
 from .common import SSE_TYPE, dumps
 from .middleware import error_frame
@@ -28,6 +28,7 @@ FINISHED_TASK_STATES = frozenset({"completed", "failed", "cancelled"})
 KEEP_ALIVE = b": keep-alive\n\n"
 PAGE = 500
 POLL_SECONDS = 0.25  # how often a stream polls the store when the runtime does not watch it
+AUTH_RECHECK_SECONDS = 5.0  # how often an open stream asks whether its reader's client was revoked
 BUSY_GIVE_UP_SECONDS = 10.0  # a stream whose store stays unavailable this long ends with an error event
 
 
@@ -56,11 +57,15 @@ def start_sse(resp: falcon.Response, stream: Iterator[bytes], status: int = 200,
 def event_stream(store, runtime, task_id: str, *, after: int = 0, client_id: str | None = None,
                  heartbeat: float = 15.0, on_abandon: Callable[[], None] | None = None,
                  monotonic: Callable[[], float] = time.monotonic,
-                 poll: float = POLL_SECONDS) -> Iterator[bytes]:
+                 poll: float = POLL_SECONDS,
+                 authorized: Callable[[], bool] | None = None) -> Iterator[bytes]:
     """SSE frames of ``task_id``'s events after ``after``, then live ones.
 
     ``on_abandon`` runs when the consumer closes the stream before its end
-    (the client went away).
+    (the client went away). ``authorized`` is asked every
+    :data:`AUTH_RECHECK_SECONDS` while the stream is open: once it says no
+    (the reader's client was revoked), the stream ends with an
+    ``unauthorized`` error event, and the task runs on.
     """
     last = after
     generation = getattr(runtime, "commit_generation", None)
@@ -68,10 +73,14 @@ def event_stream(store, runtime, task_id: str, *, after: int = 0, client_id: str
     checked = False  # the store has answered once: the task exists and the client may read it
     since = None
     finished = False
-    last_write = monotonic()
+    last_write = last_auth = monotonic()
     busy_since = None
     try:
         while True:
+            if authorized is not None and monotonic() - last_auth >= AUTH_RECHECK_SECONDS:
+                last_auth = monotonic()
+                if not authorized():
+                    raise Unauthorized("the client of this stream was revoked")
             try:
                 since = generation() if generation is not None else None
                 fresh = committed(task_id, last) if checked and committed is not None else None

@@ -262,12 +262,17 @@ class ResponsesService:
             log.info("response %s not deleted after delivery: %s", response_id, exc.message)
 
     def stream(self, task_id: str, client_id: str | None, *, after: int = 0,
-               cancel_on_abandon: bool = False, forget_response: str | None = None):
+               cancel_on_abandon: bool = False, forget_response: str | None = None,
+               caller_id: str | None = None):
+        """``client_id``: whose task it must be (None: any, for an admin); ``caller_id``:
+        who reads it, whose revocation ends the stream."""
         deps = self.deps
         on_abandon = (lambda: self.abandon(task_id, client_id)) if cancel_on_abandon else None
-        frames = event_stream(deps.store, deps.runtime, task_id, after=after, client_id=client_id,
+        store = deps.store
+        authorized = (lambda: store.client_active(caller_id)) if caller_id is not None else None
+        frames = event_stream(store, deps.runtime, task_id, after=after, client_id=client_id,
                               heartbeat=deps.config.heartbeat_seconds, on_abandon=on_abandon,
-                              monotonic=deps.monotonic)
+                              monotonic=deps.monotonic, authorized=authorized)
         if forget_response is None:
             return frames
         return self._then_forget(frames, task_id, forget_response, client_id)
@@ -317,7 +322,8 @@ class ResponsesResource:
         # Reads, waits and streams below see the caller's own response.
         if replay is not None:
             if parsed.stream:
-                start_sse(resp, self.service.stream(task_id, client_id), headers=_replayed(location))
+                start_sse(resp, self.service.stream(task_id, client_id, caller_id=client_id),
+                          headers=_replayed(location))
             else:
                 set_json(resp, replay[1], replay[0], _replayed(location if replay[0] == 202 else None))
             return
@@ -325,7 +331,7 @@ class ResponsesResource:
             forget = None if parsed.store else response_id
             start_sse(resp, self.service.stream(task_id, client_id,
                                                 cancel_on_abandon=not parsed.background,
-                                                forget_response=forget),
+                                                forget_response=forget, caller_id=client_id),
                       headers=location if parsed.background else None)
             return
         if parsed.background:
@@ -379,7 +385,7 @@ class ResponseResource:
             return
         after = stream_start(req, "starting_after")
         task_id = self.deps.store.task_id_for_response(response_id, owner)
-        start_sse(resp, self.service.stream(task_id, owner, after=after))
+        start_sse(resp, self.service.stream(task_id, owner, after=after, caller_id=caller(req)["id"]))
 
     def on_delete(self, req: falcon.Request, resp: falcon.Response, response_id: str) -> None:
         check_id(response_id, "resp", "response")

@@ -207,6 +207,12 @@ class Store:
                                (token_hash,)).fetchone()
         return None if row is None else obj.client_object(row)
 
+    def client_active(self, client_id: str) -> bool:
+        """Whether the client exists and is not revoked (an open stream asks now and then)."""
+        with self._db.read() as conn:
+            return conn.execute("SELECT 1 FROM clients WHERE id = ? AND revoked_at IS NULL",
+                                (client_id,)).fetchone() is not None
+
     def list_clients(self) -> list[dict]:
         with self._db.read() as conn:
             return [obj.client_object(r) for r in conn.execute("SELECT * FROM clients ORDER BY id")]
