@@ -45,6 +45,7 @@ class Config:
     max_output_tokens: int = 256      # default for a request that gives none
     max_output_tokens_cap: int = 4096
     default_on_restart: str = "fail"
+    max_unfinished_per_client: int = 256  # queued or running tasks a client may have (0: no limit; admins none)
     max_body_bytes: int = 1 << 20
     body_timeout: float = 30.0        # seconds for a whole request body to arrive (408 after)
     lease_seconds: float = 10.0       # a worker's claim on a task, renewed while it runs
@@ -83,6 +84,8 @@ class Config:
         for name in ("batch_invariant", "prefix_cache"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, not {getattr(self, name)!r}")
+        if self.max_unfinished_per_client < 0:
+            raise ValueError("max_unfinished_per_client must be 0 (no limit) or more")
         for name in ("retention_days", "idempotency_ttl_hours"):
             if not 0 <= getattr(self, name) < float("inf"):  # (NaN fails too)
                 raise ValueError(f"{name} must be a number, 0 or more")

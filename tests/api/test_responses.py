@@ -267,3 +267,28 @@ def test_parse_create_without_http(config):
                            "stop": "END", "seed": 0}, config, lambda: 99)
     assert parsed.messages == [{"role": "system", "content": "x"}]
     assert parsed.request["stop"] == ["END"] and parsed.request["seed"] == 0
+
+
+def test_a_client_cannot_fill_the_queue_for_the_others(store, scripted, config):
+    from api_helpers import Api, make_client
+
+    from lmsp.app import create_app
+
+    app = create_app(config.replace(max_unfinished_per_client=3), store, scripted)
+    user, other, admin = (Api(app, make_client(store, scopes, name)[1]) for name, scopes in (
+        ("u", ["responses:write", "responses:read"]), ("o", ["responses:write"]), ("a", ["admin"])))
+    scripted.auto = False  # nothing runs: every task stays queued
+    body = {"model": "tiny", "input": "hi", "background": True}
+    for i in range(3):
+        assert user.post("/v1/responses", json=body, headers={"Idempotency-Key": f"cap-{i}"}).status_code == 202
+    refused = user.post("/v1/responses", json=body)
+    assert_error(refused, 429, "rate_limited")
+    assert int(refused.headers["Retry-After"]) >= 1
+    # a replay is not a new task; another client and an admin are not held back
+    assert user.post("/v1/responses", json=body, headers={"Idempotency-Key": "cap-0"}).status_code == 202
+    assert other.post("/v1/responses", json=body).status_code == 202
+    assert admin.post("/v1/responses", json=body).status_code == 202
+    # a task that ends frees its place
+    task_id = user.get("/v1/tasks").json["data"][0]["id"]
+    assert user.post(f"/v1/tasks/{task_id}/cancel").status_code == 200
+    assert user.post("/v1/responses", json=body).status_code == 202

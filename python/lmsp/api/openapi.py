@@ -273,7 +273,7 @@ def _paths() -> dict:
                         "headers": {"Location": {"schema": STR}},
                         "content": {"application/json": {"schema": ref("Response")}}},
             }, scope="responses:write", params=(IDEMPOTENCY,), body="CreateResponse",
-                errors=body_errors + ("404", "409", "422", "503")),
+                errors=body_errors + ("404", "409", "422", "429", "503")),
             "get": _op("The caller's responses, newest first", {"200": _json("ResponseList", "A page")},
                        scope="responses:read", params=(
                            _param("status", "query", {"enum": RESPONSE_STATUSES}), *LIST_PARAMS),

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import falcon
 
+from lmsp.auth import is_admin
 from lmsp.errors import (InvalidRequest, LMSPError, ModelChanged, NotFound, TaskFinished,
                          Unavailable)
 
@@ -195,7 +196,9 @@ class ResponsesService:
         self.deps = deps
 
     def create(self, client_id: str, parsed: CreateRequest,
-               idempotency_key: tuple[str, str] | None = None) -> dict:
+               idempotency_key: tuple[str, str] | None = None, *, limited: bool = True) -> dict:
+        """``limited``: the client's unfinished tasks are capped (``max_unfinished_per_client``;
+        an admin's are not)."""
         runtime = self.deps.runtime
         if not getattr(runtime, "ready", False):
             raise Unavailable("the service is starting or shutting down; retry shortly", retry_after=1)
@@ -217,7 +220,8 @@ class ResponsesService:
             result = self.deps.store.create_task(
                 client_id=client_id, model=parsed.model, request=parsed.request,
                 on_restart=parsed.on_restart, background=parsed.background, stream=parsed.stream,
-                idempotency=idempotency_key, claim=slot)
+                idempotency=idempotency_key, claim=slot,
+                max_unfinished=(self.deps.config.max_unfinished_per_client or None) if limited else None)
         except BaseException:
             if slot is not None:
                 runtime.adopt(None, early=early)
@@ -308,7 +312,7 @@ class ResponsesResource:
         idem = None
         if key is not None:
             idem = (key, idempotency.fingerprint(client_id, req.method, req.path, body))
-        result = self.service.create(client_id, parsed, idem)
+        result = self.service.create(client_id, parsed, idem, limited=not is_admin(caller(req)))
         replay = result.get("replay")
         if replay is not None and result.get("task") is None:
             # the key's response was deleted since: its stored answer (the final

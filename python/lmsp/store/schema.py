@@ -164,6 +164,9 @@ MIGRATIONS: list[list[str | Callable[[sqlite3.Connection], None]]] = [
     [PAIRINGS, PAIRING_FAILURES, *INDEXES_V2],
     # 3: the task row no longer copies its counter
     [_drop_task_counter],
+    # 4: a client's unfinished tasks, counted at each creation (a per-client cap)
+    ["CREATE INDEX tasks_unfinished_client ON tasks(client_id) "
+     "WHERE status IN ('queued','loading','running','cancelling')"],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -409,8 +409,12 @@ class Store:
     # -- responses & tasks -----------------------------------------------------------------
     def create_task(self, *, client_id: str | None, model: str, request: dict, on_restart: str,
                     background: bool, stream: bool, idempotency: tuple[str, str] | None = None,
-                    claim: tuple[str, float] | None = None) -> dict:
+                    claim: tuple[str, float] | None = None, max_unfinished: int | None = None) -> dict:
         """Persist a new response and its queued task in ONE transaction (11.2, B.8).
+
+        ``max_unfinished``: RateLimited when the client already has that many
+        unfinished tasks (counted in the same transaction, so concurrent
+        requests cannot all pass it); a replay is never refused.
 
         ``claim=(owner, lease)``: a worker with a free engine slot and the model
         loaded takes the new task in the same transaction and moves it to
@@ -440,6 +444,12 @@ class Store:
                 replay = self._idempotency_check(conn, client_id, key, fp, now)
                 if replay is not None:
                     return replay
+            if max_unfinished is not None and client_id is not None:
+                n = conn.execute(f"SELECT count(*) FROM tasks WHERE client_id = ? AND status IN {_UNFINISHED_SQL}",
+                                 (client_id,)).fetchone()[0]
+                if n >= max_unfinished:
+                    raise RateLimited(f"this client has {n} unfinished tasks, the most it may have "
+                                      "(max_unfinished_per_client); wait for some to finish", retry_after=1)
             rid, tid, mid = self._new_id("resp"), self._new_id("task"), self._new_id("msg")
             conn.execute("INSERT INTO responses (id, client_id, model, created_at, request, background, stream,"
                          " item_id) VALUES (?,?,?,?,?,?,?,?)",
