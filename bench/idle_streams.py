@@ -157,7 +157,8 @@ def main(argv=None) -> int:
     s = serve.ServeSettings(threads=args.threads or (serve.os.cpu_count() or 1), parallel=args.parallel,
                             ctx_per_seq=512, n_gpu_layers=0)
     srv = serve.LmspServer.create(serve.lmsp_command(args.lmsp), model, s, work, "lmsp",
-                                  {"LMSP_HEARTBEAT_SECONDS": str(args.heartbeat)})
+                                  {"LMSP_HEARTBEAT_SECONDS": str(args.heartbeat),
+                                   "LMSP_MAX_UNFINISHED_PER_CLIENT": "0"})  # one client queues them all
     threading.stack_size(256 * 1024)
     streams: list[Stream] = []
     t0 = time.monotonic()

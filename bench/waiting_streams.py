@@ -58,7 +58,8 @@ def follow(port: int, headers: dict, response_id: str, opened: threading.Semapho
 def one(args, model: Path, work: Path, n: int) -> dict:
     s = serve.ServeSettings(threads=args.threads, parallel=1, ctx_per_seq=4096, n_gpu_layers=0)
     srv = serve.LmspServer.create(serve.lmsp_command(args.lmsp), model, s, work, "lmsp",
-                                  {"LMSP_MAX_OUTPUT_TOKENS_CAP": "4000"})
+                                  {"LMSP_MAX_OUTPUT_TOKENS_CAP": "4000",
+                                   "LMSP_MAX_UNFINISHED_PER_CLIENT": "0"})  # one client queues them all
     try:
         srv.start()
         srv.ready(s)

@@ -131,7 +131,9 @@ def _fill(directory: Path) -> Path:
 
 
 def test_disk_full_gives_503_corrupts_nothing_and_recovers_by_itself(make_server, small_fs, demo_model_path):
-    server = make_server(data_dir=small_fs / "data", model=demo_model_path)   # the model lives elsewhere
+    # the model lives elsewhere; one client fills the disk with tasks, past any per-client cap
+    server = make_server(data_dir=small_fs / "data", model=demo_model_path,
+                         env={"LMSP_MAX_UNFINISHED_PER_CLIENT": "0"})
     server.start()
     body = dict(BG, model="tiny")
     client = server.pair(["responses:write", "responses:read"])
