@@ -1081,6 +1081,18 @@ void Engine::handle_request(Request & req) {
     req.logits.set_value(std::move(out));
 }
 
+void Engine::fail_request(Request & req, std::exception_ptr error) {
+    try {
+        if (req.kind == Request::Kind::snapshot) {
+            req.snapshot.set_exception(error);
+        } else {
+            req.logits.set_exception(error);
+        }
+    } catch (const std::future_error &) {
+        // answered already, before the error
+    }
+}
+
 void Engine::order_batch_by_slot() {
     // llama.cpp cuts a batch of several sequences (one KV stream each) into
     // ubatches of consecutive sequence ids, taking them in the order their
@@ -1334,7 +1346,14 @@ void Engine::run() {
                                          }),
                           active_.end());
             for (auto & s : admitted) admit(std::move(s));
-            for (auto & r : requests) handle_request(*r);
+            for (auto & r : requests) {
+                try {
+                    handle_request(*r);
+                } catch (...) {
+                    // this request's caller gets the error; the others of the round go on
+                    fail_request(*r, std::current_exception());
+                }
+            }
             if (!active_.empty()) step();
         } catch (const std::bad_alloc &) {
             fail_all("out of memory in the engine");

@@ -171,6 +171,7 @@ private:
     // engine thread
     void run();
     void handle_request(Request & req);
+    static void fail_request(Request & req, std::exception_ptr error);
     void admit(std::unique_ptr<Sequence> seq);
     int pick_slot(const std::vector<int32_t> * tokens, const std::string & key, size_t & common) const;
     void forget_slot(int slot);
