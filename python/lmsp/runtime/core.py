@@ -906,12 +906,9 @@ class Runtime:
                 self._unwritten.pop(task_id, None)
                 self._unwritten_state.pop(task_id, None)
         skipped = list(outcome.get("skipped") or ())
-        attempts = {item["task_id"]: item.get("attempt") for item in items}
+        attempts = {item["task_id"]: item["attempt"] for item in items}
         with self._lock:
-            # a run claimed again since its items were taken is not the one the store refused
-            ended = [self._runs.pop(task_id) if task_id in self._runs
-                     and self._runs[task_id].attempt == attempts.get(task_id, self._runs[task_id].attempt)
-                     else None for task_id in done + skipped]
+            ended = [self._pop_run(task_id, attempts[task_id]) for task_id in done + skipped]
             for run in ended:
                 if run is not None and run.seq is not None:
                     self._by_seq.pop((id(run.engine), run.seq), None)
@@ -933,6 +930,14 @@ class Runtime:
         if ended:
             self._wake_scheduler()
         return True
+
+    def _pop_run(self, task_id: str, attempt: int) -> _Run | None:
+        """The run of ``task_id`` out of ``_runs`` (under _lock), unless the task was
+        claimed again since ``attempt``: that run is not the one its items ended."""
+        run = self._runs.get(task_id)
+        if run is None or run.attempt != attempt:
+            return None
+        return self._runs.pop(task_id)
 
     def _bench_in_memory(self, items: list[dict]) -> tuple[list[dict], list[dict]]:
         """BENCH_EVENTS_IN_MEMORY: hand the steps of running tasks to their streams
