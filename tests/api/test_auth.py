@@ -5,6 +5,7 @@ import pytest
 from api_helpers import Api, assert_error, make_client
 
 from lmsp import auth
+from lmsp.errors import Unavailable
 
 # every authenticated route with the scope it needs (ids need not exist: the
 # scope is checked before anything is looked up)
@@ -183,8 +184,19 @@ def test_a_revoked_clients_open_stream_ends(app, store, scripted, admin, monkeyp
         return real_wait(task_id, after_seq, min(timeout, 0.05))
 
     scripted.wait_for_commit = wait_for_commit
+    # a busy store at a check does not end the stream: the next check decides
+    real_active, checks = store.client_active, []
+
+    def client_active(client_id):
+        checks.append(client_id)
+        if len(checks) == 1:
+            raise Unavailable("the store is busy")
+        return real_active(client_id)
+
+    monkeypatch.setattr(store, "client_active", client_active)
     result = api.get(f"/v1/responses/{rid}", params={"stream": "true"})
     frames = parse_sse(result.text)
     assert frames[-1]["event"] == "error" and frames[-1]["data"]["code"] == "unauthorized"
+    assert len(checks) >= 2
     # the task is not cancelled: its stored answer stays for an admin
     assert store.get_task(store.task_id_for_response(rid, None))["status"] == "queued"

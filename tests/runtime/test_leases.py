@@ -164,7 +164,26 @@ def test_a_draining_worker_claims_nothing_more(store, make_runtime, model_file):
     real_claim = store.claim
     store.claim = lambda *a, **k: claims.append(1) or real_claim(*a, **k)
     rt.drain()
-    assert not rt.ready and rt.reserve("tiny") is None
+    # requests still on open connections are taken and queued, not refused; /readyz says no
+    assert rt.ready and rt.draining and rt.reserve("tiny") is None
     tid = submit(store, rt, max_output_tokens=2)  # notify_queued: a scheduler round
     wait_until(None, store, tid, lambda t: rounds)
     assert claims == [] and store.get_task(tid)["status"] == "queued"
+
+
+def test_a_model_deleted_while_a_task_uses_it_unloads_when_the_task_ends(store, runtime):
+    """The store refuses a delete while a task needs the model, but a run can outlive its
+    task for a moment (or start before its task commits): such a model's engine goes
+    once the worker's runs of it have ended."""
+    tid = submit(store, runtime, "Count on:", max_output_tokens=4000)
+    wait_until(runtime, store, tid, lambda t: t["last_sequence_number"] >= 4)
+    with runtime._lock:
+        runtime._close_when_idle.add("tiny")
+    runtime._close_deleted()
+    assert runtime.registry.engine("tiny") is not None  # its run goes on
+    store.cancel(tid)
+    runtime.notify_cancel(tid)
+    wait_until(runtime, store, tid, lambda t: t["status"] == "cancelled" and tid not in runtime._runs)
+    engine = runtime.registry.engine("tiny")
+    runtime._close_deleted()
+    assert runtime.registry.engine("tiny") is None and engine.closed and not runtime._close_when_idle

@@ -79,7 +79,11 @@ def event_stream(store, runtime, task_id: str, *, after: int = 0, client_id: str
         while True:
             if authorized is not None and monotonic() - last_auth >= AUTH_RECHECK_SECONDS:
                 last_auth = monotonic()
-                if not authorized():
+                try:
+                    allowed = authorized()
+                except Unavailable:  # a busy store: ask again at the next check
+                    allowed = True
+                if not allowed:
                     raise Unauthorized("the client of this stream was revoked")
             try:
                 since = generation() if generation is not None else None

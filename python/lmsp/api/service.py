@@ -60,7 +60,8 @@ class ReadyResource:
         self.deps = deps
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        if not getattr(self.deps.runtime, "ready", False):
+        runtime = self.deps.runtime
+        if not getattr(runtime, "ready", False) or getattr(runtime, "draining", False):
             raise Unavailable("the service is starting or stopping", retry_after=1)
         set_json(resp, {"status": "ready"})
 

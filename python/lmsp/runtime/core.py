@@ -170,6 +170,7 @@ class Runtime:
         self._reserved = 0                     # slots promised to tasks being created (under _lock)
         self._adopted: list[tuple[_Run, dict]] = []  # tasks created claimed, to start (under _lock)
         self._early: list[_Run] = []           # sequences started for tasks being created (under _lock)
+        self._close_when_idle: set[str] = set()  # deleted models still in use here (under _lock)
         self._released: list[_Run] = []        # early runs adopted, results to take (under _lock)
         # task id -> {waiter: the sequence number it waits to pass}, for tasks not run here (under _lock)
         self._watched: dict[str, dict] = {}
@@ -200,11 +201,15 @@ class Runtime:
 
     def drain(self) -> None:
         """The worker is going (SIGTERM): claim no more queued tasks and take no more
-        new ones at creation (they queue for the other workers), but run on what is
-        claimed until :meth:`stop`."""
+        new ones at creation (they queue for the other workers: a request that
+        arrives on a connection still open is accepted and queued, not refused),
+        but run on what is claimed until :meth:`stop`. ``/readyz`` says not ready."""
         self._draining = True
-        self.ready = False
         log.info("runtime %s draining: no more claims", self.owner)
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
 
     def stop(self, timeout: float = 10.0) -> None:
         """Graceful stop: no more claims, commit what the engine already produced, release the claims.
@@ -274,7 +279,7 @@ class Runtime:
         ``claim=(owner, lease)`` of ``store.create_task``; None when there is none
         (or the model is not loaded here): the task is then queued as usual.
         Every reservation ends with one :meth:`adopt` call."""
-        if not self.ready or self._stopping or self.registry.engine(model_id) is None:
+        if not self.ready or self._stopping or self._draining or self.registry.engine(model_id) is None:
             return None
         with self._lock:
             if int(self.config.n_parallel) - len(self._runs) - self._reserved <= 0:
@@ -473,12 +478,27 @@ class Runtime:
         self.store.delete_model(model_id)  # ModelInUse while unfinished tasks need it
         try:
             engine = self._detach_engine(model_id)
-        except ModelInUse:  # a task that started meanwhile ends on it; the file's row is gone
-            log.warning("model %s deleted while a task still runs on it; it stays loaded until "
-                        "unloaded", model_id)
+        except ModelInUse:  # a task that started meanwhile ends on it first
+            with self._lock:
+                self._close_when_idle.add(model_id)
+            log.info("model %s deleted while a task runs on it; it unloads when its tasks end", model_id)
             return
         if engine is not None:
             self.registry.close_engine(model_id, engine)
+
+    def _close_deleted(self) -> None:
+        """Unload the engines of deleted models whose last tasks have ended (commit thread)."""
+        with self._lock:
+            pending = list(self._close_when_idle)
+        for model_id in pending:
+            try:
+                engine = self._detach_engine(model_id)
+            except ModelInUse:
+                continue
+            with self._lock:
+                self._close_when_idle.discard(model_id)
+            if engine is not None:
+                self.registry.close_engine(model_id, engine)
 
     def _detach_engine(self, model_id: str):
         """The model's engine, out of the registry once no task of this worker uses
@@ -785,23 +805,17 @@ class Runtime:
 
     def _commit_round(self, backoff: float) -> tuple[float, bool]:
         """One wait-drain-commit round, then the lease housekeeping; (next backoff, finished)."""
-        engines = self.registry.engines()
         if backoff:
             self._commit_wake.wait(backoff)
         else:
             # gathering a window: only a first text or an end cuts it short,
             # so the engines do not wake this thread for every token
             gathering = bool(self._pending)
-            fds = []
-            for _, engine in engines:
-                try:
-                    fds.append(engine.urgent_fileno() if gathering else engine.fileno())
-                except Exception:  # closed meanwhile
-                    pass
             wait = IDLE_WAIT
             if gathering:
                 wait = max(0.0, self._pending_since + self.window - time.monotonic())
-            self._commit_wake.wait(wait, fds)
+            self._commit_wake.wait(wait, self._engine_fds(urgent=gathering))
+        engines = self.registry.engines()
         stopping = self._stopping
         if self._aborted:
             return 0.0, True
@@ -821,10 +835,23 @@ class Runtime:
             self._next_renew = now + self.lease / 3
             self._renew()
             self._end_orphans()
+            self._close_deleted()
         if now >= self._next_recover:
             self._next_recover = now + self.lease / 2
             self._recover_dead()
         return 0.0, False
+
+    def _engine_fds(self, *, urgent: bool) -> list[int]:
+        """The descriptors the commit thread waits on. Only their numbers: no engine is
+        held while it waits, so one unloaded meanwhile goes (and frees its memory) at
+        once; the descriptors of one gone only wake the wait."""
+        fds = []
+        for _, engine in self.registry.engines():
+            try:
+                fds.append(engine.urgent_fileno() if urgent else engine.fileno())
+            except Exception:  # closed meanwhile
+                pass
+        return fds
 
     def _drain(self, engines) -> None:
         if self._released:

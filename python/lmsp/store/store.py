@@ -98,7 +98,7 @@ class Store:
     # sends them to its thread pool when a lock is met.
     READS = frozenset({"events", "last_sequence", "last_sequences", "get_task", "get_response",
                        "task_id_for_response", "client_by_token_hash", "get_model", "list_models",
-                       "list_responses", "list_tasks", "output_text"})
+                       "list_responses", "list_tasks", "output_text", "client_active"})
 
     def __init__(self, db: Database, *, clock: Callable[[], float], new_id: Callable[[str], str],
                  idempotency_ttl: float) -> None:
