@@ -25,6 +25,7 @@ import time
 import unicodedata
 
 from . import config as _config
+from .datadir import private_umask
 from .errors import LMSPError
 from .store import StoreError
 
@@ -73,15 +74,6 @@ def _print(args, obj: dict, text: str | None = None) -> None:
 
 def _when(ts) -> str:
     return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
-
-
-def private_umask() -> int:
-    """Files and directories made from now on are the service user's alone (the
-    database holds every client's prompts and answers, the data directory the
-    admin token); returns the mask before."""
-    before = os.umask(0o077)
-    os.umask(before | 0o077)
-    return before
 
 
 def _cell(value) -> str:

@@ -11,6 +11,15 @@ import time
 from pathlib import Path
 
 
+def private_umask() -> int:
+    """Files and directories made from now on are the service user's alone (the
+    database holds every client's prompts and answers, the data directory the
+    admin token); returns the mask before."""
+    before = os.umask(0o077)
+    os.umask(before | 0o077)
+    return before
+
+
 class DataDirInUse(RuntimeError):
     """Another service's processes hold the data directory."""
 

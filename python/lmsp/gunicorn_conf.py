@@ -28,12 +28,13 @@ import threading
 import traceback
 
 from lmsp import config as _config
+from lmsp.datadir import private_umask as _private_umask
 
 _cfg = _config.load()
 _env = os.environ.get
 # what the service writes (the database, the data directory) is its user's alone, whether it
 # was started by `lmsp serve` (which sets the same mask) or by gunicorn directly
-os.umask(os.umask(0o077) | 0o077)
+_private_umask()
 # the data directory's lock (lmsp.datadir.hold_data_dir), taken in on_starting; the
 # processes of a service killed just before may take a few seconds to let go of it
 _data_lock: int | None = None
