@@ -54,6 +54,38 @@ def test_known_tasks_take_the_fast_path(store, running_task, checked_steps):
     assert last["delta"] == f"<{tids[0][-3:]}:4>"
 
 
+def test_the_usual_step_is_made_in_one_pass(store, running_task, monkeypatch):
+    """A step in which every task adds one more delta to its open item builds its rows
+    in one pass; one that holds a token back (no text) takes the general fast path,
+    and both write the same events a read of the rows would."""
+    tids = [running_task() for _ in range(3)]
+    step(store, tids, 0)  # opens the items
+    general: list = []
+    fast_rows = Store._fast_rows
+
+    def spy(owner, items, known, now):
+        general.append([item["task_id"] for item in items])
+        return fast_rows(owner, items, known, now)
+
+    monkeypatch.setattr(Store, "_fast_rows", staticmethod(spy))
+    outcome = store.append_step("w1", [{"task_id": t, "delta": "a", "tokens": [1]} for t in tids], with_events=True)
+    assert general == []
+    assert outcome["skipped"] == [] and outcome["finished"] == {}
+    store.append_step("w1", [{"task_id": tids[0], "delta": "", "tokens": [2]}]
+                      + [{"task_id": t, "delta": "b", "tokens": [2]} for t in tids[1:]])
+    assert general == [tids]
+    step(store, tids, 3)  # tids[0] holds a token back: its row changes, not the one-pass kind
+    assert len(general) == 2
+    step(store, tids, 4)
+    assert len(general) == 2
+    for i, tid in enumerate(tids):
+        assert store.output_text(tid) == expected_text(tid, [0]) + "a" + ("" if i == 0 else "b") \
+            + expected_text(tid, [3, 4])
+        assert_consistent(store, tid)
+    delta = store.events(tids[0], after=store.last_sequence(tids[0]) - 2)["data"][0]
+    assert delta["delta"] == f"<{tids[0][-3:]}:3>"
+
+
 def test_a_foreign_event_in_one_task_redoes_the_whole_step_once(store, running_task, db_path, clock,
                                                                   checked_steps):
     tids = [running_task() for _ in range(5)]

@@ -59,6 +59,7 @@ _MAX_LIMIT = 100
 _DELETED_ANSWER = {"error": {"code": "not_found", "param": None,
                              "message": "the response of this Idempotency-Key was deleted"}}
 _NO_ENTRY = (None,)
+_DELTA = "response.output_text.delta"
 
 
 class _StaleStep(Exception):
@@ -818,6 +819,54 @@ class Store:
         step is written exactly once.
         """
         cache = self._step_cache
+        now = self._clock()
+        rest: list[dict] = []
+        # the usual step (every item one more delta of an open item) in one pass
+        fast = self._steady_rows(owner, items, cache, now)
+        if fast is None:
+            # the fast path's states before the step, taken once (other threads may update
+            # the cache meanwhile): the tasks this process last wrote as ``owner`` whose
+            # items do not finish them. The others (new to this process, ending) go
+            # through their rows, in the same transaction.
+            known: dict[str, tuple] = {}
+            checked: set[str] = set()
+            for item in items:
+                tid = item["task_id"]
+                finish = item.get("finish")
+                if finish is not None:
+                    if finish not in FINISHES:
+                        raise ValueError(f"unknown finish {finish!r}")
+                    checked.add(tid)
+                elif tid not in checked and tid not in known:
+                    state = cache.get(tid, _NO_ENTRY)
+                    if state[0] == owner:
+                        known[tid] = state
+                    else:
+                        checked.add(tid)
+            for tid in checked:
+                known.pop(tid, None)
+            fast_items = [item for item in items if item["task_id"] in known]
+            rest = [item for item in items if item["task_id"] not in known]
+            # the rows follow from the states taken above alone: made before the write lock
+            fast = self._fast_rows(owner, fast_items, known, now) if fast_items else None
+        try:
+            result = None
+            if fast is not None:
+                try:
+                    with self._db.write() as conn:
+                        result = self._step_fast(conn, *fast)
+                        if rest:
+                            result = self._merge_steps(result, self._step_checked(conn, owner, rest, now))
+                except _StaleStep:  # rolled back; redone below from the rows
+                    result = None
+            if result is None:
+                with self._db.write() as conn:
+                    result = self._step_checked(conn, owner, items, self._clock())
+        except BaseException:
+            for item in items:
+                cache.pop(item["task_id"], None)
+            raise
+        return self._stepped(result, cache, with_events)
         # the fast path's states before the step, taken once (other threads may update the
         # cache meanwhile): the tasks this process last wrote as ``owner`` whose items do
         # not finish them. The others (new to this process, ending) go through their rows,
@@ -846,9 +895,8 @@ class Store:
             fast_items, rest = items, []
         try:
             result = None
-            if fast_items:
+            if fast_items and steady is None:
                 # the rows follow from the states taken above alone: made before the write lock
-                now = self._clock()
                 fast = self._fast_rows(owner, fast_items, known, now)
                 try:
                     with self._db.write() as conn:
@@ -864,6 +912,10 @@ class Store:
             for item in items:
                 cache.pop(item["task_id"], None)
             raise
+        return self._stepped(result, cache, with_events)
+
+    def _stepped(self, result: tuple, cache: dict, with_events: bool) -> dict:
+        """A written step's outcome; the tasks' new states go to the cache."""
         states, outcome, rows = result
         if with_events:
             outcome["events"] = self._written(rows, states)
@@ -875,6 +927,36 @@ class Store:
             else:
                 cache[tid] = state
         return outcome
+
+    @staticmethod
+    def _steady_rows(owner: str, items: list[dict], cache: dict, now: float) -> tuple | None:
+        """The fast path's writes in one pass, when every item is one task's next text
+        delta (the task last written by this process as ``owner``, its item open,
+        no tokens held back, not finishing, no KV file, not twice in the step):
+        ``(states, event rows, no row updates)``. None for any other step."""
+        events: list[tuple] = []
+        states: dict[str, tuple] = {}
+        append = events.append
+        for item in items:
+            tid = item["task_id"]
+            state = cache.get(tid)
+            if (state is None or state[0] != owner or not state[2] or state[3] or tid in states
+                    or item.get("finish") is not None or item.get("kv_path")):
+                return None
+            delta = item.get("delta")
+            if not delta:
+                return None
+            tokens = item.get("tokens")
+            if not tokens:
+                toks = ""
+            elif len(tokens) == 1:
+                toks = str(int(tokens[0]))
+            else:
+                toks = ",".join(map(str, map(int, tokens)))
+            seq = state[1] + 1
+            append((tid, seq, _DELTA, now, delta, toks, None))
+            states[tid] = (owner, seq, 1, "", state[4], state[5])
+        return states, events, []
 
     def step_state(self, task_id: str) -> tuple:
         """The state :meth:`append_step` continues a task from: ``(owner, last_seq,
