@@ -49,6 +49,8 @@ def test_metrics_exposition(user, anon, scripted):
         else:
             assert SAMPLE.match(line), line
     assert 'lmsp_tasks{state="queued"} 1' in text
+    for state in ("loading", "running", "cancelling", "completed", "failed", "cancelled"):
+        assert f'lmsp_tasks{{state="{state}"}} ' in text  # finished states too (B.3: tasks by state)
     assert "lmsp_up 1" in text
     assert "lmsp_tokens_generated_total 3" in text
     assert 'lmsp_time_to_first_token_seconds_bucket{le="+Inf"} 2' in text

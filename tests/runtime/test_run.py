@@ -35,6 +35,8 @@ def test_a_task_runs_to_completion_with_a_gapless_log(store, runtime):
     figures = runtime.metrics()
     assert figures["tokens_generated"] >= response["usage"]["output_tokens"]
     assert figures["ttft_seconds"]["count"] == 1
+    assert figures["decode_tokens_per_second"]["count"] == 1  # the engine's rate of the task
+    assert figures["decode_tokens_per_second"]["sum"] > 0
 
 
 def test_a_request_meeting_a_free_slot_is_claimed_as_it_is_created(store, runtime):

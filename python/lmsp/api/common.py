@@ -95,15 +95,32 @@ def read_body(req: falcon.Request, max_bytes: int, timeout: float | None = None)
     return data
 
 
+def _read_upto(req: falcon.Request, size: int) -> bytes:
+    """At most ``size`` bytes of the body: as long as its Content-Length says, or, for a
+    body sent in chunks (no Content-Length), until its last chunk, which the server
+    (gunicorn, gevent's pywsgi) has already decoded."""
+    if req.content_length is not None or "chunked" not in (req.get_header("Transfer-Encoding") or "").lower():
+        return req.bounded_stream.read(size)
+    parts: list[bytes] = []
+    left = size
+    while left > 0:
+        part = req.stream.read(min(left, 65536))
+        if not part:
+            break
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
+
+
 def _read_with_deadline(req: falcon.Request, size: int, timeout: float | None) -> bytes:
     if not timeout or not gevent_active():
-        return req.bounded_stream.read(size)
+        return _read_upto(req, size)
     import gevent
 
     deadline = gevent.Timeout(timeout)
     deadline.start()
     try:
-        return req.bounded_stream.read(size)
+        return _read_upto(req, size)
     except gevent.Timeout as exc:
         if exc is not deadline:
             raise

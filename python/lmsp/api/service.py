@@ -70,8 +70,8 @@ UNFINISHED_STATES = ("queued", "loading", "running", "cancelling")
 
 
 def task_counts(store) -> dict:
-    """Tasks by state: the store's own count when it has one, else the
-    unfinished states counted through the task listing (finished ones left out)."""
+    """Tasks by state: the store's own count (every state) when it has one, else the
+    unfinished states counted through the task listing."""
     counter = getattr(store, "task_counts", None)
     if counter is not None:
         return counter()

@@ -59,15 +59,21 @@ class Metrics:
         with self._lock:
             self.commit_errors += 1
 
-    def finish(self, reason: str, n_prompt: int, n_cached: int | None, timings: dict | None) -> None:
+    def finish(self, reason: str, n_prompt: int, n_cached: int | None, timings: dict | None,
+               n_generated: int | None = None) -> None:
+        """A task's end; ``timings`` as the engine reports them (its decode rate, or the
+        decode time from which ``n_generated`` tokens give one)."""
         with self._lock:
             self.finished[reason] = self.finished.get(reason, 0) + 1
             self.prompt_tokens += int(n_prompt or 0)
             self.cached_prompt_tokens += int(n_cached or 0)
             timings = timings or {}
-            decode_ms, n = timings.get("decode_ms"), timings.get("n_decoded", timings.get("n_generated"))
-            if decode_ms and n and decode_ms > 0:
-                self.decode_rate.observe(n / (decode_ms / 1000.0))
+            rate = timings.get("tokens_per_s")
+            if not rate or rate <= 0:
+                decode_ms = timings.get("decode_ms")
+                rate = n_generated / (decode_ms / 1000.0) if decode_ms and n_generated and decode_ms > 0 else None
+            if rate and rate > 0 and rate != float("inf"):
+                self.decode_rate.observe(rate)
 
     def snapshot(self) -> dict:
         with self._lock:

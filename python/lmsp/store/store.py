@@ -214,6 +214,15 @@ class Store:
             return conn.execute("SELECT 1 FROM clients WHERE id = ? AND revoked_at IS NULL",
                                 (client_id,)).fetchone() is not None
 
+    def task_counts(self) -> dict[str, int]:
+        """The tasks in the store by state, every state named (0 where there are none):
+        one count over ``tasks_status``, for ``/metrics``."""
+        counts = dict.fromkeys(st.STATES, 0)
+        with self._db.read() as conn:
+            for status, n in conn.execute("SELECT status, count(*) FROM tasks GROUP BY status"):
+                counts[status] = n
+        return counts
+
     def list_clients(self) -> list[dict]:
         with self._db.read() as conn:
             return [obj.client_object(r) for r in conn.execute("SELECT * FROM clients ORDER BY id")]
