@@ -124,6 +124,12 @@ def test_cancel_replay(user, scripted):
     again = user.post(f"/v1/responses/{rid}/cancel", headers={KEY: "c-1"})
     assert first.status_code == again.status_code == 200
     assert again.headers["Idempotent-Replayed"] == "true" and again.json == first.json
+    # no body and an empty object are the same request (the body is optional)
+    with_body = user.post(f"/v1/responses/{rid}/cancel", headers={KEY: "c-1"}, json={})
+    assert with_body.status_code == 200 and with_body.headers["Idempotent-Replayed"] == "true"
+    user.post(f"/v1/responses/{rid}/cancel", headers={KEY: "c-2"}, json={})
+    without = user.post(f"/v1/responses/{rid}/cancel", headers={KEY: "c-2"})
+    assert without.status_code == 200 and without.headers["Idempotent-Replayed"] == "true"
 
 
 def test_errors_release_the_key(user):

@@ -31,8 +31,9 @@ def key_of(req: falcon.Request) -> str | None:
 
 
 def fingerprint(client_id: str | None, method: str, path: str, body) -> str:
-    """sha256 of the canonical JSON of client, method, path and body (the store's definition)."""
-    return store_fingerprint(client_id, method, path, body)
+    """sha256 of the canonical JSON of client, method, path and body (the store's definition).
+    A POST whose body is optional: no body and ``{}`` are the same request."""
+    return store_fingerprint(client_id, method, path, {} if body is None else body)
 
 
 def run(store, req: falcon.Request, client_id: str, body,
