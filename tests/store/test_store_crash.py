@@ -11,7 +11,8 @@ import time
 import pytest
 
 import store_children
-from lmsp.store import RECOVERY, Store, UNFINISHED
+from lmsp.store import UNFINISHED, Store
+from store_checks import SPEC_RECOVERY
 
 KILLS = 50
 
@@ -92,7 +93,7 @@ def test_sigkill_at_random_moments_loses_no_acknowledged_write(db_path):
                 page = store.list_tasks(limit=100, after=page["last_id"])
             store.recover(startup=True)
             for tid, cell in leftovers.items():
-                assert store.get_task(tid)["status"] == RECOVERY[cell]
+                assert store.get_task(tid)["status"] == SPEC_RECOVERY[cell]
                 recovered_cells.add(cell)
         finally:
             store.close()

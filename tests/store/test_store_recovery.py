@@ -4,9 +4,10 @@ from __future__ import annotations
 import pytest
 
 from lmsp.store import RECOVERY
-from store_checks import all_events, assert_consistent, assert_gapless, event_types
+from store_checks import SPEC_RECOVERY, all_events, assert_consistent, assert_gapless, event_types
 
 EXPECTED_EVENT = {"failed": "response.failed", "cancelled": "response.cancelled"}
+CLOSING = ["response.output_text.done", "response.content_part.done", "response.output_item.done"]
 
 
 def put_in_state(store, make_task, state: str, policy: str) -> str:
@@ -25,6 +26,10 @@ def put_in_state(store, make_task, state: str, policy: str) -> str:
     return tid
 
 
+def test_the_stores_table_is_the_contracts():
+    assert RECOVERY == SPEC_RECOVERY
+
+
 @pytest.mark.parametrize("policy", ["fail", "retry", "resume"])
 @pytest.mark.parametrize("state", ["queued", "loading", "running", "cancelling"])
 def test_recovery_table_cell(store, make_task, state, policy):
@@ -32,18 +37,25 @@ def test_recovery_table_cell(store, make_task, state, policy):
     assert store.get_task(tid)["status"] == state
     before = store.last_sequence(tid)
     report = store.recover(startup=True)
-    target = RECOVERY[(state, policy)]
+    target = SPEC_RECOVERY[(state, policy)]
     task = store.get_task(tid)
     assert task["status"] == target
     new = all_events(store, tid)[before:]
     assert_gapless(store, tid)
     assert_consistent(store, tid)
-    assert len(new) == 1  # the new state and exactly one event, in one transaction
+    closing = []
+    if state in ("running", "cancelling") and target in ("failed", "cancelled"):
+        # the output item its first delta opened is closed first: incomplete, with the text so far
+        closing, new = new[:3], new[3:]
+        assert [e["type"] for e in closing] == CLOSING
+        assert closing[0]["text"] == "Hel" and closing[2]["item"]["status"] == "incomplete"
+    assert len(new) == 1  # the new state and exactly one event of it, in one transaction
     event = new[0]
-    assert event["sequence_number"] == before + 1
+    assert event["sequence_number"] == before + 1 + len(closing)
     if target == "failed":
         assert report["failed"] == [tid]
         assert event["type"] == "response.failed"
+        assert event["error"]["code"] == "server_restarted"  # B.6: response.failed with error
         assert task["error"]["code"] == "server_restarted"
         assert event["response"]["status"] == "failed"
         assert event["response"]["error"]["code"] == "server_restarted"

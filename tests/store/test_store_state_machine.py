@@ -14,8 +14,8 @@ from hypothesis import strategies as stt
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
 from lmsp.errors import IllegalTransition, TaskFinished
-from lmsp.store import FINISHED, RECOVERY, TRANSITIONS, ClaimLost, Store
-from store_checks import assert_consistent
+from lmsp.store import FINISHED, TRANSITIONS, ClaimLost, Store
+from store_checks import SPEC_RECOVERY, SPEC_TRANSITIONS, assert_consistent
 
 WORKERS = ("w1", "w2", "w3")
 LEASE = 10.0
@@ -110,7 +110,7 @@ class StoreMachine(RuleBasedStateMachine):
         t = self.tasks[tid]
         if t["status"] == target and t["owner"] == worker:
             expected = None  # already there (a resumed task): nothing happens
-        elif t["status"] != target and target not in TRANSITIONS[t["status"]]:
+        elif t["status"] != target and target not in SPEC_TRANSITIONS[t["status"]]:
             expected = IllegalTransition
         elif t["owner"] != worker:
             expected = ClaimLost
@@ -239,7 +239,7 @@ class StoreMachine(RuleBasedStateMachine):
         expected = {"failed": [], "requeued": [], "resumed": [], "cancelled": []}
         for tid in tids:
             t = self.tasks[tid]
-            target = RECOVERY[(t["status"], t["policy"])]
+            target = SPEC_RECOVERY[(t["status"], t["policy"])]
             key = {"failed": "failed", "cancelled": "cancelled", "queued": "requeued", "running": "resumed"}[target]
             expected[key].append(tid)
             if target in FINISHED:
@@ -284,3 +284,7 @@ def test_random_operations_keep_every_rule(tmp_path):
     run_state_machine_as_test(StoreMachine, settings=settings(
         max_examples=60, stateful_step_count=40, deadline=None, database=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
+
+
+def test_the_stores_transitions_are_the_contracts():
+    assert {state: set(targets) for state, targets in TRANSITIONS.items()} == SPEC_TRANSITIONS

@@ -386,7 +386,9 @@ def test_a_step_after_someone_else_wrote_the_task_rereads_it(store, running_task
     assert result["skipped"] == [tid]
     other.close()
     assert store.output_text(tid) == "ab"
-    assert event_types(store, tid)[-3:] == ["task.cancelling", "response.output_text.delta", "response.cancelled"]
+    assert event_types(store, tid)[-6:] == ["task.cancelling", "response.output_text.delta",
+                                            "response.output_text.done", "response.content_part.done",
+                                            "response.output_item.done", "response.cancelled"]
     assert_consistent(store, tid)
 
 

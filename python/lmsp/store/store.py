@@ -393,7 +393,21 @@ class Store:
         task["last_seq"] += 1
         payload = {"response": self._render_response(conn, response, task)}
         task["last_seq"] -= 1
+        if etype == "response.failed":  # B.6: the event carries its error
+            payload["error"] = payload["response"]["error"]
         self._emit(conn, task, etype, now, payload)
+
+    def _close_item(self, conn: sqlite3.Connection, task: dict, now: float, status: str, text: str,
+                    response: sqlite3.Row | None = None) -> None:
+        """The three events that close the open output item with ``text`` as its content."""
+        if response is None:
+            response = self._response_row(conn, task["response_id"])
+        base = {"item_id": response["item_id"], "output_index": 0, "content_index": 0}
+        self._emit(conn, task, "response.output_text.done", now, {**base, "text": text})
+        self._emit(conn, task, "response.content_part.done", now, {**base, "part": obj.output_part(text)})
+        self._emit(conn, task, "response.output_item.done", now, {
+            "output_index": 0, "item": obj.output_item(response["item_id"], status, text)})
+        task["item_open"] = 0
 
     @staticmethod
     def _save(conn: sqlite3.Connection, task: dict) -> None:
@@ -411,8 +425,11 @@ class Store:
 
     def _finish(self, conn: sqlite3.Connection, task: dict, target: str, now: float, *,
                 error: dict | None = None) -> None:
-        """Move to a finished state and release the claim (the caller writes the event)."""
+        """Move to a finished state and release the claim (the caller writes the final
+        event). An output item still open is closed first, ``incomplete``."""
         self._move(task, target)
+        if task["item_open"]:
+            self._close_item(conn, task, now, "incomplete", self._attempt_text(conn, task))
         task.update(finished_at=now, owner=None, lease_expires=None, pending_tokens="", kv_path=None,
                     error=None if error is None else _dumps(error))
 
@@ -876,52 +893,6 @@ class Store:
                 cache.pop(item["task_id"], None)
             raise
         return self._stepped(result, cache, with_events)
-        # the fast path's states before the step, taken once (other threads may update the
-        # cache meanwhile): the tasks this process last wrote as ``owner`` whose items do
-        # not finish them. The others (new to this process, ending) go through their rows,
-        # in the same transaction.
-        known: dict[str, tuple] = {}
-        checked: set[str] = set()
-        for item in items:
-            tid = item["task_id"]
-            finish = item.get("finish")
-            if finish is not None:
-                if finish not in FINISHES:
-                    raise ValueError(f"unknown finish {finish!r}")
-                checked.add(tid)
-            elif tid not in checked and tid not in known:
-                state = cache.get(tid, _NO_ENTRY)
-                if state[0] == owner:
-                    known[tid] = state
-                else:
-                    checked.add(tid)
-        for tid in checked:
-            known.pop(tid, None)
-        if checked:
-            fast_items = [item for item in items if item["task_id"] in known]
-            rest = [item for item in items if item["task_id"] not in known]
-        else:  # the usual step: every task known, nothing to split
-            fast_items, rest = items, []
-        try:
-            result = None
-            if fast_items and steady is None:
-                # the rows follow from the states taken above alone: made before the write lock
-                fast = self._fast_rows(owner, fast_items, known, now)
-                try:
-                    with self._db.write() as conn:
-                        result = self._step_fast(conn, *fast)
-                        if rest:
-                            result = self._merge_steps(result, self._step_checked(conn, owner, rest, now))
-                except _StaleStep:  # rolled back; redone below from the rows
-                    result = None
-            if result is None:
-                with self._db.write() as conn:
-                    result = self._step_checked(conn, owner, items, self._clock())
-        except BaseException:
-            for item in items:
-                cache.pop(item["task_id"], None)
-            raise
-        return self._stepped(result, cache, with_events)
 
     def _stepped(self, result: tuple, cache: dict, with_events: bool) -> dict:
         """A written step's outcome; the tasks' new states go to the cache."""
@@ -1148,12 +1119,8 @@ class Store:
             error = item.get("error") or {"code": "server_error", "message": "generation failed"}
             error = {"code": str(error.get("code") or "server_error"), "message": str(error.get("message") or "")}
         if task["item_open"]:
-            item_status = "completed" if etype == "response.completed" else "incomplete"
-            base = {"item_id": response["item_id"], "output_index": 0, "content_index": 0}
-            self._emit(conn, task, "response.output_text.done", now, {**base, "text": text})
-            self._emit(conn, task, "response.content_part.done", now, {**base, "part": obj.output_part(text)})
-            self._emit(conn, task, "response.output_item.done", now, {
-                "output_index": 0, "item": obj.output_item(response["item_id"], item_status, text)})
+            self._close_item(conn, task, now, "completed" if etype == "response.completed" else "incomplete",
+                             text, response)
         usage = item.get("usage")
         conn.execute("UPDATE responses SET output_text = ?, usage = ?, incomplete_reason = ? WHERE id = ?",
                      (text, None if usage is None else _dumps(usage), reason, response["id"]))
