@@ -47,9 +47,16 @@ def test_newer_database_is_refused_untouched(db_path):
     conn.close()
     with pytest.raises(StoreError, match="newer"):
         Store.open(db_path)
-    conn = sqlite3.connect(db_path)
+    conn = sqlite3.connect(db_path, isolation_level=None)
     assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION + 1
-    conn.close()
+    # the newer service writing at that moment: the same answer, not a lock timeout
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(StoreError, match="newer"):
+            Store.open(db_path, busy_timeout=0.2)
+    finally:
+        conn.execute("ROLLBACK")
+        conn.close()
 
 
 def test_a_file_that_is_not_a_database_is_refused(db_path):

@@ -176,6 +176,12 @@ def user_version(conn: sqlite3.Connection) -> int:
     return int(conn.execute("PRAGMA user_version").fetchone()[0])
 
 
+def _check_not_newer(version: int, path: str) -> None:
+    if version > SCHEMA_VERSION:
+        raise StoreError(f"{path} has schema version {version}, newer than this service understands "
+                         f"({SCHEMA_VERSION}); upgrade lmsp or use another data directory")
+
+
 def migrate(conn: sqlite3.Connection, *, target: int = SCHEMA_VERSION, path: str = "database") -> list[int]:
     """Bring the database to ``target``; return the versions applied.
 
@@ -183,16 +189,15 @@ def migrate(conn: sqlite3.Connection, *, target: int = SCHEMA_VERSION, path: str
     its ``user_version`` bump, so concurrent openers apply it exactly once.
     """
     applied: list[int] = []
-    if user_version(conn) == target:  # the common case needs no write lock
+    found = user_version(conn)
+    if found == target:  # the common case needs no write lock
         return applied
+    _check_not_newer(found, path)  # before the lock: a newer service may be writing
     while True:
         conn.execute("BEGIN IMMEDIATE")
         try:
             version = user_version(conn)
-            if version > SCHEMA_VERSION:
-                raise StoreError(
-                    f"{path} has schema version {version}, newer than this service understands "
-                    f"({SCHEMA_VERSION}); upgrade lmsp or use another data directory")
+            _check_not_newer(version, path)
             if version >= target:
                 conn.execute("COMMIT")
                 return applied
