@@ -3,7 +3,9 @@ validation of every field, isolation between clients."""
 from __future__ import annotations
 
 import json
+import time
 
+import falcon.testing
 import pytest
 from api_helpers import assert_error, parse_sse
 
@@ -98,6 +100,31 @@ def test_store_false_is_deleted_once_delivered(user):
     streamed = parse_sse(create(user, store=False, stream=True).text)
     rid = streamed[0]["data"]["response"]["id"]
     assert_error(user.get(f"/v1/responses/{rid}"), 404, "not_found")
+
+
+def test_store_false_is_deleted_when_its_client_leaves_the_stream(app, user, scripted, store):
+    """The client of a store: false stream goes away before the end: its task is
+    cancelled and, once it has ended, the response is deleted all the same."""
+    scripted.auto = False  # nobody runs the task: the stream waits on it
+    body = json.dumps({"model": "tiny", "input": "hi", "stream": True, "store": False}).encode()
+    env = falcon.testing.create_environ("/v1/responses", method="POST", body=body,
+                                        headers={"Authorization": f"Bearer {user.token}",
+                                                 "Content-Type": "application/json"})
+    started = []
+    frames = app(env, lambda status, headers, exc_info=None: started.append(status))
+    first = next(iter(frames))  # response.created
+    assert started == ["200 OK"] and b"response.created" in first
+    rid = parse_sse(first.decode())[0]["data"]["response"]["id"]
+    frames.close()  # the client went away
+    deadline = time.monotonic() + 30  # a guard only: the deletion follows the cancel's commit
+    while True:
+        got = user.get(f"/v1/responses/{rid}")
+        if got.status_code == 404:
+            break
+        assert got.json["status"] in ("queued", "cancelled"), got.json
+        assert time.monotonic() < deadline, "the response was not deleted"
+        time.sleep(0.02)
+    assert_error(got, 404, "not_found")
 
 
 BAD_FIELDS = [

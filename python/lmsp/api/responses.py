@@ -8,6 +8,7 @@ answer.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 
 import falcon
@@ -36,6 +37,7 @@ MAX_MESSAGES = 10_000
 MAX_TEXT = 4_000_000          # characters in one message; the body cap comes first anyway
 MAX_STOP = 16
 MAX_METADATA = 16
+FORGET_WAIT_SECONDS = 600.0   # how long a store:false response whose client left waits for its task to end
 WATCHED_WAIT_SECONDS = 5.0    # a wait the runtime ends when the task moves; the time-out is a fallback
 
 
@@ -282,10 +284,33 @@ class ResponsesService:
         return self._then_forget(frames, task_id, forget_response, client_id)
 
     def _then_forget(self, frames, task_id, response_id, client_id):
-        yield from frames
+        try:
+            yield from frames
+        except GeneratorExit:  # the client left: its task was cancelled, forget it once it ends
+            threading.Thread(target=self._forget_when_finished, args=(task_id, response_id, client_id),
+                             name="lmsp-forget", daemon=True).start()
+            raise
         task = self.deps.store.get_task(task_id, client_id)
         if task["status"] in FINISHED_TASK_STATES:
             self.forget(response_id, client_id)
+
+    def _forget_when_finished(self, task_id: str, response_id: str, client_id: str | None) -> None:
+        """``store: false`` with nobody left to deliver it to: delete the response when its
+        (cancelled) task has ended, waiting at most FORGET_WAIT_SECONDS. A greenlet under
+        gevent, where threading is patched."""
+        deadline = self.deps.monotonic() + FORGET_WAIT_SECONDS
+        try:
+            while self.deps.monotonic() < deadline:
+                task = self.deps.store.get_task(task_id, client_id)
+                if task["status"] in FINISHED_TASK_STATES:
+                    self.forget(response_id, client_id)
+                    return
+                runtime = self.deps.runtime
+                runtime.wait_for_commit(task_id, task["last_sequence_number"],
+                                        WATCHED_WAIT_SECONDS if getattr(runtime, "watches_store", False)
+                                        else POLL_SECONDS)
+        except LMSPError as exc:  # deleted meanwhile, a store that stays busy: nothing to forget now
+            log.info("response %s not deleted after its client left: %s", response_id, exc.message)
 
 
 def _replayed(headers: dict | None = None) -> dict:
