@@ -6,9 +6,12 @@ the stored digest is compared again in constant time.
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
+import os
 import secrets
+from pathlib import Path
 
 from lmsp.errors import InsufficientScope, InvalidRequest, Unauthorized
 
@@ -43,6 +46,79 @@ def normalize_code(code: str) -> str:
 
 def hash_code(code: str) -> str:
     return hashlib.sha256(normalize_code(code).encode("utf-8")).hexdigest()
+
+
+# -- values derived instead of stored -----------------------------------------------------
+# A pairing code or a token made under an Idempotency-Key is derived from the key and a
+# secret of the service (HMAC-SHA256), so that a retry is answered with the same value
+# (B.8) while the store keeps only its digest, as for every other code and token.
+
+SECRET_NAME = "service.key"
+_SECRET_BYTES = 32
+_secrets: dict[str, bytes] = {}
+
+
+def service_secret(data_dir) -> bytes:
+    """The service's secret: 32 random bytes in ``DATA_DIR/service.key`` (mode 0600),
+    made on first use. Read once per process."""
+    path = Path(data_dir) / SECRET_NAME
+    known = _secrets.get(str(path))
+    if known is not None:
+        return known
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        data = _make_secret(path)
+    if len(data) != _SECRET_BYTES:
+        raise RuntimeError(f"{path} is not a service key of {_SECRET_BYTES} bytes; remove it and a new one is made")
+    _secrets[str(path)] = data
+    return data
+
+
+def _make_secret(path: Path) -> bytes:
+    """Written whole under a temporary name, then linked into place: of processes making
+    it at once, the first link wins and every one reads that."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, secrets.token_bytes(_SECRET_BYTES))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, path)
+        folder = os.open(path.parent, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+    except FileExistsError:
+        pass
+    finally:
+        os.unlink(tmp)
+    return path.read_bytes()
+
+
+def _derive(secret: bytes, purpose: str, scope: str, key: str) -> bytes:
+    message = "\0".join((purpose, scope, key)).encode("utf-8")  # none of them holds NUL
+    return hmac.new(secret, message, hashlib.sha256).digest()
+
+
+def derived_pairing_code(secret: bytes, scope: str, key: str) -> str:
+    """The pairing code a request of ``scope`` (the admin's client id) with Idempotency-Key
+    ``key`` makes: 60 bits of the HMAC, in the form of :func:`new_pairing_code`."""
+    n = int.from_bytes(_derive(secret, "lmsp pairing code", scope, key)[:8], "big")
+    symbols = [_CODE_ALPHABET[(n >> (5 * i)) & 31] for i in range(_CODE_GROUPS * _CODE_GROUP_LEN)]
+    return "-".join("".join(symbols[i:i + _CODE_GROUP_LEN])
+                    for i in range(0, len(symbols), _CODE_GROUP_LEN))
+
+
+def derived_token(secret: bytes, scope: str, key: str) -> str:
+    """The token a redemption of ``scope`` (its code's digest) with Idempotency-Key ``key``
+    makes: 32 bytes of the HMAC, in the form of :func:`new_token`."""
+    digest = _derive(secret, "lmsp client token", scope, key)
+    return TOKEN_PREFIX + base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
 
 def constant_time_equal(a: str, b: str) -> bool:

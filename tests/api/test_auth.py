@@ -111,6 +111,45 @@ def test_pairing_flow(admin, anon, app):
     assert_error(new.get("/v1/responses"), 401, "unauthorized")
 
 
+def test_pairing_requests_are_idempotent_without_storing_their_secrets(admin, anon, app, store, config, clock):
+    """B.8 on both pairing routes: a retry with the key gets the same code, the same token,
+    and makes nothing new; another request under the key is 422. The store holds neither
+    the code nor the token (B.2): they are derived from the key and the service's secret."""
+    headers = {"Idempotency-Key": "pair-1"}
+    made = admin.post("/v1/pairings", json={"name": "desk"}, headers=headers)
+    again = admin.post("/v1/pairings", json={"name": "desk"}, headers=headers)
+    assert made.status_code == again.status_code == 201
+    assert again.headers["Idempotent-Replayed"] == "true" and again.json == made.json
+    assert_error(admin.post("/v1/pairings", json={"name": "other"}, headers=headers), 422, "idempotency_key_reused")
+    code = made.json["code"]
+    other = admin.post("/v1/pairings", json={"name": "desk"}, headers={"Idempotency-Key": "pair-2"}).json["code"]
+    assert other != code
+
+    body = {"code": code, "client_name": "desk"}
+    paired = anon.post("/v1/pair", json=body, headers={"Idempotency-Key": "redeem-1"})
+    replay = anon.post("/v1/pair", json=body, headers={"Idempotency-Key": "redeem-1"})
+    assert paired.status_code == replay.status_code == 201
+    assert replay.headers["Idempotent-Replayed"] == "true" and replay.json == paired.json
+    assert Api(app, replay.json["token"]).get("/v1/responses").status_code == 200
+    assert [c["name"] for c in admin.get("/v1/clients").json["data"]].count("desk") == 1  # one client
+    # the code is spent: under another key, or none, it is refused as before
+    assert_error(anon.post("/v1/pair", json=body, headers={"Idempotency-Key": "redeem-2"}), 400,
+                 "invalid_request", param="code")
+    assert_error(anon.post("/v1/pair", json=body), 400, "invalid_request", param="code")
+    # nothing secret in the database
+    import sqlite3
+    with sqlite3.connect(config.db_path) as conn:
+        rows = "\n".join(str(row) for table in ("idempotency_keys", "pairings", "clients")
+                         for row in conn.execute(f"SELECT * FROM {table}"))
+    assert code not in rows and auth.normalize_code(code) not in rows and paired.json["token"] not in rows
+    secret = config.data_dir / auth.SECRET_NAME
+    assert secret.stat().st_mode & 0o777 == 0o600 and len(secret.read_bytes()) == 32
+    # a key answers a retry for as long as a code lives, not a day
+    clock.advance(config.pairing_ttl_seconds + 1)
+    late = anon.post("/v1/pair", json=body, headers={"Idempotency-Key": "redeem-1"})
+    assert_error(late, 400, "invalid_request", param="code")
+
+
 def test_pairing_defaults_and_validation(admin):
     made = admin.post("/v1/pairings")
     assert made.status_code == 201
@@ -200,3 +239,17 @@ def test_a_revoked_clients_open_stream_ends(app, store, scripted, admin, monkeyp
     assert len(checks) >= 2
     # the task is not cancelled: its stored answer stays for an admin
     assert store.get_task(store.task_id_for_response(rid, None))["status"] == "queued"
+
+
+def _read_secret(folder: str) -> bytes:
+    return auth.service_secret(folder)
+
+
+def test_the_service_secret_is_made_once_whoever_asks_first(tmp_path):
+    import multiprocessing
+    folder = tmp_path / "data"
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        made = pool.map(_read_secret, [str(folder)] * 8)
+    assert len(set(made)) == 1 and len(made[0]) == 32
+    assert auth.service_secret(folder) == made[0]
+    assert sorted(p.name for p in folder.iterdir()) == [auth.SECRET_NAME]  # no temporary file left

@@ -38,7 +38,12 @@ class PairingService:
     def __init__(self, deps: Deps) -> None:
         self.deps = deps
 
-    def create_code(self, body: dict) -> dict:
+    def check_create(self, body: dict) -> None:
+        """What :meth:`create_code` refuses, before an Idempotency-Key is taken."""
+        reject_unknown(body, ("scopes", "name", "expires_in"))
+
+    def create_code(self, body: dict, code: str | None = None) -> dict:
+        """A new pairing code (``code``: the one derived from the request's key)."""
         reject_unknown(body, ("scopes", "name", "expires_in"))
         scopes = body.get("scopes")
         scopes = DEFAULT_PAIRING_SCOPES if scopes is None else auth.validate_scopes(scopes)
@@ -46,7 +51,7 @@ class PairingService:
         ttl = self.deps.config.pairing_ttl_seconds
         expires_in = get_int(body, "expires_in", default=ttl, minimum=1, maximum=max(ttl, 86400))
         now = self.deps.clock()
-        code = auth.new_pairing_code()
+        code = code or auth.new_pairing_code()
         expires_at = int(now) + expires_in
         row = self.deps.store.create_pairing(code_hash=auth.hash_code(code), scopes=scopes,
                                              expires_at=expires_at, name=name)
@@ -56,12 +61,12 @@ class PairingService:
             out["id"] = row["id"]
         return out
 
-    def redeem(self, body: dict) -> dict:
-        reject_unknown(body, ("code", "client_name"))
-        code = get_str(body, "code", required=True, max_len=100)
+    def redeem(self, body: dict, token: str | None = None) -> dict:
+        """A client for the body's code (``token``: the one derived from the request's key)."""
+        code = self.code_of(body)
         client_name = _printable(get_str(body, "client_name", required=True, max_len=200), "client_name")
         store, config = self.deps.store, self.deps.config
-        token = auth.new_token()
+        token = token or auth.new_token()
         try:
             client = store.redeem_pairing(code_hash=auth.hash_code(code), client_name=client_name,
                                           token_hash=auth.hash_token(token),
@@ -74,6 +79,18 @@ class PairingService:
         return {"object": "client_token", "client_id": client["id"], "client_name": client["name"],
                 "token": token, "scopes": list(client["scopes"])}
 
+    @staticmethod
+    def code_of(body: dict) -> str:
+        reject_unknown(body, ("code", "client_name"))
+        return get_str(body, "code", required=True, max_len=100)
+
+    def key_ttl(self) -> float:
+        """How long a pairing request's Idempotency-Key answers a retry: the life of a
+        code, at most the service's key lifetime (a code with its key gives the
+        value again, so not for longer than a retry needs)."""
+        config = self.deps.config
+        return min(float(config.pairing_ttl_seconds), float(config.idempotency_ttl_hours) * 3600.0)
+
 
 class PairingsResource:
     """``POST /v1/pairings`` (admin): a one-time pairing code."""
@@ -85,9 +102,17 @@ class PairingsResource:
         self.service = PairingService(deps)
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        idempotency.key_of(req)  # validated; codes are shown once and never recorded
+        key = idempotency.key_of(req)
         body = self.deps.body(req, optional=True) or {}
-        set_json(resp, self.service.create_code(body), 201)
+        self.service.check_create(body)
+        client_id = caller(req)["id"]
+        # under a key, the code is derived from it: a retry is answered with the same code,
+        # which the store never holds (B.2: digests only)
+        code = None if key is None else auth.derived_pairing_code(
+            auth.service_secret(self.deps.config.data_dir), client_id, key)
+        idempotency.answer(self.deps.store, req, resp, client_id, body,
+                           lambda: (201, self.service.create_code(body, code)),
+                           ttl=self.service.key_ttl(), secret=None if code is None else ("code", code))
 
 
 class PairResource:
@@ -100,9 +125,17 @@ class PairResource:
         self.service = PairingService(deps)
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        idempotency.key_of(req)  # validated; tokens are shown once and never recorded
+        key = idempotency.key_of(req)
         body = self.deps.body(req)
-        set_json(resp, self.service.redeem(body), 201)
+        if key is None:
+            set_json(resp, self.service.redeem(body), 201)
+            return
+        # no client yet: the key belongs to the code (its digest), and the token is derived
+        # from both, so a retry after a lost answer gets the same token, which the store never holds
+        scope = "pair:" + auth.hash_code(self.service.code_of(body))
+        token = auth.derived_token(auth.service_secret(self.deps.config.data_dir), scope, key)
+        idempotency.answer(self.deps.store, req, resp, scope, body, lambda: (201, self.service.redeem(body, token)),
+                           ttl=self.service.key_ttl(), secret=("token", token))
 
 
 class ClientsResource:

@@ -37,26 +37,34 @@ def fingerprint(client_id: str | None, method: str, path: str, body) -> str:
 
 
 def run(store, req: falcon.Request, client_id: str, body,
-        action: Callable[[], tuple[int, dict]]) -> tuple[int, dict, bool]:
+        action: Callable[[], tuple[int, dict]], *, ttl: float | None = None,
+        secret: tuple[str, str] | None = None) -> tuple[int, dict, bool]:
     """Run ``action`` (returns status and body) under the request's key, if any.
 
-    Returns ``(status, body, replayed)``.
+    ``secret``: ``(field, value)``, a field of the answer that is not recorded
+    (a pairing code, a token: the store keeps digests only); a replay gets
+    ``value`` in it, which the caller derived from the key (``lmsp.auth``) as
+    the action did. ``ttl``: how long the key is kept, if not the service's
+    setting. Returns ``(status, body, replayed)``.
     """
     key = key_of(req)
     if key is None:
         status, out = action()
         return status, out, False
     fp = fingerprint(client_id, req.method, req.path, body)
-    replay = store.idempotency_begin(client_id, key, fp)
+    replay = store.idempotency_begin(client_id, key, fp, ttl=ttl)
     if replay is not None:
         status, out = replay
+        if secret is not None:
+            out = {**out, secret[0]: secret[1]}
         return status, out, True
     try:
         status, out = action()
     except BaseException:
         store.idempotency_abort(client_id, key)
         raise
-    store.idempotency_finish(client_id, key, status, out)
+    kept = out if secret is None else {k: v for k, v in out.items() if k != secret[0]}
+    store.idempotency_finish(client_id, key, status, kept)
     return status, out, False
 
 
@@ -65,9 +73,9 @@ def replayed_header(replayed: bool) -> dict | None:
 
 
 def answer(store, req: falcon.Request, resp: falcon.Response, client_id: str, body,
-           action: Callable[[], tuple[int, dict]]) -> None:
+           action: Callable[[], tuple[int, dict]], **options) -> None:
     """:func:`run` the action and write its JSON answer, marked when replayed."""
     from .common import set_json
 
-    status, out, replayed = run(store, req, client_id, body, action)
+    status, out, replayed = run(store, req, client_id, body, action, **options)
     set_json(resp, out, status, replayed_header(replayed))

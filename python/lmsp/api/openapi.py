@@ -231,13 +231,15 @@ def _paths() -> dict:
             "description": "OpenAPI 3.1", "content": {"application/json": {"schema": {"type": "object"}}}}},
             scope=None)},
         "/v1/pairings": {"post": _op("Make a one-time pairing code",
-                                     {"201": _json("Pairing", "The code, shown once")}, scope="admin",
+                                     {"201": _json("Pairing", "The code; a retry under the same "
+                                                   "Idempotency-Key gets it again")}, scope="admin",
                                      params=(IDEMPOTENCY,), body="PairingRequest", optional_body=True,
-                                     errors=body_errors)},
+                                     errors=body_errors + ("409", "422"))},
         "/v1/pair": {"post": _op("Redeem a pairing code for a client token",
-                                 {"201": _json("ClientToken", "The new client and its token, shown once")},
+                                 {"201": _json("ClientToken", "The new client and its token; a retry "
+                                               "under the same Idempotency-Key gets them again")},
                                  scope=None, params=(IDEMPOTENCY,), body="PairRequest",
-                                 errors=body_errors + ("429",))},
+                                 errors=body_errors + ("409", "422", "429"))},
         "/v1/clients": {"get": _op("Paired clients", {"200": _json("ClientList", "Clients")}, scope="admin")},
         "/v1/clients/{client_id}": {
             "get": _op("A client", {"200": _json("Client", "The client")}, scope="admin", params=(client_id,),

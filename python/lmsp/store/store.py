@@ -542,8 +542,10 @@ class Store:
             raise IdempotencyKeyInUse("the request with this Idempotency-Key is still running")
         return {"response": response, "task": obj.task_object(task), "replay": (200, response)}
 
-    def idempotency_begin(self, client_id: str | None, key: str, fingerprint: str) -> tuple[int, dict] | None:
-        """For a generic POST: None = go ahead (a 'processing' row is now held), else ``(status, body)``."""
+    def idempotency_begin(self, client_id: str | None, key: str, fingerprint: str, *,
+                          ttl: float | None = None) -> tuple[int, dict] | None:
+        """For a generic POST: None = go ahead (a 'processing' row is now held), else ``(status, body)``.
+        ``ttl``: seconds the key is kept, if not the service's ``idempotency_ttl``."""
         with self._db.write() as conn:
             now = self._clock()
             row = conn.execute("SELECT * FROM idempotency_keys WHERE client_id = ? AND key = ?",
@@ -560,7 +562,8 @@ class Store:
                     raise IdempotencyKeyInUse("this Idempotency-Key belongs to a response request")
             conn.execute("INSERT OR REPLACE INTO idempotency_keys (client_id, key, fingerprint, state, created_at,"
                          " expires_at) VALUES (?,?,?,'processing',?,?)",
-                         (client_id or "", key, fingerprint, now, now + self.idempotency_ttl))
+                         (client_id or "", key, fingerprint, now,
+                          now + (self.idempotency_ttl if ttl is None else float(ttl))))
             return None
 
     def idempotency_finish(self, client_id: str | None, key: str, status: int, body: dict) -> None:
