@@ -8,6 +8,23 @@ these directly, so nothing in between needs to translate.
 from __future__ import annotations
 
 
+# The error code of a refusal that carries only an HTTP status: Falcon's own errors
+# (unknown route, wrong method) and what the HTTP server refuses before the app
+# sees the request (lmsp.gunicorn_worker).
+HTTP_CODES = {
+    400: "invalid_request", 401: "unauthorized", 403: "insufficient_scope", 404: "not_found",
+    405: "method_not_allowed", 406: "not_acceptable", 409: "conflict", 411: "length_required",
+    413: "payload_too_large", 414: "uri_too_long", 415: "unsupported_media_type",
+    417: "expectation_failed", 422: "invalid_request", 429: "rate_limited",
+    431: "headers_too_large", 500: "internal_error", 501: "not_implemented", 503: "unavailable",
+}
+
+
+def code_for_status(status: int) -> str:
+    """The error code for an HTTP status alone (:data:`HTTP_CODES`)."""
+    return HTTP_CODES.get(status, "invalid_request" if status < 500 else "internal_error")
+
+
 class LMSPError(Exception):
     status = 400
     code = "invalid_request"

@@ -7,7 +7,7 @@ import time
 import falcon
 
 from lmsp import auth
-from lmsp.errors import LMSPError
+from lmsp.errors import LMSPError, code_for_status
 from lmsp.ids import new_id
 
 from .common import dumps, set_json
@@ -83,14 +83,6 @@ class Authentication:
 
 # -- error handlers ---------------------------------------------------------
 
-_HTTP_CODES = {
-    400: "invalid_request", 401: "unauthorized", 403: "insufficient_scope", 404: "not_found",
-    405: "method_not_allowed", 406: "not_acceptable", 409: "conflict", 411: "length_required",
-    413: "payload_too_large", 414: "uri_too_long", 415: "unsupported_media_type",
-    422: "invalid_request", 429: "rate_limited", 431: "headers_too_large", 503: "unavailable",
-}
-
-
 def handle_lmsp_error(req: falcon.Request, resp: falcon.Response, ex: LMSPError, params) -> None:
     resp.stream = None
     set_json(resp, ex.body(), ex.status, ex.headers, ascii_only=True)
@@ -101,7 +93,7 @@ def handle_lmsp_error(req: falcon.Request, resp: falcon.Response, ex: LMSPError,
 def handle_http_error(req: falcon.Request, resp: falcon.Response, ex: falcon.HTTPError, params) -> None:
     """Falcon's own errors (unknown route, 405, bad query string) as B.1 bodies."""
     status = ex.status_code
-    code = _HTTP_CODES.get(status, "invalid_request" if status < 500 else "internal_error")
+    code = code_for_status(status)
     if status == 404:
         message = f"no route for {req.method} {req.path}"
     elif status == 405:
