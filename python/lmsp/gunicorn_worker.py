@@ -8,24 +8,196 @@ after the fork. Until then the object is an ``AsyncWorker``, the class
 gunicorn's gevent worker is built on (same constructor, no gevent), and
 ``init_process``, the first thing a forked worker runs, makes it the real
 one and continues as it.
+
+The real one differs from gunicorn's in two ways: a SIGTERM first drains this
+process's runtimes, and what gunicorn answers itself (a request it cannot
+parse, one over its size limits, an exception that escapes the app) gets the
+JSON error body of LMSP B.1 instead of gunicorn's HTML page.
 """
 from __future__ import annotations
 
+import http
+import json
+import ssl
+from datetime import datetime
+
+from gunicorn import util
+from gunicorn.http import errors as http_errors
 from gunicorn.workers.base_async import AsyncWorker
 
+from lmsp.errors import code_for_status
+from lmsp.ids import new_id
 
-_draining_class = None
+
+_serving_class = None
+
+# what a message may quote of the request (a header name, a method): this many characters at most
+_QUOTE_MAX = 40
 
 
-def _draining(worker_class):
-    """gunicorn's gevent worker, which on SIGTERM (a stop, a reload's old worker)
-    first tells this process's runtimes to claim no more tasks: its connections
-    may keep it alive for gunicorn's whole graceful timeout, and a task it
-    claimed meanwhile would wait for its lease to run out instead of going to
-    another worker at once."""
-    global _draining_class
-    if _draining_class is None:
-        class Draining(worker_class):
+def _quote(value) -> str:
+    """A short, printable rendering of something the client sent."""
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    if isinstance(value, tuple):
+        value = ".".join(str(part) for part in value)
+    text = "".join(ch if " " <= ch < "\x7f" else "?" for ch in str(value))
+    return text if len(text) <= _QUOTE_MAX else text[:_QUOTE_MAX] + "..."
+
+
+def _header_message(exc) -> str:
+    name = str(getattr(exc, "hdr", "") or "")
+    upper = name.upper()
+    if upper == "CONTENT-LENGTH":
+        return "the Content-Length header is invalid, repeated or sent along with Transfer-Encoding"
+    if upper == "TRANSFER-ENCODING":
+        return "the Transfer-Encoding header is invalid (it must end with chunked, once)"
+    if "bare LF" in name:
+        return "a header line ends with a bare LF (lines must end with CRLF)"
+    if isinstance(exc, http_errors.InvalidHeaderName):
+        return f"invalid header field name: {_quote(name)}"
+    return f"invalid header field: {_quote(name)}"
+
+
+def _limit_message(exc, cfg) -> str:
+    what = str(exc)
+    if what == "limit request headers fields":
+        return f"the request has more than {cfg.limit_request_fields} header fields"
+    if what == "limit request headers fields size":
+        return f"a request header field is longer than {cfg.limit_request_field_size} bytes"
+    if "trailer" in what:
+        return "the request's trailer section is too large"
+    return "the request's header section is too large"
+
+
+def refusal(exc, cfg) -> tuple[int, str]:
+    """The HTTP status and the message for an exception that gunicorn answers
+    itself: the status gunicorn's own ``Worker.handle_error`` gives it, and a
+    message that names the problem and quotes no more than a few characters of
+    the request. Anything that is not the client's fault is a 500 (the caller
+    adds the request id to its message)."""
+    e = http_errors
+    if isinstance(exc, (e.InvalidResponseHeader, e.InvalidResponseHeaderName)):  # the app's fault
+        return 500, "internal error"
+    if isinstance(exc, e.InvalidRequestLine):
+        return 400, "invalid HTTP request line"
+    if isinstance(exc, e.InvalidRequestMethod):
+        return 400, f"invalid HTTP method: {_quote(exc.method)}"
+    if isinstance(exc, e.InvalidHTTPVersion):
+        return 400, f"unsupported HTTP version: {_quote(exc.version)} (the service speaks HTTP/1.0 and 1.1)"
+    if isinstance(exc, e.UnsupportedTransferCoding):
+        return 501, f"unsupported transfer coding: {_quote(exc.hdr)}"
+    if isinstance(exc, e.ObsoleteFolding):
+        return 400, f"obsolete line folding in header field {_quote(exc.hdr)}"
+    if isinstance(exc, (e.InvalidHeaderName, e.InvalidHeader)):
+        return 400, _header_message(exc)
+    if isinstance(exc, e.LimitRequestLine):
+        return 414, f"the request line is longer than {cfg.limit_request_line} bytes"
+    if isinstance(exc, e.ExpectationFailed):
+        return 417, "unsupported Expect header (only 100-continue is accepted)"
+    if isinstance(exc, e.LimitRequestHeaders):
+        return 431, _limit_message(exc, cfg)
+    if isinstance(exc, e.InvalidChunkSize):
+        return 400, "invalid chunked body: a chunk size is not a hexadecimal number"
+    if isinstance(exc, e.ChunkMissingTerminator):
+        return 400, "invalid chunked body: a chunk does not end with CRLF"
+    if isinstance(exc, e.InvalidChunkExtension):
+        return 400, "invalid chunked body: invalid chunk extension"
+    if isinstance(exc, e.InvalidSchemeHeaders):
+        return 400, "contradictory scheme headers (X-Forwarded-Proto and the like)"
+    if isinstance(exc, e.InvalidProxyLine):
+        return 400, "invalid PROXY protocol line"
+    if isinstance(exc, e.ForbiddenProxyRequest):
+        return 403, "PROXY protocol requests are not accepted from this address"
+    if isinstance(exc, e.InvalidH2CPreface):
+        return 400, "expected the HTTP/2 connection preface"
+    if isinstance(exc, e.ConfigurationProblem):  # the server's, not the client's
+        return 500, "internal error"
+    if isinstance(exc, ssl.SSLError):
+        return 403, "TLS handshake failed"
+    if isinstance(exc, e.ParseException):  # one this list does not know yet
+        status = getattr(exc, "code", 400)
+        return (status, "malformed HTTP request") if isinstance(status, int) and 400 <= status < 500 \
+            else (500, "internal error")
+    return 500, "internal error"
+
+
+# reason phrases where RFC 9110 renamed what Python's http.HTTPStatus still calls otherwise
+_REASONS = {413: "Content Too Large", 414: "URI Too Long"}
+
+
+def error_response(status: int, code: str, message: str, request_id: str, *, body: bool = True) -> bytes:
+    """A whole HTTP/1.1 response carrying the B.1 error body; the connection closes after it."""
+    payload = json.dumps({"error": {"code": code, "message": message, "param": None}},
+                         ensure_ascii=True, separators=(",", ":")).encode("ascii")
+    reason = _REASONS.get(status) or http.HTTPStatus(status).phrase
+    head = (f"HTTP/1.1 {status} {reason}\r\n"
+            "Connection: close\r\n"
+            "Content-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n"
+            f"X-Request-Id: {request_id}\r\n"
+            "\r\n").encode("ascii")
+    return head + payload if body else head
+
+
+class JSONErrors:
+    """``handle_error`` of gunicorn's worker with a B.1 body instead of an HTML page.
+
+    gunicorn calls it for a request it refuses while parsing (a bad request line
+    or header, limits, a bad chunked body met while draining it) and for an
+    exception that escapes the app before the response started. The status is
+    the one gunicorn would send; a 500 says nothing but its request id, and its
+    traceback goes to the log.
+    """
+
+    def handle_error(self, req, client, addr, exc) -> None:
+        started = datetime.now()
+        addr = addr or ("", -1)  # a unix socket
+        status, message = refusal(exc, self.cfg)
+        request_id = new_id("req")
+        if status == 500:  # the server's fault (501 is a transfer coding the client chose)
+            message = f"{message} (request id {request_id})"
+            what = " ".join(str(getattr(req, attr)) for attr in ("method", "uri") if hasattr(req, attr))
+            self.log.exception("Error handling request %s (request id %s)", what or "(no URI read)", request_id)
+        else:
+            self.log.warning("Invalid request from ip=%s: %s (answered %s, request id %s)",
+                             addr[0], exc, status, request_id)
+        if req is None and hasattr(exc, "req") and not isinstance(exc, http_errors.InvalidRequestLine):
+            req = exc.req
+        data = error_response(status, code_for_status(status), message, request_id,
+                              body=getattr(req, "method", None) != "HEAD")
+        if req is not None and hasattr(req, "method"):
+            self._access(req, client, addr, status, len(data), started)
+        try:
+            util.write_nonblock(client, data)
+        except Exception:
+            self.log.debug("Failed to send error message.")
+
+    def _access(self, req, client, addr, status: int, length: int, started: datetime) -> None:
+        """The access log line gunicorn writes for the refused request."""
+        from gunicorn.http.wsgi import Response, default_environ
+
+        try:
+            environ = default_environ(req, client, self.cfg)
+            environ["REMOTE_ADDR"] = addr[0]
+            environ["REMOTE_PORT"] = str(addr[1])
+            resp = Response(req, client, self.cfg)
+            resp.status = f"{status} {_REASONS.get(status) or http.HTTPStatus(status).phrase}"
+            resp.response_length = length
+            self.log.access(resp, req, environ, datetime.now() - started)
+        except Exception:
+            self.log.debug("Failed to log the refused request.", exc_info=True)
+
+
+def _serving(worker_class):
+    """gunicorn's gevent worker with B.1 error bodies (:class:`JSONErrors`), which on
+    SIGTERM (a stop, a reload's old worker) first tells this process's runtimes to
+    claim no more tasks: its connections may keep it alive for gunicorn's whole
+    graceful timeout, and a task it claimed meanwhile would wait for its lease to
+    run out instead of going to another worker at once."""
+    global _serving_class
+    if _serving_class is None:
+        class Serving(JSONErrors, worker_class):
             def handle_exit(self, sig, frame) -> None:
                 from lmsp.runtime import core
 
@@ -33,9 +205,9 @@ def _draining(worker_class):
                     runtime.drain()
                 super().handle_exit(sig, frame)
 
-        Draining.__name__ = Draining.__qualname__ = worker_class.__name__
-        _draining_class = Draining
-    return _draining_class
+        Serving.__name__ = Serving.__qualname__ = worker_class.__name__
+        _serving_class = Serving
+    return _serving_class
 
 
 class GeventWorker(AsyncWorker):
@@ -44,5 +216,5 @@ class GeventWorker(AsyncWorker):
     def init_process(self) -> None:
         from gunicorn.workers.ggevent import GeventWorker as Worker
 
-        self.__class__ = _draining(Worker)
+        self.__class__ = _serving(Worker)
         Worker.init_process(self)
