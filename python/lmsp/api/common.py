@@ -21,6 +21,11 @@ from lmsp.hubsafe import gevent_active
 from lmsp.errors import (InvalidJSON, InvalidRequest, NotFound, PayloadTooLarge, RequestTimeout,
                          UnsupportedMediaType)
 
+try:  # what gunicorn raises while it reads a body for the app: a malformed chunked body, a body cut short
+    from gunicorn.http.errors import NoMoreData as _BodyCutShort, ParseException as _MalformedBody
+except ImportError:  # pragma: no cover - another WSGI server
+    _BodyCutShort = _MalformedBody = ()
+
 log = logging.getLogger("lmsp.api")
 
 JSON_TYPE = "application/json"
@@ -84,12 +89,20 @@ def read_body(req: falcon.Request, max_bytes: int, timeout: float | None = None)
 
     Under gevent the whole body must arrive within ``timeout`` seconds (else
     408 and the connection is closed), so clients that trickle bodies cannot
-    hold the worker's connections.
+    hold the worker's connections. A body the server cannot decode (a malformed
+    chunk) or that ends early is the client's fault: 400, never a 500.
     """
     length = req.content_length
     if length is not None and length > max_bytes:
         raise PayloadTooLarge(f"the request body is larger than {max_bytes} bytes")
-    data = _read_with_deadline(req, max_bytes + 1, timeout)
+    try:
+        data = _read_with_deadline(req, max_bytes + 1, timeout)
+    except _MalformedBody:
+        raise InvalidRequest("the request body's chunked encoding is invalid (a chunk size, "
+                             "chunk end, extension or trailer)", headers={"Connection": "close"}) from None
+    except _BodyCutShort:
+        raise InvalidRequest("the request body was cut short: the connection closed before its end",
+                             headers={"Connection": "close"}) from None
     if len(data) > max_bytes:
         raise PayloadTooLarge(f"the request body is larger than {max_bytes} bytes")
     return data
