@@ -9,10 +9,11 @@ gunicorn's gevent worker is built on (same constructor, no gevent), and
 ``init_process``, the first thing a forked worker runs, makes it the real
 one and continues as it.
 
-The real one differs from gunicorn's in two ways: a SIGTERM first drains this
-process's runtimes, and what gunicorn answers itself (a request it cannot
+The real one differs from gunicorn's in three ways: a SIGTERM first drains
+this process's runtimes; what gunicorn answers itself (a request it cannot
 parse, one over its size limits, an exception that escapes the app) gets the
-JSON error body of LMSP B.1 instead of gunicorn's HTML page.
+JSON error body of LMSP B.1 instead of gunicorn's HTML page; and the app's
+``Connection: close`` closes the connection.
 """
 from __future__ import annotations
 
@@ -189,15 +190,44 @@ class JSONErrors:
             self.log.debug("Failed to log the refused request.", exc_info=True)
 
 
+def _closing(app):
+    """``app`` with its ``Connection: close`` obeyed.
+
+    gunicorn drops the hop-by-hop headers a WSGI app sends, so an app that
+    answers a request whose body it could not read (too slow, malformed, cut
+    short) cannot close the connection by saying so. This wrapper tells
+    gunicorn's response (the object behind ``start_response``) to close
+    instead, which also makes gunicorn send ``Connection: close``."""
+
+    def wsgi(environ, start_response):
+        def start(status, headers, exc_info=None):
+            for name, value in headers:
+                if name.lower() == "connection" and value.strip().lower() == "close":
+                    force_close = getattr(getattr(start_response, "__self__", None), "force_close", None)
+                    if force_close is not None:
+                        force_close()
+                    break
+            return start_response(status, headers, exc_info)
+
+        return app(environ, start)
+
+    return wsgi
+
+
 def _serving(worker_class):
-    """gunicorn's gevent worker with B.1 error bodies (:class:`JSONErrors`), which on
-    SIGTERM (a stop, a reload's old worker) first tells this process's runtimes to
-    claim no more tasks: its connections may keep it alive for gunicorn's whole
-    graceful timeout, and a task it claimed meanwhile would wait for its lease to
-    run out instead of going to another worker at once."""
+    """gunicorn's gevent worker with B.1 error bodies (:class:`JSONErrors`) and the
+    app's ``Connection: close`` obeyed (:func:`_closing`), which on SIGTERM (a stop,
+    a reload's old worker) first tells this process's runtimes to claim no more
+    tasks: its connections may keep it alive for gunicorn's whole graceful
+    timeout, and a task it claimed meanwhile would wait for its lease to run out
+    instead of going to another worker at once."""
     global _serving_class
     if _serving_class is None:
         class Serving(JSONErrors, worker_class):
+            def load_wsgi(self) -> None:
+                super().load_wsgi()
+                self.wsgi = _closing(self.wsgi)
+
             def handle_exit(self, sig, frame) -> None:
                 from lmsp.runtime import core
 
