@@ -353,6 +353,25 @@ def cmd_quantize(args) -> int:
 
 
 # ---------------------------------------------------------------------- parser
+class _CommandParser(argparse.ArgumentParser):
+    """A command's parser: options and positionals in any order (``models add --data-dir
+    DIR FILE --id ID``), and what it cannot parse refused with the command's own usage."""
+
+    _intermixed = False
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._intermixed:  # the passes of parse_known_intermixed_args itself
+            return super().parse_known_args(args, namespace)
+        self._intermixed = True
+        try:
+            namespace, extras = self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixed = False
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--data-dir", default=None, help="the data directory (env LMSP_DATA_DIR; default ./data)")
@@ -360,7 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="lmsp", description="A durable local model service (LMSP 1.0).")
     parser.add_argument("--version", action="version", version=f"lmsp {__import__('lmsp').__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_CommandParser)
 
     p = sub.add_parser("serve", parents=[common], help="run the service (gunicorn, gevent workers)")
     p.add_argument("--bind", default=None, help="HOST:PORT (env LMSP_BIND; default 127.0.0.1:8080)")

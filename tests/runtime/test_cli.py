@@ -54,6 +54,29 @@ def test_bad_input_is_a_clear_error(run):
         assert run("gc", "--retention-days", days, ok=False)["error"]["code"] == "command_failed"
 
 
+def test_options_may_come_before_the_positionals(run, config, demo_model_path, capsys):
+    data = str(config.data_dir)
+    added = run("models", "add", "--data-dir", data, str(demo_model_path), "--id", "llama")  # the README's order
+    assert added["id"] == "llama"
+    store = open_store(config)
+    try:
+        created = store.create_task(client_id=None, model="m", request={"model": "m", "input": "x"},
+                                    on_restart="fail", background=True, stream=False)
+        code = auth.new_pairing_code()
+        store.create_pairing(code_hash=auth.hash_code(code), scopes=["models:read"], expires_at=2**40, name=None)
+        client = store.redeem_pairing(code_hash=auth.hash_code(code), client_name="c",
+                                      token_hash=auth.hash_token(auth.new_token()))
+    finally:
+        store.close()
+    assert run("tasks", "show", "--data-dir", data, created["task"]["id"])["id"] == created["task"]["id"]
+    assert run("clients", "revoke", "--data-dir", data, client["id"])["revoked_at"] is not None
+    with pytest.raises(SystemExit) as exc:  # a wrong command: refused with the command's own usage
+        cli.main(["models", "list", "--bogus", "--data-dir", data])
+    assert exc.value.code == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "usage: lmsp models" in err and "unrecognized arguments: --bogus" in err
+
+
 def test_doctor_reads_a_data_directory_whose_path_needs_escaping(capsys, tmp_path, monkeypatch):
     for name in list(os.environ):
         if name.startswith("LMSP_"):
