@@ -10,7 +10,8 @@
     lmsp quantize SRC DST --type TYPE [--threads N]           a model's weights written again in TYPE
 
 Every command takes ``--data-dir`` (or ``LMSP_DATA_DIR``). The operator
-commands work on the store directly (no server needed); with ``--json`` each
+commands work on the store directly (no server needed), but only on a database
+the service (or ``lmsp prepare``) made: they never create one; with ``--json`` each
 prints exactly one JSON object on stdout. Errors go to stderr (or, with
 ``--json``, as ``{"error": {...}}``) with exit status 1.
 """
@@ -49,10 +50,19 @@ def _load_config(args) -> _config.Config:
         raise CommandError(f"configuration: {exc}") from None
 
 
+def _database(cfg):
+    """The data directory's database, which the operator commands never create: one made
+    anywhere else than where the service runs would take pairing codes it never sees."""
+    if not cfg.db_path.is_file():
+        raise CommandError(f"no database at {cfg.db_path}; start the service there first or run `lmsp prepare`")
+    return cfg.db_path
+
+
 def _open_store(cfg):
     from .runtime import open_store
     from .runtime.service import ensure_dirs
 
+    _database(cfg)
     ensure_dirs(cfg)
     return open_store(cfg)
 
@@ -123,7 +133,6 @@ def cmd_serve(args) -> int:
         env["LMSP_WORKERS"] = str(args.workers)
     if args.log_level is not None:
         env["LMSP_LOG_LEVEL"] = args.log_level
-    private_umask()  # for gunicorn too: the database holds every client's prompts and answers
     cfg.data_dir.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "gunicorn", "--config", "python:lmsp.gunicorn_conf"]
     sys.stdout.flush()
@@ -138,7 +147,6 @@ def cmd_prepare(args) -> int:
     from lmsp.runtime.service import StartupError, open_store, prepare
 
     cfg = _load_config(args)
-    umask = private_umask()
     try:
         lock = hold_data_dir(cfg.data_dir)  # no service may run on the directory meanwhile
         try:
@@ -151,8 +159,6 @@ def cmd_prepare(args) -> int:
             os.close(lock)
     except (DataDirInUse, StartupError) as exc:
         raise CommandError(str(exc)) from None
-    finally:
-        os.umask(umask)
     counts = {key: len(value) for key, value in report.items() if isinstance(value, list)}
     _print(args, {"recovered": counts},
            "start-up recovery: " + (", ".join(f"{k} {v}" for k, v in counts.items() if v) or "nothing to do"))
@@ -294,9 +300,7 @@ def cmd_doctor(args) -> int:
     from .runtime import ModelRegistry, file_digest
 
     cfg = _load_config(args)
-    db_path = cfg.db_path
-    if not db_path.exists():
-        raise CommandError(f"no database at {db_path}")
+    db_path = _database(cfg)
     # as a URI (read-only), with '#', '?' and '%' in the path escaped
     conn = sqlite3.connect(db_path.resolve().as_uri() + "?mode=ro", uri=True, timeout=cfg.busy_timeout)
     try:
@@ -440,6 +444,10 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    # what any command makes (the database and its directories, a model file) is the service
+    # user's alone: the database holds every client's prompts and answers, the data directory
+    # the admin token; `serve` execs gunicorn with this mask
+    umask = private_umask()
     try:
         return args.func(args)
     except (CommandError, LMSPError, StoreError, OSError, sqlite3.Error, ValueError) as exc:
@@ -452,6 +460,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
+    finally:
+        os.umask(umask)
 
 
 if __name__ == "__main__":  # pragma: no cover

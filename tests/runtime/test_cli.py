@@ -16,6 +16,7 @@ def run(config, capsys, monkeypatch):
     for name in list(os.environ):
         if name.startswith("LMSP_"):
             monkeypatch.delenv(name)
+    open_store(config).close()  # the database the service makes at its first start
 
     def run(*args, ok=True):
         rc = cli.main([*args, "--data-dir", str(config.data_dir), "--json"])
@@ -75,6 +76,39 @@ def test_options_may_come_before_the_positionals(run, config, demo_model_path, c
     assert exc.value.code == cli.EXIT_USAGE
     err = capsys.readouterr().err
     assert "usage: lmsp models" in err and "unrecognized arguments: --bogus" in err
+
+
+def test_commands_refuse_a_data_directory_without_a_database(capsys, tmp_path, monkeypatch):
+    """A database made there would take pairing codes that the service never sees."""
+    for name in list(os.environ):
+        if name.startswith("LMSP_"):
+            monkeypatch.delenv(name)
+    data = tmp_path / "x" / "y"
+    for command in (["pair", "--scopes", "admin"], ["clients"], ["clients", "revoke", "cli_x"], ["models"],
+                    ["models", "remove", "m"], ["tasks"], ["tasks", "cancel", "task_x"], ["gc"], ["doctor"]):
+        assert cli.main([*command, "--data-dir", str(data), "--json"]) == cli.EXIT_ERROR, command
+        message = json.loads(capsys.readouterr().out)["error"]["message"]
+        assert message == (f"no database at {data / 'lmsp.db'}; start the service there first "
+                           "or run `lmsp prepare`"), command
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_commands_make_files_for_the_service_user_alone(capsys, tmp_path, monkeypatch):
+    for name in list(os.environ):
+        if name.startswith("LMSP_"):
+            monkeypatch.delenv(name)
+    data = tmp_path / "data"
+    before = os.umask(0o022)
+    try:
+        assert cli.main(["prepare", "--data-dir", str(data), "--json"]) == 0
+        shutil.rmtree(data / "snapshots")
+        assert cli.main(["pair", "--data-dir", str(data), "--scopes", "admin", "--json"]) == 0
+        assert os.umask(0o022) == 0o022  # the caller's mask is left as it was
+    finally:
+        os.umask(before)
+    capsys.readouterr()
+    made = [data, data / "lmsp.db", data / "snapshots", *data.glob("lmsp.db-*")]
+    assert {str(p): oct(p.stat().st_mode & 0o077) for p in made} == {str(p): "0o0" for p in made}
 
 
 def test_doctor_reads_a_data_directory_whose_path_needs_escaping(capsys, tmp_path, monkeypatch):
