@@ -389,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bind", default=None, help="HOST:PORT (env LMSP_BIND; default 127.0.0.1:8080)")
     p.add_argument("--model", default=None, help="a GGUF file to register (id = its name) and serve")
     p.add_argument("--workers", type=int, default=None, help="worker processes (each holds its own model copy)")
-    p.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", default=None, choices=_config.LOG_LEVELS)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("prepare", parents=[common],

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 DURABILITY = ("full", "normal", "off")
 RESTART_POLICIES = ("fail", "retry", "resume")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 # set in the environment by the gunicorn master once start-up recovery ran, so
@@ -96,7 +98,23 @@ class Config:
                 raise ValueError(f"{name} must be at least 1")
         if self.max_output_tokens > self.max_output_tokens_cap:
             raise ValueError("max_output_tokens must not exceed max_output_tokens_cap")
+        if self.log_level.lower() not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}")
+        if not _bind_ok(self.bind):
+            raise ValueError(f"bind must be HOST:PORT, [IPV6]:PORT or unix:PATH (a port from 0 to 65535), "
+                             f"not {self.bind!r}")
         return self
+
+
+def _bind_ok(bind: str) -> bool:
+    """``bind`` is an address gunicorn takes (``unix:PATH``, ``fd://N``, ``[tcp://]HOST:PORT``),
+    with its port stated (gunicorn would take a bare word as a host name on port 8000)."""
+    if re.match(r"unix:(//)?", bind):
+        return bool(re.split(r"unix:(//)?", bind)[-1])
+    if bind.startswith("fd://"):
+        return re.fullmatch(r"[0-9]+", bind[5:]) is not None
+    address = re.fullmatch(r"(\[[^\]]+\]|[^:\[\]]*):([0-9]{1,5})", bind.removeprefix("tcp://"))
+    return address is not None and int(address.group(2)) <= 65535
 
 
 _TRUE = frozenset({"1", "true", "yes", "on"})

@@ -111,6 +111,26 @@ def test_commands_make_files_for_the_service_user_alone(capsys, tmp_path, monkey
     assert {str(p): oct(p.stat().st_mode & 0o077) for p in made} == {str(p): "0o0" for p in made}
 
 
+def test_serve_checks_its_settings_before_anything_is_written(capsys, tmp_path, monkeypatch):
+    for name in list(os.environ):
+        if name.startswith("LMSP_"):
+            monkeypatch.delenv(name)
+
+    def execve(*args):
+        raise AssertionError("gunicorn was started")
+
+    monkeypatch.setattr(os, "execve", execve)
+    data = tmp_path / "data"
+    for bind in ("127.0.0.1:99999", "garbage"):
+        assert cli.main(["serve", "--data-dir", str(data), "--bind", bind]) == cli.EXIT_ERROR
+        assert f"bind must be HOST:PORT, [IPV6]:PORT or unix:PATH (a port from 0 to 65535), not {bind!r}" in (
+            capsys.readouterr().err)
+    monkeypatch.setenv("LMSP_LOG_LEVEL", "bogus")
+    assert cli.main(["serve", "--data-dir", str(data)]) == cli.EXIT_ERROR
+    assert "log_level must be one of" in capsys.readouterr().err
+    assert not data.exists()
+
+
 def test_doctor_reads_a_data_directory_whose_path_needs_escaping(capsys, tmp_path, monkeypatch):
     for name in list(os.environ):
         if name.startswith("LMSP_"):

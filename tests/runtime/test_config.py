@@ -25,3 +25,14 @@ def test_batch_invariance_is_on_unless_turned_off(tmp_path):
     with pytest.raises(ValueError, match="batch_invariant must be true or false"):
         config_mod.load(env={"LMSP_BATCH_INVARIANT": "sometimes"}, data_dir=str(tmp_path))
     assert config_mod.load(env={"LMSP_PREFIX_CACHE": "off"}, data_dir=str(tmp_path)).prefix_cache is False
+
+
+def test_the_log_level_and_the_address_are_checked(tmp_path):
+    assert config_mod.load(env={"LMSP_LOG_LEVEL": "WARNING"}, data_dir=str(tmp_path)).log_level == "WARNING"
+    with pytest.raises(ValueError, match="log_level must be one of debug, info, warning, error, critical, not 'bogus'"):
+        config_mod.load(env={"LMSP_LOG_LEVEL": "bogus"}, data_dir=str(tmp_path))
+    for bind in ("127.0.0.1:8080", "[::1]:0", "localhost:65535", "unix:/run/lmsp.sock", "tcp://0.0.0.0:80", "fd://3"):
+        assert config_mod.load(env={"LMSP_BIND": bind}, data_dir=str(tmp_path)).bind == bind
+    for bind in ("127.0.0.1:99999", "garbage", "127.0.0.1:", "unix:", "::1:8080", "[::1]", "host:-1"):
+        with pytest.raises(ValueError, match="bind must be HOST:PORT, \\[IPV6\\]:PORT or unix:PATH"):
+            config_mod.load(env={"LMSP_BIND": bind}, data_dir=str(tmp_path))
