@@ -121,23 +121,33 @@ _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
 
-def _coerce(f: dataclasses.Field, raw):
+def _coerce(f: dataclasses.Field, raw, source: str | None = None):
+    """``raw`` as the field's type; a value that is not one is refused, naming the setting
+    and where it came from (``source``: the file or the environment variable)."""
     kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
     if raw is None:
         return None
+    where = f"{source}: " if source else ""
     if kind.startswith("bool"):
         if isinstance(raw, bool):
             return raw
         word = str(raw).strip().lower()
         if word in _TRUE or word in _FALSE:
             return word in _TRUE
-        raise ValueError(f"{f.name} must be true or false, not {raw!r}")
+        raise ValueError(f"{where}{f.name} must be true or false, not {raw!r}")
     if "Path" in kind:
+        if not isinstance(raw, (str, os.PathLike)):
+            raise ValueError(f"{where}{f.name} must be a path, not {raw!r}")
         return Path(raw)
-    if kind.startswith("int"):
-        return int(raw)
-    if kind.startswith("float"):
-        return float(raw)
+    if kind.startswith("int") or kind.startswith("float"):
+        whole = kind.startswith("int")
+        try:
+            if isinstance(raw, bool) or (whole and isinstance(raw, float)):
+                raise ValueError
+            return int(raw) if whole else float(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}{f.name} must be {'a whole number' if whole else 'a number'}, "
+                             f"not {raw!r}") from None
     return str(raw)
 
 
@@ -148,16 +158,22 @@ def load(env: dict[str, str] | None = None, **overrides) -> Config:
     values: dict = {}
     data_dir = overrides.get("data_dir") or env.get("LMSP_DATA_DIR") or Config.data_dir
     path = Path(env.get("LMSP_CONFIG") or Path(data_dir) / "lmsp.toml")
+    if env.get("LMSP_CONFIG") and not path.is_file():
+        raise ValueError(f"LMSP_CONFIG: no such file: {path}")
     if path.is_file():
         with path.open("rb") as fh:
-            for key, raw in tomllib.load(fh).items():
-                if key not in known:
-                    raise ValueError(f"{path}: unknown setting {key!r}")
-                values[key] = _coerce(known[key], raw)
+            try:
+                table = tomllib.load(fh)
+            except tomllib.TOMLDecodeError as exc:
+                raise ValueError(f"{path}: {exc}") from None
+        for key, raw in table.items():
+            if key not in known:
+                raise ValueError(f"{path}: unknown setting {key!r}")
+            values[key] = _coerce(known[key], raw, str(path))
     for name, f in known.items():
         raw = env.get(f"LMSP_{name.upper()}")
         if raw not in (None, ""):
-            values[name] = _coerce(f, raw)
+            values[name] = _coerce(f, raw, f"LMSP_{name.upper()}")
     for name, raw in overrides.items():
         if raw is not None:
             values[name] = _coerce(known[name], raw)

@@ -36,3 +36,28 @@ def test_the_log_level_and_the_address_are_checked(tmp_path):
     for bind in ("127.0.0.1:99999", "garbage", "127.0.0.1:", "unix:", "::1:8080", "[::1]", "host:-1"):
         with pytest.raises(ValueError, match="bind must be HOST:PORT, \\[IPV6\\]:PORT or unix:PATH"):
             config_mod.load(env={"LMSP_BIND": bind}, data_dir=str(tmp_path))
+
+
+def test_a_bad_value_names_its_setting_and_where_it_came_from(tmp_path):
+    toml = tmp_path / "lmsp.toml"
+    for text, message in (('workers = ', f"{toml}: Invalid value (at line 1, column 11)"),
+                          ('workers = "two"', f"{toml}: workers must be a whole number, not 'two'"),
+                          ('workers = 2.5', f"{toml}: workers must be a whole number, not 2.5"),
+                          ('retention_days = "long"', f"{toml}: retention_days must be a number, not 'long'"),
+                          ('data_dir = 3', f"{toml}: data_dir must be a path, not 3")):
+        toml.write_text(text + "\n")
+        with pytest.raises(ValueError) as exc:
+            config_mod.load(env={}, data_dir=str(tmp_path))
+        assert str(exc.value) == message
+    toml.write_text("workers = 2\nretention_days = 1\n")
+    cfg = config_mod.load(env={}, data_dir=str(tmp_path))
+    assert (cfg.workers, cfg.retention_days) == (2, 1.0)
+    with pytest.raises(ValueError) as exc:
+        config_mod.load(env={"LMSP_WORKERS": "abc"}, data_dir=str(tmp_path))
+    assert str(exc.value) == "LMSP_WORKERS: workers must be a whole number, not 'abc'"
+    with pytest.raises(ValueError) as exc:
+        config_mod.load(env={"LMSP_CONFIG": str(tmp_path / "nonexistent.toml")}, data_dir=str(tmp_path))
+    assert str(exc.value) == f"LMSP_CONFIG: no such file: {tmp_path / 'nonexistent.toml'}"
+    other = tmp_path / "other.toml"
+    other.write_text("workers = 3\n")
+    assert config_mod.load(env={"LMSP_CONFIG": str(other)}, data_dir=str(tmp_path)).workers == 3
