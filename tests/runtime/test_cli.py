@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -221,3 +223,14 @@ def test_quantize_writes_a_smaller_model(run, config, tmp_path):
                                               "q9", ok=False)["error"]["message"]
     assert run("quantize", "missing.gguf", str(tmp_path / "x.gguf"), "--type", "q8_0", ok=False)["error"]
     assert not (tmp_path / "x.gguf").exists() and not (tmp_path / "again.gguf").exists()
+
+
+def test_dev_serve_help_answers_without_setting_anything_up(tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LMSP_")}
+    env["LMSP_VENV"] = str(tmp_path / "venv")
+    done = subprocess.run([str(root / "scripts" / "dev"), "serve", "--help"], env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: lmsp serve") and "--bind" in done.stdout
+    assert not (tmp_path / "venv").exists()
