@@ -10,7 +10,7 @@ from e2e_helpers import check_log, deltas, sse_events
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "reliability"))
 
-from rel_harness import start_nginx, stop_process  # noqa: E402
+from rel_harness import NGINX_SITE, start_nginx, stop_process  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -69,3 +69,35 @@ def test_metrics_stay_on_the_machine(nginx, path):
 
     assert status("127.0.0.1") == 200
     assert status("127.0.0.2") == 403
+
+
+def test_the_shipped_site_passes_nginx_t(tmp_path):
+    """The whole site as shipped, but for its certificate's paths, is accepted by the nginx
+    installed (Debian 12's 1.22 knows no "http2 on;")."""
+    import shutil
+    import subprocess
+
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    if not Path(nginx).exists():
+        pytest.fail("nginx is not installed (scripts/dev test installs it where it can)")
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl to make a certificate with")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                    "/CN=lmsp.example.lan", "-keyout", str(tmp_path / "lmsp.key"), "-out", str(tmp_path / "lmsp.pem")],
+                   check=True, capture_output=True)
+    site = NGINX_SITE.read_text().replace("/etc/ssl/certs/lmsp.pem", str(tmp_path / "lmsp.pem"))
+    (tmp_path / "site.conf").write_text(site.replace("/etc/ssl/private/lmsp.key", str(tmp_path / "lmsp.key")))
+    (tmp_path / "nginx.conf").write_text(f"""
+pid {tmp_path}/nginx.pid;
+error_log {tmp_path}/error.log;
+events {{}}
+http {{
+    access_log off;
+    client_body_temp_path {tmp_path};
+    proxy_temp_path {tmp_path};
+    include {tmp_path}/site.conf;
+}}
+""")
+    done = subprocess.run([nginx, "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf"),
+                           "-e", str(tmp_path / "error.log")], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
