@@ -341,11 +341,16 @@ def cmd_quantize(args) -> int:
     from . import native
 
     src = _model_path(_load_config(args), args.src)
+    folder = os.path.dirname(os.path.abspath(args.dst))
+    if not os.path.isdir(folder):
+        raise CommandError(f"cannot write {args.dst}: no such directory: {folder}")
+    if os.path.isdir(args.dst):
+        raise CommandError(f"cannot write {args.dst}: it is a directory (name the file to write)")
     if os.path.exists(args.dst) and not args.force:
         raise CommandError(f"{args.dst} exists (--force replaces it)")
     started = time.monotonic()
     try:
-        native.quantize(src, args.dst, args.type, args.threads)
+        native.quantize(src, args.dst, args.type.lower(), args.threads)  # Q8_0 as `lmsp models` shows it
         info = native.read_gguf_info(args.dst)
     except native.NativeError as exc:
         raise CommandError(str(exc)) from None
@@ -430,8 +435,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("quantize", parents=[common], help="write a GGUF model again with its weights in another type")
     p.add_argument("src", help="the GGUF model to read (a name inside the models directory will do)")
     p.add_argument("dst", help="the GGUF file to write")
-    p.add_argument("--type", required=True, help="the weights' type as llama.cpp names it: q4_k_m, q5_k_m, q6_k, "
-                   "q8_0, f16, ... (lmsp.native.QUANTIZE_TYPES)")
+    p.add_argument("--type", required=True, help="the weights' type as llama.cpp names it, in any case: q4_k_m, "
+                   "q5_k_m, q6_k, q8_0, f16, ... (lmsp.native.QUANTIZE_TYPES)")
     p.add_argument("--threads", type=int, default=0, help="threads to quantize on (default: one per core)")
     p.add_argument("--force", action="store_true", help="replace DST if it exists")
     p.set_defaults(func=cmd_quantize)

@@ -223,6 +223,12 @@ def test_quantize_writes_a_smaller_model(run, config, tmp_path):
                                               "q9", ok=False)["error"]["message"]
     assert run("quantize", "missing.gguf", str(tmp_path / "x.gguf"), "--type", "q8_0", ok=False)["error"]
     assert not (tmp_path / "x.gguf").exists() and not (tmp_path / "again.gguf").exists()
+    assert run("quantize", "small-f16.gguf", str(tmp_path / "no" / "x.gguf"), "--type", "q8_0", ok=False)[
+        "error"]["message"] == f"cannot write {tmp_path / 'no' / 'x.gguf'}: no such directory: {tmp_path / 'no'}"
+    assert run("quantize", "small-f16.gguf", str(tmp_path), "--type", "q8_0", "--force", ok=False)["error"][
+        "message"] == f"cannot write {tmp_path}: it is a directory (name the file to write)"
+    upper = run("quantize", "small-f16.gguf", str(tmp_path / "upper.gguf"), "--type", "Q8_0")  # as `models` shows it
+    assert upper["quantization"] == "Q8_0"
 
 
 def test_dev_serve_help_answers_without_setting_anything_up(tmp_path):
