@@ -29,6 +29,7 @@ from . import config as _config
 from .datadir import private_umask
 from .errors import LMSPError
 from .store import StoreError
+from .store.states import STATES
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
@@ -45,9 +46,12 @@ def _load_config(args) -> _config.Config:
         if value is not None:
             overrides[name] = value
     try:
-        return _config.load(**overrides)
+        cfg = _config.load(**overrides)
     except (ValueError, OSError) as exc:
         raise CommandError(f"configuration: {exc}") from None
+    if cfg.data_dir.exists() and not cfg.data_dir.is_dir():
+        raise CommandError(f"the data directory {cfg.data_dir} is not a directory")
+    return cfg
 
 
 def _database(cfg):
@@ -127,6 +131,8 @@ def cmd_serve(args) -> int:
     env["LMSP_BIND"] = cfg.bind
     if cfg.model:
         env["LMSP_MODEL"] = os.path.realpath(os.path.expanduser(str(cfg.model)))
+        if os.path.isdir(env["LMSP_MODEL"]):
+            raise CommandError(f"--model: {cfg.model} is a directory; name a GGUF file")
         if not os.path.isfile(env["LMSP_MODEL"]):
             raise CommandError(f"--model: no such file: {cfg.model}")
     if args.workers is not None:
@@ -382,15 +388,16 @@ class _CommandParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--data-dir", default=None, help="the data directory (env LMSP_DATA_DIR; default ./data)")
+    data_dir = argparse.ArgumentParser(add_help=False)
+    data_dir.add_argument("--data-dir", default=None, help="the data directory (env LMSP_DATA_DIR; default ./data)")
+    common = argparse.ArgumentParser(add_help=False, parents=[data_dir])
     common.add_argument("--json", action="store_true", help="print one JSON object")
 
     parser = argparse.ArgumentParser(prog="lmsp", description="A durable local model service (LMSP 1.0).")
     parser.add_argument("--version", action="version", version=f"lmsp {__import__('lmsp').__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_CommandParser)
 
-    p = sub.add_parser("serve", parents=[common], help="run the service (gunicorn, gevent workers)")
+    p = sub.add_parser("serve", parents=[data_dir], help="run the service (gunicorn, gevent workers)")
     p.add_argument("--bind", default=None, help="HOST:PORT (env LMSP_BIND; default 127.0.0.1:8080)")
     p.add_argument("--model", default=None, help="a GGUF file to register (id = its name) and serve")
     p.add_argument("--workers", type=int, default=None, help="worker processes (each holds its own model copy)")
@@ -421,12 +428,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tasks", parents=[common], help="list, show or cancel tasks")
     p.add_argument("action", nargs="?", default="list", choices=["list", "show", "cancel"])
     p.add_argument("id", nargs="?", default=None)
-    p.add_argument("--status", default=None)
-    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--status", default=None, choices=STATES, metavar="STATUS",
+                   help=f"list: only tasks in this state ({', '.join(STATES)})")
+    p.add_argument("--limit", type=int, default=20, help="list: how many, 1 to 100 (default 20)")
     p.set_defaults(func=cmd_tasks)
 
     p = sub.add_parser("gc", parents=[common], help="delete finished tasks past retention now")
-    p.add_argument("--retention-days", type=float, default=None)
+    p.add_argument("--retention-days", type=float, default=None,
+                   help="delete finished tasks (their events and responses too) older than this many days "
+                        "(default: the retention_days setting)")
     p.set_defaults(func=cmd_gc)
 
     p = sub.add_parser("doctor", parents=[common], help="check the database and every model file")

@@ -133,6 +133,34 @@ def test_serve_checks_its_settings_before_anything_is_written(capsys, tmp_path, 
     assert not data.exists()
 
 
+def test_help_and_usage_errors_say_what_is_valid(capsys):
+    def usage(*argv):
+        with pytest.raises(SystemExit) as exc:
+            cli.main(list(argv))
+        out = capsys.readouterr()
+        return exc.value.code, " ".join((out.out + out.err).split())
+
+    code, text = usage("serve", "--help")
+    assert code == 0 and "--bind" in text and "--json" not in text  # serve prints no JSON
+    code, text = usage("tasks", "--help")
+    assert "queued, loading, running, cancelling, completed, failed, cancelled" in text
+    assert "1 to 100 (default 20)" in text
+    assert "delete finished tasks" in usage("gc", "--help")[1]
+    code, text = usage("tasks", "--status", "bogus")
+    assert code == cli.EXIT_USAGE and "invalid choice: 'bogus' (choose from 'queued', 'loading'," in text
+
+
+def test_a_data_directory_or_model_of_the_wrong_kind_is_named(run, capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "execve", lambda *args: pytest.fail("gunicorn was started"))
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for command in ("prepare", "clients", "serve"):
+        assert cli.main([command, "--data-dir", str(afile)]) == cli.EXIT_ERROR
+        assert capsys.readouterr().err == f"lmsp {command}: the data directory {afile} is not a directory\n"
+    assert cli.main(["serve", "--data-dir", str(tmp_path / "data"), "--model", str(tmp_path)]) == cli.EXIT_ERROR
+    assert capsys.readouterr().err == f"lmsp serve: --model: {tmp_path} is a directory; name a GGUF file\n"
+
+
 def test_doctor_reads_a_data_directory_whose_path_needs_escaping(capsys, tmp_path, monkeypatch):
     for name in list(os.environ):
         if name.startswith("LMSP_"):
