@@ -152,8 +152,12 @@ def test_a_cancel_from_another_process_reaches_a_stream_while_the_model_loads(st
     wait_until(rt, store, tid, lambda t: tid not in rt._runs)
 
 
-def test_a_draining_worker_claims_nothing_more(store, make_runtime, model_file):
+def test_a_draining_worker_claims_nothing_more(store, make_runtime, model_file, monkeypatch):
     """SIGTERM (a stop, or a reload's old worker): what is queued is left to the others."""
+    from lmsp.runtime import core
+
+    said = []
+    monkeypatch.setattr(core.log, "info", lambda msg, *args, **kwargs: said.append(msg % args))
     rt = make_runtime(store)
     rt.register_model("tiny.gguf")
     wait_finished(rt, store, submit(store, rt, max_output_tokens=2))
@@ -164,6 +168,8 @@ def test_a_draining_worker_claims_nothing_more(store, make_runtime, model_file):
     real_claim = store.claim
     store.claim = lambda *a, **k: claims.append(1) or real_claim(*a, **k)
     rt.drain()
+    rt.drain()  # a second SIGTERM (systemd's to every process, then the master's): said once
+    assert [m for m in said if "draining" in m] == [f"runtime {rt.owner} draining: no more claims"]
     # requests still on open connections are taken and queued, not refused; /readyz says no
     assert rt.ready and rt.draining and rt.reserve("tiny") is None
     tid = submit(store, rt, max_output_tokens=2)  # notify_queued: a scheduler round

@@ -203,7 +203,11 @@ class Runtime:
         """The worker is going (SIGTERM): claim no more queued tasks and take no more
         new ones at creation (they queue for the other workers: a request that
         arrives on a connection still open is accepted and queued, not refused),
-        but run on what is claimed until :meth:`stop`. ``/readyz`` says not ready."""
+        but run on what is claimed until :meth:`stop`. ``/readyz`` says not ready.
+        Once only: a worker may get SIGTERM twice (systemd signals every process of
+        the service, and gunicorn's master then signals its workers)."""
+        if self._draining:
+            return
         self._draining = True
         log.info("runtime %s draining: no more claims", self.owner)
 
