@@ -71,52 +71,58 @@ def _limit_message(exc, cfg) -> str:
     return "the request's header section is too large"
 
 
+def _is(exc, *names: str) -> bool:
+    """Whether ``exc`` is one of gunicorn's parse errors of these names; a name that the
+    installed gunicorn does not have (an older one) matches nothing."""
+    kinds = tuple(kind for kind in (getattr(http_errors, name, None) for name in names) if kind is not None)
+    return bool(kinds) and isinstance(exc, kinds)
+
+
 def refusal(exc, cfg) -> tuple[int, str]:
     """The HTTP status and the message for an exception that gunicorn answers
     itself: the status gunicorn's own ``Worker.handle_error`` gives it, and a
     message that names the problem and quotes no more than a few characters of
     the request. Anything that is not the client's fault is a 500 (the caller
     adds the request id to its message)."""
-    e = http_errors
-    if isinstance(exc, (e.InvalidResponseHeader, e.InvalidResponseHeaderName)):  # the app's fault
+    if _is(exc, "InvalidResponseHeader", "InvalidResponseHeaderName"):  # the app's fault
         return 500, "internal error"
-    if isinstance(exc, e.InvalidRequestLine):
+    if _is(exc, "InvalidRequestLine"):
         return 400, "invalid HTTP request line"
-    if isinstance(exc, e.InvalidRequestMethod):
+    if _is(exc, "InvalidRequestMethod"):
         return 400, f"invalid HTTP method: {_quote(exc.method)}"
-    if isinstance(exc, e.InvalidHTTPVersion):
+    if _is(exc, "InvalidHTTPVersion"):
         return 400, f"unsupported HTTP version: {_quote(exc.version)} (the service speaks HTTP/1.0 and 1.1)"
-    if isinstance(exc, e.UnsupportedTransferCoding):
+    if _is(exc, "UnsupportedTransferCoding"):
         return 501, f"unsupported transfer coding: {_quote(exc.hdr)}"
-    if isinstance(exc, e.ObsoleteFolding):
+    if _is(exc, "ObsoleteFolding"):
         return 400, f"obsolete line folding in header field {_quote(exc.hdr)}"
-    if isinstance(exc, (e.InvalidHeaderName, e.InvalidHeader)):
+    if _is(exc, "InvalidHeaderName", "InvalidHeader"):
         return 400, _header_message(exc)
-    if isinstance(exc, e.LimitRequestLine):
+    if _is(exc, "LimitRequestLine"):
         return 414, f"the request line is longer than {cfg.limit_request_line} bytes"
-    if isinstance(exc, e.ExpectationFailed):
+    if _is(exc, "ExpectationFailed"):
         return 417, "unsupported Expect header (only 100-continue is accepted)"
-    if isinstance(exc, e.LimitRequestHeaders):
+    if _is(exc, "LimitRequestHeaders"):
         return 431, _limit_message(exc, cfg)
-    if isinstance(exc, e.InvalidChunkSize):
+    if _is(exc, "InvalidChunkSize"):
         return 400, "invalid chunked body: a chunk size is not a hexadecimal number"
-    if isinstance(exc, e.ChunkMissingTerminator):
+    if _is(exc, "ChunkMissingTerminator"):
         return 400, "invalid chunked body: a chunk does not end with CRLF"
-    if isinstance(exc, e.InvalidChunkExtension):
+    if _is(exc, "InvalidChunkExtension"):
         return 400, "invalid chunked body: invalid chunk extension"
-    if isinstance(exc, e.InvalidSchemeHeaders):
+    if _is(exc, "InvalidSchemeHeaders"):
         return 400, "contradictory scheme headers (X-Forwarded-Proto and the like)"
-    if isinstance(exc, e.InvalidProxyLine):
+    if _is(exc, "InvalidProxyLine"):
         return 400, "invalid PROXY protocol line"
-    if isinstance(exc, e.ForbiddenProxyRequest):
+    if _is(exc, "ForbiddenProxyRequest"):
         return 403, "PROXY protocol requests are not accepted from this address"
-    if isinstance(exc, e.InvalidH2CPreface):
+    if _is(exc, "InvalidH2CPreface"):
         return 400, "expected the HTTP/2 connection preface"
-    if isinstance(exc, e.ConfigurationProblem):  # the server's, not the client's
+    if _is(exc, "ConfigurationProblem"):  # the server's, not the client's
         return 500, "internal error"
     if isinstance(exc, ssl.SSLError):
         return 403, "TLS handshake failed"
-    if isinstance(exc, e.ParseException):  # one this list does not know yet
+    if isinstance(exc, http_errors.ParseException):  # one this list does not know yet
         status = getattr(exc, "code", 400)
         return (status, "malformed HTTP request") if isinstance(status, int) and 400 <= status < 500 \
             else (500, "internal error")
