@@ -219,6 +219,11 @@ def check_log(view: StoreView) -> list[Violation]:
             elif t.output_text is not None and t.output_text != expected:
                 out.append(Violation("text", t.id, f"{t.status}: output {t.output_text!r:.80} != deltas "
                                      f"{expected!r:.80}"))
+            kinds = [e.type for e in t.events]
+            if "task.requeued" in kinds:  # the last attempt's output
+                kinds = kinds[len(kinds) - kinds[::-1].index("task.requeued"):]
+            if kinds.count("response.output_item.added") != kinds.count("response.output_item.done"):
+                out.append(Violation("item_open", t.id, f"{t.status} task left its output item open"))
         elif terminal:
             out.append(Violation("terminal", t.id, f"unfinished ({t.status}) task has a terminal event"))
         types = [e.type for e in t.events]
@@ -227,6 +232,10 @@ def check_log(view: StoreView) -> list[Violation]:
             if "response.completed" in after or "response.incomplete" in after or t.status == "completed":
                 out.append(Violation("cancel_atomic", t.id, "completed after an accepted cancel"))
     return out
+
+
+# what ends an open output item, in the transaction that ends its task, before the terminal event
+ITEM_CLOSING = ("response.output_text.done", "response.content_part.done", "response.output_item.done")
 
 
 def check_recovery(before: StoreView, after: StoreView) -> list[Violation]:
@@ -255,6 +264,9 @@ def check_recovery(before: StoreView, after: StoreView) -> list[Violation]:
         nxt_type = nxt.type if nxt else None
         where = f"{t.status}+{t.on_restart}"
         if target in ("failed", "cancelled"):
+            later = [e.type for e in a.events[len(t.events):]]
+            if later[:len(ITEM_CLOSING)] == list(ITEM_CLOSING):  # the open output item closed first
+                nxt_type = later[len(ITEM_CLOSING)] if len(later) > len(ITEM_CLOSING) else None
             if a.status != target:
                 out.append(Violation("recovery_state", t.id, f"{where}: became {a.status}, 11.3 says {target}"))
             if nxt_type != RECOVERY_EVENT[target]:
