@@ -70,9 +70,14 @@ def service_secret(data_dir) -> bytes:
     except FileNotFoundError:
         data = _make_secret(path)
     if len(data) != _SECRET_BYTES:
-        raise RuntimeError(f"{path} is not a service key of {_SECRET_BYTES} bytes; remove it and a new one is made")
+        raise SecretUnusable(f"{path} is not a service key of {_SECRET_BYTES} bytes; remove it and a new one "
+                             "is made (pairing requests under an Idempotency-Key made before cannot be replayed)")
     _secrets[str(path)] = data
     return data
+
+
+class SecretUnusable(OSError):
+    """``service.key`` is there but not a key (its size)."""
 
 
 def _make_secret(path: Path) -> bytes:
@@ -100,24 +105,26 @@ def _make_secret(path: Path) -> bytes:
     return path.read_bytes()
 
 
-def _derive(secret: bytes, purpose: str, scope: str, key: str) -> bytes:
-    message = "\0".join((purpose, scope, key)).encode("utf-8")  # none of them holds NUL
+def _derive(secret: bytes, purpose: str, scope: str, key: str, nonce: str) -> bytes:
+    message = "\0".join((purpose, scope, key, nonce)).encode("utf-8")  # none of them holds NUL
     return hmac.new(secret, message, hashlib.sha256).digest()
 
 
-def derived_pairing_code(secret: bytes, scope: str, key: str) -> str:
-    """The pairing code a request of ``scope`` (the admin's client id) with Idempotency-Key
-    ``key`` makes: 60 bits of the HMAC, in the form of :func:`new_pairing_code`."""
-    n = int.from_bytes(_derive(secret, "lmsp pairing code", scope, key)[:8], "big")
+def derived_pairing_code(secret: bytes, scope: str, key: str, nonce: str) -> str:
+    """The pairing code of a request of ``scope`` (the admin's client id) under
+    Idempotency-Key ``key``; ``nonce`` is the request's own (kept with the key), so
+    that the key, once expired and used again, makes another code. 60 bits of the
+    HMAC, in the form of :func:`new_pairing_code`."""
+    n = int.from_bytes(_derive(secret, "lmsp pairing code", scope, key, nonce)[:8], "big")
     symbols = [_CODE_ALPHABET[(n >> (5 * i)) & 31] for i in range(_CODE_GROUPS * _CODE_GROUP_LEN)]
     return "-".join("".join(symbols[i:i + _CODE_GROUP_LEN])
                     for i in range(0, len(symbols), _CODE_GROUP_LEN))
 
 
-def derived_token(secret: bytes, scope: str, key: str) -> str:
-    """The token a redemption of ``scope`` (its code's digest) with Idempotency-Key ``key``
-    makes: 32 bytes of the HMAC, in the form of :func:`new_token`."""
-    digest = _derive(secret, "lmsp client token", scope, key)
+def derived_token(secret: bytes, scope: str, key: str, nonce: str) -> str:
+    """The token of a redemption of ``scope`` under Idempotency-Key ``key`` and with the
+    request's ``nonce``: 32 bytes of the HMAC, in the form of :func:`new_token`."""
+    digest = _derive(secret, "lmsp client token", scope, key, nonce)
     return TOKEN_PREFIX + base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
 

@@ -150,6 +150,47 @@ def test_pairing_requests_are_idempotent_without_storing_their_secrets(admin, an
     assert_error(late, 400, "invalid_request", param="code")
 
 
+def test_a_pairing_key_used_again_after_it_expired_makes_a_new_code(admin, anon, clock, config, store):
+    """The derivation takes a nonce of each request: an expired key, used again, is a new request."""
+    headers = {"Idempotency-Key": "weekly"}
+    first = admin.post("/v1/pairings", json={"name": "a"}, headers=headers).json["code"]
+    clock.advance(config.pairing_ttl_seconds + 1)
+    store.gc(retention=0)  # the spent code and the key go
+    second = admin.post("/v1/pairings", json={"name": "a"}, headers=headers)
+    assert second.status_code == 201 and "Idempotent-Replayed" not in second.headers
+    assert second.json["code"] != first
+    body = {"code": second.json["code"], "client_name": "a"}
+    token = anon.post("/v1/pair", json=body, headers=headers).json["token"]
+    clock.advance(config.pairing_ttl_seconds + 1)
+    store.gc(retention=0)
+    third = admin.post("/v1/pairings", json={"name": "a"}, headers=headers).json["code"]
+    again = anon.post("/v1/pair", json={"code": third, "client_name": "a"}, headers=headers)
+    assert again.status_code == 201 and again.json["token"] != token
+
+
+def test_a_retry_of_a_redemption_with_another_name_is_a_failed_attempt(admin, anon, config):
+    code = admin.post("/v1/pairings").json["code"]
+    headers = {"Idempotency-Key": "r"}
+    assert anon.post("/v1/pair", json={"code": code, "client_name": "real"}, headers=headers).status_code == 201
+    for _ in range(config.pairing_max_attempts):  # guesses of the name under the key: never a 422
+        guess = anon.post("/v1/pair", json={"code": code, "client_name": "guess"}, headers=headers)
+        assert_error(guess, 400, "invalid_request", param="code")
+    limited = anon.post("/v1/pair", json={"code": code, "client_name": "real"}, headers={"Idempotency-Key": "x"})
+    assert_error(limited, 429, "rate_limited")
+
+
+def test_an_unusable_service_key_is_a_503_for_keyed_pairing_only(admin, anon, config):
+    (config.data_dir / auth.SECRET_NAME).write_bytes(b"short")
+    auth._secrets.clear()
+    keyed = admin.post("/v1/pairings", headers={"Idempotency-Key": "k"})
+    assert_error(keyed, 503, "unavailable")
+    assert "Idempotency-Key" in keyed.json["error"]["message"]
+    code = admin.post("/v1/pairings").json["code"]  # without a key: as ever
+    assert_error(anon.post("/v1/pair", json={"code": code, "client_name": "x"}, headers={"Idempotency-Key": "k"}),
+                 503, "unavailable")
+    assert anon.post("/v1/pair", json={"code": code, "client_name": "x"}).status_code == 201
+
+
 def test_pairing_defaults_and_validation(admin):
     made = admin.post("/v1/pairings")
     assert made.status_code == 201

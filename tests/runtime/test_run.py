@@ -39,6 +39,15 @@ def test_a_task_runs_to_completion_with_a_gapless_log(store, runtime):
     assert figures["decode_tokens_per_second"]["sum"] > 0
 
 
+def test_a_task_of_one_token_has_no_decode_rate():
+    from lmsp.runtime.metrics import Metrics
+    figures = Metrics()
+    figures.finish("length", 3, 0, {"decode_ms": 0.0075, "tokens_per_s": 0.0})  # what the engine reports
+    figures.finish("stop", 3, 0, {"decode_ms": 10.0, "tokens_per_s": 700.0})
+    rate = figures.snapshot()["decode_tokens_per_second"]
+    assert rate["count"] == 1 and rate["sum"] == 700.0
+
+
 def test_a_request_meeting_a_free_slot_is_claimed_as_it_is_created(store, runtime):
     wait_finished(runtime, store, submit(store, runtime, max_output_tokens=2))  # loads the model
     slot = runtime.reserve("tiny")

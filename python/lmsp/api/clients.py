@@ -1,13 +1,14 @@
 """Pairing and clients (LMSP B.2): ``/v1/pairings``, ``/v1/pair``, ``/v1/clients``."""
 from __future__ import annotations
 
+import hashlib
 import logging
 import unicodedata
 
 import falcon
 
 from lmsp import auth
-from lmsp.errors import InvalidRequest, NotFound
+from lmsp.errors import InvalidRequest, NotFound, Unavailable
 
 from . import idempotency
 from .common import Deps, caller, check_id, get_int, get_str, reject_unknown, set_json
@@ -84,6 +85,15 @@ class PairingService:
         reject_unknown(body, ("code", "client_name"))
         return get_str(body, "code", required=True, max_len=100)
 
+    def secret(self) -> bytes:
+        """The service's secret; 503 (and the reason in the log) when it cannot be read."""
+        try:
+            return auth.service_secret(self.deps.config.data_dir)
+        except OSError as exc:
+            log.error("pairing under an Idempotency-Key needs the service key: %s", exc)
+            raise Unavailable("pairing under an Idempotency-Key is unavailable: the service key cannot be "
+                              "read (see the service log); retry without the key", retry_after=60) from None
+
     def key_ttl(self) -> float:
         """How long a pairing request's Idempotency-Key answers a retry: the life of a
         code, at most the service's key lifetime (a code with its key gives the
@@ -106,13 +116,16 @@ class PairingsResource:
         body = self.deps.body(req, optional=True) or {}
         self.service.check_create(body)
         client_id = caller(req)["id"]
-        # under a key, the code is derived from it: a retry is answered with the same code,
-        # which the store never holds (B.2: digests only)
-        code = None if key is None else auth.derived_pairing_code(
-            auth.service_secret(self.deps.config.data_dir), client_id, key)
+        if key is None:
+            set_json(resp, self.service.create_code(body), 201)
+            return
+        # under a key, the code is derived (from the key, a nonce kept with it and the
+        # service's secret): a retry is answered with the same code, which the store
+        # never holds (B.2: digests only)
+        secret = self.service.secret()
         idempotency.answer(self.deps.store, req, resp, client_id, body,
-                           lambda: (201, self.service.create_code(body, code)),
-                           ttl=self.service.key_ttl(), secret=None if code is None else ("code", code))
+                           lambda code: (201, self.service.create_code(body, code)), ttl=self.service.key_ttl(),
+                           secret=("code", lambda nonce: auth.derived_pairing_code(secret, client_id, key, nonce)))
 
 
 class PairResource:
@@ -130,12 +143,17 @@ class PairResource:
         if key is None:
             set_json(resp, self.service.redeem(body), 201)
             return
-        # no client yet: the key belongs to the code (its digest), and the token is derived
-        # from both, so a retry after a lost answer gets the same token, which the store never holds
-        scope = "pair:" + auth.hash_code(self.service.code_of(body))
-        token = auth.derived_token(auth.service_secret(self.deps.config.data_dir), scope, key)
-        idempotency.answer(self.deps.store, req, resp, scope, body, lambda: (201, self.service.redeem(body, token)),
-                           ttl=self.service.key_ttl(), secret=("token", token))
+        # no client yet: the key belongs to the code and the client name (a digest of both,
+        # so that a retry with another name is one more failed attempt, never a 422 to learn
+        # from), and the token is derived, so that a retry after a lost answer gets the same
+        # token, which the store never holds
+        code = auth.normalize_code(self.service.code_of(body))
+        name = get_str(body, "client_name", required=True, max_len=200)
+        scope = "pair:" + hashlib.sha256(f"{code}\0{name}".encode("utf-8")).hexdigest()
+        secret = self.service.secret()
+        idempotency.answer(self.deps.store, req, resp, scope, body,
+                           lambda token: (201, self.service.redeem(body, token)), ttl=self.service.key_ttl(),
+                           secret=("token", lambda nonce: auth.derived_token(secret, scope, key, nonce)))
 
 
 class ClientsResource:

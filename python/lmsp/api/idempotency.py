@@ -9,6 +9,7 @@ errors are not recorded, so a failed request can be retried with its key.
 """
 from __future__ import annotations
 
+import secrets
 from typing import Callable
 
 import falcon
@@ -36,34 +37,44 @@ def fingerprint(client_id: str | None, method: str, path: str, body) -> str:
     return store_fingerprint(client_id, method, path, {} if body is None else body)
 
 
-def run(store, req: falcon.Request, client_id: str, body,
-        action: Callable[[], tuple[int, dict]], *, ttl: float | None = None,
-        secret: tuple[str, str] | None = None) -> tuple[int, dict, bool]:
+# where a recorded answer keeps the nonce its secret field was derived with
+_NONCE = "lmsp_nonce"
+
+
+def run(store, req: falcon.Request, client_id: str, body, action: Callable, *, ttl: float | None = None,
+        secret: tuple[str, Callable[[str], str]] | None = None) -> tuple[int, dict, bool]:
     """Run ``action`` (returns status and body) under the request's key, if any.
 
-    ``secret``: ``(field, value)``, a field of the answer that is not recorded
-    (a pairing code, a token: the store keeps digests only); a replay gets
-    ``value`` in it, which the caller derived from the key (``lmsp.auth``) as
-    the action did. ``ttl``: how long the key is kept, if not the service's
-    setting. Returns ``(status, body, replayed)``.
+    ``secret``: ``(field, derive)`` for an answer with a field that is not
+    recorded (a pairing code, a token: the store keeps digests only). The
+    action is then called with the value ``derive(nonce)`` (``lmsp.auth``) for a
+    new random nonce, which the key's row keeps in place of the value; a
+    replay derives it again from there. ``ttl``: how long the key is kept, if
+    not the service's setting. Returns ``(status, body, replayed)``.
     """
     key = key_of(req)
     if key is None:
-        status, out = action()
+        status, out = action() if secret is None else action(None)
         return status, out, False
     fp = fingerprint(client_id, req.method, req.path, body)
     replay = store.idempotency_begin(client_id, key, fp, ttl=ttl)
     if replay is not None:
         status, out = replay
-        if secret is not None:
-            out = {**out, secret[0]: secret[1]}
+        nonce = out.pop(_NONCE, None) if secret is not None else None
+        if nonce is not None:
+            out[secret[0]] = secret[1](nonce)
         return status, out, True
+    nonce = None
     try:
-        status, out = action()
+        if secret is None:
+            status, out = action()
+        else:
+            nonce = secrets.token_hex(16)
+            status, out = action(secret[1](nonce))
     except BaseException:
         store.idempotency_abort(client_id, key)
         raise
-    kept = out if secret is None else {k: v for k, v in out.items() if k != secret[0]}
+    kept = out if secret is None else {**{k: v for k, v in out.items() if k != secret[0]}, _NONCE: nonce}
     store.idempotency_finish(client_id, key, status, kept)
     return status, out, False
 

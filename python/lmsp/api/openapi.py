@@ -234,12 +234,12 @@ def _paths() -> dict:
                                      {"201": _json("Pairing", "The code; a retry under the same "
                                                    "Idempotency-Key gets it again")}, scope="admin",
                                      params=(IDEMPOTENCY,), body="PairingRequest", optional_body=True,
-                                     errors=body_errors + ("409", "422"))},
+                                     errors=body_errors + ("409", "422", "503"))},
         "/v1/pair": {"post": _op("Redeem a pairing code for a client token",
                                  {"201": _json("ClientToken", "The new client and its token; a retry "
                                                "under the same Idempotency-Key gets them again")},
                                  scope=None, params=(IDEMPOTENCY,), body="PairRequest",
-                                 errors=body_errors + ("409", "422", "429"))},
+                                 errors=body_errors + ("409", "422", "429", "503"))},
         "/v1/clients": {"get": _op("Paired clients", {"200": _json("ClientList", "Clients")}, scope="admin")},
         "/v1/clients/{client_id}": {
             "get": _op("A client", {"200": _json("Client", "The client")}, scope="admin", params=(client_id,),

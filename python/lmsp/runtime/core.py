@@ -955,8 +955,7 @@ class Runtime:
                     pass
             elif run.final is not None:
                 self.stats.finish(run.final.get("finish") or "error", run.final.get("n_prompt"),
-                                  run.final.get("n_cached"), run.final.get("timings"),
-                                  run.final.get("n_generated"))
+                                  run.final.get("n_cached"), run.final.get("timings"))
         self.waiters.notify([item["task_id"] for item in items])
         if ended:
             self._wake_scheduler()

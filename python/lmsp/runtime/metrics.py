@@ -59,20 +59,16 @@ class Metrics:
         with self._lock:
             self.commit_errors += 1
 
-    def finish(self, reason: str, n_prompt: int, n_cached: int | None, timings: dict | None,
-               n_generated: int | None = None) -> None:
-        """A task's end; ``timings`` as the engine reports them (its decode rate, or the
-        decode time from which ``n_generated`` tokens give one)."""
+    def finish(self, reason: str, n_prompt: int, n_cached: int | None, timings: dict | None) -> None:
+        """A task's end; ``timings`` as the engine reports them. Its decode rate
+        (``tokens_per_s``, the tokens after the first over their time) is 0 for a
+        task of one token or none, which has no rate: such a task is not counted."""
         with self._lock:
             self.finished[reason] = self.finished.get(reason, 0) + 1
             self.prompt_tokens += int(n_prompt or 0)
             self.cached_prompt_tokens += int(n_cached or 0)
-            timings = timings or {}
-            rate = timings.get("tokens_per_s")
-            if not rate or rate <= 0:
-                decode_ms = timings.get("decode_ms")
-                rate = n_generated / (decode_ms / 1000.0) if decode_ms and n_generated and decode_ms > 0 else None
-            if rate and rate > 0 and rate != float("inf"):
+            rate = (timings or {}).get("tokens_per_s")
+            if rate and 0 < rate < float("inf"):
                 self.decode_rate.observe(rate)
 
     def snapshot(self) -> dict:

@@ -94,6 +94,22 @@ def ensure_models(config, store, registry) -> str | None:
     return DEMO_MODEL_ID
 
 
+def check_service_key(config) -> None:
+    """The service's secret (``lmsp.auth.service_secret``) made, or found usable and
+    private, at start-up: a fault shows in the log now, not at a client's request
+    (which then gets 503; the service runs on)."""
+    from .. import auth
+
+    path = Path(config.data_dir) / auth.SECRET_NAME
+    try:
+        auth.service_secret(config.data_dir)
+        if path.stat().st_mode & 0o077:
+            path.chmod(0o600)
+            log.warning("%s was readable by others; it is now 0600", path)
+    except OSError as exc:
+        log.error("pairing under an Idempotency-Key will answer 503: %s", exc)
+
+
 def prepare(config, store, *, registry=None) -> dict:
     """Everything a service start needs before serving; returns the start-up recovery report."""
     from .registry import ModelRegistry
@@ -101,6 +117,7 @@ def prepare(config, store, *, registry=None) -> dict:
     ensure_dirs(config)
     identity = store.identity()
     bootstrap_admin(config, store)
+    check_service_key(config)
     registry = registry or ModelRegistry(config, store)
     try:
         ensure_models(config, store, registry)

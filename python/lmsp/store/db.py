@@ -15,9 +15,10 @@ Durability levels (``PRAGMA synchronous`` in WAL mode):
     answered with ``202 Accepted`` survives a process crash, an OS crash and a
     power cut. Each commit costs one fsync.
 ``normal``
-    The log is synced only at checkpoints. A process crash loses nothing; a
-    power cut or OS crash may lose the last commits (tasks already answered
-    with 202 can vanish), but the database is never corrupted.
+    The log is synced only at checkpoints (every WAL_CHECKPOINT_PAGES pages of
+    log). A process crash loses nothing; a power cut or OS crash may lose the
+    commits since the last checkpoint (tasks already answered with 202 can
+    vanish), but the database is never corrupted.
 ``off``
     SQLite never syncs. A process crash loses nothing; a power cut or OS crash
     may lose recent commits and may corrupt the database file. For
