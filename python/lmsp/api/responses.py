@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 
 import falcon
@@ -299,18 +300,23 @@ class ResponsesService:
         (cancelled) task has ended, waiting at most FORGET_WAIT_SECONDS. A greenlet under
         gevent, where threading is patched."""
         deadline = self.deps.monotonic() + FORGET_WAIT_SECONDS
-        try:
-            while self.deps.monotonic() < deadline:
+        runtime = self.deps.runtime
+        while self.deps.monotonic() < deadline:
+            try:
                 task = self.deps.store.get_task(task_id, client_id)
-                if task["status"] in FINISHED_TASK_STATES:
-                    self.forget(response_id, client_id)
-                    return
-                runtime = self.deps.runtime
-                runtime.wait_for_commit(task_id, task["last_sequence_number"],
-                                        WATCHED_WAIT_SECONDS if getattr(runtime, "watches_store", False)
-                                        else POLL_SECONDS)
-        except LMSPError as exc:  # deleted meanwhile, a store that stays busy: nothing to forget now
-            log.info("response %s not deleted after its client left: %s", response_id, exc.message)
+            except Unavailable:  # a busy store: ask again (a greenlet's sleep under gevent)
+                time.sleep(POLL_SECONDS)
+                continue
+            except LMSPError as exc:  # deleted meanwhile: nothing to forget
+                log.info("response %s not deleted after its client left: %s", response_id, exc.message)
+                return
+            if task["status"] in FINISHED_TASK_STATES:
+                self.forget(response_id, client_id)
+                return
+            runtime.wait_for_commit(task_id, task["last_sequence_number"],
+                                    WATCHED_WAIT_SECONDS if getattr(runtime, "watches_store", False)
+                                    else POLL_SECONDS)
+        log.info("response %s not deleted after its client left: its task did not end", response_id)
 
 
 def _replayed(headers: dict | None = None) -> dict:

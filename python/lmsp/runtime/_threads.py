@@ -22,6 +22,10 @@ from lmsp.hubsafe import gevent_active
 
 log = logging.getLogger("lmsp.runtime")
 
+# gevent_active is handed on to the runtime's modules from here, with the rest of
+# what they need to know about threads
+__all__ = ["RealThread", "Wakeup", "allocate_lock", "gevent_active", "original", "thread_names"]
+
 
 def original(module: str, name: str):
     """The unpatched ``module.name`` (gevent keeps the originals it replaced)."""
