@@ -78,16 +78,33 @@ def _is(exc, *names: str) -> bool:
     return bool(kinds) and isinstance(exc, kinds)
 
 
+# gunicorn's refusals that need no detail of the request: (its error class, status, message).
+# Looked at first: the response-header errors are kinds of the request-header ones.
+_FIXED = (
+    ("InvalidResponseHeader", 500, "internal error"),  # the app's fault
+    ("InvalidResponseHeaderName", 500, "internal error"),
+    ("ConfigurationProblem", 500, "internal error"),  # the server's
+    ("InvalidRequestLine", 400, "invalid HTTP request line"),
+    ("ExpectationFailed", 417, "unsupported Expect header (only 100-continue is accepted)"),
+    ("InvalidChunkSize", 400, "invalid chunked body: a chunk size is not a hexadecimal number"),
+    ("ChunkMissingTerminator", 400, "invalid chunked body: a chunk does not end with CRLF"),
+    ("InvalidChunkExtension", 400, "invalid chunked body: invalid chunk extension"),
+    ("InvalidSchemeHeaders", 400, "contradictory scheme headers (X-Forwarded-Proto and the like)"),
+    ("InvalidProxyLine", 400, "invalid PROXY protocol line"),
+    ("ForbiddenProxyRequest", 403, "PROXY protocol requests are not accepted from this address"),
+    ("InvalidH2CPreface", 400, "expected the HTTP/2 connection preface"),
+)
+
+
 def refusal(exc, cfg) -> tuple[int, str]:
     """The HTTP status and the message for an exception that gunicorn answers
     itself: the status gunicorn's own ``Worker.handle_error`` gives it, and a
     message that names the problem and quotes no more than a few characters of
     the request. Anything that is not the client's fault is a 500 (the caller
     adds the request id to its message)."""
-    if _is(exc, "InvalidResponseHeader", "InvalidResponseHeaderName"):  # the app's fault
-        return 500, "internal error"
-    if _is(exc, "InvalidRequestLine"):
-        return 400, "invalid HTTP request line"
+    for name, status, message in _FIXED:
+        if _is(exc, name):
+            return status, message
     if _is(exc, "InvalidRequestMethod"):
         return 400, f"invalid HTTP method: {_quote(exc.method)}"
     if _is(exc, "InvalidHTTPVersion"):
@@ -100,26 +117,8 @@ def refusal(exc, cfg) -> tuple[int, str]:
         return 400, _header_message(exc)
     if _is(exc, "LimitRequestLine"):
         return 414, f"the request line is longer than {cfg.limit_request_line} bytes"
-    if _is(exc, "ExpectationFailed"):
-        return 417, "unsupported Expect header (only 100-continue is accepted)"
     if _is(exc, "LimitRequestHeaders"):
         return 431, _limit_message(exc, cfg)
-    if _is(exc, "InvalidChunkSize"):
-        return 400, "invalid chunked body: a chunk size is not a hexadecimal number"
-    if _is(exc, "ChunkMissingTerminator"):
-        return 400, "invalid chunked body: a chunk does not end with CRLF"
-    if _is(exc, "InvalidChunkExtension"):
-        return 400, "invalid chunked body: invalid chunk extension"
-    if _is(exc, "InvalidSchemeHeaders"):
-        return 400, "contradictory scheme headers (X-Forwarded-Proto and the like)"
-    if _is(exc, "InvalidProxyLine"):
-        return 400, "invalid PROXY protocol line"
-    if _is(exc, "ForbiddenProxyRequest"):
-        return 403, "PROXY protocol requests are not accepted from this address"
-    if _is(exc, "InvalidH2CPreface"):
-        return 400, "expected the HTTP/2 connection preface"
-    if _is(exc, "ConfigurationProblem"):  # the server's, not the client's
-        return 500, "internal error"
     if isinstance(exc, ssl.SSLError):
         return 403, "TLS handshake failed"
     if isinstance(exc, http_errors.ParseException):  # one this list does not know yet
