@@ -39,6 +39,7 @@ class ScriptedRuntime:
             time.sleep(min(0.005, timeout))
 
     def check_request(self, model_id: str, messages: list[dict]) -> list[int] | None:
+        self.checked = [dict(m) for m in messages]  # the prompt as the engine would get it
         n = sum(len(m["content"].split()) for m in messages)
         if n > 1000:
             raise ContextLengthExceeded(f"the prompt is {n} tokens; at most 1000 fit", param="input")

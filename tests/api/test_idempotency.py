@@ -132,6 +132,20 @@ def test_cancel_replay(user, scripted):
     assert without.status_code == 200 and without.headers["Idempotent-Replayed"] == "true"
 
 
+def test_a_key_is_kept_24_hours(user, scripted, clock):
+    """B.8: keys kept 24 hours (the shipped setting)."""
+    scripted.auto = False
+    body = {"model": "tiny", "input": "x", "background": True}
+    first = user.post("/v1/responses", json=body, headers={KEY: "day"})
+    clock.advance(24 * 3600 - 60)
+    again = user.post("/v1/responses", json=body, headers={KEY: "day"})
+    assert again.headers.get("Idempotent-Replayed") == "true" and again.json["id"] == first.json["id"]
+    clock.advance(120)
+    later = user.post("/v1/responses", json=body, headers={KEY: "day"})
+    assert later.status_code == 202 and "Idempotent-Replayed" not in later.headers
+    assert later.json["id"] != first.json["id"]
+
+
 def test_errors_release_the_key(user):
     # a cancel of an unknown response fails: the key is not spent on the error
     assert_error(user.post("/v1/responses/resp_X/cancel", headers={KEY: "e-1"}), 404, "not_found")

@@ -74,7 +74,7 @@ def test_background_stream_starts_with_created(user):
     assert frames[-1]["event"] in TERMINAL
 
 
-def test_instructions_and_messages(user, store):
+def test_instructions_and_messages(user, store, scripted):
     body = create(user, instructions="Be brief.", input=[
         {"role": "user", "content": "Hi"},
         {"role": "assistant", "content": [{"type": "output_text", "text": "Hello"}]},
@@ -82,6 +82,11 @@ def test_instructions_and_messages(user, store):
         {"role": "user", "content": [{"type": "input_text", "text": "And now?"}]},
     ]).json
     assert body["status"] == "completed"
+    # the conversation the model is given: instructions first, every turn in order, the
+    # OpenAI "developer" role as system, content parts joined into text
+    assert scripted.checked == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                                {"role": "assistant", "content": "Hello"}, {"role": "system", "content": "x"},
+                                {"role": "user", "content": "And now?"}]
 
 
 def test_max_output_tokens_is_capped_and_defaulted(user, config):
@@ -90,7 +95,7 @@ def test_max_output_tokens_is_capped_and_defaulted(user, config):
 
 
 def test_on_restart_defaults_to_the_service_setting(user, config):
-    assert create(user).json["task"]["on_restart"] == config.default_on_restart
+    assert create(user).json["task"]["on_restart"] == "fail"  # B.5: "fail" as shipped
 
 
 def test_store_false_is_deleted_once_delivered(user):
@@ -125,6 +130,23 @@ def test_store_false_is_deleted_when_its_client_leaves_the_stream(app, user, scr
         assert time.monotonic() < deadline, "the response was not deleted"
         time.sleep(0.02)
     assert_error(got, 404, "not_found")
+
+
+def test_a_chunked_body_over_the_limit_is_413(app, user, config):
+    """A body without Content-Length (sent in chunks, which the server decodes) is read up
+    to the limit and refused past it, as one with a length is."""
+    import io
+    big = json.dumps({"model": "tiny", "input": "x" * config.max_body_bytes}).encode()
+    env = falcon.testing.create_environ("/v1/responses", method="POST",
+                                        headers={"Authorization": f"Bearer {user.token}",
+                                                 "Content-Type": "application/json",
+                                                 "Transfer-Encoding": "chunked"})
+    env.pop("CONTENT_LENGTH", None)
+    env["wsgi.input"] = io.BytesIO(big)
+    started = []
+    body = b"".join(app(env, lambda status, headers, exc_info=None: started.append(status)))
+    assert len(started) == 1 and started[0].startswith("413 "), started
+    assert json.loads(body)["error"]["code"] == "payload_too_large"
 
 
 BAD_FIELDS = [
@@ -288,7 +310,7 @@ def test_parse_create_without_http(config):
     assert parsed.messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
     assert parsed.request["seed"] == 99 and parsed.request["stop"] == []
     assert parsed.request["max_output_tokens"] == config.max_output_tokens
-    assert parsed.request["on_restart"] == config.default_on_restart
+    assert parsed.request["on_restart"] == "fail"
     assert (parsed.background, parsed.stream, parsed.store) == (False, False, True)
     parsed = parse_create({"model": "tiny", "input": [{"role": "developer", "content": "x"}],
                            "stop": "END", "seed": 0}, config, lambda: 99)

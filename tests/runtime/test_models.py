@@ -20,7 +20,13 @@ def test_register_reads_the_digest_and_the_gguf_metadata(store, make_runtime, mo
     assert model["digest"] == "sha256:" + hashlib.sha256(data).hexdigest()
     assert model["size_bytes"] == len(data)
     assert model["architecture"] == "llama"
-    assert model["parameters"] > 0 and model["context_length"] > 0 and model["quantization"]
+    # what the file says: its tensors' elements, its llama.context_length, its weights' type
+    from gguf import GGUFReader
+    reader = GGUFReader(model_file)
+    assert model["parameters"] == sum(int(t.n_elements) for t in reader.tensors)
+    field = reader.fields["llama.context_length"]
+    assert model["context_length"] == int(field.parts[field.data[0]][0]) == 4096
+    assert model["quantization"] == "F32" == {t.tensor_type.name for t in reader.tensors}.pop()
     assert model["state"] == "available"
     assert "path" not in model
     assert seen and seen[-1] == (len(data), len(data))

@@ -99,4 +99,5 @@ def test_sigkill_at_random_moments_loses_no_acknowledged_write(db_path):
             store.close()
         check_database(db_path)
     assert len(acked) >= KILLS  # (a new task acknowledged in every round, checked above)
+    assert recovered_cells, "no kill left an unfinished task for recovery to treat"
     print(f"{len(acked)} acknowledged tasks, recovery cells seen: {sorted(recovered_cells)}")

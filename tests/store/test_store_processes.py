@@ -82,7 +82,9 @@ def test_cancel_racing_completion_never_gives_both(spawn, db_path, make_task, st
             assert cancel == "cancelling" and status == "cancelled" and fin == "cancelled"
             assert "response.completed" not in types
         assert_consistent(store, tid)
-    # both orders happened (reported, not required: scheduling decides)
+    # the case B.7 is about (a cancel accepted before the engine's end) must have been met;
+    # how often the other order wins is up to scheduling (reported)
+    assert cancels.count("cancelling") > 0, "no cancel came first in any trial"
     print(f"cancel first: {cancels.count('cancelling')}, completion first: {cancels.count('finished')}")
 
 
