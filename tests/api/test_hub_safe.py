@@ -172,6 +172,7 @@ def test_reads_run_on_the_hub_and_go_to_the_pool_when_they_meet_a_lock(tmp_path)
 
 def test_no_wait_reads_do_not_wait_and_refuse_writes(tmp_path):
     from lmsp.store import Store
+    from lmsp.errors import Unavailable
     from lmsp.store.db import no_wait
 
     store = Store.open(tmp_path / "lmsp.db", busy_timeout=3.0)
@@ -184,5 +185,13 @@ def test_no_wait_reads_do_not_wait_and_refuse_writes(tmp_path):
         with store._db.read() as conn:
             assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 3000
         store.set_setting("k", "v")
+        # with no idle connection, opening one (which sets WAL mode and may wait on a
+        # lock) is not done without waiting: the read is refused, for the pool to make
+        while store._db._idle:
+            store._db._idle.pop().close()
+        with no_wait():
+            with pytest.raises(Unavailable):
+                store.get_setting("k")
+        assert store.get_setting("k") == "v"
     finally:
         store.close()

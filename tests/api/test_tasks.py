@@ -233,6 +233,29 @@ def test_stream_waits_out_a_busy_store(user, held, store):
     assert first.startswith(b"id: 1\n") and second.startswith(b"id: 2\n")
 
 
+def test_a_busy_store_at_the_end_of_the_data_is_waited_out_too(user, held, store):
+    """The check whether the task has ended, made when no event is left to read, meets a
+    busy store: the stream reads again (it used to end with an error event)."""
+    tid = background(user)["task"]["id"]
+
+    class Busy:
+        failures = 1
+
+        def get_task(self, *args, **kwargs):
+            if self.failures:
+                self.failures -= 1
+                store.cancel(tid)  # meanwhile the task ends
+                raise Unavailable("database is locked")
+            return store.get_task(*args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(store, name)
+
+    frames = list(event_stream(Busy(), held, tid, heartbeat=10.0, poll=0.001))
+    assert b"event: error" not in b"".join(frames)
+    assert b"response.cancelled" in frames[-1]
+
+
 def test_a_stream_takes_this_workers_latest_commit_from_memory(user, held, store):
     """Events of the runtime's latest commit reach a stream without a read; anything
     the commit did not write (another process's event, a gap) is read from the store."""

@@ -75,6 +75,7 @@ def event_stream(store, runtime, task_id: str, *, after: int = 0, client_id: str
     finished = False
     last_write = last_auth = monotonic()
     busy_since = None
+    wake_at = after
     try:
         while True:
             if authorized is not None and monotonic() - last_auth >= AUTH_RECHECK_SECONDS:
@@ -93,17 +94,12 @@ def event_stream(store, runtime, task_id: str, *, after: int = 0, client_id: str
                 else:
                     page = store.events(task_id, after=last, limit=PAGE, client_id=client_id)
                     checked = True
-            except Unavailable:
-                # a store busy for a moment: wait and read again; give up after a while
-                now = monotonic()
-                busy_since = now if busy_since is None else busy_since
-                if now - busy_since > BUSY_GIVE_UP_SECONDS:
-                    raise
-                runtime.wait_for_commit(task_id, last, poll)
+            except Unavailable as exc:
+                busy_since = _busy(exc, busy_since, monotonic, poll)
                 continue
             busy_since = None
             for event in page["data"]:
-                last = event["sequence_number"]
+                last = wake_at = event["sequence_number"]
                 if event["type"] in TERMINAL_EVENTS:
                     finished = True
                     yield frame(event)
@@ -113,11 +109,18 @@ def event_stream(store, runtime, task_id: str, *, after: int = 0, client_id: str
             if page["has_more"]:
                 continue
             if not page["data"]:
-                task = store.get_task(task_id, client_id)
-                if (task["status"] in FINISHED_TASK_STATES
-                        and task.get("last_sequence_number", last) <= last):
+                try:
+                    task = store.get_task(task_id, client_id)
+                except Unavailable as exc:
+                    busy_since = _busy(exc, busy_since, monotonic, poll)
+                    continue
+                counter = task.get("last_sequence_number", last)
+                if task["status"] in FINISHED_TASK_STATES and counter <= last:
                     finished = True
                     return
+                # a stream that starts past the task's last event waits for the task's next
+                # one (its end included), not for one past its own start
+                wake_at = min(last, counter)
             idle = monotonic() - last_write
             if idle >= heartbeat:
                 yield KEEP_ALIVE
@@ -128,9 +131,9 @@ def event_stream(store, runtime, task_id: str, *, after: int = 0, client_id: str
             wait = heartbeat - idle if getattr(runtime, "watches_store", False) else min(poll, heartbeat - idle)
             wait = max(0.001, wait)
             if since is None:
-                runtime.wait_for_commit(task_id, last, wait)
+                runtime.wait_for_commit(task_id, wake_at, wait)
             else:
-                runtime.wait_for_commit(task_id, last, wait, since=since)
+                runtime.wait_for_commit(task_id, wake_at, wait, since=since)
     except LMSPError as exc:
         finished = True
         yield error_frame(exc.code, exc.message, exc.param)
@@ -145,3 +148,15 @@ def event_stream(store, runtime, task_id: str, *, after: int = 0, client_id: str
             except Exception:  # noqa: BLE001
                 log.exception("cleanup of the abandoned stream of %s failed", task_id)
 
+
+def _busy(exc: Unavailable, since: float | None, monotonic: Callable[[], float], poll: float) -> float:
+    """A store busy for a moment: wait ``poll`` and let the stream read again; give up
+    (raise ``exc``) once it has been busy for BUSY_GIVE_UP_SECONDS. Returns when the busy
+    spell began. A plain sleep (a greenlet's under gevent): asking the runtime to
+    wait would read the busy store once more."""
+    now = monotonic()
+    since = now if since is None else since
+    if now - since > BUSY_GIVE_UP_SECONDS:
+        raise exc
+    time.sleep(poll)
+    return since

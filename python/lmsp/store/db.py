@@ -181,6 +181,9 @@ class Database:
         try:
             return self._idle.pop()
         except IndexError:
+            if getattr(_no_wait, "on", False):
+                # opening one sets WAL mode, which waits out a lock: not without waiting
+                raise Unavailable("no idle connection to read without waiting", retry_after=1) from None
             conn = self.connect()
             self._all.append(conn)
             return conn
