@@ -493,7 +493,9 @@ def test_the_first_text_is_urgent_not_a_first_token_that_shows_none(make_engine)
     assert e.wait(60, urgent=True)
     results = e.poll()
     assert results[0]["tokens"] == plain.tokens[:1] and results[0]["text"] == ""
-    assert results[-1]["text"] and not any(r["text"] for r in results[:-1])
+    # the urgent wake came with text, not at the first token; the engine may have taken
+    # more steps before the poll, so the text need not be in the last result
+    assert any(r["text"] for r in results), "woken as urgent by a token that shows no text"
     n = sum(len(r["tokens"]) for r in results)
     assert "".join(r["text"] for r in results) == "".join(r["text"] for r in plain.results[:n])
     e.cancel(seq)
