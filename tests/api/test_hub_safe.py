@@ -195,3 +195,79 @@ def test_no_wait_reads_do_not_wait_and_refuse_writes(tmp_path):
         assert store.get_setting("k") == "v"
     finally:
         store.close()
+
+
+HUB_READS = textwrap.dedent(
+    """
+    from gevent import monkey
+    monkey.patch_all()
+    import json, sys
+    import gevent
+    from lmsp.config import Config
+    from lmsp.hubsafe import hub_safe
+    from lmsp.runtime import Runtime
+    from lmsp.runtime.core import _Run
+    from lmsp.store import Store
+
+    store = Store.open(sys.argv[1], busy_timeout=120.0)  # a wait would outlast the test's guard
+    tid = sys.argv[2]
+    runtime = Runtime(Config(data_dir=sys.argv[3]).validated(), store, prepare=False)
+    runtime._runs[tid] = _Run(tid, "m", seq=7)  # a task this worker decodes
+    for conn in list(store._db._idle):  # no idle connection: a read would have to open one
+        conn.close()
+    store._db._idle.clear()
+    print("ready", flush=True)
+    sys.stdin.readline()  # another process holds the database now
+    runtime.wait_for_commit(tid, 0, 0.05)  # asks the store on the hub
+    print("waited", flush=True)
+    read = gevent.spawn(hub_safe(store).last_sequence, tid)  # meets the lock: waits in the pool
+    gevent.sleep(0.05)
+    print("hub free", flush=True)
+    sys.stdin.readline()  # the holder let go
+    print(json.dumps({"last": read.get()}), flush=True)
+    """
+)
+
+
+def test_reads_on_the_hub_never_wait_out_a_lock(tmp_path):
+    """A stream's or a plain request's wait asks the store on the gevent hub, and a read
+    made without waiting may have to open a connection: neither may wait out a lock held
+    by another process, which would stop every greenlet of the worker."""
+    import select
+
+    from lmsp.store import Store
+
+    db = tmp_path / "lmsp.db"
+    store = Store.open(db)
+    tid = store.create_task(client_id=None, model="m", request={"model": "m", "input": "x"}, on_restart="fail",
+                            background=True, stream=False)["task"]["id"]
+    store.close()
+    child = subprocess.Popen([sys.executable, "-c", HUB_READS, str(db), tid, str(tmp_path / "data")],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def line() -> str:  # the guard: a hub stuck on the lock never answers
+        ready, _, _ = select.select([child.stdout], [], [], 60)
+        assert ready, "the child's hub is stuck"
+        return child.stdout.readline().strip()
+
+    try:
+        assert line() == "ready"
+        holder = sqlite3.connect(db, isolation_level=None)
+        holder.execute("PRAGMA locking_mode = EXCLUSIVE")  # readers wait too
+        holder.execute("BEGIN IMMEDIATE")
+        holder.execute("CREATE TABLE IF NOT EXISTS held (x)")
+        holder.execute("COMMIT")  # the exclusive lock stays until the connection closes
+        try:
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            assert line() == "waited"
+            assert line() == "hub free"
+        finally:
+            holder.close()
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        out, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert json.loads(out.strip().splitlines()[-1]) == {"last": 2}, err

@@ -33,6 +33,7 @@ the next results and written together).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -45,6 +46,7 @@ from .. import ids
 from ..config import RECOVERED_ENV
 from ..hubsafe import offload
 from ..objects import event_object
+from ..store.db import no_wait
 from ..errors import (ContextLengthExceeded, IllegalTransition, InvalidRequest, LMSPError, ModelInUse, NotFound,
                       Unavailable)
 from . import prompt as prompting
@@ -423,8 +425,11 @@ class Runtime:
                         watched = True
             if not watched and not (decoding_here and since is not None):
                 try:
-                    if self.store.last_sequence(task_id) > after_seq:
-                        return
+                    # on the gevent hub a read must not wait out a lock (that would stop
+                    # every greenlet): a busy store returns at once, like an unknown task
+                    with no_wait() if gevent_active() else contextlib.nullcontext():
+                        if self.store.last_sequence(task_id) > after_seq:
+                            return
                 except LMSPError:
                     return  # unknown task or busy store: let the caller re-read and decide
             waiter.wait(timeout)
