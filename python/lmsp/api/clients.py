@@ -39,10 +39,6 @@ class PairingService:
     def __init__(self, deps: Deps) -> None:
         self.deps = deps
 
-    def check_create(self, body: dict) -> None:
-        """What :meth:`create_code` refuses, before an Idempotency-Key is taken."""
-        reject_unknown(body, ("scopes", "name", "expires_in"))
-
     def create_code(self, body: dict, code: str | None = None) -> dict:
         """A new pairing code (``code``: the one derived from the request's key)."""
         reject_unknown(body, ("scopes", "name", "expires_in"))
@@ -114,7 +110,6 @@ class PairingsResource:
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         key = idempotency.key_of(req)
         body = self.deps.body(req, optional=True) or {}
-        self.service.check_create(body)
         client_id = caller(req)["id"]
         if key is None:
             set_json(resp, self.service.create_code(body), 201)

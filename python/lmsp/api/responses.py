@@ -237,14 +237,18 @@ class ResponsesService:
 
     def wait_finished(self, task_id: str, client_id: str | None) -> dict:
         """Block (cooperatively) until the task is finished; its Task object."""
-        store, runtime = self.deps.store, self.deps.runtime
+        store = self.deps.store
         while True:
             task = store.get_task(task_id, client_id)
             if task["status"] in FINISHED_TASK_STATES:
                 return task
-            runtime.wait_for_commit(task_id, task["last_sequence_number"],
-                                    WATCHED_WAIT_SECONDS if getattr(runtime, "watches_store", False)
-                                    else POLL_SECONDS)
+            self._wait_past(task)
+
+    def _wait_past(self, task: dict) -> None:
+        """Until the task's next event (or a while: woken by the runtime's watch, else polled)."""
+        runtime = self.deps.runtime
+        runtime.wait_for_commit(task["id"], task["last_sequence_number"],
+                                WATCHED_WAIT_SECONDS if getattr(runtime, "watches_store", False) else POLL_SECONDS)
 
     def cancel(self, any_id: str, client_id: str | None) -> dict:
         """B.7 cancel of a response's or a task's task; the Task object."""
@@ -300,7 +304,6 @@ class ResponsesService:
         (cancelled) task has ended, waiting at most FORGET_WAIT_SECONDS. A greenlet under
         gevent, where threading is patched."""
         deadline = self.deps.monotonic() + FORGET_WAIT_SECONDS
-        runtime = self.deps.runtime
         while self.deps.monotonic() < deadline:
             try:
                 task = self.deps.store.get_task(task_id, client_id)
@@ -313,9 +316,7 @@ class ResponsesService:
             if task["status"] in FINISHED_TASK_STATES:
                 self.forget(response_id, client_id)
                 return
-            runtime.wait_for_commit(task_id, task["last_sequence_number"],
-                                    WATCHED_WAIT_SECONDS if getattr(runtime, "watches_store", False)
-                                    else POLL_SECONDS)
+            self._wait_past(task)
         log.info("response %s not deleted after its client left: its task did not end", response_id)
 
 
