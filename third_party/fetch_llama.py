@@ -15,10 +15,8 @@ leaves out documentation, CI files and the test vocabularies but one.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -26,6 +24,8 @@ import tomllib
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "python"))  # the package's pip and sha256 helpers (standard library only)
+from lmsp.pinned import FetchError, default_cache, pip_download, sha256_of  # noqa: E402
 PIN_FILE = HERE / "llama.cpp.toml"
 STAMP = ".lmsp-pin"
 
@@ -40,21 +40,6 @@ def load_pin() -> dict:
         return tomllib.load(fh)["llama_cpp"]
 
 
-def default_cache() -> Path:
-    if os.environ.get("LMSP_CACHE_DIR"):
-        return Path(os.environ["LMSP_CACHE_DIR"])
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "lmsp"
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def fetch_archive(pin: dict, cache: Path) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     archive = cache / pin["archive"]
@@ -64,11 +49,12 @@ def fetch_archive(pin: dict, cache: Path) -> Path:
         print(f"fetch_llama: cached {archive} fails its sha256; fetching again", file=sys.stderr)
         archive.unlink()
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-               "--no-build-isolation", "--disable-pip-version-check", "--quiet",
-               "-d", tmp, f"{pin['package']}=={pin['version']}"]
-        print("fetch_llama:", " ".join(cmd[2:]), file=sys.stderr)
-        subprocess.run(cmd, check=True)
+        print(f"fetch_llama: pip download {pin['package']}=={pin['version']}", file=sys.stderr)
+        try:
+            pip_download(pin["package"], pin["version"], Path(tmp), binary=False,
+                         extra=("--no-build-isolation",))
+        except FetchError as exc:
+            raise SystemExit(f"fetch_llama: {exc}") from None
         got = Path(tmp) / pin["archive"]
         if not got.exists():
             raise SystemExit(f"fetch_llama: pip did not produce {pin['archive']}")

