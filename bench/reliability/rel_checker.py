@@ -224,6 +224,8 @@ def check_log(view: StoreView) -> list[Violation]:
                 kinds = kinds[len(kinds) - kinds[::-1].index("task.requeued"):]
             if kinds.count("response.output_item.added") != kinds.count("response.output_item.done"):
                 out.append(Violation("item_open", t.id, f"{t.status} task left its output item open"))
+            if t.status == "failed" and t.events[-1].type == "response.failed":
+                out.extend(_check_failed_event(t))
         elif terminal:
             out.append(Violation("terminal", t.id, f"unfinished ({t.status}) task has a terminal event"))
         types = [e.type for e in t.events]
@@ -232,6 +234,19 @@ def check_log(view: StoreView) -> list[Violation]:
             if "response.completed" in after or "response.incomplete" in after or t.status == "completed":
                 out.append(Violation("cancel_atomic", t.id, "completed after an accepted cancel"))
     return out
+
+
+def _check_failed_event(t: Task) -> list[Violation]:
+    """B.6: a response.failed carries the task's error in ``response.error``, and no
+    top-level ``error`` (which the openai package takes for a failed stream)."""
+    data = t.events[-1].data
+    error = (data.get("response") or {}).get("error")
+    if "error" in data:
+        return [Violation("failed_error", t.id, f"response.failed has a top-level error {data['error']}")]
+    if not isinstance(error, dict) or error.get("code") != (t.error or {}).get("code"):
+        return [Violation("failed_error", t.id, f"response.failed has response.error {error}, "
+                          f"the task {t.error}")]
+    return []
 
 
 # what ends an open output item, in the transaction that ends its task, before the terminal event

@@ -107,6 +107,8 @@ def event_object(event: Row, item_id: str) -> dict:
         out.update(item_id=item_id, output_index=0, content_index=0, delta=event["text"] or "")
     else:
         out.update(json.loads(event["data"]))
+        if out["type"] == "response.failed":  # rows written before B.6 said so kept the error here too
+            out.pop("error", None)
     return out
 
 

@@ -183,3 +183,28 @@ def test_the_openai_sdk_works_unchanged(live):
     assert bad.value.status_code == 400 and bad.value.code == "invalid_request"
     with pytest.raises(openai.ConflictError):
         sdk.responses.cancel(background.id)  # it finished already
+
+
+def test_the_openai_sdk_sees_a_failed_stream_as_its_failed_event(live):
+    """A file changed in place (same size: only the load's digest check finds it) fails the
+    task; the unmodified openai package gets a ResponseFailedEvent, not an exception (B.6)."""
+    models_dir = live["config"].models_dir
+    shutil.copyfile(models_dir / "tiny.gguf", models_dir / "edited.gguf")
+    assert live["admin"].post("/v1/models", json={"path": "edited.gguf"}).status_code == 201
+    with open(models_dir / "edited.gguf", "r+b") as f:
+        f.seek(-1, 2)
+        last = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([last[0] ^ 0xFF]))
+    _, token = make_client(live["store"], ["responses:write", "responses:read"])
+    sdk = openai.OpenAI(api_key=token, base_url="http://lmsp.test/v1", max_retries=0,
+                        http_client=httpx2.Client(transport=httpx2.WSGITransport(app=live["app"])))
+    events = list(sdk.responses.create(model="edited", input="Hello", max_output_tokens=4, stream=True))
+    failed = events[-1]
+    assert isinstance(failed, openai.types.responses.ResponseFailedEvent), events
+    assert failed.response.error.code == "model_changed" and "changed" in failed.response.error.message
+    retrieved = sdk.responses.retrieve(failed.response.id)
+    assert retrieved.status == "failed" and retrieved.error.code == "model_changed"
+    replayed = list(sdk.responses.retrieve(failed.response.id, stream=True, starting_after=0))
+    assert [e.type for e in replayed] == [e.type for e in events]
+    assert live["admin"].delete("/v1/models/edited").status_code == 200

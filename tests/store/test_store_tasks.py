@@ -101,6 +101,9 @@ def test_error_finish_fails_with_the_error(store, running_task):
     assert task["status"] == "failed" and task["error"] == {"code": "engine_error", "message": "boom"}
     response = store.get_response(task["response_id"])
     assert response["status"] == "failed" and response["error"]["code"] == "engine_error"
+    failed = all_events(store, tid)[-1]
+    assert failed["type"] == "response.failed" and "error" not in failed  # B.6: only in response.error
+    assert failed["response"]["error"] == {"code": "engine_error", "message": "boom"}
     assert_consistent(store, tid)
 
 
@@ -237,7 +240,26 @@ def test_fail_task(store, make_task):
     task = store.get_task(tid)
     assert task["status"] == "failed" and task["error"] == {"code": "model_load_failed", "message": "bad file"}
     assert event_types(store, tid)[-1] == "response.failed"
-    assert all_events(store, tid)[-1]["response"]["error"]["code"] == "model_load_failed"
+    failed = all_events(store, tid)[-1]
+    assert failed["response"]["error"]["code"] == "model_load_failed" and "error" not in failed
+
+
+def test_a_failed_event_stored_with_a_top_level_error_is_read_without_it(store, make_task, db_path):
+    """Rows written before B.6 said where the error goes keep it at the top; it is not shown."""
+    tid = make_task()["task"]["id"]
+    store.claim("w1", limit=1, lease=30)
+    store.fail_task(tid, "w1", code="model_load_failed", message="bad file")
+    conn = sqlite3.connect(db_path)
+    try:
+        with conn:
+            conn.execute("UPDATE task_events SET data = json_set(data, '$.error', json(?)) "
+                         "WHERE task_id = ? AND type = 'response.failed'",
+                         ('{"code": "model_load_failed", "message": "bad file"}', tid))
+    finally:
+        conn.close()
+    failed = all_events(store, tid)[-1]
+    assert failed["type"] == "response.failed" and "error" not in failed
+    assert failed["response"]["error"]["code"] == "model_load_failed"
 
 
 # -- cancel (B.7) -----------------------------------------------------------------------------

@@ -140,6 +140,9 @@ SCHEMAS: dict = {
             "item_id": STR, "output_index": INT, "content_index": INT, "text": STR,
             "item": ref("OutputMessage"), "part": ref("OutputText"),
         },
+        # a response.failed carries its error in response.error (B.6); a top-level
+        # "error" is what the openai package takes for a failed stream
+        "not": {"required": ["error"]},
     },
     "EventList": obj({"object": {"const": "list"}, "data": {"type": "array", "items": ref("Event")},
                       "has_more": {"type": "boolean"}}),

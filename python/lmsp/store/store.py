@@ -392,9 +392,7 @@ class Store:
             response = self._response_row(conn, task["response_id"])
         task["last_seq"] += 1
         payload = {"response": self._render_response(conn, response, task)}
-        task["last_seq"] -= 1
-        if etype == "response.failed":  # B.6: the event carries its error
-            payload["error"] = payload["response"]["error"]
+        task["last_seq"] -= 1  # a response.failed carries its error in response.error only (B.6)
         self._emit(conn, task, etype, now, payload)
 
     def _close_item(self, conn: sqlite3.Connection, task: dict, now: float, status: str, text: str,
