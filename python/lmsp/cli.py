@@ -1,9 +1,9 @@
 """The ``lmsp`` command: run the service, and operate it on the box.
 
-    lmsp serve   --data-dir DIR --bind HOST:PORT [--model FILE] [--workers N]
+    lmsp serve   --data-dir DIR --bind HOST:PORT [--model FILE|NAME] [--workers N]
     lmsp pair    --scopes SCOPE[,SCOPE...] [--name NAME]     a one-time pairing code
     lmsp clients [list | revoke CLIENT_ID]
-    lmsp models  [list | add FILE [--id ID] | remove MODEL_ID]
+    lmsp models  [list | add FILE [--id ID] | remove MODEL_ID | pull NAME | pull --list]
     lmsp tasks   [list [--status S] [--limit N] | show TASK_ID | cancel TASK_ID]
     lmsp gc      [--retention-days DAYS]                      apply retention now
     lmsp doctor                                               database integrity, model files and digests
@@ -129,12 +129,9 @@ def cmd_serve(args) -> int:
     env = os.environ.copy()
     env["LMSP_DATA_DIR"] = str(cfg.data_dir.resolve())
     env["LMSP_BIND"] = cfg.bind
-    if cfg.model:
-        env["LMSP_MODEL"] = os.path.realpath(os.path.expanduser(str(cfg.model)))
-        if os.path.isdir(env["LMSP_MODEL"]):
-            raise CommandError(f"--model: {cfg.model} is a directory; name a GGUF file")
-        if not os.path.isfile(env["LMSP_MODEL"]):
-            raise CommandError(f"--model: no such file: {cfg.model}")
+    model = _served_model(cfg, args.default_model)
+    if model:
+        env["LMSP_MODEL"] = model
     if args.workers is not None:
         env["LMSP_WORKERS"] = str(args.workers)
     if args.log_level is not None:
@@ -145,6 +142,33 @@ def cmd_serve(args) -> int:
     sys.stderr.flush()
     os.execve(sys.executable, argv, env)  # the master keeps this pid (systemd, signals)
     return EXIT_ERROR  # pragma: no cover
+
+
+def _served_model(cfg, default: str | None) -> str | None:
+    """The real path of the model file to serve: the one configured (a file, or a catalog
+    model's name, pulled into the models directory on first use), else ``default`` (a catalog
+    name; when it cannot be had the service makes its demo model instead), else none."""
+    from . import catalog, pull
+
+    given = str(cfg.model) if cfg.model else None
+    try:
+        model = pull.catalog_name(given or default) if (given or default) else None
+        if model is not None:
+            reporter = pull.Reporter(bar=pull.interactive(False), json_lines=False)
+            return os.path.realpath(pull.fetch(model, cfg.models_dir, reporter))
+    except catalog.CatalogError as exc:
+        if given:
+            raise CommandError(f"--model {given}: {exc}") from None
+        print(f"lmsp serve: {default} cannot be had ({exc}); serving the demo model", file=sys.stderr)
+        return None
+    if not given:
+        return None
+    path = os.path.realpath(os.path.expanduser(given))
+    if os.path.isdir(path):
+        raise CommandError(f"--model: {given} is a directory; name a GGUF file")
+    if not os.path.isfile(path):
+        raise CommandError(f"--model: no such file, nor a model of the catalog (lmsp models pull --list): {given}")
+    return path
 
 
 # ---------------------------------------------------------------------- prepare
@@ -223,6 +247,10 @@ def cmd_models(args) -> int:
     from .runtime import ModelRegistry
 
     cfg = _load_config(args)
+    if args.action == "pull":
+        return _pull(args, cfg)
+    if args.list:
+        raise CommandError("--list goes with models pull")
     store = _open_store(cfg)
     try:
         registry = ModelRegistry(cfg, store)
@@ -249,6 +277,34 @@ def cmd_models(args) -> int:
              (m["digest"] or "")[:19]] for m in models]
     _print(args, {"object": "list", "data": models},
            _table(rows, ["ID", "STATE", "ARCH", "QUANT", "PARAMS", "BYTES", "DIGEST"]))
+    return EXIT_OK
+
+
+def _pull(args, cfg) -> int:
+    from . import catalog, pull
+
+    try:
+        if args.list:
+            data, rows = pull.listing()
+            _print(args, {"object": "list", "data": data},
+                   _table(rows, ["NAME", "SIZE", "LICENCE", "ARCH", "CACHED", "DESCRIPTION"]))
+            return EXIT_OK
+        if not args.target:
+            raise CommandError("models pull needs a model name (lmsp models pull --list shows the catalog)")
+        if args.id:
+            raise CommandError("a pulled model's id is its catalog name; --id goes with models add")
+        model = catalog.lookup(args.target)
+        store = _open_store(cfg)  # before any download: a pull registers what it fetched
+        try:
+            reporter = pull.Reporter(bar=pull.interactive(args.json), json_lines=args.json)
+            path = pull.fetch(model, cfg.models_dir, reporter)
+            out = pull.register(cfg, store, model, path, reporter)
+        finally:
+            store.close()
+    except catalog.CatalogError as exc:
+        raise CommandError(str(exc)) from None
+    _print(args, out, f"{model.name}: {out['architecture']}, {out['quantization']}, {out['size_bytes']:,} bytes, "
+                      f"{model.license}, in {path}")
     return EXIT_OK
 
 
@@ -399,7 +455,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", parents=[data_dir], help="run the service (gunicorn, gevent workers)")
     p.add_argument("--bind", default=None, help="HOST:PORT (env LMSP_BIND; default 127.0.0.1:8080)")
-    p.add_argument("--model", default=None, help="a GGUF file to register (id = its name) and serve")
+    p.add_argument("--model", default=None, help="a GGUF file to register (id = its name) and serve, or the name "
+                   "of a catalog model (lmsp models pull --list), fetched into the data directory on first use")
+    p.add_argument("--default-model", default=None, metavar="NAME",
+                   help="a catalog model to serve when no model is configured; when it cannot be had, "
+                        "the demo model is served instead")
     p.add_argument("--workers", type=int, default=None, help="worker processes (each holds its own model copy)")
     p.add_argument("--log-level", default=None, choices=_config.LOG_LEVELS)
     p.set_defaults(func=cmd_serve)
@@ -419,9 +479,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id", nargs="?", default=None)
     p.set_defaults(func=cmd_clients)
 
-    p = sub.add_parser("models", parents=[common], help="list, add or remove models")
-    p.add_argument("action", nargs="?", default="list", choices=["list", "add", "remove"])
-    p.add_argument("target", nargs="?", default=None, help="add: a GGUF file; remove: a model id")
+    p = sub.add_parser("models", parents=[common], help="list, add, remove or pull models")
+    p.add_argument("action", nargs="?", default="list", choices=["list", "add", "remove", "pull"])
+    p.add_argument("target", nargs="?", default=None,
+                   help="add: a GGUF file; remove: a model id; pull: a catalog model's name")
+    p.add_argument("--list", action="store_true", help="pull: show the catalog")
     p.add_argument("--id", default=None, help="add: the model id (default: the file name without .gguf)")
     p.set_defaults(func=cmd_models)
 

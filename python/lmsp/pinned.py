@@ -52,15 +52,16 @@ def sha256_of(path: Path, progress: Callable[[int, int], None] | None = None) ->
 def pip_download(package: str, version: str, dest: Path, *, binary: bool,
                  extra: tuple[str, ...] = (), quiet: bool = True) -> None:
     """``pip download --no-deps`` of ``package==version`` into ``dest``: a wheel when
-    ``binary``, else the source archive. ``quiet`` keeps pip's output for the error
-    message; otherwise pip shows its own progress on stderr. Raises FetchError."""
+    ``binary``, else the source archive. pip's messages are kept for the error
+    message; with ``quiet=False`` pip shows its download progress on stderr.
+    Raises FetchError."""
     cmd = [*PIP, "download", "--no-deps", "--only-binary=:all:" if binary else "--no-binary=:all:",
            "--disable-pip-version-check", *extra, "-d", str(dest), f"{package}=={version}"]
     if quiet:
         cmd[len(PIP) + 1:len(PIP) + 1] = ["--quiet", "--progress-bar", "off"]
     try:
         done = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if quiet else 2,
-                              stderr=subprocess.STDOUT if quiet else None, text=True)
+                              stderr=subprocess.STDOUT if quiet else subprocess.PIPE, text=True)
     except OSError as exc:
         raise FetchError(f"cannot run pip to download {package} {version}: {exc.strerror or exc}") from None
     if done.returncode < 0:
@@ -68,7 +69,7 @@ def pip_download(package: str, version: str, dest: Path, *, binary: bool,
                          f"(pip stopped by signal {-done.returncode})")
     if done.returncode != 0:
         raise FetchError(f"pip could not download {package} {version} (exit status {done.returncode})"
-                         f"{_reason(done.stdout)}; is the package registry reachable?")
+                         f"{_reason(done.stdout if quiet else done.stderr)}; is the package registry reachable?")
 
 
 def _reason(output: str | None) -> str:
