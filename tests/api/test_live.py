@@ -5,10 +5,12 @@ from __future__ import annotations
 import shutil
 
 import httpx2
+import jsonschema
 import openai
 import pytest
 from api_helpers import Api, assert_error, make_client, parse_sse
 
+from lmsp.api.openapi import document
 from lmsp.app import create_app
 from lmsp.config import Config
 from lmsp.runtime import RECOVERED_ENV, Runtime, open_store
@@ -76,6 +78,13 @@ def test_register_refuses_bad_paths(live, path):
     result = live["admin"].post("/v1/models", json={"path": path})
     err = assert_error(result, 400, "invalid_request")
     assert err["message"]
+
+
+def test_a_blank_path_is_refused_by_the_service_and_the_document(live):
+    assert_error(live["admin"].post("/v1/models", json={"path": "  "}), 400, "invalid_request", "path")
+    schema = document()["components"]["schemas"]["RegisterModel"]
+    assert not jsonschema.Draft202012Validator(schema).is_valid({"path": "  "})
+    assert jsonschema.Draft202012Validator(schema).is_valid({"path": " tiny.gguf"})
 
 
 def test_register_validation(live):

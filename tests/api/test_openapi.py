@@ -4,6 +4,8 @@ against it, in ``api_helpers.Contract``.)"""
 from __future__ import annotations
 
 import jsonschema
+import pytest
+from api_helpers import assert_error
 
 from lmsp.api.common import Deps
 from lmsp.api.openapi import document
@@ -68,3 +70,92 @@ def test_the_request_schema_agrees_with_the_validation(user, anon):
     assert user.post("/v1/responses", json=good).status_code == 200
     assert not validator.is_valid(bad)
     assert user.post("/v1/responses", json=bad).status_code == 400
+
+
+# (route, who, body schema, body): a body the service refuses with 400 (every field of
+# every request schema, at each limit the validators enforce), which the document
+# must refuse as well
+REFUSED_BODIES = [
+    ("/v1/responses", "user", "CreateResponse", {"model": "", "input": "hi"}),
+    ("/v1/responses", "user", "CreateResponse", {"model": "m" * 257, "input": "hi"}),
+    ("/v1/responses", "user", "CreateResponse", {"model": "tiny", "input": []}),
+    ("/v1/responses", "user", "CreateResponse", {"model": "tiny", "input": "a\x00b"}),
+    ("/v1/responses", "user", "CreateResponse",
+     {"model": "tiny", "input": [{"role": "user", "content": "a\x00b"}]}),
+    ("/v1/responses", "user", "CreateResponse",
+     {"model": "tiny", "input": [{"role": "user", "content": [{"type": "input_text", "text": "\x00"}]}]}),
+    ("/v1/responses", "user", "CreateResponse", {"model": "tiny", "input": "hi", "instructions": "\x00"}),
+    ("/v1/responses", "user", "CreateResponse", {"model": "tiny", "input": "hi", "top_k": 2**31}),
+    ("/v1/responses", "user", "CreateResponse", {"model": "tiny", "input": "hi", "stop": ""}),
+    ("/v1/responses", "user", "CreateResponse", {"model": "tiny", "input": "hi", "stop": ["a", ""]}),
+    ("/v1/responses", "user", "CreateResponse", {"model": "tiny", "input": "hi", "stop": "s" * 1001}),
+    ("/v1/responses", "user", "CreateResponse", {"model": "tiny", "input": "hi", "stop": ["s" * 1001]}),
+    ("/v1/responses", "user", "CreateResponse", {"model": "tiny", "input": "hi", "metadata": {"": "v"}}),
+    ("/v1/responses", "user", "CreateResponse", {"model": "tiny", "input": "hi", "metadata": {"k" * 65: "v"}}),
+    ("/v1/responses", "user", "CreateResponse",
+     {"model": "tiny", "input": "hi", "background": True, "store": False}),
+    ("/v1/pairings", "admin", "PairingRequest", {"scopes": []}),
+    ("/v1/pairings", "admin", "PairingRequest", {"name": ""}),
+    ("/v1/pairings", "admin", "PairingRequest", {"name": "n" * 201}),
+    ("/v1/pairings", "admin", "PairingRequest", {"name": "a\nb"}),
+    ("/v1/pairings", "admin", "PairingRequest", {"name": "a\x9bb"}),
+    ("/v1/pairings", "admin", "PairingRequest", {"expires_in": 86401}),
+    ("/v1/pair", "anon", "PairRequest", {"code": "", "client_name": "app"}),
+    ("/v1/pair", "anon", "PairRequest", {"code": "c" * 101, "client_name": "app"}),
+    ("/v1/pair", "anon", "PairRequest", {"code": "ABCD-EFGH-JKLM", "client_name": ""}),
+    ("/v1/pair", "anon", "PairRequest", {"code": "ABCD-EFGH-JKLM", "client_name": "n" * 201}),
+    ("/v1/pair", "anon", "PairRequest", {"code": "ABCD-EFGH-JKLM", "client_name": "a\x07"}),
+    ("/v1/models", "admin", "RegisterModel", {"path": ""}),
+    ("/v1/models", "admin", "RegisterModel", {"path": "a\x00.gguf"}),
+    ("/v1/models", "admin", "RegisterModel", {"path": "p" * 4097}),
+    ("/v1/models", "admin", "RegisterModel", {"path": "tiny.gguf", "id": ""}),
+    ("/v1/models", "admin", "RegisterModel", {"path": "tiny.gguf", "id": "-tiny"}),
+    ("/v1/models", "admin", "RegisterModel", {"path": "tiny.gguf", "id": "a/b"}),
+    ("/v1/models", "admin", "RegisterModel", {"path": "tiny.gguf", "id": "i" * 129}),
+]
+
+
+def schema_validator(doc: dict, name: str):
+    return jsonschema.Draft202012Validator({"$ref": f"#/components/schemas/{name}",
+                                            "components": doc["components"]})
+
+
+@pytest.mark.parametrize("path,who,schema,body", REFUSED_BODIES)
+def test_a_body_the_service_refuses_the_document_refuses(request, anon, path, who, schema, body):
+    api = request.getfixturevalue(who)
+    assert_error(api.post(path, json=body), 400, "invalid_request")
+    assert not schema_validator(anon.get("/openapi.json").json, schema).is_valid(body), body
+
+
+@pytest.mark.parametrize("body", [
+    {"model": "tiny", "input": "hi", "stop": [], "metadata": {"k": ""}, "instructions": "",
+     "top_k": 2**31 - 1, "background": False, "store": False},
+    {"model": "tiny", "input": [{"role": "developer", "content": [{"type": "text", "text": ""}]},
+                                {"role": "user", "content": "hi"}], "background": True, "store": True},
+])
+def test_a_body_the_document_allows_the_service_takes(user, anon, body):
+    assert schema_validator(anon.get("/openapi.json").json, "CreateResponse").is_valid(body)
+    assert user.post("/v1/responses", json=body).status_code in (200, 202)
+
+
+def parameter(doc: dict, path: str, method: str, name: str) -> dict:
+    return next(p["schema"] for p in doc["paths"][path][method]["parameters"] if p["name"] == name)
+
+
+@pytest.mark.parametrize("path,value", [("/v1/responses", "task_1"), ("/v1/responses", "x"),
+                                        ("/v1/tasks", "resp_1"), ("/v1/tasks", "a" * 101)])
+def test_a_list_cursor_the_service_refuses_the_document_refuses(user, anon, path, value):
+    assert_error(user.get(path, params={"after": value}), 400, "invalid_request", "after")
+    schema = parameter(anon.get("/openapi.json").json, path, "get", "after")
+    assert not jsonschema.Draft202012Validator(schema).is_valid(value)
+
+
+def test_the_header_parameters_say_what_the_service_takes(user, anon):
+    doc = anon.get("/openapi.json").json
+    key = jsonschema.Draft202012Validator(parameter(doc, "/v1/responses", "post", "Idempotency-Key"))
+    body = {"model": "tiny", "input": "hi"}
+    assert_error(user.post("/v1/responses", json=body, headers={"Idempotency-Key": "k\u00e9y"}), 400,
+                 "invalid_request", "Idempotency-Key")
+    assert not key.is_valid("k\u00e9y") and not key.is_valid("a\tb") and key.is_valid("a key ~")
+    last = jsonschema.Draft202012Validator(parameter(doc, "/v1/tasks/{task_id}/events", "get", "Last-Event-ID"))
+    assert not last.is_valid(-1) and not last.is_valid(2**63) and last.is_valid(2**63 - 1)

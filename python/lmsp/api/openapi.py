@@ -51,6 +51,27 @@ def list_of(item: str, *, paged: bool = False) -> dict:
 INT = {"type": "integer"}
 STR = {"type": "string"}
 TIME = {"type": "integer", "description": "Unix seconds"}
+INT64_MAX = 2**63 - 1
+
+
+def text(min_length: int = 0, max_length: int | None = None, pattern: str | None = None) -> dict:
+    """A string field as the validators take it."""
+    out: dict = {"type": "string"}
+    if min_length:
+        out["minLength"] = min_length
+    if max_length is not None:
+        out["maxLength"] = max_length
+    if pattern is not None:
+        out["pattern"] = pattern
+    return out
+
+
+# what request fields refuse: NUL (no chat template, tokenizer or file name takes it), and in
+# names shown on the operator's terminal every control character (Unicode category Cc)
+NO_NUL = "^[^\\u0000]*$"
+NO_CONTROL = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"
+MAX_TEXT = 4_000_000  # characters of one message or of the instructions
+MODEL_ID = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 
 SCHEMAS: dict = {
     "Error": obj({"error": obj({"code": STR, "message": STR, "param": nullable(STR)})}),
@@ -62,12 +83,16 @@ SCHEMAS: dict = {
     "Client": obj({"id": STR, "object": {"const": "client"}, "name": STR, "scopes": ref("Scopes"),
                    "created_at": TIME, "revoked_at": nullable(TIME)}),
     "ClientList": list_of("Client"),
-    "PairingRequest": obj({"scopes": ref("Scopes"), "name": STR,
-                           "expires_in": {"type": "integer", "minimum": 1}}, [], extra=False),
+    "PairingRequest": obj({
+        "scopes": nullable({"type": "array", "minItems": 1, "items": {"enum": SCOPES}}),
+        "name": nullable(text(1, 200, NO_CONTROL)),
+        "expires_in": nullable({"type": "integer", "minimum": 1, "maximum": 86400,
+                                "description": "At most 86400, or `pairing_ttl_seconds` when that is larger."}),
+    }, [], extra=False),
     "Pairing": obj({"object": {"const": "pairing"}, "code": STR, "scopes": ref("Scopes"),
                     "name": nullable(STR), "created_at": TIME, "expires_at": TIME, "id": STR},
                    ["object", "code", "scopes", "created_at", "expires_at"]),
-    "PairRequest": obj({"code": STR, "client_name": STR}, extra=False),
+    "PairRequest": obj({"code": text(1, 100), "client_name": text(1, 200, NO_CONTROL)}, extra=False),
     "ClientToken": obj({"object": {"const": "client_token"}, "client_id": STR, "client_name": STR,
                         "token": STR, "scopes": ref("Scopes")}),
     "Model": obj({"id": STR, "object": {"const": "model"}, "created": TIME, "owned_by": {"const": "local"},
@@ -76,32 +101,40 @@ SCHEMAS: dict = {
                   "parameters": nullable(INT), "quantization": nullable(STR),
                   "context_length": nullable(INT), "state": {"enum": MODEL_STATES}}),
     "ModelList": list_of("Model"),
-    "RegisterModel": obj({"path": STR, "id": STR}, ["path"], extra=False),
+    "RegisterModel": obj({
+        "path": text(1, 4096, "^[^\\u0000]*[^\\u0000\\s][^\\u0000]*$") | {
+            "description": "A file under the models directory, relative to it."},
+        "id": nullable(text(1, 128, MODEL_ID)),
+    }, ["path"], extra=False),
     "DeletedModel": obj({"id": STR, "object": {"const": "model"}, "deleted": {"const": True}}),
     "InputMessage": obj({
         "type": {"const": "message"},
         "role": {"enum": ["system", "developer", "user", "assistant"]},
-        "content": {"anyOf": [STR, {"type": "array", "items": obj({
-            "type": {"enum": ["input_text", "output_text", "text"]}, "text": STR,
+        "content": {"anyOf": [text(pattern=NO_NUL), {"type": "array", "items": obj({
+            "type": {"enum": ["input_text", "output_text", "text"]}, "text": text(0, MAX_TEXT, NO_NUL),
             "annotations": {"type": "array"}}, ["type", "text"], extra=False)}]},
     }, ["role", "content"], extra=False),
     "CreateResponse": obj({
-        "model": STR,
-        "input": {"anyOf": [STR, {"type": "array", "minItems": 1, "items": ref("InputMessage")}]},
-        "instructions": nullable(STR),
+        "model": text(1, 256),
+        "input": {"anyOf": [text(0, MAX_TEXT, NO_NUL),
+                            {"type": "array", "minItems": 1, "maxItems": 10_000, "items": ref("InputMessage")}]},
+        "instructions": nullable(text(0, MAX_TEXT, NO_NUL)),
         "max_output_tokens": nullable({"type": "integer", "minimum": 1}),
         "temperature": nullable({"type": "number", "minimum": 0, "maximum": 2}),
         "top_p": nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 1}),
-        "top_k": nullable({"type": "integer", "minimum": 0}),
+        "top_k": nullable({"type": "integer", "minimum": 0, "maximum": 2**31 - 1}),
         "seed": nullable({"type": "integer", "minimum": 0, "maximum": 2**32 - 2}),
-        "stop": nullable({"anyOf": [STR, {"type": "array", "maxItems": 16, "items": STR}]}),
+        "stop": nullable({"anyOf": [text(1, 1000), {"type": "array", "maxItems": 16, "items": text(1, 1000)}]}),
         "stream": nullable({"type": "boolean"}),
         "background": nullable({"type": "boolean"}),
         "store": nullable({"type": "boolean"}),
         "on_restart": nullable({"enum": ["fail", "retry", "resume"]}),
-        "metadata": nullable({"type": "object", "maxProperties": 16,
-                              "additionalProperties": {"type": "string", "maxLength": 512}}),
-    }, ["model", "input"], extra=False),
+        "metadata": nullable({"type": "object", "maxProperties": 16, "propertyNames": text(1, 64),
+                              "additionalProperties": text(0, 512)}),
+    }, ["model", "input"], extra=False) | {
+        # a background response must be stored
+        "not": {"required": ["background", "store"],
+                "properties": {"background": {"const": True}, "store": {"const": False}}}},
     "OutputText": obj({"type": {"const": "output_text"}, "text": STR, "annotations": {"type": "array"}}),
     "OutputMessage": obj({"type": {"const": "message"}, "id": STR, "role": {"const": "assistant"},
                           "status": {"enum": ["in_progress", "completed", "incomplete"]},
@@ -186,7 +219,7 @@ def _param(name: str, where: str, schema: dict, description: str = "", required:
     return out
 
 
-IDEMPOTENCY = _param("Idempotency-Key", "header", {"type": "string", "minLength": 1, "maxLength": 255},
+IDEMPOTENCY = _param("Idempotency-Key", "header", text(1, 255, "^[ -~]*$"),
                      "B.8: a replay gets the stored answer with `Idempotent-Replayed: true`.")
 AUTH_ERRORS = ("401", "403", "503")  # every authenticated call reads the store
 
@@ -212,10 +245,13 @@ def _id(name: str, prefix: str) -> dict:
     return _param(name, "path", {"type": "string"}, f"An id starting with `{prefix}_`.")
 
 
-LIST_PARAMS = (
-    _param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 100, "default": 20}),
-    _param("after", "query", {"type": "string"}, "The last id of the previous page."),
-)
+def _list_params(prefix: str) -> tuple[dict, dict]:
+    return (_param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 100, "default": 20}),
+            _param("after", "query", text(0, 100, f"^{prefix}_"), "The last id of the previous page."))
+
+
+LAST_EVENT_ID = {"type": "integer", "minimum": 0, "maximum": INT64_MAX}
+SEQUENCE = {"type": "integer", "minimum": 0, "maximum": INT64_MAX}
 
 
 def _paths() -> dict:
@@ -281,7 +317,7 @@ def _paths() -> dict:
                 errors=body_errors + ("404", "409", "422", "429", "503")),
             "get": _op("The caller's responses, newest first", {"200": _json("ResponseList", "A page")},
                        scope="responses:read", params=(
-                           _param("status", "query", {"enum": RESPONSE_STATUSES}), *LIST_PARAMS),
+                           _param("status", "query", {"enum": RESPONSE_STATUSES}), *_list_params("resp")),
                        errors=("400",)),
         },
         "/v1/responses/{response_id}": {
@@ -290,9 +326,9 @@ def _paths() -> dict:
                         "content": {"application/json": {"schema": ref("Response")}, **SSE}}},
                 scope="responses:read", params=(
                     resp_id, _param("stream", "query", {"type": "boolean"}),
-                    _param("starting_after", "query", {"type": "integer", "minimum": 0},
+                    _param("starting_after", "query", SEQUENCE,
                            "Replay the events after this sequence number, then follow."),
-                    _param("Last-Event-ID", "header", STR, "Like `starting_after`.")),
+                    _param("Last-Event-ID", "header", LAST_EVENT_ID, "Like `starting_after`.")),
                 errors=("400", "404")),
             "delete": _op("Delete a finished response with its task and events",
                           {"200": _json("DeletedResponse", "Deleted")}, scope="responses:write",
@@ -303,7 +339,8 @@ def _paths() -> dict:
             scope="responses:write", params=(resp_id, IDEMPOTENCY), errors=("400", "404", "409", "422"))},
         "/v1/tasks": {"get": _op("The caller's tasks, newest first", {"200": _json("TaskList", "A page")},
                                  scope="responses:read", params=(
-                                     _param("status", "query", {"enum": list(TASK_STATES)}), *LIST_PARAMS),
+                                     _param("status", "query", {"enum": list(TASK_STATES)}),
+                                     *_list_params("task")),
                                  errors=("400",))},
         "/v1/tasks/{task_id}": {"get": _op("A task", {"200": _json("Task", "The task")},
                                            scope="responses:read", params=(task_id,), errors=("404",))},
@@ -315,10 +352,10 @@ def _paths() -> dict:
                 "200": {"description": "Events after `after`",
                         "content": {"application/json": {"schema": ref("EventList")}, **SSE}}},
             scope="responses:read", params=(
-                task_id, _param("after", "query", {"type": "integer", "minimum": 0, "default": 0}),
+                task_id, _param("after", "query", SEQUENCE | {"default": 0}),
                 _param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100}),
                 _param("stream", "query", {"type": "boolean"}, "SSE without the Accept header."),
-                _param("Last-Event-ID", "header", STR, "Like `after` (SSE reconnects).")),
+                _param("Last-Event-ID", "header", LAST_EVENT_ID, "Like `after` (SSE reconnects).")),
             errors=("400", "404"))},
     }
 
