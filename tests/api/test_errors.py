@@ -173,6 +173,13 @@ BAD_BODIES = [
      "application/json", 400, "invalid_json"),
     ("nested 33 deep", b'{"model": "tiny", "input": [{"role": "user", "content": [{"type": "text", "text": "x",'
      b' "annotations": ' + b"[" * 29 + b"]" * 29 + b"}]}]}", "application/json", 400, "invalid_json"),
+    # a key twice in one object: which value counts is up to each parser
+    ("duplicate key", b'{"model": "tiny", "input": "x", "model": "other"}', "application/json", 400,
+     "invalid_json"),
+    ("duplicate key in metadata", b'{"model": "tiny", "input": "x", "metadata": {"k": "a", "k": "b"}}',
+     "application/json", 400, "invalid_json"),
+    ("duplicate key in a part", b'{"model": "tiny", "input": [{"role": "user", "content": [{"type": "text",'
+     b' "text": "a", "text": "b"}]}]}', "application/json", 400, "invalid_json"),
 ]
 
 
@@ -183,6 +190,23 @@ def test_bad_bodies(user, store, name, body, ctype, status, code):
         headers["Content-Encoding"] = "gzip"
     result = user.post("/v1/responses", body=body, headers=headers)
     assert_error(result, status, code)
+    assert store.list_tasks()["data"] == []
+
+
+def test_a_duplicate_key_is_named(user):
+    body = b'{"model": "tiny", "input": [{"role": "user", "content": "a", "role": "user"}]}'
+    err = assert_error(user.post("/v1/responses", body=body, headers={"Content-Type": "application/json"}),
+                       400, "invalid_json")
+    assert "'role'" in err["message"] and "twice" in err["message"]
+
+
+@pytest.mark.parametrize("digits", [5000, 50_000])
+def test_an_integer_too_long_to_read_says_so(user, store, digits):
+    body = b'{"model": "tiny", "input": "x", "seed": ' + b"7" * digits + b"}"
+    err = assert_error(user.post("/v1/responses", body=body, headers={"Content-Type": "application/json"}),
+                       400, "invalid_json")
+    assert f"{digits} digits" in err["message"]
+    assert "int_max_str_digits" not in err["message"] and "sys." not in err["message"]
     assert store.list_tasks()["data"] == []
 
 

@@ -170,7 +170,8 @@ def read_json(req: falcon.Request, max_bytes: int, *, optional: bool = False,
     except UnicodeDecodeError as exc:
         raise InvalidJSON(f"the request body is not valid UTF-8 (byte {exc.start})") from None
     try:
-        body = json.loads(text, parse_constant=_reject_constant)
+        body = json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int,
+                          object_pairs_hook=_unique_keys)
     except ValueError as exc:
         raise InvalidJSON(f"the request body is not valid JSON: {exc}") from None
     except RecursionError:
@@ -183,6 +184,29 @@ def read_json(req: falcon.Request, max_bytes: int, *, optional: bool = False,
 
 def _reject_constant(name: str):
     raise ValueError(f"{name} is not valid JSON")
+
+
+def _parse_int(digits: str) -> int:
+    """An integer of the body; one too long for Python to read (4300 digits by default)
+    is refused as what it is, not with the interpreter's setting."""
+    try:
+        return int(digits)
+    except ValueError:
+        raise InvalidJSON(f"the request body has a number of {len(digits.lstrip('-'))} digits; "
+                          "no field takes a number that long") from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """An object of the body: a key given twice is refused (parsers disagree on which value counts)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                shown = repr(key) if len(key) <= 64 else repr(key[:64]) + "..."
+                raise InvalidJSON(f"the request body has the key {shown} twice in one object")
+            seen.add(key)
+    return out
 
 
 MAX_DEPTH = 32  # arrays and objects within one another; a request of B.5 needs 5
