@@ -1,6 +1,7 @@
 """Fixtures shared by every test area."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,3 +15,26 @@ def demo_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     f32 weights, seed 0), written once per test session. Read-only: copy it
     before changing it."""
     return write_demo_model(tmp_path_factory.mktemp("models") / "tiny.gguf")
+
+
+@pytest.fixture(scope="session")
+def catalog_model() -> Callable[[str], Path]:
+    """``catalog_model(name)``: the GGUF file of a catalog model in the user's cache
+    (``lmsp.catalog.ensure_model``: fetched on the first run, checked once a session).
+    Read-only. Where it cannot be had (no network on a first run), the test fails."""
+    from lmsp.catalog import ensure_model
+
+    paths: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in paths:
+            paths[name] = ensure_model(name)
+        return paths[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def smollm2_path(catalog_model) -> Path:
+    """SmolLM2 135M Instruct (Q4_1, ChatML), the model ``scripts/dev serve`` serves."""
+    return catalog_model("smollm2-135m-instruct")
