@@ -45,6 +45,9 @@ class Contract:
             return
         documented = op["responses"].get(str(result.status_code))
         assert documented is not None, f"{method} {template} answered an undocumented {result.status_code}"
+        if method.upper() == "HEAD":
+            assert result.content == b"", f"HEAD {template} sent a body"
+            return
         ctype = (result.headers.get("Content-Type") or "").split(";")[0]
         content = documented.get("content", {})
         assert ctype in content, f"{method} {template} {result.status_code}: undocumented type {ctype}"

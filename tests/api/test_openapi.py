@@ -11,7 +11,7 @@ from lmsp.api.common import Deps
 from lmsp.api.openapi import document
 from lmsp.app import routes
 
-METHODS = ("get", "post", "put", "patch", "delete")
+METHODS = ("get", "head", "post", "put", "patch", "delete")
 
 
 def app_routes(config, store, scripted) -> dict[str, dict[str, object]]:

@@ -35,6 +35,26 @@ def test_health_and_readiness(anon, scripted):
     assert anon.get("/healthz").status_code == 200
 
 
+def head_and_get(api, path: str):
+    head, get = api.request("HEAD", path), api.get(path)
+    assert head.status_code == get.status_code and head.content == b""
+    for name in ("Content-Type", "Retry-After", "Cache-Control"):
+        assert head.headers.get(name) == get.headers.get(name), name
+    return head, get
+
+
+def test_head_is_get_without_the_body(anon, scripted):
+    for path in ("/healthz", "/readyz"):
+        head, get = head_and_get(anon, path)
+        assert head.status_code == 200 and head.headers["Content-Length"] == str(len(get.content))
+    head, get = head_and_get(anon, "/metrics")  # its figures move with every request: only a length
+    assert head.status_code == 200 and int(head.headers["Content-Length"]) > 0
+    scripted.ready = False
+    head, get = head_and_get(anon, "/readyz")
+    assert head.status_code == 503 and head.headers["Retry-After"] == "1"
+    assert head.headers["Content-Length"] == str(len(get.content))
+
+
 def test_metrics_exposition(user, anon, scripted):
     scripted.auto = False
     user.post("/v1/responses", json={"model": "tiny", "input": "hi", "background": True})

@@ -241,6 +241,15 @@ def _op(summary: str, responses: dict, *, scope: str | None, params=(), body: st
     return op
 
 
+def _with_head(get: dict) -> dict:
+    """A GET and its HEAD: the same status and headers, without the body."""
+    head = {"summary": get["summary"] + " (HEAD: the GET's status and headers, no body)",
+            "security": get["security"],
+            "responses": {status: {"description": answer["description"]}
+                          for status, answer in get["responses"].items()}}
+    return {"get": get, "head": head}
+
+
 def _id(name: str, prefix: str) -> dict:
     return _param(name, "path", {"type": "string"}, f"An id starting with `{prefix}_`.")
 
@@ -261,11 +270,11 @@ def _paths() -> dict:
     return {
         "/v1/service": {"get": _op("The service and what it can do", {"200": _json("Service", "The service")},
                                    scope=None)},
-        "/healthz": {"get": _op("Liveness", {"200": _json("Status", "The process answers")}, scope=None)},
-        "/readyz": {"get": _op("Readiness: start-up recovery has run",
-                               {"200": _json("Status", "Ready")}, scope=None, errors=("503",))},
-        "/metrics": {"get": _op("Prometheus text exposition", {"200": {
-            "description": "Metrics", "content": {"text/plain": {"schema": STR}}}}, scope=None)},
+        "/healthz": _with_head(_op("Liveness", {"200": _json("Status", "The process answers")}, scope=None)),
+        "/readyz": _with_head(_op("Readiness: start-up recovery has run",
+                                  {"200": _json("Status", "Ready")}, scope=None, errors=("503",))),
+        "/metrics": _with_head(_op("Prometheus text exposition", {"200": {
+            "description": "Metrics", "content": {"text/plain": {"schema": STR}}}}, scope=None)),
         "/openapi.json": {"get": _op("This document", {"200": {
             "description": "OpenAPI 3.1", "content": {"application/json": {"schema": {"type": "object"}}}}},
             scope=None)},

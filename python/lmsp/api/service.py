@@ -52,6 +52,8 @@ class HealthResource:
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         set_json(resp, {"status": "ok"})
 
+    on_head = on_get  # Falcon sends the GET's status and headers without the body
+
 
 class ReadyResource:
     """Readiness: start-up recovery has run and the runtime is started."""
@@ -64,6 +66,8 @@ class ReadyResource:
         if not getattr(runtime, "ready", False) or getattr(runtime, "draining", False):
             raise Unavailable("the service is starting or stopping", retry_after=1)
         set_json(resp, {"status": "ready"})
+
+    on_head = on_get
 
 
 UNFINISHED_STATES = ("queued", "loading", "running", "cancelling")
@@ -108,6 +112,8 @@ class MetricsResource:
         resp.text = prom.render(task_counts=counts, runtime_metrics=runtime_figures,
                                 http=deps.http_metrics,
                                 ready=bool(getattr(deps.runtime, "ready", False)))
+
+    on_head = on_get
 
 
 class OpenAPIResource:
