@@ -71,7 +71,9 @@ BENCH_DEFER_DELTAS = os.environ.get("LMSP_BENCH_NO_PERSIST_EVENTS") == "1"
 # commit, so a run shows what the transactions of the steps cost, and nothing
 # else. A crash loses the unwritten events.
 BENCH_EVENTS_IN_MEMORY = os.environ.get("LMSP_BENCH_EVENTS_IN_MEMORY") == "1"
-START_TRIES = 5          # transient errors a claimed task may meet before it fails
+START_TRIES = 5          # transient errors a claimed task may meet before it fails (a store
+                         # that cannot be written is not one: the task waits for it)
+STORE_WAIT_LOG_EVERY = 30  # a task waiting for the store is logged on its first try and every 30th
 WATCH_SECONDS = 0.25     # rounds of the watch thread while the tasks it watches stand still
 WATCH_BUSY_SECONDS = 0.02  # ... and while one of them moved in the last round
 JANITOR_FIRST_SECONDS = 60.0  # the janitor's first round after a start (workers spread around it) ...
@@ -96,6 +98,7 @@ class _Run:
     state: str = "queued"        # the task's state in the store as this worker set it
     cancel: bool = False         # a cancel arrived before the sequence existed
     tries: int = 0               # start attempts that met a transient error
+    waits: int = 0               # start attempts the store could not take (it fails nothing)
     retry_at: float = 0.0
     failure: tuple[str, str] | None = None   # (code, message) once it must fail
     claimed_at: float = field(default_factory=time.monotonic)
@@ -652,6 +655,8 @@ class Runtime:
             log.info("task %s dropped: %s", run.task_id, exc.message)
             self._forget(run)
             self.waiters.notify([run.task_id])
+        except Unavailable as exc:  # the store cannot be written now (busy, disk full): never the task's fault
+            self._retry_later(run, claim, exc)
         except Exception as exc:
             run.tries += 1
             if run.failure is None and run.tries >= START_TRIES:
@@ -661,6 +666,16 @@ class Runtime:
                 log.warning("task %s: %s (will retry)", run.task_id, exc)
             run.retry_at = time.monotonic() + min(MAX_BACKOFF, 0.1 * 2 ** run.tries)
             self._retry.append((run, claim))
+
+    def _retry_later(self, run: _Run, claim: dict, exc: Unavailable) -> None:
+        """A claimed task whose start (or failure) the store could not take: it keeps
+        its claim and its state, and the same step is tried again, however long the
+        store takes to come back; it does not count towards ``START_TRIES``."""
+        run.waits += 1
+        if run.waits == 1 or run.waits % STORE_WAIT_LOG_EVERY == 0:
+            log.warning("task %s waits for the store (%d tries so far): %s", run.task_id, run.waits, exc.message)
+        run.retry_at = time.monotonic() + min(MAX_BACKOFF, 0.1 * 2 ** min(run.waits, 8))
+        self._retry.append((run, claim))
 
     def _start_run(self, run: _Run, claim: dict) -> None:
         from .. import native
