@@ -58,6 +58,9 @@ class Config:
     # server
     workers: int = 1
     log_level: str = "info"
+    header_timeout: float = 10.0      # seconds for a new connection's request line and headers
+    max_idle_connections: int = 512   # per worker: connections waiting for a request (the oldest closed beyond)
+    max_idle_per_address: int = 128   # ... the same, per client address
 
     @property
     def db_path(self) -> Path:
@@ -91,9 +94,12 @@ class Config:
         for name in ("retention_days", "idempotency_ttl_hours"):
             if not 0 <= getattr(self, name) < float("inf"):  # (NaN fails too)
                 raise ValueError(f"{name} must be a number, 0 or more")
+        if not 0 < self.header_timeout <= 3600:
+            raise ValueError("header_timeout must be more than 0 and at most 3600 seconds")
         if not 0 <= self.commit_window_ms <= 1000:
             raise ValueError("commit_window_ms must be between 0 and 1000")
-        for name in ("n_ctx", "n_parallel", "n_batch", "max_output_tokens", "max_output_tokens_cap", "workers"):
+        for name in ("n_ctx", "n_parallel", "n_batch", "max_output_tokens", "max_output_tokens_cap", "workers",
+                     "max_idle_connections", "max_idle_per_address"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.max_output_tokens > self.max_output_tokens_cap:

@@ -44,12 +44,16 @@ wsgi_app = _env("LMSP_GUNICORN_APP", "lmsp.app:get_app()")
 bind = [_cfg.bind]
 workers = _cfg.workers
 worker_class = "lmsp.gunicorn_worker.GeventWorker"   # gunicorn's gevent worker, imported after the fork
-worker_connections = int(_env("LMSP_GUNICORN_WORKER_CONNECTIONS", "1000"))
+# connections a worker keeps open; those waiting for a request are at most max_idle_connections
+# of them (lmsp.idle_connections), so the rest stay for requests being served
+worker_connections = int(_env("LMSP_GUNICORN_WORKER_CONNECTIONS", "2048"))
 # Under gevent the worker's heartbeat runs in its own greenlet, so a long SSE
 # stream never trips this; only a hub blocked for this long gets the worker killed.
 timeout = int(_env("LMSP_GUNICORN_TIMEOUT", "60"))
 graceful_timeout = int(_env("LMSP_GUNICORN_GRACEFUL_TIMEOUT", "20"))
-keepalive = int(_env("LMSP_GUNICORN_KEEPALIVE", "75"))   # longer than a proxy's idle upstream keepalive
+# longer than a proxy's idle upstream keepalive; at least 1 s (0 would leave a new connection's
+# wait for its first request without any time limit in gunicorn's gevent worker)
+keepalive = max(1, int(_env("LMSP_GUNICORN_KEEPALIVE", "75")))
 preload_app = False                                       # the engine loads after fork, never in the master
 loglevel = _cfg.log_level
 accesslog = _env("LMSP_GUNICORN_ACCESSLOG") or None       # the app logs requests itself
@@ -60,6 +64,27 @@ limit_request_line = 8190
 # gunicorn's control socket (gunicornc) only where the operator asks for it
 control_socket = _env("LMSP_GUNICORN_CONTROL_SOCKET") or str(_cfg.data_dir / "gunicorn.ctl")
 control_socket_disable = not _env("LMSP_GUNICORN_CONTROL_SOCKET")
+
+
+def _enough_files() -> None:
+    """Raise this process's open-file limit (which the workers inherit) to what
+    ``worker_connections`` needs, within the hard limit."""
+    import resource
+
+    want = worker_connections + 256   # the database, the model, the log, gunicorn's own
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            pass
+
+
+_enough_files()
+if _cfg.max_idle_connections >= worker_connections:
+    raise SystemExit(f"lmsp: cannot start: max_idle_connections ({_cfg.max_idle_connections}) must be "
+                     f"below LMSP_GUNICORN_WORKER_CONNECTIONS ({worker_connections})")
 
 
 def _logging() -> None:

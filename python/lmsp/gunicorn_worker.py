@@ -9,11 +9,15 @@ gunicorn's gevent worker is built on (same constructor, no gevent), and
 ``init_process``, the first thing a forked worker runs, makes it the real
 one and continues as it.
 
-The real one differs from gunicorn's in three ways: a SIGTERM first drains
-this process's runtimes; what gunicorn answers itself (a request it cannot
-parse, one over its size limits, an exception that escapes the app) gets the
-JSON error body of LMSP B.1 instead of gunicorn's HTML page; and the app's
-``Connection: close`` closes the connection.
+The real one differs from gunicorn's in four ways: a SIGTERM first drains
+this process's runtimes; what gunicorn answers itself (a request it cannot parse, one over its size
+limits, an exception that escapes the app) gets the JSON error body of LMSP
+B.1 instead of gunicorn's HTML page; the app's ``Connection: close`` closes
+the connection; and connections waiting for a request are bounded
+(:mod:`lmsp.idle_connections`): a new connection has ``header_timeout``
+seconds for its first request head, and the oldest idle connections are
+closed beyond ``max_idle_per_address`` per client address or
+``max_idle_connections`` in all.
 """
 from __future__ import annotations
 
@@ -219,16 +223,59 @@ def _closing(app):
     return wsgi
 
 
+def _address(addr) -> str:
+    """The client address a connection counts against (a unix socket's are all one)."""
+    return str(addr[0]) if isinstance(addr, tuple) and addr else "local"
+
+
+class IdleLimits:
+    """The idle-connection bounds of the serving worker (see the module docstring).
+
+    Each connection's handler greenlet is known from its accept to its close;
+    gunicorn waits for every request head inside ``timeout_ctx()``, which here
+    registers the wait with :class:`lmsp.idle_connections.IdleConnections`."""
+
+    def setup_limits(self) -> None:
+        from lmsp import config
+        from lmsp.idle_connections import IdleConnections
+
+        self.lmsp_config = config.load()
+        self.idle = IdleConnections(self.lmsp_config.max_idle_connections, self.lmsp_config.max_idle_per_address)
+        self._connections: dict = {}   # handler greenlet -> [client address, first request still to come]
+
+    def handle(self, listener, client, addr) -> None:
+        import gevent
+
+        current = gevent.getcurrent()
+        self._connections[current] = [_address(addr), True]
+        try:
+            super().handle(listener, client, addr)
+        finally:
+            self._connections.pop(current, None)
+
+    def timeout_ctx(self):
+        import gevent
+
+        connection = self._connections.get(gevent.getcurrent())
+        if connection is None:
+            return super().timeout_ctx()
+        address, first = connection
+        connection[1] = False
+        seconds = self.lmsp_config.header_timeout if first else self.cfg.keepalive
+        return self.idle.waiting(address, seconds)
+
+
 def _serving(worker_class):
-    """gunicorn's gevent worker with B.1 error bodies (:class:`JSONErrors`) and the
-    app's ``Connection: close`` obeyed (:func:`_closing`), which on SIGTERM (a stop,
-    a reload's old worker) first tells this process's runtimes to claim no more
-    tasks: its connections may keep it alive for gunicorn's whole graceful
-    timeout, and a task it claimed meanwhile would wait for its lease to run out
-    instead of going to another worker at once."""
+    """gunicorn's gevent worker with B.1 error bodies (:class:`JSONErrors`), the
+    app's ``Connection: close`` obeyed (:func:`_closing`) and idle connections
+    bounded (:class:`IdleLimits`), which on SIGTERM (a stop, a reload's old
+    worker) first tells this process's runtimes to claim no more tasks: its
+    connections may keep it alive for gunicorn's whole graceful timeout, and a
+    task it claimed meanwhile would wait for its lease to run out instead of
+    going to another worker at once."""
     global _serving_class
     if _serving_class is None:
-        class Serving(JSONErrors, worker_class):
+        class Serving(IdleLimits, JSONErrors, worker_class):
             def load_wsgi(self) -> None:
                 super().load_wsgi()
                 self.wsgi = _closing(self.wsgi)
@@ -252,4 +299,5 @@ class GeventWorker(AsyncWorker):
         from gunicorn.workers.ggevent import GeventWorker as Worker
 
         self.__class__ = _serving(Worker)
+        self.setup_limits()
         Worker.init_process(self)
