@@ -136,6 +136,15 @@ def test_error_table(app, store, config, scripted, user, admin, case, status, co
             assert result.headers[name] == value
 
 
+@pytest.mark.parametrize("state,says", [("changed", "changed"), ("missing", "missing")])
+def test_a_model_file_changed_or_missing_is_refused_alike(user, scripted, store, state, says):
+    scripted.auto = False
+    store.set_model_state("tiny", state)
+    err = assert_error(user.post("/v1/responses", json=BG), 409, "model_changed", param="model")
+    assert says in err["message"]
+    assert store.list_tasks()["data"] == []
+
+
 def test_locked_store_is_503_with_retry_after(config, scripted, tmp_path):
     store = Store.open(config.db_path, durability="off", busy_timeout=0.05)
     _, token = make_client(store, ["responses:write", "responses:read"])

@@ -87,6 +87,27 @@ def test_a_blank_path_is_refused_by_the_service_and_the_document(live):
     assert jsonschema.Draft202012Validator(schema).is_valid({"path": " tiny.gguf"})
 
 
+def test_a_missing_model_file_is_refused_as_a_changed_one_is(live, client):
+    """Not loaded, its file gone: 409 at once, as for a file known to have changed (B.4), not a
+    task that fails later; the openai package raises its ConflictError."""
+    models_dir = live["config"].models_dir
+    shutil.copyfile(models_dir / "tiny.gguf", models_dir / "gone.gguf")
+    assert live["admin"].post("/v1/models", json={"path": "gone.gguf"}).status_code == 201
+    (models_dir / "gone.gguf").unlink()
+    for stream in (False, True):
+        err = assert_error(client.post("/v1/responses", json={"model": "gone", "input": "Hi", "stream": stream}),
+                           409, "model_changed", param="model")
+        assert "missing" in err["message"]
+    assert client.get("/v1/models/gone").json["state"] == "missing"
+    _, token = make_client(live["store"], ["responses:write"])
+    sdk = openai.OpenAI(api_key=token, base_url="http://lmsp.test/v1", max_retries=0,
+                        http_client=httpx2.Client(transport=httpx2.WSGITransport(app=live["app"])))
+    with pytest.raises(openai.ConflictError) as refused:
+        sdk.responses.create(model="gone", input="Hi", stream=True)
+    assert refused.value.code == "model_changed"
+    assert live["admin"].delete("/v1/models/gone").status_code == 200
+
+
 def test_register_validation(live):
     admin = live["admin"]
     assert_error(admin.post("/v1/models", json={}), 400, "invalid_request", "path")

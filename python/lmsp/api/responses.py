@@ -212,6 +212,9 @@ class ResponsesService:
         if model.get("state") == "changed":
             raise ModelChanged(f"the file of model {parsed.model!r} changed since it was registered;"
                                " register it again", param="model")
+        if model.get("state") == "missing":  # as a changed file: refused now, not a task that fails
+            raise ModelChanged(f"the file of model {parsed.model!r} is missing from the models directory;"
+                               " put it back or register the model again", param="model")
         tokens = runtime.check_request(parsed.model, parsed.messages)
         reserve = getattr(runtime, "reserve", None)
         slot = reserve(parsed.model) if reserve is not None else None
