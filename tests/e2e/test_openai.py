@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import time
 
 import openai
@@ -115,3 +116,24 @@ def test_metrics_count_the_engine_steps_and_passes(client, served):
     passes = re.search(r'^lmsp_engine_ubatches_total\{model="tiny"\} (\d+)$', text, re.M)
     assert steps and passes, text
     assert int(passes[1]) >= int(steps[1]) > 0
+
+
+def test_a_failed_stream_ends_with_its_failed_event(client, served):
+    """A file changed in place (same size) fails its task at load: the stream ends with a
+    ResponseFailedEvent carrying response.error (B.6), and the response is retrieved."""
+    edited = served.data_dir / "edited.gguf"
+    shutil.copyfile(served.model, edited)
+    served.operator("models", "add", str(edited), "--id", "edited")
+    with open(edited, "r+b") as f:
+        f.seek(-1, 2)
+        last = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([last[0] ^ 0xFF]))
+    events = list(client.responses.create(model="edited", input="Hi", max_output_tokens=4, stream=True))
+    failed = events[-1]
+    assert isinstance(failed, openai.types.responses.ResponseFailedEvent), [e.type for e in events]
+    assert failed.response.status == "failed" and failed.response.error.code == "model_changed"
+    retrieved = client.responses.retrieve(failed.response.id)
+    assert retrieved.status == "failed" and retrieved.error.code == "model_changed"
+    replayed = list(client.responses.retrieve(failed.response.id, stream=True, starting_after=0))
+    assert isinstance(replayed[-1], openai.types.responses.ResponseFailedEvent)
