@@ -159,3 +159,26 @@ def test_the_header_parameters_say_what_the_service_takes(user, anon):
     assert not key.is_valid("k\u00e9y") and not key.is_valid("a\tb") and key.is_valid("a key ~")
     last = jsonschema.Draft202012Validator(parameter(doc, "/v1/tasks/{task_id}/events", "get", "Last-Event-ID"))
     assert not last.is_valid(-1) and not last.is_valid(2**63) and last.is_valid(2**63 - 1)
+
+
+@pytest.mark.parametrize("path,template,name", [
+    ("/v1/responses/task_1", "/v1/responses/{response_id}", "response_id"),
+    ("/v1/tasks/resp_1", "/v1/tasks/{task_id}", "task_id"),
+    ("/v1/clients/resp_1", "/v1/clients/{client_id}", "client_id"),
+])
+def test_an_id_of_the_wrong_kind_is_refused_by_the_document_too(admin, anon, path, template, name):
+    assert_error(admin.get(path), 404, "not_found")
+    schema = parameter(anon.get("/openapi.json").json, template, "get", name)
+    assert not jsonschema.Draft202012Validator(schema).is_valid(path.rsplit("/", 1)[1])
+
+
+@pytest.mark.parametrize("path", ["/v1/models/tiny/load", "/v1/models/tiny/unload"])
+def test_the_posts_without_fields_take_an_empty_object_as_documented(admin, anon, path):
+    doc = anon.get("/openapi.json").json
+    body = doc["paths"][path.replace("tiny", "{model_id}")]["post"]["requestBody"]
+    assert body["required"] is False
+    schema = {**body["content"]["application/json"]["schema"], "components": doc["components"]}
+    validator = jsonschema.Draft202012Validator(schema)
+    assert validator.is_valid({}) and not validator.is_valid({"force": True})
+    assert admin.post(path, json={}).status_code == 200
+    assert_error(admin.post(path, json={"force": True}), 400, "invalid_request", "force")

@@ -106,6 +106,8 @@ SCHEMAS: dict = {
             "description": "A file under the models directory, relative to it."},
         "id": nullable(text(1, 128, MODEL_ID)),
     }, ["path"], extra=False),
+    "Empty": {"type": "object", "maxProperties": 0,
+              "description": "A POST that takes no fields: no body, or `{}`."},
     "DeletedModel": obj({"id": STR, "object": {"const": "model"}, "deleted": {"const": True}}),
     "InputMessage": obj({
         "type": {"const": "message"},
@@ -251,7 +253,8 @@ def _with_head(get: dict) -> dict:
 
 
 def _id(name: str, prefix: str) -> dict:
-    return _param(name, "path", {"type": "string"}, f"An id starting with `{prefix}_`.")
+    """Any other value is an id that cannot exist: 404, as for an unknown one."""
+    return _param(name, "path", text(0, 100, f"^{prefix}_"), f"An id starting with `{prefix}_`.")
 
 
 def _list_params(prefix: str) -> tuple[dict, dict]:
@@ -259,6 +262,7 @@ def _list_params(prefix: str) -> tuple[dict, dict]:
             _param("after", "query", text(0, 100, f"^{prefix}_"), "The last id of the previous page."))
 
 
+NO_FIELDS: dict = {"body": "Empty", "optional_body": True}
 LAST_EVENT_ID = {"type": "integer", "minimum": 0, "maximum": INT64_MAX}
 SEQUENCE = {"type": "integer", "minimum": 0, "maximum": INT64_MAX}
 
@@ -311,10 +315,10 @@ def _paths() -> dict:
         },
         "/v1/models/{model_id}/load": {"post": _op(
             "Load a model (its digest is checked first)", {"200": _json("Model", "The model")},
-            scope="models:write", params=(model_id, IDEMPOTENCY), errors=("400", "404", "409", "422"))},
+            scope="models:write", params=(model_id, IDEMPOTENCY), errors=("400", "404", "409", "422"), **NO_FIELDS)},
         "/v1/models/{model_id}/unload": {"post": _op(
             "Unload a model", {"200": _json("Model", "The model")}, scope="models:write",
-            params=(model_id, IDEMPOTENCY), errors=("400", "404", "409", "422"))},
+            params=(model_id, IDEMPOTENCY), errors=("400", "404", "409", "422"), **NO_FIELDS)},
         "/v1/responses": {
             "post": _op("Create a response: plain (200), stream (SSE) or background (202)", {
                 "200": {"description": "The finished response, or its event stream with `stream: true`",
@@ -345,7 +349,7 @@ def _paths() -> dict:
         },
         "/v1/responses/{response_id}/cancel": {"post": _op(
             "Cancel (B.7)", {"200": _json("Response", "The response after the cancel")},
-            scope="responses:write", params=(resp_id, IDEMPOTENCY), errors=("400", "404", "409", "422"))},
+            scope="responses:write", params=(resp_id, IDEMPOTENCY), errors=("400", "404", "409", "422"), **NO_FIELDS)},
         "/v1/tasks": {"get": _op("The caller's tasks, newest first", {"200": _json("TaskList", "A page")},
                                  scope="responses:read", params=(
                                      _param("status", "query", {"enum": list(TASK_STATES)}),
@@ -355,7 +359,7 @@ def _paths() -> dict:
                                            scope="responses:read", params=(task_id,), errors=("404",))},
         "/v1/tasks/{task_id}/cancel": {"post": _op(
             "Cancel (B.7)", {"200": _json("Task", "The task after the cancel")}, scope="responses:write",
-            params=(task_id, IDEMPOTENCY), errors=("400", "404", "409", "422"))},
+            params=(task_id, IDEMPOTENCY), errors=("400", "404", "409", "422"), **NO_FIELDS)},
         "/v1/tasks/{task_id}/events": {"get": _op(
             "The task's event log: a JSON page, or SSE with `Accept: text/event-stream`", {
                 "200": {"description": "Events after `after`",
