@@ -133,7 +133,7 @@ class PyEngine {
 public:
     PyEngine(const py::object & model_path, int32_t n_ctx, int32_t n_parallel, int32_t n_threads,
              int32_t n_gpu_layers, int32_t n_batch, int32_t prefill_chunk, bool batch_invariant,
-             bool prefix_cache) {
+             bool prefix_cache, bool use_mmap) {
         const std::string path = fspath(model_path);
         lmsp::EngineOptions o;
         o.n_ctx = n_ctx;
@@ -144,6 +144,7 @@ public:
         o.prefill_chunk = prefill_chunk;
         o.batch_invariant = batch_invariant;
         o.prefix_cache = prefix_cache;
+        o.use_mmap = use_mmap;
         py::gil_scoped_release nogil;
         engine_ = std::make_unique<lmsp::Engine>(path, o);
     }
@@ -361,10 +362,10 @@ PYBIND11_MODULE(_native, m) {
         .def_property_readonly("emitted", [](const lmsp::TextStream & t) { return py::str(t.emitted()); });
 
     py::class_<PyEngine>(m, "Engine")
-        .def(py::init<const py::object &, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, bool, bool>(),
+        .def(py::init<const py::object &, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, bool, bool, bool>(),
              "model_path"_a, py::kw_only(), "n_ctx"_a = 4096, "n_parallel"_a = 4, "n_threads"_a = 0,
              "n_gpu_layers"_a = 0, "n_batch"_a = 512, "prefill_chunk"_a = 256, "batch_invariant"_a = true,
-             "prefix_cache"_a = true)
+             "prefix_cache"_a = true, "use_mmap"_a = false)
         .def_property_readonly("info", &PyEngine::info)
         .def_property_readonly("n_ctx", [](PyEngine & s) { return s.e().n_ctx(); })
         .def_property_readonly("n_vocab", [](PyEngine & s) { return s.e().n_vocab(); })

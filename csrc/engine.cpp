@@ -306,6 +306,8 @@ Engine::Engine(const std::string & model_path, const EngineOptions & given) : op
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = options.n_gpu_layers;
     mp.use_extra_bufts = !options.batch_invariant;  // see the batch-invariance note above
+    // read into memory unless asked to map: a mapped file changed under the engine faults it
+    mp.load_mode = options.use_mmap ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
     log::begin_capture();
     try {
         model_.reset(llama_model_load_from_file(model_path.c_str(), mp));

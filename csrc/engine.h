@@ -38,6 +38,9 @@ struct EngineOptions {
     // a free slot keeps the KV of its last sequence (its prompt and what was
     // generated), and a new sequence whose tokens start the same continues it
     bool prefix_cache = true;
+    // map the model file instead of reading it into memory: the file must then
+    // stay as it is while the engine lives (a truncated file faults the process)
+    bool use_mmap = false;
 };
 
 enum class Finish { none, stop, length, cancelled, error };

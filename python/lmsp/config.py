@@ -43,6 +43,7 @@ class Config:
     n_batch: int = 512
     batch_invariant: bool = True      # CPU: a sequence's tokens do not depend on its batch (false: faster batched decoding)
     prefix_cache: bool = True         # a free slot keeps its KV; a prompt that starts the same prefills the rest only
+    mmap: bool = False                # map model files instead of reading them (a file replaced under it kills the worker)
     # requests
     max_output_tokens: int = 256      # default for a request that gives none
     max_output_tokens_cap: int = 4096
@@ -86,7 +87,7 @@ class Config:
             raise ValueError(f"durability must be one of {', '.join(DURABILITY)}, not {self.durability!r}")
         if self.default_on_restart not in RESTART_POLICIES:
             raise ValueError(f"default_on_restart must be one of {', '.join(RESTART_POLICIES)}")
-        for name in ("batch_invariant", "prefix_cache"):
+        for name in ("batch_invariant", "prefix_cache", "mmap"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, not {getattr(self, name)!r}")
         if self.max_unfinished_per_client < 0:

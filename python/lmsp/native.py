@@ -37,13 +37,16 @@ __all__ = [
 Engine.__doc__ = """A loaded model and its decoding thread.
 
 Engine(model_path, *, n_ctx=4096, n_parallel=4, n_threads=0, n_gpu_layers=0,
-       n_batch=512, prefill_chunk=256, batch_invariant=True, prefix_cache=True)
+       n_batch=512, prefill_chunk=256, batch_invariant=True, prefix_cache=True,
+       use_mmap=False)
 
 ``n_ctx`` is the context of ONE sequence (capped at the model's training
 context); ``n_parallel`` sequences decode together, one llama_batch per step;
 ``n_threads=0`` uses every core. Submissions beyond ``n_parallel`` wait inside
 the engine. Prompts are prefilled ``prefill_chunk`` tokens per step so that a
-long prompt does not stall running sequences.
+long prompt does not stall running sequences. The weights are read into memory;
+``use_mmap=True`` maps the file instead, which then must not change while the
+engine lives (a read of a page past a truncated file's end kills the process).
 
 With ``prefix_cache`` a slot keeps the KV of its last sequence (prompt and
 generated tokens) while free, and a new sequence is given the free slot that

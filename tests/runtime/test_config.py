@@ -27,6 +27,13 @@ def test_batch_invariance_is_on_unless_turned_off(tmp_path):
     assert config_mod.load(env={"LMSP_PREFIX_CACHE": "off"}, data_dir=str(tmp_path)).prefix_cache is False
 
 
+def test_model_files_are_read_into_memory_unless_mmap_is_set(tmp_path):
+    assert config_mod.load(env={}, data_dir=str(tmp_path)).mmap is False
+    assert config_mod.load(env={"LMSP_MMAP": "1"}, data_dir=str(tmp_path)).mmap is True
+    with pytest.raises(ValueError, match="mmap must be true or false"):
+        config_mod.load(env={"LMSP_MMAP": "maybe"}, data_dir=str(tmp_path))
+
+
 def test_the_log_level_and_the_address_are_checked(tmp_path):
     assert config_mod.load(env={"LMSP_LOG_LEVEL": "WARNING"}, data_dir=str(tmp_path)).log_level == "WARNING"
     with pytest.raises(ValueError, match="log_level must be one of debug, info, warning, error, critical, not 'bogus'"):
