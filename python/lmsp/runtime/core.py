@@ -50,9 +50,10 @@ from ..store.db import no_wait
 from ..errors import (ContextLengthExceeded, IllegalTransition, InvalidRequest, LMSPError, ModelInUse, NotFound,
                       Unavailable)
 from . import prompt as prompting
+from .changed_files import ChangedFiles
 from ._threads import RealThread, Wakeup, allocate_lock, gevent_active
 from .metrics import Metrics
-from .registry import ModelRegistry
+from .registry import CHANGED, MISSING, ModelRegistry
 from .waiters import CommitWaiters
 
 log = logging.getLogger("lmsp.runtime")
@@ -78,6 +79,7 @@ WATCH_SECONDS = 0.25     # rounds of the watch thread while the tasks it watches
 WATCH_BUSY_SECONDS = 0.02  # ... and while one of them moved in the last round
 JANITOR_FIRST_SECONDS = 60.0  # the janitor's first round after a start (workers spread around it) ...
 JANITOR_SECONDS = 600.0       # ... and its rounds after that
+FILE_CHECK_SECONDS = 2.0      # the janitor stats the loaded models' files this often (and at once on inotify)
 
 _started: "weakref.WeakSet[Runtime]" = weakref.WeakSet()
 
@@ -126,14 +128,15 @@ def _merge(item: dict | None, run: _Run, result: dict) -> dict:
     if finish:
         item["finish"] = finish
         if finish == "error":
-            item["error"] = {"code": "engine_error", "message": result.get("error") or "generation failed"}
+            item["error"] = {"code": result.get("code") or "engine_error",
+                             "message": result.get("error") or "generation failed"}
         item["usage"] = {"input_tokens": int(result.get("n_prompt") or 0),
                          "output_tokens": int(result.get("n_generated") or 0),
                          "cached_tokens": int(result.get("n_cached") or 0)}
     return item
 
 
-class Runtime:
+class Runtime(ChangedFiles):
     """What the web layer drives: see the module docstring and ``lmsp.app``."""
 
     def __init__(self, config, store, *, engine_factory=None, clock=time.time,
@@ -181,6 +184,7 @@ class Runtime:
         self._watched: dict[str, dict] = {}
         self.watches_store = False             # the watch thread runs: waiters need not poll the store
         self._claim_due = True                 # the store may hold claimable tasks: look on the next round
+        self._orphans_due = False              # an engine was closed under its runs: end them now
         self._next_renew = self._next_recover = 0.0
         self.lease = float(config.lease_seconds)
 
@@ -521,10 +525,20 @@ class Runtime:
             return self.registry.detach(model_id)
 
     def model_object(self, model_id: str) -> dict:
-        return self.registry.object(model_id)
+        found = self.registry.object(model_id)
+        self._retire_if_changed([found])
+        return found
 
     def list_models(self) -> list[dict]:
-        return self.registry.objects()
+        found = self.registry.objects()
+        self._retire_if_changed(found)
+        return found
+
+    def _retire_if_changed(self, models: list[dict]) -> None:
+        """Unload the models shown changed (or missing) that are still loaded here."""
+        for model in models:
+            if model["state"] in (CHANGED, MISSING) and self.registry.engine(model["id"]) is not None:
+                self._offload(self.retire_changed, model["id"])
 
     def metrics(self) -> dict:
         figures = self.stats.snapshot()
@@ -682,6 +696,9 @@ class Runtime:
 
         task_id, request = run.task_id, claim.get("request") or {}
         engine = self.registry.engine(run.model)
+        if engine is not None and self.registry.file_changed(run.model):
+            self.retire_changed(run.model)  # the load below finds out whether its digest still holds
+            engine = None
         if engine is None:
             if run.state == "queued":
                 self.store.set_loading(task_id, self.owner)
@@ -794,17 +811,26 @@ class Runtime:
     def _janitor_loop(self) -> None:
         """Retention (LMSP B.10), in every worker: finished tasks with their events and
         responses past ``retention_days``, expired idempotency keys and pairing codes
-        go, in small transactions (``Store.gc``); unfinished tasks never do."""
-        wait = JANITOR_FIRST_SECONDS * (0.5 + random.random())
+        go, in small transactions (``Store.gc``); unfinished tasks never do. Between
+        its rounds it checks the files of the models loaded here (:mod:`.changed_files`)."""
+        next_round = time.monotonic() + JANITOR_FIRST_SECONDS * (0.5 + random.random())
         while not self._stopping:
-            self._janitor_wake.wait(wait)
+            watch = self.registry.watch_fileno()
+            wait = min(FILE_CHECK_SECONDS, max(0.0, next_round - time.monotonic()))
+            self._janitor_wake.wait(wait, [watch] if watch is not None else [])
             if self._stopping:
                 break
+            try:
+                self.check_model_files()
+            except Exception:  # a bug must not stop the retention rounds
+                log.exception("checking the model files failed")
+            if time.monotonic() < next_round:
+                continue
             try:
                 self._janitor_round()
             except Exception as exc:  # a busy store: the next round does it
                 log.warning("retention round failed: %s", exc)
-            wait = JANITOR_SECONDS * (0.75 + random.random() / 2)
+            next_round = time.monotonic() + JANITOR_SECONDS * (0.75 + random.random() / 2)
 
     def _janitor_round(self) -> dict:
         counts = self.store.gc(retention=float(self.config.retention_days) * 86400.0)
@@ -855,6 +881,9 @@ class Runtime:
         if stopping:
             return 0.0, True
         now = time.monotonic()
+        if self._orphans_due:
+            self._orphans_due = False
+            self._end_orphans()
         if now >= self._next_renew:
             self._next_renew = now + self.lease / 3
             self._renew()
@@ -1056,9 +1085,10 @@ class Runtime:
                 return
             now = time.monotonic()
             for run in orphans:
-                log.error("task %s: its engine closed while it ran", run.task_id)
+                code, message = run.failure or ("engine_error", "the model was unloaded while the task ran")
+                log.error("task %s: its engine closed while it ran (%s)", run.task_id, code)
                 self._take(run, {"seq": run.seq, "tokens": [], "text": "", "finish": "error",
-                                 "error": "the model was unloaded while the task ran"}, now)
+                                 "error": message, "code": code}, now)
 
     def _recover_dead(self) -> None:
         try:

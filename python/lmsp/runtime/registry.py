@@ -5,7 +5,10 @@ stay on disk. Paths given over the HTTP API are confined to
 ``config.models_dir`` (no absolute paths, no ``..``, no symlink leading out);
 the operator may register any file by absolute path (``lmsp serve --model``,
 ``lmsp models add``). Loading re-checks the digest, so a changed file is never
-served. Each worker process holds its own engines (one per loaded model).
+served. Each worker process holds its own engines (one per loaded model), and
+the identity of each one's file as it was loaded (:mod:`.filewatch`): a loaded
+model whose file was written, truncated or replaced since shows ``changed``,
+and the runtime unloads it (:meth:`ModelRegistry.changed_files`).
 """
 from __future__ import annotations
 
@@ -13,16 +16,22 @@ import hashlib
 import logging
 import os
 import re
+import time
 from pathlib import Path, PurePosixPath
 
 from ..errors import InvalidRequest, LMSPError, ModelChanged, ModelInUse, ModelLoadFailed, NotFound
 from ..objects import public_model
 from ._threads import allocate_lock
+from .filewatch import FileIdentity, FileWatch
 
 log = logging.getLogger("lmsp.runtime")
 
 MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 CHUNK = 1 << 20
+# a digest is reused for a file whose identity is unchanged only if the file was last
+# changed this long before the hash began (a write within the same clock tick as the
+# hash's stat would not move its times)
+SETTLED_NS = 2_000_000_000
 
 # states a Model object can show (B.4)
 AVAILABLE, LOADING, LOADED, FAILED, MISSING, CHANGED = (
@@ -82,6 +91,9 @@ class ModelRegistry:
         self._engines: dict[str, object] = {}  # model id -> engine
         self._loading: set[str] = set()
         self._load_locks: dict[str, object] = {}
+        self._loaded_files: dict[str, tuple[Path, FileIdentity]] = {}  # model id -> its file as loaded
+        self._digests: dict[str, tuple[FileIdentity, str]] = {}  # path -> its identity and digest when hashed
+        self._watch: FileWatch | None = None   # made on the first load (in the worker, after fork)
 
     # paths
     def resolve(self, path: str, *, confined: bool = True) -> Path:
@@ -134,7 +146,7 @@ class ModelRegistry:
             raise InvalidRequest(f"no such model file: {path}", param="path") from None
         except (OSError, ValueError) as exc:
             raise InvalidRequest(f"cannot read {path}: {_without(exc, real, path)}", param="path") from None
-        digest, size = file_digest(real, progress)
+        digest, size = self.digest(real, progress)
         stored_path = str(real)
         if confined:
             stored_path = str(real.relative_to(Path(self.config.models_dir).resolve()))
@@ -157,6 +169,22 @@ class ModelRegistry:
         log.info("registered model %s (%s, %s)", model_id, stored_path, digest)
         return model_object(row)
 
+    def digest(self, path: Path, progress=None) -> tuple[str, int]:
+        """:func:`file_digest` of a file, hashed again unless the file kept the identity
+        it had when this registry last hashed it (and had settled by then)."""
+        before = FileIdentity.of(path)
+        cached = self._digests.get(str(path))
+        if before is not None and cached is not None and cached[0] == before:
+            if progress is not None:
+                progress(before.size, before.size)
+            return cached[1], before.size
+        started = time.time_ns()
+        digest, size = file_digest(path, progress)
+        if (before is not None and size == before.size and before.ctime_ns < started - SETTLED_NS
+                and FileIdentity.of(path) == before):
+            self._digests[str(path)] = (before, digest)
+        return digest, size
+
     def file_path(self, row: dict) -> Path:
         path = Path(row["path"])
         return path if path.is_absolute() else Path(self.config.models_dir) / path
@@ -166,10 +194,15 @@ class ModelRegistry:
         """Live state: this process's engines first, then the file on disk, then the stored state."""
         model_id = row["id"]
         with self._lock:
-            if model_id in self._engines:
-                return LOADED
-            if model_id in self._loading:
+            loaded = self._loaded_files.get(model_id) if model_id in self._engines else None
+            if loaded is None and model_id in self._loading:
                 return LOADING
+        if loaded is not None:
+            path, identity = loaded
+            now = FileIdentity.of(path)
+            if now == identity:
+                return LOADED
+            return MISSING if now is None else CHANGED  # until the runtime unloads it
         stored = row.get("state") or AVAILABLE
         try:
             st = os.stat(self.file_path(row))
@@ -197,6 +230,37 @@ class ModelRegistry:
         with self._lock:
             return list(self._engines.items())
 
+    def file_changed(self, model_id: str) -> bool:
+        """The model is loaded here and its file is no longer the one it was loaded from
+        (written, truncated, replaced or gone since: one ``stat``)."""
+        with self._lock:
+            loaded = self._loaded_files.get(model_id)
+        return loaded is not None and FileIdentity.of(loaded[0]) != loaded[1]
+
+    def changed_files(self) -> list[str]:
+        """The models loaded here whose files changed since they were loaded."""
+        with self._lock:
+            loaded = list(self._loaded_files.items())
+        return [model_id for model_id, (path, identity) in loaded if FileIdentity.of(path) != identity]
+
+    def mark_changed(self, model_id: str) -> None:
+        """Record that the model's file changed (its digest stays the registered one):
+        it shows ``changed`` until registered again or loaded from a file with that digest."""
+        self._set_state(model_id, CHANGED)
+
+    def watch_fileno(self) -> int | None:
+        """A descriptor readable once a loaded model's file may have changed (None: poll
+        :meth:`changed_files`). The watch is made in the process that asks first."""
+        with self._lock:
+            if self._watch is None:
+                self._watch = FileWatch()
+            return self._watch.fileno()
+
+    def drain_watch(self) -> None:
+        with self._lock:
+            if self._watch is not None:
+                self._watch.drain()
+
     def load(self, model_id: str):
         """Load a model into this process (digest re-checked first); returns the engine.
 
@@ -221,33 +285,30 @@ class ModelRegistry:
                     self._loading.discard(model_id)
 
     def _load(self, model_id: str):
-        from .. import native
-
         row = self.store.get_model(model_id)
         path = self.file_path(row)
-        if not path.is_file():
+        identity = FileIdentity.of(path)  # before the hash: a change from now on shows after the load
+        if identity is None or not path.is_file():
             self._set_state(model_id, MISSING)
             raise ModelChanged(f"the file of model {model_id} is missing: {_shown(row['path'])}")
-        digest, _ = file_digest(path)
+        digest, _ = self.digest(path)
         if digest != row["digest"]:
             self._set_state(model_id, CHANGED)
             raise ModelChanged(
                 f"the file of model {model_id} changed since it was registered "
                 f"({digest} != {row['digest']}); register it again to serve the new file")
-        cfg = self.config
-        try:
-            factory = self._factory or native.Engine
-            engine = factory(str(path), n_ctx=cfg.n_ctx, n_parallel=cfg.n_parallel, n_threads=cfg.n_threads,
-                             n_gpu_layers=cfg.n_gpu_layers, n_batch=cfg.n_batch,
-                             batch_invariant=cfg.batch_invariant, prefix_cache=cfg.prefix_cache)
-        except MemoryError:
-            self._set_state(model_id, FAILED)
-            raise ModelLoadFailed(f"not enough memory to load model {model_id}", out_of_memory=True) from None
-        except (native.NativeError, OSError, ValueError, RuntimeError) as exc:
-            self._set_state(model_id, FAILED)
-            raise ModelLoadFailed(f"model {model_id} failed to load: {_without(exc, path, _shown(row['path']))}") from None
+        engine = self._new_engine(model_id, row, path)
+        if FileIdentity.of(path) != identity:  # written while it was hashed or read
+            engine.close()
+            self._set_state(model_id, CHANGED)
+            raise ModelChanged(f"the file of model {model_id} changed while it was loaded; "
+                               "register it again to serve the new file")
         with self._lock:
             self._engines[model_id] = engine
+            self._loaded_files[model_id] = (path, identity)
+            if self._watch is None:
+                self._watch = FileWatch()
+            self._watch.add(model_id, path)
         self._set_state(model_id, AVAILABLE)  # "loaded" is per process; the store keeps the file's state
         info = getattr(engine, "info", {})
         log.info("loaded model %s (%s, batch invariant: %s)", model_id, info.get("backend", "?"),
@@ -258,6 +319,24 @@ class ModelRegistry:
                         "batch_invariant = false (LMSP_BATCH_INVARIANT=0) trades invariance for that speed",
                         model_id)
         return engine
+
+    def _new_engine(self, model_id: str, row: dict, path: Path):
+        """An engine on the model's file (its state ``failed`` when the engine refuses it)."""
+        from .. import native
+
+        cfg = self.config
+        try:
+            factory = self._factory or native.Engine
+            return factory(str(path), n_ctx=cfg.n_ctx, n_parallel=cfg.n_parallel, n_threads=cfg.n_threads,
+                           n_gpu_layers=cfg.n_gpu_layers, n_batch=cfg.n_batch,
+                           batch_invariant=cfg.batch_invariant, prefix_cache=cfg.prefix_cache,
+                           use_mmap=cfg.mmap)
+        except MemoryError:
+            self._set_state(model_id, FAILED)
+            raise ModelLoadFailed(f"not enough memory to load model {model_id}", out_of_memory=True) from None
+        except (native.NativeError, OSError, ValueError, RuntimeError) as exc:
+            self._set_state(model_id, FAILED)
+            raise ModelLoadFailed(f"model {model_id} failed to load: {_without(exc, path, _shown(row['path']))}") from None
 
     def _set_state(self, model_id: str, state: str) -> None:
         try:
@@ -279,6 +358,9 @@ class ModelRegistry:
         """Take a model's engine out of this process's registry (None when it is not
         loaded): from now on nothing finds it, and the caller closes it."""
         with self._lock:
+            self._loaded_files.pop(model_id, None)
+            if self._watch is not None:
+                self._watch.remove(model_id)
             return self._engines.pop(model_id, None)
 
     @staticmethod
@@ -289,6 +371,10 @@ class ModelRegistry:
     def close(self) -> None:
         with self._lock:
             engines, self._engines = list(self._engines.values()), {}
+            self._loaded_files.clear()
+            if self._watch is not None:
+                self._watch.close()
+                self._watch = None
         for engine in engines:
             try:
                 engine.close()

@@ -1,0 +1,129 @@
+"""A loaded model's file changed on disk: the model is unloaded, shown changed, and
+never served changed (LMSP B.4)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+from runtime_helpers import submit, wait_finished, wait_until
+
+from lmsp.errors import ModelChanged
+from lmsp.runtime.filewatch import FileWatch
+
+
+def _flip_middle(path) -> None:
+    """Change bytes in the middle of the file in place (same size, same inode)."""
+    size = os.path.getsize(path)
+    with open(path, "r+b") as fh:
+        fh.seek(size // 2)
+        data = fh.read(64)
+        fh.seek(size // 2)
+        fh.write(bytes(b ^ 0xFF for b in data))
+
+
+def _loaded(store, runtime) -> str:
+    """Serve one request (the model loads); the registered digest."""
+    task = wait_finished(runtime, store, submit(store, runtime, max_output_tokens=2))
+    assert task["status"] == "completed"
+    return store.get_model("tiny")["digest"]
+
+
+def test_a_loaded_model_edited_in_place_shows_changed_and_is_not_served(store, runtime, model_file):
+    digest = _loaded(store, runtime)
+    _flip_middle(model_file)
+    shown = runtime.model_object("tiny")
+    assert (shown["state"], shown["digest"]) == ("changed", digest)
+    assert runtime.registry.engine("tiny") is None  # unloaded
+    task = wait_finished(runtime, store, submit(store, runtime))
+    assert task["status"] == "failed" and task["error"]["code"] == "model_changed"
+    assert store.get_model("tiny")["digest"] == digest  # the registration stays
+    assert runtime.model_object("tiny")["state"] == "changed"
+
+
+def test_a_task_is_not_started_on_a_model_whose_file_changed(store, runtime, model_file):
+    _loaded(store, runtime)
+    _flip_middle(model_file)  # nobody asked for the model since: the start checks the file
+    task = wait_finished(runtime, store, submit(store, runtime))
+    assert task["status"] == "failed" and task["error"]["code"] == "model_changed"
+    assert runtime.registry.engine("tiny") is None
+
+
+def test_a_task_running_when_its_models_file_changes_fails_with_model_changed(store, runtime, model_file):
+    _loaded(store, runtime)
+    task_id = submit(store, runtime, max_output_tokens=2000)
+    wait_until(runtime, store, task_id, lambda t: t["status"] == "running" and t["last_sequence_number"] > 4)
+    _flip_middle(model_file)
+    runtime.check_model_files()  # (unless the janitor thread, woken by the watch, was first)
+    assert runtime.registry.engine("tiny") is None
+    task = wait_finished(runtime, store, task_id)
+    assert task["status"] == "failed", task
+    assert task["error"]["code"] == "model_changed"
+
+
+def test_the_janitor_thread_notices_a_changed_file_by_itself(store, runtime, model_file):
+    _loaded(store, runtime)
+    os.truncate(model_file, 1 << 20)
+    for _ in range(600):  # a guard against a hang only: the watch (or the next poll) sees it
+        if runtime.registry.engine("tiny") is None:
+            break
+        runtime._janitor_wake.wait(0.1)
+    assert runtime.registry.engine("tiny") is None
+    assert store.get_model("tiny")["state"] == "changed"
+
+
+def test_a_file_whose_digest_matches_again_is_served_again(store, runtime, model_file):
+    _loaded(store, runtime)
+    original = model_file.read_bytes()
+    _flip_middle(model_file)
+    assert runtime.model_object("tiny")["state"] == "changed"
+    model_file.write_bytes(original)
+    assert runtime.model_object("tiny")["state"] == "changed"  # until a load checks the digest
+    assert runtime.load_model("tiny")["state"] == "loaded"
+    assert wait_finished(runtime, store, submit(store, runtime, max_output_tokens=2))["status"] == "completed"
+
+
+def test_a_file_changed_while_it_loads_is_not_served(store, make_runtime, model_file):
+    from lmsp import native
+
+    def engine(path, **kwargs):
+        made = native.Engine(path, **kwargs)
+        _flip_middle(model_file)  # after the digest check, before the load ends
+        return made
+
+    rt = make_runtime(store, engine_factory=engine)
+    rt.register_model("tiny.gguf")
+    with pytest.raises(ModelChanged):
+        rt.load_model("tiny")
+    assert rt.registry.engine("tiny") is None
+    assert rt.model_object("tiny")["state"] == "changed"
+
+
+@pytest.mark.parametrize("mmap", [False, True])
+def test_the_model_file_is_read_into_memory_unless_mmap_is_set(store, make_runtime, config, model_file, mmap):
+    from lmsp import native
+
+    asked = []
+
+    def engine(path, **kwargs):
+        asked.append(kwargs["use_mmap"])
+        return native.Engine(path, **kwargs)
+
+    rt = make_runtime(store, engine_factory=engine, config=config.replace(mmap=mmap) if mmap else config)
+    rt.register_model("tiny.gguf")
+    rt.load_model("tiny")
+    assert asked == [mmap]
+
+
+def test_the_watch_reports_writes_truncations_and_removals(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 100)
+    watch = FileWatch()
+    if watch.fileno() is None:
+        pytest.skip("no inotify on this system: model files are polled (the tests above)")
+    watch.add("f", path)
+    assert not watch.drain()
+    for change in (lambda: os.truncate(path, 50), lambda: os.chmod(path, 0o600),
+                   lambda: path.write_bytes(b"y" * 50), path.unlink):
+        change()
+        assert watch.drain()
+    watch.close()
