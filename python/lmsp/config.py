@@ -62,6 +62,7 @@ class Config:
     header_timeout: float = 10.0      # seconds for a new connection's request line and headers
     max_idle_connections: int = 512   # per worker: connections waiting for a request (the oldest closed beyond)
     max_idle_per_address: int = 128   # ... the same, per client address
+    stop_grace_seconds: float = 15.0  # a stop lets running tasks finish this long, then ends the streams
 
     @property
     def db_path(self) -> Path:
@@ -97,6 +98,8 @@ class Config:
                 raise ValueError(f"{name} must be a number, 0 or more")
         if not 0 < self.header_timeout <= 3600:
             raise ValueError("header_timeout must be more than 0 and at most 3600 seconds")
+        if not 0 <= self.stop_grace_seconds <= 3600:
+            raise ValueError("stop_grace_seconds must be between 0 and 3600")
         if not 0 <= self.commit_window_ms <= 1000:
             raise ValueError("commit_window_ms must be between 0 and 1000")
         for name in ("n_ctx", "n_parallel", "n_batch", "max_output_tokens", "max_output_tokens_cap", "workers",

@@ -38,6 +38,13 @@ def frame(event: dict) -> bytes:
             f"data: {dumps(event)}\n\n").encode("utf-8")
 
 
+def stopping_frame(last: int) -> bytes:
+    """The ``error`` event that ends a stream when the worker stops (not a response event:
+    the task goes on after the restart, from the event after ``last``)."""
+    return error_frame("server_stopping", "the service is stopping; resume the stream after its restart "
+                       f"from sequence number {last} (starting_after or Last-Event-ID)")
+
+
 def wants_sse(req: falcon.Request) -> bool:
     accept = req.get_header("Accept") or ""
     return any(part.split(";")[0].strip().lower() == SSE_TYPE for part in accept.split(","))
@@ -121,6 +128,10 @@ def event_stream(store, runtime, task_id: str, *, after: int = 0, client_id: str
                 # a stream that starts past the task's last event waits for the task's next
                 # one (its end included), not for one past its own start
                 wake_at = min(last, counter)
+            if getattr(runtime, "streams_ending", False):
+                finished = True  # not abandoned: the task runs on, or follows its restart policy
+                yield stopping_frame(last)
+                return
             idle = monotonic() - last_write
             if idle >= heartbeat:
                 yield KEEP_ALIVE
