@@ -1,6 +1,6 @@
 """The model's own chat template, rendered by llama.cpp's Jinja engine, and the
 prompt tokens made from it (Engine.apply_chat_template, Engine.chat_prompt).
-The comparison with llama-server on real models is tests/native/test_prompt_golden.py."""
+The comparison with llama-server on real models is tests/runtime/test_real_models.py."""
 from __future__ import annotations
 
 from pathlib import Path
