@@ -272,8 +272,12 @@ def _spec_from(preset: str, options: dict) -> DemoModelSpec:
 
 
 def write_demo_model(path: os.PathLike[str] | str, *, preset: str = "tiny",
-                     vocab: os.PathLike[str] | str | None = None, **options) -> Path:
+                     vocab: os.PathLike[str] | str | None = None,
+                     chat_template: str | None = CHAT_TEMPLATE, **options) -> Path:
     """Write a demo model to ``path`` and return it.
+
+    ``chat_template`` is the Jinja template stored as ``tokenizer.chat_template``
+    (ChatML by default; None stores none).
 
     ``options`` override fields of the preset's :class:`DemoModelSpec`
     (``n_embd``, ``n_layer``, ``n_head``, ``n_head_kv``, ``n_ff``, ``n_ctx``,
@@ -313,7 +317,8 @@ def write_demo_model(path: os.PathLike[str] | str, *, preset: str = "tiny",
                 writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
             n_vocab = _copy_tokenizer(writer, vocab_path)
             writer.add_vocab_size(n_vocab)
-            writer.add_chat_template(CHAT_TEMPLATE)
+            if chat_template is not None:
+                writer.add_chat_template(chat_template)
 
             specs = tensor_specs(spec, n_vocab)
             for name, shape, dtype, _, _ in specs:

@@ -99,7 +99,12 @@ SCHEMAS: dict = {
                   "digest": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"},
                   "size_bytes": INT, "format": {"const": "gguf"}, "architecture": nullable(STR),
                   "parameters": nullable(INT), "quantization": nullable(STR),
-                  "context_length": nullable(INT), "state": {"enum": MODEL_STATES}}),
+                  "context_length": nullable(INT), "state": {"enum": MODEL_STATES},
+                  "has_chat_template": {
+                      "type": "boolean",
+                      "description": "The file declares a chat template (tokenizer.chat_template): "
+                                     "prompts are rendered with it; without one they take the plain "
+                                     "format of docs/API.md."}}),
     "ModelList": list_of("Model"),
     "RegisterModel": obj({
         "path": text(1, 4096, "^[^\\u0000]*[^\\u0000\\s][^\\u0000]*$") | {

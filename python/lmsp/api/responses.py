@@ -155,7 +155,7 @@ def parse_create(body: dict, config, random_seed) -> CreateRequest:
     # text (a content part's other fields, such as annotations, play no part)
     given = body["input"] if isinstance(body["input"], str) else [dict(m) for m in messages]
     instructions = get_str(body, "instructions", allow_empty=True, max_len=MAX_TEXT)
-    if instructions:
+    if instructions is not None:  # an empty one is an empty system message
         _check_nul(instructions, "instructions")
         messages.insert(0, {"role": "system", "content": instructions})
     max_output = get_int(body, "max_output_tokens", default=config.max_output_tokens, minimum=1)
