@@ -3,6 +3,8 @@ never served changed (LMSP B.4)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 from runtime_helpers import submit, wait_finished, wait_until
@@ -127,3 +129,18 @@ def test_the_watch_reports_writes_truncations_and_removals(tmp_path):
         change()
         assert watch.drain()
     watch.close()
+
+
+def test_the_watch_starts_in_a_real_thread_of_a_gevent_worker():
+    """The janitor thread makes the watch in a worker that gevent patched (where
+    ``ctypes.util.find_library``'s subprocess fails off the hub)."""
+    code = ("from gevent import monkey; monkey.patch_all()\n"
+            "from lmsp.runtime._threads import RealThread\n"
+            "from lmsp.runtime.filewatch import FileWatch\n"
+            "made = []\n"
+            "thread = RealThread(lambda: made.append(FileWatch()), 'lmsp-janitor')\n"
+            "thread.start(); assert thread.join(30)\n"
+            "print(len(made), made[0].fileno() is not None if made else None)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "True"], done.stdout + done.stderr
