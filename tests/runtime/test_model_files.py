@@ -84,6 +84,22 @@ def test_a_file_whose_digest_matches_again_is_served_again(store, runtime, model
     assert wait_finished(runtime, store, submit(store, runtime, max_output_tokens=2))["status"] == "completed"
 
 
+def test_a_file_registered_again_before_the_change_is_seen_keeps_its_new_registration(store, make_runtime,
+                                                                                       model_file):
+    from lmsp.runtime.registry import ModelRegistry
+
+    rt = make_runtime(store, start=False)  # no janitor thread: the check below is the first to look
+    rt.register_model("tiny.gguf")
+    rt.load_model("tiny")
+    _flip_middle(model_file)  # a new file, which the operator registers from another process
+    new = ModelRegistry(rt.config, store).register("tiny.gguf")
+    assert rt.check_model_files() == ["tiny"]
+    assert rt.registry.engine("tiny") is None
+    shown = rt.model_object("tiny")
+    assert (shown["state"], shown["digest"]) == ("available", new["digest"])
+    assert rt.load_model("tiny")["state"] == "loaded"  # the new file, as registered
+
+
 def test_a_file_changed_while_it_loads_is_not_served(store, make_runtime, model_file):
     from lmsp import native
 

@@ -96,6 +96,7 @@ class ModelRegistry:
         self._loading: set[str] = set()
         self._load_locks: dict[str, object] = {}
         self._loaded_files: dict[str, tuple[Path, FileIdentity]] = {}  # model id -> its file as loaded
+        self._loaded_digests: dict[str, str] = {}  # model id -> the registered digest it was loaded with
         self._digests: dict[str, tuple[FileIdentity, str]] = {}  # path -> its identity and digest when hashed
         self._watch: FileWatch | None = None   # made on the first load (in the worker, after fork)
         self._templates: dict[str, bool] = {}  # digest -> has a chat template, for models registered
@@ -271,8 +272,20 @@ class ModelRegistry:
 
     def mark_changed(self, model_id: str) -> None:
         """Record that the model's file changed (its digest stays the registered one):
-        it shows ``changed`` until registered again or loaded from a file with that digest."""
-        self._set_state(model_id, CHANGED)
+        it shows ``changed`` until registered again or loaded from a file with that digest.
+        Nothing is recorded when the model was registered again since it was loaded here
+        (the new registration describes the new file)."""
+        with self._lock:
+            loaded_with = self._loaded_digests.get(model_id)
+        try:
+            registered = self.store.get_model(model_id).get("digest")
+        except NotFound:
+            return
+        except LMSPError as exc:  # a busy store: the next load checks the digest anyway
+            log.warning("could not record that the file of model %s changed: %s", model_id, exc)
+            return
+        if loaded_with is None or registered == loaded_with:
+            self._set_state(model_id, CHANGED)
 
     def watch_fileno(self) -> int | None:
         """A descriptor readable once a loaded model's file may have changed (None: poll
@@ -332,6 +345,7 @@ class ModelRegistry:
         with self._lock:
             self._engines[model_id] = engine
             self._loaded_files[model_id] = (path, identity)
+            self._loaded_digests[model_id] = digest
             if self._watch is None:
                 self._watch = FileWatch()
             self._watch.add(model_id, path)
@@ -385,6 +399,7 @@ class ModelRegistry:
         loaded): from now on nothing finds it, and the caller closes it."""
         with self._lock:
             self._loaded_files.pop(model_id, None)
+            self._loaded_digests.pop(model_id, None)
             if self._watch is not None:
                 self._watch.remove(model_id)
             return self._engines.pop(model_id, None)
@@ -398,6 +413,7 @@ class ModelRegistry:
         with self._lock:
             engines, self._engines = list(self._engines.values()), {}
             self._loaded_files.clear()
+            self._loaded_digests.clear()
             if self._watch is not None:
                 self._watch.close()
                 self._watch = None
