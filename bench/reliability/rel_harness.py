@@ -522,5 +522,30 @@ def bench_main(doc: str, argv: list[str] | None, options, run, failed=lambda sum
     text = json.dumps(summary, indent=2)
     print(text)
     if args.json:
-        args.json.write_text(text + "\n")
+        args.json.write_text(json.dumps({**run_record(argv), **summary}, indent=2) + "\n")
     return 1 if failed(summary) else 0
+
+
+def run_record(argv: list[str] | None) -> dict:
+    """What a result file says of its run: the commit (and the tracked files changed since),
+    the time it ended (UTC), the machine and the command as typed in the repository's root."""
+    import platform
+    import shlex
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)
+        return done.stdout.strip()
+
+    def here(path: str) -> str:
+        full = Path(path).absolute()
+        return str(full.relative_to(REPO)) if full.is_relative_to(REPO) else path
+
+    cpu = platform.processor()
+    with contextlib.suppress(OSError):
+        models = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")]
+        cpu = models[0] if models else cpu
+    words = [here(sys.executable), here(sys.argv[0]), *(sys.argv[1:] if argv is None else argv)]
+    return {"commit": git("rev-parse", "HEAD"), "changed_since_commit": git("diff", "--name-only", "HEAD").split(),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "machine": {"nproc": len(os.sched_getaffinity(0)), "cpu_model": cpu}, "command": shlex.join(words)}
