@@ -41,9 +41,9 @@ class Config:
     n_threads: int = 0                # 0: all cores
     n_gpu_layers: int = 0
     n_batch: int = 512
-    batch_invariant: bool = True      # CPU: a sequence's tokens do not depend on its batch (false: faster batched decoding)
-    prefix_cache: bool = True         # a free slot keeps its KV; a prompt that starts the same prefills the rest only
-    mmap: bool = False                # map model files instead of reading them (a file replaced under it kills the worker)
+    batch_invariant: bool = True      # CPU: a sequence's tokens do not depend on its batch (false: faster batching)
+    prefix_cache: bool = True         # a free slot keeps its KV; a prompt starting the same prefills the rest only
+    mmap: bool = False                # map model files instead of reading them (replacing the file kills the worker)
     # requests
     max_output_tokens: int = 256      # default for a request that gives none
     max_output_tokens_cap: int = 4096
@@ -84,6 +84,13 @@ class Config:
         return dataclasses.replace(self, **changes).validated()
 
     def validated(self) -> "Config":
+        """This configuration, once every setting is checked (a ValueError names the first bad one)."""
+        self._check_choices()
+        self._check_numbers()
+        self._check_names()
+        return self
+
+    def _check_choices(self) -> None:
         if self.durability not in DURABILITY:
             raise ValueError(f"durability must be one of {', '.join(DURABILITY)}, not {self.durability!r}")
         if self.default_on_restart not in RESTART_POLICIES:
@@ -91,6 +98,8 @@ class Config:
         for name in ("batch_invariant", "prefix_cache", "mmap"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, not {getattr(self, name)!r}")
+
+    def _check_numbers(self) -> None:
         if self.max_unfinished_per_client < 0:
             raise ValueError("max_unfinished_per_client must be 0 (no limit) or more")
         for name in ("retention_days", "idempotency_ttl_hours"):
@@ -108,12 +117,13 @@ class Config:
                 raise ValueError(f"{name} must be at least 1")
         if self.max_output_tokens > self.max_output_tokens_cap:
             raise ValueError("max_output_tokens must not exceed max_output_tokens_cap")
+
+    def _check_names(self) -> None:
         if self.log_level.lower() not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}")
         if not _bind_ok(self.bind):
             raise ValueError(f"bind must be HOST:PORT, [IPV6]:PORT or unix:PATH (a port from 0 to 65535), "
                              f"not {self.bind!r}")
-        return self
 
 
 def _bind_ok(bind: str) -> bool:
