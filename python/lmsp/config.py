@@ -43,7 +43,7 @@ class Config:
     n_batch: int = 512
     batch_invariant: bool = True      # CPU: a sequence's tokens do not depend on its batch (false: faster batching)
     prefix_cache: bool = True         # a free slot keeps its KV; a prompt starting the same prefills the rest only
-    mmap: bool = False                # map model files instead of reading them (replacing the file kills the worker)
+    mmap: bool = False                # map model files instead of reading them (overwriting the file kills the worker)
     # requests
     max_output_tokens: int = 256      # default for a request that gives none
     max_output_tokens_cap: int = 4096
