@@ -22,7 +22,6 @@ PENDING: set[str] = {
     "python/lmsp/store/store.py::Store.append_step",  # idem
     "python/lmsp/runtime/core.py",  # runtime split
     "csrc/engine.cpp",  # extension split
-    "python/lmsp/demo_model.py::write_demo_model",
 }
 
 
