@@ -67,9 +67,10 @@ def test_streamed_deltas_make_the_plain_answer_for_the_same_seed(server, token):
 
 
 def test_a_stop_string_ends_the_answer_before_it(server, token):
-    full = text_of(answer(server, token, instructions=INSTRUCTIONS, input=QUESTION, temperature=0, max_output_tokens=16))
+    greedy = dict(instructions=INSTRUCTIONS, input=QUESTION, temperature=0, max_output_tokens=16)
+    full = text_of(answer(server, token, **greedy))
     assert "Paris" in full
-    stopped = answer(server, token, instructions=INSTRUCTIONS, input=QUESTION, temperature=0, max_output_tokens=16, stop=["Paris"])
+    stopped = answer(server, token, **greedy, stop=["Paris"])
     assert stopped["status"] == "completed"
     assert text_of(stopped) == full[:full.index("Paris")]
 
@@ -79,5 +80,6 @@ def test_max_output_tokens_caps_the_answer(server, token):
     assert capped["status"] == "incomplete"
     assert capped["incomplete_details"] == {"reason": "max_output_tokens"}
     assert capped["usage"]["output_tokens"] == 3
-    full = text_of(answer(server, token, instructions=INSTRUCTIONS, input=QUESTION, temperature=0, max_output_tokens=16))
+    full = text_of(answer(server, token, instructions=INSTRUCTIONS, input=QUESTION, temperature=0,
+                          max_output_tokens=16))
     assert full.startswith(text_of(capped)) and len(text_of(capped)) < len(full)
