@@ -107,6 +107,22 @@ std::string as_str(const py::handle & v, const char * what) {
     return v.cast<std::string>();
 }
 
+// Chat messages from a sequence of {"role": str, "content": str} dicts;
+// `size` gets the total length of their contents.
+std::vector<lmsp::ChatMessage> as_messages(const py::object & messages, size_t & size) {
+    std::vector<lmsp::ChatMessage> msgs;
+    for (const py::handle m : py::iter(messages)) {
+        if (!py::isinstance<py::dict>(m)) throw py::type_error("each message must be a dict");
+        py::dict d = py::reinterpret_borrow<py::dict>(m);
+        if (!d.contains("role") || !d.contains("content")) {
+            throw lmsp::InvalidArgument("each message needs 'role' and 'content'");
+        }
+        msgs.push_back({as_str(d["role"], "role"), as_str(d["content"], "content")});
+        size += msgs.back().content.size();
+    }
+    return msgs;
+}
+
 py::dict timings_dict(const lmsp::Timings & t) {
     return py::dict("queued_ms"_a = t.queued_ms, "prompt_ms"_a = t.prompt_ms, "first_token_ms"_a = t.first_token_ms,
                     "decode_ms"_a = t.decode_ms, "total_ms"_a = t.total_ms, "tokens_per_s"_a = t.tokens_per_s);
@@ -159,6 +175,7 @@ public:
         d["backend"] = engine_->backend();
         d["batch_invariant"] = engine_->batch_invariant();
         d["reference_kernels"] = engine_->reference_kernels();
+        d["has_chat_template"] = engine_->has_chat_template();
         return d;
     }
 
@@ -390,20 +407,20 @@ PYBIND11_MODULE(_native, m) {
         .def(
             "apply_chat_template",
             [](PyEngine & s, const py::object & messages, bool add_generation_prompt) {
-                std::vector<lmsp::ChatMessage> msgs;
                 size_t size = 0;
-                for (const py::handle m : py::iter(messages)) {
-                    if (!py::isinstance<py::dict>(m)) throw py::type_error("each message must be a dict");
-                    py::dict d = py::reinterpret_borrow<py::dict>(m);
-                    if (!d.contains("role") || !d.contains("content")) {
-                        throw lmsp::InvalidArgument("each message needs 'role' and 'content'");
-                    }
-                    msgs.push_back({as_str(d["role"], "role"), as_str(d["content"], "content")});
-                    size += msgs.back().content.size();
-                }
+                const std::vector<lmsp::ChatMessage> msgs = as_messages(messages, size);
                 const std::string out = with_gil_free_if(
                     size >= kGilFreeBytes, [&] { return s.e().apply_chat_template(msgs, add_generation_prompt); });
                 return py::str(out);
+            },
+            "messages"_a, "add_generation_prompt"_a = true)
+        .def(
+            "chat_prompt",
+            [](PyEngine & s, const py::object & messages, bool add_generation_prompt) {
+                size_t size = 0;
+                const std::vector<lmsp::ChatMessage> msgs = as_messages(messages, size);
+                return with_gil_free_if(size >= kGilFreeBytes,
+                                        [&] { return s.e().chat_prompt(msgs, add_generation_prompt); });
             },
             "messages"_a, "add_generation_prompt"_a = true)
         .def("submit", &PyEngine::submit, "prompt"_a, py::kw_only(), "max_tokens"_a, "temperature"_a = 1.0,

@@ -333,6 +333,7 @@ Engine::Engine(const std::string & model_path, const EngineOptions & given) : op
         throw ModelFormatError("model has no vocabulary: " + model_path);
     }
     n_vocab_ = llama_vocab_n_tokens(vocab_);
+    chat_template_ = ChatTemplate::from_model(model_.get());
 
     // one sequence's context never exceeds what the model was trained for
     n_ctx_ = options.n_ctx;
@@ -519,23 +520,8 @@ std::string Engine::piece(int32_t token) const {
     return big;
 }
 
-// Used when the model has no chat template, or one llama.cpp does not know:
-//   "System: ...\n\nUser: ...\n\nAssistant: ...\n\n" and, with
-//   add_generation_prompt, a final "Assistant:".
-static std::string fallback_template(const std::vector<ChatMessage> & messages, bool add_generation_prompt) {
-    std::string out;
-    for (const auto & m : messages) {
-        std::string role = m.role;
-        if (!role.empty()) role[0] = char(std::toupper(static_cast<unsigned char>(role[0])));
-        out += role + ": " + m.content + "\n\n";
-    }
-    if (add_generation_prompt) out += "Assistant:";
-    return out;
-}
-
 std::string Engine::apply_chat_template(const std::vector<ChatMessage> & messages, bool add_generation_prompt) const {
     check_open();
-    size_t total = 0;
     for (const auto & m : messages) {
         if (m.role != "system" && m.role != "user" && m.role != "assistant") {
             throw InvalidArgument("message role must be 'system', 'user' or 'assistant', not '" + m.role + "'");
@@ -543,30 +529,13 @@ std::string Engine::apply_chat_template(const std::vector<ChatMessage> & message
         if (m.content.find('\0') != std::string::npos) {
             throw InvalidArgument("message content must not contain NUL characters");
         }
-        total += m.content.size() + m.role.size();
     }
-    const char * tmpl = llama_model_chat_template(model_.get(), nullptr);
-    if (tmpl == nullptr) {
-        return fallback_template(messages, add_generation_prompt);
-    }
-    std::vector<llama_chat_message> chat;
-    chat.reserve(messages.size());
-    for (const auto & m : messages) chat.push_back({m.role.c_str(), m.content.c_str()});
-    if (total > size_t(INT32_MAX / 2)) throw InvalidArgument("messages too long");
-    std::string buf(total * 2 + 256, '\0');
-    int32_t n = llama_chat_apply_template(tmpl, chat.data(), chat.size(), add_generation_prompt, buf.data(),
-                                          int32_t(buf.size()));
-    if (n < 0) {
-        return fallback_template(messages, add_generation_prompt);
-    }
-    if (size_t(n) > buf.size()) {
-        buf.resize(size_t(n));
-        n = llama_chat_apply_template(tmpl, chat.data(), chat.size(), add_generation_prompt, buf.data(),
-                                      int32_t(buf.size()));
-        if (n < 0) return fallback_template(messages, add_generation_prompt);
-    }
-    buf.resize(size_t(n));
-    return buf;
+    if (chat_template_) return chat_template_->apply(messages, add_generation_prompt);
+    return plain_prompt(messages, add_generation_prompt);
+}
+
+std::vector<int32_t> Engine::chat_prompt(const std::vector<ChatMessage> & messages, bool add_generation_prompt) const {
+    return tokenize(apply_chat_template(messages, add_generation_prompt), true, true);
 }
 
 // ---------------------------------------------------------------- caller side

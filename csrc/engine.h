@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "chat_template.h"
 #include "ggml-cpu.h"
 #include "gguf_info.h"
 #include "llama.h"
@@ -112,11 +113,6 @@ struct UnknownSequence : std::out_of_range {
     using std::out_of_range::out_of_range;
 };
 
-struct ChatMessage {
-    std::string role;
-    std::string content;
-};
-
 struct Sequence;  // engine.cpp
 
 class Engine {
@@ -137,7 +133,13 @@ public:
 
     std::vector<int32_t> tokenize(const std::string & text, bool add_special, bool parse_special) const;
     std::string detokenize(const std::vector<int32_t> & tokens) const;
+    // The model's chat template (chat_template.h), or the plain format of a model without one.
     std::string apply_chat_template(const std::vector<ChatMessage> & messages, bool add_generation_prompt) const;
+    // The prompt a chat makes, as llama-server feeds it to the model: the
+    // text above tokenized with the model's special tokens added (BOS where
+    // the vocabulary asks for it) and special-token text parsed.
+    std::vector<int32_t> chat_prompt(const std::vector<ChatMessage> & messages, bool add_generation_prompt) const;
+    bool has_chat_template() const { return chat_template_ != nullptr; }
 
     int64_t submit(SubmitRequest request);
     bool cancel(int64_t seq_id);
@@ -224,6 +226,7 @@ private:
     llama_batch batch_{};
     bool batch_allocated_ = false;
     const llama_vocab * vocab_ = nullptr;
+    std::unique_ptr<ChatTemplate> chat_template_;  // null: the model has none
 
     // shared with callers, guarded by mu_
     mutable std::mutex mu_;

@@ -1,33 +1,36 @@
-"""Static checks of the project's own Python: no undefined name, no unused import,
-no unreachable leftovers that pyflakes can see (an undefined name in code after a
-``return`` runs in no test, and fails only when someone moves it)."""
+"""Static checks of the project's own code, as tests: ruff's rules (pyflakes' undefined
+names and unused imports among them, the complexity limit), the formatter's check and
+mypy. The command lines are scripts/lint.py's, the ones ``scripts/dev lint`` runs; the
+settings are pyproject.toml's."""
+
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
-from pyflakes import api as pyflakes_api  # a test dependency (pyproject's [test])
-from pyflakes.reporter import Reporter
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-class _Collect:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def write(self, text: str) -> None:
-        if text.strip():
-            self.lines.append(text.strip())
-
-    def flush(self) -> None:
-        pass
+def _lint_module():
+    spec = importlib.util.spec_from_file_location("lmsp_lint_script", ROOT / "scripts" / "lint.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def test_pyflakes_finds_nothing():
-    out = _Collect()
-    files = sorted(p for folder in ("python", "tests", "bench", "scripts") for p in (ROOT / folder).rglob("*.py")
-                   if "third_party" not in p.parts and ".venv" not in p.parts)
-    assert files
-    for path in files:
-        pyflakes_api.checkPath(str(path), Reporter(out, out))
-    assert out.lines == [], "\n".join(out.lines)
+lint = _lint_module()
+
+
+@pytest.mark.parametrize("name", lint.SUITE_CHECKS)
+def test_check_passes(name):
+    result = lint.run(name)
+    assert result.returncode == 0, f"{' '.join(lint.CHECKS[name])}:\n{result.stdout}{result.stderr}"
+
+
+def test_lint_runs_every_check():
+    # every check the script runs is a test: the suite's own or one above
+    assert set(lint.CHECKS) == {*lint.SUITE_CHECKS, "limits"}
+    assert (ROOT / "tests" / "test_limits.py").is_file()

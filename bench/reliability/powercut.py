@@ -299,8 +299,8 @@ def run(workdir: Path, requests: int, seed: int, random_points: int, model: Path
     strace = shutil.which("strace")
     if strace is None:
         raise SystemExit("strace is needed (apt-get install strace)")
-    prefix = [strace, "-f", "--seccomp-bpf", "-qq", "-xx", "-s", str(1 << 24), "-e", "signal=none", "-e", f"trace={SYSCALLS}",
-              "-o", str(trace)]
+    prefix = [strace, "-f", "--seccomp-bpf", "-qq", "-xx", "-s", str(1 << 24), "-e", "signal=none",
+              "-e", f"trace={SYSCALLS}", "-o", str(trace)]
     server = Server(data_dir, log=workdir / "server.log", prefix=prefix, model=model, ready_timeout=300,
                     env={"LMSP_DURABILITY": durability})
     t0 = time.monotonic()

@@ -83,12 +83,53 @@ def start_nginx(root: Path, upstream: int, *, connections: int = 256,
     """A real nginx in the foreground, proxying to 127.0.0.1:``upstream`` with the
     shipped site's ``location /`` block; every file it writes lives under ``root``.
     Returns the process and the loopback port it listens on."""
+    port = free_port()
+    http = f"""
+    upstream lmsp {{ server 127.0.0.1:{upstream}; keepalive {keepalive}; }}
+    server {{
+        listen 127.0.0.1:{port};
+{shipped_location()}
+    }}
+"""
+    return run_nginx(root, http, port, connections), port
+
+
+def shipped_site(port: int, upstream: int, cert: Path, key: Path, **values: str) -> str:
+    """The whole of deploy/nginx/lmsp.conf, with only what a test must change: its TLS
+    server on 127.0.0.1:``port``, its plain-HTTP one on a free loopback port (the IPv6
+    listen lines dropped), the upstream on 127.0.0.1:``upstream``, the certificate and
+    key at ``cert`` and ``key``. ``values`` gives a directive a new value wherever the
+    site sets it (``client_header_timeout="2s"``)."""
+    import re
+
+    site = NGINX_SITE.read_text()
+    changes = [("    listen 443 ssl http2;\n", f"    listen 127.0.0.1:{port} ssl http2;\n"),
+               ("    listen [::]:443 ssl http2;\n", ""),
+               ("    listen 80;\n", f"    listen 127.0.0.1:{free_port()};\n"),
+               ("    listen [::]:80;\n", ""),
+               ("server 127.0.0.1:8080;", f"server 127.0.0.1:{upstream};"),
+               ("/etc/ssl/certs/lmsp.pem", str(cert)),
+               ("/etc/ssl/private/lmsp.key", str(key))]
+    for old, new in changes:
+        if old not in site:
+            raise RuntimeError(f"{old.strip()!r} is no longer in {NGINX_SITE}")
+        site = site.replace(old, new)
+    for name, value in values.items():
+        site, count = re.subn(rf"^(\s*{name}) [^;]+;", rf"\g<1> {value};", site, flags=re.M)
+        if count == 0:
+            raise RuntimeError(f"{NGINX_SITE} sets no {name}")
+    return site
+
+
+def run_nginx(root: Path, http: str, port: int, connections: int) -> subprocess.Popen:
+    """nginx in the foreground with one worker of ``connections`` connections and ``http``
+    as its http block's body, once it listens on ``port``; every file it writes lives
+    under ``root``."""
     import shutil
 
     binary = shutil.which("nginx") or "/usr/sbin/nginx"
     if not Path(binary).exists():
         raise RuntimeError("nginx is not installed (scripts/dev test installs it where it can)")
-    port = free_port()
     for name in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
         (root / name).mkdir(parents=True, exist_ok=True)
     conf = root / "nginx.conf"
@@ -106,11 +147,7 @@ http {{
     fastcgi_temp_path {root}/fastcgi;
     uwsgi_temp_path {root}/uwsgi;
     scgi_temp_path {root}/scgi;
-    upstream lmsp {{ server 127.0.0.1:{upstream}; keepalive {keepalive}; }}
-    server {{
-        listen 127.0.0.1:{port};
-{shipped_location()}
-    }}
+{http}
 }}
 """)
     proc = subprocess.Popen([binary, "-p", str(root), "-c", str(conf), "-e", str(root / "error.log")],
@@ -122,7 +159,7 @@ http {{
             raise RuntimeError(f"nginx exited ({proc.returncode}):\n{log}")
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return proc, port
+            return proc
         except OSError:
             if time.monotonic() > deadline:
                 proc.kill()
@@ -485,5 +522,30 @@ def bench_main(doc: str, argv: list[str] | None, options, run, failed=lambda sum
     text = json.dumps(summary, indent=2)
     print(text)
     if args.json:
-        args.json.write_text(text + "\n")
+        args.json.write_text(json.dumps({**run_record(argv), **summary}, indent=2) + "\n")
     return 1 if failed(summary) else 0
+
+
+def run_record(argv: list[str] | None) -> dict:
+    """What a result file says of its run: the commit (and the tracked files changed since),
+    the time it ended (UTC), the machine and the command as typed in the repository's root."""
+    import platform
+    import shlex
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)
+        return done.stdout.strip()
+
+    def here(path: str) -> str:
+        full = Path(path).absolute()
+        return str(full.relative_to(REPO)) if full.is_relative_to(REPO) else path
+
+    cpu = platform.processor()
+    with contextlib.suppress(OSError):
+        models = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")]
+        cpu = models[0] if models else cpu
+    words = [here(sys.executable), here(sys.argv[0]), *(sys.argv[1:] if argv is None else argv)]
+    return {"commit": git("rev-parse", "HEAD"), "changed_since_commit": git("diff", "--name-only", "HEAD").split(),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "machine": {"nproc": len(os.sched_getaffinity(0)), "cpu_model": cpu}, "command": shlex.join(words)}

@@ -69,7 +69,7 @@ def run(workdir: Path, duration: float, clients: int, seed: int, rss_bound_mib: 
                     elif kind == "stream":
                         body["stream"] = True
                         with client.stream("POST", "/v1/responses", body, timeout=120) as (status, _, events):
-                            for n, _ in enumerate(events):
+                            for _ in events:
                                 if rng.random() < 0.02:   # a client that goes away mid-stream
                                     break
                     elif kind == "background":
@@ -93,7 +93,8 @@ def run(workdir: Path, duration: float, clients: int, seed: int, rss_bound_mib: 
         while time.monotonic() - t0 < duration:
             time.sleep(5)
             server.check_alive()
-            log(f"{time.monotonic() - t0:.0f}s: {len(lat)} requests, rss {samples[-1][1] // 1024 if samples else '?'} MiB")
+            rss = samples[-1][1] // 1024 if samples else "?"
+            log(f"{time.monotonic() - t0:.0f}s: {len(lat)} requests, rss {rss} MiB")
         stop.set()
         for t in threads:
             t.join(150)

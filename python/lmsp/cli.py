@@ -24,6 +24,7 @@ import sqlite3
 import sys
 import time
 import unicodedata
+from typing import TypeAlias
 
 from . import config as _config
 from .datadir import private_umask
@@ -152,7 +153,8 @@ def _served_model(cfg, default: str | None) -> str | None:
 
     given = str(cfg.model) if cfg.model else None
     try:
-        model = pull.catalog_name(given or default) if (given or default) else None
+        wanted = given or default
+        model = pull.catalog_name(wanted) if wanted else None
         if model is not None:
             reporter = pull.Reporter(bar=pull.interactive(False), json_lines=False)
             return os.path.realpath(pull.fetch(model, cfg.models_dir, reporter))
@@ -443,16 +445,27 @@ class _CommandParser(argparse.ArgumentParser):
         return namespace, extras
 
 
+_Subcommands: TypeAlias = "argparse._SubParsersAction[_CommandParser]"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    data_dir = argparse.ArgumentParser(add_help=False)
+    data_dir = _CommandParser(add_help=False)
     data_dir.add_argument("--data-dir", default=None, help="the data directory (env LMSP_DATA_DIR; default ./data)")
-    common = argparse.ArgumentParser(add_help=False, parents=[data_dir])
+    common = _CommandParser(add_help=False, parents=[data_dir])
     common.add_argument("--json", action="store_true", help="print one JSON object")
 
     parser = argparse.ArgumentParser(prog="lmsp", description="A durable local model service (LMSP 1.0).")
     parser.add_argument("--version", action="version", version=f"lmsp {__import__('lmsp').__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_CommandParser)
+    _add_service_commands(sub, data_dir, common)
+    _add_client_commands(sub, common)
+    _add_data_commands(sub, common)
+    _add_quantize_command(sub, common)
+    return parser
 
+
+def _add_service_commands(sub: _Subcommands, data_dir: _CommandParser, common: _CommandParser) -> None:
+    """Serve and prepare: running the service."""
     p = sub.add_parser("serve", parents=[data_dir], help="run the service (gunicorn, gevent workers)")
     p.add_argument("--bind", default=None, help="HOST:PORT (env LMSP_BIND; default 127.0.0.1:8080)")
     p.add_argument("--model", default=None, help="a GGUF file to register (id = its name) and serve, or the name "
@@ -468,6 +481,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="prepare the data directory and models and run start-up recovery (serve does it too)")
     p.set_defaults(func=cmd_prepare)
 
+
+def _add_client_commands(sub: _Subcommands, common: _CommandParser) -> None:
+    """Pair and clients: who may call the service."""
     p = sub.add_parser("pair", parents=[common], help="make a one-time pairing code")
     p.add_argument("--scopes", required=True, help="comma-separated: responses:write,responses:read,...")
     p.add_argument("--name", default=None, help="a note on what the code is for")
@@ -479,6 +495,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id", nargs="?", default=None)
     p.set_defaults(func=cmd_clients)
 
+
+def _add_data_commands(sub: _Subcommands, common: _CommandParser) -> None:
+    """Models, tasks, gc and doctor: what the data directory holds."""
     p = sub.add_parser("models", parents=[common], help="list, add, remove or pull models")
     p.add_argument("action", nargs="?", default="list", choices=["list", "add", "remove", "pull"])
     p.add_argument("target", nargs="?", default=None,
@@ -504,6 +523,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", parents=[common], help="check the database and every model file")
     p.set_defaults(func=cmd_doctor)
 
+
+def _add_quantize_command(sub: _Subcommands, common: _CommandParser) -> None:
+    """Quantize: a model written again with its weights in another type."""
     p = sub.add_parser("quantize", parents=[common], help="write a GGUF model again with its weights in another type")
     p.add_argument("src", help="the GGUF model to read (a name inside the models directory will do)")
     p.add_argument("dst", help="the GGUF file to write")
@@ -512,7 +534,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0, help="threads to quantize on (default: one per core)")
     p.add_argument("--force", action="store_true", help="replace DST if it exists")
     p.set_defaults(func=cmd_quantize)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,9 +41,9 @@ class Config:
     n_threads: int = 0                # 0: all cores
     n_gpu_layers: int = 0
     n_batch: int = 512
-    batch_invariant: bool = True      # CPU: a sequence's tokens do not depend on its batch (false: faster batched decoding)
-    prefix_cache: bool = True         # a free slot keeps its KV; a prompt that starts the same prefills the rest only
-    mmap: bool = False                # map model files instead of reading them (a file replaced under it kills the worker)
+    batch_invariant: bool = True      # CPU: a sequence's tokens do not depend on its batch (false: faster batching)
+    prefix_cache: bool = True         # a free slot keeps its KV; a prompt starting the same prefills the rest only
+    mmap: bool = False                # map model files instead of reading them (overwriting the file kills the worker)
     # requests
     max_output_tokens: int = 256      # default for a request that gives none
     max_output_tokens_cap: int = 4096
@@ -62,6 +62,7 @@ class Config:
     header_timeout: float = 10.0      # seconds for a new connection's request line and headers
     max_idle_connections: int = 512   # per worker: connections waiting for a request (the oldest closed beyond)
     max_idle_per_address: int = 128   # ... the same, per client address
+    stop_grace_seconds: float = 15.0  # a stop lets running tasks finish this long, then ends the streams
 
     @property
     def db_path(self) -> Path:
@@ -83,6 +84,13 @@ class Config:
         return dataclasses.replace(self, **changes).validated()
 
     def validated(self) -> "Config":
+        """This configuration, once every setting is checked (a ValueError names the first bad one)."""
+        self._check_choices()
+        self._check_numbers()
+        self._check_names()
+        return self
+
+    def _check_choices(self) -> None:
         if self.durability not in DURABILITY:
             raise ValueError(f"durability must be one of {', '.join(DURABILITY)}, not {self.durability!r}")
         if self.default_on_restart not in RESTART_POLICIES:
@@ -90,6 +98,8 @@ class Config:
         for name in ("batch_invariant", "prefix_cache", "mmap"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, not {getattr(self, name)!r}")
+
+    def _check_numbers(self) -> None:
         if self.max_unfinished_per_client < 0:
             raise ValueError("max_unfinished_per_client must be 0 (no limit) or more")
         for name in ("retention_days", "idempotency_ttl_hours"):
@@ -97,6 +107,8 @@ class Config:
                 raise ValueError(f"{name} must be a number, 0 or more")
         if not 0 < self.header_timeout <= 3600:
             raise ValueError("header_timeout must be more than 0 and at most 3600 seconds")
+        if not 0 <= self.stop_grace_seconds <= 3600:
+            raise ValueError("stop_grace_seconds must be between 0 and 3600")
         if not 0 <= self.commit_window_ms <= 1000:
             raise ValueError("commit_window_ms must be between 0 and 1000")
         for name in ("n_ctx", "n_parallel", "n_batch", "max_output_tokens", "max_output_tokens_cap", "workers",
@@ -105,12 +117,13 @@ class Config:
                 raise ValueError(f"{name} must be at least 1")
         if self.max_output_tokens > self.max_output_tokens_cap:
             raise ValueError("max_output_tokens must not exceed max_output_tokens_cap")
+
+    def _check_names(self) -> None:
         if self.log_level.lower() not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}")
         if not _bind_ok(self.bind):
             raise ValueError(f"bind must be HOST:PORT, [IPV6]:PORT or unix:PATH (a port from 0 to 65535), "
                              f"not {self.bind!r}")
-        return self
 
 
 def _bind_ok(bind: str) -> bool:

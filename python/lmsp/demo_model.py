@@ -30,9 +30,12 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import gguf
 
 __all__ = [
     "CHAT_TEMPLATE",
@@ -231,6 +234,7 @@ def _tokenizer_keys(vocab_path: Path, mtime_ns: int, size: int) -> tuple[tuple, 
         if not key.startswith("tokenizer."):
             continue
         vtype, sub = field.types[0], None
+        value: object
         if vtype == gguf.GGUFValueType.ARRAY:
             sub = field.types[1]
             if sub == gguf.GGUFValueType.STRING:
@@ -245,7 +249,7 @@ def _tokenizer_keys(vocab_path: Path, mtime_ns: int, size: int) -> tuple[tuple, 
     return tuple(keys)
 
 
-def _copy_tokenizer(writer, vocab_path: Path) -> int:
+def _copy_tokenizer(writer: gguf.GGUFWriter, vocab_path: Path) -> int:
     """Copy every ``tokenizer.*`` key of the vocabulary file; returns n_vocab."""
     st = vocab_path.stat()
     n_vocab = 0
@@ -272,8 +276,12 @@ def _spec_from(preset: str, options: dict) -> DemoModelSpec:
 
 
 def write_demo_model(path: os.PathLike[str] | str, *, preset: str = "tiny",
-                     vocab: os.PathLike[str] | str | None = None, **options) -> Path:
+                     vocab: os.PathLike[str] | str | None = None,
+                     chat_template: str | None = CHAT_TEMPLATE, **options) -> Path:
     """Write a demo model to ``path`` and return it.
+
+    ``chat_template`` is the Jinja template stored as ``tokenizer.chat_template``
+    (ChatML by default; None stores none).
 
     ``options`` override fields of the preset's :class:`DemoModelSpec`
     (``n_embd``, ``n_layer``, ``n_head``, ``n_head_kv``, ``n_ff``, ``n_ctx``,
@@ -295,38 +303,8 @@ def write_demo_model(path: os.PathLike[str] | str, *, preset: str = "tiny",
     try:
         writer = gguf.GGUFWriter(tmp, "llama")
         try:
-            writer.add_name(spec.name)
-            writer.add_context_length(spec.n_ctx)
-            writer.add_embedding_length(spec.n_embd)
-            writer.add_block_count(spec.n_layer)
-            writer.add_feed_forward_length(spec.n_ff)
-            writer.add_head_count(spec.n_head)
-            writer.add_head_count_kv(spec.n_head_kv)
-            writer.add_rope_dimension_count(spec.head_dim)
-            writer.add_rope_freq_base(spec.rope_freq_base)
-            writer.add_layer_norm_rms_eps(spec.rms_eps)
-            if spec.n_expert:
-                writer.add_expert_count(spec.n_expert)
-                writer.add_expert_used_count(spec.n_expert_used)
-            writer.add_file_type(_FILE_TYPE[spec.dtype])
-            if spec.dtype == "q8_0":
-                writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-            n_vocab = _copy_tokenizer(writer, vocab_path)
-            writer.add_vocab_size(n_vocab)
-            writer.add_chat_template(CHAT_TEMPLATE)
-
-            specs = tensor_specs(spec, n_vocab)
-            for name, shape, dtype, _, _ in specs:
-                raw = gguf.GGMLQuantizationType.Q8_0 if dtype == "q8_0" else None
-                np_dtype = np.float16 if dtype == "f16" else np.float32  # element shape for q8_0 too
-                writer.add_tensor_info(name, shape, np.dtype(np_dtype), _nbytes(shape, dtype),
-                                       raw_dtype=raw)
-            writer.write_header_to_file()
-            writer.write_kv_data_to_file()
-            writer.write_ti_data_to_file()
-            # one tensor in memory at a time: the bench model never sits whole in RAM
-            for index, (_, shape, dtype, mean, std) in enumerate(specs):
-                writer.write_tensor_data(_encode(_values(spec, index, shape, mean, std), dtype))
+            n_vocab = _write_keys(writer, spec, vocab_path, chat_template)
+            _write_tensors(writer, spec, n_vocab)
         finally:
             writer.close()
         os.replace(tmp, path)
@@ -334,6 +312,51 @@ def write_demo_model(path: os.PathLike[str] | str, *, preset: str = "tiny",
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def _write_keys(writer: gguf.GGUFWriter, spec: DemoModelSpec, vocab_path: Path, chat_template: str | None) -> int:
+    """The model's metadata: its shape, the vocabulary's tokenizer, the chat template. Returns n_vocab."""
+    import gguf
+
+    writer.add_name(spec.name)
+    writer.add_context_length(spec.n_ctx)
+    writer.add_embedding_length(spec.n_embd)
+    writer.add_block_count(spec.n_layer)
+    writer.add_feed_forward_length(spec.n_ff)
+    writer.add_head_count(spec.n_head)
+    writer.add_head_count_kv(spec.n_head_kv)
+    writer.add_rope_dimension_count(spec.head_dim)
+    writer.add_rope_freq_base(spec.rope_freq_base)
+    writer.add_layer_norm_rms_eps(spec.rms_eps)
+    if spec.n_expert:
+        writer.add_expert_count(spec.n_expert)
+        writer.add_expert_used_count(spec.n_expert_used)
+    writer.add_file_type(_FILE_TYPE[spec.dtype])
+    if spec.dtype == "q8_0":
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    n_vocab = _copy_tokenizer(writer, vocab_path)
+    writer.add_vocab_size(n_vocab)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
+    return n_vocab
+
+
+def _write_tensors(writer: gguf.GGUFWriter, spec: DemoModelSpec, n_vocab: int) -> None:
+    """The header, the keys, the tensors' table, then the tensors' values."""
+    import gguf
+
+    specs = tensor_specs(spec, n_vocab)
+    for name, shape, dtype, _, _ in specs:
+        raw = gguf.GGMLQuantizationType.Q8_0 if dtype == "q8_0" else None
+        np_dtype = np.float16 if dtype == "f16" else np.float32  # element shape for q8_0 too
+        writer.add_tensor_info(name, shape, np.dtype(np_dtype), _nbytes(shape, dtype),
+                               raw_dtype=raw)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    # one tensor in memory at a time: the bench model never sits whole in RAM
+    for index, (_, shape, dtype, mean, std) in enumerate(specs):
+        writer.write_tensor_data(_encode(_values(spec, index, shape, mean, std), dtype))
 
 
 def _iter_cli_fields() -> Iterator[tuple[str, type]]:

@@ -22,6 +22,7 @@ What happens where:
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import threading
@@ -50,7 +51,9 @@ worker_connections = int(_env("LMSP_GUNICORN_WORKER_CONNECTIONS", "2048"))
 # Under gevent the worker's heartbeat runs in its own greenlet, so a long SSE
 # stream never trips this; only a hub blocked for this long gets the worker killed.
 timeout = int(_env("LMSP_GUNICORN_TIMEOUT", "60"))
-graceful_timeout = int(_env("LMSP_GUNICORN_GRACEFUL_TIMEOUT", "20"))
+# a stopping worker's time: stop_grace_seconds for its running tasks, then the rest to end its
+# streams and stop its runtime (lmsp.winddown); the master kills it after this
+graceful_timeout = int(_env("LMSP_GUNICORN_GRACEFUL_TIMEOUT") or math.ceil(_cfg.stop_grace_seconds) + 5)
 # longer than a proxy's idle upstream keepalive; at least 1 s (0 would leave a new connection's
 # wait for its first request without any time limit in gunicorn's gevent worker)
 keepalive = max(1, int(_env("LMSP_GUNICORN_KEEPALIVE", "75")))
@@ -152,13 +155,21 @@ def post_worker_init(worker) -> None:
 def worker_exit(server, worker) -> None:
     """Worker, exiting: stop claiming, commit what is produced, release the claims.
 
-    Running tasks stay in the store and follow their restart policy at the next
-    start (or are recovered by another worker when their lease expires).
+    After a SIGTERM, first the worker's wind-down (its running tasks' grace
+    period, its streams ended: :mod:`lmsp.winddown`). Tasks still running stay
+    in the store and follow their restart policy at the next start (or are
+    recovered by another worker when their lease expires).
     """
     from lmsp.runtime import core
 
+    wind_down = getattr(worker, "wind_down", None)
+    if wind_down is not None:  # a SIGTERM: the running tasks had their grace, the streams ended
+        wind_down.wait()
+        left = wind_down.time_left() - 1.0
+    else:
+        left = graceful_timeout / 2
     for runtime in core.started():
-        runtime.stop(timeout=max(1.0, graceful_timeout / 2))
+        runtime.stop(timeout=max(1.0, left))
 
 
 def _dump_stacks(worker, why: str) -> None:

@@ -10,7 +10,8 @@ gunicorn's gevent worker is built on (same constructor, no gevent), and
 one and continues as it.
 
 The real one differs from gunicorn's in four ways: a SIGTERM first drains
-this process's runtimes; what gunicorn answers itself (a request it cannot parse, one over its size
+this process's runtimes and winds the worker down (:mod:`lmsp.winddown`);
+what gunicorn answers itself (a request it cannot parse, one over its size
 limits, an exception that escapes the app) gets the JSON error body of LMSP
 B.1 instead of gunicorn's HTML page; the app's ``Connection: close`` closes
 the connection; and connections waiting for a request are bounded
@@ -242,6 +243,7 @@ class IdleLimits:
         self.lmsp_config = config.load()
         self.idle = IdleConnections(self.lmsp_config.max_idle_connections, self.lmsp_config.max_idle_per_address)
         self._connections: dict = {}   # handler greenlet -> [client address, first request still to come]
+        self.wind_down = None
 
     def handle(self, listener, client, addr) -> None:
         import gevent
@@ -269,10 +271,10 @@ def _serving(worker_class):
     """gunicorn's gevent worker with B.1 error bodies (:class:`JSONErrors`), the
     app's ``Connection: close`` obeyed (:func:`_closing`) and idle connections
     bounded (:class:`IdleLimits`), which on SIGTERM (a stop, a reload's old
-    worker) first tells this process's runtimes to claim no more tasks: its
-    connections may keep it alive for gunicorn's whole graceful timeout, and a
-    task it claimed meanwhile would wait for its lease to run out instead of
-    going to another worker at once."""
+    worker) first tells this process's runtimes to claim no more tasks (a task
+    it claimed while its connections keep it alive would wait for its lease to
+    run out instead of going to another worker at once) and then winds down
+    (:class:`lmsp.winddown.WindDown`)."""
     global _serving_class
     if _serving_class is None:
         class Serving(IdleLimits, JSONErrors, worker_class):
@@ -282,9 +284,14 @@ def _serving(worker_class):
 
             def handle_exit(self, sig, frame) -> None:
                 from lmsp.runtime import core
+                from lmsp.winddown import WindDown
 
-                for runtime in core.started():
+                runtimes = core.started()
+                for runtime in runtimes:
                     runtime.drain()
+                if self.wind_down is None:
+                    self.wind_down = WindDown(runtimes, self.idle, self.lmsp_config.stop_grace_seconds,
+                                              float(self.cfg.graceful_timeout))
                 super().handle_exit(sig, frame)
 
         Serving.__name__ = Serving.__qualname__ = worker_class.__name__

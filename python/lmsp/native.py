@@ -91,7 +91,15 @@ kernels); ``info["batch_invariant"]`` says which holds (False on a GPU), and
 i-quant weights on ggml's one-row kernels. ``snapshot()`` of a sequence that
 has finished raises KeyError.
 
-A model without a chat template (or with one llama.cpp does not know) is
-formatted as "System: ...\\n\\nUser: ...\\n\\n" and so on, ending with
-"Assistant:" when ``add_generation_prompt`` is true.
+``apply_chat_template(messages)`` renders the model's own chat template
+(``tokenizer.chat_template``) with llama.cpp's Jinja engine, given what
+llama-server gives it with ``--jinja`` on its defaults (``bos_token``,
+``eos_token``, ``add_generation_prompt``; a BOS the template writes itself is
+dropped where the tokenizer adds one). ``chat_prompt(messages)`` is that text
+tokenized as llama-server tokenizes a prompt: special tokens added, special
+token text parsed. A template that refuses the messages raises ValueError; one
+that does not parse makes the model fail to load. ``info["has_chat_template"]``
+says whether the model has a template; a model without one is formatted as
+"System: ...\\n\\nUser: ...\\n\\n" and so on, ending with "Assistant:" when
+``add_generation_prompt`` is true.
 """

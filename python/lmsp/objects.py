@@ -126,6 +126,8 @@ def model_object(model: Row, *, with_path: bool = False) -> dict:
         "quantization": model["quantization"],
         "context_length": model["context_length"],
         "state": model["state"],
+        # None: registered before this was recorded (the registry reads the file)
+        "has_chat_template": None if model["chat_template"] is None else bool(model["chat_template"]),
     }
     if with_path:
         out["path"] = model["path"]

@@ -13,7 +13,7 @@ from lmsp.store import Store
 
 MODEL = {"id": "tiny", "path": "tiny.gguf", "digest": "sha256:" + "0" * 64, "size_bytes": 1234,
          "format": "gguf", "architecture": "llama", "parameters": 1000, "quantization": "F32",
-         "context_length": 256, "state": "available"}
+         "context_length": 256, "state": "available", "has_chat_template": True}
 
 
 @pytest.fixture

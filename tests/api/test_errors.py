@@ -220,8 +220,9 @@ def test_an_integer_too_long_to_read_says_so(user, store, digits):
 
 
 def test_whole_characters_and_nesting_within_the_limit_are_accepted(user, config):
-    body = (b'{"model": "tiny", "input": [{"role": "user", "content": [{"type": "text", "text": "\\ud83d\\ude00 \\\\ud800",'
-            b' "annotations": ' + b"[" * 27 + b"]" * 27 + b'}]}], "background": true}')
+    body = (b'{"model": "tiny", "input": [{"role": "user", "content": [{"type": "text", '
+            b'"text": "\\ud83d\\ude00 \\\\ud800", "annotations": '
+            + b"[" * 27 + b"]" * 27 + b'}]}], "background": true}')
     result = user.post("/v1/responses", body=body, headers={"Content-Type": "application/json"})
     assert result.status_code == 202, result.text
     with sqlite3.connect(config.db_path) as conn:

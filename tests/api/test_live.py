@@ -70,6 +70,7 @@ def test_models_read(live, client):
     listed = client.get("/v1/models").json
     assert listed["object"] == "list" and [m["id"] for m in listed["data"]] == ["tiny"]
     assert client.get("/v1/models/tiny").json["digest"] == live["model"]["digest"]
+    assert client.get("/v1/models/tiny").json["has_chat_template"] is True  # the demo model's ChatML
     assert_error(client.get("/v1/models/nope"), 404, "not_found")
 
 

@@ -318,6 +318,15 @@ def test_parse_create_without_http(config):
     assert parsed.request["stop"] == ["END"] and parsed.request["seed"] == 0
 
 
+def test_empty_instructions_are_an_empty_system_message(config):
+    """As llama-server makes them: a template's default system message gives way to it."""
+    parsed = parse_create({"model": "tiny", "input": "hi", "instructions": ""}, config, lambda: 99)
+    assert parsed.messages == [{"role": "system", "content": ""}, {"role": "user", "content": "hi"}]
+    assert parsed.request["instructions"] == ""
+    parsed = parse_create({"model": "tiny", "input": "hi", "instructions": None}, config, lambda: 99)
+    assert parsed.messages == [{"role": "user", "content": "hi"}]
+
+
 def test_a_client_cannot_fill_the_queue_for_the_others(store, scripted, config):
     from api_helpers import Api, make_client
 

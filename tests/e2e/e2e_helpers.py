@@ -23,6 +23,7 @@ SERVER_ENV = {
     "LMSP_LEASE_SECONDS": "2",
     "LMSP_MAX_OUTPUT_TOKENS_CAP": "2000",
     "LMSP_LOG_LEVEL": "info",
+    "LMSP_STOP_GRACE_SECONDS": "2",   # a stop at the end of a test waits little for running tasks
 }
 
 

@@ -89,7 +89,8 @@ def test_killing_a_worker_recovers_its_tasks_without_a_restart(make_server):
 
 
 def test_a_graceful_stop_and_start_resumes_running_tasks(make_server):
-    server = make_server().start()
+    # no grace period: the tasks are still running when the workers stop
+    server = make_server(env={"LMSP_STOP_GRACE_SECONDS": "0"}).start()
     token = server.pair()
     tasks = start_long_tasks(server, token, ("resume", "fail"))
     server.stop()  # SIGTERM: workers commit what they produced and release their claims

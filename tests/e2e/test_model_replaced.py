@@ -22,8 +22,8 @@ def _first_text(events) -> dict:
 
 def _last(events) -> dict:
     last = None
-    for last in events:
-        pass
+    for event in events:
+        last = event
     assert last is not None and last["type"] in TERMINAL, last
     return last
 

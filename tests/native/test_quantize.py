@@ -146,6 +146,7 @@ def test_a_kquant_sequence_alone_and_among_eight_others(quantized, kind: str, ca
 
 
 @cpu_only
+@pytest.mark.slow  # 400-token runs past 512 cells: about two minutes for the four cases on 2 cores
 @pytest.mark.parametrize("chunk", [256, 64])
 @pytest.mark.parametrize("kind", ["f32", "q4_k_m"])
 def test_long_prompts_and_contexts_alone_and_among_others(small_model: Path, quantized, kind: str,

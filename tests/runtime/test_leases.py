@@ -170,7 +170,7 @@ def test_a_draining_worker_claims_nothing_more(store, make_runtime, model_file, 
     rt.drain()
     rt.drain()  # a second SIGTERM (systemd's to every process, then the master's): said once
     assert [m for m in said if "draining" in m] == [f"runtime {rt.owner} draining: no more claims"]
-    # requests still on open connections are taken and queued, not refused; /readyz says no
+    # a task put in the store all the same (the API answers 503 first) stays queued; /readyz says no
     assert rt.ready and rt.draining and rt.reserve("tiny") is None
     tid = submit(store, rt, max_output_tokens=2)  # notify_queued: a scheduler round
     wait_until(None, store, tid, lambda t: rounds)

@@ -3,6 +3,8 @@ never served changed (LMSP B.4)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 from runtime_helpers import submit, wait_finished, wait_until
@@ -82,6 +84,22 @@ def test_a_file_whose_digest_matches_again_is_served_again(store, runtime, model
     assert wait_finished(runtime, store, submit(store, runtime, max_output_tokens=2))["status"] == "completed"
 
 
+def test_a_file_registered_again_before_the_change_is_seen_keeps_its_new_registration(store, make_runtime,
+                                                                                       model_file):
+    from lmsp.runtime.registry import ModelRegistry
+
+    rt = make_runtime(store, start=False)  # no janitor thread: the check below is the first to look
+    rt.register_model("tiny.gguf")
+    rt.load_model("tiny")
+    _flip_middle(model_file)  # a new file, which the operator registers from another process
+    new = ModelRegistry(rt.config, store).register("tiny.gguf")
+    assert rt.check_model_files() == ["tiny"]
+    assert rt.registry.engine("tiny") is None
+    shown = rt.model_object("tiny")
+    assert (shown["state"], shown["digest"]) == ("available", new["digest"])
+    assert rt.load_model("tiny")["state"] == "loaded"  # the new file, as registered
+
+
 def test_a_file_changed_while_it_loads_is_not_served(store, make_runtime, model_file):
     from lmsp import native
 
@@ -127,3 +145,18 @@ def test_the_watch_reports_writes_truncations_and_removals(tmp_path):
         change()
         assert watch.drain()
     watch.close()
+
+
+def test_the_watch_starts_in_a_real_thread_of_a_gevent_worker():
+    """The janitor thread makes the watch in a worker that gevent patched (where
+    ``ctypes.util.find_library``'s subprocess fails off the hub)."""
+    code = ("from gevent import monkey; monkey.patch_all()\n"
+            "from lmsp.runtime._threads import RealThread\n"
+            "from lmsp.runtime.filewatch import FileWatch\n"
+            "made = []\n"
+            "thread = RealThread(lambda: made.append(FileWatch()), 'lmsp-janitor')\n"
+            "thread.start(); assert thread.join(30)\n"
+            "print(len(made), made[0].fileno() is not None if made else None)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "True"], done.stdout + done.stderr

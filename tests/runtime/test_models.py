@@ -33,6 +33,28 @@ def test_register_reads_the_digest_and_the_gguf_metadata(store, make_runtime, mo
     assert [m["id"] for m in rt.list_models()] == ["tiny"]
 
 
+def test_a_model_says_whether_it_has_a_chat_template(store, make_runtime, config, model_file):
+    from lmsp.demo_model import write_demo_model
+
+    write_demo_model(config.models_dir / "base.gguf", chat_template=None)
+    rt = make_runtime(store)
+    assert rt.register_model("tiny.gguf")["has_chat_template"] is True
+    assert rt.register_model("base.gguf")["has_chat_template"] is False
+    assert {m["id"]: m["has_chat_template"] for m in rt.list_models()} == {"tiny": True, "base": False}
+    assert rt.model_object("base")["has_chat_template"] is False
+
+
+def test_a_model_registered_before_templates_were_recorded_is_read_from_its_file(store, make_runtime, config,
+                                                                                model_file):
+    rt = make_runtime(store)
+    rt.register_model("tiny.gguf")
+    with store._db.write() as conn:  # as migration 5 leaves an older registration
+        conn.execute("UPDATE models SET chat_template = NULL")
+    assert store.get_model("tiny")["has_chat_template"] is None
+    assert rt.model_object("tiny")["has_chat_template"] is True
+    assert rt.list_models()[0]["has_chat_template"] is True
+
+
 def test_register_with_an_explicit_id_in_a_subdirectory(store, make_runtime, config, model_file):
     (config.models_dir / "sub").mkdir()
     os.replace(model_file, config.models_dir / "sub" / "x.gguf")

@@ -111,3 +111,22 @@ def test_version_2_tasks_keep_their_counters_without_the_copied_column(db_path, 
     columns = {r[1] for r in conn.execute("PRAGMA table_info(tasks)")}
     conn.close()
     assert ("last_seq" in columns) == (sqlite3.sqlite_version_info < (3, 35, 0))
+
+
+def test_version_4_models_get_an_unrecorded_chat_template(db_path):
+    """Migration 5: a model registered before it knows nothing of its chat template (None),
+    and a registration records it."""
+    db_path.parent.mkdir(parents=True)
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    migrate(conn, target=4)
+    conn.execute("INSERT INTO models (id, path, digest, size_bytes, created_at) "
+                 "VALUES ('old', 'old.gguf', 'sha256:' || hex(zeroblob(32)), 1, 1)")
+    conn.close()
+    s = Store.open(db_path)
+    try:
+        assert s.get_model("old")["has_chat_template"] is None
+        model = dict(s.get_model("old"), has_chat_template=True)
+        assert s.put_model(model)["has_chat_template"] is True
+        assert s.put_model(dict(model, has_chat_template=False))["has_chat_template"] is False
+    finally:
+        s.close()

@@ -108,7 +108,8 @@ def test_resumed_task_carries_on(store, make_task):
     types = event_types(store, tid)
     assert types.count("response.output_item.added") == 1
     deltas = "".join(e["delta"] for e in all_events(store, tid) if e["type"] == "response.output_text.delta")
-    assert deltas == "Hello" == store.get_response(store.get_task(tid)["response_id"])["output"][0]["content"][0]["text"]
+    response = store.get_response(store.get_task(tid)["response_id"])
+    assert deltas == "Hello" == response["output"][0]["content"][0]["text"]
     assert_consistent(store, tid)
 
 

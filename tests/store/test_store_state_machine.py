@@ -11,7 +11,8 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as stt
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
+                                 run_state_machine_as_test)
 
 from lmsp.errors import IllegalTransition, TaskFinished
 from lmsp.store import FINISHED, TRANSITIONS, ClaimLost, Store

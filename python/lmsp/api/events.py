@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, Literal
 
 import falcon
 
@@ -32,10 +32,17 @@ AUTH_RECHECK_SECONDS = 5.0  # how often an open stream asks whether its reader's
 BUSY_GIVE_UP_SECONDS = 10.0  # a stream whose store stays unavailable this long ends with an error event
 
 
-def frame(event: dict) -> bytes:
+def frame(event: dict[str, Any]) -> bytes:
     """One event in SSE framing: ``id``, ``event``, ``data``, blank line."""
     return (f"id: {event['sequence_number']}\nevent: {event['type']}\n"
             f"data: {dumps(event)}\n\n").encode("utf-8")
+
+
+def stopping_frame(last: int) -> bytes:
+    """The ``error`` event that ends a stream when the worker stops (not a response event:
+    the task goes on after the restart, from the event after ``last``)."""
+    return error_frame("server_stopping", "the service is stopping; resume the stream after its restart "
+                       f"from sequence number {last} (starting_after or Last-Event-ID)")
 
 
 def wants_sse(req: falcon.Request) -> bool:
@@ -54,7 +61,7 @@ def start_sse(resp: falcon.Response, stream: Iterator[bytes], status: int = 200,
     resp.stream = stream
 
 
-def event_stream(store, runtime, task_id: str, *, after: int = 0, client_id: str | None = None,
+def event_stream(store: Any, runtime: Any, task_id: str, *, after: int = 0, client_id: str | None = None,
                  heartbeat: float = 15.0, on_abandon: Callable[[], None] | None = None,
                  monotonic: Callable[[], float] = time.monotonic,
                  poll: float = POLL_SECONDS,
@@ -67,86 +74,142 @@ def event_stream(store, runtime, task_id: str, *, after: int = 0, client_id: str
     (the reader's client was revoked), the stream ends with an
     ``unauthorized`` error event, and the task runs on.
     """
-    last = after
-    generation = getattr(runtime, "commit_generation", None)
-    committed = getattr(runtime, "committed_events", None)
-    checked = False  # the store has answered once: the task exists and the client may read it
-    since = None
-    finished = False
-    last_write = last_auth = monotonic()
-    busy_since = None
-    wake_at = after
+    stream = _Stream(store, runtime, task_id, after=after, client_id=client_id, monotonic=monotonic,
+                     poll=poll, authorized=authorized)
     try:
-        while True:
-            if authorized is not None and monotonic() - last_auth >= AUTH_RECHECK_SECONDS:
-                last_auth = monotonic()
-                try:
-                    allowed = authorized()
-                except Unavailable:  # a busy store: ask again at the next check
-                    allowed = True
-                if not allowed:
-                    raise Unauthorized("the client of this stream was revoked")
-            try:
-                since = generation() if generation is not None else None
-                fresh = committed(task_id, last) if checked and committed is not None else None
-                if fresh:
-                    page = {"data": fresh, "has_more": False}
-                else:
-                    page = store.events(task_id, after=last, limit=PAGE, client_id=client_id)
-                    checked = True
-            except Unavailable as exc:
-                busy_since = _busy(exc, busy_since, monotonic, poll)
-                continue
-            busy_since = None
-            for event in page["data"]:
-                last = wake_at = event["sequence_number"]
-                if event["type"] in TERMINAL_EVENTS:
-                    finished = True
-                    yield frame(event)
-                    return
-                yield frame(event)
-                last_write = monotonic()
-            if page["has_more"]:
-                continue
-            if not page["data"]:
-                try:
-                    task = store.get_task(task_id, client_id)
-                except Unavailable as exc:
-                    busy_since = _busy(exc, busy_since, monotonic, poll)
-                    continue
-                counter = task.get("last_sequence_number", last)
-                if task["status"] in FINISHED_TASK_STATES and counter <= last:
-                    finished = True
-                    return
-                # a stream that starts past the task's last event waits for the task's next
-                # one (its end included), not for one past its own start
-                wake_at = min(last, counter)
-            idle = monotonic() - last_write
-            if idle >= heartbeat:
-                yield KEEP_ALIVE
-                last_write = monotonic()
-                continue
-            # a runtime that watches the store wakes the stream when its task moves;
-            # otherwise the stream polls
-            wait = heartbeat - idle if getattr(runtime, "watches_store", False) else min(poll, heartbeat - idle)
-            wait = max(0.001, wait)
-            if since is None:
-                runtime.wait_for_commit(task_id, wake_at, wait)
-            else:
-                runtime.wait_for_commit(task_id, wake_at, wait, since=since)
+        yield from stream.frames(heartbeat)
     except LMSPError as exc:
-        finished = True
+        stream.finished = True
         yield error_frame(exc.code, exc.message, exc.param)
     except Exception:  # noqa: BLE001 - a stream must end with a frame, never a traceback
-        finished = True
+        stream.finished = True
         log.exception("event stream of %s failed", task_id)
         yield error_frame("internal_error", "the event stream failed")
     finally:
-        if not finished and on_abandon is not None:
+        if not stream.finished and on_abandon is not None:
             try:
                 on_abandon()
             except Exception:  # noqa: BLE001
                 log.exception("cleanup of the abandoned stream of %s failed", task_id)
+
+
+class _Stream:
+    """One stream's reads and waits, and where it stands between them.
+
+    The store and the runtime are duck-typed: a runtime may lack
+    ``commit_generation``, ``committed_events``, ``watches_store`` and
+    ``streams_ending`` (the stream then polls the store)."""
+
+    def __init__(self, store: Any, runtime: Any, task_id: str, *, after: int, client_id: str | None,
+                 monotonic: Callable[[], float], poll: float, authorized: Callable[[], bool] | None) -> None:
+        self.store = store
+        self.runtime = runtime
+        self.task_id = task_id
+        self.client_id = client_id
+        self.monotonic = monotonic
+        self.poll = poll
+        self.authorized = authorized
+        self.generation: Callable[[], Any] | None = getattr(runtime, "commit_generation", None)
+        self.committed: Callable[[str, int], list[dict[str, Any]]] | None = getattr(
+            runtime, "committed_events", None)
+        self.last = after  # the last sequence number sent
+        self.wake_at = after  # the sequence number whose successor's commit wakes the stream
+        self.checked = False  # the store has answered once: the task exists and the client may read it
+        self.since: Any = None  # the runtime's commit generation before the last read
+        self.finished = False  # ended on purpose (not abandoned by its reader)
+        self.busy_since: float | None = None
+        self.last_write = self.last_auth = monotonic()
+
+    def frames(self, heartbeat: float) -> Iterator[bytes]:
+        while True:
+            self.check_authorized()
+            page = self.read()
+            if page is None:
+                continue
+            for event in page["data"]:
+                self.last = self.wake_at = event["sequence_number"]
+                if event["type"] in TERMINAL_EVENTS:
+                    self.finished = True
+                    yield frame(event)
+                    return
+                yield frame(event)
+                self.last_write = self.monotonic()
+            if page["has_more"]:
+                continue
+            if not page["data"]:
+                state = self.task_state()
+                if state == "busy":
+                    continue
+                if state == "done":
+                    self.finished = True
+                    return
+            if getattr(self.runtime, "streams_ending", False):
+                self.finished = True  # not abandoned: the task runs on, or follows its restart policy
+                yield stopping_frame(self.last)
+                return
+            idle = self.monotonic() - self.last_write
+            if idle >= heartbeat:
+                yield KEEP_ALIVE
+                self.last_write = self.monotonic()
+                continue
+            self.wait(heartbeat, idle)
+
+    def check_authorized(self) -> None:
+        """Raise Unauthorized once the reader's client is revoked (asked every AUTH_RECHECK_SECONDS)."""
+        if self.authorized is None or self.monotonic() - self.last_auth < AUTH_RECHECK_SECONDS:
+            return
+        self.last_auth = self.monotonic()
+        try:
+            allowed = self.authorized()
+        except Unavailable:  # a busy store: ask again at the next check
+            allowed = True
+        if not allowed:
+            raise Unauthorized("the client of this stream was revoked")
+
+    def read(self) -> dict[str, Any] | None:
+        """The next page of events after ``last``; None when the store was busy (after a pause)."""
+        try:
+            self.since = self.generation() if self.generation is not None else None
+            fresh = self.committed(self.task_id, self.last) if self.checked and self.committed is not None else None
+            if fresh:
+                page: dict[str, Any] = {"data": fresh, "has_more": False}
+            else:
+                page = self.store.events(self.task_id, after=self.last, limit=PAGE, client_id=self.client_id)
+                self.checked = True
+        except Unavailable as exc:
+            self.busy_since = _busy(exc, self.busy_since, self.monotonic, self.poll)
+            return None
+        self.busy_since = None
+        return page
+
+    def task_state(self) -> Literal["busy", "done", "running"]:
+        """After a page with no event: "done" when the task has finished and every event
+        was sent, "busy" when the store was (after a pause), else "running"."""
+        try:
+            task = self.store.get_task(self.task_id, self.client_id)
+        except Unavailable as exc:
+            self.busy_since = _busy(exc, self.busy_since, self.monotonic, self.poll)
+            return "busy"
+        counter = task.get("last_sequence_number", self.last)
+        if task["status"] in FINISHED_TASK_STATES and counter <= self.last:
+            return "done"
+        # a stream that starts past the task's last event waits for the task's next
+        # one (its end included), not for one past its own start
+        self.wake_at = min(self.last, counter)
+        return "running"
+
+    def wait(self, heartbeat: float, idle: float) -> None:
+        """Until the task's next commit, or the next heartbeat: a runtime that watches the
+        store wakes the stream when its task moves; otherwise the stream polls."""
+        if getattr(self.runtime, "watches_store", False):
+            wait = heartbeat - idle
+        else:
+            wait = min(self.poll, heartbeat - idle)
+        wait = max(0.001, wait)
+        if self.since is None:
+            self.runtime.wait_for_commit(self.task_id, self.wake_at, wait)
+        else:
+            self.runtime.wait_for_commit(self.task_id, self.wake_at, wait, since=self.since)
 
 
 def _busy(exc: Unavailable, since: float | None, monotonic: Callable[[], float], poll: float) -> float:

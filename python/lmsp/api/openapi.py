@@ -99,7 +99,12 @@ SCHEMAS: dict = {
                   "digest": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"},
                   "size_bytes": INT, "format": {"const": "gguf"}, "architecture": nullable(STR),
                   "parameters": nullable(INT), "quantization": nullable(STR),
-                  "context_length": nullable(INT), "state": {"enum": MODEL_STATES}}),
+                  "context_length": nullable(INT), "state": {"enum": MODEL_STATES},
+                  "has_chat_template": {
+                      "type": "boolean",
+                      "description": "The file declares a chat template (tokenizer.chat_template): "
+                                     "prompts are rendered with it; without one they take the plain "
+                                     "format of docs/API.md."}}),
     "ModelList": list_of("Model"),
     "RegisterModel": obj({
         "path": text(1, 4096, "^[^\\u0000]*[^\\u0000\\s][^\\u0000]*$") | {
@@ -263,14 +268,17 @@ def _list_params(prefix: str) -> tuple[dict, dict]:
 
 
 NO_FIELDS: dict = {"body": "Empty", "optional_body": True}
+BODY_ERRORS = ("400", "408", "413", "415")  # what a call with a JSON body may get besides its own
 LAST_EVENT_ID = {"type": "integer", "minimum": 0, "maximum": INT64_MAX}
 SEQUENCE = {"type": "integer", "minimum": 0, "maximum": INT64_MAX}
 
 
 def _paths() -> dict:
-    resp_id, task_id = _id("response_id", "resp"), _id("task_id", "task")
-    model_id, client_id = _param("model_id", "path", STR), _id("client_id", "cli")
-    body_errors = ("400", "408", "413", "415")
+    return {**_service_paths(), **_client_paths(), **_model_paths(), **_response_paths(), **_task_paths()}
+
+
+def _service_paths() -> dict:
+    """The service, its probes, its metrics and this document."""
     return {
         "/v1/service": {"get": _op("The service and what it can do", {"200": _json("Service", "The service")},
                                    scope=None)},
@@ -282,16 +290,23 @@ def _paths() -> dict:
         "/openapi.json": {"get": _op("This document", {"200": {
             "description": "OpenAPI 3.1", "content": {"application/json": {"schema": {"type": "object"}}}}},
             scope=None)},
+    }
+
+
+def _client_paths() -> dict:
+    """Pairing and the paired clients."""
+    client_id = _id("client_id", "cli")
+    return {
         "/v1/pairings": {"post": _op("Make a one-time pairing code",
                                      {"201": _json("Pairing", "The code; a retry under the same "
                                                    "Idempotency-Key gets it again")}, scope="admin",
                                      params=(IDEMPOTENCY,), body="PairingRequest", optional_body=True,
-                                     errors=body_errors + ("409", "422", "503"))},
+                                     errors=BODY_ERRORS + ("409", "422", "503"))},
         "/v1/pair": {"post": _op("Redeem a pairing code for a client token",
                                  {"201": _json("ClientToken", "The new client and its token; a retry "
                                                "under the same Idempotency-Key gets them again")},
                                  scope=None, params=(IDEMPOTENCY,), body="PairRequest",
-                                 errors=body_errors + ("409", "422", "429", "503"))},
+                                 errors=BODY_ERRORS + ("409", "422", "429", "503"))},
         "/v1/clients": {"get": _op("Paired clients", {"200": _json("ClientList", "Clients")}, scope="admin")},
         "/v1/clients/{client_id}": {
             "get": _op("A client", {"200": _json("Client", "The client")}, scope="admin", params=(client_id,),
@@ -300,11 +315,18 @@ def _paths() -> dict:
                           {"200": _json("Client", "The revoked client")}, scope="admin", params=(client_id,),
                           errors=("404",)),
         },
+    }
+
+
+def _model_paths() -> dict:
+    """The model registry."""
+    model_id = _param("model_id", "path", STR)
+    return {
         "/v1/models": {
             "get": _op("Registered models", {"200": _json("ModelList", "Models")}, scope="models:read"),
             "post": _op("Register a GGUF file of the models directory",
                         {"201": _json("Model", "The registered model")}, scope="models:write",
-                        params=(IDEMPOTENCY,), body="RegisterModel", errors=body_errors + ("409", "422")),
+                        params=(IDEMPOTENCY,), body="RegisterModel", errors=BODY_ERRORS + ("409", "422")),
         },
         "/v1/models/{model_id}": {
             "get": _op("A model", {"200": _json("Model", "The model")}, scope="models:read",
@@ -319,6 +341,13 @@ def _paths() -> dict:
         "/v1/models/{model_id}/unload": {"post": _op(
             "Unload a model", {"200": _json("Model", "The model")}, scope="models:write",
             params=(model_id, IDEMPOTENCY), errors=("400", "404", "409", "422"), **NO_FIELDS)},
+    }
+
+
+def _response_paths() -> dict:
+    """Responses and their event streams."""
+    resp_id = _id("response_id", "resp")
+    return {
         "/v1/responses": {
             "post": _op("Create a response: plain (200), stream (SSE) or background (202)", {
                 "200": {"description": "The finished response, or its event stream with `stream: true`",
@@ -327,7 +356,7 @@ def _paths() -> dict:
                         "headers": {"Location": {"schema": STR}},
                         "content": {"application/json": {"schema": ref("Response")}}},
             }, scope="responses:write", params=(IDEMPOTENCY,), body="CreateResponse",
-                errors=body_errors + ("404", "409", "422", "429", "503")),
+                errors=BODY_ERRORS + ("404", "409", "422", "429", "503")),
             "get": _op("The caller's responses, newest first", {"200": _json("ResponseList", "A page")},
                        scope="responses:read", params=(
                            _param("status", "query", {"enum": RESPONSE_STATUSES}), *_list_params("resp")),
@@ -350,6 +379,13 @@ def _paths() -> dict:
         "/v1/responses/{response_id}/cancel": {"post": _op(
             "Cancel (B.7)", {"200": _json("Response", "The response after the cancel")},
             scope="responses:write", params=(resp_id, IDEMPOTENCY), errors=("400", "404", "409", "422"), **NO_FIELDS)},
+    }
+
+
+def _task_paths() -> dict:
+    """Tasks and their event logs."""
+    task_id = _id("task_id", "task")
+    return {
         "/v1/tasks": {"get": _op("The caller's tasks, newest first", {"200": _json("TaskList", "A page")},
                                  scope="responses:read", params=(
                                      _param("status", "query", {"enum": list(TASK_STATES)}),

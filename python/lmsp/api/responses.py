@@ -40,6 +40,7 @@ MAX_STOP = 16
 MAX_METADATA = 16
 FORGET_WAIT_SECONDS = 600.0   # how long a store:false response whose client left waits for its task to end
 WATCHED_WAIT_SECONDS = 5.0    # a wait the runtime ends when the task moves; the time-out is a fallback
+STOPPING_RETRY_AFTER = 5      # Retry-After of a plain request whose task outlives the worker's stop
 
 
 @dataclass
@@ -154,7 +155,7 @@ def parse_create(body: dict, config, random_seed) -> CreateRequest:
     # text (a content part's other fields, such as annotations, play no part)
     given = body["input"] if isinstance(body["input"], str) else [dict(m) for m in messages]
     instructions = get_str(body, "instructions", allow_empty=True, max_len=MAX_TEXT)
-    if instructions:
+    if instructions is not None:  # an empty one is an empty system message
         _check_nul(instructions, "instructions")
         messages.insert(0, {"role": "system", "content": instructions})
     max_output = get_int(body, "max_output_tokens", default=config.max_output_tokens, minimum=1)
@@ -203,7 +204,7 @@ class ResponsesService:
         """``limited``: the client's unfinished tasks are capped (``max_unfinished_per_client``;
         an admin's are not)."""
         runtime = self.deps.runtime
-        if not getattr(runtime, "ready", False):
+        if not getattr(runtime, "ready", False) or getattr(runtime, "draining", False):
             raise Unavailable("the service is starting or shutting down; retry shortly", retry_after=1)
         try:
             model = runtime.model_object(parsed.model)
@@ -245,6 +246,9 @@ class ResponsesService:
             task = store.get_task(task_id, client_id)
             if task["status"] in FINISHED_TASK_STATES:
                 return task
+            if getattr(self.deps.runtime, "streams_ending", False):
+                raise Unavailable(f"the service is stopping; response {task['response_id']} goes on after "
+                                  "its restart: fetch it then", retry_after=STOPPING_RETRY_AFTER)
             self._wait_past(task)
 
     def _wait_past(self, task: dict) -> None:
@@ -319,6 +323,8 @@ class ResponsesService:
             if task["status"] in FINISHED_TASK_STATES:
                 self.forget(response_id, client_id)
                 return
+            if getattr(self.deps.runtime, "streams_ending", False):
+                break  # the worker stops
             self._wait_past(task)
         log.info("response %s not deleted after its client left: its task did not end", response_id)
 

@@ -210,9 +210,9 @@ class Runtime(ChangedFiles):
 
     def drain(self) -> None:
         """The worker is going (SIGTERM): claim no more queued tasks and take no more
-        new ones at creation (they queue for the other workers: a request that
-        arrives on a connection still open is accepted and queued, not refused),
-        but run on what is claimed until :meth:`stop`. ``/readyz`` says not ready.
+        new ones (a request that would create one gets 503, on every connection still
+        open, and retries elsewhere or after the restart), but run on what is claimed
+        until :meth:`stop`. ``/readyz`` says not ready.
         Once only: a worker may get SIGTERM twice (systemd signals every process of
         the service, and gunicorn's master then signals its workers)."""
         if self._draining:
@@ -223,6 +223,21 @@ class Runtime(ChangedFiles):
     @property
     def draining(self) -> bool:
         return self._draining
+
+    def busy(self) -> int:
+        """Tasks claimed here and not finished (starting, loading or running), and
+        slots promised to tasks being created."""
+        with self._lock:
+            return len(self._runs) + self._reserved
+
+    def end_streams(self) -> None:
+        """The worker stops now: every stream and every wait for a task's events
+        returns at once and ends (see :attr:`streams_ending`)."""
+        self.waiters.close()
+
+    @property
+    def streams_ending(self) -> bool:
+        return self.waiters.closed
 
     def stop(self, timeout: float = 10.0) -> None:
         """Graceful stop: no more claims, commit what the engine already produced, release the claims.

@@ -15,7 +15,6 @@ polls the identities instead.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 from dataclasses import dataclass
@@ -48,8 +47,10 @@ class FileIdentity:
 
 
 def _libc():
+    # the C library the interpreter already uses (ctypes.util.find_library would run
+    # ldconfig in a subprocess, which gevent's patched subprocess refuses off its hub)
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)
         libc.inotify_init1.argtypes = [ctypes.c_int]
         libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
         libc.inotify_rm_watch.argtypes = [ctypes.c_int, ctypes.c_int]
@@ -66,13 +67,14 @@ class FileWatch:
         self._libc = _libc()
         self._fd = -1
         self._wds: dict[str, int] = {}  # key -> watch descriptor
-        if self._libc is not None:
-            fd = self._libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
-            if fd >= 0:
-                self._fd = fd
-            else:
-                log.info("no inotify (%s): model files are checked by polling only",
-                         os.strerror(ctypes.get_errno()))
+        if self._libc is None:
+            log.info("no inotify: model files are checked by polling only")
+            return
+        fd = self._libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+        if fd >= 0:
+            self._fd = fd
+        else:  # out of inotify instances (fs.inotify.max_user_instances), say
+            log.info("no inotify (%s): model files are checked by polling only", os.strerror(ctypes.get_errno()))
 
     def fileno(self) -> int | None:
         return self._fd if self._fd >= 0 else None

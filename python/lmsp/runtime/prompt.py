@@ -1,5 +1,20 @@
-"""From a stored request to engine input: messages, chat template, sampling."""
+"""From a stored request to engine input: messages, chat template, sampling.
+
+The prompt is the model's own chat template rendered by llama.cpp's Jinja
+engine and tokenized as llama-server does it (``Engine.chat_prompt``); a model
+without a template gets the plain format of ``docs/API.md``.
+"""
 from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+
+class ChatEngine(Protocol):
+    """What rendering asks of an engine (``lmsp.native.Engine`` has it)."""
+
+    def chat_prompt(self, messages: Sequence[dict[str, str]],
+                    add_generation_prompt: bool = True) -> list[int]: ...
+
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
@@ -15,10 +30,11 @@ def _text(content) -> str:
 
 
 def messages_for(request: dict) -> list[dict]:
-    """The chat messages of a request: ``instructions`` first as a system message, then ``input``."""
+    """The chat messages of a request: ``instructions`` first as a system message (an empty
+    one too, as llama-server makes it), then ``input``."""
     messages = []
     instructions = request.get("instructions")
-    if instructions:
+    if instructions is not None:
         messages.append({"role": "system", "content": _text(instructions)})
     given = request.get("input")
     if isinstance(given, str):
@@ -33,10 +49,11 @@ def messages_for(request: dict) -> list[dict]:
     return messages
 
 
-def render(engine, messages: list[dict]) -> list[int]:
-    """Prompt token ids: the model's chat template, then the tokenizer (special tokens parsed)."""
-    text = engine.apply_chat_template(messages, add_generation_prompt=True)
-    return engine.tokenize(text, add_special=True, parse_special=True)
+def render(engine: ChatEngine, messages: list[dict]) -> list[int]:
+    """Prompt token ids: the model's chat template with the assistant's turn opened,
+    tokenized with the model's special tokens (BOS where it asks for one) and
+    special-token text parsed, as llama-server feeds a chat to the model."""
+    return list(engine.chat_prompt(messages, add_generation_prompt=True))
 
 
 def sampling(request: dict, config) -> dict:

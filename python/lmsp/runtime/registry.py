@@ -20,6 +20,7 @@ import time
 from pathlib import Path, PurePosixPath
 
 from ..errors import InvalidRequest, LMSPError, ModelChanged, ModelInUse, ModelLoadFailed, NotFound
+from ..hubsafe import offload
 from ..objects import public_model
 from ._threads import allocate_lock
 from .filewatch import FileIdentity, FileWatch
@@ -72,11 +73,14 @@ def _without(exc: Exception, real: os.PathLike, given: str) -> str:
     return str(exc).replace(str(real), given)
 
 
-def model_object(row: dict, state: str | None = None) -> dict:
-    """The Model object of LMSP B.4 from a store model (without its path), ``state`` overriding."""
+def model_object(row: dict, state: str | None = None, has_chat_template: bool | None = None) -> dict:
+    """The Model object of LMSP B.4 from a store model (without its path), ``state`` and
+    ``has_chat_template`` overriding."""
     out = public_model(row)
     if state is not None:
         out["state"] = state
+    if has_chat_template is not None:
+        out["has_chat_template"] = has_chat_template
     return out
 
 
@@ -92,8 +96,11 @@ class ModelRegistry:
         self._loading: set[str] = set()
         self._load_locks: dict[str, object] = {}
         self._loaded_files: dict[str, tuple[Path, FileIdentity]] = {}  # model id -> its file as loaded
+        self._loaded_digests: dict[str, str] = {}  # model id -> the registered digest it was loaded with
         self._digests: dict[str, tuple[FileIdentity, str]] = {}  # path -> its identity and digest when hashed
         self._watch: FileWatch | None = None   # made on the first load (in the worker, after fork)
+        self._templates: dict[str, bool] = {}  # digest -> has a chat template, for models registered
+        # before the store recorded it
 
     # paths
     def resolve(self, path: str, *, confined: bool = True) -> Path:
@@ -164,6 +171,7 @@ class ModelRegistry:
             "parameters": info.get("parameters"),
             "quantization": info.get("quantization"),
             "context_length": info.get("context_length"),
+            "has_chat_template": bool(info.get("chat_template")),
             "state": AVAILABLE,
         })
         log.info("registered model %s (%s, %s)", model_id, stored_path, digest)
@@ -214,12 +222,31 @@ class ModelRegistry:
             return CHANGED
         return AVAILABLE if stored in (LOADED, LOADING, MISSING) else stored
 
+    def has_chat_template(self, row: dict) -> bool:
+        """Whether the model's file declares a chat template: recorded at registration; for a
+        model registered before that, read from the file once (False when it cannot be read)."""
+        if row.get("has_chat_template") is not None:
+            return bool(row["has_chat_template"])
+        from .. import native
+
+        with self._lock:
+            known = self._templates.get(row["digest"])
+        if known is None:
+            try:
+                known = bool(offload(native.read_gguf_info, str(self.file_path(row))).get("chat_template"))
+            except (OSError, ValueError, native.NativeError):
+                known = False
+            with self._lock:
+                self._templates[row["digest"]] = known
+        return known
+
     def object(self, model_id: str) -> dict:
         row = self.store.get_model(model_id)
-        return model_object(row, self.state(row))
+        return model_object(row, self.state(row), self.has_chat_template(row))
 
     def objects(self) -> list[dict]:
-        return [model_object(row, self.state(row)) for row in self.store.list_models()]
+        return [model_object(row, self.state(row), self.has_chat_template(row))
+                for row in self.store.list_models()]
 
     # engines
     def engine(self, model_id: str):
@@ -245,8 +272,20 @@ class ModelRegistry:
 
     def mark_changed(self, model_id: str) -> None:
         """Record that the model's file changed (its digest stays the registered one):
-        it shows ``changed`` until registered again or loaded from a file with that digest."""
-        self._set_state(model_id, CHANGED)
+        it shows ``changed`` until registered again or loaded from a file with that digest.
+        Nothing is recorded when the model was registered again since it was loaded here
+        (the new registration describes the new file)."""
+        with self._lock:
+            loaded_with = self._loaded_digests.get(model_id)
+        try:
+            registered = self.store.get_model(model_id).get("digest")
+        except NotFound:
+            return
+        except LMSPError as exc:  # a busy store: the next load checks the digest anyway
+            log.warning("could not record that the file of model %s changed: %s", model_id, exc)
+            return
+        if loaded_with is None or registered == loaded_with:
+            self._set_state(model_id, CHANGED)
 
     def watch_fileno(self) -> int | None:
         """A descriptor readable once a loaded model's file may have changed (None: poll
@@ -306,6 +345,7 @@ class ModelRegistry:
         with self._lock:
             self._engines[model_id] = engine
             self._loaded_files[model_id] = (path, identity)
+            self._loaded_digests[model_id] = digest
             if self._watch is None:
                 self._watch = FileWatch()
             self._watch.add(model_id, path)
@@ -359,6 +399,7 @@ class ModelRegistry:
         loaded): from now on nothing finds it, and the caller closes it."""
         with self._lock:
             self._loaded_files.pop(model_id, None)
+            self._loaded_digests.pop(model_id, None)
             if self._watch is not None:
                 self._watch.remove(model_id)
             return self._engines.pop(model_id, None)
@@ -372,6 +413,7 @@ class ModelRegistry:
         with self._lock:
             engines, self._engines = list(self._engines.values()), {}
             self._loaded_files.clear()
+            self._loaded_digests.clear()
             if self._watch is not None:
                 self._watch.close()
                 self._watch = None

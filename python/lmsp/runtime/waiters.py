@@ -57,6 +57,7 @@ class CommitWaiters:
         self._async = None          # the hub's async watcher (gevent only)
         self._hub_pending: list = []
         self.generation = 0         # +1 at every notify (read without the lock: an int is atomic)
+        self.closed = False         # the worker stops: every wait returns at once
 
     def register(self, task_id: str):
         if gevent_active():
@@ -66,7 +67,19 @@ class CommitWaiters:
             waiter = _ThreadWaiter()
         with self._lock:
             self._waiting.setdefault(task_id, set()).add(waiter)
+            closed = self.closed
+        if closed:
+            waiter.wake()
         return waiter
+
+    def close(self) -> None:
+        """Wake every waiter, now and from now on (the worker stops: its streams end)."""
+        with self._lock:
+            self.closed = True
+            self.generation += 1
+            fire = [waiter for group in self._waiting.values() for waiter in group]
+        for waiter in fire:
+            waiter.wake()
 
     def unregister(self, task_id: str, waiter) -> None:
         with self._lock:

@@ -18,6 +18,8 @@ class ModelsArea(StoreBase):
             values = (str(model["id"]), str(model["path"]), str(model["digest"]), int(model["size_bytes"]),
                       model.get("format") or "gguf", model.get("architecture"), model.get("parameters"),
                       model.get("quantization"), model.get("context_length"), model.get("state") or "available")
+            template = model.get("has_chat_template")
+            template = None if template is None else int(bool(template))
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidRequest(f"incomplete model metadata: {exc}") from exc
         if values[-1] not in MODEL_STATES:
@@ -25,11 +27,13 @@ class ModelsArea(StoreBase):
         with self._db.write() as conn:
             conn.execute(
                 "INSERT INTO models (id, path, digest, size_bytes, format, architecture, parameters, quantization,"
-                " context_length, state, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET"
+                " context_length, state, chat_template, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
+                " ON CONFLICT(id) DO UPDATE SET"
                 " path=excluded.path, digest=excluded.digest, size_bytes=excluded.size_bytes,"
                 " format=excluded.format, architecture=excluded.architecture, parameters=excluded.parameters,"
                 " quantization=excluded.quantization, context_length=excluded.context_length,"
-                " state=excluded.state", values + (self._clock(),))
+                " state=excluded.state, chat_template=excluded.chat_template",
+                values + (template, self._clock()))
             row = conn.execute("SELECT * FROM models WHERE id = ?", (values[0],)).fetchone()
         return obj.model_object(row, with_path=True)
 

@@ -167,6 +167,9 @@ MIGRATIONS: list[list[str | Callable[[sqlite3.Connection], None]]] = [
     # 4: a client's unfinished tasks, counted at each creation (a per-client cap)
     ["CREATE INDEX tasks_unfinished_client ON tasks(client_id) "
      "WHERE status IN ('queued','loading','running','cancelling')"],
+    # 5: whether a model's file declares a chat template (1 or 0; NULL for a
+    # model registered before it was recorded)
+    ["ALTER TABLE models ADD COLUMN chat_template INTEGER"],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
