@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # name -> arguments to the interpreter, run in the repository root
 CHECKS: dict[str, list[str]] = {
     "ruff-check": ["-m", "ruff", "check", "--no-cache", "python/lmsp", "tests", "bench", "scripts"],
-    "ruff-format": ["-m", "ruff", "format", "--no-cache", "--check", "python/lmsp"],
+    # one line per file to reformat (`ruff format --diff` shows the changes, `ruff format` makes them)
+    "ruff-format": ["-m", "ruff", "format", "--no-cache", "--check", "--output-format", "concise", "python/lmsp"],
     "mypy": ["-m", "mypy"],  # the files and the strictness: pyproject.toml's [tool.mypy]
     # what ruff cannot express (lines per file and per function): a test of its own
     "limits": ["-m", "pytest", "-q", "--no-header", "-p", "no:cacheprovider", "tests/test_limits.py"],
@@ -47,7 +48,7 @@ def main(argv: list[str]) -> int:
         return 2
     failed = []
     for name in names:
-        print(f"== {name}: {' '.join(CHECKS[name])}", flush=True)
+        print(f"== {name}: python {' '.join(CHECKS[name])}", flush=True)
         if subprocess.run(command(name), cwd=ROOT, check=False).returncode != 0:
             failed.append(name)
     if failed:

@@ -27,7 +27,7 @@ lint = _lint_module()
 @pytest.mark.parametrize("name", lint.SUITE_CHECKS)
 def test_check_passes(name):
     result = lint.run(name)
-    assert result.returncode == 0, f"{' '.join(lint.CHECKS[name])}:\n{result.stdout}{result.stderr}"
+    assert result.returncode == 0, f"python {' '.join(lint.CHECKS[name])}:\n{result.stdout}{result.stderr}"
 
 
 def test_lint_runs_every_check():

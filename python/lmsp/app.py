@@ -64,7 +64,7 @@ def create_app(config, store, runtime, *, clock: Callable[[], float] = time.time
     http_metrics = HttpMetrics()
     deps = Deps(config=config, store=store, runtime=runtime, clock=clock, monotonic=monotonic,
                 random_seed=random_seed or _random_seed, http_metrics=http_metrics)
-    app = falcon.App(middleware=[RequestContext(http_metrics, monotonic), Authentication(store)],
+    app = falcon.App(middleware=(RequestContext(http_metrics, monotonic), Authentication(store)),
                      cors_enable=False)
     app.req_options.strip_url_path_trailing_slash = True
     app.req_options.auto_parse_qs_csv = False

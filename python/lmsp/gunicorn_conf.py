@@ -176,7 +176,7 @@ def _dump_stacks(worker, why: str) -> None:
     frames = sys._current_frames()
     from lmsp.runtime._threads import thread_names
 
-    names = {t.ident: t.name for t in threading.enumerate()}
+    names = {t.ident: t.name for t in threading.enumerate() if t.ident is not None}
     names.update(thread_names())
     lines = [f"lmsp: worker {worker.pid} {why}; stacks follow"]
     for ident, frame in frames.items():
@@ -186,7 +186,8 @@ def _dump_stacks(worker, why: str) -> None:
         from gevent import util
 
         lines.append("--- greenlets ---")
-        lines.extend(util.format_run_info())
+        # (the stubs say it returns None; it returns the lines)
+        lines.extend(util.format_run_info())  # type: ignore[func-returns-value,arg-type]
     except Exception:  # gevent missing or the hub is gone: the threads above are what we have
         pass
     worker.log.warning("\n".join(lines))

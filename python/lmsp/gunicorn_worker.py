@@ -26,6 +26,7 @@ import http
 import json
 import ssl
 from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 from gunicorn import util
 from gunicorn.http import errors as http_errors
@@ -34,8 +35,17 @@ from gunicorn.workers.base_async import AsyncWorker
 from lmsp.errors import code_for_status
 from lmsp.ids import new_id
 
+if TYPE_CHECKING:
+    # the mixins below are only ever bases of gunicorn's gevent worker, which the
+    # master must not import (see above): a base for the type checker alone
+    from gunicorn.workers.ggevent import GeventWorker as _Worker
 
-_serving_class = None
+    from lmsp.winddown import WindDown
+else:
+    _Worker = object
+
+
+_serving_class: type[_Worker] | None = None
 
 # what a message may quote of the request (a header name, a method): this many characters at most
 _QUOTE_MAX = 40
@@ -151,7 +161,7 @@ def error_response(status: int, code: str, message: str, request_id: str, *, bod
     return head + payload if body else head
 
 
-class JSONErrors:
+class JSONErrors(_Worker):
     """``handle_error`` of gunicorn's worker with a B.1 body instead of an HTML page.
 
     gunicorn calls it for a request it refuses while parsing (a bad request line
@@ -229,7 +239,7 @@ def _address(addr) -> str:
     return str(addr[0]) if isinstance(addr, tuple) and addr else "local"
 
 
-class IdleLimits:
+class IdleLimits(_Worker):
     """The idle-connection bounds of the serving worker (see the module docstring).
 
     Each connection's handler greenlet is known from its accept to its close;
@@ -243,7 +253,7 @@ class IdleLimits:
         self.lmsp_config = config.load()
         self.idle = IdleConnections(self.lmsp_config.max_idle_connections, self.lmsp_config.max_idle_per_address)
         self._connections: dict = {}   # handler greenlet -> [client address, first request still to come]
-        self.wind_down = None
+        self.wind_down: WindDown | None = None
 
     def handle(self, listener, client, addr) -> None:
         import gevent
@@ -267,7 +277,7 @@ class IdleLimits:
         return self.idle.waiting(address, seconds)
 
 
-def _serving(worker_class):
+def _serving(worker_class: type[_Worker]) -> type[_Worker]:
     """gunicorn's gevent worker with B.1 error bodies (:class:`JSONErrors`), the
     app's ``Connection: close`` obeyed (:func:`_closing`) and idle connections
     bounded (:class:`IdleLimits`), which on SIGTERM (a stop, a reload's old
@@ -277,7 +287,7 @@ def _serving(worker_class):
     (:class:`lmsp.winddown.WindDown`)."""
     global _serving_class
     if _serving_class is None:
-        class Serving(IdleLimits, JSONErrors, worker_class):
+        class Serving(IdleLimits, JSONErrors, worker_class):  # type: ignore[misc,valid-type]  # a run-time base
             def load_wsgi(self) -> None:
                 super().load_wsgi()
                 self.wsgi = _closing(self.wsgi)
@@ -305,6 +315,7 @@ class GeventWorker(AsyncWorker):
     def init_process(self) -> None:
         from gunicorn.workers.ggevent import GeventWorker as Worker
 
-        self.__class__ = _serving(Worker)
-        self.setup_limits()
-        Worker.init_process(self)
+        serving: Any = self  # made the serving worker, which the type checker cannot follow
+        serving.__class__ = _serving(Worker)
+        serving.setup_limits()
+        Worker.init_process(serving)

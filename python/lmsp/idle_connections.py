@@ -34,7 +34,8 @@ class _Wait:
         self.owner = owner
         self.address = address
         self.glet = gevent.getcurrent()
-        self.timeout = gevent.Timeout(seconds, False)
+        # False: the wait ends silently (gevent takes it; its stubs leave it out)
+        self.timeout = gevent.Timeout(seconds, False)  # type: ignore[arg-type]
         self.active = False
 
     def __enter__(self) -> "_Wait":

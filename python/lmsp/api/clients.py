@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import unicodedata
+from typing import Any
 
 import falcon
 
@@ -19,7 +20,7 @@ DEFAULT_PAIRING_SCOPES = ["responses:write", "responses:read", "models:read"]
 FAILURE_WINDOW_SECONDS = 60
 
 
-def client_object(row: dict) -> dict:
+def client_object(row: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in row.items() if k not in ("token_hash",)}
     out.setdefault("object", "client")
     return out
@@ -39,7 +40,7 @@ class PairingService:
     def __init__(self, deps: Deps) -> None:
         self.deps = deps
 
-    def create_code(self, body: dict, code: str | None = None) -> dict:
+    def create_code(self, body: dict[str, Any], code: str | None = None) -> dict[str, Any]:
         """A new pairing code (``code``: the one derived from the request's key)."""
         reject_unknown(body, ("scopes", "name", "expires_in"))
         scopes = body.get("scopes")
@@ -58,7 +59,7 @@ class PairingService:
             out["id"] = row["id"]
         return out
 
-    def redeem(self, body: dict, token: str | None = None) -> dict:
+    def redeem(self, body: dict[str, Any], token: str | None = None) -> dict[str, Any]:
         """A client for the body's code (``token``: the one derived from the request's key)."""
         code = self.code_of(body)
         client_name = _printable(get_str(body, "client_name", required=True, max_len=200), "client_name")
@@ -77,9 +78,10 @@ class PairingService:
                 "token": token, "scopes": list(client["scopes"])}
 
     @staticmethod
-    def code_of(body: dict) -> str:
+    def code_of(body: dict[str, Any]) -> str:
         reject_unknown(body, ("code", "client_name"))
-        return get_str(body, "code", required=True, max_len=100)
+        code: str = get_str(body, "code", required=True, max_len=100)
+        return code
 
     def secret(self) -> bytes:
         """The service's secret; 503 (and the reason in the log) when it cannot be read."""
@@ -168,9 +170,10 @@ class ClientResource:
     def __init__(self, deps: Deps) -> None:
         self.deps = deps
 
-    def _find(self, client_id: str) -> dict:
+    def _find(self, client_id: str) -> dict[str, Any]:
         check_id(client_id, "cli", "client")
-        for row in self.deps.store.list_clients():
+        rows: list[dict[str, Any]] = self.deps.store.list_clients()
+        for row in rows:
             if row["id"] == client_id:
                 return row
         raise NotFound(f"no client with id {client_id!r}")

@@ -10,12 +10,14 @@ errors are not recorded, so a failed request can be retried with its key.
 from __future__ import annotations
 
 import secrets
-from typing import Callable
+from typing import Any, Callable
 
 import falcon
 
 from lmsp.errors import InvalidRequest
 from lmsp.store import fingerprint as store_fingerprint
+
+Answer = tuple[int, dict[str, Any]]  # an action's status and JSON body
 
 HEADER = "Idempotency-Key"
 REPLAYED = "Idempotent-Replayed"
@@ -31,7 +33,7 @@ def key_of(req: falcon.Request) -> str | None:
     return value
 
 
-def fingerprint(client_id: str | None, method: str, path: str, body) -> str:
+def fingerprint(client_id: str | None, method: str, path: str, body: dict[str, Any] | None) -> str:
     """sha256 of the canonical JSON of client, method, path and body (the store's definition).
     A POST whose body is optional: no body and ``{}`` are the same request."""
     return store_fingerprint(client_id, method, path, {} if body is None else body)
@@ -41,9 +43,11 @@ def fingerprint(client_id: str | None, method: str, path: str, body) -> str:
 _NONCE = "lmsp_nonce"
 
 
-def run(store, req: falcon.Request, client_id: str, body, action: Callable, *, ttl: float | None = None,
-        secret: tuple[str, Callable[[str], str]] | None = None) -> tuple[int, dict, bool]:
-    """Run ``action`` (returns status and body) under the request's key, if any.
+def run(store: Any, req: falcon.Request, client_id: str, body: dict[str, Any] | None,
+        action: Callable[..., Answer], *, ttl: float | None = None,
+        secret: tuple[str, Callable[[str], str]] | None = None) -> tuple[int, dict[str, Any], bool]:
+    """Run ``action`` (returns status and body) under the request's key, if any;
+    it takes no argument, or the secret's value when ``secret`` is given.
 
     ``secret``: ``(field, derive)`` for an answer with a field that is not
     recorded (a pairing code, a token: the store keeps digests only). The
@@ -60,11 +64,12 @@ def run(store, req: falcon.Request, client_id: str, body, action: Callable, *, t
     replay = store.idempotency_begin(client_id, key, fp, ttl=ttl)
     if replay is not None:
         status, out = replay
-        nonce = out.pop(_NONCE, None) if secret is not None else None
-        if nonce is not None:
-            out[secret[0]] = secret[1](nonce)
+        if secret is not None:
+            kept_nonce = out.pop(_NONCE, None)
+            if kept_nonce is not None:
+                out[secret[0]] = secret[1](kept_nonce)
         return status, out, True
-    nonce = None
+    nonce: str | None = None
     try:
         if secret is None:
             status, out = action()
@@ -79,12 +84,12 @@ def run(store, req: falcon.Request, client_id: str, body, action: Callable, *, t
     return status, out, False
 
 
-def replayed_header(replayed: bool) -> dict | None:
+def replayed_header(replayed: bool) -> dict[str, str] | None:
     return {REPLAYED: "true"} if replayed else None
 
 
-def answer(store, req: falcon.Request, resp: falcon.Response, client_id: str, body,
-           action: Callable[[], tuple[int, dict]], **options) -> None:
+def answer(store: Any, req: falcon.Request, resp: falcon.Response, client_id: str, body: dict[str, Any] | None,
+           action: Callable[..., Answer], **options: Any) -> None:
     """:func:`run` the action and write its JSON answer, marked when replayed."""
     from .common import set_json
 

@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 import time
+from typing import TextIO
 
 request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("lmsp_request_id",
                                                                              default=None)
@@ -37,7 +38,7 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False, default=str)
 
 
-def configure_logging(level: str = "info", stream=None) -> None:
+def configure_logging(level: str = "info", stream: TextIO | None = None) -> None:
     """Send the ``lmsp`` loggers to ``stream`` (stderr) as JSON lines."""
     logger = logging.getLogger("lmsp")
     logger.setLevel(level.upper())

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Iterable
+from typing import Any, Iterable
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 HTTP_BUCKETS = (0.005, 0.025, 0.1, 0.5, 2.5, 10.0, 60.0)
@@ -33,9 +33,10 @@ class Histogram:
                     self.counts[i] += 1
                     break
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, Any]:
         with self._lock:
-            cumulative, running = {}, 0
+            cumulative: dict[float, int] = {}
+            running = 0
             for bound, n in zip(self.bounds, self.counts):
                 running += n
                 cumulative[bound] = running
@@ -57,13 +58,13 @@ class HttpMetrics:
                 hist = self._hists[key] = Histogram()
         hist.observe(seconds)
 
-    def snapshots(self) -> list[tuple[dict, dict]]:
+    def snapshots(self) -> list[tuple[dict[str, str], dict[str, Any]]]:
         with self._lock:
             items = list(self._hists.items())
         return [({"method": m, "route": r, "code": c}, h.snapshot()) for (m, r, c), h in sorted(items)]
 
 
-def _num(value) -> str:
+def _num(value: float) -> str:
     if isinstance(value, bool):
         return "1" if value else "0"
     if isinstance(value, int):
@@ -76,7 +77,7 @@ def _num(value) -> str:
     return repr(value)
 
 
-def _labels(labels: dict | None) -> str:
+def _labels(labels: dict[str, Any] | None) -> str:
     if not labels:
         return ""
     parts = []
@@ -86,7 +87,7 @@ def _labels(labels: dict | None) -> str:
     return "{" + ",".join(parts) + "}"
 
 
-def _is_histogram(value) -> bool:
+def _is_histogram(value: object) -> bool:
     return isinstance(value, dict) and "buckets" in value and "count" in value
 
 
@@ -101,10 +102,10 @@ class Exposition:
             self.lines.append(f"# HELP {name} {help_text}")
             self.lines.append(f"# TYPE {name} {kind}")
 
-    def sample(self, name: str, value, labels: dict | None = None) -> None:
+    def sample(self, name: str, value: float, labels: dict[str, Any] | None = None) -> None:
         self.lines.append(f"{name}{_labels(labels)} {_num(value)}")
 
-    def histogram(self, name: str, snap: dict, labels: dict | None = None) -> None:
+    def histogram(self, name: str, snap: dict[str, Any], labels: dict[str, Any] | None = None) -> None:
         labels = dict(labels or {})
         buckets = snap.get("buckets") or {}
         if isinstance(buckets, dict):
@@ -158,8 +159,8 @@ def _metric_name(key: str) -> str:
     return "lmsp_" + "".join(ch if ch.isalnum() else "_" for ch in str(key))
 
 
-def render(*, task_counts: dict | None, runtime_metrics: dict | None, http: HttpMetrics | None,
-           ready: bool) -> str:
+def render(*, task_counts: dict[str, int] | None, runtime_metrics: dict[str, Any] | None,
+           http: HttpMetrics | None, ready: bool) -> str:
     out = Exposition()
     out.declare("lmsp_up", "gauge", "1 when the service answers and is ready.")
     out.sample("lmsp_up", 1 if ready else 0)

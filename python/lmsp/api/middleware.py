@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any, Callable, TypeGuard
 
 import falcon
 
@@ -12,6 +13,7 @@ from lmsp.ids import new_id
 
 from .common import dumps, set_json
 from .logs import request_id_var
+from .metrics import HttpMetrics
 
 log = logging.getLogger("lmsp.api")
 access_log = logging.getLogger("lmsp.access")
@@ -19,14 +21,15 @@ access_log = logging.getLogger("lmsp.access")
 REQUEST_ID = "X-Request-Id"
 
 
-def _valid_request_id(value: str | None) -> bool:
-    return bool(value) and len(value) <= 128 and all(33 <= ord(ch) < 127 for ch in value)
+def _valid_request_id(value: str | None) -> TypeGuard[str]:
+    return value is not None and 0 < len(value) <= 128 and all(33 <= ord(ch) < 127 for ch in value)
 
 
 class RequestContext:
     """Request id in and out, one access log line and the latency histogram."""
 
-    def __init__(self, http_metrics, monotonic=time.monotonic) -> None:
+    def __init__(self, http_metrics: HttpMetrics | None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.http_metrics = http_metrics
         self.monotonic = monotonic
 
@@ -39,7 +42,7 @@ class RequestContext:
         request_id_var.set(rid)
         resp.set_header(REQUEST_ID, rid)
 
-    def process_response(self, req: falcon.Request, resp: falcon.Response, resource,
+    def process_response(self, req: falcon.Request, resp: falcon.Response, resource: object,
                          req_succeeded: bool) -> None:
         started = getattr(req.context, "started", None)
         elapsed = self.monotonic() - started if started is not None else 0.0
@@ -66,10 +69,11 @@ class Authentication:
     (405). Resources without ``scopes`` are public.
     """
 
-    def __init__(self, store) -> None:
+    def __init__(self, store: Any) -> None:
         self.store = store
 
-    def process_resource(self, req: falcon.Request, resp: falcon.Response, resource, params) -> None:
+    def process_resource(self, req: falcon.Request, resp: falcon.Response, resource: object,
+                         params: dict[str, Any]) -> None:
         scopes = getattr(resource, "scopes", None)
         if not scopes or req.method not in scopes:
             return
@@ -83,14 +87,15 @@ class Authentication:
 
 # -- error handlers ---------------------------------------------------------
 
-def handle_lmsp_error(req: falcon.Request, resp: falcon.Response, ex: LMSPError, params) -> None:
+def handle_lmsp_error(req: falcon.Request, resp: falcon.Response, ex: LMSPError, params: dict[str, Any]) -> None:
     resp.stream = None
     set_json(resp, ex.body(), ex.status, ex.headers, ascii_only=True)
     if ex.status >= 500:
         log.warning("request refused: %s", ex.message, extra={"code": ex.code, "status": ex.status})
 
 
-def handle_http_error(req: falcon.Request, resp: falcon.Response, ex: falcon.HTTPError, params) -> None:
+def handle_http_error(req: falcon.Request, resp: falcon.Response, ex: falcon.HTTPError,
+                      params: dict[str, Any]) -> None:
     """Falcon's own errors (unknown route, 405, bad query string) as B.1 bodies."""
     status = ex.status_code
     code = code_for_status(status)
@@ -105,12 +110,12 @@ def handle_http_error(req: falcon.Request, resp: falcon.Response, ex: falcon.HTT
              dict(ex.headers or {}), ascii_only=True)
 
 
-def handle_unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception, params) -> None:
+def handle_unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception, params: dict[str, Any]) -> None:
     """Any other exception: logged with its traceback, answered without details."""
     if isinstance(ex, falcon.HTTPStatus):
         resp.status = ex.status
-        for name, value in (ex.headers or {}).items():
-            resp.set_header(name, value)
+        if ex.headers:
+            resp.set_headers(ex.headers)
         resp.text = ex.text
         return
     log.error("unhandled error on %s %s", req.method, req.path, exc_info=ex,

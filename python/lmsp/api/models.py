@@ -39,7 +39,7 @@ class ModelsResource:
         if "\x00" in path:
             raise InvalidRequest("'path' must not contain NUL characters", param="path")
 
-        def register():
+        def register() -> idempotency.Answer:
             return 201, self.deps.runtime.register_model(path, model_id)
 
         idempotency.answer(self.deps.store, req, resp, caller(req)["id"], body, register)
@@ -72,7 +72,7 @@ class ModelActionResource:
         body = self.deps.no_body(req)
         runtime = self.deps.runtime
 
-        def act():
+        def act() -> idempotency.Answer:
             runtime.model_object(model_id)  # NotFound first
             if self.action == "load":
                 return 200, runtime.load_model(model_id)

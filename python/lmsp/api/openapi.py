@@ -7,10 +7,13 @@ validate against the schemas below.
 from __future__ import annotations
 
 import copy
+from typing import Any, Iterable
 
 import lmsp
 
 from .metrics import TASK_STATES
+
+JSON = dict[str, Any]  # an object of the document
 
 RESPONSE_STATUSES = ["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
 MODEL_STATES = ["available", "loading", "loaded", "failed", "missing", "changed"]
@@ -24,24 +27,24 @@ EVENT_TYPES = [
 ]
 
 
-def ref(name: str) -> dict:
+def ref(name: str) -> JSON:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
-def nullable(schema: dict) -> dict:
+def nullable(schema: JSON) -> JSON:
     return {"anyOf": [schema, {"type": "null"}]}
 
 
-def obj(properties: dict, required=None, *, extra: bool = True) -> dict:
-    out = {"type": "object", "properties": properties,
+def obj(properties: JSON, required: Iterable[str] | None = None, *, extra: bool = True) -> JSON:
+    out: JSON = {"type": "object", "properties": properties,
            "required": list(properties) if required is None else list(required)}
     if not extra:
         out["additionalProperties"] = False
     return out
 
 
-def list_of(item: str, *, paged: bool = False) -> dict:
-    props = {"object": {"const": "list"}, "data": {"type": "array", "items": ref(item)}}
+def list_of(item: str, *, paged: bool = False) -> JSON:
+    props: JSON = {"object": {"const": "list"}, "data": {"type": "array", "items": ref(item)}}
     if paged:
         props.update(has_more={"type": "boolean"}, first_id=nullable({"type": "string"}),
                      last_id=nullable({"type": "string"}))
@@ -54,9 +57,9 @@ TIME = {"type": "integer", "description": "Unix seconds"}
 INT64_MAX = 2**63 - 1
 
 
-def text(min_length: int = 0, max_length: int | None = None, pattern: str | None = None) -> dict:
+def text(min_length: int = 0, max_length: int | None = None, pattern: str | None = None) -> JSON:
     """A string field as the validators take it."""
-    out: dict = {"type": "string"}
+    out: JSON = {"type": "string"}
     if min_length:
         out["minLength"] = min_length
     if max_length is not None:
@@ -73,7 +76,7 @@ NO_CONTROL = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"
 MAX_TEXT = 4_000_000  # characters of one message or of the instructions
 MODEL_ID = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 
-SCHEMAS: dict = {
+SCHEMAS: JSON = {
     "Error": obj({"error": obj({"code": STR, "message": STR, "param": nullable(STR)})}),
     "Service": obj({"service_id": STR, "object": {"const": "service"}, "name": STR, "version": STR,
                     "protocol": {"const": "LMSP/1.0"}, "capabilities": {"type": "array", "items": STR},
@@ -210,17 +213,17 @@ SSE = {"text/event-stream": {"schema": {"type": "string", "description": (
     "on idle streams; the stream ends after the terminal event.")}}}
 
 
-def _json(schema_name: str, description: str) -> dict:
+def _json(schema_name: str, description: str) -> JSON:
     return {"description": description, "content": {"application/json": {"schema": ref(schema_name)}}}
 
 
-def _errors(*statuses: str) -> dict:
+def _errors(*statuses: str) -> JSON:
     return {s: {"description": ERRORS_BY_STATUS[s],
                 "content": {"application/json": {"schema": ref("Error")}}} for s in statuses}
 
 
-def _param(name: str, where: str, schema: dict, description: str = "", required: bool = False) -> dict:
-    out = {"name": name, "in": where, "schema": schema, "required": required or where == "path"}
+def _param(name: str, where: str, schema: JSON, description: str = "", required: bool = False) -> JSON:
+    out: JSON = {"name": name, "in": where, "schema": schema, "required": required or where == "path"}
     if description:
         out["description"] = description
     return out
@@ -231,9 +234,9 @@ IDEMPOTENCY = _param("Idempotency-Key", "header", text(1, 255, "^[ -~]*$"),
 AUTH_ERRORS = ("401", "403", "503")  # every authenticated call reads the store
 
 
-def _op(summary: str, responses: dict, *, scope: str | None, params=(), body: str | None = None,
-        errors=(), optional_body: bool = False) -> dict:
-    op = {"summary": summary, "responses": {**responses, **_errors(*errors)}}
+def _op(summary: str, responses: JSON, *, scope: str | None, params: Iterable[JSON] = (), body: str | None = None,
+        errors: Iterable[str] = (), optional_body: bool = False) -> JSON:
+    op: JSON = {"summary": summary, "responses": {**responses, **_errors(*errors)}}
     if scope is None:
         op["security"] = []
     else:
@@ -248,7 +251,7 @@ def _op(summary: str, responses: dict, *, scope: str | None, params=(), body: st
     return op
 
 
-def _with_head(get: dict) -> dict:
+def _with_head(get: JSON) -> JSON:
     """A GET and its HEAD: the same status and headers, without the body."""
     head = {"summary": get["summary"] + " (HEAD: the GET's status and headers, no body)",
             "security": get["security"],
@@ -257,27 +260,27 @@ def _with_head(get: dict) -> dict:
     return {"get": get, "head": head}
 
 
-def _id(name: str, prefix: str) -> dict:
+def _id(name: str, prefix: str) -> JSON:
     """Any other value is an id that cannot exist: 404, as for an unknown one."""
     return _param(name, "path", text(0, 100, f"^{prefix}_"), f"An id starting with `{prefix}_`.")
 
 
-def _list_params(prefix: str) -> tuple[dict, dict]:
+def _list_params(prefix: str) -> tuple[JSON, JSON]:
     return (_param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 100, "default": 20}),
             _param("after", "query", text(0, 100, f"^{prefix}_"), "The last id of the previous page."))
 
 
-NO_FIELDS: dict = {"body": "Empty", "optional_body": True}
+NO_FIELDS: JSON = {"body": "Empty", "optional_body": True}
 BODY_ERRORS = ("400", "408", "413", "415")  # what a call with a JSON body may get besides its own
 LAST_EVENT_ID = {"type": "integer", "minimum": 0, "maximum": INT64_MAX}
 SEQUENCE = {"type": "integer", "minimum": 0, "maximum": INT64_MAX}
 
 
-def _paths() -> dict:
+def _paths() -> JSON:
     return {**_service_paths(), **_client_paths(), **_model_paths(), **_response_paths(), **_task_paths()}
 
 
-def _service_paths() -> dict:
+def _service_paths() -> JSON:
     """The service, its probes, its metrics and this document."""
     return {
         "/v1/service": {"get": _op("The service and what it can do", {"200": _json("Service", "The service")},
@@ -293,7 +296,7 @@ def _service_paths() -> dict:
     }
 
 
-def _client_paths() -> dict:
+def _client_paths() -> JSON:
     """Pairing and the paired clients."""
     client_id = _id("client_id", "cli")
     return {
@@ -318,7 +321,7 @@ def _client_paths() -> dict:
     }
 
 
-def _model_paths() -> dict:
+def _model_paths() -> JSON:
     """The model registry."""
     model_id = _param("model_id", "path", STR)
     return {
@@ -344,7 +347,7 @@ def _model_paths() -> dict:
     }
 
 
-def _response_paths() -> dict:
+def _response_paths() -> JSON:
     """Responses and their event streams."""
     resp_id = _id("response_id", "resp")
     return {
@@ -382,7 +385,7 @@ def _response_paths() -> dict:
     }
 
 
-def _task_paths() -> dict:
+def _task_paths() -> JSON:
     """Tasks and their event logs."""
     task_id = _id("task_id", "task")
     return {
@@ -409,7 +412,7 @@ def _task_paths() -> dict:
     }
 
 
-def document() -> dict:
+def document() -> JSON:
     """A fresh copy of the OpenAPI document."""
     return copy.deepcopy({
         "openapi": "3.1.0",

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import falcon
 
@@ -73,12 +74,14 @@ class ReadyResource:
 UNFINISHED_STATES = ("queued", "loading", "running", "cancelling")
 
 
-def task_counts(store) -> dict:
+def task_counts(store: Any) -> dict[str, int]:
     """Tasks by state: the store's own count (every state) when it has one, else the
     unfinished states counted through the task listing."""
     counter = getattr(store, "task_counts", None)
+    counts: dict[str, int]
     if counter is not None:
-        return counter()
+        counts = counter()
+        return counts
     counts = {}
     for state in UNFINISHED_STATES:
         n, after = 0, None
@@ -117,7 +120,7 @@ class MetricsResource:
 
 
 class OpenAPIResource:
-    def __init__(self, document: dict) -> None:
+    def __init__(self, document: dict[str, Any]) -> None:
         self.document = document
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:

@@ -53,7 +53,7 @@ class TaskCancelResource:
         body = self.deps.no_body(req)
         owner = owner_filter(req)
 
-        def act():
+        def act() -> idempotency.Answer:
             return 200, self.service.cancel(task_id, owner)
 
         idempotency.answer(self.deps.store, req, resp, caller(req)["id"], body, act)
