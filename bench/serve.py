@@ -24,13 +24,13 @@ Server variants (``--servers``):
     lmsp-fast        batch_invariant=false: llama.cpp's faster CPU kernels, as
                      llama-server uses them (a setting users may choose)
     lmsp-nofsync     durability "off": commits without fsync
-    lmsp-noevents    LMSP_BENCH_NO_PERSIST_EVENTS=1: delta events are not
+    lmsp-noevents    bench/variants.py's DeferredDeltas: delta events are not
                      written to the store, and streams get a task's text when
                      it ends (bench only; bounds what durability costs from
                      above: it also drops the per-token streaming)
-    lmsp-memevents   LMSP_BENCH_EVENTS_IN_MEMORY=1: a running task's events are
-                     made as a commit makes them and streamed from memory, and
-                     written only when the task ends (bench only; the same
+    lmsp-memevents   bench/variants.py's EventsInMemory: a running task's events
+                     are made as a commit makes them and streamed from memory,
+                     and written only when the task ends (bench only; the same
                      streaming without the steps' transactions: what
                      durability costs)
 
@@ -85,12 +85,14 @@ DEFAULT_WORK = ROOT / "bench" / "out" / "serve"
 DEFAULT_LLAMA = ROOT / "build" / "reference" / "bin" / "llama-server"
 LMSP_SCOPES = "responses:write,responses:read,models:read"
 VARIANTS = ("llama", "lmsp", "lmsp-fast", "lmsp-nofsync", "lmsp-noevents", "lmsp-memevents")
+VARIANTS_PATH = os.pathsep.join(filter(None, (str(ROOT / "bench"), os.environ.get("PYTHONPATH"))))
 LMSP_VARIANT_ENV = {
     "lmsp": {},
     "lmsp-fast": {"LMSP_BATCH_INVARIANT": "0"},
     "lmsp-nofsync": {"LMSP_DURABILITY": "off"},
-    "lmsp-noevents": {"LMSP_BENCH_NO_PERSIST_EVENTS": "1"},
-    "lmsp-memevents": {"LMSP_BENCH_EVENTS_IN_MEMORY": "1"},
+    # the commit variants of bench/variants.py, through the service's hook for another app
+    "lmsp-noevents": {"LMSP_GUNICORN_APP": "variants:get_app('noevents')", "PYTHONPATH": VARIANTS_PATH},
+    "lmsp-memevents": {"LMSP_GUNICORN_APP": "variants:get_app('memevents')", "PYTHONPATH": VARIANTS_PATH},
 }
 
 # Fixed prompt material. Request i gets its own first words, so no server can

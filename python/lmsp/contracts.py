@@ -14,6 +14,11 @@ The store's side (:mod:`lmsp.store`):
 * :class:`StepOutcome`: what ``append_step`` returns;
 * :class:`ClaimRecord` (with :class:`Resume`): what a worker gets for each task
   it claims.
+
+The engine's side (:mod:`lmsp.native`):
+
+* :class:`EngineResult` (with :class:`EngineTimings`): one result of
+  ``Engine.poll()``.
 """
 from __future__ import annotations
 
@@ -91,3 +96,35 @@ class ClaimRecord(TypedDict):
     item_id: str
     resume: Resume | None
     client_id: str | None
+
+
+class EngineTimings(TypedDict, total=False):
+    """How long a sequence took, in milliseconds, and its decode rate; on its last
+    result only (the others have an empty dict)."""
+    queued_ms: float
+    prompt_ms: float
+    first_token_ms: float
+    decode_ms: float
+    total_ms: float
+    tokens_per_s: float
+
+
+class EngineResult(TypedDict):
+    """One result of ``Engine.poll()``: a sequence's next tokens and their text, in
+    order per sequence. ``finish`` is None until the sequence's last result, then
+    ``stop``, ``length``, ``cancelled`` or ``error`` (with ``error``, the message).
+    ``n_cached``: the leading prompt tokens taken from the prefix cache.
+    ``logprobs``: one per token, for a sequence submitted with ``logprobs=True``.
+    ``code``: set only by the runtime, on an end it makes itself (an engine
+    closed under its sequence)."""
+    seq: int
+    tokens: list[int]
+    text: str
+    finish: str | None
+    error: str | None
+    n_prompt: int
+    n_generated: int
+    n_cached: int
+    timings: EngineTimings
+    logprobs: NotRequired[list[float]]
+    code: NotRequired[str]

@@ -206,13 +206,13 @@ HUB_READS = textwrap.dedent(
     from lmsp.config import Config
     from lmsp.hubsafe import hub_safe
     from lmsp.runtime import Runtime
-    from lmsp.runtime.core import _Run
+    from lmsp.runtime.state import Run
     from lmsp.store import Store
 
     store = Store.open(sys.argv[1], busy_timeout=120.0)  # a wait would outlast the test's guard
     tid = sys.argv[2]
     runtime = Runtime(Config(data_dir=sys.argv[3]).validated(), store, prepare=False)
-    runtime._runs[tid] = _Run(tid, "m", seq=7)  # a task this worker decodes
+    runtime.state.runs[tid] = Run(tid, "m", seq=7)  # a task this worker decodes
     for conn in list(store._db._idle):  # no idle connection: a read would have to open one
         conn.close()
     store._db._idle.clear()

@@ -259,7 +259,9 @@ def test_a_busy_store_at_the_end_of_the_data_is_waited_out_too(user, held, store
 def test_a_stream_takes_this_workers_latest_commit_from_memory(user, held, store):
     """Events of the runtime's latest commit reach a stream without a read; anything
     the commit did not write (another process's event, a gap) is read from the store."""
-    from lmsp.runtime.core import Runtime
+    from types import SimpleNamespace
+
+    from lmsp.runtime.committer import Committer
 
     tid = background(user)["task"]["id"]
     held.start_all()
@@ -268,16 +270,17 @@ def test_a_stream_takes_this_workers_latest_commit_from_memory(user, held, store
         """The scripted worker, keeping its commits' rows as the runtime does."""
 
         def __init__(self) -> None:
-            self._committed: dict = {}
+            self.state = SimpleNamespace(committed={})
+            self.store = store
 
         def step(self, delta: str, finish: str | None = None) -> None:
             outcome = store.append_step("scripted-worker", [{"task_id": tid, "delta": delta, "tokens": [1],
                                                              "finish": finish}], with_events=True)
-            self._committed.update(outcome["events"])
+            self.state.committed.update(outcome["events"])
             if finish:
-                self._committed.pop(tid, None)
+                self.state.committed.pop(tid, None)
 
-        committed_events = Runtime.committed_events
+        committed_events = Committer.committed_events
 
         def __getattr__(self, name):
             return getattr(held, name)

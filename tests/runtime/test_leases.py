@@ -58,7 +58,7 @@ def test_a_worker_never_recovers_its_own_tasks(store, runtime):
     tid = submit(store, runtime, "Count on:", max_output_tokens=300, on_restart="resume")
     wait_until(runtime, store, tid, lambda t: t["last_sequence_number"] >= 8)
     offset[0] = 3600.0
-    runtime._recover_dead()  # the commit thread's round
+    runtime.committer.recover_dead()  # the commit thread's round
     task = wait_finished(runtime, store, tid)
     assert task["status"] == "completed" and task["attempts"] == reference["attempts"]
     assert "task.resumed" not in check_log(all_events(store, tid))
@@ -73,7 +73,7 @@ def test_a_task_recovered_from_its_worker_and_claimed_back_runs_once(store, runt
     expected = store.output_text(reference["id"])
     tid = submit(store, runtime, "Count on:", max_output_tokens=300, on_restart="resume")
     wait_until(runtime, store, tid, lambda t: t["last_sequence_number"] >= 8)
-    first = runtime._runs[tid]
+    first = runtime.state.runs[tid]
     # another worker's recovery round, with this worker's lease run out
     report = store.recover(startup=False, now=store._clock() + 3600)
     assert report["resumed"] == [tid]
@@ -82,8 +82,8 @@ def test_a_task_recovered_from_its_worker_and_claimed_back_runs_once(store, runt
     assert task["status"] == "completed"
     assert check_log(all_events(store, tid)).count("task.resumed") == 1
     assert store.output_text(tid) == expected
-    assert (id(first.engine), first.seq) not in runtime._by_seq
-    assert tid not in runtime._runs
+    assert (id(first.engine), first.seq) not in runtime.state.by_seq
+    assert tid not in runtime.state.runs
 
 
 def test_a_task_starting_as_its_model_unloads_loads_it_again(store, runtime):
@@ -149,7 +149,7 @@ def test_a_cancel_from_another_process_reaches_a_stream_while_the_model_loads(st
         assert store.get_task(tid)["status"] == "cancelled"
     finally:
         release.set()
-    wait_until(rt, store, tid, lambda t: tid not in rt._runs)
+    wait_until(rt, store, tid, lambda t: tid not in rt.state.runs)
 
 
 def test_a_draining_worker_claims_nothing_more(store, make_runtime, model_file, monkeypatch):
@@ -183,13 +183,13 @@ def test_a_model_deleted_while_a_task_uses_it_unloads_when_the_task_ends(store, 
     once the worker's runs of it have ended."""
     tid = submit(store, runtime, "Count on:", max_output_tokens=4000)
     wait_until(runtime, store, tid, lambda t: t["last_sequence_number"] >= 4)
-    with runtime._lock:
+    with runtime.state.lock:
         runtime._close_when_idle.add("tiny")
     runtime._close_deleted()
     assert runtime.registry.engine("tiny") is not None  # its run goes on
     store.cancel(tid)
     runtime.notify_cancel(tid)
-    wait_until(runtime, store, tid, lambda t: t["status"] == "cancelled" and tid not in runtime._runs)
+    wait_until(runtime, store, tid, lambda t: t["status"] == "cancelled" and tid not in runtime.state.runs)
     engine = runtime.registry.engine("tiny")
     runtime._close_deleted()
     assert runtime.registry.engine("tiny") is None and engine.closed and not runtime._close_when_idle

@@ -88,7 +88,7 @@ def test_a_sequence_started_early_becomes_its_tasks_once_the_task_commits(store,
     while not any(r.get("finish") for r in list(early.held)) and time.monotonic() < wait_for:
         time.sleep(0.01)
     assert early.held and early.held[-1]["finish"] == "length"
-    assert not runtime._pending
+    assert not runtime.committer.pending
     created = store.create_task(client_id=None, model="tiny", on_restart="fail", background=True, stream=False,
                                 request=request, claim=slot)
     runtime.adopt(created["claim"], tokens, early=early)
@@ -120,7 +120,7 @@ def test_a_sequence_started_early_for_a_task_not_created_is_dropped(store, runti
     assert all(slots)
     for _ in slots:
         runtime.adopt(None)
-    assert runtime.metrics()["claimed_tasks"] == 0 and not runtime._by_seq
+    assert runtime.metrics()["claimed_tasks"] == 0 and not runtime.state.by_seq
 
 
 def test_the_requests_sampling_fields_reach_the_engine(store, runtime):
@@ -186,13 +186,13 @@ def test_the_commit_thread_sleeps_while_a_window_gathers(store, make_runtime, mo
     rt = make_runtime(store, config=config.replace(commit_window_ms=4.0))
     rt.register_model("tiny.gguf")
     drains = []
-    real = rt._drain
+    real = rt.committer.drain
 
     def spy(engines):
-        drains.append(len(rt._pending))
+        drains.append(len(rt.committer.pending))
         return real(engines)
 
-    rt._drain = spy
+    rt.committer.drain = spy
     task_id = submit(store, rt, "Count on:", max_output_tokens=64)
     task = wait_finished(rt, store, task_id)
     assert task["status"] == "completed"
@@ -316,7 +316,7 @@ def test_a_busy_store_while_failing_a_task_is_retried(store, runtime, model_file
 def test_waiting_for_a_local_tasks_commit_trusts_the_announcements(store, runtime, monkeypatch):
     """A stream of a task this worker runs does not ask the store whether it missed a
     commit: the generation read before its last read of the events tells."""
-    from lmsp.runtime.core import _Run
+    from lmsp.runtime.state import Run
 
     waits, asked, watched = [], [], []
 
@@ -328,7 +328,7 @@ def test_waiting_for_a_local_tasks_commit_trusts_the_announcements(store, runtim
     monkeypatch.setattr(runtime.waiters, "register", lambda task_id: Waiter())
     monkeypatch.setattr(runtime.waiters, "unregister", lambda task_id, waiter: None)
     monkeypatch.setattr(runtime, "store", type("S", (), {"last_sequence": lambda self, t: asked.append(t) or 0})())
-    runtime._runs["task_local"] = _Run("task_local", "tiny")
+    runtime.state.runs["task_local"] = Run("task_local", "tiny")
     try:
         before = runtime.commit_generation()
         runtime.waiters.notify(["task_local"])  # a commit announced after the caller's read
@@ -341,7 +341,7 @@ def test_waiting_for_a_local_tasks_commit_trusts_the_announcements(store, runtim
         assert asked == [] and waits == [1.0, 1.0]
         assert watched[-1] == {"task_other": [5]} and runtime._watched == {}
     finally:
-        runtime._runs.pop("task_local", None)
+        runtime.state.runs.pop("task_local", None)
 
 
 def registered(rt, task_ids, timeout=60.0):
@@ -406,44 +406,6 @@ def test_when_the_watch_thread_ends_its_waiters_are_woken_to_ask_the_store_thems
     assert rt.watches_store is False and rt._watched == {}
 
 
-def test_the_benchmarks_in_memory_mode_streams_every_event_and_writes_them_at_the_end(store, runtime,
-                                                                                    monkeypatch):
-    from lmsp.runtime import core
-
-    monkeypatch.setattr(core, "BENCH_EVENTS_IN_MEMORY", True)
-    wait_finished(runtime, store, submit(store, runtime, max_output_tokens=2))  # loads the model
-    writes = []
-    real = store.append_step
-
-    def spy(owner, items, **kwargs):
-        writes.append({item["task_id"] for item in items})
-        return real(owner, items, **kwargs)
-
-    store.append_step = spy
-    shown = []
-    notify = runtime.waiters.notify
-
-    def watch(task_ids):
-        for task_id in task_ids:
-            entry = runtime._committed.get(task_id)
-            if entry is not None:
-                shown.extend(row[0] for row in entry[1])
-        notify(task_ids)
-
-    runtime.waiters.notify = watch
-    task_id = submit(store, runtime, "Held in memory", max_output_tokens=30)
-    task = wait_finished(runtime, store, task_id)
-    assert task["status"] == "completed"
-    assert writes == [{task_id}]  # one transaction, at the end
-    events = all_events(store, task_id)
-    check_log(events)
-    deltas_at = [e["sequence_number"] for e in events if e["type"] == "response.output_text.delta"]
-    # every delta but one coming with the end was handed to the streams before it was written
-    assert len(deltas_at) >= 2 and set(deltas_at[:-1]) <= set(shown)
-    assert sorted(set(shown)) == list(range(min(shown), max(shown) + 1)) and max(shown) <= deltas_at[-1]
-    assert deltas(events) == store.output_text(task_id)
-
-
 def test_a_claimed_task_this_worker_does_not_run_is_not_kept_alive(store, runtime, config):
     """A task held by this worker without a sequence (say its creation committed but the request
     failed before handing it over) must not have its lease renewed with the ones that run: it
@@ -462,7 +424,7 @@ def test_a_claimed_task_this_worker_does_not_run_is_not_kept_alive(store, runtim
             conn.close()
 
     before = leases()
-    runtime._renew()
+    runtime.committer.renew()
     after = leases()
     assert after[orphan] == before[orphan]
     assert after[busy] > before[busy]

@@ -39,17 +39,17 @@ class ChangedFiles:
         if self.registry.engine(model_id) is None:
             return False
         self.registry.mark_changed(model_id)  # first: once unloaded, the model shows its stored state
-        with self._lock:  # the lock a task's start takes to submit: none starts on it from now on
+        with self.state.lock:  # the lock a task's start takes to submit: none starts on it from now on
             engine = self.registry.detach(model_id)
             if engine is None:
                 return False
-            for run in (*self._runs.values(), *self._early):
+            for run in (*self.state.runs.values(), *self.state.early):
                 if run.engine is engine:
                     run.failure = (ModelChanged.code, message)
         log.warning("the file of model %s changed while it was loaded: unloading it", model_id)
         try:
             self.registry.close_engine(model_id, engine)  # its sequences stop with its thread
         finally:
-            self._orphans_due = True  # the commit thread ends their tasks
-            self._commit_wake.set()
+            self.state.orphans_due = True  # the commit thread ends their tasks
+            self.state.commit_wake.set()
         return True

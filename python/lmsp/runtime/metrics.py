@@ -1,6 +1,8 @@
 """In-process figures for ``/metrics`` (the web layer renders them)."""
 from __future__ import annotations
 
+from ..contracts import EngineTimings
+
 from ._threads import allocate_lock
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -59,7 +61,7 @@ class Metrics:
         with self._lock:
             self.commit_errors += 1
 
-    def finish(self, reason: str, n_prompt: int, n_cached: int | None, timings: dict | None) -> None:
+    def finish(self, reason: str, n_prompt: int, n_cached: int | None, timings: EngineTimings | None) -> None:
         """A task's end; ``timings`` as the engine reports them. Its decode rate
         (``tokens_per_s``, the tokens after the first over their time) is 0 for a
         task of one token or none, which has no rate: such a task is not counted."""

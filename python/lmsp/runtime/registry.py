@@ -18,12 +18,16 @@ import os
 import re
 import time
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidRequest, LMSPError, ModelChanged, ModelInUse, ModelLoadFailed, NotFound
 from ..hubsafe import offload
 from ..objects import public_model
 from ._threads import allocate_lock
 from .filewatch import FileIdentity, FileWatch
+
+if TYPE_CHECKING:
+    from ..native import Engine
 
 log = logging.getLogger("lmsp.runtime")
 
@@ -92,9 +96,9 @@ class ModelRegistry:
         self.store = store
         self._factory = engine_factory
         self._lock = allocate_lock()           # guards the dicts below (never held while loading)
-        self._engines: dict[str, object] = {}  # model id -> engine
+        self._engines: dict[str, Engine] = {}  # model id -> engine
         self._loading: set[str] = set()
-        self._load_locks: dict[str, object] = {}
+        self._load_locks: dict[str, Any] = {}
         self._loaded_files: dict[str, tuple[Path, FileIdentity]] = {}  # model id -> its file as loaded
         self._loaded_digests: dict[str, str] = {}  # model id -> the registered digest it was loaded with
         self._digests: dict[str, tuple[FileIdentity, str]] = {}  # path -> its identity and digest when hashed
@@ -249,11 +253,11 @@ class ModelRegistry:
                 for row in self.store.list_models()]
 
     # engines
-    def engine(self, model_id: str):
+    def engine(self, model_id: str) -> Engine | None:
         with self._lock:
             return self._engines.get(model_id)
 
-    def engines(self) -> list[tuple[str, object]]:
+    def engines(self) -> list[tuple[str, Engine]]:
         with self._lock:
             return list(self._engines.items())
 
@@ -300,7 +304,7 @@ class ModelRegistry:
             if self._watch is not None:
                 self._watch.drain()
 
-    def load(self, model_id: str):
+    def load(self, model_id: str) -> Engine:
         """Load a model into this process (digest re-checked first); returns the engine.
 
         Raises NotFound (unknown id), ModelChanged (file changed or missing),
@@ -323,7 +327,7 @@ class ModelRegistry:
                 with self._lock:
                     self._loading.discard(model_id)
 
-    def _load(self, model_id: str):
+    def _load(self, model_id: str) -> Engine:
         row = self.store.get_model(model_id)
         path = self.file_path(row)
         identity = FileIdentity.of(path)  # before the hash: a change from now on shows after the load
@@ -376,7 +380,8 @@ class ModelRegistry:
             raise ModelLoadFailed(f"not enough memory to load model {model_id}", out_of_memory=True) from None
         except (native.NativeError, OSError, ValueError, RuntimeError) as exc:
             self._set_state(model_id, FAILED)
-            raise ModelLoadFailed(f"model {model_id} failed to load: {_without(exc, path, _shown(row['path']))}") from None
+            shown = _without(exc, path, _shown(row["path"]))
+            raise ModelLoadFailed(f"model {model_id} failed to load: {shown}") from None
 
     def _set_state(self, model_id: str, state: str) -> None:
         try:
@@ -394,7 +399,7 @@ class ModelRegistry:
         self.close_engine(model_id, engine)
         return True
 
-    def detach(self, model_id: str):
+    def detach(self, model_id: str) -> Engine | None:
         """Take a model's engine out of this process's registry (None when it is not
         loaded): from now on nothing finds it, and the caller closes it."""
         with self._lock:
@@ -405,7 +410,7 @@ class ModelRegistry:
             return self._engines.pop(model_id, None)
 
     @staticmethod
-    def close_engine(model_id: str, engine) -> None:
+    def close_engine(model_id: str, engine: Engine) -> None:
         engine.close()
         log.info("unloaded model %s", model_id)
 

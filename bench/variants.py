@@ -1,0 +1,110 @@
+"""Server variants of the serving benchmark that change how the service commits.
+
+Never for real use: each one drops some of what the service guarantees, so that
+a run shows what that guarantee costs. ``bench/serve.py`` starts them through
+the service's own hook for another WSGI app (``LMSP_GUNICORN_APP``), with this
+directory on ``PYTHONPATH``::
+
+    LMSP_GUNICORN_APP="variants:get_app('memevents')" PYTHONPATH=bench lmsp serve ...
+
+``get_app(name)`` is the service's app with the runtime's commit thread taken by
+the variant's :class:`~lmsp.runtime.committer.Committer` subclass:
+
+* ``noevents`` (:class:`DeferredDeltas`): a task's text is committed once, when
+  it ends, instead of at every step; its streams get the whole text at the end.
+  It bounds from above what writing the step events costs.
+* ``memevents`` (:class:`EventsInMemory`): the events of a running task are made
+  exactly as a commit makes them and handed to its streams from memory, but
+  written only when the task ends (all of them, in one transaction). Streams get
+  every event as they do from a commit, so a run shows what the transactions of
+  the steps cost, and nothing else. A crash loses the unwritten events.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from lmsp.contracts import StepItem, StepState
+from lmsp.runtime.committer import Committer
+from lmsp.runtime.state import WorkerState
+from lmsp.store import step_events
+
+
+class DeferredDeltas(Committer):
+    """Commit only the items that end their tasks (``noevents``)."""
+
+    def commit(self) -> bool:
+        items = [item for item in self.pending.values() if item["finish"]]
+        if not items:
+            self.pending_since, self.urgent = time.monotonic(), False  # a new window
+            return True
+        return self.write(items)
+
+
+class EventsInMemory(Committer):
+    """Hand the steps of running tasks to their streams without a transaction; write
+    each task's steps with its end (``memevents``)."""
+
+    def __init__(self, state: WorkerState, *args: Any, **kwargs: Any) -> None:
+        super().__init__(state, *args, **kwargs)
+        self.unwritten: dict[str, list[StepItem]] = {}  # per task, its steps not written yet
+        self.unwritten_state: dict[str, StepState] = {}  # ... and where append_step would continue it
+
+    def commit(self) -> bool:
+        ending, written = self.hold(list(self.pending.values()))
+        if not ending:
+            return True
+        if not self.write(ending, written):
+            return False
+        for item in ending:
+            self.unwritten.pop(item["task_id"], None)
+            self.unwritten_state.pop(item["task_id"], None)
+        return True
+
+    def hold(self, items: list[StepItem]) -> tuple[list[StepItem], list[StepItem]]:
+        """Show the steps of running tasks to their streams; (the ending items, what to
+        write now: each ending task's held steps, then its end)."""
+        now = time.time()
+        ending: list[StepItem] = []
+        written: list[StepItem] = []
+        shown = []
+        for item in items:
+            task_id = item["task_id"]
+            if item["finish"]:
+                ending.append(item)
+                written += self.unwritten.get(task_id, [])
+                written.append(item)
+                continue
+            self.show(item, now)
+            del self.pending[task_id]
+            shown.append(task_id)
+        if not ending:
+            self.urgent = False
+        if shown:
+            self.state.waiters.notify(shown)
+        return ending, written
+
+    def show(self, item: StepItem, now: float) -> None:
+        """Make the step's events as a commit would and keep them for the streams."""
+        task_id = item["task_id"]
+        state = self.unwritten_state.get(task_id)
+        if state is None:
+            state = self.store.step_state(task_id)
+        state, rows = step_events(self.state.owner, item, state, now)
+        self.unwritten_state[task_id] = state
+        self.unwritten.setdefault(task_id, []).append(item)
+        if rows:
+            # every unwritten row stays readable: a stream that slept through a step
+            # has no store to read it from
+            self.state.committed.setdefault(task_id, (state.item_id, []))[1].extend(rows)
+
+
+VARIANTS: dict[str, type[Committer]] = {"noevents": DeferredDeltas, "memevents": EventsInMemory}
+
+
+def get_app(name: str) -> Any:
+    """The service's app (:func:`lmsp.app.get_app`) with the variant's commit thread."""
+    from lmsp.app import get_app as service_app
+
+    return service_app(committer=VARIANTS[name])
