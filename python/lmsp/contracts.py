@@ -13,7 +13,9 @@ The store's side (:mod:`lmsp.store`):
   writes and reads it;
 * :class:`StepOutcome`: what ``append_step`` returns;
 * :class:`ClaimRecord` (with :class:`Resume`): what a worker gets for each task
-  it claims.
+  it claims;
+* :class:`CreatedTask`: what ``Store.create_task`` returns (and the runtime's
+  ``create_task`` hands on to the API).
 
 The engine's side (:mod:`lmsp.native`):
 
@@ -96,6 +98,19 @@ class ClaimRecord(TypedDict):
     item_id: str
     resume: Resume | None
     client_id: str | None
+
+
+class CreatedTask(TypedDict):
+    """A task created, or an idempotent request replayed. ``response``: the
+    Response as created (``queued``); ``task``: its Task object. ``replay`` is
+    None for a new task, else ``(status_code, body)`` to send again (nothing was
+    created; ``task`` is None when the key's task was deleted since). ``claim``:
+    the claim record when the new task was claimed for a worker in the same
+    transaction (absent from a replay)."""
+    response: dict[str, Any] | None
+    task: dict[str, Any] | None
+    replay: tuple[int, dict[str, Any]] | None
+    claim: NotRequired[ClaimRecord | None]
 
 
 class EngineTimings(TypedDict, total=False):

@@ -162,8 +162,8 @@ def test_a_draining_worker_claims_nothing_more(store, make_runtime, model_file, 
     rt.register_model("tiny.gguf")
     wait_finished(rt, store, submit(store, rt, max_output_tokens=2))
     rounds = []
-    real = rt._claim_some
-    rt._claim_some = lambda: rounds.append(1) or real()
+    real = rt.scheduler.claim_some
+    rt.scheduler.claim_some = lambda: rounds.append(1) or real()
     claims = []
     real_claim = store.claim
     store.claim = lambda *a, **k: claims.append(1) or real_claim(*a, **k)

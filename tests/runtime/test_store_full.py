@@ -7,7 +7,7 @@ from contextlib import contextmanager
 import pytest
 from runtime_helpers import all_events, check_log, submit, wait_finished
 
-from lmsp.runtime.core import START_TRIES
+from lmsp.runtime.scheduler import START_TRIES
 from lmsp.store.db import translate
 
 

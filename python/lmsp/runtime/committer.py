@@ -30,12 +30,9 @@ from typing import Any, Callable
 
 from ..contracts import EngineResult, StepItem, StepOutcome
 from ..objects import event_object
-from .state import Run, WorkerState
+from .state import IDLE_WAIT, MAX_BACKOFF, Run, WorkerState
 
 log = logging.getLogger("lmsp.runtime")
-
-IDLE_WAIT = 0.5  # seconds the thread sleeps when nothing wakes it
-MAX_BACKOFF = 2.0  # seconds between retries of a failed commit
 
 
 def merge(item: StepItem | None, run: Run, result: EngineResult) -> StepItem:

@@ -29,26 +29,24 @@ import random
 import socket
 import time
 import weakref
+from typing import Any
 
 from .. import ids
 from ..config import RECOVERED_ENV
 from ..hubsafe import offload
 from ..store.db import no_wait
-from ..errors import (ContextLengthExceeded, IllegalTransition, InvalidRequest, LMSPError, ModelInUse, NotFound,
-                      Unavailable)
-from . import prompt as prompting
+from ..contracts import ClaimRecord, CreatedTask
+from ..errors import LMSPError, ModelInUse
 from .changed_files import ChangedFiles
 from ._threads import RealThread, Wakeup, gevent_active
-from .committer import MAX_BACKOFF, Committer
+from .admission import Admission
+from .committer import Committer
 from .registry import CHANGED, MISSING, ModelRegistry
+from .scheduler import Scheduler
 from .state import Run, WorkerState
 
 log = logging.getLogger("lmsp.runtime")
 
-IDLE_WAIT = 0.5          # seconds a loop sleeps when nothing wakes it
-START_TRIES = 5          # transient errors a claimed task may meet before it fails (a store
-                         # that cannot be written is not one: the task waits for it)
-STORE_WAIT_LOG_EVERY = 30  # a task waiting for the store is logged on its first try and every 30th
 WATCH_SECONDS = 0.25     # rounds of the watch thread while the tasks it watches stand still
 WATCH_BUSY_SECONDS = 0.02  # ... and while one of them moved in the last round
 JANITOR_FIRST_SECONDS = 60.0  # the janitor's first round after a start (workers spread around it) ...
@@ -61,10 +59,6 @@ _started: "weakref.WeakSet[Runtime]" = weakref.WeakSet()
 def started() -> list["Runtime"]:
     """The runtimes started (and not stopped) in this process, for the server hooks."""
     return list(_started)
-
-
-class _EngineGone(Exception):
-    """The engine a task was about to start on left the registry: the start is tried again."""
 
 
 class Runtime(ChangedFiles):
@@ -85,13 +79,11 @@ class Runtime(ChangedFiles):
         self.waiters = self.state.waiters
         self.stats = self.state.stats
         self.committer = (committer or Committer)(self.state, self._close_deleted)
-        self.ready = False
+        self.scheduler = Scheduler(self.state, self.retire_changed)
+        self.admission = Admission(self.state)
         self._watch_wake = Wakeup()
         self._janitor_wake = Wakeup()
         self._threads: list[RealThread] = []
-        self._retry: list[tuple[Run, dict]] = []  # claims to start again (scheduler thread only)
-        self._reserved = 0                     # slots promised to tasks being created (under lock)
-        self._adopted: list[tuple[Run, dict]] = []  # tasks created claimed, to start (under lock)
         self._close_when_idle: set[str] = set()  # deleted models still in use here (under lock)
         # task id -> {waiter: the sequence number it waits to pass}, for tasks not run here (under lock)
         self._watched: dict[str, dict] = {}
@@ -106,6 +98,11 @@ class Runtime(ChangedFiles):
     def lease(self) -> float:
         return self.state.lease
 
+    @property
+    def ready(self) -> bool:
+        """Started (start-up recovery done) and not stopped."""
+        return self.state.ready
+
     # life cycle
     def start(self) -> None:
         """Start the loops (in the worker, after fork). Runs start-up recovery unless the master did."""
@@ -115,14 +112,14 @@ class Runtime(ChangedFiles):
         if self._prepare or (self._prepare is None and not os.environ.get(RECOVERED_ENV)):
             from .service import prepare
             prepare(self.config, self.store, registry=self.registry)
-        self._threads = [RealThread(self._scheduler_loop, "lmsp-scheduler"),
+        self._threads = [RealThread(self.scheduler.run, "lmsp-scheduler"),
                          RealThread(self.committer.run, "lmsp-commit"),
                          RealThread(self._watch_loop, "lmsp-watch"),
                          RealThread(self._janitor_loop, "lmsp-janitor")]
         for thread in self._threads:
             thread.start()
         self.watches_store = True
-        self.ready = True
+        self.state.ready = True
         _started.add(self)
         log.info("runtime %s started (%s)", self.owner, "gevent" if gevent_active() else "threads")
 
@@ -146,7 +143,7 @@ class Runtime(ChangedFiles):
         """Tasks claimed here and not finished (starting, loading or running), and
         slots promised to tasks being created."""
         with self.state.lock:
-            return len(self.state.runs) + self._reserved
+            return len(self.state.runs) + self.state.reserved
 
     def end_streams(self) -> None:
         """The worker stops now: every stream and every wait for a task's events
@@ -166,7 +163,7 @@ class Runtime(ChangedFiles):
         if self.state.stopping:
             return
         self.state.stopping = True
-        self.ready = False
+        self.state.ready = False
         _started.discard(self)
         deadline = time.monotonic() + timeout
         self.state.sched_wake.set()
@@ -201,7 +198,7 @@ class Runtime(ChangedFiles):
         """
         self.state.aborted = True
         self.state.stopping = True
-        self.ready = False
+        self.state.ready = False
         _started.discard(self)
         self.state.sched_wake.set()
         self.state.commit_wake.set()
@@ -220,86 +217,26 @@ class Runtime(ChangedFiles):
         self.state.claim_due = True
         self.state.sched_wake.set()
 
+    def create_task(self, *, client_id: str | None, model: str, messages: list[dict[str, str]],
+                    request: dict[str, Any], on_restart: str, background: bool, stream: bool,
+                    idempotency: tuple[str, str] | None = None, max_unfinished: int | None = None) -> CreatedTask:
+        """Create a request's task and have it run (see :mod:`.admission`)."""
+        return self.admission.create_task(
+            client_id=client_id, model=model, messages=messages, request=request, on_restart=on_restart,
+            background=background, stream=stream, idempotency=idempotency, max_unfinished=max_unfinished)
+
+    def check_request(self, model_id: str, prompt_messages: list[dict[str, str]]) -> list[int] | None:
+        return self.admission.check_request(model_id, prompt_messages)
+
     def reserve(self, model_id: str) -> tuple[str, float] | None:
-        """A free engine slot of this worker for a task about to be created, as the
-        ``claim=(owner, lease)`` of ``store.create_task``; None when there is none
-        (or the model is not loaded here): the task is then queued as usual.
-        Every reservation ends with one :meth:`adopt` call."""
-        if not self.ready or self.state.stopping or self.state.draining or self.registry.engine(model_id) is None:
-            return None
-        with self.state.lock:
-            if int(self.config.n_parallel) - len(self.state.runs) - self._reserved <= 0:
-                return None
-            self._reserved += 1
-        return self.owner, self.lease
+        return self.admission.reserve(model_id)
 
-    def start_early(self, model_id: str, tokens: list[int] | None, request: dict,
+    def start_early(self, model_id: str, tokens: list[int] | None, request: dict[str, Any],
                     client_id: str | None = None) -> Run | None:
-        """Start the sequence of a task being created in a reserved slot, before its
-        creation commits, so that the prefill runs meanwhile; pass the result to
-        :meth:`adopt`. Nothing of it reaches the store or a client before the task
-        is adopted: its results are held until then, and dropped with the sequence
-        if the task is not created here. None when it cannot start early (the
-        scheduler then starts the task as usual). ``client_id``: the task's client,
-        the scope of the engine's prefix cache."""
-        engine = self.registry.engine(model_id)
-        if engine is None or not tokens or self.state.stopping:
-            return None
-        try:
-            kwargs = prompting.sampling(request, self.config)
-        except (ValueError, TypeError):
-            return None
-        run = Run("", model_id, state="running", held=[])
-        try:
-            with self.state.lock:
-                if self.registry.engine(model_id) is not engine:
-                    return None  # unloaded meanwhile: the scheduler loads it
-                seq = engine.submit(tokens, cache_key=client_id or "", **kwargs)
-                run.engine, run.seq = engine, seq
-                self.state.by_seq[(id(engine), seq)] = run
-                self.state.early.append(run)
-        except Exception as exc:  # the usual start reports it on the task
-            log.debug("early start refused: %s", exc)
-            return None
-        return run
+        return self.admission.start_early(model_id, tokens, request, client_id)
 
-    def adopt(self, claim: dict | None, tokens: list[int] | None = None, early: Run | None = None) -> None:
-        """End a reservation: start the task ``create_task`` claimed for this worker
-        (its claim record), or give the slot back (None: not claimed, or failed).
-        ``tokens``: the prompt as :meth:`check_request` rendered it; ``early``: what
-        :meth:`start_early` returned, whose sequence becomes the task's."""
-        dropped = None
-        with self.state.lock:
-            self._reserved -= 1
-            if early is not None:
-                self.state.early.remove(early)
-            if claim is None:
-                self.state.claim_due = True  # the slot is free again
-                dropped = early
-            elif self.state.stopping:
-                dropped = early
-            elif early is not None:
-                early.task_id, early.attempt = claim["task_id"], claim.get("attempts", 0)
-                self.state.runs[early.task_id] = early
-                self.state.released.append(early)
-            else:
-                if tokens:
-                    claim = dict(claim, tokens=tokens)
-                run = Run(claim["task_id"], claim["model"], attempt=claim.get("attempts", 0), state="running")
-                self.state.runs[run.task_id] = run
-                self._adopted.append((run, claim))
-            if dropped is not None:
-                self.state.by_seq.pop((id(dropped.engine), dropped.seq), None)
-        if dropped is not None:
-            try:
-                dropped.engine.cancel(dropped.seq)
-            except Exception:  # closed meanwhile: nothing runs
-                pass
-        if early is not None and dropped is None:
-            self.state.commit_wake.set()  # its held results, a first token among them maybe
-            return
-        # a claim left when stopping keeps its lease, which runs out: recovery applies its policy
-        self.state.sched_wake.set()
+    def adopt(self, claim: ClaimRecord | None, tokens: list[int] | None = None, early: Run | None = None) -> None:
+        self.admission.adopt(claim, tokens, early)
 
     def notify_cancel(self, task_id: str) -> None:
         with self.state.lock:
@@ -374,26 +311,6 @@ class Runtime(ChangedFiles):
                         if not group:
                             del self._watched[task_id]
             self.waiters.unregister(task_id, waiter)
-
-    def check_request(self, model_id: str, prompt_messages: list[dict]) -> list[int] | None:
-        """The prompt's tokens when the model is loaded here (None: checked at run time);
-        ContextLengthExceeded when it cannot fit with one output token."""
-        engine = self.registry.engine(model_id)
-        if engine is None:
-            return None
-        try:
-            tokens = prompting.render(engine, prompt_messages)
-        except ValueError as exc:  # what the chat template or the tokenizer refuses: so would the run
-            raise InvalidRequest(f"the request cannot be rendered: {exc}", param="input") from None
-        except Exception as exc:  # a closed engine (unloaded meanwhile): check at run time
-            log.debug("check_request: %s", exc)
-            return None
-        n = len(tokens)
-        if n >= engine.n_ctx:
-            raise ContextLengthExceeded(
-                f"the prompt is {n} tokens; model {model_id} takes at most {engine.n_ctx - 1} "
-                "with room for one output token", param="input")
-        return tokens
 
     # the model registry
     def register_model(self, path: str, model_id: str | None = None, progress=None, *,
@@ -486,7 +403,7 @@ class Runtime(ChangedFiles):
         figures["engine_steps"] = steps
         figures["engine_ubatches"] = passes
         figures["waiting_requests"] = self.waiters.waiting()
-        figures["ready"] = self.ready
+        figures["ready"] = self.state.ready
         return figures
 
     # helpers
@@ -505,200 +422,6 @@ class Runtime(ChangedFiles):
     def _offload(fn, *args, **kwargs):
         """Run blocking work (hashing, loading) off the gevent hub; plain call otherwise."""
         return offload(fn, *args, **kwargs)
-
-    # ---------------------------------------------------------------- scheduler thread
-    def _scheduler_loop(self) -> None:
-        backoff = 0.0
-        while not self.state.stopping:
-            if not self.state.sched_wake.wait(backoff or IDLE_WAIT):
-                self.state.claim_due = True  # idle: look for tasks queued by other workers or recovered
-            if self.state.stopping:
-                break
-            try:
-                self._claim_some()
-                backoff = 0.0
-            except Exception as exc:  # a busy store: try again soon
-                self.state.claim_due = True
-                backoff = min(MAX_BACKOFF, (backoff or 0.05) * 2)
-                log.warning("claiming tasks failed (retry in %.2f s): %s", backoff, exc)
-
-    def _claim_some(self) -> None:
-        with self.state.lock:
-            adopted, self._adopted = self._adopted, []
-        for run, claim in adopted:
-            self._advance(run, claim)
-        now = time.monotonic()
-        due = [entry for entry in self._retry if entry[0].retry_at <= now]
-        self._retry = [entry for entry in self._retry if entry[0].retry_at > now]
-        for run, claim in due:
-            if self.state.stopping:
-                return  # still claimed: release() in stop() hands them back
-            self._advance(run, claim)
-        if not self.state.claim_due or self.state.draining:
-            return  # woken for tasks adopted at creation only (or going): no store round trip
-        self.state.claim_due = False  # a hint arriving from now on asks for another round
-        while not self.state.stopping:
-            with self.state.lock:
-                free = int(self.config.n_parallel) - len(self.state.runs) - self._reserved
-            if free <= 0:
-                return
-            claims = self.store.claim(self.owner, limit=free, lease=self.lease)
-            if not claims:
-                return
-            # every claim joins _runs at once, so that its lease is renewed while the
-            # ones before it start (a model load may outlast a lease)
-            runs = [Run(claim["task_id"], claim["model"], attempt=claim.get("attempts", 0),
-                         state=claim.get("status") or "queued") for claim in claims]
-            stale = []
-            with self.state.lock:
-                for run in runs:
-                    old = self.state.runs.get(run.task_id)
-                    if old is not None:  # taken from this worker by a recovery meanwhile
-                        stale.append(old)
-                        if old.seq is not None:
-                            self.state.by_seq.pop((id(old.engine), old.seq), None)
-                    self.state.runs[run.task_id] = run
-            for old in stale:
-                log.warning("task %s was recovered from this worker and claimed again; its old run stops",
-                            old.task_id)
-                if old.seq is not None:
-                    try:
-                        old.engine.cancel(old.seq)
-                    except Exception:  # closed meanwhile: nothing runs
-                        pass
-            for run, claim in zip(runs, claims):
-                if self.state.stopping:
-                    return  # still claimed: release() in stop() hands them back
-                self._advance(run, claim)
-
-    def _advance(self, run: Run, claim: dict) -> None:
-        """Start (or fail) a claimed task; a transient error keeps the claim and retries it later.
-
-        A claimed task must end up submitted, failed in the store, or dropped
-        because the store says it is no longer ours to run. (The lease renewal
-        extends only the tasks in ``_runs``: one forgotten anyway waits for its
-        lease to run out and for recovery to apply its restart policy.)
-        """
-        with self.state.lock:
-            if self.state.runs.get(run.task_id) is not run:
-                return  # an earlier claim of a task claimed again since
-        try:
-            if run.failure is not None:
-                self._fail(run, *run.failure)
-            else:
-                try:
-                    self._start_run(run, claim)
-                except _EngineGone:  # unloaded as it started: load it again
-                    self._start_run(run, claim)
-        except IllegalTransition as exc:  # cancelled meanwhile, or the claim was lost
-            log.info("task %s dropped: %s", run.task_id, exc.message)
-            self.state.forget(run)
-            self.waiters.notify([run.task_id])
-        except Unavailable as exc:  # the store cannot be written now (busy, disk full): never the task's fault
-            self._retry_later(run, claim, exc)
-        except Exception as exc:
-            run.tries += 1
-            if run.failure is None and run.tries >= START_TRIES:
-                log.error("task %s could not start after %d tries: %s", run.task_id, run.tries, exc)
-                run.failure = ("internal_error", f"the task could not start: {exc}")
-            else:
-                log.warning("task %s: %s (will retry)", run.task_id, exc)
-            run.retry_at = time.monotonic() + min(MAX_BACKOFF, 0.1 * 2 ** run.tries)
-            self._retry.append((run, claim))
-
-    def _retry_later(self, run: Run, claim: dict, exc: Unavailable) -> None:
-        """A claimed task whose start (or failure) the store could not take: it keeps
-        its claim and its state, and the same step is tried again, however long the
-        store takes to come back; it does not count towards ``START_TRIES``."""
-        run.waits += 1
-        if run.waits == 1 or run.waits % STORE_WAIT_LOG_EVERY == 0:
-            log.warning("task %s waits for the store (%d tries so far): %s", run.task_id, run.waits, exc.message)
-        run.retry_at = time.monotonic() + min(MAX_BACKOFF, 0.1 * 2 ** min(run.waits, 8))
-        self._retry.append((run, claim))
-
-    def _start_run(self, run: Run, claim: dict) -> None:
-        from .. import native
-
-        task_id, request = run.task_id, claim.get("request") or {}
-        engine = self.registry.engine(run.model)
-        if engine is not None and self.registry.file_changed(run.model):
-            self.retire_changed(run.model)  # the load below finds out whether its digest still holds
-            engine = None
-        if engine is None:
-            if run.state == "queued":
-                self.store.set_loading(task_id, self.owner)
-                run.state = "loading"
-                self.waiters.notify([task_id])
-            try:
-                engine = self.registry.load(run.model)
-            except NotFound:
-                return self._fail(run, "model_not_found", f"model {run.model} is not registered")
-            except Unavailable:
-                raise  # a busy store: retry
-            except LMSPError as exc:  # changed, missing or refused by the engine
-                return self._fail(run, getattr(exc, "task_code", exc.code), exc.message)
-        try:
-            tokens = claim.get("tokens") or prompting.render(engine, prompting.messages_for(request))
-            kwargs = prompting.sampling(request, self.config)
-        except (ValueError, TypeError) as exc:
-            return self._fail(run, "invalid_request", f"the request cannot be rendered: {exc}")
-        snapshot = claim.get("resume") if claim.get("status") == "running" else None
-        resume = None
-        if snapshot:
-            resume = {"generated": list(snapshot.get("generated") or ()),
-                      "emitted": snapshot.get("emitted") or "",
-                      "kv_state": self._read_kv(snapshot.get("kv_path"))}
-        n_needed = len(tokens) + (len(resume["generated"]) if resume else 0)
-        if n_needed >= engine.n_ctx:
-            return self._fail(run, "context_length_exceeded",
-                              f"the prompt is {len(tokens)} tokens; the model's context holds {engine.n_ctx}")
-        if run.state != "running":
-            self.store.set_running(task_id, self.owner)
-            run.state = "running"
-            self.waiters.notify([task_id])
-        try:
-            with self.state.lock:
-                if self.registry.engine(run.model) is not engine:  # unloaded since: load it again
-                    raise _EngineGone(f"model {run.model} was unloaded as the task started")
-                seq = engine.submit(tokens, resume=resume, cache_key=claim.get("client_id") or "", **kwargs)
-                run.engine, run.seq = engine, seq
-                self.state.by_seq[(id(engine), seq)] = run
-                cancel = run.cancel
-        except native.ContextLengthError as exc:
-            return self._fail(run, "context_length_exceeded", str(exc))
-        except (ValueError, TypeError) as exc:
-            return self._fail(run, "invalid_request", str(exc))
-        if cancel:
-            engine.cancel(seq)
-        self.state.commit_wake.set()
-        log.debug("task %s: %s as sequence %s (%d prompt tokens)", task_id,
-                  "resumed" if resume else "started", seq, len(tokens))
-
-    def _fail(self, run: Run, code: str, message: str) -> None:
-        """Fail a claimed task in the store (a cancel accepted before wins there)."""
-        run.failure = (code, message)
-        self.store.fail_task(run.task_id, self.owner, code=code, message=message)
-        self.state.forget(run)
-        self.waiters.notify([run.task_id])
-        self.state.wake_scheduler()
-
-    def _forget(self, run: Run) -> None:
-        with self.state.lock:
-            if self.state.runs.get(run.task_id) is run:
-                del self.state.runs[run.task_id]
-                self.state.committed.pop(run.task_id, None)
-            if run.seq is not None:
-                self.state.by_seq.pop((id(run.engine), run.seq), None)
-
-    @staticmethod
-    def _read_kv(path: str | None) -> bytes | None:
-        if not path:
-            return None
-        try:
-            with open(path, "rb") as fh:
-                return fh.read()
-        except OSError:
-            return None  # resume then re-reads the prompt and the generated tokens
 
     # ---------------------------------------------------------------- watch thread
     def _watch_loop(self) -> None:

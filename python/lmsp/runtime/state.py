@@ -15,13 +15,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..contracts import EngineResult, EventRow
+from ..contracts import ClaimRecord, EngineResult, EventRow
 from ._threads import Wakeup, allocate_lock
 from .metrics import Metrics
 from .registry import ModelRegistry
 from .waiters import CommitWaiters
 
 log = logging.getLogger("lmsp.runtime")
+
+IDLE_WAIT = 0.5  # seconds a thread's loop sleeps when nothing wakes it
+MAX_BACKOFF = 2.0  # seconds between retries of what a busy store refused
 
 
 @dataclass
@@ -43,6 +46,7 @@ class Run:
     first_token: bool = False
     first_text: bool = False
     final: EngineResult | None = field(default=None, repr=False)  # the engine's last result
+    tokens: list[int] | None = field(default=None, repr=False)  # the prompt, when its request rendered it
     # a sequence started before its task committed (Scheduler.start_early): its results
     # wait here until the task is adopted; None once they go to the store
     held: list[EngineResult] | None = field(default=None, repr=False)
@@ -66,8 +70,9 @@ class Run:
 class WorkerState:
     """The state the runtime's rooms share (see the module docstring).
 
-    ``lock`` guards ``runs``, ``by_seq``, ``early`` and ``released``. ``committed``
-    is replaced entry by entry by the commit thread and read by the streams.
+    ``lock`` guards ``runs``, ``by_seq``, ``early``, ``released``, ``reserved`` and
+    ``adopted``. ``committed`` is replaced entry by entry by the commit thread and
+    read by the streams.
     """
 
     def __init__(self, config: Any, store: Any, registry: ModelRegistry) -> None:
@@ -83,8 +88,11 @@ class WorkerState:
         self.by_seq: dict[tuple[int, int], Run] = {}  # (id(engine), seq) -> the run of that sequence
         self.early: list[Run] = []  # sequences started for tasks being created
         self.released: list[Run] = []  # early runs adopted: their held results go to the committer
+        self.reserved = 0  # slots promised to tasks being created
+        self.adopted: list[tuple[Run, ClaimRecord]] = []  # tasks created claimed here, for the scheduler to start
         # task id -> (item_id, event rows) of its latest commit, for this worker's streams
         self.committed: dict[str, tuple[str, list[EventRow]]] = {}
+        self.ready = False  # started, and not stopped
         self.stopping = False
         self.draining = False
         self.aborted = False
@@ -107,6 +115,6 @@ class WorkerState:
             if run.seq is not None:
                 self.by_seq.pop(run.key(), None)
 
-    def slots_free(self, reserved: int) -> int:
-        """Engine slots left for new claims, given the slots ``reserved`` (under lock)."""
-        return int(self.config.n_parallel) - len(self.runs) - reserved
+    def slots_free(self) -> int:
+        """Engine slots left for new claims and reservations (under the lock)."""
+        return int(self.config.n_parallel) - len(self.runs) - self.reserved

@@ -14,6 +14,7 @@ import sqlite3
 from typing import Any
 
 from .. import objects as obj
+from ..contracts import CreatedTask
 from ..errors import IdempotencyKeyInUse, IdempotencyKeyReused
 from . import states as st
 from .base import TASK_SELECT, StoreBase, dumps
@@ -47,7 +48,7 @@ class IdempotencyArea(StoreBase):
     PROCESSING_TIMEOUT = 600.0
 
     def _replay(self, conn: sqlite3.Connection, client_id: str | None, idempotency: tuple[str, str],
-                now: float) -> dict | None:
+                now: float) -> CreatedTask | None:
         """What a response request with this ``(key, fingerprint)`` is answered again
         (``create_task``'s return value), or None: no live key, go ahead."""
         key, fp = idempotency
@@ -75,6 +76,7 @@ class IdempotencyArea(StoreBase):
             return {"response": None, "task": None, "replay": (404, DELETED_ANSWER)}
         if task["status"] in st.UNFINISHED:
             raise IdempotencyKeyInUse("the request with this Idempotency-Key is still running")
+        assert response is not None  # rendered with its task
         return {"response": response, "task": obj.task_object(task), "replay": (200, response)}
 
     def idempotency_begin(self, client_id: str | None, key: str, fingerprint: str, *,

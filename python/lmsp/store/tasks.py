@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 
 from .. import objects as obj
-from ..contracts import ClaimRecord, StepState
+from ..contracts import ClaimRecord, CreatedTask, StepState
 from ..errors import InvalidRequest, NotFound, RateLimited, TaskFinished, TaskUnfinished
 from . import states as st
 from .base import CLAIMABLE_SQL, TASK_SELECT, UNFINISHED_SQL, dumps
@@ -20,7 +20,7 @@ class TasksArea(IdempotencyArea):
 
     def create_task(self, *, client_id: str | None, model: str, request: dict, on_restart: str,
                     background: bool, stream: bool, idempotency: tuple[str, str] | None = None,
-                    claim: tuple[str, float] | None = None, max_unfinished: int | None = None) -> dict:
+                    claim: tuple[str, float] | None = None, max_unfinished: int | None = None) -> CreatedTask:
         """Persist a new response and its queued task in ONE transaction (11.2, B.8).
 
         ``max_unfinished``: RateLimited when the client already has that many
@@ -54,8 +54,8 @@ class TasksArea(IdempotencyArea):
             self._save(conn, task)
             if idempotency is not None:
                 self._remember_task_key(conn, client_id, idempotency, task["id"], body if background else None, now)
-            out = {"response": body, "task": obj.task_object(task), "replay": None,
-                   "claim": None if taken is None else taken[0]}
+            out: CreatedTask = {"response": body, "task": obj.task_object(task), "replay": None,
+                                "claim": None if taken is None else taken[0]}
         if taken is not None:  # committed
             self._step_cache[task["id"]] = taken[1]
         return out

@@ -1,0 +1,183 @@
+"""A request's task into this worker: checked, created, and started early when it can.
+
+:meth:`Admission.create_task` is the one operation the web layer asks for. The
+prompt is rendered and checked against the model's context when the model is
+loaded here. A request that finds a free engine slot of its own worker, with its
+model loaded there, skips the queue: :meth:`~Admission.reserve` holds the slot,
+:meth:`~Admission.start_early` submits the prompt before the task's creation
+commits (so the prefill runs meanwhile; its results are held until the task is
+adopted), the store's ``create_task(claim=...)`` creates the task already claimed
+and ``running`` in the same transaction, and :meth:`~Admission.adopt` hands it to
+the scheduler (or gives the slot back, the early sequence cancelled, when the
+task was not created here). Any other task is queued, and the scheduler is woken
+to claim it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..contracts import ClaimRecord, CreatedTask
+from ..errors import ContextLengthExceeded, InvalidRequest
+from ..hubsafe import offload
+from . import prompt as prompting
+from .state import Run, WorkerState
+
+log = logging.getLogger("lmsp.runtime")
+
+
+class Admission:
+    """The creation of tasks for this worker (see the module docstring)."""
+
+    def __init__(self, state: WorkerState) -> None:
+        self.state = state
+
+    def create_task(
+        self,
+        *,
+        client_id: str | None,
+        model: str,
+        messages: list[dict[str, str]],
+        request: dict[str, Any],
+        on_restart: str,
+        background: bool,
+        stream: bool,
+        idempotency: tuple[str, str] | None = None,
+        max_unfinished: int | None = None,
+    ) -> CreatedTask:
+        """Check the request, create its task (claimed here when a slot is free), and
+        start it or have it claimed; what ``Store.create_task`` returns."""
+        state = self.state
+        tokens = self.check_request(model, messages)
+        slot = self.reserve(model)
+        early = None
+        try:
+            if slot is not None:
+                # the prefill runs while the task commits; nothing of it is out before
+                early = self.start_early(model, tokens, request, client_id)
+            # a write, off the gevent hub: a lock wait stops only this request
+            created: CreatedTask = offload(
+                state.store.create_task,
+                client_id=client_id,
+                model=model,
+                request=request,
+                on_restart=on_restart,
+                background=background,
+                stream=stream,
+                idempotency=idempotency,
+                claim=slot,
+                max_unfinished=max_unfinished,
+            )
+        except BaseException:
+            if slot is not None:
+                self.adopt(None, early=early)
+            raise
+        if slot is not None:
+            self.adopt(created.get("claim"), tokens, early=early)
+        if created["replay"] is None and created.get("claim") is None:
+            state.wake_scheduler()
+        return created
+
+    def check_request(self, model_id: str, prompt_messages: list[dict[str, str]]) -> list[int] | None:
+        """The prompt's tokens when the model is loaded here (None: checked at run time);
+        ContextLengthExceeded when it cannot fit with one output token."""
+        engine = self.state.registry.engine(model_id)
+        if engine is None:
+            return None
+        try:
+            tokens = prompting.render(engine, prompt_messages)
+        except ValueError as exc:  # what the chat template or the tokenizer refuses: so would the run
+            raise InvalidRequest(f"the request cannot be rendered: {exc}", param="input") from None
+        except Exception as exc:  # a closed engine (unloaded meanwhile): check at run time
+            log.debug("check_request: %s", exc)
+            return None
+        n = len(tokens)
+        if n >= engine.n_ctx:
+            raise ContextLengthExceeded(
+                f"the prompt is {n} tokens; model {model_id} takes at most {engine.n_ctx - 1} "
+                "with room for one output token",
+                param="input",
+            )
+        return tokens
+
+    def reserve(self, model_id: str) -> tuple[str, float] | None:
+        """A free engine slot of this worker for a task about to be created, as the
+        ``claim=(owner, lease)`` of ``store.create_task``; None when there is none
+        (or the model is not loaded here): the task is then queued as usual.
+        Every reservation ends with one :meth:`adopt` call."""
+        state = self.state
+        if not state.ready or state.stopping or state.draining or state.registry.engine(model_id) is None:
+            return None
+        with state.lock:
+            if state.slots_free() <= 0:
+                return None
+            state.reserved += 1
+        return state.owner, state.lease
+
+    def start_early(
+        self, model_id: str, tokens: list[int] | None, request: dict[str, Any], client_id: str | None = None
+    ) -> Run | None:
+        """Start the sequence of a task being created in a reserved slot, before its
+        creation commits, so that the prefill runs meanwhile; pass the result to
+        :meth:`adopt`. Nothing of it reaches the store or a client before the task
+        is adopted: its results are held until then, and dropped with the sequence
+        if the task is not created here. None when it cannot start early (the
+        scheduler then starts the task as usual). ``client_id``: the task's client,
+        the scope of the engine's prefix cache."""
+        state = self.state
+        engine = state.registry.engine(model_id)
+        if engine is None or not tokens or state.stopping:
+            return None
+        try:
+            kwargs = prompting.sampling(request, state.config)
+        except (ValueError, TypeError):
+            return None
+        run = Run("", model_id, state="running", held=[])
+        try:
+            with state.lock:
+                if state.registry.engine(model_id) is not engine:
+                    return None  # unloaded meanwhile: the scheduler loads it
+                run.engine, run.seq = engine, engine.submit(tokens, cache_key=client_id or "", **kwargs)
+                state.by_seq[run.key()] = run
+                state.early.append(run)
+        except Exception as exc:  # the usual start reports it on the task
+            log.debug("early start refused: %s", exc)
+            return None
+        return run
+
+    def adopt(self, claim: ClaimRecord | None, tokens: list[int] | None = None, early: Run | None = None) -> None:
+        """End a reservation: start the task ``create_task`` claimed for this worker
+        (its claim record), or give the slot back (None: not claimed, or failed).
+        ``tokens``: the prompt as :meth:`check_request` rendered it; ``early``: what
+        :meth:`start_early` returned, whose sequence becomes the task's."""
+        state = self.state
+        dropped = None
+        with state.lock:
+            state.reserved -= 1
+            if early is not None:
+                state.early.remove(early)
+            if claim is None:
+                state.claim_due = True  # the slot is free again
+                dropped = early
+            elif state.stopping:
+                dropped = early
+            elif early is not None:
+                early.task_id, early.attempt = claim["task_id"], claim.get("attempts", 0)
+                state.runs[early.task_id] = early
+                state.released.append(early)
+            else:
+                run = Run(
+                    claim["task_id"], claim["model"], attempt=claim.get("attempts", 0), state="running", tokens=tokens
+                )
+                state.runs[run.task_id] = run
+                state.adopted.append((run, claim))
+            if dropped is not None:
+                state.by_seq.pop(dropped.key(), None)
+        if dropped is not None:
+            dropped.cancel_sequence()
+        if early is not None and dropped is None:
+            state.commit_wake.set()  # its held results, a first token among them maybe
+            return
+        # a claim left when stopping keeps its lease, which runs out: recovery applies its policy
+        state.sched_wake.set()
