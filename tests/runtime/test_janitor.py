@@ -17,7 +17,7 @@ def test_the_janitor_deletes_what_retention_let_go_and_nothing_unfinished(store,
     waiting = submit(store, None, max_output_tokens=2)
     real_clock = store._clock
     store._clock = lambda: real_clock() + 8 * 86400.0  # past the 7 days of retention
-    assert rt._janitor_round()["tasks"] == 1
+    assert rt.janitor.round()["tasks"] == 1
     with pytest.raises(NotFound):
         store.get_task(done["id"])
     assert store.get_task(waiting)["status"] == "queued"
@@ -27,7 +27,7 @@ def test_the_janitor_thread_runs_its_rounds(store, make_runtime, model_file, mon
     rounds = []
     real_gc = store.gc
     store.gc = lambda **kwargs: rounds.append(kwargs) or real_gc(**kwargs)
-    monkeypatch.setattr("lmsp.runtime.core.JANITOR_FIRST_SECONDS", 0.0)
+    monkeypatch.setattr("lmsp.runtime.janitor.JANITOR_FIRST_SECONDS", 0.0)
     make_runtime(store)  # its janitor thread starts with it
     deadline = time.monotonic() + 60  # a guard against a hang only
     while not rounds:

@@ -138,7 +138,7 @@ def test_a_cancel_from_another_process_reaches_a_stream_while_the_model_loads(st
                                   args=(tid, task["last_sequence_number"], 60), kwargs={"since": since})
         stream.start()
         # the stream waits on the watch thread, which reads the store for it
-        wait_until(None, store, tid, lambda t: tid in rt._watched)
+        wait_until(None, store, tid, lambda t: tid in rt.watcher.watched)
         other = type(store).open(store._db.path)  # another process's connections
         try:
             assert other.cancel(tid)["status"] == "cancelled"

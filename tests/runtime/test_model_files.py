@@ -68,7 +68,7 @@ def test_the_janitor_thread_notices_a_changed_file_by_itself(store, runtime, mod
     for _ in range(600):  # a guard against a hang only: the watch (or the next poll) sees it
         if runtime.registry.engine("tiny") is None:
             break
-        runtime._janitor_wake.wait(0.1)
+        runtime.janitor.wake.wait(0.1)
     assert runtime.registry.engine("tiny") is None
     assert store.get_model("tiny")["state"] == "changed"
 

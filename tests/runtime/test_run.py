@@ -323,11 +323,12 @@ def test_waiting_for_a_local_tasks_commit_trusts_the_announcements(store, runtim
     class Waiter:
         def wait(self, timeout):
             waits.append(timeout)
-            watched.append({task_id: sorted(group.values()) for task_id, group in runtime._watched.items()})
+            watched.append({task_id: sorted(group.values()) for task_id, group in runtime.watcher.watched.items()})
 
     monkeypatch.setattr(runtime.waiters, "register", lambda task_id: Waiter())
     monkeypatch.setattr(runtime.waiters, "unregister", lambda task_id, waiter: None)
-    monkeypatch.setattr(runtime, "store", type("S", (), {"last_sequence": lambda self, t: asked.append(t) or 0})())
+    store_reads = type("S", (), {"last_sequence": lambda self, t: asked.append(t) or 0})()
+    monkeypatch.setattr(runtime.state, "store", store_reads)
     runtime.state.runs["task_local"] = Run("task_local", "tiny")
     try:
         before = runtime.commit_generation()
@@ -339,7 +340,7 @@ def test_waiting_for_a_local_tasks_commit_trusts_the_announcements(store, runtim
         runtime.wait_for_commit("task_other", 5, 1.0, since=runtime.commit_generation())
         # not ours: no read of its own; the watch thread's round covers it while it waits
         assert asked == [] and waits == [1.0, 1.0]
-        assert watched[-1] == {"task_other": [5]} and runtime._watched == {}
+        assert watched[-1] == {"task_other": [5]} and runtime.watcher.watched == {}
     finally:
         runtime.state.runs.pop("task_local", None)
 
@@ -349,8 +350,8 @@ def registered(rt, task_ids, timeout=60.0):
     import time
 
     deadline = time.monotonic() + timeout
-    while not all(t in rt._watched for t in task_ids):
-        assert time.monotonic() < deadline, f"waiters not registered: {sorted(set(task_ids) - set(rt._watched))}"
+    while not all(t in rt.watcher.watched for t in task_ids):
+        assert time.monotonic() < deadline, f"waiters not registered: {sorted(set(task_ids) - set(rt.watcher.watched))}"
         time.sleep(0.01)
 
 
@@ -387,7 +388,7 @@ def test_waiters_on_tasks_run_elsewhere_share_one_read_per_round(store, make_run
     assert set(woken) == set(tids)
     assert single == []  # no waiter asked the store for itself
     assert max(len(batch) for batch in batches) == len(tids)  # one read carried every watched task
-    assert rt._watched == {}
+    assert rt.watcher.watched == {}
 
 
 def test_when_the_watch_thread_ends_its_waiters_are_woken_to_ask_the_store_themselves(store, make_runtime):
@@ -403,7 +404,7 @@ def test_when_the_watch_thread_ends_its_waiters_are_woken_to_ask_the_store_thems
     rt.stop(timeout=10.0)
     waiter.join(60.0)
     assert not waiter.is_alive()  # woken by the watch thread's end, not by its time-out
-    assert rt.watches_store is False and rt._watched == {}
+    assert rt.watches_store is False and rt.watcher.watched == {}
 
 
 def test_a_claimed_task_this_worker_does_not_run_is_not_kept_alive(store, runtime, config):

@@ -22,10 +22,8 @@ wake-ups).
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import random
 import socket
 import time
 import weakref
@@ -34,24 +32,20 @@ from typing import Any
 from .. import ids
 from ..config import RECOVERED_ENV
 from ..hubsafe import offload
-from ..store.db import no_wait
 from ..contracts import ClaimRecord, CreatedTask
-from ..errors import LMSPError, ModelInUse
+from ..errors import ModelInUse
 from .changed_files import ChangedFiles
 from ._threads import RealThread, Wakeup, gevent_active
 from .admission import Admission
 from .committer import Committer
 from .registry import CHANGED, MISSING, ModelRegistry
+from .janitor import Janitor
 from .scheduler import Scheduler
 from .state import Run, WorkerState
+from .watcher import Watcher
 
 log = logging.getLogger("lmsp.runtime")
 
-WATCH_SECONDS = 0.25     # rounds of the watch thread while the tasks it watches stand still
-WATCH_BUSY_SECONDS = 0.02  # ... and while one of them moved in the last round
-JANITOR_FIRST_SECONDS = 60.0  # the janitor's first round after a start (workers spread around it) ...
-JANITOR_SECONDS = 600.0       # ... and its rounds after that
-FILE_CHECK_SECONDS = 2.0      # the janitor stats the loaded models' files this often (and at once on inotify)
 
 _started: "weakref.WeakSet[Runtime]" = weakref.WeakSet()
 
@@ -81,13 +75,10 @@ class Runtime(ChangedFiles):
         self.committer = (committer or Committer)(self.state, self._close_deleted)
         self.scheduler = Scheduler(self.state, self.retire_changed)
         self.admission = Admission(self.state)
-        self._watch_wake = Wakeup()
-        self._janitor_wake = Wakeup()
+        self.watcher = Watcher(self.state)
+        self.janitor = Janitor(self.state, self.check_model_files)
         self._threads: list[RealThread] = []
         self._close_when_idle: set[str] = set()  # deleted models still in use here (under lock)
-        # task id -> {waiter: the sequence number it waits to pass}, for tasks not run here (under lock)
-        self._watched: dict[str, dict] = {}
-        self.watches_store = False             # the watch thread runs: waiters need not poll the store
 
     @property
     def owner(self) -> str | None:
@@ -97,6 +88,11 @@ class Runtime(ChangedFiles):
     @property
     def lease(self) -> float:
         return self.state.lease
+
+    @property
+    def watches_store(self) -> bool:
+        """The watch thread runs: a waiter is woken when its task moves, whoever runs it."""
+        return self.watcher.watching
 
     @property
     def ready(self) -> bool:
@@ -114,11 +110,11 @@ class Runtime(ChangedFiles):
             prepare(self.config, self.store, registry=self.registry)
         self._threads = [RealThread(self.scheduler.run, "lmsp-scheduler"),
                          RealThread(self.committer.run, "lmsp-commit"),
-                         RealThread(self._watch_loop, "lmsp-watch"),
-                         RealThread(self._janitor_loop, "lmsp-janitor")]
+                         RealThread(self.watcher.run, "lmsp-watch"),
+                         RealThread(self.janitor.run, "lmsp-janitor")]
         for thread in self._threads:
             thread.start()
-        self.watches_store = True
+        self.watcher.watching = True
         self.state.ready = True
         _started.add(self)
         log.info("runtime %s started (%s)", self.owner, "gevent" if gevent_active() else "threads")
@@ -166,10 +162,7 @@ class Runtime(ChangedFiles):
         self.state.ready = False
         _started.discard(self)
         deadline = time.monotonic() + timeout
-        self.state.sched_wake.set()
-        self.state.commit_wake.set()
-        self._watch_wake.set()
-        self._janitor_wake.set()
+        self._wake_threads()
         for thread in self._threads:
             if not thread.join(max(0.0, deadline - time.monotonic())):
                 log.warning("thread %s did not stop within %.1f s", thread.name, timeout)
@@ -183,10 +176,8 @@ class Runtime(ChangedFiles):
             self.state.runs.clear()
             self.state.by_seq.clear()
         if all(not t.alive for t in self._threads):
-            self.state.sched_wake.close()
-            self.state.commit_wake.close()
-            self._watch_wake.close()
-            self._janitor_wake.close()
+            for wakeup in self._wakeups():
+                wakeup.close()
         log.info("runtime %s stopped", self.owner)
 
     def abort(self) -> None:
@@ -200,13 +191,17 @@ class Runtime(ChangedFiles):
         self.state.stopping = True
         self.state.ready = False
         _started.discard(self)
-        self.state.sched_wake.set()
-        self.state.commit_wake.set()
-        self._watch_wake.set()
-        self._janitor_wake.set()
+        self._wake_threads()
         for thread in self._threads:
             thread.join(10.0)
         self.registry.close()
+
+    def _wakeups(self) -> list[Wakeup]:
+        return [self.state.sched_wake, self.state.commit_wake, self.watcher.wake, self.janitor.wake]
+
+    def _wake_threads(self) -> None:
+        for wakeup in self._wakeups():
+            wakeup.set()
 
     # hints from the web layer
     def notify_queued(self) -> None:
@@ -267,50 +262,10 @@ class Runtime(ChangedFiles):
         return self.committer.committed_events(task_id, after)
 
     def wait_for_commit(self, task_id: str, after_seq: int, timeout: float, since: int | None = None) -> None:
-        """Return once the task has events after ``after_seq`` (or on timeout).
-
-        ``since``: :meth:`commit_generation` read before the caller last read the
-        events. For a task this process runs, every commit of its events is
-        announced, so an unchanged generation proves nothing new was committed
-        and the store need not be asked. A task run elsewhere, by nobody yet,
-        or claimed here but not decoding yet (which others may still cancel),
-        is left to the watch thread, which reads the counters of all such
-        tasks at once and wakes the waiters of those that passed their number;
-        without it (the runtime not started) the store is asked here.
-        """
-        waiter = self.waiters.register(task_id)
-        watched = False
-        try:
-            run = self.state.runs.get(task_id)
-            if run is not None and since is not None and self.waiters.generation != since:
-                return
-            # a task claimed here but not decoding yet (its model loading, say) can still
-            # be moved by others: a cancel from another process ends it at once
-            decoding_here = run is not None and run.seq is not None
-            if not decoding_here:
-                with self.state.lock:  # the watch thread's end clears the flag under it
-                    if self.watches_store:
-                        self._watched.setdefault(task_id, {})[waiter] = after_seq
-                        watched = True
-            if not watched and not (decoding_here and since is not None):
-                try:
-                    # on the gevent hub a read must not wait out a lock (that would stop
-                    # every greenlet): a busy store returns at once, like an unknown task
-                    with no_wait() if gevent_active() else contextlib.nullcontext():
-                        if self.store.last_sequence(task_id) > after_seq:
-                            return
-                except LMSPError:
-                    return  # unknown task or busy store: let the caller re-read and decide
-            waiter.wait(timeout)
-        finally:
-            if watched:
-                with self.state.lock:
-                    group = self._watched.get(task_id)
-                    if group is not None:
-                        group.pop(waiter, None)
-                        if not group:
-                            del self._watched[task_id]
-            self.waiters.unregister(task_id, waiter)
+        """Return once the task has events after ``after_seq`` (or on timeout); ``since``:
+        :meth:`commit_generation` read before the caller last read the events (see
+        :mod:`.watcher`)."""
+        self.watcher.wait_for_commit(task_id, after_seq, timeout, since)
 
     # the model registry
     def register_model(self, path: str, model_id: str | None = None, progress=None, *,
@@ -422,67 +377,3 @@ class Runtime(ChangedFiles):
     def _offload(fn, *args, **kwargs):
         """Run blocking work (hashing, loading) off the gevent hub; plain call otherwise."""
         return offload(fn, *args, **kwargs)
-
-    # ---------------------------------------------------------------- watch thread
-    def _watch_loop(self) -> None:
-        wait = WATCH_SECONDS
-        try:
-            while not self.state.stopping:
-                self._watch_wake.wait(wait)
-                if self.state.stopping:
-                    break
-                try:
-                    wait = WATCH_BUSY_SECONDS if self._watch_round() else WATCH_SECONDS
-                except Exception as exc:  # a busy store: the next round reads again
-                    log.debug("watch round failed: %s", exc)
-                    wait = WATCH_SECONDS
-        finally:
-            with self.state.lock:
-                self.watches_store = False  # from now on each waiter asks the store itself
-                waiting = list(self._watched)
-            self.waiters.notify(waiting)  # ... starting now
-
-    def _watch_round(self) -> bool:
-        """One read of the watched tasks' counters; wake the waiters of those that
-        passed a waiter's number (or are gone). True when one did."""
-        with self.state.lock:
-            if not self._watched:
-                return False
-            lowest = {task_id: min(group.values()) for task_id, group in self._watched.items() if group}
-        last = self.store.last_sequences(lowest)
-        moved = [task_id for task_id, after in lowest.items() if last.get(task_id, after + 1) > after]
-        if moved:
-            self.waiters.notify(moved)
-        return bool(moved)
-
-    # ---------------------------------------------------------------- janitor thread
-    def _janitor_loop(self) -> None:
-        """Retention (LMSP B.10), in every worker: finished tasks with their events and
-        responses past ``retention_days``, expired idempotency keys and pairing codes
-        go, in small transactions (``Store.gc``); unfinished tasks never do. Between
-        its rounds it checks the files of the models loaded here (:mod:`.changed_files`)."""
-        next_round = time.monotonic() + JANITOR_FIRST_SECONDS * (0.5 + random.random())
-        while not self.state.stopping:
-            watch = self.registry.watch_fileno()
-            wait = min(FILE_CHECK_SECONDS, max(0.0, next_round - time.monotonic()))
-            self._janitor_wake.wait(wait, [watch] if watch is not None else [])
-            if self.state.stopping:
-                break
-            try:
-                self.check_model_files()
-            except Exception:  # a bug must not stop the retention rounds
-                log.exception("checking the model files failed")
-            if time.monotonic() < next_round:
-                continue
-            try:
-                self._janitor_round()
-            except Exception as exc:  # a busy store: the next round does it
-                log.warning("retention round failed: %s", exc)
-            next_round = time.monotonic() + JANITOR_SECONDS * (0.75 + random.random() / 2)
-
-    def _janitor_round(self) -> dict:
-        counts = self.store.gc(retention=float(self.config.retention_days) * 86400.0)
-        if any(counts.values()):
-            log.info("retention: deleted %s", ", ".join(f"{n} {what}" for what, n in counts.items() if n))
-        return counts
-
