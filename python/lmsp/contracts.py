@@ -17,6 +17,12 @@ The store's side (:mod:`lmsp.store`):
 * :class:`CreatedTask`: what ``Store.create_task`` returns (and the runtime's
   ``create_task`` hands on to the API).
 
+The runtime's side, as the API sees it:
+
+* :class:`RuntimeAPI`: what the web layer asks of the runtime (the runtime,
+  and the API tests' scripted one, implement it);
+* :class:`NewTask`: a request's task, for the runtime to create.
+
 The engine's side (:mod:`lmsp.native`):
 
 * :class:`EngineResult` (with :class:`EngineTimings`): one result of
@@ -24,7 +30,8 @@ The engine's side (:mod:`lmsp.native`):
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, NotRequired, Required, TypedDict
+from dataclasses import dataclass
+from typing import Any, NamedTuple, NotRequired, Protocol, Required, TypedDict
 
 
 class StepItem(TypedDict, total=False):
@@ -111,6 +118,90 @@ class CreatedTask(TypedDict):
     task: dict[str, Any] | None
     replay: tuple[int, dict[str, Any]] | None
     claim: NotRequired[ClaimRecord | None]
+
+
+@dataclass(frozen=True)
+class NewTask:
+    """A request's task as the API hands it to the runtime: the checked ``request``
+    (what the task keeps), the prompt's ``messages`` (instructions first), whose
+    client it is, and what the store needs to create it. ``idempotency``:
+    ``(key, fingerprint)``; ``max_unfinished``: the client's cap on unfinished
+    tasks (None: none)."""
+    client_id: str | None
+    model: str
+    messages: list[dict[str, str]]
+    request: dict[str, Any]
+    on_restart: str
+    background: bool
+    stream: bool
+    idempotency: tuple[str, str] | None = None
+    max_unfinished: int | None = None
+
+    def creation(self) -> dict[str, Any]:
+        """The arguments of ``Store.create_task`` for this task (all but ``claim``)."""
+        return {"client_id": self.client_id, "model": self.model, "request": self.request,
+                "on_restart": self.on_restart, "background": self.background, "stream": self.stream,
+                "idempotency": self.idempotency, "max_unfinished": self.max_unfinished}
+
+
+class RuntimeAPI(Protocol):
+    """The runtime as the web layer drives it: ``lmsp.runtime.Runtime`` in the
+    service. Its states: ``ready`` (started, start-up recovery done, not
+    stopped), ``draining`` (a stop is coming: no new tasks), ``streams_ending``
+    (the worker stops now: every stream and wait ends), ``watches_store`` (a
+    waiter is woken when its task moves, whoever runs it; otherwise waits are
+    short polls)."""
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def draining(self) -> bool: ...
+
+    @property
+    def streams_ending(self) -> bool: ...
+
+    @property
+    def watches_store(self) -> bool: ...
+
+    def create_task(self, new: NewTask) -> CreatedTask:
+        """Create the task (the prompt checked first when the model is loaded) and
+        have it run: started here when a slot is free, else queued."""
+        ...
+
+    def notify_cancel(self, task_id: str) -> None:
+        """A cancel the store accepted: stop the task's sequence if it runs here."""
+        ...
+
+    def wait_for_commit(self, task_id: str, after_seq: int, timeout: float, since: int | None = None) -> None:
+        """Return once the task has events after ``after_seq``, or after ``timeout``;
+        ``since``: :meth:`commit_generation` as read before the caller's last read."""
+        ...
+
+    def commit_generation(self) -> int:
+        """A number that changes with every commit this process announces."""
+        ...
+
+    def committed_events(self, task_id: str, after: int) -> list[dict[str, Any]] | None:
+        """The task's events after ``after`` from this process's latest commit, when
+        it wrote all of them; None: read them from the store."""
+        ...
+
+    def model_object(self, model_id: str) -> dict[str, Any]: ...
+
+    def list_models(self) -> list[dict[str, Any]]: ...
+
+    def register_model(self, path: str, model_id: str | None = None) -> dict[str, Any]: ...
+
+    def load_model(self, model_id: str) -> dict[str, Any]: ...
+
+    def unload_model(self, model_id: str) -> dict[str, Any]: ...
+
+    def delete_model(self, model_id: str) -> None: ...
+
+    def metrics(self) -> dict[str, Any]:
+        """The worker's figures for ``/metrics``."""
+        ...
 
 
 class EngineTimings(TypedDict, total=False):

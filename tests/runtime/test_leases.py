@@ -184,12 +184,12 @@ def test_a_model_deleted_while_a_task_uses_it_unloads_when_the_task_ends(store, 
     tid = submit(store, runtime, "Count on:", max_output_tokens=4000)
     wait_until(runtime, store, tid, lambda t: t["last_sequence_number"] >= 4)
     with runtime.state.lock:
-        runtime._close_when_idle.add("tiny")
-    runtime._close_deleted()
+        runtime.models.close_when_idle.add("tiny")
+    runtime.models.close_deleted()
     assert runtime.registry.engine("tiny") is not None  # its run goes on
     store.cancel(tid)
     runtime.notify_cancel(tid)
     wait_until(runtime, store, tid, lambda t: t["status"] == "cancelled" and tid not in runtime.state.runs)
     engine = runtime.registry.engine("tiny")
-    runtime._close_deleted()
-    assert runtime.registry.engine("tiny") is None and engine.closed and not runtime._close_when_idle
+    runtime.models.close_deleted()
+    assert runtime.registry.engine("tiny") is None and engine.closed and not runtime.models.close_when_idle

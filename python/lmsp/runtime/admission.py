@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..contracts import ClaimRecord, CreatedTask
+from ..contracts import ClaimRecord, CreatedTask, NewTask
 from ..errors import ContextLengthExceeded, InvalidRequest
 from ..hubsafe import offload
 from . import prompt as prompting
@@ -33,42 +33,19 @@ class Admission:
     def __init__(self, state: WorkerState) -> None:
         self.state = state
 
-    def create_task(
-        self,
-        *,
-        client_id: str | None,
-        model: str,
-        messages: list[dict[str, str]],
-        request: dict[str, Any],
-        on_restart: str,
-        background: bool,
-        stream: bool,
-        idempotency: tuple[str, str] | None = None,
-        max_unfinished: int | None = None,
-    ) -> CreatedTask:
+    def create_task(self, new: NewTask) -> CreatedTask:
         """Check the request, create its task (claimed here when a slot is free), and
         start it or have it claimed; what ``Store.create_task`` returns."""
         state = self.state
-        tokens = self.check_request(model, messages)
-        slot = self.reserve(model)
+        tokens = self.check_request(new.model, new.messages)
+        slot = self.reserve(new.model)
         early = None
         try:
             if slot is not None:
                 # the prefill runs while the task commits; nothing of it is out before
-                early = self.start_early(model, tokens, request, client_id)
+                early = self.start_early(new.model, tokens, new.request, new.client_id)
             # a write, off the gevent hub: a lock wait stops only this request
-            created: CreatedTask = offload(
-                state.store.create_task,
-                client_id=client_id,
-                model=model,
-                request=request,
-                on_restart=on_restart,
-                background=background,
-                stream=stream,
-                idempotency=idempotency,
-                claim=slot,
-                max_unfinished=max_unfinished,
-            )
+            created: CreatedTask = offload(state.store.create_task, **new.creation(), claim=slot)
         except BaseException:
             if slot is not None:
                 self.adopt(None, early=early)

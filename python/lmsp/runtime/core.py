@@ -20,6 +20,7 @@ Per worker process, four real OS threads (also under gevent):
 The rooms share one :class:`~.state.WorkerState` (the runs, their lock, the
 wake-ups).
 """
+
 from __future__ import annotations
 
 import logging
@@ -27,21 +28,17 @@ import os
 import socket
 import time
 import weakref
-from typing import Any
 
 from .. import ids
 from ..config import RECOVERED_ENV
-from ..hubsafe import offload
-from ..contracts import ClaimRecord, CreatedTask
-from ..errors import ModelInUse
-from .changed_files import ChangedFiles
 from ._threads import RealThread, Wakeup, gevent_active
 from .admission import Admission
 from .committer import Committer
-from .registry import CHANGED, MISSING, ModelRegistry
+from .models import Models
+from .registry import ModelRegistry
 from .janitor import Janitor
 from .scheduler import Scheduler
-from .state import Run, WorkerState
+from .state import WorkerState
 from .watcher import Watcher
 
 log = logging.getLogger("lmsp.runtime")
@@ -55,11 +52,19 @@ def started() -> list["Runtime"]:
     return list(_started)
 
 
-class Runtime(ChangedFiles):
+class Runtime:
     """What the web layer drives: see the module docstring and ``lmsp.app``."""
 
-    def __init__(self, config, store, *, engine_factory=None, clock=time.time,
-                 prepare: bool | None = None, committer: type[Committer] | None = None) -> None:
+    def __init__(
+        self,
+        config,
+        store,
+        *,
+        engine_factory=None,
+        clock=time.time,
+        prepare: bool | None = None,
+        committer: type[Committer] | None = None,
+    ) -> None:
         """``prepare``: run :func:`lmsp.runtime.prepare` (start-up recovery...) in ``start()``;
         None decides from the environment (False when the gunicorn master already did).
         ``committer``: the class of the commit thread's room, :class:`Committer` unless
@@ -72,13 +77,28 @@ class Runtime(ChangedFiles):
         self.state = WorkerState(config, store, self.registry)
         self.waiters = self.state.waiters
         self.stats = self.state.stats
-        self.committer = (committer or Committer)(self.state, self._close_deleted)
-        self.scheduler = Scheduler(self.state, self.retire_changed)
+        self.models = Models(self.state)
+        self.committer = (committer or Committer)(self.state, self.models.close_deleted)
+        self.scheduler = Scheduler(self.state, self.models.retire_changed)
         self.admission = Admission(self.state)
         self.watcher = Watcher(self.state)
-        self.janitor = Janitor(self.state, self.check_model_files)
+        self.janitor = Janitor(self.state, self.models.check_files)
         self._threads: list[RealThread] = []
-        self._close_when_idle: set[str] = set()  # deleted models still in use here (under lock)
+        # what the rooms answer themselves
+        self.create_task = self.admission.create_task  # a request's task, created and started or queued
+        self.check_request = self.admission.check_request
+        self.reserve = self.admission.reserve  # ... and the steps of a creation, for the tests
+        self.start_early = self.admission.start_early
+        self.adopt = self.admission.adopt
+        self.wait_for_commit = self.watcher.wait_for_commit  # the waits of streams and plain requests
+        self.committed_events = self.committer.committed_events  # a commit's events, from memory
+        self.register_model = self.models.register  # the model registry (see .models)
+        self.load_model = self.models.load
+        self.unload_model = self.models.unload
+        self.delete_model = self.models.delete
+        self.model_object = self.models.object
+        self.list_models = self.models.objects
+        self.check_model_files = self.models.check_files
 
     @property
     def owner(self) -> str | None:
@@ -107,11 +127,14 @@ class Runtime(ChangedFiles):
         self.state.owner = f"{socket.gethostname()}:{os.getpid()}:{ids.new_id('wrk')[-10:]}"
         if self._prepare or (self._prepare is None and not os.environ.get(RECOVERED_ENV)):
             from .service import prepare
+
             prepare(self.config, self.store, registry=self.registry)
-        self._threads = [RealThread(self.scheduler.run, "lmsp-scheduler"),
-                         RealThread(self.committer.run, "lmsp-commit"),
-                         RealThread(self.watcher.run, "lmsp-watch"),
-                         RealThread(self.janitor.run, "lmsp-janitor")]
+        self._threads = [
+            RealThread(self.scheduler.run, "lmsp-scheduler"),
+            RealThread(self.committer.run, "lmsp-commit"),
+            RealThread(self.watcher.run, "lmsp-watch"),
+            RealThread(self.janitor.run, "lmsp-janitor"),
+        ]
         for thread in self._threads:
             thread.start()
         self.watcher.watching = True
@@ -207,135 +230,20 @@ class Runtime(ChangedFiles):
     def notify_queued(self) -> None:
         self.state.wake_scheduler()
 
-    def _wake_scheduler(self) -> None:
-        """Wake the scheduler to claim from the store (a task was queued or a slot came free)."""
-        self.state.claim_due = True
-        self.state.sched_wake.set()
-
-    def create_task(self, *, client_id: str | None, model: str, messages: list[dict[str, str]],
-                    request: dict[str, Any], on_restart: str, background: bool, stream: bool,
-                    idempotency: tuple[str, str] | None = None, max_unfinished: int | None = None) -> CreatedTask:
-        """Create a request's task and have it run (see :mod:`.admission`)."""
-        return self.admission.create_task(
-            client_id=client_id, model=model, messages=messages, request=request, on_restart=on_restart,
-            background=background, stream=stream, idempotency=idempotency, max_unfinished=max_unfinished)
-
-    def check_request(self, model_id: str, prompt_messages: list[dict[str, str]]) -> list[int] | None:
-        return self.admission.check_request(model_id, prompt_messages)
-
-    def reserve(self, model_id: str) -> tuple[str, float] | None:
-        return self.admission.reserve(model_id)
-
-    def start_early(self, model_id: str, tokens: list[int] | None, request: dict[str, Any],
-                    client_id: str | None = None) -> Run | None:
-        return self.admission.start_early(model_id, tokens, request, client_id)
-
-    def adopt(self, claim: ClaimRecord | None, tokens: list[int] | None = None, early: Run | None = None) -> None:
-        self.admission.adopt(claim, tokens, early)
-
     def notify_cancel(self, task_id: str) -> None:
+        """A cancel the store accepted: the task's sequence stops at the engine's next
+        step when this worker runs it (otherwise the lease renewal finds it)."""
         with self.state.lock:
             run = self.state.runs.get(task_id)
             if run is not None:
                 run.cancel = True
-                engine, seq = run.engine, run.seq
-        if run is not None and engine is not None and seq is not None:
-            try:
-                engine.cancel(seq)
-            except Exception as exc:  # closed engine: the renew loop settles it
-                log.debug("cancel of %s: %s", task_id, exc)
+        if run is not None:
+            run.cancel_sequence()
         self.waiters.notify([task_id])
 
     def commit_generation(self) -> int:
         """A number that changes with every commit this process announces (see wait_for_commit)."""
         return self.waiters.generation
-
-    def committed_events(self, task_id: str, after: int) -> list[dict] | None:
-        """The task's events after ``after`` from the latest commit this worker made
-        for it, when that commit wrote every one of them; None when it did not (or
-        when there is nothing new): then the store has them.
-
-        A stream of a task running here gets its events without reading them back:
-        they are the rows of a transaction that has committed, the same rows a read
-        would return, and no event is handed out before its commit.
-        """
-        return self.committer.committed_events(task_id, after)
-
-    def wait_for_commit(self, task_id: str, after_seq: int, timeout: float, since: int | None = None) -> None:
-        """Return once the task has events after ``after_seq`` (or on timeout); ``since``:
-        :meth:`commit_generation` read before the caller last read the events (see
-        :mod:`.watcher`)."""
-        self.watcher.wait_for_commit(task_id, after_seq, timeout, since)
-
-    # the model registry
-    def register_model(self, path: str, model_id: str | None = None, progress=None, *,
-                       confined: bool = True) -> dict:
-        return self._offload(self.registry.register, path, model_id, progress, confined=confined)
-
-    def load_model(self, model_id: str) -> dict:
-        self._offload(self.registry.load, model_id)
-        return self.registry.object(model_id)
-
-    def unload_model(self, model_id: str) -> dict:
-        self.store.get_model(model_id)  # NotFound
-        engine = self._detach_engine(model_id)
-        if engine is not None:
-            self._offload(self.registry.close_engine, model_id, engine)
-        return self.registry.object(model_id)
-
-    def delete_model(self, model_id: str) -> None:
-        self._refuse_if_busy(model_id)
-        self._offload(self._delete_model, model_id)
-
-    def _delete_model(self, model_id: str) -> None:
-        self.store.delete_model(model_id)  # ModelInUse while unfinished tasks need it
-        try:
-            engine = self._detach_engine(model_id)
-        except ModelInUse:  # a task that started meanwhile ends on it first
-            with self.state.lock:
-                self._close_when_idle.add(model_id)
-            log.info("model %s deleted while a task runs on it; it unloads when its tasks end", model_id)
-            return
-        if engine is not None:
-            self.registry.close_engine(model_id, engine)
-
-    def _close_deleted(self) -> None:
-        """Unload the engines of deleted models whose last tasks have ended (commit thread)."""
-        with self.state.lock:
-            pending = list(self._close_when_idle)
-        for model_id in pending:
-            try:
-                engine = self._detach_engine(model_id)
-            except ModelInUse:
-                continue
-            with self.state.lock:
-                self._close_when_idle.discard(model_id)
-            if engine is not None:
-                self.registry.close_engine(model_id, engine)
-
-    def _detach_engine(self, model_id: str):
-        """The model's engine, out of the registry once no task of this worker uses
-        it (ModelInUse otherwise): one step under the lock a task's start takes to
-        submit, so no task can start on an engine about to close."""
-        with self.state.lock:
-            self._check_idle(model_id)
-            return self.registry.detach(model_id)
-
-    def model_object(self, model_id: str) -> dict:
-        found = self.registry.object(model_id)
-        self._retire_if_changed([found])
-        return found
-
-    def list_models(self) -> list[dict]:
-        found = self.registry.objects()
-        self._retire_if_changed(found)
-        return found
-
-    def _retire_if_changed(self, models: list[dict]) -> None:
-        """Unload the models shown changed (or missing) that are still loaded here."""
-        for model in models:
-            if model["state"] in (CHANGED, MISSING) and self.registry.engine(model["id"]) is not None:
-                self._offload(self.retire_changed, model["id"])
 
     def metrics(self) -> dict:
         figures = self.stats.snapshot()
@@ -360,20 +268,3 @@ class Runtime(ChangedFiles):
         figures["waiting_requests"] = self.waiters.waiting()
         figures["ready"] = self.state.ready
         return figures
-
-    # helpers
-    def _refuse_if_busy(self, model_id: str) -> None:
-        """NotFound for an unknown model; ModelInUse while this worker runs tasks on it."""
-        self.store.get_model(model_id)
-        with self.state.lock:
-            self._check_idle(model_id)
-
-    def _check_idle(self, model_id: str) -> None:
-        """ModelInUse while this worker runs or starts tasks on the model (under _lock)."""
-        if any(r.model == model_id for r in (*self.state.runs.values(), *self.state.early)):
-            raise ModelInUse(f"model {model_id} is generating; cancel its tasks or wait for them")
-
-    @staticmethod
-    def _offload(fn, *args, **kwargs):
-        """Run blocking work (hashing, loading) off the gevent hub; plain call otherwise."""
-        return offload(fn, *args, **kwargs)

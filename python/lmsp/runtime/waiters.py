@@ -7,7 +7,10 @@ after each COMMIT; it never touches a greenlet directly: under gevent the
 wake-up goes through the hub's async watcher (thread-safe ``send()``), with
 plain threads through an OS lock used as a one-shot event.
 """
+
 from __future__ import annotations
+
+from typing import Any
 
 from ._threads import allocate_lock, gevent_active
 
@@ -48,18 +51,22 @@ class _GeventWaiter:
         return self.event.wait(max(0.0, timeout))
 
 
+Waiter = _ThreadWaiter | _GeventWaiter
+
+
 class CommitWaiters:
     """Per-task wait lists, woken after the commits that touch the task."""
 
     def __init__(self) -> None:
         self._lock = allocate_lock()
-        self._waiting: dict[str, set] = {}
-        self._async = None          # the hub's async watcher (gevent only)
-        self._hub_pending: list = []
-        self.generation = 0         # +1 at every notify (read without the lock: an int is atomic)
-        self.closed = False         # the worker stops: every wait returns at once
+        self._waiting: dict[str, set[Waiter]] = {}
+        self._async: Any = None  # the hub's async watcher (gevent only)
+        self._hub_pending: list[_GeventWaiter] = []
+        self.generation = 0  # +1 at every notify (read without the lock: an int is atomic)
+        self.closed = False  # the worker stops: every wait returns at once
 
-    def register(self, task_id: str):
+    def register(self, task_id: str) -> Waiter:
+        waiter: Waiter
         if gevent_active():
             self._ensure_async()
             waiter = _GeventWaiter(self)
@@ -91,7 +98,7 @@ class CommitWaiters:
 
     def notify(self, task_ids) -> None:
         """Wake everyone waiting on these tasks (any thread)."""
-        fire = []
+        fire: list[Waiter] = []
         with self._lock:
             self.generation += 1
             for task_id in task_ids:
