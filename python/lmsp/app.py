@@ -10,10 +10,11 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import falcon
 
+from lmsp.contracts import RuntimeAPI
 from lmsp.errors import LMSPError
 
 from .api import clients, models, openapi, responses, service, tasks
@@ -60,7 +61,7 @@ def routes(deps: Deps) -> list[tuple[str, object]]:
     ]
 
 
-def create_app(config, store, runtime, *, clock: Callable[[], float] = time.time,
+def create_app(config: Any, store: Any, runtime: RuntimeAPI, *, clock: Callable[[], float] = time.time,
                monotonic: Callable[[], float] = time.monotonic,
                random_seed: Callable[[], int] | None = None) -> falcon.App:
     """The WSGI app over ``store`` and ``runtime`` (both already open/started)."""

@@ -1,25 +1,44 @@
 """A scripted runtime for the few API tests that need a task held in a given
 state (running while a cancel arrives, idle streams for heartbeats). It drives
-the REAL store through the worker side of its API, like the real runtime."""
+the REAL store through the worker side of its API, like the real runtime.
+
+It implements the runtime's protocol as the API sees it
+(:class:`lmsp.contracts.RuntimeAPI`); mypy checks that it does
+(tests/api/test_fakes.py).
+"""
 from __future__ import annotations
 
 import time
+from typing import Any
 
-from lmsp.errors import ContextLengthExceeded, NotFound
+from lmsp.contracts import ClaimRecord, CreatedTask, NewTask, RuntimeAPI, StepOutcome
+from lmsp.errors import ContextLengthExceeded, InvalidRequest, NotFound
+from lmsp.store import Store
 
 OWNER = "scripted-worker"
 
 
 class ScriptedRuntime:
     ready = True
+    draining = False
+    streams_ending = False
+    watches_store = False  # its waits poll the store
 
-    def __init__(self, store, *, auto: bool = True, text: str = "Hello from the scripted worker") -> None:
+    def __init__(self, store: Store, *, auto: bool = True, text: str = "Hello from the scripted worker") -> None:
         self.store = store
         self.auto = auto
         self.text = text
         self.cancels: list[str] = []
+        self.checked: list[dict[str, str]] = []
 
     # what the web layer calls
+    def create_task(self, new: NewTask) -> CreatedTask:
+        self.check_request(new.model, new.messages)
+        created = self.store.create_task(**new.creation())
+        if created["replay"] is None:
+            self.notify_queued()
+        return created
+
     def notify_queued(self) -> None:
         if self.auto:
             for claim in self.start_all():
@@ -28,7 +47,13 @@ class ScriptedRuntime:
     def notify_cancel(self, task_id: str) -> None:
         self.cancels.append(task_id)
 
-    def wait_for_commit(self, task_id: str, after_seq: int, timeout: float) -> None:
+    def commit_generation(self) -> int:
+        return 0  # nothing is announced: every wait asks the store
+
+    def committed_events(self, task_id: str, after: int) -> list[dict[str, Any]] | None:
+        return None  # nothing kept in memory: the store has every event
+
+    def wait_for_commit(self, task_id: str, after_seq: int, timeout: float, since: int | None = None) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
@@ -38,51 +63,59 @@ class ScriptedRuntime:
                 return
             time.sleep(min(0.005, timeout))
 
-    def check_request(self, model_id: str, messages: list[dict]) -> list[int] | None:
+    def check_request(self, model_id: str, messages: list[dict[str, str]]) -> list[int] | None:
         self.checked = [dict(m) for m in messages]  # the prompt as the engine would get it
         n = sum(len(m["content"].split()) for m in messages)
         if n > 1000:
             raise ContextLengthExceeded(f"the prompt is {n} tokens; at most 1000 fit", param="input")
         return None
 
-    def model_object(self, model_id: str) -> dict:
+    def model_object(self, model_id: str) -> dict[str, Any]:
         model = dict(self.store.get_model(model_id))
         model.pop("path", None)
         return model
 
-    def list_models(self) -> list[dict]:
+    def list_models(self) -> list[dict[str, Any]]:
         return [self.model_object(m["id"]) for m in self.store.list_models()]
 
-    def load_model(self, model_id: str) -> dict:
+    def register_model(self, path: str, model_id: str | None = None) -> dict[str, Any]:
+        raise InvalidRequest("the scripted worker registers no model files", param="path")
+
+    def load_model(self, model_id: str) -> dict[str, Any]:
         self.store.set_model_state(model_id, "loaded")
         return self.model_object(model_id)
 
-    def unload_model(self, model_id: str) -> dict:
+    def unload_model(self, model_id: str) -> dict[str, Any]:
         self.store.set_model_state(model_id, "available")
         return self.model_object(model_id)
 
     def delete_model(self, model_id: str) -> None:
         self.store.delete_model(model_id)
 
-    def metrics(self) -> dict:
+    def metrics(self) -> dict[str, Any]:
         return {"tokens_generated": 3, "ttft_seconds": {"buckets": [[0.1, 1], [1.0, 2]], "sum": 0.6,
                                                         "count": 2}}
 
     # what a test drives
-    def start_all(self) -> list[dict]:
+    def start_all(self) -> list[ClaimRecord]:
         claims = self.store.claim(OWNER, limit=100, lease=60)
         for claim in claims:
             self.store.set_running(claim["task_id"], OWNER)
         return claims
 
-    def step(self, task_id: str, delta: str, finish: str | None = None) -> dict:
+    def step(self, task_id: str, delta: str, finish: str | None = None) -> StepOutcome:
         usage = {"input_tokens": 3, "output_tokens": len(delta.split())} if finish else None
         return self.store.append_step(OWNER, [{"task_id": task_id, "delta": delta, "tokens": [1],
                                                "finish": finish, "error": None, "usage": usage,
                                                "kv_path": None}])
 
-    def finish(self, task_id: str, text: str, finish: str = "stop") -> dict:
+    def finish(self, task_id: str, text: str, finish: str = "stop") -> StepOutcome:
         words = text.split(" ")
         for word in words[:-1]:
             self.step(task_id, word + " ")
         return self.step(task_id, words[-1], finish)
+
+
+def _implements_the_protocol(store: Store) -> RuntimeAPI:
+    """Never called: mypy checks that the scripted runtime is a RuntimeAPI (tests/api/test_fakes.py)."""
+    return ScriptedRuntime(store)

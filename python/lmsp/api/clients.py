@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import unicodedata
-from typing import Any
+from typing import Any, TypeVar
 
 import falcon
 
@@ -26,8 +26,10 @@ def client_object(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_Name = TypeVar("_Name", str, str | None)
 
-def _printable(value: str | None, param: str) -> str | None:
+
+def _printable(value: _Name, param: str) -> _Name:
     """A name shown in listings and on the operator's terminal (``lmsp clients``):
     no control characters, which could drive that terminal."""
     if value is not None and any(unicodedata.category(ch) == "Cc" for ch in value):

@@ -12,19 +12,29 @@ import math
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any, Callable, Literal, NoReturn, overload
 
 import falcon
 
 from lmsp.auth import is_admin
+from lmsp.contracts import RuntimeAPI
 from lmsp.hubsafe import gevent_active
 from lmsp.errors import (InvalidJSON, InvalidRequest, NotFound, PayloadTooLarge, RequestTimeout,
                          UnsupportedMediaType)
 
-try:  # what gunicorn raises while it reads a body for the app: a malformed chunked body, a body cut short
-    from gunicorn.http.errors import NoMoreData as _BodyCutShort, ParseException as _MalformedBody
+# what gunicorn raises while it reads a body for the app: a body cut short, a malformed chunked body
+_BodyCutShort: tuple[type[Exception], ...] = ()
+_MalformedBody: tuple[type[Exception], ...] = ()
+try:
+    from gunicorn.http.errors import NoMoreData, ParseException
+
+    _BodyCutShort, _MalformedBody = (NoMoreData,), (ParseException,)
 except ImportError:  # pragma: no cover - another WSGI server
-    _BodyCutShort = _MalformedBody = ()
+    pass
+
+if TYPE_CHECKING:
+    from lmsp.store import Store
 
 log = logging.getLogger("lmsp.api")
 
@@ -34,22 +44,29 @@ SSE_TYPE = "text/event-stream"
 
 @dataclass
 class Deps:
-    """The explicit dependencies of the web layer."""
+    """The explicit dependencies of the web layer. ``store``: the store (under gevent
+    through :func:`lmsp.hubsafe.hub_safe`, which calls the same methods off the hub)."""
 
     config: Any
-    store: Any
-    runtime: Any
+    store: Store
+    runtime: RuntimeAPI
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
     random_seed: Callable[[], int] = None  # type: ignore[assignment]
     http_metrics: Any = None
 
-    def body(self, req: falcon.Request, *, optional: bool = False) -> dict | None:
-        """The request's JSON object body, within the configured size and time limits."""
-        return read_json(req, self.config.max_body_bytes, optional=optional,
-                         timeout=self.config.body_timeout)
+    @overload
+    def body(self, req: falcon.Request, *, optional: Literal[False] = False) -> dict[str, Any]: ...
 
-    def no_body(self, req: falcon.Request) -> dict | None:
+    @overload
+    def body(self, req: falcon.Request, *, optional: bool) -> dict[str, Any] | None: ...
+
+    def body(self, req: falcon.Request, *, optional: bool = False) -> dict[str, Any] | None:
+        """The request's JSON object body, within the configured size and time limits
+        (with ``optional``, None for an empty body)."""
+        return read_json(req, self.config.max_body_bytes, optional=optional, timeout=self.config.body_timeout)
+
+    def no_body(self, req: falcon.Request) -> dict[str, Any] | None:
         """The body of a POST that takes no fields: none, or an empty object."""
         body = self.body(req, optional=True)
         if body:
@@ -144,7 +161,7 @@ def _read_with_deadline(req: falcon.Request, size: int, timeout: float | None) -
 
 
 def read_json(req: falcon.Request, max_bytes: int, *, optional: bool = False,
-              timeout: float | None = None) -> dict | None:
+              timeout: float | None = None) -> dict[str, Any] | None:
     """The request's JSON object body.
 
     With ``optional``, an empty body (any or no content type) gives None; a
@@ -182,7 +199,7 @@ def read_json(req: falcon.Request, max_bytes: int, *, optional: bool = False,
     return body
 
 
-def _reject_constant(name: str):
+def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not valid JSON")
 
 
@@ -196,7 +213,7 @@ def _parse_int(digits: str) -> int:
                           "no field takes a number that long") from None
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """An object of the body: a key given twice is refused (parsers disagree on which value counts)."""
     out = dict(pairs)
     if len(out) != len(pairs):
@@ -212,7 +229,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
 MAX_DEPTH = 32  # arrays and objects within one another; a request of B.5 needs 5
 
 
-def _check_parsed(body: dict, text: str) -> None:
+def _check_parsed(body: dict[str, Any], text: str) -> None:
     """What ``json.loads`` lets through and nothing downstream can take: a lone
     surrogate escape (``"\\ud800"``: a string no UTF-8 file, database or answer
     can hold) and nesting deeper than :data:`MAX_DEPTH`. The body is walked only
@@ -220,18 +237,17 @@ def _check_parsed(body: dict, text: str) -> None:
     surrogates = "\\ud" in text or "\\uD" in text
     if not surrogates and text.count("[") + text.count("{") <= MAX_DEPTH:
         return
-    stack = [(body, 1)]
+    stack: list[tuple[Any, int]] = [(body, 1)]
     while stack:
         value, depth = stack.pop()
         if isinstance(value, (dict, list)):
             if depth > MAX_DEPTH:
                 raise InvalidJSON(f"the request body is nested more than {MAX_DEPTH} levels deep")
-            if isinstance(value, dict):
-                if surrogates:
-                    for key in value:
-                        _check_text(key)
-                value = value.values()
-            stack.extend((item, depth + 1) for item in value)
+            if isinstance(value, dict) and surrogates:
+                for key in value:
+                    _check_text(key)
+            items = value.values() if isinstance(value, dict) else value
+            stack.extend((item, depth + 1) for item in items)
         elif surrogates and isinstance(value, str):
             _check_text(value)
 
@@ -249,15 +265,18 @@ def _check_text(value: str) -> None:
 _MISSING = object()
 
 
-def reject_unknown(body: dict, allowed, *, where: str = "") -> None:
+def reject_unknown(body: dict[str, Any], allowed: Collection[str], *, where: str = "") -> None:
     for key in body:
         if key not in allowed:
             name = f"{where}{key}"
             raise InvalidRequest(f"unknown field {name!r}", param=name)
 
 
-def get_str(body: dict, name: str, *, required: bool = False, default=None, max_len: int = 10_000,
-            allow_empty: bool = False, param: str | None = None):
+# The field getters return Any: the value's type (str, int, float), or whatever the default is.
+
+
+def get_str(body: dict[str, Any], name: str, *, required: bool = False, default: Any = None, max_len: int = 10_000,
+            allow_empty: bool = False, param: str | None = None) -> Any:
     value = body.get(name, _MISSING)
     param = param or name
     if value is _MISSING or value is None:
@@ -273,8 +292,8 @@ def get_str(body: dict, name: str, *, required: bool = False, default=None, max_
     return value
 
 
-def get_int(body: dict, name: str, *, default=None, minimum=None, maximum=None,
-            param: str | None = None):
+def get_int(body: dict[str, Any], name: str, *, default: Any = None, minimum: float | None = None,
+            maximum: float | None = None, param: str | None = None) -> Any:
     value = body.get(name, _MISSING)
     param = param or name
     if value is _MISSING or value is None:
@@ -287,8 +306,9 @@ def get_int(body: dict, name: str, *, default=None, minimum=None, maximum=None,
     return value
 
 
-def get_number(body: dict, name: str, *, default=None, minimum=None, maximum=None,
-               exclusive_minimum=None, param: str | None = None):
+def get_number(body: dict[str, Any], name: str, *, default: Any = None, minimum: float | None = None,
+               maximum: float | None = None, exclusive_minimum: float | None = None,
+               param: str | None = None) -> Any:
     value = body.get(name, _MISSING)
     param = param or name
     if value is _MISSING or value is None:
@@ -307,7 +327,7 @@ def get_number(body: dict, name: str, *, default=None, minimum=None, maximum=Non
     return value
 
 
-def get_bool(body: dict, name: str, *, default: bool = False, param: str | None = None) -> bool:
+def get_bool(body: dict[str, Any], name: str, *, default: bool = False, param: str | None = None) -> bool:
     value = body.get(name, _MISSING)
     param = param or name
     if value is _MISSING or value is None:
@@ -317,7 +337,7 @@ def get_bool(body: dict, name: str, *, default: bool = False, param: str | None 
     return value
 
 
-def _check_range(value, minimum, maximum, param):
+def _check_range(value: float, minimum: float | None, maximum: float | None, param: str) -> None:
     if minimum is not None and value < minimum:
         raise InvalidRequest(f"{param!r} must be at least {minimum}", param=param)
     if maximum is not None and value > maximum:
@@ -326,7 +346,8 @@ def _check_range(value, minimum, maximum, param):
 
 # -- query parameters -------------------------------------------------------
 
-def query_str(req: falcon.Request, name: str, *, choices=None, default=None):
+def query_str(req: falcon.Request, name: str, *, choices: Collection[str] | None = None,
+              default: str | None = None) -> str | None:
     values = req.get_param_as_list(name)
     if not values:
         return default
@@ -343,7 +364,9 @@ INT64_MAX = 2**63 - 1  # the store's integers are SQLite's: 64 bits
 _DECIMAL = re.compile(r"-?[0-9]{1,30}")
 
 
-def query_int(req: falcon.Request, name: str, *, default=None, minimum=None, maximum=INT64_MAX):
+def query_int(req: falcon.Request, name: str, *, default: Any = None, minimum: int | None = None,
+              maximum: int = INT64_MAX) -> Any:
+    """The parameter as an integer (Any: an int, or the default)."""
     raw = query_str(req, name)
     if raw is None:
         return default
@@ -382,8 +405,9 @@ def header_int(req: falcon.Request, name: str) -> int | None:
 
 # -- identity ---------------------------------------------------------------
 
-def caller(req: falcon.Request) -> dict:
-    return req.context.client
+def caller(req: falcon.Request) -> dict[str, Any]:
+    client: dict[str, Any] = req.context.client
+    return client
 
 
 def owner_filter(req: falcon.Request) -> str | None:

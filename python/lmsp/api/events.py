@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Iterator, Literal
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal
 
 import falcon
 
+from lmsp.contracts import RuntimeAPI
 from lmsp.errors import LMSPError, Unauthorized, Unavailable
 
 from .common import SSE_TYPE, dumps
 from .middleware import error_frame
+
+if TYPE_CHECKING:
+    from lmsp.store import Store
 
 log = logging.getLogger("lmsp.api")
 
@@ -61,7 +65,7 @@ def start_sse(resp: falcon.Response, stream: Iterator[bytes], status: int = 200,
     resp.stream = stream
 
 
-def event_stream(store: Any, runtime: Any, task_id: str, *, after: int = 0, client_id: str | None = None,
+def event_stream(store: Store, runtime: RuntimeAPI, task_id: str, *, after: int = 0, client_id: str | None = None,
                  heartbeat: float = 15.0, on_abandon: Callable[[], None] | None = None,
                  monotonic: Callable[[], float] = time.monotonic,
                  poll: float = POLL_SECONDS,
@@ -94,13 +98,9 @@ def event_stream(store: Any, runtime: Any, task_id: str, *, after: int = 0, clie
 
 
 class _Stream:
-    """One stream's reads and waits, and where it stands between them.
+    """One stream's reads and waits, and where it stands between them."""
 
-    The store and the runtime are duck-typed: a runtime may lack
-    ``commit_generation``, ``committed_events``, ``watches_store`` and
-    ``streams_ending`` (the stream then polls the store)."""
-
-    def __init__(self, store: Any, runtime: Any, task_id: str, *, after: int, client_id: str | None,
+    def __init__(self, store: Store, runtime: RuntimeAPI, task_id: str, *, after: int, client_id: str | None,
                  monotonic: Callable[[], float], poll: float, authorized: Callable[[], bool] | None) -> None:
         self.store = store
         self.runtime = runtime
@@ -109,13 +109,10 @@ class _Stream:
         self.monotonic = monotonic
         self.poll = poll
         self.authorized = authorized
-        self.generation: Callable[[], Any] | None = getattr(runtime, "commit_generation", None)
-        self.committed: Callable[[str, int], list[dict[str, Any]]] | None = getattr(
-            runtime, "committed_events", None)
         self.last = after  # the last sequence number sent
         self.wake_at = after  # the sequence number whose successor's commit wakes the stream
         self.checked = False  # the store has answered once: the task exists and the client may read it
-        self.since: Any = None  # the runtime's commit generation before the last read
+        self.since = runtime.commit_generation()  # the runtime's commit generation before the last read
         self.finished = False  # ended on purpose (not abandoned by its reader)
         self.busy_since: float | None = None
         self.last_write = self.last_auth = monotonic()
@@ -143,7 +140,7 @@ class _Stream:
                 if state == "done":
                     self.finished = True
                     return
-            if getattr(self.runtime, "streams_ending", False):
+            if self.runtime.streams_ending:
                 self.finished = True  # not abandoned: the task runs on, or follows its restart policy
                 yield stopping_frame(self.last)
                 return
@@ -169,8 +166,8 @@ class _Stream:
     def read(self) -> dict[str, Any] | None:
         """The next page of events after ``last``; None when the store was busy (after a pause)."""
         try:
-            self.since = self.generation() if self.generation is not None else None
-            fresh = self.committed(self.task_id, self.last) if self.checked and self.committed is not None else None
+            self.since = self.runtime.commit_generation()
+            fresh = self.runtime.committed_events(self.task_id, self.last) if self.checked else None
             if fresh:
                 page: dict[str, Any] = {"data": fresh, "has_more": False}
             else:
@@ -201,15 +198,11 @@ class _Stream:
     def wait(self, heartbeat: float, idle: float) -> None:
         """Until the task's next commit, or the next heartbeat: a runtime that watches the
         store wakes the stream when its task moves; otherwise the stream polls."""
-        if getattr(self.runtime, "watches_store", False):
+        if self.runtime.watches_store:
             wait = heartbeat - idle
         else:
             wait = min(self.poll, heartbeat - idle)
-        wait = max(0.001, wait)
-        if self.since is None:
-            self.runtime.wait_for_commit(self.task_id, self.wake_at, wait)
-        else:
-            self.runtime.wait_for_commit(self.task_id, self.wake_at, wait, since=self.since)
+        self.runtime.wait_for_commit(self.task_id, self.wake_at, max(0.001, wait), since=self.since)
 
 
 def _busy(exc: Unavailable, since: float | None, monotonic: Callable[[], float], poll: float) -> float:

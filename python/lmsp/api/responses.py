@@ -10,11 +10,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterator
 
 import falcon
 
 from lmsp.auth import is_admin
+from lmsp.contracts import CreatedTask, NewTask
 from lmsp.errors import (InvalidRequest, LMSPError, ModelChanged, NotFound, TaskFinished,
                          Unavailable)
 
@@ -43,18 +45,15 @@ WATCHED_WAIT_SECONDS = 5.0    # a wait the runtime ends when the task moves; the
 STOPPING_RETRY_AFTER = 5      # Retry-After of a plain request whose task outlives the worker's stop
 
 
-@dataclass
-class CreateRequest:
-    model: str
-    messages: list[dict]
-    request: dict
-    on_restart: str
-    background: bool
-    stream: bool
-    store: bool
+@dataclass(frozen=True)
+class CreateRequest(NewTask):
+    """A request of B.5 as checked: the task to create (its client and its creation's
+    options are the caller's, set by :meth:`ResponsesService.create`), and ``store``."""
+
+    store: bool = True
 
 
-def _content_text(content, param: str) -> str:
+def _content_text(content: Any, param: str) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -80,7 +79,7 @@ def _check_nul(text: str, param: str) -> str:
     return text
 
 
-def parse_messages(value) -> list[dict]:
+def parse_messages(value: Any) -> list[dict[str, str]]:
     """``input``: a string (one user message) or a list of messages."""
     if isinstance(value, str):
         if len(value) > MAX_TEXT:
@@ -113,7 +112,7 @@ def parse_messages(value) -> list[dict]:
     return messages
 
 
-def parse_stop(value) -> list[str]:
+def parse_stop(value: Any) -> list[str]:
     if value is None:
         return []
     items = [value] if isinstance(value, str) else value
@@ -128,7 +127,7 @@ def parse_stop(value) -> list[str]:
     return list(items)
 
 
-def parse_metadata(value) -> dict:
+def parse_metadata(value: Any) -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -144,7 +143,7 @@ def parse_metadata(value) -> dict:
     return dict(value)
 
 
-def parse_create(body: dict, config, random_seed) -> CreateRequest:
+def parse_create(body: dict[str, Any], config: Any, random_seed: Callable[[], int]) -> CreateRequest:
     """Check every field of B.5 and fill the defaults; raises InvalidRequest."""
     reject_unknown(body, FIELDS)
     model = get_str(body, "model", required=True, max_len=256)
@@ -189,7 +188,7 @@ def parse_create(body: dict, config, random_seed) -> CreateRequest:
         "on_restart": on_restart,
         "metadata": parse_metadata(body.get("metadata")),
     }
-    return CreateRequest(model=model, messages=messages, request=request, on_restart=on_restart,
+    return CreateRequest(client_id=None, model=model, messages=messages, request=request, on_restart=on_restart,
                          background=background, stream=stream, store=store)
 
 
@@ -200,11 +199,11 @@ class ResponsesService:
         self.deps = deps
 
     def create(self, client_id: str, parsed: CreateRequest,
-               idempotency_key: tuple[str, str] | None = None, *, limited: bool = True) -> dict:
+               idempotency_key: tuple[str, str] | None = None, *, limited: bool = True) -> CreatedTask:
         """``limited``: the client's unfinished tasks are capped (``max_unfinished_per_client``;
         an admin's are not)."""
         runtime = self.deps.runtime
-        if not getattr(runtime, "ready", False) or getattr(runtime, "draining", False):
+        if not runtime.ready or runtime.draining:
             raise Unavailable("the service is starting or shutting down; retry shortly", retry_after=1)
         try:
             model = runtime.model_object(parsed.model)
@@ -216,48 +215,29 @@ class ResponsesService:
         if model.get("state") == "missing":  # as a changed file: refused now, not a task that fails
             raise ModelChanged(f"the file of model {parsed.model!r} is missing from the models directory;"
                                " put it back or register the model again", param="model")
-        tokens = runtime.check_request(parsed.model, parsed.messages)
-        reserve = getattr(runtime, "reserve", None)
-        slot = reserve(parsed.model) if reserve is not None else None
-        early = None
-        try:
-            if slot is not None:
-                # the prefill runs while the task commits; nothing of it is out before
-                early = runtime.start_early(parsed.model, tokens, parsed.request, client_id)
-            result = self.deps.store.create_task(
-                client_id=client_id, model=parsed.model, request=parsed.request,
-                on_restart=parsed.on_restart, background=parsed.background, stream=parsed.stream,
-                idempotency=idempotency_key, claim=slot,
-                max_unfinished=(self.deps.config.max_unfinished_per_client or None) if limited else None)
-        except BaseException:
-            if slot is not None:
-                runtime.adopt(None, early=early)
-            raise
-        if slot is not None:
-            runtime.adopt(result.get("claim"), tokens, early=early)
-        if result.get("replay") is None and result.get("claim") is None:
-            runtime.notify_queued()
-        return result
+        cap = (self.deps.config.max_unfinished_per_client or None) if limited else None
+        return runtime.create_task(replace(parsed, client_id=client_id, idempotency=idempotency_key,
+                                           max_unfinished=cap))
 
-    def wait_finished(self, task_id: str, client_id: str | None) -> dict:
+    def wait_finished(self, task_id: str, client_id: str | None) -> dict[str, Any]:
         """Block (cooperatively) until the task is finished; its Task object."""
         store = self.deps.store
         while True:
             task = store.get_task(task_id, client_id)
             if task["status"] in FINISHED_TASK_STATES:
                 return task
-            if getattr(self.deps.runtime, "streams_ending", False):
+            if self.deps.runtime.streams_ending:
                 raise Unavailable(f"the service is stopping; response {task['response_id']} goes on after "
                                   "its restart: fetch it then", retry_after=STOPPING_RETRY_AFTER)
             self._wait_past(task)
 
-    def _wait_past(self, task: dict) -> None:
+    def _wait_past(self, task: dict[str, Any]) -> None:
         """Until the task's next event (or a while: woken by the runtime's watch, else polled)."""
         runtime = self.deps.runtime
         runtime.wait_for_commit(task["id"], task["last_sequence_number"],
-                                WATCHED_WAIT_SECONDS if getattr(runtime, "watches_store", False) else POLL_SECONDS)
+                                WATCHED_WAIT_SECONDS if runtime.watches_store else POLL_SECONDS)
 
-    def cancel(self, any_id: str, client_id: str | None) -> dict:
+    def cancel(self, any_id: str, client_id: str | None) -> dict[str, Any]:
         """B.7 cancel of a response's or a task's task; the Task object."""
         task = self.deps.store.cancel(any_id, client_id)
         self.deps.runtime.notify_cancel(task["id"])
@@ -281,7 +261,7 @@ class ResponsesService:
 
     def stream(self, task_id: str, client_id: str | None, *, after: int = 0,
                cancel_on_abandon: bool = False, forget_response: str | None = None,
-               caller_id: str | None = None):
+               caller_id: str | None = None) -> Iterator[bytes]:
         """``client_id``: whose task it must be (None: any, for an admin); ``caller_id``:
         who reads it, whose revocation ends the stream."""
         deps = self.deps
@@ -295,7 +275,8 @@ class ResponsesService:
             return frames
         return self._then_forget(frames, task_id, forget_response, client_id)
 
-    def _then_forget(self, frames, task_id, response_id, client_id):
+    def _then_forget(self, frames: Iterator[bytes], task_id: str, response_id: str,
+                     client_id: str | None) -> Iterator[bytes]:
         try:
             yield from frames
         except GeneratorExit:  # the client left: its task was cancelled, forget it once it ends
@@ -323,13 +304,13 @@ class ResponsesService:
             if task["status"] in FINISHED_TASK_STATES:
                 self.forget(response_id, client_id)
                 return
-            if getattr(self.deps.runtime, "streams_ending", False):
+            if self.deps.runtime.streams_ending:
                 break  # the worker stops
             self._wait_past(task)
         log.info("response %s not deleted after its client left: its task did not end", response_id)
 
 
-def _replayed(headers: dict | None = None) -> dict:
+def _replayed(headers: dict[str, str] | None = None) -> dict[str, str]:
     out = {idempotency.REPLAYED: "true"}
     out.update(headers or {})
     return out
@@ -361,6 +342,7 @@ class ResponsesResource:
             set_json(resp, replay[1], replay[0], _replayed())
             return
         response = result["response"] if replay is None else replay[1]
+        assert response is not None  # a new task's, or the replayed one's (its task is there)
         response_id = response["id"]
         task_id = response["task"]["id"]
         location = {"Location": f"/v1/responses/{response_id}"}
@@ -409,7 +391,8 @@ def stream_start(req: falcon.Request, param: str) -> int:
     last_event_id = header_int(req, "Last-Event-ID")
     if last_event_id is not None:
         return last_event_id
-    return query_int(req, param, default=0, minimum=0)
+    start: int = query_int(req, param, default=0, minimum=0)
+    return start
 
 
 class ResponseResource:
@@ -452,7 +435,7 @@ class ResponseCancelResource:
         body = self.deps.no_body(req)
         owner = owner_filter(req)
 
-        def act():
+        def act() -> idempotency.Answer:
             self.service.cancel(response_id, owner)
             return 200, self.deps.store.get_response(response_id, owner)
 

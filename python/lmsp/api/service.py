@@ -64,35 +64,11 @@ class ReadyResource:
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         runtime = self.deps.runtime
-        if not getattr(runtime, "ready", False) or getattr(runtime, "draining", False):
+        if not runtime.ready or runtime.draining:
             raise Unavailable("the service is starting or stopping", retry_after=1)
         set_json(resp, {"status": "ready"})
 
     on_head = on_get
-
-
-UNFINISHED_STATES = ("queued", "loading", "running", "cancelling")
-
-
-def task_counts(store: Any) -> dict[str, int]:
-    """Tasks by state: the store's own count (every state) when it has one, else the
-    unfinished states counted through the task listing."""
-    counter = getattr(store, "task_counts", None)
-    counts: dict[str, int]
-    if counter is not None:
-        counts = counter()
-        return counts
-    counts = {}
-    for state in UNFINISHED_STATES:
-        n, after = 0, None
-        while True:
-            page = store.list_tasks(None, status=state, limit=100, after=after)
-            n += len(page["data"])
-            if not page["has_more"]:
-                break
-            after = page["last_id"]
-        counts[state] = n
-    return counts
 
 
 class MetricsResource:
@@ -103,18 +79,15 @@ class MetricsResource:
         deps = self.deps
         counts = None
         try:
-            counts = task_counts(deps.store)
+            counts = deps.store.task_counts()
         except LMSPError as exc:  # a locked store must not break scraping
             log.warning("task counts unavailable for /metrics: %s", exc.message)
-        runtime_figures = None
-        figures = getattr(deps.runtime, "metrics", None)
-        if figures is not None:
-            runtime_figures = figures()
+        runtime_figures = deps.runtime.metrics()
         resp.status = 200
         resp.content_type = prom.CONTENT_TYPE
         resp.text = prom.render(task_counts=counts, runtime_metrics=runtime_figures,
                                 http=deps.http_metrics,
-                                ready=bool(getattr(deps.runtime, "ready", False)))
+                                ready=deps.runtime.ready)
 
     on_head = on_get
 
