@@ -17,7 +17,7 @@ import falcon
 from lmsp.contracts import RuntimeAPI
 from lmsp.errors import LMSPError
 
-from .api import clients, models, openapi, responses, service, tasks
+from .api import clients, health, models, openapi, responses, tasks
 from .api.common import Deps
 from .api.logs import configure_logging
 from .api.metrics import HttpMetrics
@@ -38,11 +38,11 @@ def routes(deps: Deps) -> list[tuple[str, object]]:
     """Every route of the API with its resource (also read by the OpenAPI test)."""
     svc = responses.ResponsesService(deps)
     return [
-        ("/v1/service", service.ServiceResource(deps)),
-        ("/healthz", service.HealthResource()),
-        ("/readyz", service.ReadyResource(deps)),
-        ("/metrics", service.MetricsResource(deps)),
-        ("/openapi.json", service.OpenAPIResource(openapi.document())),
+        ("/v1/service", health.ServiceResource(deps)),
+        ("/healthz", health.HealthResource()),
+        ("/readyz", health.ReadyResource(deps)),
+        ("/metrics", health.MetricsResource(deps)),
+        ("/openapi.json", health.OpenAPIResource(openapi.document())),
         ("/v1/pairings", clients.PairingsResource(deps)),
         ("/v1/pair", clients.PairResource(deps)),
         ("/v1/clients", clients.ClientsResource(deps)),
@@ -89,7 +89,7 @@ def get_app(*, committer: type[Committer] | None = None) -> falcon.App:
     from lmsp import config as config_mod
     from lmsp.hubsafe import hub_safe
     from lmsp.runtime import Runtime
-    from lmsp.runtime.service import open_store
+    from lmsp.runtime.startup import open_store
 
     config = config_mod.load()
     configure_logging(config.log_level)

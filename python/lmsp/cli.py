@@ -65,7 +65,7 @@ def _database(cfg):
 
 def _open_store(cfg):
     from .runtime import open_store
-    from .runtime.service import ensure_dirs
+    from .runtime.startup import ensure_dirs
 
     _database(cfg)
     ensure_dirs(cfg)
@@ -176,7 +176,7 @@ def _served_model(cfg, default: str | None) -> str | None:
 # ---------------------------------------------------------------------- prepare
 def cmd_prepare(args) -> int:
     from lmsp.datadir import DataDirInUse, hold_data_dir
-    from lmsp.runtime.service import StartupError, open_store, prepare
+    from lmsp.runtime.startup import StartupError, open_store, prepare
 
     cfg = _load_config(args)
     try:

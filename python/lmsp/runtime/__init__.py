@@ -7,7 +7,7 @@
 from .core import RECOVERED_ENV, Runtime
 from .prompt import messages_for, render, sampling
 from .registry import ModelRegistry, file_digest, model_object
-from .service import bootstrap_admin, open_store, prepare
+from .startup import bootstrap_admin, open_store, prepare
 
 __all__ = [
     "RECOVERED_ENV",

@@ -126,7 +126,7 @@ class Runtime:
             return
         self.state.owner = f"{socket.gethostname()}:{os.getpid()}:{ids.new_id('wrk')[-10:]}"
         if self._prepare or (self._prepare is None and not os.environ.get(RECOVERED_ENV)):
-            from .service import prepare
+            from .startup import prepare
 
             prepare(self.config, self.store, registry=self.registry)
         self._threads = [
