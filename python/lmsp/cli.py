@@ -402,7 +402,7 @@ def cmd_doctor(args) -> int:
 
 # ---------------------------------------------------------------------- quantize
 def cmd_quantize(args) -> int:
-    from . import native
+    from .runtime.quantize import quantize_file
 
     src = _model_path(_load_config(args), args.src)
     folder = os.path.dirname(os.path.abspath(args.dst))
@@ -414,9 +414,8 @@ def cmd_quantize(args) -> int:
         raise CommandError(f"{args.dst} exists (--force replaces it)")
     started = time.monotonic()
     try:
-        native.quantize(src, args.dst, args.type.lower(), args.threads)  # Q8_0 as `lmsp models` shows it
-        info = native.read_gguf_info(args.dst)
-    except native.NativeError as exc:
+        info = quantize_file(src, args.dst, args.type.lower(), args.threads)  # Q8_0 as `lmsp models` shows it
+    except ValueError as exc:  # refused by the engine
         raise CommandError(str(exc)) from None
     out = {"path": os.path.abspath(args.dst), "quantization": info["quantization"], "size_bytes": info["size_bytes"],
            "source_bytes": os.path.getsize(src), "seconds": round(time.monotonic() - started, 2)}
