@@ -1,24 +1,25 @@
 """The worker runtime: the facade over the rooms between the store and the engine.
 
-Per worker process, four real OS threads (also under gevent):
+Per worker process, four real OS threads (also under gevent), each the loop of
+a room of its own:
 
-* the **scheduler thread** claims queued tasks up to the free engine slots
-  (a request that finds a free slot and its model loaded has its task claimed
-  in the transaction that creates it: :meth:`Runtime.reserve`),
-  loads the model when needed (task ``loading``), renders the prompt and
-  submits it to the engine (task ``running``), resuming recovered tasks from
-  their snapshot;
+* the **scheduler thread** (:mod:`.scheduler`) claims queued tasks up to the
+  free engine slots, loads the model when needed (task ``loading``), renders
+  the prompt and submits it to the engine (task ``running``), resuming
+  recovered tasks from their snapshot;
 * the **commit thread** (:mod:`.committer`) writes the engines' results to the
   store in group commits, wakes the requests waiting for them, renews the
   leases and recovers the tasks of dead workers;
-* the **watch thread** serves the requests that wait for the events of a task
-  this worker does not run (queued, or run by another worker): one read of
-  every such task's sequence counter per round, instead of one per waiting
-  request, and it wakes those whose task moved;
-* the **janitor thread** applies retention and checks the loaded models' files.
+* the **watch thread** (:mod:`.watcher`) serves the requests that wait for the
+  events of a task this worker does not run (queued, or run by another
+  worker): one read of every such task's sequence counter per round, instead
+  of one per waiting request, and it wakes those whose task moved;
+* the **janitor thread** (:mod:`.janitor`) applies retention and checks the
+  loaded models' files.
 
-The rooms share one :class:`~.state.WorkerState` (the runs, their lock, the
-wake-ups).
+A request's task comes in through :mod:`.admission` (claimed at its creation
+when a slot is free); the model operations are :mod:`.models`'. The rooms share
+one :class:`~.state.WorkerState` (the runs, their lock, the wake-ups).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import os
 import socket
 import time
 import weakref
+from typing import Any
 
 from .. import ids
 from ..config import RECOVERED_ENV
@@ -42,7 +44,6 @@ from .state import WorkerState
 from .watcher import Watcher
 
 log = logging.getLogger("lmsp.runtime")
-
 
 _started: "weakref.WeakSet[Runtime]" = weakref.WeakSet()
 
@@ -245,7 +246,7 @@ class Runtime:
         """A number that changes with every commit this process announces (see wait_for_commit)."""
         return self.waiters.generation
 
-    def metrics(self) -> dict:
+    def metrics(self) -> dict[str, Any]:
         figures = self.stats.snapshot()
         with self.state.lock:
             runs = list(self.state.runs.values())
