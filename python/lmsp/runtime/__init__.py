@@ -4,6 +4,7 @@
 ``prepare`` runs once per service start (the gunicorn master, or
 ``Runtime.start()`` when serving without gunicorn).
 """
+
 from .core import RECOVERED_ENV, Runtime
 from .prompt import messages_for, render, sampling
 from .registry import ModelRegistry, file_digest, model_object

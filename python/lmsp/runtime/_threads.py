@@ -10,6 +10,7 @@ Wake-ups *into* a real thread go through a pipe (a greenlet writes one byte,
 which never blocks the hub). Wake-ups *out of* a real thread into greenlets go
 through the hub's async watcher (see :mod:`lmsp.runtime.waiters`).
 """
+
 from __future__ import annotations
 
 import errno
@@ -42,7 +43,7 @@ _poll = original("select", "poll")
 _POLLIN = 0x001
 
 
-_names: dict[int, str] = {}   # ident -> name of the live RealThreads (for stack dumps)
+_names: dict[int, str] = {}  # ident -> name of the live RealThreads (for stack dumps)
 _get_ident = original("_thread", "get_ident")
 
 

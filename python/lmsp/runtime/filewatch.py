@@ -12,6 +12,7 @@ metadata changed, or is renamed or deleted, so that a thread sleeping on it
 checks at once; where inotify is missing it has no descriptor and the caller
 polls the identities instead.
 """
+
 from __future__ import annotations
 
 import ctypes

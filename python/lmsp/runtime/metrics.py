@@ -1,4 +1,5 @@
 """In-process figures for ``/metrics`` (the web layer renders them)."""
+
 from __future__ import annotations
 
 from ..contracts import EngineTimings

@@ -4,6 +4,7 @@ The prompt is the model's own chat template rendered by llama.cpp's Jinja
 engine and tokenized as llama-server does it (``Engine.chat_prompt``); a model
 without a template gets the plain format of ``docs/API.md``.
 """
+
 from __future__ import annotations
 
 from typing import Protocol, Sequence
@@ -12,8 +13,7 @@ from typing import Protocol, Sequence
 class ChatEngine(Protocol):
     """What rendering asks of an engine (``lmsp.native.Engine`` has it)."""
 
-    def chat_prompt(self, messages: Sequence[dict[str, str]],
-                    add_generation_prompt: bool = True) -> list[int]: ...
+    def chat_prompt(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> list[int]: ...
 
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -58,6 +58,7 @@ def render(engine: ChatEngine, messages: list[dict]) -> list[int]:
 
 def sampling(request: dict, config) -> dict:
     """The engine's ``submit`` keywords from a request (service defaults and caps applied)."""
+
     def pick(name, default):
         value = request.get(name)
         return default if value is None else value

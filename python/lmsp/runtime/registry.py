@@ -10,6 +10,7 @@ the identity of each one's file as it was loaded (:mod:`.filewatch`): a loaded
 model whose file was written, truncated or replaced since shows ``changed``,
 and the runtime unloads it (:meth:`ModelRegistry.changed_files`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -40,7 +41,13 @@ SETTLED_NS = 2_000_000_000
 
 # states a Model object can show (B.4)
 AVAILABLE, LOADING, LOADED, FAILED, MISSING, CHANGED = (
-    "available", "loading", "loaded", "failed", "missing", "changed")
+    "available",
+    "loading",
+    "loaded",
+    "failed",
+    "missing",
+    "changed",
+)
 
 
 def file_digest(path: str | os.PathLike, progress=None) -> tuple[str, int]:
@@ -95,14 +102,14 @@ class ModelRegistry:
         self.config = config
         self.store = store
         self._factory = engine_factory
-        self._lock = allocate_lock()           # guards the dicts below (never held while loading)
+        self._lock = allocate_lock()  # guards the dicts below (never held while loading)
         self._engines: dict[str, Engine] = {}  # model id -> engine
         self._loading: set[str] = set()
         self._load_locks: dict[str, Any] = {}
         self._loaded_files: dict[str, tuple[Path, FileIdentity]] = {}  # model id -> its file as loaded
         self._loaded_digests: dict[str, str] = {}  # model id -> the registered digest it was loaded with
         self._digests: dict[str, tuple[FileIdentity, str]] = {}  # path -> its identity and digest when hashed
-        self._watch: FileWatch | None = None   # made on the first load (in the worker, after fork)
+        self._watch: FileWatch | None = None  # made on the first load (in the worker, after fork)
         self._templates: dict[str, bool] = {}  # digest -> has a chat template, for models registered
         # before the store recorded it
 
@@ -147,12 +154,14 @@ class ModelRegistry:
         if not isinstance(model_id, str) or not MODEL_ID.match(model_id):
             raise InvalidRequest(
                 "id must be 1-128 characters: letters, digits, '.', '_', ':' or '-', starting with a letter or digit",
-                param="id")
+                param="id",
+            )
         try:
             info = native.read_gguf_info(str(real))
         except native.ModelFormatError as exc:
-            raise InvalidRequest(f"{path} is not a usable GGUF model: {_without(exc, real, path)}",
-                                 param="path") from None
+            raise InvalidRequest(
+                f"{path} is not a usable GGUF model: {_without(exc, real, path)}", param="path"
+            ) from None
         except FileNotFoundError:
             raise InvalidRequest(f"no such model file: {path}", param="path") from None
         except (OSError, ValueError) as exc:
@@ -165,19 +174,21 @@ class ModelRegistry:
             loaded = model_id in self._engines
         if loaded:
             raise ModelInUse(f"model {model_id} is loaded; unload it before registering it again")
-        row = self.store.put_model({
-            "id": model_id,
-            "path": stored_path,
-            "digest": digest,
-            "size_bytes": size,
-            "format": "gguf",
-            "architecture": info.get("architecture"),
-            "parameters": info.get("parameters"),
-            "quantization": info.get("quantization"),
-            "context_length": info.get("context_length"),
-            "has_chat_template": bool(info.get("chat_template")),
-            "state": AVAILABLE,
-        })
+        row = self.store.put_model(
+            {
+                "id": model_id,
+                "path": stored_path,
+                "digest": digest,
+                "size_bytes": size,
+                "format": "gguf",
+                "architecture": info.get("architecture"),
+                "parameters": info.get("parameters"),
+                "quantization": info.get("quantization"),
+                "context_length": info.get("context_length"),
+                "has_chat_template": bool(info.get("chat_template")),
+                "state": AVAILABLE,
+            }
+        )
         log.info("registered model %s (%s, %s)", model_id, stored_path, digest)
         return model_object(row)
 
@@ -192,8 +203,12 @@ class ModelRegistry:
             return cached[1], before.size
         started = time.time_ns()
         digest, size = file_digest(path, progress)
-        if (before is not None and size == before.size and before.ctime_ns < started - SETTLED_NS
-                and FileIdentity.of(path) == before):
+        if (
+            before is not None
+            and size == before.size
+            and before.ctime_ns < started - SETTLED_NS
+            and FileIdentity.of(path) == before
+        ):
             self._digests[str(path)] = (before, digest)
         return digest, size
 
@@ -249,8 +264,7 @@ class ModelRegistry:
         return model_object(row, self.state(row), self.has_chat_template(row))
 
     def objects(self) -> list[dict]:
-        return [model_object(row, self.state(row), self.has_chat_template(row))
-                for row in self.store.list_models()]
+        return [model_object(row, self.state(row), self.has_chat_template(row)) for row in self.store.list_models()]
 
     # engines
     def engine(self, model_id: str) -> Engine | None:
@@ -339,13 +353,15 @@ class ModelRegistry:
             self._set_state(model_id, CHANGED)
             raise ModelChanged(
                 f"the file of model {model_id} changed since it was registered "
-                f"({digest} != {row['digest']}); register it again to serve the new file")
+                f"({digest} != {row['digest']}); register it again to serve the new file"
+            )
         engine = self._new_engine(model_id, row, path)
         if FileIdentity.of(path) != identity:  # written while it was hashed or read
             engine.close()
             self._set_state(model_id, CHANGED)
-            raise ModelChanged(f"the file of model {model_id} changed while it was loaded; "
-                               "register it again to serve the new file")
+            raise ModelChanged(
+                f"the file of model {model_id} changed while it was loaded; register it again to serve the new file"
+            )
         with self._lock:
             self._engines[model_id] = engine
             self._loaded_files[model_id] = (path, identity)
@@ -355,13 +371,19 @@ class ModelRegistry:
             self._watch.add(model_id, path)
         self._set_state(model_id, AVAILABLE)  # "loaded" is per process; the store keeps the file's state
         info = getattr(engine, "info", {})
-        log.info("loaded model %s (%s, batch invariant: %s)", model_id, info.get("backend", "?"),
-                 info.get("batch_invariant", "?"))
+        log.info(
+            "loaded model %s (%s, batch invariant: %s)",
+            model_id,
+            info.get("backend", "?"),
+            info.get("batch_invariant", "?"),
+        )
         if info.get("reference_kernels"):
-            log.warning("model %s has K-quant or i-quant weights: batch invariance decodes on llama.cpp's "
-                        "one-row kernel, which decodes many requests at once at about two thirds of the speed; "
-                        "batch_invariant = false (LMSP_BATCH_INVARIANT=0) trades invariance for that speed",
-                        model_id)
+            log.warning(
+                "model %s has K-quant or i-quant weights: batch invariance decodes on llama.cpp's "
+                "one-row kernel, which decodes many requests at once at about two thirds of the speed; "
+                "batch_invariant = false (LMSP_BATCH_INVARIANT=0) trades invariance for that speed",
+                model_id,
+            )
         return engine
 
     def _new_engine(self, model_id: str, row: dict, path: Path):
@@ -371,10 +393,17 @@ class ModelRegistry:
         cfg = self.config
         try:
             factory = self._factory or native.Engine
-            return factory(str(path), n_ctx=cfg.n_ctx, n_parallel=cfg.n_parallel, n_threads=cfg.n_threads,
-                           n_gpu_layers=cfg.n_gpu_layers, n_batch=cfg.n_batch,
-                           batch_invariant=cfg.batch_invariant, prefix_cache=cfg.prefix_cache,
-                           use_mmap=cfg.mmap)
+            return factory(
+                str(path),
+                n_ctx=cfg.n_ctx,
+                n_parallel=cfg.n_parallel,
+                n_threads=cfg.n_threads,
+                n_gpu_layers=cfg.n_gpu_layers,
+                n_batch=cfg.n_batch,
+                batch_invariant=cfg.batch_invariant,
+                prefix_cache=cfg.prefix_cache,
+                use_mmap=cfg.mmap,
+            )
         except MemoryError:
             self._set_state(model_id, FAILED)
             raise ModelLoadFailed(f"not enough memory to load model {model_id}", out_of_memory=True) from None

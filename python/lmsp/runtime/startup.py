@@ -4,6 +4,7 @@ Under gunicorn this runs in the master before the workers fork (see
 ``lmsp.gunicorn_conf``); a process that serves on its own runs it from
 ``Runtime.start()``. Nothing here loads an engine.
 """
+
 from __future__ import annotations
 
 import logging
@@ -26,8 +27,12 @@ def open_store(config):
     """The store of ``config`` with its durability, timeouts and key lifetime."""
     from ..store import Store
 
-    return Store.open(config.db_path, durability=config.durability, busy_timeout=config.busy_timeout,
-                      idempotency_ttl=float(config.idempotency_ttl_hours) * 3600.0)
+    return Store.open(
+        config.db_path,
+        durability=config.durability,
+        busy_timeout=config.busy_timeout,
+        idempotency_ttl=float(config.idempotency_ttl_hours) * 3600.0,
+    )
 
 
 def ensure_dirs(config) -> None:
@@ -63,8 +68,12 @@ def bootstrap_admin(config, store) -> str | None:
     write_secret(path, token)
     client = store.create_client(name="bootstrap-admin", scopes=["admin"], token_hash=auth.hash_token(token))
     store.set_setting(BOOTSTRAP_SETTING, client["id"])
-    log.warning("first start: the bootstrap admin token (scope admin) is in %s (mode 0600); "
-                "use it to pair clients, then keep it safe or revoke client %s", path, client["id"])
+    log.warning(
+        "first start: the bootstrap admin token (scope admin) is in %s (mode 0600); "
+        "use it to pair clients, then keep it safe or revoke client %s",
+        path,
+        client["id"],
+    )
     return client["id"]
 
 
