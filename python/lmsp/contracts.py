@@ -28,6 +28,7 @@ The engine's side (:mod:`lmsp.native`):
 * :class:`EngineResult` (with :class:`EngineTimings`): one result of
   ``Engine.poll()``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ class StepItem(TypedDict, total=False):
     ``attempts`` in the claim that made the output (an item of an earlier
     claim is skipped).
     """
+
     task_id: Required[str]
     delta: str
     tokens: list[int]
@@ -58,6 +60,7 @@ class StepItem(TypedDict, total=False):
 class StepState(NamedTuple):
     """A running task as its last committed step left it, which is what the next
     step continues from."""
+
     owner: str
     last_seq: int  # the number of its last event
     item_open: int  # 1 while its output item is open (added, not yet done)
@@ -78,6 +81,7 @@ class StepOutcome(TypedDict):
     the final state of each task that ended. ``events`` only when asked for:
     per task still running, ``(item_id, rows)``, every event the step wrote
     for it, in order."""
+
     skipped: list[str]
     cancelled: list[str]
     finished: dict[str, str]
@@ -87,6 +91,7 @@ class StepOutcome(TypedDict):
 class Resume(TypedDict):
     """Where a resumed task's output stands: the tokens generated, the text
     emitted, and its KV snapshot (None if it has none)."""
+
     generated: list[int]
     emitted: str
     kv_path: str | None
@@ -95,6 +100,7 @@ class Resume(TypedDict):
 class ClaimRecord(TypedDict):
     """What a worker needs to run a task it claimed; ``status`` is the state it
     was claimed in, ``resume`` is set for a task that continues (``running``)."""
+
     task_id: str
     response_id: str
     model: str
@@ -114,6 +120,7 @@ class CreatedTask(TypedDict):
     created; ``task`` is None when the key's task was deleted since). ``claim``:
     the claim record when the new task was claimed for a worker in the same
     transaction (absent from a replay)."""
+
     response: dict[str, Any] | None
     task: dict[str, Any] | None
     replay: tuple[int, dict[str, Any]] | None
@@ -127,6 +134,7 @@ class NewTask:
     client it is, and what the store needs to create it. ``idempotency``:
     ``(key, fingerprint)``; ``max_unfinished``: the client's cap on unfinished
     tasks (None: none)."""
+
     client_id: str | None
     model: str
     messages: list[dict[str, str]]
@@ -139,9 +147,16 @@ class NewTask:
 
     def creation(self) -> dict[str, Any]:
         """The arguments of ``Store.create_task`` for this task (all but ``claim``)."""
-        return {"client_id": self.client_id, "model": self.model, "request": self.request,
-                "on_restart": self.on_restart, "background": self.background, "stream": self.stream,
-                "idempotency": self.idempotency, "max_unfinished": self.max_unfinished}
+        return {
+            "client_id": self.client_id,
+            "model": self.model,
+            "request": self.request,
+            "on_restart": self.on_restart,
+            "background": self.background,
+            "stream": self.stream,
+            "idempotency": self.idempotency,
+            "max_unfinished": self.max_unfinished,
+        }
 
 
 class RuntimeAPI(Protocol):
@@ -207,6 +222,7 @@ class RuntimeAPI(Protocol):
 class EngineTimings(TypedDict, total=False):
     """How long a sequence took, in milliseconds, and its decode rate; on its last
     result only (the others have an empty dict)."""
+
     queued_ms: float
     prompt_ms: float
     first_token_ms: float
@@ -223,6 +239,7 @@ class EngineResult(TypedDict):
     ``logprobs``: one per token, for a sequence submitted with ``logprobs=True``.
     ``code``: set only by the runtime, on an end it makes itself (an engine
     closed under its sequence)."""
+
     seq: int
     tokens: list[int]
     text: str
