@@ -4,6 +4,7 @@ field checks and the caller's identity.
 Nothing here knows a route; everything raises :mod:`lmsp.errors` exceptions,
 which the app's one error handler turns into LMSP B.1 bodies.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,7 @@ import falcon
 from lmsp.auth import is_admin
 from lmsp.contracts import RuntimeAPI
 from lmsp.hubsafe import gevent_active
-from lmsp.errors import (InvalidJSON, InvalidRequest, NotFound, PayloadTooLarge, RequestTimeout,
-                         UnsupportedMediaType)
+from lmsp.errors import InvalidJSON, InvalidRequest, NotFound, PayloadTooLarge, RequestTimeout, UnsupportedMediaType
 
 # what gunicorn raises while it reads a body for the app: a body cut short, a malformed chunked body
 _BodyCutShort: tuple[type[Exception], ...] = ()
@@ -76,12 +76,19 @@ class Deps:
 
 # -- bodies -----------------------------------------------------------------
 
+
 def dumps(obj: Any, *, ascii_only: bool = False) -> str:
     return json.dumps(obj, ensure_ascii=ascii_only, separators=(",", ":"))
 
 
-def set_json(resp: falcon.Response, obj: Any, status: int = 200,
-             headers: dict[str, str] | None = None, *, ascii_only: bool = False) -> None:
+def set_json(
+    resp: falcon.Response,
+    obj: Any,
+    status: int = 200,
+    headers: dict[str, str] | None = None,
+    *,
+    ascii_only: bool = False,
+) -> None:
     """``ascii_only``: every character beyond ASCII escaped, so that any string
     can be written (error bodies, which may quote what a client sent)."""
     resp.status = status
@@ -115,11 +122,14 @@ def read_body(req: falcon.Request, max_bytes: int, timeout: float | None = None)
     try:
         data = _read_with_deadline(req, max_bytes + 1, timeout)
     except _MalformedBody:
-        raise InvalidRequest("the request body's chunked encoding is invalid (a chunk size, "
-                             "chunk end, extension or trailer)", headers={"Connection": "close"}) from None
+        raise InvalidRequest(
+            "the request body's chunked encoding is invalid (a chunk size, chunk end, extension or trailer)",
+            headers={"Connection": "close"},
+        ) from None
     except _BodyCutShort:
-        raise InvalidRequest("the request body was cut short: the connection closed before its end",
-                             headers={"Connection": "close"}) from None
+        raise InvalidRequest(
+            "the request body was cut short: the connection closed before its end", headers={"Connection": "close"}
+        ) from None
     if len(data) > max_bytes:
         raise PayloadTooLarge(f"the request body is larger than {max_bytes} bytes")
     return data
@@ -154,14 +164,16 @@ def _read_with_deadline(req: falcon.Request, size: int, timeout: float | None) -
     except gevent.Timeout as exc:
         if exc is not deadline:
             raise
-        raise RequestTimeout(f"the request body did not arrive within {timeout:g} seconds",
-                             headers={"Connection": "close"}) from None
+        raise RequestTimeout(
+            f"the request body did not arrive within {timeout:g} seconds", headers={"Connection": "close"}
+        ) from None
     finally:
         deadline.close()
 
 
-def read_json(req: falcon.Request, max_bytes: int, *, optional: bool = False,
-              timeout: float | None = None) -> dict[str, Any] | None:
+def read_json(
+    req: falcon.Request, max_bytes: int, *, optional: bool = False, timeout: float | None = None
+) -> dict[str, Any] | None:
     """The request's JSON object body.
 
     With ``optional``, an empty body (any or no content type) gives None; a
@@ -187,8 +199,7 @@ def read_json(req: falcon.Request, max_bytes: int, *, optional: bool = False,
     except UnicodeDecodeError as exc:
         raise InvalidJSON(f"the request body is not valid UTF-8 (byte {exc.start})") from None
     try:
-        body = json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int,
-                          object_pairs_hook=_unique_keys)
+        body = json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int, object_pairs_hook=_unique_keys)
     except ValueError as exc:
         raise InvalidJSON(f"the request body is not valid JSON: {exc}") from None
     except RecursionError:
@@ -209,8 +220,9 @@ def _parse_int(digits: str) -> int:
     try:
         return int(digits)
     except ValueError:
-        raise InvalidJSON(f"the request body has a number of {len(digits.lstrip('-'))} digits; "
-                          "no field takes a number that long") from None
+        raise InvalidJSON(
+            f"the request body has a number of {len(digits.lstrip('-'))} digits; no field takes a number that long"
+        ) from None
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -256,8 +268,10 @@ def _check_text(value: str) -> None:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise InvalidJSON(f"the request body has a lone surrogate (\\u{ord(value[exc.start]):04x}) in a "
-                          "string; JSON strings must escape whole characters") from None
+        raise InvalidJSON(
+            f"the request body has a lone surrogate (\\u{ord(value[exc.start]):04x}) in a "
+            "string; JSON strings must escape whole characters"
+        ) from None
 
 
 # -- fields -----------------------------------------------------------------
@@ -275,8 +289,16 @@ def reject_unknown(body: dict[str, Any], allowed: Collection[str], *, where: str
 # The field getters return Any: the value's type (str, int, float), or whatever the default is.
 
 
-def get_str(body: dict[str, Any], name: str, *, required: bool = False, default: Any = None, max_len: int = 10_000,
-            allow_empty: bool = False, param: str | None = None) -> Any:
+def get_str(
+    body: dict[str, Any],
+    name: str,
+    *,
+    required: bool = False,
+    default: Any = None,
+    max_len: int = 10_000,
+    allow_empty: bool = False,
+    param: str | None = None,
+) -> Any:
     value = body.get(name, _MISSING)
     param = param or name
     if value is _MISSING or value is None:
@@ -292,8 +314,15 @@ def get_str(body: dict[str, Any], name: str, *, required: bool = False, default:
     return value
 
 
-def get_int(body: dict[str, Any], name: str, *, default: Any = None, minimum: float | None = None,
-            maximum: float | None = None, param: str | None = None) -> Any:
+def get_int(
+    body: dict[str, Any],
+    name: str,
+    *,
+    default: Any = None,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    param: str | None = None,
+) -> Any:
     value = body.get(name, _MISSING)
     param = param or name
     if value is _MISSING or value is None:
@@ -306,9 +335,16 @@ def get_int(body: dict[str, Any], name: str, *, default: Any = None, minimum: fl
     return value
 
 
-def get_number(body: dict[str, Any], name: str, *, default: Any = None, minimum: float | None = None,
-               maximum: float | None = None, exclusive_minimum: float | None = None,
-               param: str | None = None) -> Any:
+def get_number(
+    body: dict[str, Any],
+    name: str,
+    *,
+    default: Any = None,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    exclusive_minimum: float | None = None,
+    param: str | None = None,
+) -> Any:
     value = body.get(name, _MISSING)
     param = param or name
     if value is _MISSING or value is None:
@@ -346,8 +382,10 @@ def _check_range(value: float, minimum: float | None, maximum: float | None, par
 
 # -- query parameters -------------------------------------------------------
 
-def query_str(req: falcon.Request, name: str, *, choices: Collection[str] | None = None,
-              default: str | None = None) -> str | None:
+
+def query_str(
+    req: falcon.Request, name: str, *, choices: Collection[str] | None = None, default: str | None = None
+) -> str | None:
     values = req.get_param_as_list(name)
     if not values:
         return default
@@ -355,8 +393,7 @@ def query_str(req: falcon.Request, name: str, *, choices: Collection[str] | None
         raise InvalidRequest(f"query parameter {name!r} is given more than once", param=name)
     value = values[0]
     if choices is not None and value not in choices:
-        raise InvalidRequest(f"query parameter {name!r} must be one of {', '.join(choices)}",
-                             param=name)
+        raise InvalidRequest(f"query parameter {name!r} must be one of {', '.join(choices)}", param=name)
     return value
 
 
@@ -364,8 +401,9 @@ INT64_MAX = 2**63 - 1  # the store's integers are SQLite's: 64 bits
 _DECIMAL = re.compile(r"-?[0-9]{1,30}")
 
 
-def query_int(req: falcon.Request, name: str, *, default: Any = None, minimum: int | None = None,
-              maximum: int = INT64_MAX) -> Any:
+def query_int(
+    req: falcon.Request, name: str, *, default: Any = None, minimum: int | None = None, maximum: int = INT64_MAX
+) -> Any:
     """The parameter as an integer (Any: an int, or the default)."""
     raw = query_str(req, name)
     if raw is None:
@@ -404,6 +442,7 @@ def header_int(req: falcon.Request, name: str) -> int | None:
 
 
 # -- identity ---------------------------------------------------------------
+
 
 def caller(req: falcon.Request) -> dict[str, Any]:
     client: dict[str, Any] = req.context.client

@@ -5,6 +5,7 @@ resume, cancel, delete and list.
 nothing of HTTP; the resources below them only read the request and write the
 answer.
 """
+
 from __future__ import annotations
 
 import logging
@@ -17,32 +18,58 @@ import falcon
 
 from lmsp.auth import is_admin
 from lmsp.contracts import CreatedTask, NewTask
-from lmsp.errors import (InvalidRequest, LMSPError, ModelChanged, NotFound, TaskFinished,
-                         Unavailable)
+from lmsp.errors import InvalidRequest, LMSPError, ModelChanged, NotFound, TaskFinished, Unavailable
 
 from . import idempotency
-from .common import (Deps, caller, check_id, get_bool, get_int, get_number, get_str, header_int,
-                     owner_filter, query_bool, query_int, query_str, reject_unknown,
-                     set_json)
+from .common import (
+    Deps,
+    caller,
+    check_id,
+    get_bool,
+    get_int,
+    get_number,
+    get_str,
+    header_int,
+    owner_filter,
+    query_bool,
+    query_int,
+    query_str,
+    reject_unknown,
+    set_json,
+)
 from .events import FINISHED_TASK_STATES, POLL_SECONDS, event_stream, start_sse
 
 log = logging.getLogger("lmsp.api")
 
-FIELDS = ("model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "top_k",
-          "seed", "stop", "stream", "background", "store", "on_restart", "metadata")
+FIELDS = (
+    "model",
+    "input",
+    "instructions",
+    "max_output_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "stream",
+    "background",
+    "store",
+    "on_restart",
+    "metadata",
+)
 ROLES = ("system", "user", "assistant")
 ROLE_ALIASES = {"developer": "system"}  # the OpenAI name of a system message
 TEXT_PART_TYPES = ("input_text", "output_text", "text")
 RESTART_POLICIES = ("fail", "retry", "resume")
 RESPONSE_STATUSES = ("queued", "in_progress", "completed", "incomplete", "failed", "cancelled")
-SEED_MAX = 2**32 - 2          # 2**32 - 1 is llama.cpp's "pick one at random"
+SEED_MAX = 2**32 - 2  # 2**32 - 1 is llama.cpp's "pick one at random"
 MAX_MESSAGES = 10_000
-MAX_TEXT = 4_000_000          # characters in one message; the body cap comes first anyway
+MAX_TEXT = 4_000_000  # characters in one message; the body cap comes first anyway
 MAX_STOP = 16
 MAX_METADATA = 16
-FORGET_WAIT_SECONDS = 600.0   # how long a store:false response whose client left waits for its task to end
-WATCHED_WAIT_SECONDS = 5.0    # a wait the runtime ends when the task moves; the time-out is a fallback
-STOPPING_RETRY_AFTER = 5      # Retry-After of a plain request whose task outlives the worker's stop
+FORGET_WAIT_SECONDS = 600.0  # how long a store:false response whose client left waits for its task to end
+WATCHED_WAIT_SECONDS = 5.0  # a wait the runtime ends when the task moves; the time-out is a fallback
+STOPPING_RETRY_AFTER = 5  # Retry-After of a plain request whose task outlives the worker's stop
 
 
 @dataclass(frozen=True)
@@ -65,10 +92,13 @@ def _content_text(content: Any, param: str) -> str:
             reject_unknown(part, ("type", "text", "annotations"), where=f"{where}.")
             kind = part.get("type")
             if kind not in TEXT_PART_TYPES:
-                raise InvalidRequest(f"{where}.type must be one of {', '.join(TEXT_PART_TYPES)}; "
-                                     "only text content is supported", param=f"{where}.type")
-            texts.append(get_str(part, "text", required=True, allow_empty=True, max_len=MAX_TEXT,
-                                 param=f"{where}.text"))
+                raise InvalidRequest(
+                    f"{where}.type must be one of {', '.join(TEXT_PART_TYPES)}; only text content is supported",
+                    param=f"{where}.type",
+                )
+            texts.append(
+                get_str(part, "text", required=True, allow_empty=True, max_len=MAX_TEXT, param=f"{where}.text")
+            )
         return "".join(texts)
     raise InvalidRequest(f"{param!r} must be a string or an array of text parts", param=param)
 
@@ -98,13 +128,11 @@ def parse_messages(value: Any) -> list[dict[str, str]]:
             raise InvalidRequest(f"{where} must be an object with 'role' and 'content'", param=where)
         reject_unknown(item, ("role", "content", "type"), where=f"{where}.")
         if item.get("type", "message") != "message":
-            raise InvalidRequest(f"{where}.type must be 'message'; only messages are supported",
-                                 param=f"{where}.type")
+            raise InvalidRequest(f"{where}.type must be 'message'; only messages are supported", param=f"{where}.type")
         role = item.get("role")
         role = ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
         if role not in ROLES:
-            raise InvalidRequest(f"{where}.role must be one of {', '.join(ROLES)}",
-                                 param=f"{where}.role")
+            raise InvalidRequest(f"{where}.role must be one of {', '.join(ROLES)}", param=f"{where}.role")
         if "content" not in item or item["content"] is None:
             raise InvalidRequest(f"{where}.content is required", param=f"{where}.content")
         text = _content_text(item["content"], f"{where}.content")
@@ -122,8 +150,9 @@ def parse_stop(value: Any) -> list[str]:
         raise InvalidRequest(f"'stop' has more than {MAX_STOP} strings", param="stop")
     for s in items:
         if not isinstance(s, str) or not s or len(s) > 1000:
-            raise InvalidRequest("each stop sequence must be a non-empty string of at most 1000 "
-                                 "characters", param="stop")
+            raise InvalidRequest(
+                "each stop sequence must be a non-empty string of at most 1000 characters", param="stop"
+            )
     return list(items)
 
 
@@ -138,8 +167,7 @@ def parse_metadata(value: Any) -> dict[str, str]:
         if not key or len(key) > 64:
             raise InvalidRequest("metadata keys are 1 to 64 characters", param=f"metadata.{key}")
         if not isinstance(val, str) or len(val) > 512:
-            raise InvalidRequest("metadata values are strings of at most 512 characters",
-                                 param=f"metadata.{key}")
+            raise InvalidRequest("metadata values are strings of at most 512 characters", param=f"metadata.{key}")
     return dict(value)
 
 
@@ -166,12 +194,10 @@ def parse_create(body: dict[str, Any], config: Any, random_seed: Callable[[], in
     stream = get_bool(body, "stream")
     store = get_bool(body, "store", default=True)
     if background and not store:
-        raise InvalidRequest("a background response must be stored ('store' cannot be false)",
-                             param="store")
+        raise InvalidRequest("a background response must be stored ('store' cannot be false)", param="store")
     on_restart = get_str(body, "on_restart", default=config.default_on_restart)
     if on_restart not in RESTART_POLICIES:
-        raise InvalidRequest(f"'on_restart' must be one of {', '.join(RESTART_POLICIES)}",
-                             param="on_restart")
+        raise InvalidRequest(f"'on_restart' must be one of {', '.join(RESTART_POLICIES)}", param="on_restart")
     request = {
         "model": model,
         "input": given,
@@ -188,8 +214,16 @@ def parse_create(body: dict[str, Any], config: Any, random_seed: Callable[[], in
         "on_restart": on_restart,
         "metadata": parse_metadata(body.get("metadata")),
     }
-    return CreateRequest(client_id=None, model=model, messages=messages, request=request, on_restart=on_restart,
-                         background=background, stream=stream, store=store)
+    return CreateRequest(
+        client_id=None,
+        model=model,
+        messages=messages,
+        request=request,
+        on_restart=on_restart,
+        background=background,
+        stream=stream,
+        store=store,
+    )
 
 
 class ResponsesService:
@@ -198,8 +232,14 @@ class ResponsesService:
     def __init__(self, deps: Deps) -> None:
         self.deps = deps
 
-    def create(self, client_id: str, parsed: CreateRequest,
-               idempotency_key: tuple[str, str] | None = None, *, limited: bool = True) -> CreatedTask:
+    def create(
+        self,
+        client_id: str,
+        parsed: CreateRequest,
+        idempotency_key: tuple[str, str] | None = None,
+        *,
+        limited: bool = True,
+    ) -> CreatedTask:
         """``limited``: the client's unfinished tasks are capped (``max_unfinished_per_client``;
         an admin's are not)."""
         runtime = self.deps.runtime
@@ -210,14 +250,19 @@ class ResponsesService:
         except NotFound:
             raise NotFound(f"model {parsed.model!r} is not registered", param="model") from None
         if model.get("state") == "changed":
-            raise ModelChanged(f"the file of model {parsed.model!r} changed since it was registered;"
-                               " register it again", param="model")
+            raise ModelChanged(
+                f"the file of model {parsed.model!r} changed since it was registered; register it again", param="model"
+            )
         if model.get("state") == "missing":  # as a changed file: refused now, not a task that fails
-            raise ModelChanged(f"the file of model {parsed.model!r} is missing from the models directory;"
-                               " put it back or register the model again", param="model")
+            raise ModelChanged(
+                f"the file of model {parsed.model!r} is missing from the models directory;"
+                " put it back or register the model again",
+                param="model",
+            )
         cap = (self.deps.config.max_unfinished_per_client or None) if limited else None
-        return runtime.create_task(replace(parsed, client_id=client_id, idempotency=idempotency_key,
-                                           max_unfinished=cap))
+        return runtime.create_task(
+            replace(parsed, client_id=client_id, idempotency=idempotency_key, max_unfinished=cap)
+        )
 
     def wait_finished(self, task_id: str, client_id: str | None) -> dict[str, Any]:
         """Block (cooperatively) until the task is finished; its Task object."""
@@ -227,15 +272,18 @@ class ResponsesService:
             if task["status"] in FINISHED_TASK_STATES:
                 return task
             if self.deps.runtime.streams_ending:
-                raise Unavailable(f"the service is stopping; response {task['response_id']} goes on after "
-                                  "its restart: fetch it then", retry_after=STOPPING_RETRY_AFTER)
+                raise Unavailable(
+                    f"the service is stopping; response {task['response_id']} goes on after its restart: fetch it then",
+                    retry_after=STOPPING_RETRY_AFTER,
+                )
             self._wait_past(task)
 
     def _wait_past(self, task: dict[str, Any]) -> None:
         """Until the task's next event (or a while: woken by the runtime's watch, else polled)."""
         runtime = self.deps.runtime
-        runtime.wait_for_commit(task["id"], task["last_sequence_number"],
-                                WATCHED_WAIT_SECONDS if runtime.watches_store else POLL_SECONDS)
+        runtime.wait_for_commit(
+            task["id"], task["last_sequence_number"], WATCHED_WAIT_SECONDS if runtime.watches_store else POLL_SECONDS
+        )
 
     def cancel(self, any_id: str, client_id: str | None) -> dict[str, Any]:
         """B.7 cancel of a response's or a task's task; the Task object."""
@@ -259,29 +307,49 @@ class ResponsesService:
         except LMSPError as exc:
             log.info("response %s not deleted after delivery: %s", response_id, exc.message)
 
-    def stream(self, task_id: str, client_id: str | None, *, after: int = 0,
-               cancel_on_abandon: bool = False, forget_response: str | None = None,
-               caller_id: str | None = None) -> Iterator[bytes]:
+    def stream(
+        self,
+        task_id: str,
+        client_id: str | None,
+        *,
+        after: int = 0,
+        cancel_on_abandon: bool = False,
+        forget_response: str | None = None,
+        caller_id: str | None = None,
+    ) -> Iterator[bytes]:
         """``client_id``: whose task it must be (None: any, for an admin); ``caller_id``:
         who reads it, whose revocation ends the stream."""
         deps = self.deps
         on_abandon = (lambda: self.abandon(task_id, client_id)) if cancel_on_abandon else None
         store = deps.store
         authorized = (lambda: store.client_active(caller_id)) if caller_id is not None else None
-        frames = event_stream(store, deps.runtime, task_id, after=after, client_id=client_id,
-                              heartbeat=deps.config.heartbeat_seconds, on_abandon=on_abandon,
-                              monotonic=deps.monotonic, authorized=authorized)
+        frames = event_stream(
+            store,
+            deps.runtime,
+            task_id,
+            after=after,
+            client_id=client_id,
+            heartbeat=deps.config.heartbeat_seconds,
+            on_abandon=on_abandon,
+            monotonic=deps.monotonic,
+            authorized=authorized,
+        )
         if forget_response is None:
             return frames
         return self._then_forget(frames, task_id, forget_response, client_id)
 
-    def _then_forget(self, frames: Iterator[bytes], task_id: str, response_id: str,
-                     client_id: str | None) -> Iterator[bytes]:
+    def _then_forget(
+        self, frames: Iterator[bytes], task_id: str, response_id: str, client_id: str | None
+    ) -> Iterator[bytes]:
         try:
             yield from frames
         except GeneratorExit:  # the client left: its task was cancelled, forget it once it ends
-            threading.Thread(target=self._forget_when_finished, args=(task_id, response_id, client_id),
-                             name="lmsp-forget", daemon=True).start()
+            threading.Thread(
+                target=self._forget_when_finished,
+                args=(task_id, response_id, client_id),
+                name="lmsp-forget",
+                daemon=True,
+            ).start()
             raise
         task = self.deps.store.get_task(task_id, client_id)
         if task["status"] in FINISHED_TASK_STATES:
@@ -349,17 +417,25 @@ class ResponsesResource:
         # Reads, waits and streams below see the caller's own response.
         if replay is not None:
             if parsed.stream:
-                start_sse(resp, self.service.stream(task_id, client_id, caller_id=client_id),
-                          headers=_replayed(location))
+                start_sse(
+                    resp, self.service.stream(task_id, client_id, caller_id=client_id), headers=_replayed(location)
+                )
             else:
                 set_json(resp, replay[1], replay[0], _replayed(location if replay[0] == 202 else None))
             return
         if parsed.stream:
             forget = None if parsed.store else response_id
-            start_sse(resp, self.service.stream(task_id, client_id,
-                                                cancel_on_abandon=not parsed.background,
-                                                forget_response=forget, caller_id=client_id),
-                      headers=location if parsed.background else None)
+            start_sse(
+                resp,
+                self.service.stream(
+                    task_id,
+                    client_id,
+                    cancel_on_abandon=not parsed.background,
+                    forget_response=forget,
+                    caller_id=client_id,
+                ),
+                headers=location if parsed.background else None,
+            )
             return
         if parsed.background:
             set_json(resp, response, 202, location)
@@ -376,8 +452,7 @@ class ResponsesResource:
         after = query_str(req, "after")
         if after is not None:
             check_cursor(after, "resp")
-        page = self.deps.store.list_responses(owner_filter(req), status=status, limit=limit,
-                                              after=after)
+        page = self.deps.store.list_responses(owner_filter(req), status=status, limit=limit, after=after)
         set_json(resp, page)
 
 
