@@ -20,6 +20,8 @@ from .. import objects as obj
 from ..errors import (IdempotencyKeyInUse, IdempotencyKeyReused, InvalidRequest, ModelInUse,
                       NotFound, RateLimited, TaskFinished, TaskUnfinished, Conflict)
 from . import states as st
+from .base import (CLAIMABLE_SQL, FINISHED_SQL, TASK_SELECT, UNFINISHED_SQL, StoreBase, dumps,
+                   last_seq_sql)
 from .db import Database, translate
 from .schema import migrate
 
@@ -33,27 +35,6 @@ RESPONSE_STATUSES = {
     "cancelled": "t.status = 'cancelled'",
 }
 FINISHES = (None, "stop", "length", "cancelled", "error")
-_UNFINISHED_SQL = "('queued','loading','running','cancelling')"
-# a task a worker may claim: word for word the WHERE of the tasks_claimable
-# partial index (schema.py), so that SQLite answers from that index
-_CLAIMABLE_SQL = "owner IS NULL AND status IN ('queued','running')"
-_FINISHED_SQL = "('completed','failed','cancelled')"
-
-
-def _last_seq_sql(table: str) -> str:
-    """A task's sequence counter: the number of its last event (0 before the first).
-
-    task_events' primary key (task_id, seq) is the counter, read in one seek, so
-    appending an event is the whole of advancing it: no task row has to follow
-    each event, and two writers of one number collide on that key.
-    """
-    return f"coalesce((SELECT max(seq) FROM task_events e WHERE e.task_id = {table}.id), 0)"
-
-
-# a task row as a dict of these, plus ``last_seq``
-_TASK_SELECT = ("SELECT id, response_id, client_id, model, status, on_restart, attempts, created_at, started_at,"
-                " finished_at, error, owner, lease_expires, attempt_seq, item_open, pending_tokens, kv_path, "
-                f"{_last_seq_sql('tasks')} AS last_seq FROM tasks")
 _MAX_LIMIT = 100
 # what a retry with the idempotency key of a deleted response is answered (B.8: no second task)
 _DELETED_ANSWER = {"error": {"code": "not_found", "param": None,
@@ -64,10 +45,6 @@ _DELTA = "response.output_text.delta"
 
 class _StaleStep(Exception):
     """A cached task state no longer matches its row (internal: the step is redone)."""
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def fingerprint(client_id: str | None, method: str, path: str, body: Any) -> str:
@@ -87,7 +64,7 @@ def _limit(limit: int) -> int:
     return limit
 
 
-class Store:
+class Store(StoreBase):
     """The service's state in one SQLite file (see the module docstring of :mod:`lmsp.store.db`
     for what each ``durability`` level risks)."""
 
@@ -100,16 +77,6 @@ class Store:
     READS = frozenset({"events", "last_sequence", "last_sequences", "get_task", "get_response",
                        "task_id_for_response", "client_by_token_hash", "get_model", "list_models",
                        "list_responses", "list_tasks", "output_text", "client_active"})
-
-    def __init__(self, db: Database, *, clock: Callable[[], float], new_id: Callable[[str], str],
-                 idempotency_ttl: float) -> None:
-        self._db = db
-        self._clock = clock
-        self._new_id = new_id
-        self.idempotency_ttl = float(idempotency_ttl)
-        # task id -> (owner, last_seq, item_open, pending_tokens, kv_path, item_id) as this process
-        # last committed it: only a hint, checked inside every transaction that relies on it
-        self._step_cache: dict[str, tuple] = {}
 
     # -- life cycle ------------------------------------------------------------------------
     @classmethod
@@ -165,9 +132,9 @@ class Store:
             with self._db.write() as conn:
                 now = self._clock()
                 conn.execute("INSERT OR IGNORE INTO service_config VALUES ('identity.service_id', ?)",
-                             (_dumps(self._new_id("svc")),))
+                             (dumps(self._new_id("svc")),))
                 conn.execute("INSERT OR IGNORE INTO service_config VALUES ('identity.created_at', ?)",
-                             (_dumps(int(now)),))
+                             (dumps(int(now)),))
                 rows = dict(conn.execute("SELECT key, value FROM service_config "
                                          "WHERE key IN ('identity.service_id', 'identity.created_at')"))
         return {"service_id": json.loads(rows["identity.service_id"]),
@@ -179,7 +146,7 @@ class Store:
         return default if row is None else json.loads(row[0])
 
     def set_setting(self, key: str, value: Any) -> None:
-        text = _dumps(value)
+        text = dumps(value)
         with self._db.write() as conn:
             conn.execute("INSERT INTO service_config VALUES (?, ?) "
                          "ON CONFLICT(key) DO UPDATE SET value = excluded.value", ("setting." + key, text))
@@ -197,7 +164,7 @@ class Store:
         cid = self._new_id("cli")
         try:
             conn.execute("INSERT INTO clients (id, name, scopes, token_hash, created_at) VALUES (?,?,?,?,?)",
-                         (cid, name, _dumps(scopes), token_hash, self._clock()))
+                         (cid, name, dumps(scopes), token_hash, self._clock()))
         except sqlite3.IntegrityError as exc:
             raise Conflict("a client with this token already exists") from exc
         return obj.client_object(conn.execute("SELECT * FROM clients WHERE id = ?", (cid,)).fetchone())
@@ -245,7 +212,7 @@ class Store:
             try:
                 conn.execute("INSERT INTO pairings (id, code_hash, name, scopes, created_at, expires_at) "
                              "VALUES (?,?,?,?,?,?)",
-                             (pid, code_hash, name, _dumps(list(scopes)), self._clock(), float(expires_at)))
+                             (pid, code_hash, name, dumps(list(scopes)), self._clock(), float(expires_at)))
             except sqlite3.IntegrityError as exc:
                 raise Conflict("this pairing code already exists") from exc
             return obj.pairing_object(conn.execute("SELECT * FROM pairings WHERE id = ?", (pid,)).fetchone())
@@ -335,25 +302,10 @@ class Store:
         with self._db.write() as conn:
             if conn.execute("SELECT 1 FROM models WHERE id = ?", (model_id,)).fetchone() is None:
                 raise NotFound(f"no model {model_id}")
-            if conn.execute(f"SELECT 1 FROM tasks WHERE model = ? AND status IN {_UNFINISHED_SQL} LIMIT 1",
+            if conn.execute(f"SELECT 1 FROM tasks WHERE model = ? AND status IN {UNFINISHED_SQL} LIMIT 1",
                             (model_id,)).fetchone():
                 raise ModelInUse(f"model {model_id} is needed by unfinished tasks")
             conn.execute("DELETE FROM models WHERE id = ?", (model_id,))
-
-    # -- internals of the task log ---------------------------------------------------------
-    @staticmethod
-    def _task(conn: sqlite3.Connection, task_id: str, client_id: str | None = None) -> dict:
-        row = conn.execute(_TASK_SELECT + " WHERE id = ?", (task_id,)).fetchone()
-        if row is None or (client_id is not None and row["client_id"] != client_id):
-            raise NotFound(f"no task {task_id}")
-        return dict(row)
-
-    @staticmethod
-    def _response_row(conn: sqlite3.Connection, response_id: str, client_id: str | None = None) -> sqlite3.Row:
-        row = conn.execute("SELECT * FROM responses WHERE id = ?", (response_id,)).fetchone()
-        if row is None or (client_id is not None and row["client_id"] != client_id):
-            raise NotFound(f"no response {response_id}")
-        return row
 
     def _resolve(self, conn: sqlite3.Connection, task_or_response_id: str, client_id: str | None) -> dict:
         if str(task_or_response_id).startswith("resp_"):
@@ -363,77 +315,6 @@ class Store:
                 raise NotFound(f"no response {task_or_response_id}")
             return self._task(conn, row[0], client_id)
         return self._task(conn, task_or_response_id, client_id)
-
-    @staticmethod
-    def _attempt_text(conn: sqlite3.Connection, task: dict) -> str:
-        rows = conn.execute("SELECT text FROM task_events WHERE task_id = ? AND seq > ? AND data IS NULL "
-                            "ORDER BY seq", (task["id"], task["attempt_seq"])).fetchall()
-        return "".join(r[0] for r in rows)
-
-    def _render_response(self, conn: sqlite3.Connection, response: sqlite3.Row, task: dict) -> dict:
-        if task["status"] in st.FINISHED and response["output_text"] is not None:
-            text = response["output_text"]
-        else:
-            text = self._attempt_text(conn, task)
-        return obj.response_object(response, task, text)
-
-    @staticmethod
-    def _emit(conn: sqlite3.Connection, task: dict, etype: str, now: float, payload: dict) -> int:
-        task["last_seq"] += 1
-        conn.execute("INSERT INTO task_events (task_id, seq, type, created_at, data) VALUES (?,?,?,?,?)",
-                     (task["id"], task["last_seq"], etype, now, _dumps(payload)))
-        return task["last_seq"]
-
-    def _emit_task(self, conn: sqlite3.Connection, task: dict, etype: str, now: float) -> None:
-        task["last_seq"] += 1  # the Task object carries the number of the event that holds it
-        payload = {"task": obj.task_object(task)}
-        task["last_seq"] -= 1
-        self._emit(conn, task, etype, now, payload)
-
-    def _emit_response(self, conn: sqlite3.Connection, task: dict, etype: str, now: float,
-                       response: sqlite3.Row | None = None) -> None:
-        if response is None:
-            response = self._response_row(conn, task["response_id"])
-        task["last_seq"] += 1
-        payload = {"response": self._render_response(conn, response, task)}
-        task["last_seq"] -= 1  # a response.failed carries its error in response.error only (B.6)
-        self._emit(conn, task, etype, now, payload)
-
-    def _close_item(self, conn: sqlite3.Connection, task: dict, now: float, status: str, text: str,
-                    response: sqlite3.Row | None = None) -> None:
-        """The three events that close the open output item with ``text`` as its content."""
-        if response is None:
-            response = self._response_row(conn, task["response_id"])
-        base = {"item_id": response["item_id"], "output_index": 0, "content_index": 0}
-        self._emit(conn, task, "response.output_text.done", now, {**base, "text": text})
-        self._emit(conn, task, "response.content_part.done", now, {**base, "part": obj.output_part(text)})
-        self._emit(conn, task, "response.output_item.done", now, {
-            "output_index": 0, "item": obj.output_item(response["item_id"], status, text)})
-        task["item_open"] = 0
-
-    @staticmethod
-    def _save(conn: sqlite3.Connection, task: dict) -> None:
-        conn.execute(
-            "UPDATE tasks SET status=?, attempts=?, started_at=?, finished_at=?, error=?, owner=?,"
-            " lease_expires=?, attempt_seq=?, item_open=?, pending_tokens=?, kv_path=? WHERE id=?",
-            (task["status"], task["attempts"], task["started_at"], task["finished_at"], task["error"],
-             task["owner"], task["lease_expires"], task["attempt_seq"], task["item_open"],
-             task["pending_tokens"], task["kv_path"], task["id"]))
-
-    @staticmethod
-    def _move(task: dict, target: str) -> None:
-        st.check(task["id"], task["status"], target)
-        task["status"] = target
-
-    def _finish(self, conn: sqlite3.Connection, task: dict, target: str, now: float, *,
-                error: dict | None = None) -> None:
-        """Move to a finished state and release the claim (the caller writes the final
-        event). An output item still open is closed first, ``incomplete``."""
-        self._move(task, target)
-        if task["item_open"]:
-            self._close_item(conn, task, now, "incomplete", self._attempt_text(conn, task))
-        task.update(finished_at=now, owner=None, lease_expires=None, pending_tokens="", kv_path=None,
-                    error=None if error is None else _dumps(error))
 
     # -- responses & tasks -----------------------------------------------------------------
     def create_task(self, *, client_id: str | None, model: str, request: dict, on_restart: str,
@@ -463,7 +344,7 @@ class Store:
         if not isinstance(model, str) or not model:
             raise InvalidRequest("model is required", param="model")
         try:
-            request_text = _dumps(request)
+            request_text = dumps(request)
         except (TypeError, ValueError) as exc:
             raise InvalidRequest(f"the request is not JSON: {exc}") from exc
         with self._db.write() as conn:
@@ -474,7 +355,7 @@ class Store:
                 if replay is not None:
                     return replay
             if max_unfinished is not None and client_id is not None:
-                n = conn.execute(f"SELECT count(*) FROM tasks WHERE client_id = ? AND status IN {_UNFINISHED_SQL}",
+                n = conn.execute(f"SELECT count(*) FROM tasks WHERE client_id = ? AND status IN {UNFINISHED_SQL}",
                                  (client_id,)).fetchone()[0]
                 if n >= max_unfinished:
                     raise RateLimited(f"this client has {n} unfinished tasks, the most it may have "
@@ -492,7 +373,7 @@ class Store:
             body = self._render_response(conn, response, task)
             claimed = seed = None
             if claim is not None and conn.execute(
-                    f"SELECT 1 FROM tasks WHERE {_CLAIMABLE_SQL} AND id != ? LIMIT 1", (tid,)).fetchone() is None:
+                    f"SELECT 1 FROM tasks WHERE {CLAIMABLE_SQL} AND id != ? LIMIT 1", (tid,)).fetchone() is None:
                 owner, lease = claim
                 claimed = self._claim_record(task, response, None)
                 self._move(task, st.RUNNING)
@@ -506,7 +387,7 @@ class Store:
                 if background:
                     conn.execute("INSERT INTO idempotency_keys (client_id, key, fingerprint, state, status, body,"
                                  " task_id, created_at, expires_at) VALUES (?,?,?,'done',202,?,?,?,?)",
-                                 (client_id or "", key, fp, _dumps(body), tid, now, now + self.idempotency_ttl))
+                                 (client_id or "", key, fp, dumps(body), tid, now, now + self.idempotency_ttl))
                 else:
                     conn.execute("INSERT INTO idempotency_keys (client_id, key, fingerprint, state, task_id,"
                                  " created_at, expires_at) VALUES (?,?,?,'task',?,?,?)",
@@ -531,7 +412,7 @@ class Store:
             raise IdempotencyKeyInUse("a request with this Idempotency-Key is still being processed")
         task = response = None
         if row["task_id"] is not None:
-            trow = conn.execute(_TASK_SELECT + " WHERE id = ?", (row["task_id"],)).fetchone()
+            trow = conn.execute(TASK_SELECT + " WHERE id = ?", (row["task_id"],)).fetchone()
             if trow is not None:
                 task = dict(trow)
                 response = self._render_response(conn, self._response_row(conn, task["response_id"]), task)
@@ -572,7 +453,7 @@ class Store:
         with self._db.write() as conn:
             conn.execute("UPDATE idempotency_keys SET state = 'done', status = ?, body = ? "
                          "WHERE client_id = ? AND key = ? AND state = 'processing'",
-                         (int(status), _dumps(body), client_id or "", key))
+                         (int(status), dumps(body), client_id or "", key))
 
     def idempotency_abort(self, client_id: str | None, key: str) -> None:
         with self._db.write() as conn:
@@ -582,7 +463,7 @@ class Store:
     def get_response(self, response_id: str, client_id: str | None = None) -> dict:
         with self._db.read() as conn:
             response = self._response_row(conn, response_id, client_id)
-            task = dict(conn.execute(_TASK_SELECT + " WHERE response_id = ?", (response_id,)).fetchone())
+            task = dict(conn.execute(TASK_SELECT + " WHERE response_id = ?", (response_id,)).fetchone())
             return self._render_response(conn, response, task)
 
     def _page(self, conn: sqlite3.Connection, sql: str, args: list, limit: int, render) -> dict:
@@ -608,7 +489,7 @@ class Store:
                + " AND ".join(where) + " ORDER BY r.id DESC")
         with self._db.read() as conn:
             def render(rid: str) -> dict:
-                task = dict(conn.execute(_TASK_SELECT + " WHERE response_id = ?", (rid,)).fetchone())
+                task = dict(conn.execute(TASK_SELECT + " WHERE response_id = ?", (rid,)).fetchone())
                 return self._render_response(conn, self._response_row(conn, rid), task)
             return self._page(conn, sql, args, limit, render)
 
@@ -626,7 +507,7 @@ class Store:
             if task is not None:
                 final = None
                 if keep_for_key:
-                    full = dict(conn.execute(_TASK_SELECT + " WHERE id = ?", (task["id"],)).fetchone())
+                    full = dict(conn.execute(TASK_SELECT + " WHERE id = ?", (task["id"],)).fetchone())
                     final = self._render_response(conn, response, full)
                 self._answer_keys(conn, task["id"], final)
             conn.execute("DELETE FROM responses WHERE id = ?", (response_id,))  # cascades to task and events
@@ -639,7 +520,7 @@ class Store:
         (the finished Response object), or else 404, the response deleted."""
         status, body = (200, final) if final is not None else (404, _DELETED_ANSWER)
         conn.execute("UPDATE idempotency_keys SET state = 'done', status = ?, body = ?, task_id = NULL "
-                     "WHERE task_id = ?", (status, _dumps(body), task_id))
+                     "WHERE task_id = ?", (status, dumps(body), task_id))
 
     def get_task(self, task_id: str, client_id: str | None = None) -> dict:
         with self._db.read() as conn:
@@ -685,7 +566,7 @@ class Store:
 
     def last_sequence(self, task_id: str) -> int:
         with self._db.read() as conn:
-            row = conn.execute(f"SELECT {_last_seq_sql('tasks')} FROM tasks WHERE id = ?", (task_id,)).fetchone()
+            row = conn.execute(f"SELECT {last_seq_sql('tasks')} FROM tasks WHERE id = ?", (task_id,)).fetchone()
         if row is None:
             raise NotFound(f"no task {task_id}")
         return row[0]
@@ -699,7 +580,7 @@ class Store:
             for i in range(0, len(ids), 500):
                 chunk = ids[i:i + 500]
                 marks = ",".join("?" * len(chunk))
-                out.update(conn.execute(f"SELECT id, {_last_seq_sql('tasks')} FROM tasks WHERE id IN ({marks})",
+                out.update(conn.execute(f"SELECT id, {last_seq_sql('tasks')} FROM tasks WHERE id IN ({marks})",
                                         chunk))
         return out
 
@@ -745,7 +626,7 @@ class Store:
             return []
         with self._db.write() as conn:
             now = self._clock()
-            rows = conn.execute(f"{_TASK_SELECT} WHERE {_CLAIMABLE_SQL} "
+            rows = conn.execute(f"{TASK_SELECT} WHERE {CLAIMABLE_SQL} "
                                 "ORDER BY created_at, id LIMIT ?", (int(limit),)).fetchall()
             claims = []
             for row in rows:
@@ -785,7 +666,7 @@ class Store:
         """
         with self._db.write() as conn:
             now = self._clock()
-            sql = f"UPDATE tasks SET lease_expires = ? WHERE owner = ? AND status IN {_UNFINISHED_SQL}"
+            sql = f"UPDATE tasks SET lease_expires = ? WHERE owner = ? AND status IN {UNFINISHED_SQL}"
             if task_ids is None:
                 conn.execute(sql, (now + lease, owner))
             else:
@@ -948,7 +829,7 @@ class Store:
         item_open, pending_tokens, kv_path, item_id)``. For the serving benchmark's
         in-memory mode, which makes a task's events before it writes them."""
         with self._db.read() as conn:
-            row = conn.execute(f"SELECT t.owner, {_last_seq_sql('t')}, t.item_open, t.pending_tokens, t.kv_path,"
+            row = conn.execute(f"SELECT t.owner, {last_seq_sql('t')}, t.item_open, t.pending_tokens, t.kv_path,"
                                " r.item_id FROM tasks t JOIN responses r ON r.id = t.response_id WHERE t.id = ?",
                                (task_id,)).fetchone()
         if row is None:
@@ -994,9 +875,9 @@ class Store:
             delta = item.get("delta")
             finish = item.get("finish")
             if not item_open and (delta or finish == "stop" or finish == "length"):
-                events.append((tid, seq + 1, "response.output_item.added", now, None, None, _dumps(
+                events.append((tid, seq + 1, "response.output_item.added", now, None, None, dumps(
                     {"output_index": 0, "item": obj.output_item(item_id, "in_progress", None)})))
-                events.append((tid, seq + 2, "response.content_part.added", now, None, None, _dumps(
+                events.append((tid, seq + 2, "response.content_part.added", now, None, None, dumps(
                     {"item_id": item_id, "output_index": 0, "content_index": 0, "part": obj.output_part("")})))
                 seq += 2
                 item_open = 1
@@ -1033,7 +914,7 @@ class Store:
     # fails on task_events' primary key. A task whose row changes without an event of
     # its own in this step (a token held back) has the same condition in its update.
     _STEP_UPDATE = ("UPDATE tasks SET item_open = ?, pending_tokens = ?, kv_path = ? WHERE id = ? AND owner = ? "
-                    f"AND {_last_seq_sql('tasks')} = ?")
+                    f"AND {last_seq_sql('tasks')} = ?")
 
     @classmethod
     def _fast_rows(cls, owner: str, items: list[dict], known: dict, now: float) -> tuple:
@@ -1071,7 +952,7 @@ class Store:
         for i in range(0, len(wanted), 500):
             chunk = wanted[i:i + 500]
             for row in conn.execute(
-                    f"SELECT t.id, t.status, t.owner, {_last_seq_sql('t')}, t.item_open, t.pending_tokens, t.kv_path,"
+                    f"SELECT t.id, t.status, t.owner, {last_seq_sql('t')}, t.item_open, t.pending_tokens, t.kv_path,"
                     " r.item_id, t.attempts FROM tasks t JOIN responses r ON r.id = t.response_id"
                     f" WHERE t.id IN ({','.join('?' * len(chunk))})", chunk):
                 if row[2] == owner and row[1] in (st.RUNNING, st.CANCELLING):
@@ -1128,7 +1009,7 @@ class Store:
                              text, response)
         usage = item.get("usage")
         conn.execute("UPDATE responses SET output_text = ?, usage = ?, incomplete_reason = ? WHERE id = ?",
-                     (text, None if usage is None else _dumps(usage), reason, response["id"]))
+                     (text, None if usage is None else dumps(usage), reason, response["id"]))
         self._finish(conn, task, target, now, error=error)
         self._emit_response(conn, task, etype, now)
         self._save(conn, task)
@@ -1163,7 +1044,7 @@ class Store:
         with self._db.write() as conn:
             conn.execute("UPDATE tasks SET owner = NULL, lease_expires = NULL WHERE owner = ? AND status = 'queued'",
                          (owner,))
-            conn.execute(f"UPDATE tasks SET lease_expires = 0 WHERE owner = ? AND status IN {_UNFINISHED_SQL}",
+            conn.execute(f"UPDATE tasks SET lease_expires = 0 WHERE owner = ? AND status IN {UNFINISHED_SQL}",
                          (owner,))
 
     def recover(self, *, startup: bool = True, now: float | None = None, batch: int = 100,
@@ -1179,7 +1060,7 @@ class Store:
         """
         report: dict[str, list] = {"failed": [], "requeued": [], "resumed": [], "cancelled": [], "kv_paths": []}
         when = self._clock() if now is None else now
-        where = f"status IN {_UNFINISHED_SQL}"
+        where = f"status IN {UNFINISHED_SQL}"
         args: tuple = ()
         if not startup:
             where += " AND owner IS NOT NULL AND lease_expires < ?"
@@ -1250,8 +1131,8 @@ class Store:
         while True:
             before = counts["tasks"]
             with self._db.read() as conn:
-                rows = conn.execute(f"SELECT id, response_id, {_last_seq_sql('tasks')} FROM tasks WHERE "
-                                    f"finished_at < ? AND status IN {_FINISHED_SQL} ORDER BY finished_at LIMIT ?",
+                rows = conn.execute(f"SELECT id, response_id, {last_seq_sql('tasks')} FROM tasks WHERE "
+                                    f"finished_at < ? AND status IN {FINISHED_SQL} ORDER BY finished_at LIMIT ?",
                                     (cutoff, batch)).fetchall()
             if not rows:
                 break

@@ -1,0 +1,144 @@
+"""What every area of the store shares: the database, the clock, the id maker,
+and the task log's primitives (a task's row, its events, its transitions).
+
+Each area of :class:`lmsp.store.Store` is a class derived from
+:class:`StoreBase` (see :mod:`lmsp.store.store`); the helpers here run inside a
+transaction an area opened, on the connection it hands them.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any, Callable
+
+from .. import objects as obj
+from ..contracts import StepState
+from ..errors import NotFound
+from . import states as st
+from .db import Database
+
+UNFINISHED_SQL = "('queued','loading','running','cancelling')"
+# a task a worker may claim: word for word the WHERE of the tasks_claimable
+# partial index (schema.py), so that SQLite answers from that index
+CLAIMABLE_SQL = "owner IS NULL AND status IN ('queued','running')"
+FINISHED_SQL = "('completed','failed','cancelled')"
+
+
+def last_seq_sql(table: str) -> str:
+    """A task's sequence counter: the number of its last event (0 before the first).
+
+    task_events' primary key (task_id, seq) is the counter, read in one seek, so
+    appending an event is the whole of advancing it: no task row has to follow
+    each event, and two writers of one number collide on that key.
+    """
+    return f"coalesce((SELECT max(seq) FROM task_events e WHERE e.task_id = {table}.id), 0)"
+
+
+# a task row as a dict of these, plus ``last_seq``
+TASK_SELECT = ("SELECT id, response_id, client_id, model, status, on_restart, attempts, created_at, started_at,"
+               " finished_at, error, owner, lease_expires, attempt_seq, item_open, pending_tokens, kv_path, "
+               f"{last_seq_sql('tasks')} AS last_seq FROM tasks")
+
+
+def dumps(value: Any) -> str:
+    """The compact JSON the store keeps."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+class StoreBase:
+    """The state every area works on; see the module docstring."""
+
+    def __init__(self, db: Database, *, clock: Callable[[], float], new_id: Callable[[str], str],
+                 idempotency_ttl: float) -> None:
+        self._db = db
+        self._clock = clock
+        self._new_id = new_id
+        self.idempotency_ttl = float(idempotency_ttl)
+        # task id -> the StepState this process last committed for it: only a hint,
+        # checked inside every transaction that relies on it (lmsp.store.steps)
+        self._step_cache: dict[str, StepState] = {}
+
+    @staticmethod
+    def _task(conn: sqlite3.Connection, task_id: str, client_id: str | None = None) -> dict:
+        row = conn.execute(TASK_SELECT + " WHERE id = ?", (task_id,)).fetchone()
+        if row is None or (client_id is not None and row["client_id"] != client_id):
+            raise NotFound(f"no task {task_id}")
+        return dict(row)
+
+    @staticmethod
+    def _response_row(conn: sqlite3.Connection, response_id: str, client_id: str | None = None) -> sqlite3.Row:
+        row = conn.execute("SELECT * FROM responses WHERE id = ?", (response_id,)).fetchone()
+        if row is None or (client_id is not None and row["client_id"] != client_id):
+            raise NotFound(f"no response {response_id}")
+        return row
+
+    @staticmethod
+    def _attempt_text(conn: sqlite3.Connection, task: dict) -> str:
+        rows = conn.execute("SELECT text FROM task_events WHERE task_id = ? AND seq > ? AND data IS NULL "
+                            "ORDER BY seq", (task["id"], task["attempt_seq"])).fetchall()
+        return "".join(r[0] for r in rows)
+
+    def _render_response(self, conn: sqlite3.Connection, response: sqlite3.Row, task: dict) -> dict:
+        if task["status"] in st.FINISHED and response["output_text"] is not None:
+            text = response["output_text"]
+        else:
+            text = self._attempt_text(conn, task)
+        return obj.response_object(response, task, text)
+
+    @staticmethod
+    def _emit(conn: sqlite3.Connection, task: dict, etype: str, now: float, payload: dict) -> int:
+        task["last_seq"] += 1
+        conn.execute("INSERT INTO task_events (task_id, seq, type, created_at, data) VALUES (?,?,?,?,?)",
+                     (task["id"], task["last_seq"], etype, now, dumps(payload)))
+        return task["last_seq"]
+
+    def _emit_task(self, conn: sqlite3.Connection, task: dict, etype: str, now: float) -> None:
+        task["last_seq"] += 1  # the Task object carries the number of the event that holds it
+        payload = {"task": obj.task_object(task)}
+        task["last_seq"] -= 1
+        self._emit(conn, task, etype, now, payload)
+
+    def _emit_response(self, conn: sqlite3.Connection, task: dict, etype: str, now: float,
+                       response: sqlite3.Row | None = None) -> None:
+        if response is None:
+            response = self._response_row(conn, task["response_id"])
+        task["last_seq"] += 1
+        payload = {"response": self._render_response(conn, response, task)}
+        task["last_seq"] -= 1  # a response.failed carries its error in response.error only (B.6)
+        self._emit(conn, task, etype, now, payload)
+
+    def _close_item(self, conn: sqlite3.Connection, task: dict, now: float, status: str, text: str,
+                    response: sqlite3.Row | None = None) -> None:
+        """The three events that close the open output item with ``text`` as its content."""
+        if response is None:
+            response = self._response_row(conn, task["response_id"])
+        base = {"item_id": response["item_id"], "output_index": 0, "content_index": 0}
+        self._emit(conn, task, "response.output_text.done", now, {**base, "text": text})
+        self._emit(conn, task, "response.content_part.done", now, {**base, "part": obj.output_part(text)})
+        self._emit(conn, task, "response.output_item.done", now, {
+            "output_index": 0, "item": obj.output_item(response["item_id"], status, text)})
+        task["item_open"] = 0
+
+    @staticmethod
+    def _save(conn: sqlite3.Connection, task: dict) -> None:
+        conn.execute(
+            "UPDATE tasks SET status=?, attempts=?, started_at=?, finished_at=?, error=?, owner=?,"
+            " lease_expires=?, attempt_seq=?, item_open=?, pending_tokens=?, kv_path=? WHERE id=?",
+            (task["status"], task["attempts"], task["started_at"], task["finished_at"], task["error"],
+             task["owner"], task["lease_expires"], task["attempt_seq"], task["item_open"],
+             task["pending_tokens"], task["kv_path"], task["id"]))
+
+    @staticmethod
+    def _move(task: dict, target: str) -> None:
+        st.check(task["id"], task["status"], target)
+        task["status"] = target
+
+    def _finish(self, conn: sqlite3.Connection, task: dict, target: str, now: float, *,
+                error: dict | None = None) -> None:
+        """Move to a finished state and release the claim (the caller writes the final
+        event). An output item still open is closed first, ``incomplete``."""
+        self._move(task, target)
+        if task["item_open"]:
+            self._close_item(conn, task, now, "incomplete", self._attempt_text(conn, task))
+        task.update(finished_at=now, owner=None, lease_expires=None, pending_tokens="", kv_path=None,
+                    error=None if error is None else dumps(error))
