@@ -1,0 +1,138 @@
+"""The store's accounts: the service's identity and settings, its clients and their
+pairing codes (LMSP chapter 11's ``service_config``, ``clients``, ``pairings``)."""
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+from .. import objects as obj
+from ..errors import Conflict, InvalidRequest, NotFound, RateLimited
+from .base import StoreBase, dumps
+
+
+class AccountsArea(StoreBase):
+    """Identity, settings, clients and pairings."""
+
+    # -- identity & settings ---------------------------------------------------------------
+    def identity(self) -> dict:
+        """``{"service_id", "created_at"}``, created on the first call against an empty database."""
+        with self._db.read() as conn:
+            rows = dict(conn.execute("SELECT key, value FROM service_config "
+                                     "WHERE key IN ('identity.service_id', 'identity.created_at')"))
+        if len(rows) < 2:
+            with self._db.write() as conn:
+                now = self._clock()
+                conn.execute("INSERT OR IGNORE INTO service_config VALUES ('identity.service_id', ?)",
+                             (dumps(self._new_id("svc")),))
+                conn.execute("INSERT OR IGNORE INTO service_config VALUES ('identity.created_at', ?)",
+                             (dumps(int(now)),))
+                rows = dict(conn.execute("SELECT key, value FROM service_config "
+                                         "WHERE key IN ('identity.service_id', 'identity.created_at')"))
+        return {"service_id": json.loads(rows["identity.service_id"]),
+                "created_at": json.loads(rows["identity.created_at"])}
+
+    def get_setting(self, key: str, default: Any = None) -> Any:
+        with self._db.read() as conn:
+            row = conn.execute("SELECT value FROM service_config WHERE key = ?", ("setting." + key,)).fetchone()
+        return default if row is None else json.loads(row[0])
+
+    def set_setting(self, key: str, value: Any) -> None:
+        text = dumps(value)
+        with self._db.write() as conn:
+            conn.execute("INSERT INTO service_config VALUES (?, ?) "
+                         "ON CONFLICT(key) DO UPDATE SET value = excluded.value", ("setting." + key, text))
+
+    # -- clients & pairing -----------------------------------------------------------------
+    def create_client(self, *, name: str, scopes: list[str], token_hash: str) -> dict:
+        if not isinstance(name, str) or not name.strip():
+            raise InvalidRequest("a client needs a name", param="name")
+        if not isinstance(scopes, (list, tuple)) or not all(isinstance(s, str) for s in scopes):
+            raise InvalidRequest("scopes must be a list of strings", param="scopes")
+        with self._db.write() as conn:
+            return self._insert_client(conn, name, list(scopes), token_hash)
+
+    def _insert_client(self, conn: sqlite3.Connection, name: str, scopes: list[str], token_hash: str) -> dict:
+        cid = self._new_id("cli")
+        try:
+            conn.execute("INSERT INTO clients (id, name, scopes, token_hash, created_at) VALUES (?,?,?,?,?)",
+                         (cid, name, dumps(scopes), token_hash, self._clock()))
+        except sqlite3.IntegrityError as exc:
+            raise Conflict("a client with this token already exists") from exc
+        return obj.client_object(conn.execute("SELECT * FROM clients WHERE id = ?", (cid,)).fetchone())
+
+    def client_by_token_hash(self, token_hash: str) -> dict | None:
+        with self._db.read() as conn:
+            row = conn.execute("SELECT * FROM clients WHERE token_hash = ? AND revoked_at IS NULL",
+                               (token_hash,)).fetchone()
+        return None if row is None else obj.client_object(row)
+
+    def client_active(self, client_id: str) -> bool:
+        """Whether the client exists and is not revoked (an open stream asks now and then)."""
+        with self._db.read() as conn:
+            return conn.execute("SELECT 1 FROM clients WHERE id = ? AND revoked_at IS NULL",
+                                (client_id,)).fetchone() is not None
+
+    def list_clients(self) -> list[dict]:
+        with self._db.read() as conn:
+            return [obj.client_object(r) for r in conn.execute("SELECT * FROM clients ORDER BY id")]
+
+    def revoke_client(self, client_id: str) -> dict:
+        with self._db.write() as conn:
+            conn.execute("UPDATE clients SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
+                         (self._clock(), client_id))
+            row = conn.execute("SELECT * FROM clients WHERE id = ?", (client_id,)).fetchone()
+            if row is None:
+                raise NotFound(f"no client {client_id}")
+            return obj.client_object(row)
+
+    def create_pairing(self, *, code_hash: str, scopes: list[str], expires_at: float,
+                       name: str | None = None) -> dict:
+        if not isinstance(scopes, (list, tuple)) or not all(isinstance(s, str) for s in scopes):
+            raise InvalidRequest("scopes must be a list of strings", param="scopes")
+        pid = self._new_id("pair")
+        with self._db.write() as conn:
+            try:
+                conn.execute("INSERT INTO pairings (id, code_hash, name, scopes, created_at, expires_at) "
+                             "VALUES (?,?,?,?,?,?)",
+                             (pid, code_hash, name, dumps(list(scopes)), self._clock(), float(expires_at)))
+            except sqlite3.IntegrityError as exc:
+                raise Conflict("this pairing code already exists") from exc
+            return obj.pairing_object(conn.execute("SELECT * FROM pairings WHERE id = ?", (pid,)).fetchone())
+
+    def redeem_pairing(self, *, code_hash: str, client_name: str, token_hash: str,
+                       max_failures: int | None = None, window: float = 60.0) -> dict:
+        """Use a pairing code once and create its client; NotFound if unknown, used or
+        expired, which counts as a failed attempt. With ``max_failures``: RateLimited
+        once that many attempts failed within ``window`` seconds. The count, the code's
+        use and the failure's record are one transaction, so concurrent guesses
+        cannot all pass the count before any of them is recorded."""
+        if not isinstance(client_name, str) or not client_name.strip():
+            raise InvalidRequest("client_name is required", param="client_name")
+        client = None
+        with self._db.write() as conn:
+            now = self._clock()
+            limited = max_failures is not None and conn.execute(
+                "SELECT count(*) FROM pairing_failures WHERE at >= ?", (now - window,)).fetchone()[0] >= max_failures
+            if not limited:
+                row = conn.execute("SELECT * FROM pairings WHERE code_hash = ? AND used_at IS NULL AND expires_at > ?",
+                                   (code_hash, now)).fetchone()
+                if row is None:
+                    conn.execute("INSERT INTO pairing_failures (at) VALUES (?)", (now,))  # committed below
+                else:
+                    client = self._insert_client(conn, client_name, json.loads(row["scopes"]), token_hash)
+                    conn.execute("UPDATE pairings SET used_at = ?, client_id = ? WHERE id = ?",
+                                 (now, client["id"], row["id"]))
+        if limited:
+            raise RateLimited("too many failed pairing attempts; try again later", retry_after=int(window))
+        if client is None:
+            raise NotFound("unknown, used or expired pairing code", param="code")
+        return client
+
+    def count_pairing_failures(self, since: float) -> int:
+        with self._db.read() as conn:
+            return conn.execute("SELECT count(*) FROM pairing_failures WHERE at >= ?", (since,)).fetchone()[0]
+
+    def record_pairing_failure(self) -> None:
+        with self._db.write() as conn:
+            conn.execute("INSERT INTO pairing_failures (at) VALUES (?)", (self._clock(),))
