@@ -7,23 +7,22 @@ and idempotency decisions are all made inside the transaction that writes them.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 from .. import ids as _ids
 from .. import objects as obj
-from ..errors import (IdempotencyKeyInUse, IdempotencyKeyReused, InvalidRequest,
-                      NotFound, RateLimited, TaskFinished, TaskUnfinished)
+from ..errors import InvalidRequest, NotFound, RateLimited, TaskFinished, TaskUnfinished
 from . import states as st
 from .accounts import AccountsArea
 from .base import (CLAIMABLE_SQL, FINISHED_SQL, TASK_SELECT, UNFINISHED_SQL, dumps,
                    last_seq_sql)
 from .db import Database, translate
+from .idempotency import IdempotencyArea, answer_keys
 from .models import ModelsArea
 from .schema import migrate
 
@@ -37,22 +36,12 @@ RESPONSE_STATUSES = {
 }
 FINISHES = (None, "stop", "length", "cancelled", "error")
 _MAX_LIMIT = 100
-# what a retry with the idempotency key of a deleted response is answered (B.8: no second task)
-_DELETED_ANSWER = {"error": {"code": "not_found", "param": None,
-                             "message": "the response of this Idempotency-Key was deleted"}}
 _NO_ENTRY = (None,)
 _DELTA = "response.output_text.delta"
 
 
 class _StaleStep(Exception):
     """A cached task state no longer matches its row (internal: the step is redone)."""
-
-
-def fingerprint(client_id: str | None, method: str, path: str, body: Any) -> str:
-    """The request fingerprint of B.8: sha256 hex of the canonical JSON of the request."""
-    canonical = json.dumps([client_id, method.upper(), path, body], sort_keys=True,
-                           separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
 def _tokens_list(text: str | None) -> list[int]:
@@ -65,13 +54,10 @@ def _limit(limit: int) -> int:
     return limit
 
 
-class Store(AccountsArea, ModelsArea):
+class Store(AccountsArea, ModelsArea, IdempotencyArea):
     """The service's state in one SQLite file (see the module docstring of :mod:`lmsp.store.db`
     for what each ``durability`` level risks)."""
 
-    #: seconds after which a generic request's 'processing' idempotency row counts as
-    #: abandoned (its process died before idempotency_finish/abort) and may be taken over
-    PROCESSING_TIMEOUT = 600.0
     # Methods that only read (one deferred transaction, no write): lmsp.hubsafe
     # runs them on the gevent hub itself, failing fast on a lock, and only
     # sends them to its thread pool when a lock is met.
@@ -175,8 +161,7 @@ class Store(AccountsArea, ModelsArea):
         with self._db.write() as conn:
             now = self._clock()
             if idempotency is not None:
-                key, fp = idempotency
-                replay = self._idempotency_check(conn, client_id, key, fp, now)
+                replay = self._replay(conn, client_id, idempotency, now)
                 if replay is not None:
                     return replay
             if max_unfinished is not None and client_id is not None:
@@ -209,81 +194,11 @@ class Store(AccountsArea, ModelsArea):
                 seed = (owner, task["last_seq"], 0, "", None, mid)
             self._save(conn, task)
             if idempotency is not None:
-                if background:
-                    conn.execute("INSERT INTO idempotency_keys (client_id, key, fingerprint, state, status, body,"
-                                 " task_id, created_at, expires_at) VALUES (?,?,?,'done',202,?,?,?,?)",
-                                 (client_id or "", key, fp, dumps(body), tid, now, now + self.idempotency_ttl))
-                else:
-                    conn.execute("INSERT INTO idempotency_keys (client_id, key, fingerprint, state, task_id,"
-                                 " created_at, expires_at) VALUES (?,?,?,'task',?,?,?)",
-                                 (client_id or "", key, fp, tid, now, now + self.idempotency_ttl))
+                self._remember_task_key(conn, client_id, idempotency, tid, body if background else None, now)
             out = {"response": body, "task": obj.task_object(task), "replay": None, "claim": claimed}
         if seed is not None:  # committed
             self._step_cache[tid] = seed
         return out
-
-    def _idempotency_check(self, conn: sqlite3.Connection, client_id: str | None, key: str, fp: str,
-                           now: float) -> dict | None:
-        row = conn.execute("SELECT * FROM idempotency_keys WHERE client_id = ? AND key = ?",
-                           (client_id or "", key)).fetchone()
-        if row is None:
-            return None
-        if row["expires_at"] <= now:
-            conn.execute("DELETE FROM idempotency_keys WHERE client_id = ? AND key = ?", (client_id or "", key))
-            return None
-        if row["fingerprint"] != fp:
-            raise IdempotencyKeyReused("this Idempotency-Key was used with a different request")
-        if row["state"] == "processing":
-            raise IdempotencyKeyInUse("a request with this Idempotency-Key is still being processed")
-        task = response = None
-        if row["task_id"] is not None:
-            trow = conn.execute(TASK_SELECT + " WHERE id = ?", (row["task_id"],)).fetchone()
-            if trow is not None:
-                task = dict(trow)
-                response = self._render_response(conn, self._response_row(conn, task["response_id"]), task)
-        if row["state"] == "done":
-            return {"response": response, "task": None if task is None else obj.task_object(task),
-                    "replay": (row["status"], json.loads(row["body"]))}
-        if task is None:  # its task is gone without its key row turned into an answer: still no second task
-            return {"response": None, "task": None, "replay": (404, _DELETED_ANSWER)}
-        if task["status"] in st.UNFINISHED:
-            raise IdempotencyKeyInUse("the request with this Idempotency-Key is still running")
-        return {"response": response, "task": obj.task_object(task), "replay": (200, response)}
-
-    def idempotency_begin(self, client_id: str | None, key: str, fingerprint: str, *,
-                          ttl: float | None = None) -> tuple[int, dict] | None:
-        """For a generic POST: None = go ahead (a 'processing' row is now held), else ``(status, body)``.
-        ``ttl``: seconds the key is kept, if not the service's ``idempotency_ttl``."""
-        with self._db.write() as conn:
-            now = self._clock()
-            row = conn.execute("SELECT * FROM idempotency_keys WHERE client_id = ? AND key = ?",
-                               (client_id or "", key)).fetchone()
-            if row is not None and row["expires_at"] > now:
-                if row["fingerprint"] != fingerprint:
-                    raise IdempotencyKeyReused("this Idempotency-Key was used with a different request")
-                abandoned = row["created_at"] < now - self.PROCESSING_TIMEOUT  # its process died
-                if row["state"] == "processing" and not abandoned:
-                    raise IdempotencyKeyInUse("a request with this Idempotency-Key is still being processed")
-                if row["state"] == "done":
-                    return row["status"], json.loads(row["body"])
-                if row["state"] == "task":
-                    raise IdempotencyKeyInUse("this Idempotency-Key belongs to a response request")
-            conn.execute("INSERT OR REPLACE INTO idempotency_keys (client_id, key, fingerprint, state, created_at,"
-                         " expires_at) VALUES (?,?,?,'processing',?,?)",
-                         (client_id or "", key, fingerprint, now,
-                          now + (self.idempotency_ttl if ttl is None else float(ttl))))
-            return None
-
-    def idempotency_finish(self, client_id: str | None, key: str, status: int, body: dict) -> None:
-        with self._db.write() as conn:
-            conn.execute("UPDATE idempotency_keys SET state = 'done', status = ?, body = ? "
-                         "WHERE client_id = ? AND key = ? AND state = 'processing'",
-                         (int(status), dumps(body), client_id or "", key))
-
-    def idempotency_abort(self, client_id: str | None, key: str) -> None:
-        with self._db.write() as conn:
-            conn.execute("DELETE FROM idempotency_keys WHERE client_id = ? AND key = ? AND state = 'processing'",
-                         (client_id or "", key))
 
     def get_response(self, response_id: str, client_id: str | None = None) -> dict:
         with self._db.read() as conn:
@@ -334,18 +249,9 @@ class Store(AccountsArea, ModelsArea):
                 if keep_for_key:
                     full = dict(conn.execute(TASK_SELECT + " WHERE id = ?", (task["id"],)).fetchone())
                     final = self._render_response(conn, response, full)
-                self._answer_keys(conn, task["id"], final)
+                answer_keys(conn, task["id"], final)
             conn.execute("DELETE FROM responses WHERE id = ?", (response_id,))  # cascades to task and events
         return obj.deleted_response(response_id)
-
-    @staticmethod
-    def _answer_keys(conn: sqlite3.Connection, task_id: str, final: dict | None) -> None:
-        """The idempotency keys of a task about to be deleted keep, until they
-        expire, what a retry is answered (B.8: never a second task): ``final``
-        (the finished Response object), or else 404, the response deleted."""
-        status, body = (200, final) if final is not None else (404, _DELETED_ANSWER)
-        conn.execute("UPDATE idempotency_keys SET state = 'done', status = ?, body = ?, task_id = NULL "
-                     "WHERE task_id = ?", (status, dumps(body), task_id))
 
     def get_task(self, task_id: str, client_id: str | None = None) -> dict:
         with self._db.read() as conn:
@@ -1004,6 +910,6 @@ class Store(AccountsArea, ModelsArea):
                 if row is None or row["status"] not in st.FINISHED or not row["finished_at"] < cutoff:
                     continue
                 counts["events"] += conn.execute("DELETE FROM task_events WHERE task_id = ?", (tid,)).rowcount
-                self._answer_keys(conn, tid, None)
+                answer_keys(conn, tid, None)
                 conn.execute("DELETE FROM responses WHERE id = ?", (rid,))  # cascades to the task
                 counts["tasks"] += 1
