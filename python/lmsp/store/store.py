@@ -7,12 +7,11 @@ and idempotency decisions are all made inside the transaction that writes them.
 """
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import time
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
 from .. import ids as _ids
 from .. import objects as obj
@@ -26,6 +25,7 @@ from .idempotency import IdempotencyArea, answer_keys
 from .models import ModelsArea
 from .reads import ReadsArea
 from .schema import migrate
+from .worker import WorkerArea, claim_record
 
 FINISHES = (None, "stop", "length", "cancelled", "error")
 _NO_ENTRY = (None,)
@@ -36,11 +36,7 @@ class _StaleStep(Exception):
     """A cached task state no longer matches its row (internal: the step is redone)."""
 
 
-def _tokens_list(text: str | None) -> list[int]:
-    return [int(t) for t in text.split(",")] if text else []
-
-
-class Store(AccountsArea, ModelsArea, ReadsArea, IdempotencyArea):
+class Store(AccountsArea, ModelsArea, ReadsArea, IdempotencyArea, WorkerArea):
     """The service's state in one SQLite file (see the module docstring of :mod:`lmsp.store.db`
     for what each ``durability`` level risks)."""
 
@@ -162,7 +158,7 @@ class Store(AccountsArea, ModelsArea, ReadsArea, IdempotencyArea):
             if claim is not None and conn.execute(
                     f"SELECT 1 FROM tasks WHERE {CLAIMABLE_SQL} AND id != ? LIMIT 1", (tid,)).fetchone() is None:
                 owner, lease = claim
-                claimed = self._claim_record(task, response, None)
+                claimed = claim_record(task, response, None)
                 self._move(task, st.RUNNING)
                 task.update(owner=owner, lease_expires=now + lease, started_at=now)
                 self._emit_task(conn, task, "task.running", now)
@@ -215,100 +211,6 @@ class Store(AccountsArea, ModelsArea, ReadsArea, IdempotencyArea):
                 self._emit_task(conn, task, "task.cancelling", now)
                 self._save(conn, task)
             return obj.task_object(task)
-
-    # -- the worker side -------------------------------------------------------------------
-    def _owned(self, conn: sqlite3.Connection, task_id: str, owner: str, target: str) -> dict:
-        """The task, if ``owner`` holds it and may move it to ``target`` (or it is there already)."""
-        task = self._task(conn, task_id)
-        if task["status"] != target:
-            st.check(task_id, task["status"], target)
-        if task["owner"] != owner:
-            raise st.ClaimLost(task_id, owner, task["owner"])
-        return task
-
-    def claim(self, owner: str, *, limit: int, lease: float) -> list[dict]:
-        """Atomically take up to ``limit`` claimable tasks, oldest first (queued, or running to resume)."""
-        if not owner:
-            raise ValueError("owner must be a non-empty string")
-        if limit < 1:
-            return []
-        with self._db.write() as conn:
-            now = self._clock()
-            rows = conn.execute(f"{TASK_SELECT} WHERE {CLAIMABLE_SQL} "
-                                "ORDER BY created_at, id LIMIT ?", (int(limit),)).fetchall()
-            claims = []
-            for row in rows:
-                task = dict(row)
-                conn.execute("UPDATE tasks SET owner = ?, lease_expires = ? WHERE id = ?",
-                             (owner, now + lease, task["id"]))
-                response = self._response_row(conn, task["response_id"])
-                resume = None
-                if task["status"] == st.RUNNING:
-                    events = conn.execute("SELECT text, tokens FROM task_events WHERE task_id = ? AND seq > ? "
-                                          "AND data IS NULL ORDER BY seq", (task["id"], task["attempt_seq"]))
-                    generated: list[int] = []
-                    emitted = []
-                    for text, tokens in events:
-                        generated.extend(_tokens_list(tokens))
-                        emitted.append(text)
-                    generated.extend(_tokens_list(task["pending_tokens"]))
-                    resume = {"generated": generated, "emitted": "".join(emitted), "kv_path": task["kv_path"]}
-                claims.append(self._claim_record(task, response, resume))
-            return claims
-
-    @staticmethod
-    def _claim_record(task: dict, response: sqlite3.Row, resume: dict | None) -> dict:
-        """What a worker needs to run a task it claimed (``status``: the state it was claimed in)."""
-        return {"task_id": task["id"], "response_id": task["response_id"], "model": task["model"],
-                "request": json.loads(response["request"]), "status": task["status"],
-                "on_restart": task["on_restart"], "attempts": task["attempts"],
-                "item_id": response["item_id"], "resume": resume, "client_id": task["client_id"]}
-
-    def renew(self, owner: str, *, lease: float, task_ids: Iterable[str] | None = None) -> list[str]:
-        """Extend the leases of ``owner``'s unfinished tasks (only those in ``task_ids`` when
-        given); return those of its tasks now ``cancelling``.
-
-        A worker names the tasks it runs, so that one it holds but does not run
-        (lost between its claim and its start) is not kept alive: its lease runs
-        out and recovery applies its restart policy.
-        """
-        with self._db.write() as conn:
-            now = self._clock()
-            sql = f"UPDATE tasks SET lease_expires = ? WHERE owner = ? AND status IN {UNFINISHED_SQL}"
-            if task_ids is None:
-                conn.execute(sql, (now + lease, owner))
-            else:
-                ids = list(task_ids)
-                for i in range(0, len(ids), 500):
-                    chunk = ids[i:i + 500]
-                    conn.execute(f"{sql} AND id IN ({','.join('?' * len(chunk))})", (now + lease, owner, *chunk))
-            return [r[0] for r in conn.execute("SELECT id FROM tasks WHERE owner = ? AND status = 'cancelling'",
-                                               (owner,))]
-
-    def set_loading(self, task_id: str, owner: str) -> None:
-        """queued → loading (+ ``task.loading``)."""
-        with self._db.write() as conn:
-            now = self._clock()
-            task = self._owned(conn, task_id, owner, st.LOADING)
-            if task["status"] == st.LOADING:
-                return
-            self._move(task, st.LOADING)
-            self._emit_task(conn, task, "task.loading", now)
-            self._save(conn, task)
-
-    def set_running(self, task_id: str, owner: str) -> None:
-        """queued/loading → running (+ ``task.running``, ``response.in_progress``); a resumed task: nothing."""
-        with self._db.write() as conn:
-            now = self._clock()
-            task = self._owned(conn, task_id, owner, st.RUNNING)
-            if task["status"] == st.RUNNING:
-                return
-            self._move(task, st.RUNNING)
-            if task["started_at"] is None:
-                task["started_at"] = now
-            self._emit_task(conn, task, "task.running", now)
-            self._emit_response(conn, task, "response.in_progress", now)
-            self._save(conn, task)
 
     def append_step(self, owner: str, items: list[dict], *, with_events: bool = False) -> dict:
         """Record one engine step for many tasks in ONE transaction.
@@ -622,38 +524,6 @@ class Store(AccountsArea, ModelsArea, ReadsArea, IdempotencyArea):
         self._emit_response(conn, task, etype, now)
         self._save(conn, task)
         return target
-
-    def fail_task(self, task_id: str, owner: str, *, code: str, message: str) -> None:
-        """The worker gives up on a task (e.g. its model failed to load): failed + ``response.failed``.
-
-        A task already ``cancelling`` ends ``cancelled`` instead (B.7).
-        """
-        with self._db.write() as conn:
-            now = self._clock()
-            task = self._task(conn, task_id)
-            if task["status"] in st.FINISHED:
-                st.check(task_id, task["status"], st.FAILED)
-            if task["owner"] != owner:
-                raise st.ClaimLost(task_id, owner, task["owner"])
-            if task["status"] == st.CANCELLING:
-                self._finish(conn, task, st.CANCELLED, now)
-                self._emit_response(conn, task, "response.cancelled", now)
-            else:
-                self._finish(conn, task, st.FAILED, now, error={"code": str(code), "message": str(message)})
-                self._emit_response(conn, task, "response.failed", now)
-            self._save(conn, task)
-
-    def release(self, owner: str) -> None:
-        """Graceful shutdown of a worker: claimed-but-unstarted tasks go back to the queue; started
-        ones keep their state with an expired lease, so recovery applies their restart policy."""
-        for tid, state in list(self._step_cache.items()):
-            if state[0] == owner:
-                self._step_cache.pop(tid, None)
-        with self._db.write() as conn:
-            conn.execute("UPDATE tasks SET owner = NULL, lease_expires = NULL WHERE owner = ? AND status = 'queued'",
-                         (owner,))
-            conn.execute(f"UPDATE tasks SET lease_expires = 0 WHERE owner = ? AND status IN {UNFINISHED_SQL}",
-                         (owner,))
 
     def recover(self, *, startup: bool = True, now: float | None = None, batch: int = 100,
                 exclude_owner: str | None = None) -> dict:
