@@ -18,12 +18,14 @@ from .. import objects as obj
 from ..errors import InvalidRequest, NotFound, RateLimited, TaskFinished, TaskUnfinished
 from . import states as st
 from .accounts import AccountsArea
-from .base import (CLAIMABLE_SQL, FINISHED_SQL, TASK_SELECT, UNFINISHED_SQL, dumps,
+from .base import (CLAIMABLE_SQL, TASK_SELECT, UNFINISHED_SQL, dumps,
                    last_seq_sql)
 from .db import Database, translate
 from .idempotency import IdempotencyArea, answer_keys
 from .models import ModelsArea
 from .reads import ReadsArea
+from .recovery import RecoveryArea
+from .retention import RetentionArea
 from .schema import migrate
 from .worker import WorkerArea, claim_record
 
@@ -36,7 +38,7 @@ class _StaleStep(Exception):
     """A cached task state no longer matches its row (internal: the step is redone)."""
 
 
-class Store(AccountsArea, ModelsArea, ReadsArea, IdempotencyArea, WorkerArea):
+class Store(AccountsArea, ModelsArea, ReadsArea, IdempotencyArea, WorkerArea, RecoveryArea, RetentionArea):
     """The service's state in one SQLite file (see the module docstring of :mod:`lmsp.store.db`
     for what each ``durability`` level risks)."""
 
@@ -524,139 +526,3 @@ class Store(AccountsArea, ModelsArea, ReadsArea, IdempotencyArea, WorkerArea):
         self._emit_response(conn, task, etype, now)
         self._save(conn, task)
         return target
-
-    def recover(self, *, startup: bool = True, now: float | None = None, batch: int = 100,
-                exclude_owner: str | None = None) -> dict:
-        """Apply the 11.3 table to leftover tasks and report what was done.
-
-        ``startup=True``: every queued/loading/running/cancelling task (run it
-        once, before any worker claims). ``startup=False``: only tasks whose
-        owner's lease expired (a worker died), other than ``exclude_owner``'s
-        (the caller's own, which it knows to be alive). Returns ``{"failed",
-        "requeued", "resumed", "cancelled": [task ids], "kv_paths": [snapshot
-        files no longer needed]}``.
-        """
-        report: dict[str, list] = {"failed": [], "requeued": [], "resumed": [], "cancelled": [], "kv_paths": []}
-        when = self._clock() if now is None else now
-        where = f"status IN {UNFINISHED_SQL}"
-        args: tuple = ()
-        if not startup:
-            where += " AND owner IS NOT NULL AND lease_expires < ?"
-            args = (float(when),)
-            if exclude_owner is not None:
-                where += " AND owner != ?"
-                args += (exclude_owner,)
-        sql = f"SELECT id FROM tasks WHERE {where} AND id > ? ORDER BY id LIMIT ?"
-        last = ""
-        while True:
-            with self._db.write() as conn:
-                ids = [r[0] for r in conn.execute(sql, (*args, last, batch))]
-                if not ids:
-                    break
-                last = ids[-1]
-                stamp = self._clock()
-                for tid in ids:
-                    task = self._task(conn, tid)
-                    if task["status"] not in st.UNFINISHED:
-                        continue
-                    if not startup and not (task["owner"] is not None and task["lease_expires"] < when
-                                            and task["owner"] != exclude_owner):
-                        continue
-                    self._recover_one(conn, task, stamp, report)
-        return report
-
-    def _recover_one(self, conn: sqlite3.Connection, task: dict, now: float, report: dict) -> None:
-        found = task["status"]
-        target = st.RECOVERY[(found, task["on_restart"])]
-        if task["kv_path"] and target != st.RUNNING:
-            report["kv_paths"].append(task["kv_path"])
-        if target == st.FAILED:
-            self._finish(conn, task, st.FAILED, now, error={
-                "code": "server_restarted", "message": f"the service restarted while the task was {found}"})
-            self._emit_response(conn, task, "response.failed", now)
-            report["failed"].append(task["id"])
-        elif target == st.CANCELLED:
-            self._finish(conn, task, st.CANCELLED, now)
-            self._emit_response(conn, task, "response.cancelled", now)
-            report["cancelled"].append(task["id"])
-        elif target == st.QUEUED:
-            self._move(task, st.QUEUED)
-            task.update(owner=None, lease_expires=None, item_open=0, pending_tokens="", kv_path=None,
-                        attempts=task["attempts"] + 1, started_at=None)
-            task["attempt_seq"] = task["last_seq"] + 1  # the output restarts after task.requeued
-            self._emit_task(conn, task, "task.requeued", now)
-            report["requeued"].append(task["id"])
-        else:  # running, continuing from the snapshot
-            self._move(task, st.RUNNING)
-            task.update(owner=None, lease_expires=None, attempts=task["attempts"] + 1)
-            self._emit_task(conn, task, "task.resumed", now)
-            report["resumed"].append(task["id"])
-        self._save(conn, task)
-
-    # -- retention -------------------------------------------------------------------------
-    def gc(self, *, retention: float, batch: int = 500) -> dict:
-        """Delete finished tasks (with their events and responses) that finished more than
-        ``retention`` seconds ago, expired idempotency keys and spent pairing codes.
-
-        Every transaction deletes at most about ``batch`` rows, so the write lock
-        is never held long; unfinished tasks are never touched.
-        """
-        if batch < 1:
-            raise ValueError("batch must be at least 1")
-        counts = {"tasks": 0, "events": 0, "idempotency_keys": 0, "pairings": 0}
-        now = self._clock()
-        cutoff = now - float(retention)
-        while True:
-            before = counts["tasks"]
-            with self._db.read() as conn:
-                rows = conn.execute(f"SELECT id, response_id, {last_seq_sql('tasks')} FROM tasks WHERE "
-                                    f"finished_at < ? AND status IN {FINISHED_SQL} ORDER BY finished_at LIMIT ?",
-                                    (cutoff, batch)).fetchall()
-            if not rows:
-                break
-            budget, doomed = 0, []
-            for tid, rid, last_seq in rows:
-                low = 1
-                while last_seq - low + 1 > batch - budget:  # a long log: delete it in slices
-                    high = low + (batch - budget) - 1
-                    with self._db.write() as conn:
-                        counts["events"] += conn.execute("DELETE FROM task_events WHERE task_id = ? AND seq "
-                                                         "BETWEEN ? AND ?", (tid, low, high)).rowcount
-                    low, budget = high + 1, 0
-                doomed.append((tid, rid, low))
-                budget += max(0, last_seq - low + 1) + 1
-                if budget >= batch:
-                    self._gc_delete(doomed, cutoff, counts)
-                    doomed, budget = [], 0
-            if doomed:
-                self._gc_delete(doomed, cutoff, counts)
-            if counts["tasks"] == before:  # nothing could go (cannot happen; never spin)
-                break
-        while True:
-            with self._db.write() as conn:
-                n = conn.execute("DELETE FROM idempotency_keys WHERE (client_id, key) IN (SELECT client_id, key "
-                                 "FROM idempotency_keys WHERE expires_at <= ? LIMIT ?)", (now, batch)).rowcount
-            counts["idempotency_keys"] += n
-            if n < batch:
-                break
-        while True:
-            with self._db.write() as conn:
-                n = conn.execute("DELETE FROM pairings WHERE id IN (SELECT id FROM pairings WHERE expires_at < ? "
-                                 "LIMIT ?)", (cutoff, batch)).rowcount
-                conn.execute("DELETE FROM pairing_failures WHERE id IN (SELECT id FROM pairing_failures "
-                             "WHERE at < ? LIMIT ?)", (cutoff, batch))
-            counts["pairings"] += n
-            if n < batch:
-                break
-        return counts
-
-    def _gc_delete(self, doomed: list[tuple[str, str, int]], cutoff: float, counts: dict) -> None:
-        with self._db.write() as conn:
-            for tid, rid, low in doomed:
-                row = conn.execute("SELECT status, finished_at FROM tasks WHERE id = ?", (tid,)).fetchone()
-                if row is None or row["status"] not in st.FINISHED or not row["finished_at"] < cutoff:
-                    continue
-                counts["events"] += conn.execute("DELETE FROM task_events WHERE task_id = ?", (tid,)).rowcount
-                answer_keys(conn, tid, None)
-                conn.execute("DELETE FROM responses WHERE id = ?", (rid,))  # cascades to the task
-                counts["tasks"] += 1

@@ -1,0 +1,81 @@
+"""Recovery (LMSP 11.3): the tasks left unfinished by a stopped service, or by
+a worker whose lease ran out, are failed, requeued, resumed or cancelled as
+their ``on_restart`` policy and the state they were found in say."""
+from __future__ import annotations
+
+import sqlite3
+
+from . import states as st
+from .base import UNFINISHED_SQL, StoreBase
+
+
+class RecoveryArea(StoreBase):
+    """The 11.3 table applied to leftover tasks."""
+
+    def recover(self, *, startup: bool = True, now: float | None = None, batch: int = 100,
+                exclude_owner: str | None = None) -> dict:
+        """Apply the 11.3 table to leftover tasks and report what was done.
+
+        ``startup=True``: every queued/loading/running/cancelling task (run it
+        once, before any worker claims). ``startup=False``: only tasks whose
+        owner's lease expired (a worker died), other than ``exclude_owner``'s
+        (the caller's own, which it knows to be alive). Returns ``{"failed",
+        "requeued", "resumed", "cancelled": [task ids], "kv_paths": [snapshot
+        files no longer needed]}``.
+        """
+        report: dict[str, list] = {"failed": [], "requeued": [], "resumed": [], "cancelled": [], "kv_paths": []}
+        when = self._clock() if now is None else now
+        where = f"status IN {UNFINISHED_SQL}"
+        args: tuple = ()
+        if not startup:
+            where += " AND owner IS NOT NULL AND lease_expires < ?"
+            args = (float(when),)
+            if exclude_owner is not None:
+                where += " AND owner != ?"
+                args += (exclude_owner,)
+        sql = f"SELECT id FROM tasks WHERE {where} AND id > ? ORDER BY id LIMIT ?"
+        last = ""
+        while True:
+            with self._db.write() as conn:
+                ids = [r[0] for r in conn.execute(sql, (*args, last, batch))]
+                if not ids:
+                    break
+                last = ids[-1]
+                stamp = self._clock()
+                for tid in ids:
+                    task = self._task(conn, tid)
+                    if task["status"] not in st.UNFINISHED:
+                        continue
+                    if not startup and not (task["owner"] is not None and task["lease_expires"] < when
+                                            and task["owner"] != exclude_owner):
+                        continue
+                    self._recover_one(conn, task, stamp, report)
+        return report
+
+    def _recover_one(self, conn: sqlite3.Connection, task: dict, now: float, report: dict) -> None:
+        found = task["status"]
+        target = st.RECOVERY[(found, task["on_restart"])]
+        if task["kv_path"] and target != st.RUNNING:
+            report["kv_paths"].append(task["kv_path"])
+        if target == st.FAILED:
+            self._finish(conn, task, st.FAILED, now, error={
+                "code": "server_restarted", "message": f"the service restarted while the task was {found}"})
+            self._emit_response(conn, task, "response.failed", now)
+            report["failed"].append(task["id"])
+        elif target == st.CANCELLED:
+            self._finish(conn, task, st.CANCELLED, now)
+            self._emit_response(conn, task, "response.cancelled", now)
+            report["cancelled"].append(task["id"])
+        elif target == st.QUEUED:
+            self._move(task, st.QUEUED)
+            task.update(owner=None, lease_expires=None, item_open=0, pending_tokens="", kv_path=None,
+                        attempts=task["attempts"] + 1, started_at=None)
+            task["attempt_seq"] = task["last_seq"] + 1  # the output restarts after task.requeued
+            self._emit_task(conn, task, "task.requeued", now)
+            report["requeued"].append(task["id"])
+        else:  # running, continuing from the snapshot
+            self._move(task, st.RUNNING)
+            task.update(owner=None, lease_expires=None, attempts=task["attempts"] + 1)
+            self._emit_task(conn, task, "task.resumed", now)
+            report["resumed"].append(task["id"])
+        self._save(conn, task)
