@@ -15,19 +15,19 @@ from typing import Callable
 
 from .. import ids as _ids
 from .. import objects as obj
-from ..errors import InvalidRequest, NotFound, RateLimited, TaskFinished, TaskUnfinished
+from ..errors import NotFound
 from . import states as st
 from .accounts import AccountsArea
-from .base import (CLAIMABLE_SQL, TASK_SELECT, UNFINISHED_SQL, dumps,
-                   last_seq_sql)
+from .base import dumps, last_seq_sql
 from .db import Database, translate
-from .idempotency import IdempotencyArea, answer_keys
+from .idempotency import IdempotencyArea
 from .models import ModelsArea
 from .reads import ReadsArea
 from .recovery import RecoveryArea
 from .retention import RetentionArea
 from .schema import migrate
-from .worker import WorkerArea, claim_record
+from .tasks import TasksArea
+from .worker import WorkerArea
 
 FINISHES = (None, "stop", "length", "cancelled", "error")
 _NO_ENTRY = (None,)
@@ -38,7 +38,7 @@ class _StaleStep(Exception):
     """A cached task state no longer matches its row (internal: the step is redone)."""
 
 
-class Store(AccountsArea, ModelsArea, ReadsArea, IdempotencyArea, WorkerArea, RecoveryArea, RetentionArea):
+class Store(AccountsArea, ModelsArea, ReadsArea, TasksArea, IdempotencyArea, WorkerArea, RecoveryArea, RetentionArea):
     """The service's state in one SQLite file (see the module docstring of :mod:`lmsp.store.db`
     for what each ``durability`` level risks)."""
 
@@ -92,127 +92,6 @@ class Store(AccountsArea, ModelsArea, ReadsArea, IdempotencyArea, WorkerArea, Re
     def wait_hint(self) -> int:
         """A counter of the write transactions committed by this process (for wake-ups)."""
         return self._db.commits
-
-    def _resolve(self, conn: sqlite3.Connection, task_or_response_id: str, client_id: str | None) -> dict:
-        if str(task_or_response_id).startswith("resp_"):
-            row = conn.execute("SELECT id, client_id FROM tasks WHERE response_id = ?",
-                               (task_or_response_id,)).fetchone()
-            if row is None or (client_id is not None and row[1] != client_id):  # another's: unknown alike
-                raise NotFound(f"no response {task_or_response_id}")
-            return self._task(conn, row[0], client_id)
-        return self._task(conn, task_or_response_id, client_id)
-
-    # -- responses & tasks -----------------------------------------------------------------
-    def create_task(self, *, client_id: str | None, model: str, request: dict, on_restart: str,
-                    background: bool, stream: bool, idempotency: tuple[str, str] | None = None,
-                    claim: tuple[str, float] | None = None, max_unfinished: int | None = None) -> dict:
-        """Persist a new response and its queued task in ONE transaction (11.2, B.8).
-
-        ``max_unfinished``: RateLimited when the client already has that many
-        unfinished tasks (counted in the same transaction, so concurrent
-        requests cannot all pass it); a replay is never refused.
-
-        ``claim=(owner, lease)``: a worker with a free engine slot and the model
-        loaded takes the new task in the same transaction and moves it to
-        ``running`` (``task.running``, ``response.in_progress``), unless older
-        tasks wait to be claimed (they go first).
-
-        Returns ``{"response", "task", "replay", "claim"}``; ``replay`` is None
-        for a new task, else ``(status_code, body)`` to send again (nothing was
-        created); ``claim`` is what :meth:`claim` returns for one task when the
-        new task was claimed, else None. ``response`` is the response as
-        created (``queued``).
-        """
-        if on_restart not in st.POLICIES:
-            raise InvalidRequest(f"on_restart must be one of {', '.join(st.POLICIES)}", param="on_restart")
-        if not isinstance(request, dict):
-            raise InvalidRequest("the request must be a JSON object")
-        if not isinstance(model, str) or not model:
-            raise InvalidRequest("model is required", param="model")
-        try:
-            request_text = dumps(request)
-        except (TypeError, ValueError) as exc:
-            raise InvalidRequest(f"the request is not JSON: {exc}") from exc
-        with self._db.write() as conn:
-            now = self._clock()
-            if idempotency is not None:
-                replay = self._replay(conn, client_id, idempotency, now)
-                if replay is not None:
-                    return replay
-            if max_unfinished is not None and client_id is not None:
-                n = conn.execute(f"SELECT count(*) FROM tasks WHERE client_id = ? AND status IN {UNFINISHED_SQL}",
-                                 (client_id,)).fetchone()[0]
-                if n >= max_unfinished:
-                    raise RateLimited(f"this client has {n} unfinished tasks, the most it may have "
-                                      "(max_unfinished_per_client); wait for some to finish", retry_after=1)
-            rid, tid, mid = self._new_id("resp"), self._new_id("task"), self._new_id("msg")
-            conn.execute("INSERT INTO responses (id, client_id, model, created_at, request, background, stream,"
-                         " item_id) VALUES (?,?,?,?,?,?,?,?)",
-                         (rid, client_id, model, now, request_text, int(bool(background)), int(bool(stream)), mid))
-            conn.execute("INSERT INTO tasks (id, response_id, client_id, model, status, on_restart, created_at)"
-                         " VALUES (?,?,?,?,'queued',?,?)", (tid, rid, client_id, model, on_restart, now))
-            task = self._task(conn, tid)
-            response = self._response_row(conn, rid)
-            self._emit_response(conn, task, "response.created", now, response)
-            self._emit_response(conn, task, "response.queued", now, response)
-            body = self._render_response(conn, response, task)
-            claimed = seed = None
-            if claim is not None and conn.execute(
-                    f"SELECT 1 FROM tasks WHERE {CLAIMABLE_SQL} AND id != ? LIMIT 1", (tid,)).fetchone() is None:
-                owner, lease = claim
-                claimed = claim_record(task, response, None)
-                self._move(task, st.RUNNING)
-                task.update(owner=owner, lease_expires=now + lease, started_at=now)
-                self._emit_task(conn, task, "task.running", now)
-                self._emit_response(conn, task, "response.in_progress", now, response)
-                # the step state this transaction leaves: the task's first step needs no read
-                seed = (owner, task["last_seq"], 0, "", None, mid)
-            self._save(conn, task)
-            if idempotency is not None:
-                self._remember_task_key(conn, client_id, idempotency, tid, body if background else None, now)
-            out = {"response": body, "task": obj.task_object(task), "replay": None, "claim": claimed}
-        if seed is not None:  # committed
-            self._step_cache[tid] = seed
-        return out
-
-    def delete_response(self, response_id: str, client_id: str | None = None, *,
-                        keep_for_key: bool = False) -> dict:
-        """Delete a finished response with its task and events. An idempotency key of
-        its request answers a retry with 404 from now on; with ``keep_for_key`` (a
-        ``store: false`` response deleted once delivered, whose client may not have
-        received it) with the final Response object, until the key expires."""
-        with self._db.write() as conn:
-            response = self._response_row(conn, response_id, client_id)
-            task = conn.execute("SELECT id, status FROM tasks WHERE response_id = ?", (response_id,)).fetchone()
-            if task is not None and task["status"] in st.UNFINISHED:
-                raise TaskUnfinished(f"response {response_id} is still {task['status']}; cancel it first")
-            if task is not None:
-                final = None
-                if keep_for_key:
-                    full = dict(conn.execute(TASK_SELECT + " WHERE id = ?", (task["id"],)).fetchone())
-                    final = self._render_response(conn, response, full)
-                answer_keys(conn, task["id"], final)
-            conn.execute("DELETE FROM responses WHERE id = ?", (response_id,))  # cascades to task and events
-        return obj.deleted_response(response_id)
-
-    def cancel(self, task_or_response_id: str, client_id: str | None = None) -> dict:
-        """B.7 in one transaction; returns the Task object."""
-        with self._db.write() as conn:
-            now = self._clock()
-            task = self._resolve(conn, task_or_response_id, client_id)
-            status = task["status"]
-            if status in (st.COMPLETED, st.FAILED):
-                raise TaskFinished(f"task {task['id']} is already {status}")
-            if status in (st.QUEUED, st.LOADING) or (status == st.RUNNING and task["owner"] is None):
-                # nobody is generating for it (a resumable task waits unowned): cancelled at once
-                self._finish(conn, task, st.CANCELLED, now)
-                self._emit_response(conn, task, "response.cancelled", now)
-                self._save(conn, task)
-            elif status == st.RUNNING:
-                self._move(task, st.CANCELLING)
-                self._emit_task(conn, task, "task.cancelling", now)
-                self._save(conn, task)
-            return obj.task_object(task)
 
     def append_step(self, owner: str, items: list[dict], *, with_events: bool = False) -> dict:
         """Record one engine step for many tasks in ONE transaction.
