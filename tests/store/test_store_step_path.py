@@ -7,22 +7,22 @@ import sqlite3
 
 import pytest
 
-from lmsp.store import Store
+from lmsp.store import Store, step_events, steps
 from store_checks import assert_consistent, event_types
 
 
 @pytest.fixture
 def checked_steps(monkeypatch) -> list:
-    """A list that grows by one per step that went through ``_step_checked`` (the rows)
+    """A list that grows by one per step that went through ``_write_from_rows`` (the rows)
     instead of the fast path."""
     calls: list = []
-    checked = Store._step_checked
+    checked = Store._write_from_rows
 
     def spy(self, *args, **kwargs):
         calls.append(args[2])  # the items
         return checked(self, *args, **kwargs)
 
-    monkeypatch.setattr(Store, "_step_checked", spy)
+    monkeypatch.setattr(Store, "_write_from_rows", spy)
     return calls
 
 
@@ -61,13 +61,13 @@ def test_the_usual_step_is_made_in_one_pass(store, running_task, monkeypatch):
     tids = [running_task() for _ in range(3)]
     step(store, tids, 0)  # opens the items
     general: list = []
-    fast_rows = Store._fast_rows
+    known_step = steps.known_step
 
     def spy(owner, items, known, now):
         general.append([item["task_id"] for item in items])
-        return fast_rows(owner, items, known, now)
+        return known_step(owner, items, known, now)
 
-    monkeypatch.setattr(Store, "_fast_rows", staticmethod(spy))
+    monkeypatch.setattr(steps, "known_step", spy)
     outcome = store.append_step("w1", [{"task_id": t, "delta": "a", "tokens": [1]} for t in tids], with_events=True)
     assert general == []
     assert outcome["skipped"] == [] and outcome["finished"] == {}
@@ -329,3 +329,25 @@ def test_an_item_of_an_earlier_claim_is_skipped(store, running_task, clock, poli
     text = store.output_text(tid)
     assert "stale" not in text and text.endswith("new")
     assert_consistent(store, tid)
+
+
+def test_step_events_are_the_rows_and_state_append_step_leaves(store, running_task):
+    """step_events shows one item's events before they are written: the same rows, at the
+    same numbers, and the same next state as append_step writing that item."""
+    tids = [running_task() for _ in range(2)]
+    now = store._clock()
+    items = [{"task_id": tids[0], "delta": "a", "tokens": [1]},  # opens the item: three events
+             {"task_id": tids[0], "delta": "", "tokens": [2]},  # a token held back: no event
+             {"task_id": tids[0], "delta": "b", "tokens": [3], "kv_path": "snap/1.kv"}]
+    state = store.step_state(tids[0])
+    assert state.owner == "w1" and state.item_open == 0
+    for item in items:
+        before = store.last_sequence(tids[0])
+        state, rows = step_events("w1", item, state, now)
+        outcome = store.append_step("w1", [item], with_events=True)
+        assert rows == outcome["events"].get(tids[0], (None, []))[1]
+        assert [row[0] for row in rows] == list(range(before + 1, store.last_sequence(tids[0]) + 1))
+        assert state == store.step_state(tids[0])
+    assert state.pending_tokens == "" and state.kv_path == "snap/1.kv"
+    with pytest.raises(ValueError):
+        step_events("w1", {"task_id": tids[1], "delta": "x", "finish": "stop"}, store.step_state(tids[1]), now)

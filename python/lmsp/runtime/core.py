@@ -1037,7 +1037,7 @@ class Runtime(ChangedFiles):
         """BENCH_EVENTS_IN_MEMORY: hand the steps of running tasks to their streams
         without a transaction; return (the ending items, what to write now: each
         ending task's held steps, then its end)."""
-        from ..store import Store
+        from ..store import step_events
 
         now = time.time()
         ending, written, shown = [], [], []
@@ -1051,14 +1051,13 @@ class Runtime(ChangedFiles):
             state = self._unwritten_state.get(task_id)
             if state is None:
                 state = self.store.step_state(task_id)
-            rows: list[tuple] = []
-            states = Store._step_items(self.owner, [item], {task_id: state}, now, rows, None, None)
-            self._unwritten_state[task_id] = states[task_id]
+            state, rows = step_events(self.owner, item, state, now)
+            self._unwritten_state[task_id] = state
             self._unwritten.setdefault(task_id, []).append(item)
-            for tid, (item_id, written_rows) in Store._written(rows, states).items():
+            if rows:
                 # every unwritten row stays readable: a stream that slept through a step
                 # has no store to read it from
-                self._committed.setdefault(tid, (item_id, []))[1].extend(written_rows)
+                self._committed.setdefault(task_id, (state.item_id, []))[1].extend(rows)
             del self._pending[task_id]
             shown.append(task_id)
         if not ending:

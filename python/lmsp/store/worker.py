@@ -140,7 +140,7 @@ class WorkerArea(StoreBase):
         """Graceful shutdown of a worker: claimed-but-unstarted tasks go back to the queue; started
         ones keep their state with an expired lease, so recovery applies their restart policy."""
         for tid, state in list(self._step_cache.items()):
-            if state[0] == owner:
+            if state.owner == owner:
                 self._step_cache.pop(tid, None)
         with self._db.write() as conn:
             conn.execute("UPDATE tasks SET owner = NULL, lease_expires = NULL WHERE owner = ? AND status = 'queued'",

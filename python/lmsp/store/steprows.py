@@ -1,0 +1,194 @@
+"""The rows an engine step writes, worked out from the tasks' step states alone.
+
+Nothing here touches the database: :mod:`lmsp.store.steps` writes what these
+functions make. A task's :class:`~lmsp.contracts.StepState` is where its last
+committed step left it; an item turns it into event rows and a new state:
+
+* :func:`usual_step`: the usual step, in which every item adds one more delta
+  to its task's open output item, in one pass (or None for any other step);
+* :func:`known_step`: any step of tasks whose states are known, with the
+  guarded updates of the task rows that change;
+* :func:`step_rows`: the general turn of items into rows, which both of the
+  above and the database path share;
+* :func:`step_events`: one item's events and the state it leaves, for a caller
+  that shows a step before it is written.
+"""
+from __future__ import annotations
+
+from typing import Iterable, NamedTuple
+
+from .. import objects as obj
+from ..contracts import EventRow, StepItem, StepState
+from .base import dumps
+
+DELTA = "response.output_text.delta"
+FINISHES = (None, "stop", "length", "cancelled", "error")
+
+#: a task_events row to insert: ``(task_id, seq, type, created_at, text, tokens, data)``
+EventInsert = tuple[str, int, str, float, str | None, str | None, str | None]
+#: a guarded task row update: ``(item_open, pending_tokens, kv_path, task_id, owner, last_seq before the step)``
+RowUpdate = tuple[int, str, str | None, str, str, int]
+
+
+class StepPlan(NamedTuple):
+    """What a step of known tasks writes, made before the write lock."""
+    states: dict[str, StepState | None]  # the state each task is left in (None: forget it)
+    events: list[EventInsert]
+    updates: list[RowUpdate]  # the tasks whose row changes (item_open, pending_tokens or kv_path)
+
+
+class StepEnd(NamedTuple):
+    """An item that ends its task, with the state the task reached before its end."""
+    task_id: str
+    item: StepItem
+    state: StepState
+
+
+def tokens_text(tokens: Iterable[int] | None) -> str:
+    """Token ids as stored: comma separated, "" for none."""
+    if not tokens:
+        return ""
+    return ",".join(map(str, map(int, tokens)))
+
+
+def usual_step(owner: str, items: list[StepItem], cache: dict[str, StepState], now: float) -> StepPlan | None:
+    """The usual step in one pass, when every item is one task's next text delta (the
+    task last written by this process as ``owner``, its item open, no tokens held
+    back, not finishing, no KV file, not twice in the step). None for any other step."""
+    events: list[EventInsert] = []
+    states: dict[str, StepState | None] = {}
+    append = events.append
+    for item in items:
+        tid = item["task_id"]
+        state = cache.get(tid)
+        if (state is None or state.owner != owner or not state.item_open or state.pending_tokens
+                or tid in states or item.get("finish") is not None or item.get("kv_path")):
+            return None
+        delta = item.get("delta")
+        if not delta:
+            return None
+        tokens = item.get("tokens")
+        toks = str(int(tokens[0])) if tokens and len(tokens) == 1 else tokens_text(tokens)
+        seq = state.last_seq + 1
+        append((tid, seq, DELTA, now, delta, toks, None))
+        states[tid] = StepState(owner, seq, 1, "", state.kv_path, state.item_id)
+    return StepPlan(states, events, [])
+
+
+def split_known(owner: str, items: list[StepItem],
+                cache: dict[str, StepState]) -> tuple[dict[str, StepState], list[StepItem], list[StepItem]]:
+    """The states of the tasks this process last wrote as ``owner`` whose items do not
+    end them, taken once (other threads may update the cache meanwhile), with their
+    items; then the other items (a task new to this process, one that ends)."""
+    known: dict[str, StepState] = {}
+    checked: set[str] = set()
+    for item in items:
+        tid = item["task_id"]
+        finish = item.get("finish")
+        if finish is not None:
+            if finish not in FINISHES:
+                raise ValueError(f"unknown finish {finish!r}")
+            checked.add(tid)
+        elif tid not in checked and tid not in known:
+            state = cache.get(tid)
+            if state is not None and state.owner == owner:
+                known[tid] = state
+            else:
+                checked.add(tid)
+    for tid in checked:
+        known.pop(tid, None)
+    return (known, [item for item in items if item["task_id"] in known],
+            [item for item in items if item["task_id"] not in known])
+
+
+def known_step(owner: str, items: list[StepItem], known: dict[str, StepState], now: float) -> StepPlan:
+    """The writes of a step of known tasks, none of which ends, with a guarded update
+    for each task whose row changes."""
+    events: list[EventInsert] = []
+    states = step_rows(owner, items, known, now, events, [], [])
+    updates: list[RowUpdate] = []
+    for tid, new in states.items():
+        old = known[tid]
+        if new.item_open != old.item_open or new.pending_tokens != old.pending_tokens or new.kv_path != old.kv_path:
+            updates.append((new.item_open, new.pending_tokens, new.kv_path, tid, owner, old.last_seq))
+    return StepPlan(states, events, updates)
+
+
+def _open_item(events: list[EventInsert], tid: str, seq: int, item_id: str, now: float) -> int:
+    """The two events that open a task's output item after event ``seq``; returns the last number."""
+    events.append((tid, seq + 1, "response.output_item.added", now, None, None, dumps(
+        {"output_index": 0, "item": obj.output_item(item_id, "in_progress", None)})))
+    events.append((tid, seq + 2, "response.content_part.added", now, None, None, dumps(
+        {"item_id": item_id, "output_index": 0, "content_index": 0, "part": obj.output_part("")})))
+    return seq + 2
+
+
+def step_rows(owner: str, items: list[StepItem], known: dict[str, StepState], now: float,
+              events: list[EventInsert], ends: list[StepEnd], skipped: list[str]) -> dict[str, StepState | None]:
+    """Turn items into event rows (appended to ``events``); return the states they leave.
+
+    ``known`` maps a task id to its state before the step; a task not in it is
+    skipped (added to ``skipped``); an item that ends its task goes to ``ends``
+    and leaves None (its final events come later).
+    """
+    states: dict[str, StepState | None] = {}
+    for item in items:
+        tid = item["task_id"]
+        state = states[tid] if tid in states else known.get(tid)
+        if state is None:
+            skipped.append(tid)
+            continue
+        _, seq, item_open, pending, kv_path, item_id = state
+        delta = item.get("delta")
+        finish = item.get("finish")
+        if not item_open and (delta or finish == "stop" or finish == "length"):
+            seq = _open_item(events, tid, seq, item_id, now)
+            item_open = 1
+        tokens = item.get("tokens")
+        # the usual step: one token per task
+        toks = str(int(tokens[0])) if tokens and len(tokens) == 1 else tokens_text(tokens)
+        if delta:
+            seq += 1
+            if pending:
+                toks = pending + "," + toks if toks else pending
+                pending = ""
+            events.append((tid, seq, DELTA, now, delta, toks, None))
+        elif toks:
+            pending = pending + "," + toks if pending else toks
+        kv_path = item.get("kv_path") or kv_path
+        if finish is not None:
+            ends.append(StepEnd(tid, item, StepState(owner, seq, item_open, pending, kv_path, item_id)))
+            states[tid] = None
+        else:
+            states[tid] = StepState(owner, seq, item_open, pending, kv_path, item_id)
+    return states
+
+
+def events_by_task(rows: list[EventInsert],
+                   states: dict[str, StepState | None]) -> dict[str, tuple[str, list[EventRow]]]:
+    """The event rows of the tasks left running, per task: ``(item_id, [EventRow])``.
+    A task that ended is left out: its last events are written with its end."""
+    out: dict[str, tuple[str, list[EventRow]]] = {}
+    for tid, seq, etype, created_at, text, _, data in rows:
+        entry = out.get(tid)
+        if entry is None:
+            state = states.get(tid)
+            if state is None:
+                continue
+            entry = out[tid] = (state.item_id, [])
+        entry[1].append((seq, etype, created_at, text, data))
+    return out
+
+
+def step_events(owner: str, item: StepItem, state: StepState, now: float) -> tuple[StepState, list[EventRow]]:
+    """The events ``append_step`` would write for one item of a task in ``state``, as
+    :meth:`lmsp.store.Store.events` reads them back, and the state it would leave.
+
+    For a caller that shows a step before writing it; an item that ends its task is
+    refused (ValueError): its last events depend on the task's row.
+    """
+    rows: list[EventInsert] = []
+    new = step_rows(owner, [item], {item["task_id"]: state}, now, rows, [], [])[item["task_id"]]
+    if new is None:  # only an item that ends its task leaves no state
+        raise ValueError("an item that ends its task is written by append_step only")
+    return new, [(seq, etype, created_at, text, data) for _, seq, etype, created_at, text, _, data in rows]
