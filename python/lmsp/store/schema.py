@@ -149,7 +149,7 @@ INDEXES_V2 = [
 
 
 def _drop_task_counter(conn: sqlite3.Connection) -> None:
-    """A task's sequence counter is the number of its last event (``lmsp.store.store``), so
+    """A task's sequence counter is the number of its last event (``lmsp.store.base``), so
     the column that repeated it goes. SQLite before 3.35 cannot drop a column: there it
     stays, unread and unwritten."""
     if sqlite3.sqlite_version_info >= (3, 35, 0):
