@@ -15,6 +15,7 @@ committed step left it; an item turns it into event rows and a new state:
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Iterable, NamedTuple
 
 from .. import objects as obj
@@ -26,6 +27,10 @@ FINISHES = (None, "stop", "length", "cancelled", "error")
 
 #: a task_events row to insert: ``(task_id, seq, type, created_at, text, tokens, data)``
 EventInsert = tuple[str, int, str, float, str | None, str | None, str | None]
+# a StepState made from a plain tuple, without NamedTuple's Python-level __new__ (at
+# twice a tuple's cost, not four times): the step path makes one per task per step
+_as_state = partial(tuple.__new__, StepState)
+
 #: a guarded task row update: ``(item_open, pending_tokens, kv_path, task_id, owner, last_seq before the step)``
 RowUpdate = tuple[int, str, str | None, str, str, int]
 
@@ -61,17 +66,17 @@ def usual_step(owner: str, items: list[StepItem], cache: dict[str, StepState], n
     for item in items:
         tid = item["task_id"]
         state = cache.get(tid)
-        if (state is None or state.owner != owner or not state.item_open or state.pending_tokens
-                or tid in states or item.get("finish") is not None or item.get("kv_path")):
+        if state is None or tid in states or item.get("finish") is not None or item.get("kv_path"):
             return None
+        held_by, last_seq, item_open, pending, kv_path, item_id = state
         delta = item.get("delta")
-        if not delta:
+        if held_by != owner or not item_open or pending or not delta:
             return None
         tokens = item.get("tokens")
         toks = str(int(tokens[0])) if tokens and len(tokens) == 1 else tokens_text(tokens)
-        seq = state.last_seq + 1
+        seq = last_seq + 1
         append((tid, seq, DELTA, now, delta, toks, None))
-        states[tid] = StepState(owner, seq, 1, "", state.kv_path, state.item_id)
+        states[tid] = _as_state((owner, seq, 1, "", kv_path, item_id))
     return StepPlan(states, events, [])
 
 
@@ -131,10 +136,10 @@ def step_rows(owner: str, items: list[StepItem], known: dict[str, StepState], no
     skipped (added to ``skipped``); an item that ends its task goes to ``ends``
     and leaves None (its final events come later).
     """
-    states: dict[str, StepState | None] = {}
+    made: dict[str, tuple | None] = {}  # plain tuples until the end: a task may have several items
     for item in items:
         tid = item["task_id"]
-        state = states[tid] if tid in states else known.get(tid)
+        state = made[tid] if tid in made else known.get(tid)
         if state is None:
             skipped.append(tid)
             continue
@@ -158,10 +163,10 @@ def step_rows(owner: str, items: list[StepItem], known: dict[str, StepState], no
         kv_path = item.get("kv_path") or kv_path
         if finish is not None:
             ends.append(StepEnd(tid, item, StepState(owner, seq, item_open, pending, kv_path, item_id)))
-            states[tid] = None
+            made[tid] = None
         else:
-            states[tid] = StepState(owner, seq, item_open, pending, kv_path, item_id)
-    return states
+            made[tid] = (owner, seq, item_open, pending, kv_path, item_id)
+    return {tid: None if made_state is None else _as_state(made_state) for tid, made_state in made.items()}
 
 
 def events_by_task(rows: list[EventInsert],
