@@ -90,6 +90,7 @@ def is_unavailable(exc: sqlite3.Error) -> bool:
 
 def translate(exc: sqlite3.Error) -> Exception:
     """The client-visible error for a SQLite failure (the original is chained)."""
+    err: Exception
     if is_unavailable(exc):
         err = Unavailable(f"the store is unavailable: {exc}", retry_after=1)
     else:

@@ -50,13 +50,15 @@ class ReadsArea(StoreBase):
         limit = _limit(limit)
         where, args = ["1"], []
         if client_id is not None:
-            where.append("r.client_id = ?"), args.append(client_id)
+            where.append("r.client_id = ?")
+            args.append(client_id)
         if status is not None:
             if status not in RESPONSE_STATUSES:
                 raise InvalidRequest(f"unknown status {status!r}", param="status")
             where.append(RESPONSE_STATUSES[status])
         if after is not None:
-            where.append("r.id < ?"), args.append(str(after))
+            where.append("r.id < ?")
+            args.append(str(after))
         sql = ("SELECT r.id FROM responses r JOIN tasks t ON t.response_id = r.id WHERE "
                + " AND ".join(where) + " ORDER BY r.id DESC")
         with self._db.read() as conn:
@@ -74,13 +76,16 @@ class ReadsArea(StoreBase):
         limit = _limit(limit)
         where, args = ["1"], []
         if client_id is not None:
-            where.append("client_id = ?"), args.append(client_id)
+            where.append("client_id = ?")
+            args.append(client_id)
         if status is not None:
             if status not in st.STATES:
                 raise InvalidRequest(f"unknown status {status!r}", param="status")
-            where.append("status = ?"), args.append(status)
+            where.append("status = ?")
+            args.append(status)
         if after is not None:
-            where.append("id < ?"), args.append(str(after))
+            where.append("id < ?")
+            args.append(str(after))
         sql = "SELECT id FROM tasks WHERE " + " AND ".join(where) + " ORDER BY id DESC"
         with self._db.read() as conn:
             return self._page(conn, sql, args, limit, lambda tid: obj.task_object(self._task(conn, tid)))

@@ -84,7 +84,7 @@ class RetentionArea(StoreBase):
 
     def _gc_delete(self, doomed: list[tuple[str, str, int]], cutoff: float, counts: dict) -> None:
         with self._db.write() as conn:
-            for tid, rid, low in doomed:
+            for tid, rid, _ in doomed:
                 row = conn.execute("SELECT status, finished_at FROM tasks WHERE id = ?", (tid,)).fetchone()
                 if row is None or row["status"] not in st.FINISHED or not row["finished_at"] < cutoff:
                     continue

@@ -114,7 +114,8 @@ def known_step(owner: str, items: list[StepItem], known: dict[str, StepState], n
     updates: list[RowUpdate] = []
     for tid, new in states.items():
         old = known[tid]
-        if new.item_open != old.item_open or new.pending_tokens != old.pending_tokens or new.kv_path != old.kv_path:
+        if new is not None and (new.item_open != old.item_open or new.pending_tokens != old.pending_tokens
+                                or new.kv_path != old.kv_path):
             updates.append((new.item_open, new.pending_tokens, new.kv_path, tid, owner, old.last_seq))
     return StepPlan(states, events, updates)
 
