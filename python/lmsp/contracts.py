@@ -15,6 +15,7 @@ The store's side (:mod:`lmsp.store`):
 * :class:`ClaimRecord` (with :class:`Resume`): what a worker gets for each task
   it claims.
 """
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple, NotRequired, Required, TypedDict
@@ -31,6 +32,7 @@ class StepItem(TypedDict, total=False):
     ``attempts`` in the claim that made the output (an item of an earlier
     claim is skipped).
     """
+
     task_id: Required[str]
     delta: str
     tokens: list[int]
@@ -44,6 +46,7 @@ class StepItem(TypedDict, total=False):
 class StepState(NamedTuple):
     """A running task as its last committed step left it, which is what the next
     step continues from."""
+
     owner: str
     last_seq: int  # the number of its last event
     item_open: int  # 1 while its output item is open (added, not yet done)
@@ -64,6 +67,7 @@ class StepOutcome(TypedDict):
     the final state of each task that ended. ``events`` only when asked for:
     per task still running, ``(item_id, rows)``, every event the step wrote
     for it, in order."""
+
     skipped: list[str]
     cancelled: list[str]
     finished: dict[str, str]
@@ -73,6 +77,7 @@ class StepOutcome(TypedDict):
 class Resume(TypedDict):
     """Where a resumed task's output stands: the tokens generated, the text
     emitted, and its KV snapshot (None if it has none)."""
+
     generated: list[int]
     emitted: str
     kv_path: str | None
@@ -81,6 +86,7 @@ class Resume(TypedDict):
 class ClaimRecord(TypedDict):
     """What a worker needs to run a task it claimed; ``status`` is the state it
     was claimed in, ``resume`` is set for a task that continues (``running``)."""
+
     task_id: str
     response_id: str
     model: str
