@@ -7,9 +7,10 @@ Unix seconds as integers.
 from __future__ import annotations
 
 import json
+import sqlite3
 from typing import Any, Mapping
 
-Row = Mapping[str, Any]
+Row = Mapping[str, Any] | sqlite3.Row
 
 COMPLETED, FAILED, CANCELLED = "completed", "failed", "cancelled"
 

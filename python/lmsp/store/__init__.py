@@ -1,12 +1,43 @@
 """The durable store of LMSP chapter 11 on SQLite (see :class:`Store`)."""
+
 from .db import StoreError
 from .schema import SCHEMA_VERSION
-from .states import (CANCELLED, CANCELLING, COMPLETED, FAILED, FINISHED, LOADING, QUEUED, RECOVERY, RUNNING,
-                     STATES, TRANSITIONS, UNFINISHED, ClaimLost)
+from .states import (
+    CANCELLED,
+    CANCELLING,
+    COMPLETED,
+    FAILED,
+    FINISHED,
+    LOADING,
+    QUEUED,
+    RECOVERY,
+    RUNNING,
+    STATES,
+    TRANSITIONS,
+    UNFINISHED,
+    ClaimLost,
+)
 from .idempotency import fingerprint
 from .steprows import step_events
 from .store import Store
 
-__all__ = ["Store", "StoreError", "ClaimLost", "fingerprint", "step_events", "SCHEMA_VERSION", "STATES",
-           "TRANSITIONS", "RECOVERY", "UNFINISHED", "FINISHED", "QUEUED", "LOADING", "RUNNING", "CANCELLING",
-           "COMPLETED", "FAILED", "CANCELLED"]
+__all__ = [
+    "Store",
+    "StoreError",
+    "ClaimLost",
+    "fingerprint",
+    "step_events",
+    "SCHEMA_VERSION",
+    "STATES",
+    "TRANSITIONS",
+    "RECOVERY",
+    "UNFINISHED",
+    "FINISHED",
+    "QUEUED",
+    "LOADING",
+    "RUNNING",
+    "CANCELLING",
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+]

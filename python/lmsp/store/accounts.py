@@ -1,5 +1,6 @@
 """The store's accounts: the service's identity and settings, its clients and their
 pairing codes (LMSP chapter 11's ``service_config``, ``clients``, ``pairings``)."""
+
 from __future__ import annotations
 
 import json
@@ -18,19 +19,31 @@ class AccountsArea(StoreBase):
     def identity(self) -> dict:
         """``{"service_id", "created_at"}``, created on the first call against an empty database."""
         with self._db.read() as conn:
-            rows = dict(conn.execute("SELECT key, value FROM service_config "
-                                     "WHERE key IN ('identity.service_id', 'identity.created_at')"))
+            rows = dict(
+                conn.execute(
+                    "SELECT key, value FROM service_config WHERE key IN ('identity.service_id', 'identity.created_at')"
+                )
+            )
         if len(rows) < 2:
             with self._db.write() as conn:
                 now = self._clock()
-                conn.execute("INSERT OR IGNORE INTO service_config VALUES ('identity.service_id', ?)",
-                             (dumps(self._new_id("svc")),))
-                conn.execute("INSERT OR IGNORE INTO service_config VALUES ('identity.created_at', ?)",
-                             (dumps(int(now)),))
-                rows = dict(conn.execute("SELECT key, value FROM service_config "
-                                         "WHERE key IN ('identity.service_id', 'identity.created_at')"))
-        return {"service_id": json.loads(rows["identity.service_id"]),
-                "created_at": json.loads(rows["identity.created_at"])}
+                conn.execute(
+                    "INSERT OR IGNORE INTO service_config VALUES ('identity.service_id', ?)",
+                    (dumps(self._new_id("svc")),),
+                )
+                conn.execute(
+                    "INSERT OR IGNORE INTO service_config VALUES ('identity.created_at', ?)", (dumps(int(now)),)
+                )
+                rows = dict(
+                    conn.execute(
+                        "SELECT key, value FROM service_config "
+                        "WHERE key IN ('identity.service_id', 'identity.created_at')"
+                    )
+                )
+        return {
+            "service_id": json.loads(rows["identity.service_id"]),
+            "created_at": json.loads(rows["identity.created_at"]),
+        }
 
     def get_setting(self, key: str, default: Any = None) -> Any:
         with self._db.read() as conn:
@@ -40,8 +53,10 @@ class AccountsArea(StoreBase):
     def set_setting(self, key: str, value: Any) -> None:
         text = dumps(value)
         with self._db.write() as conn:
-            conn.execute("INSERT INTO service_config VALUES (?, ?) "
-                         "ON CONFLICT(key) DO UPDATE SET value = excluded.value", ("setting." + key, text))
+            conn.execute(
+                "INSERT INTO service_config VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                ("setting." + key, text),
+            )
 
     # -- clients & pairing -----------------------------------------------------------------
     def create_client(self, *, name: str, scopes: list[str], token_hash: str) -> dict:
@@ -55,23 +70,28 @@ class AccountsArea(StoreBase):
     def _insert_client(self, conn: sqlite3.Connection, name: str, scopes: list[str], token_hash: str) -> dict:
         cid = self._new_id("cli")
         try:
-            conn.execute("INSERT INTO clients (id, name, scopes, token_hash, created_at) VALUES (?,?,?,?,?)",
-                         (cid, name, dumps(scopes), token_hash, self._clock()))
+            conn.execute(
+                "INSERT INTO clients (id, name, scopes, token_hash, created_at) VALUES (?,?,?,?,?)",
+                (cid, name, dumps(scopes), token_hash, self._clock()),
+            )
         except sqlite3.IntegrityError as exc:
             raise Conflict("a client with this token already exists") from exc
         return obj.client_object(conn.execute("SELECT * FROM clients WHERE id = ?", (cid,)).fetchone())
 
     def client_by_token_hash(self, token_hash: str) -> dict | None:
         with self._db.read() as conn:
-            row = conn.execute("SELECT * FROM clients WHERE token_hash = ? AND revoked_at IS NULL",
-                               (token_hash,)).fetchone()
+            row = conn.execute(
+                "SELECT * FROM clients WHERE token_hash = ? AND revoked_at IS NULL", (token_hash,)
+            ).fetchone()
         return None if row is None else obj.client_object(row)
 
     def client_active(self, client_id: str) -> bool:
         """Whether the client exists and is not revoked (an open stream asks now and then)."""
         with self._db.read() as conn:
-            return conn.execute("SELECT 1 FROM clients WHERE id = ? AND revoked_at IS NULL",
-                                (client_id,)).fetchone() is not None
+            return (
+                conn.execute("SELECT 1 FROM clients WHERE id = ? AND revoked_at IS NULL", (client_id,)).fetchone()
+                is not None
+            )
 
     def list_clients(self) -> list[dict]:
         with self._db.read() as conn:
@@ -79,29 +99,37 @@ class AccountsArea(StoreBase):
 
     def revoke_client(self, client_id: str) -> dict:
         with self._db.write() as conn:
-            conn.execute("UPDATE clients SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
-                         (self._clock(), client_id))
+            conn.execute(
+                "UPDATE clients SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", (self._clock(), client_id)
+            )
             row = conn.execute("SELECT * FROM clients WHERE id = ?", (client_id,)).fetchone()
             if row is None:
                 raise NotFound(f"no client {client_id}")
             return obj.client_object(row)
 
-    def create_pairing(self, *, code_hash: str, scopes: list[str], expires_at: float,
-                       name: str | None = None) -> dict:
+    def create_pairing(self, *, code_hash: str, scopes: list[str], expires_at: float, name: str | None = None) -> dict:
         if not isinstance(scopes, (list, tuple)) or not all(isinstance(s, str) for s in scopes):
             raise InvalidRequest("scopes must be a list of strings", param="scopes")
         pid = self._new_id("pair")
         with self._db.write() as conn:
             try:
-                conn.execute("INSERT INTO pairings (id, code_hash, name, scopes, created_at, expires_at) "
-                             "VALUES (?,?,?,?,?,?)",
-                             (pid, code_hash, name, dumps(list(scopes)), self._clock(), float(expires_at)))
+                conn.execute(
+                    "INSERT INTO pairings (id, code_hash, name, scopes, created_at, expires_at) VALUES (?,?,?,?,?,?)",
+                    (pid, code_hash, name, dumps(list(scopes)), self._clock(), float(expires_at)),
+                )
             except sqlite3.IntegrityError as exc:
                 raise Conflict("this pairing code already exists") from exc
             return obj.pairing_object(conn.execute("SELECT * FROM pairings WHERE id = ?", (pid,)).fetchone())
 
-    def redeem_pairing(self, *, code_hash: str, client_name: str, token_hash: str,
-                       max_failures: int | None = None, window: float = 60.0) -> dict:
+    def redeem_pairing(
+        self,
+        *,
+        code_hash: str,
+        client_name: str,
+        token_hash: str,
+        max_failures: int | None = None,
+        window: float = 60.0,
+    ) -> dict:
         """Use a pairing code once and create its client; NotFound if unknown, used or
         expired, which counts as a failed attempt. With ``max_failures``: RateLimited
         once that many attempts failed within ``window`` seconds. The count, the code's
@@ -112,17 +140,23 @@ class AccountsArea(StoreBase):
         client = None
         with self._db.write() as conn:
             now = self._clock()
-            limited = max_failures is not None and conn.execute(
-                "SELECT count(*) FROM pairing_failures WHERE at >= ?", (now - window,)).fetchone()[0] >= max_failures
+            limited = (
+                max_failures is not None
+                and conn.execute("SELECT count(*) FROM pairing_failures WHERE at >= ?", (now - window,)).fetchone()[0]
+                >= max_failures
+            )
             if not limited:
-                row = conn.execute("SELECT * FROM pairings WHERE code_hash = ? AND used_at IS NULL AND expires_at > ?",
-                                   (code_hash, now)).fetchone()
+                row = conn.execute(
+                    "SELECT * FROM pairings WHERE code_hash = ? AND used_at IS NULL AND expires_at > ?",
+                    (code_hash, now),
+                ).fetchone()
                 if row is None:
                     conn.execute("INSERT INTO pairing_failures (at) VALUES (?)", (now,))  # committed below
                 else:
                     client = self._insert_client(conn, client_name, json.loads(row["scopes"]), token_hash)
-                    conn.execute("UPDATE pairings SET used_at = ?, client_id = ? WHERE id = ?",
-                                 (now, client["id"], row["id"]))
+                    conn.execute(
+                        "UPDATE pairings SET used_at = ?, client_id = ? WHERE id = ?", (now, client["id"], row["id"])
+                    )
         if limited:
             raise RateLimited("too many failed pairing attempts; try again later", retry_after=int(window))
         if client is None:

@@ -5,6 +5,7 @@ Each area of :class:`lmsp.store.Store` is a class derived from
 :class:`StoreBase` (see :mod:`lmsp.store.store`); the helpers here run inside a
 transaction an area opened, on the connection it hands them.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,9 +36,11 @@ def last_seq_sql(table: str) -> str:
 
 
 # a task row as a dict of these, plus ``last_seq``
-TASK_SELECT = ("SELECT id, response_id, client_id, model, status, on_restart, attempts, created_at, started_at,"
-               " finished_at, error, owner, lease_expires, attempt_seq, item_open, pending_tokens, kv_path, "
-               f"{last_seq_sql('tasks')} AS last_seq FROM tasks")
+TASK_SELECT = (
+    "SELECT id, response_id, client_id, model, status, on_restart, attempts, created_at, started_at,"
+    " finished_at, error, owner, lease_expires, attempt_seq, item_open, pending_tokens, kv_path, "
+    f"{last_seq_sql('tasks')} AS last_seq FROM tasks"
+)
 
 
 def dumps(value: Any) -> str:
@@ -48,8 +51,9 @@ def dumps(value: Any) -> str:
 class StoreBase:
     """The state every area works on; see the module docstring."""
 
-    def __init__(self, db: Database, *, clock: Callable[[], float], new_id: Callable[[str], str],
-                 idempotency_ttl: float) -> None:
+    def __init__(
+        self, db: Database, *, clock: Callable[[], float], new_id: Callable[[str], str], idempotency_ttl: float
+    ) -> None:
         self._db = db
         self._clock = clock
         self._new_id = new_id
@@ -74,8 +78,10 @@ class StoreBase:
 
     @staticmethod
     def _attempt_text(conn: sqlite3.Connection, task: dict) -> str:
-        rows = conn.execute("SELECT text FROM task_events WHERE task_id = ? AND seq > ? AND data IS NULL "
-                            "ORDER BY seq", (task["id"], task["attempt_seq"])).fetchall()
+        rows = conn.execute(
+            "SELECT text FROM task_events WHERE task_id = ? AND seq > ? AND data IS NULL ORDER BY seq",
+            (task["id"], task["attempt_seq"]),
+        ).fetchall()
         return "".join(r[0] for r in rows)
 
     def _render_response(self, conn: sqlite3.Connection, response: sqlite3.Row, task: dict) -> dict:
@@ -88,8 +94,10 @@ class StoreBase:
     @staticmethod
     def _emit(conn: sqlite3.Connection, task: dict, etype: str, now: float, payload: dict) -> int:
         task["last_seq"] += 1
-        conn.execute("INSERT INTO task_events (task_id, seq, type, created_at, data) VALUES (?,?,?,?,?)",
-                     (task["id"], task["last_seq"], etype, now, dumps(payload)))
+        conn.execute(
+            "INSERT INTO task_events (task_id, seq, type, created_at, data) VALUES (?,?,?,?,?)",
+            (task["id"], task["last_seq"], etype, now, dumps(payload)),
+        )
         return task["last_seq"]
 
     def _emit_task(self, conn: sqlite3.Connection, task: dict, etype: str, now: float) -> None:
@@ -98,8 +106,9 @@ class StoreBase:
         task["last_seq"] -= 1
         self._emit(conn, task, etype, now, payload)
 
-    def _emit_response(self, conn: sqlite3.Connection, task: dict, etype: str, now: float,
-                       response: sqlite3.Row | None = None) -> None:
+    def _emit_response(
+        self, conn: sqlite3.Connection, task: dict, etype: str, now: float, response: sqlite3.Row | None = None
+    ) -> None:
         if response is None:
             response = self._response_row(conn, task["response_id"])
         task["last_seq"] += 1
@@ -107,16 +116,28 @@ class StoreBase:
         task["last_seq"] -= 1  # a response.failed carries its error in response.error only (B.6)
         self._emit(conn, task, etype, now, payload)
 
-    def _close_item(self, conn: sqlite3.Connection, task: dict, now: float, status: str, text: str,
-                    response: sqlite3.Row | None = None) -> None:
+    def _close_item(
+        self,
+        conn: sqlite3.Connection,
+        task: dict,
+        now: float,
+        status: str,
+        text: str,
+        response: sqlite3.Row | None = None,
+    ) -> None:
         """The three events that close the open output item with ``text`` as its content."""
         if response is None:
             response = self._response_row(conn, task["response_id"])
         base = {"item_id": response["item_id"], "output_index": 0, "content_index": 0}
         self._emit(conn, task, "response.output_text.done", now, {**base, "text": text})
         self._emit(conn, task, "response.content_part.done", now, {**base, "part": obj.output_part(text)})
-        self._emit(conn, task, "response.output_item.done", now, {
-            "output_index": 0, "item": obj.output_item(response["item_id"], status, text)})
+        self._emit(
+            conn,
+            task,
+            "response.output_item.done",
+            now,
+            {"output_index": 0, "item": obj.output_item(response["item_id"], status, text)},
+        )
         task["item_open"] = 0
 
     @staticmethod
@@ -124,21 +145,40 @@ class StoreBase:
         conn.execute(
             "UPDATE tasks SET status=?, attempts=?, started_at=?, finished_at=?, error=?, owner=?,"
             " lease_expires=?, attempt_seq=?, item_open=?, pending_tokens=?, kv_path=? WHERE id=?",
-            (task["status"], task["attempts"], task["started_at"], task["finished_at"], task["error"],
-             task["owner"], task["lease_expires"], task["attempt_seq"], task["item_open"],
-             task["pending_tokens"], task["kv_path"], task["id"]))
+            (
+                task["status"],
+                task["attempts"],
+                task["started_at"],
+                task["finished_at"],
+                task["error"],
+                task["owner"],
+                task["lease_expires"],
+                task["attempt_seq"],
+                task["item_open"],
+                task["pending_tokens"],
+                task["kv_path"],
+                task["id"],
+            ),
+        )
 
     @staticmethod
     def _move(task: dict, target: str) -> None:
         st.check(task["id"], task["status"], target)
         task["status"] = target
 
-    def _finish(self, conn: sqlite3.Connection, task: dict, target: str, now: float, *,
-                error: dict | None = None) -> None:
+    def _finish(
+        self, conn: sqlite3.Connection, task: dict, target: str, now: float, *, error: dict | None = None
+    ) -> None:
         """Move to a finished state and release the claim (the caller writes the final
         event). An output item still open is closed first, ``incomplete``."""
         self._move(task, target)
         if task["item_open"]:
             self._close_item(conn, task, now, "incomplete", self._attempt_text(conn, task))
-        task.update(finished_at=now, owner=None, lease_expires=None, pending_tokens="", kv_path=None,
-                    error=None if error is None else dumps(error))
+        task.update(
+            finished_at=now,
+            owner=None,
+            lease_expires=None,
+            pending_tokens="",
+            kv_path=None,
+            error=None if error is None else dumps(error),
+        )

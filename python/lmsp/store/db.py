@@ -24,6 +24,7 @@ Durability levels (``PRAGMA synchronous`` in WAL mode):
     may lose recent commits and may corrupt the database file. For
     throwaway data only.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -43,8 +44,10 @@ def _os_lock():
         from gevent import monkey
     except ImportError:  # pragma: no cover - gevent is a dependency
         import _thread
+
         return _thread.allocate_lock()
     return monkey.get_original("_thread", "allocate_lock")()
+
 
 SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL", "off": "OFF"}
 
@@ -70,10 +73,17 @@ WAL_CHECKPOINT_PAGES = 16000
 
 # Error codes that mean "the store cannot take this write now" rather than a
 # programming error: the lock, the disk, the file system.
-_UNAVAILABLE_PREFIXES = ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_FULL", "SQLITE_READONLY",
-                         "SQLITE_IOERR", "SQLITE_CANTOPEN", "SQLITE_PROTOCOL", "SQLITE_NOLFS")
-_UNAVAILABLE_TEXT = ("locked", "busy", "disk is full", "readonly", "read-only", "disk i/o",
-                     "unable to open")
+_UNAVAILABLE_PREFIXES = (
+    "SQLITE_BUSY",
+    "SQLITE_LOCKED",
+    "SQLITE_FULL",
+    "SQLITE_READONLY",
+    "SQLITE_IOERR",
+    "SQLITE_CANTOPEN",
+    "SQLITE_PROTOCOL",
+    "SQLITE_NOLFS",
+)
+_UNAVAILABLE_TEXT = ("locked", "busy", "disk is full", "readonly", "read-only", "disk i/o", "unable to open")
 
 
 class StoreError(RuntimeError):
@@ -90,6 +100,7 @@ def is_unavailable(exc: sqlite3.Error) -> bool:
 
 def translate(exc: sqlite3.Error) -> Exception:
     """The client-visible error for a SQLite failure (the original is chained)."""
+    err: Exception
     if is_unavailable(exc):
         err = Unavailable(f"the store is unavailable: {exc}", retry_after=1)
     else:
@@ -116,8 +127,7 @@ def no_wait() -> Iterator[None]:
 class Database:
     """A pool of connections to one SQLite file with the service's pragmas."""
 
-    def __init__(self, path: str | os.PathLike, *, durability: str = "full",
-                 busy_timeout: float = 5.0) -> None:
+    def __init__(self, path: str | os.PathLike, *, durability: str = "full", busy_timeout: float = 5.0) -> None:
         if durability not in SYNCHRONOUS:
             raise ValueError(f"durability must be one of {', '.join(SYNCHRONOUS)}, not {durability!r}")
         if busy_timeout < 0:
@@ -142,8 +152,13 @@ class Database:
     def connect(self) -> sqlite3.Connection:
         """A new connection with every pragma set; the only place that opens one."""
         try:
-            conn = sqlite3.connect(str(self.path), timeout=self.busy_timeout, isolation_level=None,
-                                   check_same_thread=False, cached_statements=256)
+            conn = sqlite3.connect(
+                str(self.path),
+                timeout=self.busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+                cached_statements=256,
+            )
         except sqlite3.Error as exc:
             raise translate(exc) from exc
         try:
@@ -236,8 +251,7 @@ class Database:
         lock = self._writer
         turn = lock.acquire(timeout=self.busy_timeout) if self.busy_timeout > 0 else lock.acquire(False)
         if not turn:
-            raise Unavailable(f"the store is busy: no write turn within {self.busy_timeout:g} s",
-                              retry_after=1)
+            raise Unavailable(f"the store is busy: no write turn within {self.busy_timeout:g} s", retry_after=1)
         try:
             with self._transaction("BEGIN IMMEDIATE") as conn:
                 yield conn

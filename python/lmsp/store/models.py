@@ -1,5 +1,6 @@
 """The store's models: the metadata of the model files the service knows (never
 the files), and the state the registry reports for each."""
+
 from __future__ import annotations
 
 from .. import objects as obj
@@ -15,9 +16,18 @@ class ModelsArea(StoreBase):
     def put_model(self, model: dict) -> dict:
         """Insert or update a model's metadata (never the file); returns it with its path."""
         try:
-            values = (str(model["id"]), str(model["path"]), str(model["digest"]), int(model["size_bytes"]),
-                      model.get("format") or "gguf", model.get("architecture"), model.get("parameters"),
-                      model.get("quantization"), model.get("context_length"), model.get("state") or "available")
+            values = (
+                str(model["id"]),
+                str(model["path"]),
+                str(model["digest"]),
+                int(model["size_bytes"]),
+                model.get("format") or "gguf",
+                model.get("architecture"),
+                model.get("parameters"),
+                model.get("quantization"),
+                model.get("context_length"),
+                model.get("state") or "available",
+            )
             template = model.get("has_chat_template")
             template = None if template is None else int(bool(template))
         except (KeyError, TypeError, ValueError) as exc:
@@ -33,7 +43,8 @@ class ModelsArea(StoreBase):
                 " format=excluded.format, architecture=excluded.architecture, parameters=excluded.parameters,"
                 " quantization=excluded.quantization, context_length=excluded.context_length,"
                 " state=excluded.state, chat_template=excluded.chat_template",
-                values + (template, self._clock()))
+                values + (template, self._clock()),
+            )
             row = conn.execute("SELECT * FROM models WHERE id = ?", (values[0],)).fetchone()
         return obj.model_object(row, with_path=True)
 
@@ -59,7 +70,8 @@ class ModelsArea(StoreBase):
         with self._db.write() as conn:
             if conn.execute("SELECT 1 FROM models WHERE id = ?", (model_id,)).fetchone() is None:
                 raise NotFound(f"no model {model_id}")
-            if conn.execute(f"SELECT 1 FROM tasks WHERE model = ? AND status IN {UNFINISHED_SQL} LIMIT 1",
-                            (model_id,)).fetchone():
+            if conn.execute(
+                f"SELECT 1 FROM tasks WHERE model = ? AND status IN {UNFINISHED_SQL} LIMIT 1", (model_id,)
+            ).fetchone():
                 raise ModelInUse(f"model {model_id} is needed by unfinished tasks")
             conn.execute("DELETE FROM models WHERE id = ?", (model_id,))

@@ -1,6 +1,7 @@
 """The store's reads of tasks, responses and events: what the API shows and the
 streams replay. Each is one deferred transaction that writes nothing (see
 ``Store.READS``)."""
+
 from __future__ import annotations
 
 import sqlite3
@@ -41,46 +42,63 @@ class ReadsArea(StoreBase):
     def _page(conn: sqlite3.Connection, sql: str, args: list, limit: int, render: Callable[[str], dict]) -> dict:
         ids = [r[0] for r in conn.execute(sql + " LIMIT ?", args + [limit + 1])]
         data = [render(i) for i in ids[:limit]]
-        return {"object": "list", "data": data, "has_more": len(ids) > limit,
-                "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
+        return {
+            "object": "list",
+            "data": data,
+            "has_more": len(ids) > limit,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+        }
 
-    def list_responses(self, client_id: str | None = None, *, status: str | None = None, limit: int = 20,
-                       after: str | None = None) -> dict:
+    def list_responses(
+        self, client_id: str | None = None, *, status: str | None = None, limit: int = 20, after: str | None = None
+    ) -> dict:
         """The responses newest first; ``after`` is the last id of the previous page."""
         limit = _limit(limit)
         where, args = ["1"], []
         if client_id is not None:
-            where.append("r.client_id = ?"), args.append(client_id)
+            where.append("r.client_id = ?")
+            args.append(client_id)
         if status is not None:
             if status not in RESPONSE_STATUSES:
                 raise InvalidRequest(f"unknown status {status!r}", param="status")
             where.append(RESPONSE_STATUSES[status])
         if after is not None:
-            where.append("r.id < ?"), args.append(str(after))
-        sql = ("SELECT r.id FROM responses r JOIN tasks t ON t.response_id = r.id WHERE "
-               + " AND ".join(where) + " ORDER BY r.id DESC")
+            where.append("r.id < ?")
+            args.append(str(after))
+        sql = (
+            "SELECT r.id FROM responses r JOIN tasks t ON t.response_id = r.id WHERE "
+            + " AND ".join(where)
+            + " ORDER BY r.id DESC"
+        )
         with self._db.read() as conn:
+
             def render(rid: str) -> dict:
                 task = dict(conn.execute(TASK_SELECT + " WHERE response_id = ?", (rid,)).fetchone())
                 return self._render_response(conn, self._response_row(conn, rid), task)
+
             return self._page(conn, sql, args, limit, render)
 
     def get_task(self, task_id: str, client_id: str | None = None) -> dict:
         with self._db.read() as conn:
             return obj.task_object(self._task(conn, task_id, client_id))
 
-    def list_tasks(self, client_id: str | None = None, *, status: str | None = None, limit: int = 20,
-                   after: str | None = None) -> dict:
+    def list_tasks(
+        self, client_id: str | None = None, *, status: str | None = None, limit: int = 20, after: str | None = None
+    ) -> dict:
         limit = _limit(limit)
         where, args = ["1"], []
         if client_id is not None:
-            where.append("client_id = ?"), args.append(client_id)
+            where.append("client_id = ?")
+            args.append(client_id)
         if status is not None:
             if status not in st.STATES:
                 raise InvalidRequest(f"unknown status {status!r}", param="status")
-            where.append("status = ?"), args.append(status)
+            where.append("status = ?")
+            args.append(status)
         if after is not None:
-            where.append("id < ?"), args.append(str(after))
+            where.append("id < ?")
+            args.append(str(after))
         sql = "SELECT id FROM tasks WHERE " + " AND ".join(where) + " ORDER BY id DESC"
         with self._db.read() as conn:
             return self._page(conn, sql, args, limit, lambda tid: obj.task_object(self._task(conn, tid)))
@@ -97,15 +115,23 @@ class ReadsArea(StoreBase):
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise InvalidRequest("limit must be a positive integer", param="limit")
         with self._db.read() as conn:
-            row = conn.execute("SELECT t.client_id, r.item_id FROM tasks t JOIN responses r ON r.id = t.response_id"
-                               " WHERE t.id = ?", (task_id,)).fetchone()
+            row = conn.execute(
+                "SELECT t.client_id, r.item_id FROM tasks t JOIN responses r ON r.id = t.response_id WHERE t.id = ?",
+                (task_id,),
+            ).fetchone()
             if row is None or (client_id is not None and row[0] != client_id):
                 raise NotFound(f"no task {task_id}")
             item_id = row[1]
-            rows = conn.execute("SELECT seq, type, created_at, text, data FROM task_events WHERE task_id = ? "
-                                "AND seq > ? ORDER BY seq LIMIT ?", (task_id, after, limit + 1)).fetchall()
-        return {"object": "list", "data": [obj.event_object(r, item_id) for r in rows[:limit]],
-                "has_more": len(rows) > limit}
+            rows = conn.execute(
+                "SELECT seq, type, created_at, text, data FROM task_events WHERE task_id = ? "
+                "AND seq > ? ORDER BY seq LIMIT ?",
+                (task_id, after, limit + 1),
+            ).fetchall()
+        return {
+            "object": "list",
+            "data": [obj.event_object(r, item_id) for r in rows[:limit]],
+            "has_more": len(rows) > limit,
+        }
 
     def last_sequence(self, task_id: str) -> int:
         with self._db.read() as conn:
@@ -121,10 +147,9 @@ class ReadsArea(StoreBase):
         out: dict[str, int] = {}
         with self._db.read() as conn:
             for i in range(0, len(ids), 500):
-                chunk = ids[i:i + 500]
+                chunk = ids[i : i + 500]
                 marks = ",".join("?" * len(chunk))
-                out.update(conn.execute(f"SELECT id, {last_seq_sql('tasks')} FROM tasks WHERE id IN ({marks})",
-                                        chunk))
+                out.update(conn.execute(f"SELECT id, {last_seq_sql('tasks')} FROM tasks WHERE id IN ({marks})", chunk))
         return out
 
     def output_text(self, task_id: str) -> str:

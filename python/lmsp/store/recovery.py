@@ -1,6 +1,7 @@
 """Recovery (LMSP 11.3): the tasks left unfinished by a stopped service, or by
 a worker whose lease ran out, are failed, requeued, resumed or cancelled as
 their ``on_restart`` policy and the state they were found in say."""
+
 from __future__ import annotations
 
 import sqlite3
@@ -12,8 +13,9 @@ from .base import UNFINISHED_SQL, StoreBase
 class RecoveryArea(StoreBase):
     """The 11.3 table applied to leftover tasks."""
 
-    def recover(self, *, startup: bool = True, now: float | None = None, batch: int = 100,
-                exclude_owner: str | None = None) -> dict:
+    def recover(
+        self, *, startup: bool = True, now: float | None = None, batch: int = 100, exclude_owner: str | None = None
+    ) -> dict:
         """Apply the 11.3 table to leftover tasks and report what was done.
 
         ``startup=True``: every queued/loading/running/cancelling task (run it
@@ -46,8 +48,9 @@ class RecoveryArea(StoreBase):
                     task = self._task(conn, tid)
                     if task["status"] not in st.UNFINISHED:
                         continue
-                    if not startup and not (task["owner"] is not None and task["lease_expires"] < when
-                                            and task["owner"] != exclude_owner):
+                    if not startup and not (
+                        task["owner"] is not None and task["lease_expires"] < when and task["owner"] != exclude_owner
+                    ):
                         continue
                     self._recover_one(conn, task, stamp, report)
         return report
@@ -58,8 +61,13 @@ class RecoveryArea(StoreBase):
         if task["kv_path"] and target != st.RUNNING:
             report["kv_paths"].append(task["kv_path"])
         if target == st.FAILED:
-            self._finish(conn, task, st.FAILED, now, error={
-                "code": "server_restarted", "message": f"the service restarted while the task was {found}"})
+            self._finish(
+                conn,
+                task,
+                st.FAILED,
+                now,
+                error={"code": "server_restarted", "message": f"the service restarted while the task was {found}"},
+            )
             self._emit_response(conn, task, "response.failed", now)
             report["failed"].append(task["id"])
         elif target == st.CANCELLED:
@@ -68,8 +76,15 @@ class RecoveryArea(StoreBase):
             report["cancelled"].append(task["id"])
         elif target == st.QUEUED:
             self._move(task, st.QUEUED)
-            task.update(owner=None, lease_expires=None, item_open=0, pending_tokens="", kv_path=None,
-                        attempts=task["attempts"] + 1, started_at=None)
+            task.update(
+                owner=None,
+                lease_expires=None,
+                item_open=0,
+                pending_tokens="",
+                kv_path=None,
+                attempts=task["attempts"] + 1,
+                started_at=None,
+            )
             task["attempt_seq"] = task["last_seq"] + 1  # the output restarts after task.requeued
             self._emit_task(conn, task, "task.requeued", now)
             report["requeued"].append(task["id"])

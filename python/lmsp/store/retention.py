@@ -1,6 +1,7 @@
 """Retention (LMSP B.10): finished tasks with their events and responses,
 expired idempotency keys and spent pairing codes are deleted in small
 transactions, so that the write lock is never held long."""
+
 from __future__ import annotations
 
 from . import states as st
@@ -33,9 +34,11 @@ class RetentionArea(StoreBase):
         while True:
             before = counts["tasks"]
             with self._db.read() as conn:
-                rows = conn.execute(f"SELECT id, response_id, {last_seq_sql('tasks')} FROM tasks WHERE "
-                                    f"finished_at < ? AND status IN {FINISHED_SQL} ORDER BY finished_at LIMIT ?",
-                                    (cutoff, batch)).fetchall()
+                rows = conn.execute(
+                    f"SELECT id, response_id, {last_seq_sql('tasks')} FROM tasks WHERE "
+                    f"finished_at < ? AND status IN {FINISHED_SQL} ORDER BY finished_at LIMIT ?",
+                    (cutoff, batch),
+                ).fetchall()
             if not rows:
                 break
             budget, doomed = 0, []
@@ -44,8 +47,9 @@ class RetentionArea(StoreBase):
                 while last_seq - low + 1 > batch - budget:  # a long log: delete it in slices
                     high = low + (batch - budget) - 1
                     with self._db.write() as conn:
-                        counts["events"] += conn.execute("DELETE FROM task_events WHERE task_id = ? AND seq "
-                                                         "BETWEEN ? AND ?", (tid, low, high)).rowcount
+                        counts["events"] += conn.execute(
+                            "DELETE FROM task_events WHERE task_id = ? AND seq BETWEEN ? AND ?", (tid, low, high)
+                        ).rowcount
                     low, budget = high + 1, 0
                 doomed.append((tid, rid, low))
                 budget += max(0, last_seq - low + 1) + 1
@@ -62,8 +66,11 @@ class RetentionArea(StoreBase):
         total = 0
         while True:
             with self._db.write() as conn:
-                n = conn.execute("DELETE FROM idempotency_keys WHERE (client_id, key) IN (SELECT client_id, key "
-                                 "FROM idempotency_keys WHERE expires_at <= ? LIMIT ?)", (now, batch)).rowcount
+                n = conn.execute(
+                    "DELETE FROM idempotency_keys WHERE (client_id, key) IN (SELECT client_id, key "
+                    "FROM idempotency_keys WHERE expires_at <= ? LIMIT ?)",
+                    (now, batch),
+                ).rowcount
             total += n
             if n < batch:
                 return total
@@ -74,17 +81,21 @@ class RetentionArea(StoreBase):
         total = 0
         while True:
             with self._db.write() as conn:
-                n = conn.execute("DELETE FROM pairings WHERE id IN (SELECT id FROM pairings WHERE expires_at < ? "
-                                 "LIMIT ?)", (cutoff, batch)).rowcount
-                conn.execute("DELETE FROM pairing_failures WHERE id IN (SELECT id FROM pairing_failures "
-                             "WHERE at < ? LIMIT ?)", (cutoff, batch))
+                n = conn.execute(
+                    "DELETE FROM pairings WHERE id IN (SELECT id FROM pairings WHERE expires_at < ? LIMIT ?)",
+                    (cutoff, batch),
+                ).rowcount
+                conn.execute(
+                    "DELETE FROM pairing_failures WHERE id IN (SELECT id FROM pairing_failures WHERE at < ? LIMIT ?)",
+                    (cutoff, batch),
+                )
             total += n
             if n < batch:
                 return total
 
     def _gc_delete(self, doomed: list[tuple[str, str, int]], cutoff: float, counts: dict) -> None:
         with self._db.write() as conn:
-            for tid, rid, low in doomed:
+            for tid, rid, _ in doomed:
                 row = conn.execute("SELECT status, finished_at FROM tasks WHERE id = ?", (tid,)).fetchone()
                 if row is None or row["status"] not in st.FINISHED or not row["finished_at"] < cutoff:
                     continue

@@ -4,6 +4,7 @@
 older database applies the missing ones, each in its own transaction; a
 database written by a newer version of the service is refused.
 """
+
 from __future__ import annotations
 
 import sqlite3
@@ -126,8 +127,7 @@ CREATE TABLE pairing_failures (
 
 INDEXES_V1 = [
     # claim(): unowned queued tasks and resumable running ones, oldest first
-    "CREATE INDEX tasks_claimable ON tasks(created_at, id) "
-    "WHERE owner IS NULL AND status IN ('queued','running')",
+    "CREATE INDEX tasks_claimable ON tasks(created_at, id) WHERE owner IS NULL AND status IN ('queued','running')",
     # renew(), release(), recover(startup=False)
     "CREATE INDEX tasks_owner ON tasks(owner, lease_expires) WHERE owner IS NOT NULL",
     # recover(startup=True), list_tasks(status=), metrics by state
@@ -165,8 +165,10 @@ MIGRATIONS: list[list[str | Callable[[sqlite3.Connection], None]]] = [
     # 3: the task row no longer copies its counter
     [_drop_task_counter],
     # 4: a client's unfinished tasks, counted at each creation (a per-client cap)
-    ["CREATE INDEX tasks_unfinished_client ON tasks(client_id) "
-     "WHERE status IN ('queued','loading','running','cancelling')"],
+    [
+        "CREATE INDEX tasks_unfinished_client ON tasks(client_id) "
+        "WHERE status IN ('queued','loading','running','cancelling')"
+    ],
     # 5: whether a model's file declares a chat template (1 or 0; NULL for a
     # model registered before it was recorded)
     ["ALTER TABLE models ADD COLUMN chat_template INTEGER"],
@@ -181,8 +183,10 @@ def user_version(conn: sqlite3.Connection) -> int:
 
 def _check_not_newer(version: int, path: str) -> None:
     if version > SCHEMA_VERSION:
-        raise StoreError(f"{path} has schema version {version}, newer than this service understands "
-                         f"({SCHEMA_VERSION}); upgrade lmsp or use another data directory")
+        raise StoreError(
+            f"{path} has schema version {version}, newer than this service understands "
+            f"({SCHEMA_VERSION}); upgrade lmsp or use another data directory"
+        )
 
 
 def migrate(conn: sqlite3.Connection, *, target: int = SCHEMA_VERSION, path: str = "database") -> list[int]:

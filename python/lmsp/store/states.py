@@ -1,4 +1,5 @@
 """Task states, the transitions LMSP allows, and the start-up recovery table (11.3)."""
+
 from __future__ import annotations
 
 from ..errors import IllegalTransition
@@ -26,10 +27,18 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 
 # 11.3: (state found at start, on_restart) -> state the task moves to
 RECOVERY: dict[tuple[str, str], str] = {
-    (QUEUED, "fail"): FAILED, (QUEUED, "retry"): QUEUED, (QUEUED, "resume"): QUEUED,
-    (LOADING, "fail"): FAILED, (LOADING, "retry"): QUEUED, (LOADING, "resume"): QUEUED,
-    (RUNNING, "fail"): FAILED, (RUNNING, "retry"): QUEUED, (RUNNING, "resume"): RUNNING,
-    (CANCELLING, "fail"): CANCELLED, (CANCELLING, "retry"): CANCELLED, (CANCELLING, "resume"): CANCELLED,
+    (QUEUED, "fail"): FAILED,
+    (QUEUED, "retry"): QUEUED,
+    (QUEUED, "resume"): QUEUED,
+    (LOADING, "fail"): FAILED,
+    (LOADING, "retry"): QUEUED,
+    (LOADING, "resume"): QUEUED,
+    (RUNNING, "fail"): FAILED,
+    (RUNNING, "retry"): QUEUED,
+    (RUNNING, "resume"): RUNNING,
+    (CANCELLING, "fail"): CANCELLED,
+    (CANCELLING, "retry"): CANCELLED,
+    (CANCELLING, "resume"): CANCELLED,
 }
 
 

@@ -13,6 +13,7 @@ committed step left it; an item turns it into event rows and a new state:
 * :func:`step_events`: one item's events and the state it leaves, for a caller
   that shows a step before it is written.
 """
+
 from __future__ import annotations
 
 from functools import partial
@@ -37,6 +38,7 @@ RowUpdate = tuple[int, str, str | None, str, str, int]
 
 class StepPlan(NamedTuple):
     """What a step of known tasks writes, made before the write lock."""
+
     states: dict[str, StepState | None]  # the state each task is left in (None: forget it)
     events: list[EventInsert]
     updates: list[RowUpdate]  # the tasks whose row changes (item_open, pending_tokens or kv_path)
@@ -44,6 +46,7 @@ class StepPlan(NamedTuple):
 
 class StepEnd(NamedTuple):
     """An item that ends its task, with the state the task reached before its end."""
+
     task_id: str
     item: StepItem
     state: StepState
@@ -80,8 +83,9 @@ def usual_step(owner: str, items: list[StepItem], cache: dict[str, StepState], n
     return StepPlan(states, events, [])
 
 
-def split_known(owner: str, items: list[StepItem],
-                cache: dict[str, StepState]) -> tuple[dict[str, StepState], list[StepItem], list[StepItem]]:
+def split_known(
+    owner: str, items: list[StepItem], cache: dict[str, StepState]
+) -> tuple[dict[str, StepState], list[StepItem], list[StepItem]]:
     """The states of the tasks this process last wrote as ``owner`` whose items do not
     end them, taken once (other threads may update the cache meanwhile), with their
     items; then the other items (a task new to this process, one that ends)."""
@@ -102,8 +106,11 @@ def split_known(owner: str, items: list[StepItem],
                 checked.add(tid)
     for tid in checked:
         known.pop(tid, None)
-    return (known, [item for item in items if item["task_id"] in known],
-            [item for item in items if item["task_id"] not in known])
+    return (
+        known,
+        [item for item in items if item["task_id"] in known],
+        [item for item in items if item["task_id"] not in known],
+    )
 
 
 def known_step(owner: str, items: list[StepItem], known: dict[str, StepState], now: float) -> StepPlan:
@@ -114,22 +121,49 @@ def known_step(owner: str, items: list[StepItem], known: dict[str, StepState], n
     updates: list[RowUpdate] = []
     for tid, new in states.items():
         old = known[tid]
-        if new.item_open != old.item_open or new.pending_tokens != old.pending_tokens or new.kv_path != old.kv_path:
+        if new is not None and (
+            new.item_open != old.item_open or new.pending_tokens != old.pending_tokens or new.kv_path != old.kv_path
+        ):
             updates.append((new.item_open, new.pending_tokens, new.kv_path, tid, owner, old.last_seq))
     return StepPlan(states, events, updates)
 
 
 def _open_item(events: list[EventInsert], tid: str, seq: int, item_id: str, now: float) -> int:
     """The two events that open a task's output item after event ``seq``; returns the last number."""
-    events.append((tid, seq + 1, "response.output_item.added", now, None, None, dumps(
-        {"output_index": 0, "item": obj.output_item(item_id, "in_progress", None)})))
-    events.append((tid, seq + 2, "response.content_part.added", now, None, None, dumps(
-        {"item_id": item_id, "output_index": 0, "content_index": 0, "part": obj.output_part("")})))
+    events.append(
+        (
+            tid,
+            seq + 1,
+            "response.output_item.added",
+            now,
+            None,
+            None,
+            dumps({"output_index": 0, "item": obj.output_item(item_id, "in_progress", None)}),
+        )
+    )
+    events.append(
+        (
+            tid,
+            seq + 2,
+            "response.content_part.added",
+            now,
+            None,
+            None,
+            dumps({"item_id": item_id, "output_index": 0, "content_index": 0, "part": obj.output_part("")}),
+        )
+    )
     return seq + 2
 
 
-def step_rows(owner: str, items: list[StepItem], known: dict[str, StepState], now: float,
-              events: list[EventInsert], ends: list[StepEnd], skipped: list[str]) -> dict[str, StepState | None]:
+def step_rows(
+    owner: str,
+    items: list[StepItem],
+    known: dict[str, StepState],
+    now: float,
+    events: list[EventInsert],
+    ends: list[StepEnd],
+    skipped: list[str],
+) -> dict[str, StepState | None]:
     """Turn items into event rows (appended to ``events``); return the states they leave.
 
     ``known`` maps a task id to its state before the step; a task not in it is
@@ -169,8 +203,9 @@ def step_rows(owner: str, items: list[StepItem], known: dict[str, StepState], no
     return {tid: None if made_state is None else _as_state(made_state) for tid, made_state in made.items()}
 
 
-def events_by_task(rows: list[EventInsert],
-                   states: dict[str, StepState | None]) -> dict[str, tuple[str, list[EventRow]]]:
+def events_by_task(
+    rows: list[EventInsert], states: dict[str, StepState | None]
+) -> dict[str, tuple[str, list[EventRow]]]:
     """The event rows of the tasks left running, per task: ``(item_id, [EventRow])``.
     A task that ended is left out: its last events are written with its end."""
     out: dict[str, tuple[str, list[EventRow]]] = {}

@@ -13,6 +13,7 @@ A step takes one of two paths:
   task new to this process, one that ends), in the same transaction; and the
   whole step again, in a new transaction, when a guard fails.
 """
+
 from __future__ import annotations
 
 import sqlite3
@@ -24,15 +25,16 @@ from . import states as st
 from .base import StoreBase, dumps, last_seq_sql
 from .steprows import EventInsert, StepEnd, StepPlan, events_by_task, known_step, split_known, step_rows, usual_step
 
-_EVENT_INSERT = ("INSERT INTO task_events (task_id, seq, type, created_at, text, tokens, data) "
-                 "VALUES (?,?,?,?,?,?,?)")
+_EVENT_INSERT = "INSERT INTO task_events (task_id, seq, type, created_at, text, tokens, data) VALUES (?,?,?,?,?,?,?)"
 # The guard of the path from the cached states: a step writes a task's next events at
 # the numbers that follow the last one this process wrote, so an event of anyone else
 # (a cancel, a recovery, another worker) since then takes the first of those numbers,
 # and the insert fails on task_events' primary key. A task whose row changes without
 # an event of its own in this step (a token held back) has the same condition in its update.
-_GUARDED_UPDATE = ("UPDATE tasks SET item_open = ?, pending_tokens = ?, kv_path = ? WHERE id = ? AND owner = ? "
-                   f"AND {last_seq_sql('tasks')} = ?")
+_GUARDED_UPDATE = (
+    "UPDATE tasks SET item_open = ?, pending_tokens = ?, kv_path = ? WHERE id = ? AND owner = ? "
+    f"AND {last_seq_sql('tasks')} = ?"
+)
 # a step reads the rows of this many tasks a query
 _CHUNK = 500
 
@@ -44,6 +46,7 @@ class _StaleStep(Exception):
 class StepResult(NamedTuple):
     """A written step: the state each task is left in (None: forget it), the outcome,
     and the event rows written."""
+
     states: dict[str, StepState | None]
     outcome: StepOutcome
     events: list[EventInsert]
@@ -145,25 +148,27 @@ class StepsArea(StoreBase):
         return outcome
 
     @staticmethod
-    def _running_states(conn: sqlite3.Connection, owner: str,
-                        task_ids: list[str]) -> tuple[dict[str, StepState], dict[str, int]]:
+    def _running_states(
+        conn: sqlite3.Connection, owner: str, task_ids: list[str]
+    ) -> tuple[dict[str, StepState], dict[str, int]]:
         """The states of those of the tasks that ``owner`` holds and that run (or are
         being cancelled), read from their rows, with the ``attempts`` of each."""
         states: dict[str, StepState] = {}
         attempts: dict[str, int] = {}
         for i in range(0, len(task_ids), _CHUNK):
-            chunk = task_ids[i:i + _CHUNK]
+            chunk = task_ids[i : i + _CHUNK]
             for row in conn.execute(
-                    f"SELECT t.id, t.status, t.owner, {last_seq_sql('t')}, t.item_open, t.pending_tokens, t.kv_path,"
-                    " r.item_id, t.attempts FROM tasks t JOIN responses r ON r.id = t.response_id"
-                    f" WHERE t.id IN ({','.join('?' * len(chunk))})", chunk):
+                f"SELECT t.id, t.status, t.owner, {last_seq_sql('t')}, t.item_open, t.pending_tokens, t.kv_path,"
+                " r.item_id, t.attempts FROM tasks t JOIN responses r ON r.id = t.response_id"
+                f" WHERE t.id IN ({','.join('?' * len(chunk))})",
+                chunk,
+            ):
                 if row[2] == owner and row[1] in (st.RUNNING, st.CANCELLING):
                     states[row[0]] = StepState(owner, row[3], row[4], row[5], row[6], row[7])
                     attempts[row[0]] = row[8]
         return states, attempts
 
-    def _write_from_rows(self, conn: sqlite3.Connection, owner: str, items: list[StepItem],
-                         now: float) -> StepResult:
+    def _write_from_rows(self, conn: sqlite3.Connection, owner: str, items: list[StepItem], now: float) -> StepResult:
         """The general path: the items' tasks as their rows are, each ending task ended."""
         wanted = list(dict.fromkeys(item["task_id"] for item in items))
         known, attempts = self._running_states(conn, owner, wanted)
@@ -172,9 +177,13 @@ class StepsArea(StoreBase):
         skipped: list[str] = []
         # an item of an earlier claim of the task (recovered, then claimed again by
         # this owner) is not this claim's: skipped like a task that is not ours
-        stale = {item["task_id"] for item in items
-                 if item.get("attempt") is not None and item["task_id"] in known
-                 and item["attempt"] != attempts[item["task_id"]]}
+        stale = {
+            item["task_id"]
+            for item in items
+            if item.get("attempt") is not None
+            and item["task_id"] in known
+            and item["attempt"] != attempts[item["task_id"]]
+        }
         if stale:
             items = [item for item in items if item["task_id"] not in stale]
             skipped.extend(stale)
@@ -182,8 +191,10 @@ class StepsArea(StoreBase):
         conn.executemany(_EVENT_INSERT, events)
         written = [(tid, s) for tid, s in states.items() if s is not None]
         written += [(end.task_id, end.state) for end in ends]
-        conn.executemany("UPDATE tasks SET item_open = ?, pending_tokens = ?, kv_path = ? WHERE id = ?",
-                         [(s.item_open, s.pending_tokens, s.kv_path, tid) for tid, s in written])
+        conn.executemany(
+            "UPDATE tasks SET item_open = ?, pending_tokens = ?, kv_path = ? WHERE id = ?",
+            [(s.item_open, s.pending_tokens, s.kv_path, tid) for tid, s in written],
+        )
         finished: dict[str, str] = {}
         cancelled: list[str] = []
         for end in ends:
@@ -214,11 +225,14 @@ class StepsArea(StoreBase):
             error = item.get("error") or {"code": "server_error", "message": "generation failed"}
             error = {"code": str(error.get("code") or "server_error"), "message": str(error.get("message") or "")}
         if task["item_open"]:
-            self._close_item(conn, task, now, "completed" if etype == "response.completed" else "incomplete",
-                             text, response)
+            self._close_item(
+                conn, task, now, "completed" if etype == "response.completed" else "incomplete", text, response
+            )
         usage = item.get("usage")
-        conn.execute("UPDATE responses SET output_text = ?, usage = ?, incomplete_reason = ? WHERE id = ?",
-                     (text, None if usage is None else dumps(usage), reason, response["id"]))
+        conn.execute(
+            "UPDATE responses SET output_text = ?, usage = ?, incomplete_reason = ? WHERE id = ?",
+            (text, None if usage is None else dumps(usage), reason, response["id"]),
+        )
         self._finish(conn, task, target, now, error=error)
         self._emit_response(conn, task, etype, now)
         self._save(conn, task)
@@ -228,9 +242,11 @@ class StepsArea(StoreBase):
         """The state :meth:`append_step` continues a task from (for the serving
         benchmark's in-memory mode, which makes a task's events before it writes them)."""
         with self._db.read() as conn:
-            row = conn.execute(f"SELECT t.owner, {last_seq_sql('t')}, t.item_open, t.pending_tokens, t.kv_path,"
-                               " r.item_id FROM tasks t JOIN responses r ON r.id = t.response_id WHERE t.id = ?",
-                               (task_id,)).fetchone()
+            row = conn.execute(
+                f"SELECT t.owner, {last_seq_sql('t')}, t.item_open, t.pending_tokens, t.kv_path,"
+                " r.item_id FROM tasks t JOIN responses r ON r.id = t.response_id WHERE t.id = ?",
+                (task_id,),
+            ).fetchone()
         if row is None:
             raise NotFound(f"no task {task_id}")
         return StepState(*row)

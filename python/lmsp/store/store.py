@@ -27,6 +27,7 @@ its claim are one write), every public name stays a method of ``Store`` with
 no forwarding code, and what callers change on a store (its clock, in tests)
 is seen by every area at once.
 """
+
 from __future__ import annotations
 
 import os
@@ -49,23 +50,45 @@ from .tasks import TasksArea
 from .worker import WorkerArea
 
 
-class Store(AccountsArea, ModelsArea, ReadsArea, TasksArea, IdempotencyArea, WorkerArea, StepsArea, RecoveryArea,
-            RetentionArea):
+class Store(
+    AccountsArea, ModelsArea, ReadsArea, TasksArea, IdempotencyArea, WorkerArea, StepsArea, RecoveryArea, RetentionArea
+):
     """The service's state in one SQLite file (see the module docstring of :mod:`lmsp.store.db`
     for what each ``durability`` level risks)."""
 
     # Methods that only read (one deferred transaction, no write): lmsp.hubsafe
     # runs them on the gevent hub itself, failing fast on a lock, and only
     # sends them to its thread pool when a lock is met.
-    READS = frozenset({"events", "last_sequence", "last_sequences", "get_task", "get_response",
-                       "task_id_for_response", "client_by_token_hash", "get_model", "list_models",
-                       "list_responses", "list_tasks", "output_text", "client_active"})
+    READS = frozenset(
+        {
+            "events",
+            "last_sequence",
+            "last_sequences",
+            "get_task",
+            "get_response",
+            "task_id_for_response",
+            "client_by_token_hash",
+            "get_model",
+            "list_models",
+            "list_responses",
+            "list_tasks",
+            "output_text",
+            "client_active",
+        }
+    )
 
     # -- life cycle ------------------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | os.PathLike, *, durability: str = "full", busy_timeout: float = 5.0,
-             clock: Callable[[], float] = time.time, new_id: Callable[[str], str] = _ids.new_id,
-             idempotency_ttl: float = 24 * 3600.0) -> "Store":
+    def open(
+        cls,
+        path: str | os.PathLike,
+        *,
+        durability: str = "full",
+        busy_timeout: float = 5.0,
+        clock: Callable[[], float] = time.time,
+        new_id: Callable[[str], str] = _ids.new_id,
+        idempotency_ttl: float = 24 * 3600.0,
+    ) -> "Store":
         """Open (creating and migrating as needed) the database at ``path``.
 
         A database of a newer schema raises :class:`lmsp.store.StoreError`; a

@@ -1,6 +1,7 @@
 """The life of a response request: its response and queued task created in one
 transaction (with its idempotency key, and claimed at once by a worker that
 can run it), its cancel (B.7), and its deletion once finished."""
+
 from __future__ import annotations
 
 import sqlite3
@@ -18,9 +19,19 @@ class TasksArea(IdempotencyArea):
     """Creating, cancelling and deleting responses and their tasks (a request's
     idempotency key is decided in the transaction that creates its task)."""
 
-    def create_task(self, *, client_id: str | None, model: str, request: dict, on_restart: str,
-                    background: bool, stream: bool, idempotency: tuple[str, str] | None = None,
-                    claim: tuple[str, float] | None = None, max_unfinished: int | None = None) -> CreatedTask:
+    def create_task(
+        self,
+        *,
+        client_id: str | None,
+        model: str,
+        request: dict,
+        on_restart: str,
+        background: bool,
+        stream: bool,
+        idempotency: tuple[str, str] | None = None,
+        claim: tuple[str, float] | None = None,
+        max_unfinished: int | None = None,
+    ) -> CreatedTask:
         """Persist a new response and its queued task in ONE transaction (11.2, B.8).
 
         ``max_unfinished``: RateLimited when the client already has that many
@@ -47,15 +58,20 @@ class TasksArea(IdempotencyArea):
                     return replay
             if max_unfinished is not None and client_id is not None:
                 self._check_unfinished(conn, client_id, max_unfinished)
-            task, response = self._insert_task(conn, client_id, model, request_text, on_restart,
-                                               background, stream, now)
+            task, response = self._insert_task(
+                conn, client_id, model, request_text, on_restart, background, stream, now
+            )
             body = self._render_response(conn, response, task)
             taken = None if claim is None else self._claim_new(conn, task, response, claim, now)
             self._save(conn, task)
             if idempotency is not None:
                 self._remember_task_key(conn, client_id, idempotency, task["id"], body if background else None, now)
-            out: CreatedTask = {"response": body, "task": obj.task_object(task), "replay": None,
-                                "claim": None if taken is None else taken[0]}
+            out: CreatedTask = {
+                "response": body,
+                "task": obj.task_object(task),
+                "replay": None,
+                "claim": None if taken is None else taken[0],
+            }
         if taken is not None:  # committed
             self._step_cache[task["id"]] = taken[1]
         return out
@@ -76,34 +92,55 @@ class TasksArea(IdempotencyArea):
 
     @staticmethod
     def _check_unfinished(conn: sqlite3.Connection, client_id: str, max_unfinished: int) -> None:
-        n = conn.execute(f"SELECT count(*) FROM tasks WHERE client_id = ? AND status IN {UNFINISHED_SQL}",
-                         (client_id,)).fetchone()[0]
+        n = conn.execute(
+            f"SELECT count(*) FROM tasks WHERE client_id = ? AND status IN {UNFINISHED_SQL}", (client_id,)
+        ).fetchone()[0]
         if n >= max_unfinished:
-            raise RateLimited(f"this client has {n} unfinished tasks, the most it may have "
-                              "(max_unfinished_per_client); wait for some to finish", retry_after=1)
+            raise RateLimited(
+                f"this client has {n} unfinished tasks, the most it may have "
+                "(max_unfinished_per_client); wait for some to finish",
+                retry_after=1,
+            )
 
-    def _insert_task(self, conn: sqlite3.Connection, client_id: str | None, model: str, request_text: str,
-                     on_restart: str, background: bool, stream: bool, now: float) -> tuple[dict, sqlite3.Row]:
+    def _insert_task(
+        self,
+        conn: sqlite3.Connection,
+        client_id: str | None,
+        model: str,
+        request_text: str,
+        on_restart: str,
+        background: bool,
+        stream: bool,
+        now: float,
+    ) -> tuple[dict, sqlite3.Row]:
         """A new response and its queued task, with their first two events."""
         rid, tid, mid = self._new_id("resp"), self._new_id("task"), self._new_id("msg")
-        conn.execute("INSERT INTO responses (id, client_id, model, created_at, request, background, stream,"
-                     " item_id) VALUES (?,?,?,?,?,?,?,?)",
-                     (rid, client_id, model, now, request_text, int(bool(background)), int(bool(stream)), mid))
-        conn.execute("INSERT INTO tasks (id, response_id, client_id, model, status, on_restart, created_at)"
-                     " VALUES (?,?,?,?,'queued',?,?)", (tid, rid, client_id, model, on_restart, now))
+        conn.execute(
+            "INSERT INTO responses (id, client_id, model, created_at, request, background, stream,"
+            " item_id) VALUES (?,?,?,?,?,?,?,?)",
+            (rid, client_id, model, now, request_text, int(bool(background)), int(bool(stream)), mid),
+        )
+        conn.execute(
+            "INSERT INTO tasks (id, response_id, client_id, model, status, on_restart, created_at)"
+            " VALUES (?,?,?,?,'queued',?,?)",
+            (tid, rid, client_id, model, on_restart, now),
+        )
         task = self._task(conn, tid)
         response = self._response_row(conn, rid)
         self._emit_response(conn, task, "response.created", now, response)
         self._emit_response(conn, task, "response.queued", now, response)
         return task, response
 
-    def _claim_new(self, conn: sqlite3.Connection, task: dict, response: sqlite3.Row, claim: tuple[str, float],
-                   now: float) -> tuple[ClaimRecord, StepState] | None:
+    def _claim_new(
+        self, conn: sqlite3.Connection, task: dict, response: sqlite3.Row, claim: tuple[str, float], now: float
+    ) -> tuple[ClaimRecord, StepState] | None:
         """``claim=(owner, lease)`` takes the new task and starts it, unless older tasks wait
         to be claimed; returns its claim and the step state it leaves (its first step
         then needs no read), or None."""
-        if conn.execute(f"SELECT 1 FROM tasks WHERE {CLAIMABLE_SQL} AND id != ? LIMIT 1",
-                        (task["id"],)).fetchone() is not None:
+        if (
+            conn.execute(f"SELECT 1 FROM tasks WHERE {CLAIMABLE_SQL} AND id != ? LIMIT 1", (task["id"],)).fetchone()
+            is not None
+        ):
             return None
         owner, lease = claim
         claimed = claim_record(task, response, None)
@@ -115,8 +152,9 @@ class TasksArea(IdempotencyArea):
 
     def _resolve(self, conn: sqlite3.Connection, task_or_response_id: str, client_id: str | None) -> dict:
         if str(task_or_response_id).startswith("resp_"):
-            row = conn.execute("SELECT id, client_id FROM tasks WHERE response_id = ?",
-                               (task_or_response_id,)).fetchone()
+            row = conn.execute(
+                "SELECT id, client_id FROM tasks WHERE response_id = ?", (task_or_response_id,)
+            ).fetchone()
             if row is None or (client_id is not None and row[1] != client_id):  # another's: unknown alike
                 raise NotFound(f"no response {task_or_response_id}")
             return self._task(conn, row[0], client_id)
@@ -141,8 +179,7 @@ class TasksArea(IdempotencyArea):
                 self._save(conn, task)
             return obj.task_object(task)
 
-    def delete_response(self, response_id: str, client_id: str | None = None, *,
-                        keep_for_key: bool = False) -> dict:
+    def delete_response(self, response_id: str, client_id: str | None = None, *, keep_for_key: bool = False) -> dict:
         """Delete a finished response with its task and events. An idempotency key of
         its request answers a retry with 404 from now on; with ``keep_for_key`` (a
         ``store: false`` response deleted once delivered, whose client may not have

@@ -2,6 +2,7 @@
 lease, starts them (``loading``, ``running``), gives up on one (``fail_task``)
 and lets them go when it stops (``release``). The output of a running task is
 written by :mod:`lmsp.store.steps`."""
+
 from __future__ import annotations
 
 import json
@@ -15,10 +16,18 @@ from .base import CLAIMABLE_SQL, TASK_SELECT, UNFINISHED_SQL, StoreBase
 
 def claim_record(task: dict, response: sqlite3.Row, resume: Resume | None) -> ClaimRecord:
     """What a worker needs to run a task it claimed (``status``: the state it was claimed in)."""
-    return {"task_id": task["id"], "response_id": task["response_id"], "model": task["model"],
-            "request": json.loads(response["request"]), "status": task["status"],
-            "on_restart": task["on_restart"], "attempts": task["attempts"],
-            "item_id": response["item_id"], "resume": resume, "client_id": task["client_id"]}
+    return {
+        "task_id": task["id"],
+        "response_id": task["response_id"],
+        "model": task["model"],
+        "request": json.loads(response["request"]),
+        "status": task["status"],
+        "on_restart": task["on_restart"],
+        "attempts": task["attempts"],
+        "item_id": response["item_id"],
+        "resume": resume,
+        "client_id": task["client_id"],
+    }
 
 
 def _tokens_list(text: str | None) -> list[int]:
@@ -45,13 +54,15 @@ class WorkerArea(StoreBase):
             return []
         with self._db.write() as conn:
             now = self._clock()
-            rows = conn.execute(f"{TASK_SELECT} WHERE {CLAIMABLE_SQL} "
-                                "ORDER BY created_at, id LIMIT ?", (int(limit),)).fetchall()
+            rows = conn.execute(
+                f"{TASK_SELECT} WHERE {CLAIMABLE_SQL} ORDER BY created_at, id LIMIT ?", (int(limit),)
+            ).fetchall()
             claims: list[ClaimRecord] = []
             for row in rows:
                 task = dict(row)
-                conn.execute("UPDATE tasks SET owner = ?, lease_expires = ? WHERE id = ?",
-                             (owner, now + lease, task["id"]))
+                conn.execute(
+                    "UPDATE tasks SET owner = ?, lease_expires = ? WHERE id = ?", (owner, now + lease, task["id"])
+                )
                 response = self._response_row(conn, task["response_id"])
                 resume = self._resume(conn, task) if task["status"] == st.RUNNING else None
                 claims.append(claim_record(task, response, resume))
@@ -60,8 +71,10 @@ class WorkerArea(StoreBase):
     @staticmethod
     def _resume(conn: sqlite3.Connection, task: dict) -> Resume:
         """Where the output of a ``running`` task claimed to continue stands."""
-        events = conn.execute("SELECT text, tokens FROM task_events WHERE task_id = ? AND seq > ? "
-                              "AND data IS NULL ORDER BY seq", (task["id"], task["attempt_seq"]))
+        events = conn.execute(
+            "SELECT text, tokens FROM task_events WHERE task_id = ? AND seq > ? AND data IS NULL ORDER BY seq",
+            (task["id"], task["attempt_seq"]),
+        )
         generated: list[int] = []
         emitted = []
         for text, tokens in events:
@@ -86,10 +99,11 @@ class WorkerArea(StoreBase):
             else:
                 ids = list(task_ids)
                 for i in range(0, len(ids), 500):
-                    chunk = ids[i:i + 500]
+                    chunk = ids[i : i + 500]
                     conn.execute(f"{sql} AND id IN ({','.join('?' * len(chunk))})", (now + lease, owner, *chunk))
-            return [r[0] for r in conn.execute("SELECT id FROM tasks WHERE owner = ? AND status = 'cancelling'",
-                                               (owner,))]
+            return [
+                r[0] for r in conn.execute("SELECT id FROM tasks WHERE owner = ? AND status = 'cancelling'", (owner,))
+            ]
 
     def set_loading(self, task_id: str, owner: str) -> None:
         """queued → loading (+ ``task.loading``)."""
@@ -143,7 +157,7 @@ class WorkerArea(StoreBase):
             if state.owner == owner:
                 self._step_cache.pop(tid, None)
         with self._db.write() as conn:
-            conn.execute("UPDATE tasks SET owner = NULL, lease_expires = NULL WHERE owner = ? AND status = 'queued'",
-                         (owner,))
-            conn.execute(f"UPDATE tasks SET lease_expires = 0 WHERE owner = ? AND status IN {UNFINISHED_SQL}",
-                         (owner,))
+            conn.execute(
+                "UPDATE tasks SET owner = NULL, lease_expires = NULL WHERE owner = ? AND status = 'queued'", (owner,)
+            )
+            conn.execute(f"UPDATE tasks SET lease_expires = 0 WHERE owner = ? AND status IN {UNFINISHED_SQL}", (owner,))
