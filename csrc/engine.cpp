@@ -13,6 +13,7 @@
 #include "errors.h"
 #include "llama_private.h"
 #include "notifier.h"
+#include "slot_choice.h"
 #include "text.h"
 
 // Batch invariance (a sequence decoded alone or next to others gives the same
@@ -161,19 +162,6 @@ constexpr double kForever = 1e9;
 // ggml's tiled flash attention takes 64 query rows of a sequence or more.
 constexpr size_t kFaTileRows = 64;
 
-// How many leading positions of a slot's KV a new sequence may take over
-// when rows are computed in two ways (tiled prefill, one-row decode): up to
-// `common`, where each row was computed the way a prefill of the new
-// sequence would compute it (the first `t_slot` rows of the slot tiled in
-// chunks of at least `m_slot`, the first `t_new` of the new sequence in
-// chunks of at least `m_new`), leaving its tiled rows 0 or at least `m_new`
-// to prefill.
-size_t same_kind_prefix(size_t common, size_t t_slot, size_t m_slot, size_t t_new, size_t m_new) {
-    if (t_slot > 0 && t_new > 0 && m_slot != m_new) return 0;  // tiled in two ways from the first row
-    if (t_slot != t_new) common = std::min(common, std::min(t_slot, t_new));
-    if (t_new > common && t_new - common < m_new) common = t_new - m_new;
-    return common;
-}
 }  // namespace
 
 const char * finish_name(Finish f) {
@@ -792,53 +780,11 @@ void Engine::forget_free_slots() {
     }
 }
 
-// The free slot whose KV, left by a sequence of the same ``key``, holds the
-// longest prefix of ``tokens`` (``common`` of them), if that prefix is the
-// whole prompt (a request made again), most of what the slot holds (a
-// conversation's next turn) or long in itself (a shared system message).
-// Else an empty slot, else the one freed longest ago, whose cache is the
-// least likely to be asked for again: a prompt that shares only a chat
-// template's opening with a slot's conversation does not evict it. The key
-// keeps one client's prompts from being found, or timed, by another.
-int Engine::pick_slot(const std::vector<int32_t> * tokens, const std::string & key, size_t & common) const {
-    constexpr size_t kLongPrefix = 256;
-    int hit = -1, spare = -1;
-    common = 0;
-    // llama.cpp decodes a run of consecutive slots in one ubatch, each further
-    // run being one more pass over the weights: first a slot between two
-    // running sequences (two runs become one), then one beside a running one
-    auto running_beside = [this](size_t i) {
-        return int(i > 0 && slots_[i - 1].used) + int(i + 1 < slots_.size() && slots_[i + 1].used);
-    };
-    auto sooner = [&](size_t a, size_t b) {  // the better slot to give up: joining runs, empty, oldest
-        const int ra = running_beside(a), rb = running_beside(b);
-        if (ra != rb) return ra > rb;
-        const bool ea = slots_[a].tokens.empty(), eb = slots_[b].tokens.empty();
-        return ea != eb ? ea : slots_[a].freed_at < slots_[b].freed_at;
-    };
-    for (size_t i = 0; i < slots_.size(); ++i) {
-        if (slots_[i].used) continue;
-        if (spare < 0 || sooner(i, size_t(spare))) spare = int(i);
-        if (tokens == nullptr || slots_[i].key != key) continue;
-        const auto & held = slots_[i].tokens;
-        const size_t limit = std::min(held.size(), tokens->size());
-        size_t n = 0;
-        while (n < limit && held[n] == (*tokens)[n]) n++;
-        const bool whole = n + 1 >= tokens->size();
-        if (n == 0 || !(whole || 2 * n >= held.size() || n >= kLongPrefix)) continue;
-        if (hit < 0 || n > common || (n == common && slots_[i].freed_at < slots_[size_t(hit)].freed_at)) {
-            hit = int(i);
-            common = n;
-        }
-    }
-    return hit >= 0 ? hit : spare;
-}
-
 void Engine::admit(std::unique_ptr<Sequence> seq) {
     // a sequence restored from its KV state takes none of a slot's cache
     size_t common = 0;
     const bool reuse = options_.prefix_cache && !seq->kv_state;
-    const int slot = pick_slot(reuse ? &seq->feed : nullptr, seq->cache_key, common);
+    const int slot = pick_slot(slots_, reuse ? &seq->feed : nullptr, seq->cache_key, common);
     seq->slot = slot;
     slots_[size_t(slot)].used = true;
     n_active_++;

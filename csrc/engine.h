@@ -21,6 +21,7 @@
 #include "gguf_info.h"
 #include "llama.h"
 #include "sampler.h"
+#include "slot_choice.h"
 
 namespace lmsp {
 
@@ -178,7 +179,6 @@ private:
     void handle_request(Request & req);
     static void fail_request(Request & req, std::exception_ptr error);
     void admit(std::unique_ptr<Sequence> seq);
-    int pick_slot(const std::vector<int32_t> * tokens, const std::string & key, size_t & common) const;
     void forget_slot(int slot);
     void forget_free_slots();
     void step();
@@ -253,14 +253,6 @@ private:
     std::vector<StepResult> outbox_;  // this round's results, handed over together
     std::vector<std::unique_ptr<Sequence>> active_;
     // one KV stream each; a free one keeps its last sequence's KV (the prefix cache)
-    struct Slot {
-        bool used = false;
-        std::vector<int32_t> tokens;  // the tokens at the KV's positions 0..
-        std::string key;              // the cache_key of the sequence that left them
-        uint64_t freed_at = 0;        // slot_clock_ when it was last given up
-        size_t tiled_rows = 0;        // leading positions computed by a tiled prefill
-        size_t tiled_min = 0;         // ... in chunks of at least this many rows
-    };
     std::vector<Slot> slots_;
     uint64_t slot_clock_ = 0;
 
