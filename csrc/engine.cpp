@@ -16,70 +16,6 @@
 #include "slot_choice.h"
 #include "text.h"
 
-// Batch invariance (a sequence decoded alone or next to others gives the same
-// logits bit for bit). Reading ggml-cpu shows these kernels whose summation
-// order depends on the shape of the batch:
-//  - llamafile's sgemm (CMakeLists.txt, GGML_LLAMAFILE=OFF) takes over
-//    matmuls of two or more rows; one row goes through vec_dot, which
-//    accumulates in another order. Kept off.
-//  - weight repacking (extra buffer types): repacked gemm (4+ rows) and gemv
-//    (1 row) differ. Kept off.
-//  - flash attention with K and V of one type (f16 here): a tiled kernel for
-//    64+ query rows of a sequence in one ubatch, and a split-KV one
-//    (per-thread partials) for a lone query over 512+ cells. The per-row
-//    kernel skips masked cells and sums V in the V cache's precision (f16;
-//    f32 for a bf16 cache). The tiled one sums
-//    a row over 64-cell tiles of the sequence's own KV stream, where masked
-//    cells add exact zeros, so each row it computes comes out the same
-//    however many rows come with it, but not as the per-row kernel's.
-//  - a tiled matmul for 8+ rows of K-quant and i-quant weights (q4_k, q6_k,
-//    iq4_xs, ...; ggml-cpu/tiled), whose rows likewise come out the same for
-//    any batch of 8 or more.
-// So the engine computes each row in one of two fixed ways ("Two kinds of
-// steps" in step()): a prompt of 64 tokens or more (8 or more on K-quant
-// weights) is prefilled tiled, in steps of its own kind, in chunks of at
-// least that many rows; every other row (decoding, shorter prompts, the
-// generated tokens fed again on a resume) goes through one-row steps on
-// ggml's reference kernels (llama_private.cpp), which take the per-row flash
-// attention and vec_dot. They also fuse no ops, which changes no bits (the
-// fused RMS norm multiplies as the two ops do) and no speed that llama-bench
-// can tell on the tiny demo model. The tiled flash attention prefills that
-// model's 86-token prompt in 2.0 ms instead of 3.7, and an 850-token one in
-// 26 ms instead of 161 (llama-bench -fa 1 -ctk f16 --repack 0, -ctv f16
-// against bf16, one thread). With batches under 128 rows (two of the
-// smallest tiled chunks: a chunk leaves no shorter tail, so a step must hold
-// up to twice the least) the V cache is bf16 instead, which keeps
-// flash attention on its per-row kernel for every row (V to 8 significant
-// bits, which shows as 7e-3 of the logits' scale against the numpy
-// reference instead of 3e-3; tests/native). A MoE model with K-quant
-// experts is not prefilled tiled: how many rows an expert gets depends on
-// the whole batch, so every row takes the reference kernels.
-// Each sequence also has its own KV stream (kv_unified=false), so its cells
-// and positions do not depend on its neighbours (a unified cache only adds
-// masked cells, whose zero weights leave the sums unchanged).
-// Measured on the x86 AVX-512 machine of this project with the demo model
-// (f32 and q8_0): with these settings logits are bitwise equal whatever the
-// batch (eval_logits of a prefix versus the whole, tests/native), and tokens
-// are equal alone and batched, and after resume. Turning llamafile, repacking
-// or kv_unified back on, one at a time, did not change those results on that
-// model: those are guards taken from the code. Flash attention's own paths
-// did: with 2 threads, logits computed one row at a time over 700 cells
-// differ from the same rows computed in 512-row batches (by up to 1.5e-2,
-// from the second row on). The same invariance is what makes a resume
-// without KV state (prefill of prompt+generated) exact.
-// EngineOptions::batch_invariant = false gives this up on the CPU for speed:
-// llama.cpp's kernels for every row wherever the batch allows them (tiled
-// and split-KV flash attention, the tiled K-quant matmul, fused ops) and
-// repacked weights, as its own tools run by default. Many sequences on
-// K-quant weights then decode about 1.5x faster; a sequence's
-// logits may then differ in the last bits with its neighbours in the batch,
-// and a resume without KV state may continue differently from an
-// uninterrupted run (what was already emitted never changes).
-// GPU (LMSP_CUDA): kernels are chosen by batch size and are NOT batch
-// invariant. Measured on an H200 (CUDA 13, sm_90): greedy tokens matched alone
-// and batched, a sampled sequence diverged at its 36th token; resume (with and
-// without KV) matched. Only the counter-based sampling is guaranteed there.
-
 namespace lmsp {
 
 using Clock = std::chrono::steady_clock;
@@ -87,62 +23,6 @@ using Clock = std::chrono::steady_clock;
 namespace {
 double ms_between(Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double, std::milli>(b - a).count();
-}
-
-// Whether the CPU backend multiplies by matrices of these ggml types one row
-// at a time however many rows come (with llamafile and repacking off): the
-// float and the legacy block types. Others (the K-quants and i-quants) have a
-// tiled kernel for 8 or more rows, so an engine on them runs ggml's
-// reference kernels instead (see the batch-invariance note above).
-bool every_matmul_is_row_wise(const std::vector<int> & types) {
-    for (const int t : types) {
-        switch (ggml_type(t)) {
-            case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16:
-            case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_0: case GGML_TYPE_Q4_1:
-            case GGML_TYPE_Q5_0: case GGML_TYPE_Q5_1:
-                break;
-            default:
-                return false;
-        }
-    }
-    return true;
-}
-
-// How many ubatches llama.cpp cuts a batch into when each sequence has a KV
-// stream of its own (split_equal): from the lowest sequence with rows left,
-// a run of consecutive sequence ids, as many rows from each as the one with
-// the fewest has left and the ubatch holds; each ubatch is one pass over
-// the weights. The rows are sorted by sequence; `left` is scratch space.
-int64_t count_ubatches(const llama_batch & batch, int32_t n_ubatch,
-                       std::vector<std::pair<int32_t, int32_t>> & left) {  // (sequence, rows left), ascending
-    left.clear();
-    for (int32_t k = 0; k < batch.n_tokens; ++k) {
-        const int32_t seq = batch.seq_id[k][0];
-        if (left.empty() || left.back().first != seq) left.emplace_back(seq, 0);
-        left.back().second++;
-    }
-    int64_t n = 0;
-    for (;;) {
-        size_t first = 0;
-        while (first < left.size() && left[first].second == 0) ++first;
-        if (first == left.size()) return n;
-        size_t end = first + 1;
-        int32_t rows = left[first].second;
-        for (size_t prev = first, i = first + 1; i < left.size(); ++i) {
-            if (left[i].second == 0) continue;
-            if (left[i].first != left[prev].first + 1) break;
-            rows = std::min(rows, left[i].second);
-            end = i + 1;
-            prev = i;
-        }
-        size_t n_seqs = 0;
-        for (size_t i = first; i < end; ++i) n_seqs += left[i].second > 0;
-        rows = std::max<int32_t>(1, std::min<int32_t>(rows, n_ubatch / int32_t(n_seqs)));
-        for (size_t i = first; i < end; ++i) {
-            if (left[i].second > 0) left[i].second -= rows;
-        }
-        n++;
-    }
 }
 
 // ln softmax(logits)[token], summed in double.
@@ -154,14 +34,8 @@ float log_probability(const float * logits, int32_t n, int32_t token) {
     return float(double(logits[token]) - double(top) - std::log(sum));
 }
 
-// ggml's tiled matmul takes 8 rows or more; each row it computes comes out the
-// same however many there are. Fewer take the one-row path.
-constexpr size_t kMinTiledRows = 8;
 // A wait longer than this (about 31 years) is a wait without end.
 constexpr double kForever = 1e9;
-// ggml's tiled flash attention takes 64 query rows of a sequence or more.
-constexpr size_t kFaTileRows = 64;
-
 }  // namespace
 
 const char * finish_name(Finish f) {
@@ -242,15 +116,12 @@ Engine::Engine(const std::string & model_path, const EngineOptions & given) : op
         throw ModelFormatError("cannot load model " + model_path + ": " + info_.unloadable);
     }
 
-    // the kernels batch invariance keeps (see the note above)
-    const bool invariant_cpu = options.batch_invariant && options.n_gpu_layers == 0;
-    const bool row_wise = every_matmul_is_row_wise(info_.matrix_types);
-    const bool moe_kquant = info_.n_expert > 0 && !row_wise;
-    fa_tiles_ = invariant_cpu && !moe_kquant && size_t(options.n_batch) >= 2 * kFaTileRows;
+    // the kernels batch invariance keeps (batch_plan.cpp)
+    plan_ = BatchPlan::for_weights(options, info_);
 
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = options.n_gpu_layers;
-    mp.use_extra_bufts = !options.batch_invariant;  // see the batch-invariance note above
+    plan_.set_model_params(mp, options);
     // read into memory unless asked to map: a mapped file changed under the engine faults it
     mp.load_mode = options.use_mmap ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
     log::begin_capture();
@@ -304,19 +175,7 @@ Engine::Engine(const std::string & model_path, const EngineOptions & given) : op
     cp.n_seq_max = uint32_t(options.n_parallel);
     cp.n_threads = n_threads;
     cp.n_threads_batch = n_threads;
-    if (options.n_gpu_layers == 0) {
-        // CPU: flash attention; without tiled prompts, a bf16 V cache keeps it
-        // on its per-row kernel (see the note above)
-        cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
-        cp.type_k = GGML_TYPE_F16;
-        cp.type_v = options.batch_invariant && !fa_tiles_ ? GGML_TYPE_BF16 : GGML_TYPE_F16;
-    } else {
-        cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
-    }
-    cp.kv_unified = false;
-    // with no layers on a GPU, keep every op on the CPU: a GPU build would
-    // otherwise ship big batches' matmuls to the GPU and lose batch invariance
-    cp.op_offload = options.n_gpu_layers != 0;
+    plan_.set_context_params(cp, options);
     cp.no_perf = true;
     log::begin_capture();
     try {
@@ -333,9 +192,8 @@ Engine::Engine(const std::string & model_path, const EngineOptions & given) : op
         throw NativeFailure("cannot create a llama context" + (why.empty() ? "" : ": " + why));
     }
     backend_ = (options.n_gpu_layers != 0 && llama_supports_gpu_offload()) ? "cuda" : "cpu";
-    reference_kernels_ = batch_invariant() && !row_wise;
-    matmul_tiles_ = reference_kernels_ && !moe_kquant && size_t(options.n_batch) >= 2 * kMinTiledRows;
-    if (one_row_reference()) {
+    plan_.settle(batch_invariant(), options);
+    if (plan_.one_row_reference()) {
         use_reference_cpu_kernels(ctx_.get(), true);
         kernels_reference_now_ = true;
     }
@@ -759,14 +617,6 @@ void Engine::forget_slot(int slot) {
     slots_[size_t(slot)].tiled_min = 0;
 }
 
-size_t Engine::tiled_min(size_t n_prompt) const {
-    // each kind is on only where a batch holds two of its smallest chunks:
-    // the first prompt of a tiled step always advances
-    if (fa_tiles_ && n_prompt >= kFaTileRows) return kFaTileRows;
-    if (matmul_tiles_ && n_prompt >= kMinTiledRows) return kMinTiledRows;
-    return 0;
-}
-
 void Engine::set_reference_kernels(bool on) {
     if (on != kernels_reference_now_) {
         use_reference_cpu_kernels(ctx_.get(), on);
@@ -791,12 +641,12 @@ void Engine::admit(std::unique_ptr<Sequence> seq) {
     seq->t_admit = Clock::now();
     llama_memory_t mem = llama_get_memory(ctx_.get());
     // a long enough prompt is prefilled tiled (two kinds of steps)
-    seq->t_min = tiled_min(size_t(seq->n_prompt));
+    seq->t_min = plan_.tiled_min(size_t(seq->n_prompt));
     seq->t_end = seq->t_min > 0 ? size_t(seq->n_prompt) : 0;
     if (reuse && common > 0) {
         // the last token is fed again in any case: its logits give the next one
         common = std::min(common, seq->feed.size() - 1);
-        if (two_kinds()) {
+        if (plan_.two_kinds()) {
             const Slot & held = slots_[size_t(slot)];
             common = same_kind_prefix(common, held.tiled_rows, held.tiled_min, seq->t_end, seq->t_min);
         }
@@ -912,7 +762,7 @@ void Engine::handle_request(Request & req) {
     }
     llama_memory_t mem = llama_get_memory(ctx_.get());
     forget_slot(0);
-    set_reference_kernels(one_row_reference());  // every row the one-row way: any prefix gives the same rows
+    set_reference_kernels(plan_.one_row_reference());  // every row the one-row way: any prefix gives the same rows
     std::vector<float> out;
     try {
         out.resize(req.tokens.size() * size_t(n_vocab_));
@@ -1010,28 +860,16 @@ void Engine::step() {
         return k;
     };
 
-    // Two kinds of steps, for batch invariance on the CPU (the note at the
-    // top): a tiled step prefills prompts of at least tiled_min() tokens, in
-    // chunks of at least that many rows (kFaTileRows for ggml's tiled flash
-    // attention, kMinTiledRows for its tiled K-quant matmul); every other row
-    // (decoding, shorter prompts, generated tokens fed again on a resume)
-    // goes through a one-row step on the reference kernels. Every row of a
-    // sequence is thus computed the same way whatever runs beside it. The
-    // sequences of a tiled step feed chunks of one length (see below), so
-    // its prompts are all of one kind; and since the last layer and the
-    // output matmul see only the rows whose logits are wanted, a tiled step
-    // on K-quant weights ends at most kMinTiledRows - 1 prompts. The two
-    // kinds take turns while both have work.
+    // the two kinds of steps (batch_plan.cpp)
     bool tiled_step = false;
-    if (two_kinds()) {
+    if (plan_.two_kinds()) {
         bool tiled_work = false, one_row_work = false;
         for (auto & s : active_) {
             if (s->state == SeqState::generating) one_row_work = true;
             if (s->state != SeqState::prefilling) continue;
             (s->n_fed < s->t_end ? tiled_work : one_row_work) = true;
         }
-        tiled_step = tiled_work && (!one_row_work || !last_step_prefill_);
-        last_step_prefill_ = tiled_step;
+        tiled_step = plan_.next_step_tiled(tiled_work, one_row_work);
         set_reference_kernels(!tiled_step);
     }
 
@@ -1048,39 +886,20 @@ void Engine::step() {
         s->n_past++;
     }
     // then prompt chunks within what is left of the batch
-    size_t prompts_ended = 0;
-    size_t tiled_n = 0;  // a tiled step's chunk length, the same for each of its sequences
+    TiledStep tiled;  // a tiled step's chunk length, the same for each of its sequences
     for (auto & s : active_) {
         if (s->state != SeqState::prefilling) continue;
         const int32_t room = options_.n_batch - batch_.n_tokens;
         if (room <= 0) break;
         const size_t left = s->feed.size() - s->n_fed;
         size_t n = std::min({left, size_t(options_.prefill_chunk), size_t(room)});
-        if (two_kinds()) {
+        if (plan_.two_kinds()) {
             const bool tiled_rows = s->n_fed < s->t_end;
             if (tiled_rows != tiled_step) continue;
             if (tiled_rows) {
-                const size_t m = s->t_min;
-                const size_t t_left = s->t_end - s->n_fed;
-                n = std::min({t_left, std::max(size_t(options_.prefill_chunk), 2 * m), size_t(room)});
-                if (n < t_left && t_left - n < m) n = t_left - m;  // no short tail
-                if (n < m) continue;  // no room this step
-                if (tiled_n == 0) {
-                    tiled_n = n;
-                } else {
-                    // llama.cpp cuts a batch of several sequences into ubatches that take
-                    // as many rows from each: with chunks of one length every ubatch holds
-                    // whole chunks, never a short remainder of one
-                    if (tiled_n < m || t_left < tiled_n || (t_left > tiled_n && t_left - tiled_n < m) ||
-                        size_t(room) < tiled_n) {
-                        continue;
-                    }
-                    n = tiled_n;
-                }
-                if (s->n_fed + n == s->feed.size()) {
-                    if (reference_kernels_ && prompts_ended + 1 >= kMinTiledRows) continue;
-                    prompts_ended++;
-                }
+                n = plan_.tiled_chunk(tiled, s->t_end - s->n_fed, s->t_min, left, size_t(options_.prefill_chunk),
+                                      size_t(room));
+                if (n == 0) continue;  // not in this step
             }
         }
         for (size_t i = 0; i < n; ++i) {

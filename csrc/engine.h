@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "batch_plan.h"
 #include "chat_template.h"
 #include "ggml-cpu.h"
 #include "gguf_info.h"
@@ -33,7 +34,7 @@ struct EngineOptions {
     int32_t n_batch = 512;
     int32_t prefill_chunk = 256;
     // CPU only: keep the kernels whose sums do not depend on the batch (see the
-    // batch-invariance note in engine.cpp). False takes llama.cpp's faster
+    // batch-invariance note in batch_plan.cpp). False takes llama.cpp's faster
     // defaults for every row: its tiled and split-KV kernels wherever a batch
     // allows them, and repacked weights.
     bool batch_invariant = true;
@@ -130,7 +131,7 @@ public:
     const std::string & backend() const { return backend_; }
     bool batch_invariant() const { return options_.batch_invariant && backend_ == "cpu"; }
     // Whether the CPU backend runs ggml's reference kernels (batch invariance on K-quant weights).
-    bool reference_kernels() const { return reference_kernels_; }
+    bool reference_kernels() const { return plan_.reference_kernels; }
 
     std::vector<int32_t> tokenize(const std::string & text, bool add_special, bool parse_special) const;
     std::string detokenize(const std::vector<int32_t> & tokens) const;
@@ -198,19 +199,7 @@ private:
 
     EngineOptions options_;
     GgufInfo info_;
-    bool reference_kernels_ = false;  // K-quant or i-quant weights decode on ggml's one-row kernels
-    // Batch invariance on the CPU computes each row one of two ways ("Two
-    // kinds of steps" in engine.cpp): one-row steps on ggml's reference
-    // kernels, and prompts prefilled by ggml's tiled kernels in steps of
-    // their own, in chunks of at least tiled_min(prompt length) rows (0: the
-    // prompt goes through one-row steps).
-    bool fa_tiles_ = false;           // prompts of 64+ tokens: tiled flash attention (K and V f16)
-    bool matmul_tiles_ = false;       // prompts of 8+ tokens: tiled K-quant matmul
-    // one-row steps run the reference kernels
-    bool one_row_reference() const { return reference_kernels_ || fa_tiles_; }
-    size_t tiled_min(size_t n_prompt) const;
-    bool two_kinds() const { return fa_tiles_ || matmul_tiles_; }
-    bool last_step_prefill_ = false;
+    BatchPlan plan_;  // the kernels of each row, and the two kinds of steps
     bool kernels_reference_now_ = false;  // what the CPU backend is set to
     void set_reference_kernels(bool on);
     std::string backend_;
