@@ -115,7 +115,7 @@ struct UnknownSequence : std::out_of_range {
     using std::out_of_range::out_of_range;
 };
 
-struct Sequence;  // engine.cpp
+struct Sequence;  // sequence.h
 
 class Engine {
 public:
