@@ -171,6 +171,10 @@ private:
         std::promise<std::vector<float>> logits;
     };
 
+    // construction (engine_setup.cpp)
+    void load_model(const std::string & model_path);
+    void make_context(int32_t n_threads);
+
     void check_open() const;
     void check_tokens(const std::vector<int32_t> & tokens, const char * what) const;
     std::string piece(int32_t token) const;
