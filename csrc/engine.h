@@ -178,6 +178,7 @@ private:
     void check_open() const;
     void check_tokens(const std::vector<int32_t> & tokens, const char * what) const;
     std::string piece(int32_t token) const;
+    size_t resume(Sequence & seq, ResumeState & r) const;  // a resumed submission's state
 
     // engine thread
     void run();
