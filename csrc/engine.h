@@ -180,10 +180,15 @@ private:
     std::string piece(int32_t token) const;
     size_t resume(Sequence & seq, ResumeState & r) const;  // a resumed submission's state
 
-    // engine thread
-    void run();
+    // engine thread: requests (engine_requests.cpp)
     void handle_request(Request & req);
     static void fail_request(Request & req, std::exception_ptr error);
+    void answer_snapshot(Request & req);
+    void answer_logits(Request & req);
+    bool decode_positions(Request & req, size_t done, size_t n, std::vector<float> & out);
+
+    // engine thread: the loop (engine.cpp)
+    void run();
     void admit(std::unique_ptr<Sequence> seq);
     void forget_slot(int slot);
     void forget_free_slots();
