@@ -255,20 +255,52 @@ void Engine::order_batch_by_slot() {
     }
 }
 
+// One step: a batch of every sequence's rows (the generated token of each
+// generating sequence, then prompt chunks within what is left), decoded in
+// one llama_decode, and a token sampled for each sequence with logits.
 void Engine::step() {
-    llama_memory_t mem = llama_get_memory(ctx_.get());
     batch_.n_tokens = 0;
-    auto add = [this](int32_t token, int32_t pos, int slot, bool logits) {
-        const int32_t k = batch_.n_tokens++;
-        batch_.token[k] = token;
-        batch_.pos[k] = pos;
-        batch_.n_seq_id[k] = 1;
-        batch_.seq_id[k][0] = slot;
-        batch_.logits[k] = logits ? 1 : 0;
-        return k;
-    };
+    const bool tiled_step = next_step_kind();
+    // generating sequences first: one token each
+    std::vector<Sequence *> context_full;
+    add_generated(tiled_step, context_full);
+    // then prompt chunks within what is left of the batch
+    add_prompt_chunks(tiled_step);
 
-    // the two kinds of steps (batch_plan.cpp)
+    for (Sequence * s : context_full) {
+        finish(*s, Finish::length, "", {}, "");
+    }
+
+    if (batch_.n_tokens > 0) {
+        order_batch_by_slot();
+        ubatches_ += options_.n_parallel > 1 ? count_ubatches(batch_, options_.n_batch, step_rows_) : 1;
+        const int32_t rc = llama_decode(ctx_.get(), batch_);
+        steps_++;
+        tokens_decoded_ += batch_.n_tokens;
+        if (rc != 0) {
+            fail_batch("llama_decode failed (" + std::to_string(rc) + ")");
+        } else {
+            sample_batch();
+        }
+    }
+
+    active_.erase(std::remove_if(active_.begin(), active_.end(),
+                                 [](const std::unique_ptr<Sequence> & s) { return s->state == SeqState::finished; }),
+                  active_.end());
+}
+
+int32_t Engine::add_row(int32_t token, int32_t pos, int slot, bool logits) {
+    const int32_t k = batch_.n_tokens++;
+    batch_.token[k] = token;
+    batch_.pos[k] = pos;
+    batch_.n_seq_id[k] = 1;
+    batch_.seq_id[k][0] = slot;
+    batch_.logits[k] = logits ? 1 : 0;
+    return k;
+}
+
+// Whether this step is a tiled one: the two kinds of steps (batch_plan.cpp).
+bool Engine::next_step_kind() {
     bool tiled_step = false;
     if (plan_.two_kinds()) {
         bool tiled_work = false, one_row_work = false;
@@ -280,9 +312,12 @@ void Engine::step() {
         tiled_step = plan_.next_step_tiled(tiled_work, one_row_work);
         set_reference_kernels(!tiled_step);
     }
+    return tiled_step;
+}
 
-    // generating sequences first: one token each
-    std::vector<Sequence *> context_full;
+// The last generated token of each generating sequence (none in a tiled
+// step); those whose context is full go to `context_full`.
+void Engine::add_generated(bool tiled_step, std::vector<Sequence *> & context_full) {
     for (auto & s : active_) {
         s->batch_index = -1;
         if (s->state != SeqState::generating || tiled_step) continue;
@@ -290,10 +325,13 @@ void Engine::step() {
             context_full.push_back(s.get());
             continue;
         }
-        s->batch_index = add(s->generated.back(), s->n_past, s->slot, true);
+        s->batch_index = add_row(s->generated.back(), s->n_past, s->slot, true);
         s->n_past++;
     }
-    // then prompt chunks within what is left of the batch
+}
+
+// A chunk of each prefilling sequence's prompt, of this step's kind.
+void Engine::add_prompt_chunks(bool tiled_step) {
     TiledStep tiled;  // a tiled step's chunk length, the same for each of its sequences
     for (auto & s : active_) {
         if (s->state != SeqState::prefilling) continue;
@@ -312,85 +350,79 @@ void Engine::step() {
         }
         for (size_t i = 0; i < n; ++i) {
             const bool last = (s->n_fed + 1 == s->feed.size());
-            const int32_t k = add(s->feed[s->n_fed], s->n_past, s->slot, last);
+            const int32_t k = add_row(s->feed[s->n_fed], s->n_past, s->slot, last);
             if (last) s->batch_index = k;
             s->n_fed++;
             s->n_past++;
         }
     }
+}
 
-    for (Sequence * s : context_full) {
-        finish(*s, Finish::length, "", {}, "");
-    }
-
-    if (batch_.n_tokens > 0) {
-        order_batch_by_slot();
-        ubatches_ += options_.n_parallel > 1 ? count_ubatches(batch_, options_.n_batch, step_rows_) : 1;
-        const int32_t rc = llama_decode(ctx_.get(), batch_);
-        steps_++;
-        tokens_decoded_ += batch_.n_tokens;
-        if (rc != 0) {
-            const std::string err = "llama_decode failed (" + std::to_string(rc) + ")";
-            forget_free_slots();  // what a failed decode left in the cache is not to be built on
-            for (auto & s : active_) {
-                if (s->state == SeqState::finished) continue;
-                // only sequences that had tokens in this batch are affected
-                bool in_batch = false;
-                for (int32_t k = 0; k < batch_.n_tokens; ++k) {
-                    if (batch_.seq_id[k][0] == s->slot) in_batch = true;
-                }
-                if (in_batch) {
-                    llama_memory_seq_rm(mem, s->slot, -1, -1);
-                    finish(*s, Finish::error, err, {}, "");
-                }
-            }
-        } else {
-            for (auto & sp : active_) {
-                Sequence & s = *sp;
-                if (s.state == SeqState::finished || s.batch_index < 0) continue;
-                const float * logits = llama_get_logits_ith(ctx_.get(), s.batch_index);
-                if (logits == nullptr) {
-                    finish(s, Finish::error, "no logits from llama_decode", {}, "");
-                    continue;
-                }
-                if (s.state == SeqState::prefilling) {
-                    s.state = SeqState::generating;
-                }
-                if (!s.has_first) {
-                    s.has_first = true;
-                    s.t_first = Clock::now();
-                }
-                const int32_t token = s.sampler.sample(logits, n_vocab_, s.generated.size());
-                tokens_generated_++;
-                if (s.logprobs) s.next_logprobs = {log_probability(logits, n_vocab_, token)};
-                if (llama_vocab_is_eog(vocab_, token)) {
-                    finish(s, Finish::stop, "", {}, s.text.flush());
-                    continue;
-                }
-                s.generated.push_back(token);
-                std::string text = s.text.push(piece(token));
-                if (s.text.stopped()) {
-                    finish(s, Finish::stop, "", {token}, std::move(text));
-                } else if (int32_t(s.generated.size()) >= s.max_tokens || s.n_past >= n_ctx_) {
-                    finish(s, Finish::length, "", {token}, std::move(text));
-                } else {
-                    StepResult r;
-                    r.seq = s.id;
-                    r.tokens = {token};
-                    r.logprobs = std::move(s.next_logprobs);
-                    s.next_logprobs.clear();
-                    r.text = std::move(text);
-                    r.n_prompt = s.n_prompt;
-                    r.n_generated = int32_t(s.generated.size());
-                    emit(s, std::move(r));
-                }
-            }
+// A failed decode ends every sequence that had rows in the batch.
+void Engine::fail_batch(const std::string & err) {
+    llama_memory_t mem = llama_get_memory(ctx_.get());
+    forget_free_slots();  // what a failed decode left in the cache is not to be built on
+    for (auto & s : active_) {
+        if (s->state == SeqState::finished) continue;
+        // only sequences that had tokens in this batch are affected
+        bool in_batch = false;
+        for (int32_t k = 0; k < batch_.n_tokens; ++k) {
+            if (batch_.seq_id[k][0] == s->slot) in_batch = true;
+        }
+        if (in_batch) {
+            llama_memory_seq_rm(mem, s->slot, -1, -1);
+            finish(*s, Finish::error, err, {}, "");
         }
     }
+}
 
-    active_.erase(std::remove_if(active_.begin(), active_.end(),
-                                 [](const std::unique_ptr<Sequence> & s) { return s->state == SeqState::finished; }),
-                  active_.end());
+// A token for each sequence whose logits the batch gave.
+void Engine::sample_batch() {
+    for (auto & sp : active_) {
+        Sequence & s = *sp;
+        if (s.state == SeqState::finished || s.batch_index < 0) continue;
+        const float * logits = llama_get_logits_ith(ctx_.get(), s.batch_index);
+        if (logits == nullptr) {
+            finish(s, Finish::error, "no logits from llama_decode", {}, "");
+            continue;
+        }
+        if (s.state == SeqState::prefilling) {
+            s.state = SeqState::generating;
+        }
+        if (!s.has_first) {
+            s.has_first = true;
+            s.t_first = Clock::now();
+        }
+        take_token(s, logits);
+    }
+}
+
+// The sampled token's text, handed out, or the sequence's end.
+void Engine::take_token(Sequence & s, const float * logits) {
+    const int32_t token = s.sampler.sample(logits, n_vocab_, s.generated.size());
+    tokens_generated_++;
+    if (s.logprobs) s.next_logprobs = {log_probability(logits, n_vocab_, token)};
+    if (llama_vocab_is_eog(vocab_, token)) {
+        finish(s, Finish::stop, "", {}, s.text.flush());
+        return;
+    }
+    s.generated.push_back(token);
+    std::string text = s.text.push(piece(token));
+    if (s.text.stopped()) {
+        finish(s, Finish::stop, "", {token}, std::move(text));
+    } else if (int32_t(s.generated.size()) >= s.max_tokens || s.n_past >= n_ctx_) {
+        finish(s, Finish::length, "", {token}, std::move(text));
+    } else {
+        StepResult r;
+        r.seq = s.id;
+        r.tokens = {token};
+        r.logprobs = std::move(s.next_logprobs);
+        s.next_logprobs.clear();
+        r.text = std::move(text);
+        r.n_prompt = s.n_prompt;
+        r.n_generated = int32_t(s.generated.size());
+        emit(s, std::move(r));
+    }
 }
 
 void Engine::fail_all(const std::string & error) {

@@ -193,6 +193,13 @@ private:
     void forget_slot(int slot);
     void forget_free_slots();
     void step();
+    int32_t add_row(int32_t token, int32_t pos, int slot, bool logits);  // its index in the batch
+    bool next_step_kind();  // true: a tiled step
+    void add_generated(bool tiled_step, std::vector<Sequence *> & context_full);
+    void add_prompt_chunks(bool tiled_step);
+    void fail_batch(const std::string & err);
+    void sample_batch();
+    void take_token(Sequence & s, const float * logits);
     void order_batch_by_slot();  // rows of one slot stay in their order
     struct Row {  // a batch row, with its place before the sort
         int32_t from, token, pos, seq;
