@@ -1,3 +1,6 @@
+// The engine thread's loop: each round takes the callers' cancels, new
+// sequences and requests, admits sequences to slots, then decodes one step
+// of every active sequence together and hands the results over at once.
 #include "engine.h"
 
 #include <algorithm>
@@ -18,6 +21,22 @@ namespace lmsp {
 namespace {
 double ms_between(Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+// What a finished sequence's time went to.
+Timings timings_of(const Sequence & seq, int32_t n_generated, Clock::time_point now) {
+    Timings t;
+    if (seq.state != SeqState::waiting) {
+        t.queued_ms = ms_between(seq.t_submit, seq.t_admit);
+        if (seq.has_first) {
+            t.prompt_ms = ms_between(seq.t_admit, seq.t_first);
+            t.first_token_ms = ms_between(seq.t_submit, seq.t_first);
+            t.decode_ms = ms_between(seq.t_first, now);
+            if (n_generated > 1 && t.decode_ms > 0) t.tokens_per_s = (n_generated - 1) * 1000.0 / t.decode_ms;
+        }
+    }
+    t.total_ms = ms_between(seq.t_submit, now);
+    return t;
 }
 
 // ln softmax(logits)[token], summed in double.
@@ -85,41 +104,8 @@ void Engine::finish(Sequence & seq, Finish why, const std::string & error, std::
     r.n_prompt = seq.n_prompt;
     r.n_generated = int32_t(seq.generated.size());
     r.n_cached = seq.n_cached;
-    Timings t;
-    if (seq.state != SeqState::waiting) {
-        t.queued_ms = ms_between(seq.t_submit, seq.t_admit);
-        if (seq.has_first) {
-            t.prompt_ms = ms_between(seq.t_admit, seq.t_first);
-            t.first_token_ms = ms_between(seq.t_submit, seq.t_first);
-            t.decode_ms = ms_between(seq.t_first, now);
-            if (r.n_generated > 1 && t.decode_ms > 0) t.tokens_per_s = (r.n_generated - 1) * 1000.0 / t.decode_ms;
-        }
-    }
-    t.total_ms = ms_between(seq.t_submit, now);
-    r.timings = t;
-
-    if (seq.slot >= 0) {
-        Slot & slot = slots_[size_t(seq.slot)];
-        if (options_.prefix_cache && why != Finish::error) {
-            // the KV at positions < n_past: the prompt, then the generated tokens fed back
-            auto & held = slot.tokens;
-            held.assign(seq.feed.begin(), seq.feed.begin() + seq.n_prompt);
-            held.insert(held.end(), seq.generated.begin(), seq.generated.end());
-            held.resize(std::min(held.size(), size_t(std::max(seq.n_past, 0))));
-            slot.tiled_rows = std::min(seq.t_end, held.size());
-            slot.tiled_min = seq.t_min;
-            slot.key = seq.cache_key;
-            if (!llama_memory_seq_rm(llama_get_memory(ctx_.get()), seq.slot, int32_t(held.size()), -1)) {
-                forget_slot(seq.slot);
-            }
-        } else {
-            forget_slot(seq.slot);
-        }
-        slot.freed_at = ++slot_clock_;
-        slot.used = false;
-        seq.slot = -1;
-        n_active_--;
-    }
+    r.timings = timings_of(seq, r.n_generated, now);
+    if (seq.slot >= 0) release_slot(seq, why);
     seq.state = SeqState::finished;
     finished_++;
     {
@@ -128,6 +114,31 @@ void Engine::finish(Sequence & seq, Finish why, const std::string & error, std::
         cancels_.erase(seq.id);
     }
     emit(seq, std::move(r));
+}
+
+// A finished sequence's slot, free again: it keeps the sequence's KV for the
+// prefix cache unless the sequence ended on an error.
+void Engine::release_slot(Sequence & seq, Finish why) {
+    Slot & slot = slots_[size_t(seq.slot)];
+    if (options_.prefix_cache && why != Finish::error) {
+        // the KV at positions < n_past: the prompt, then the generated tokens fed back
+        auto & held = slot.tokens;
+        held.assign(seq.feed.begin(), seq.feed.begin() + seq.n_prompt);
+        held.insert(held.end(), seq.generated.begin(), seq.generated.end());
+        held.resize(std::min(held.size(), size_t(std::max(seq.n_past, 0))));
+        slot.tiled_rows = std::min(seq.t_end, held.size());
+        slot.tiled_min = seq.t_min;
+        slot.key = seq.cache_key;
+        if (!llama_memory_seq_rm(llama_get_memory(ctx_.get()), seq.slot, int32_t(held.size()), -1)) {
+            forget_slot(seq.slot);
+        }
+    } else {
+        forget_slot(seq.slot);
+    }
+    slot.freed_at = ++slot_clock_;
+    slot.used = false;
+    seq.slot = -1;
+    n_active_--;
 }
 
 void Engine::forget_slot(int slot) {
@@ -159,47 +170,12 @@ void Engine::admit(std::unique_ptr<Sequence> seq) {
     slots_[size_t(slot)].used = true;
     n_active_++;
     seq->t_admit = Clock::now();
-    llama_memory_t mem = llama_get_memory(ctx_.get());
     // a long enough prompt is prefilled tiled (two kinds of steps)
     seq->t_min = plan_.tiled_min(size_t(seq->n_prompt));
     seq->t_end = seq->t_min > 0 ? size_t(seq->n_prompt) : 0;
-    if (reuse && common > 0) {
-        // the last token is fed again in any case: its logits give the next one
-        common = std::min(common, seq->feed.size() - 1);
-        if (plan_.two_kinds()) {
-            const Slot & held = slots_[size_t(slot)];
-            common = same_kind_prefix(common, held.tiled_rows, held.tiled_min, seq->t_end, seq->t_min);
-        }
-    }
-    if (reuse && common > 0) {
-        // a cache that cannot drop a sequence's tail (recurrent models), or that
-        // no longer holds its first positions (sliding-window layers), is not reused
-        if (!llama_memory_seq_rm(mem, slot, int32_t(common), -1) || llama_memory_seq_pos_min(mem, slot) != 0 ||
-            llama_memory_seq_pos_max(mem, slot) != int32_t(common) - 1) {
-            common = 0;
-            forget_slot(slot);
-        }
-        slots_[size_t(slot)].tokens.clear();
-    } else {
-        common = 0;
-        forget_slot(slot);
-    }
+    common = take_prefix(*seq, slot, common);
 
-    bool restored = false;
-    if (seq->kv_state) {
-        const auto & kv = *seq->kv_state;
-        const size_t n = llama_state_seq_set_data(ctx_.get(), kv.data(), kv.size(), slot);
-        const int32_t expect = seq->n_prompt + int32_t(seq->generated.size()) - 1;
-        if (n > 0 && llama_memory_seq_pos_min(mem, slot) == 0 && llama_memory_seq_pos_max(mem, slot) == expect - 1) {
-            restored = true;
-            seq->n_past = expect;
-            seq->state = SeqState::generating;
-        } else {
-            // not this model's state, or not this sequence's: prefill instead
-            llama_memory_seq_rm(mem, slot, -1, -1);
-        }
-        seq->kv_state.reset();
-    }
+    const bool restored = seq->kv_state && restore_kv(*seq, slot);
     if (!restored) {
         if (seq->feed.size() < size_t(seq->n_prompt) + seq->generated.size()) {
             seq->feed.insert(seq->feed.end(), seq->generated.begin(), seq->generated.end());
@@ -223,6 +199,55 @@ void Engine::admit(std::unique_ptr<Sequence> seq) {
         return;
     }
     active_.push_back(std::move(seq));
+}
+
+// How many leading positions of the slot's KV the sequence continues from, of
+// the `common` tokens they share (pick_slot; 0 when it reuses none): the rest
+// of the KV is dropped, or all of it when none is kept.
+size_t Engine::take_prefix(Sequence & seq, int slot, size_t common) {
+    llama_memory_t mem = llama_get_memory(ctx_.get());
+    if (common > 0) {
+        // the last token is fed again in any case: its logits give the next one
+        common = std::min(common, seq.feed.size() - 1);
+        if (plan_.two_kinds()) {
+            const Slot & held = slots_[size_t(slot)];
+            common = same_kind_prefix(common, held.tiled_rows, held.tiled_min, seq.t_end, seq.t_min);
+        }
+    }
+    if (common > 0) {
+        // a cache that cannot drop a sequence's tail (recurrent models), or that
+        // no longer holds its first positions (sliding-window layers), is not reused
+        if (!llama_memory_seq_rm(mem, slot, int32_t(common), -1) || llama_memory_seq_pos_min(mem, slot) != 0 ||
+            llama_memory_seq_pos_max(mem, slot) != int32_t(common) - 1) {
+            common = 0;
+            forget_slot(slot);
+        }
+        slots_[size_t(slot)].tokens.clear();
+    } else {
+        common = 0;
+        forget_slot(slot);
+    }
+    return common;
+}
+
+// A resumed sequence's KV state into its slot; false (the slot left empty)
+// when it is not this model's or this sequence's, which is then prefilled.
+bool Engine::restore_kv(Sequence & seq, int slot) {
+    llama_memory_t mem = llama_get_memory(ctx_.get());
+    bool restored = false;
+    const auto & kv = *seq.kv_state;
+    const size_t n = llama_state_seq_set_data(ctx_.get(), kv.data(), kv.size(), slot);
+    const int32_t expect = seq.n_prompt + int32_t(seq.generated.size()) - 1;
+    if (n > 0 && llama_memory_seq_pos_min(mem, slot) == 0 && llama_memory_seq_pos_max(mem, slot) == expect - 1) {
+        restored = true;
+        seq.n_past = expect;
+        seq.state = SeqState::generating;
+    } else {
+        // not this model's state, or not this sequence's: prefill instead
+        llama_memory_seq_rm(mem, slot, -1, -1);
+    }
+    seq.kv_state.reset();
+    return restored;
 }
 
 void Engine::order_batch_by_slot() {
@@ -433,61 +458,20 @@ void Engine::fail_all(const std::string & error) {
     forget_free_slots();
 }
 
+// What one round of the engine loop takes from the callers.
+struct Engine::Round {
+    std::deque<std::unique_ptr<Request>> requests;
+    std::vector<std::unique_ptr<Sequence>> cancelled_waiting;
+    std::vector<std::unique_ptr<Sequence>> admitted;
+    std::unordered_set<int64_t> cancels;
+};
+
 void Engine::run() {
     for (;;) {
-        std::deque<std::unique_ptr<Request>> requests;
-        std::vector<std::unique_ptr<Sequence>> cancelled_waiting;
-        std::vector<std::unique_ptr<Sequence>> admitted;
-        std::unordered_set<int64_t> cancels;
-        {
-            std::unique_lock<std::mutex> lk(mu_);
-            const size_t n_slots = slots_.size();
-            cv_.wait(lk, [&] {
-                return stop_ || !requests_.empty() || !cancels_.empty() || !active_.empty() ||
-                       (!waiting_.empty() && active_.size() < n_slots);
-            });
-            if (stop_) break;
-            requests.swap(requests_);
-            cancels = cancels_;
-            // cancelled sequences that never got a slot
-            for (auto it = waiting_.begin(); it != waiting_.end();) {
-                if (cancels.count((*it)->id)) {
-                    cancelled_waiting.push_back(std::move(*it));
-                    it = waiting_.erase(it);
-                } else {
-                    ++it;
-                }
-            }
-            size_t free_slots = n_slots - active_.size();
-            for (auto & s : active_) {
-                if (cancels.count(s->id)) free_slots++;  // freed below, before admission
-            }
-            while (free_slots > 0 && !waiting_.empty()) {
-                admitted.push_back(std::move(waiting_.front()));
-                waiting_.pop_front();
-                free_slots--;
-            }
-        }
+        Round round;
+        if (!next_round(round)) break;
         try {
-            for (auto & s : cancelled_waiting) finish(*s, Finish::cancelled, "", {}, "");
-            for (auto & s : active_) {
-                if (cancels.count(s->id)) finish(*s, Finish::cancelled, "", {}, "");
-            }
-            active_.erase(std::remove_if(active_.begin(), active_.end(),
-                                         [](const std::unique_ptr<Sequence> & s) {
-                                             return s->state == SeqState::finished;
-                                         }),
-                          active_.end());
-            for (auto & s : admitted) admit(std::move(s));
-            for (auto & r : requests) {
-                try {
-                    handle_request(*r);
-                } catch (...) {
-                    // this request's caller gets the error; the others of the round go on
-                    fail_request(*r, std::current_exception());
-                }
-            }
-            if (!active_.empty()) step();
+            serve(round);
         } catch (const std::bad_alloc &) {
             fail_all("out of memory in the engine");
         } catch (const std::exception & e) {
@@ -510,6 +494,61 @@ void Engine::run() {
             r->logits.set_exception(err);
         }
     }
+}
+
+// Waits for work, then takes the round's requests, cancels and the sequences
+// that get a slot; false once the engine is closing.
+bool Engine::next_round(Round & round) {
+    auto & cancels = round.cancels;
+    std::unique_lock<std::mutex> lk(mu_);
+    const size_t n_slots = slots_.size();
+    cv_.wait(lk, [&] {
+        return stop_ || !requests_.empty() || !cancels_.empty() || !active_.empty() ||
+               (!waiting_.empty() && active_.size() < n_slots);
+    });
+    if (stop_) return false;
+    round.requests.swap(requests_);
+    cancels = cancels_;
+    // cancelled sequences that never got a slot
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+        if (cancels.count((*it)->id)) {
+            round.cancelled_waiting.push_back(std::move(*it));
+            it = waiting_.erase(it);
+        } else {
+            ++it;
+        }
+    }
+    size_t free_slots = n_slots - active_.size();
+    for (auto & s : active_) {
+        if (cancels.count(s->id)) free_slots++;  // freed below, before admission
+    }
+    while (free_slots > 0 && !waiting_.empty()) {
+        round.admitted.push_back(std::move(waiting_.front()));
+        waiting_.pop_front();
+        free_slots--;
+    }
+    return true;
+}
+
+// Cancels, admissions and requests, then one step.
+void Engine::serve(Round & round) {
+    for (auto & s : round.cancelled_waiting) finish(*s, Finish::cancelled, "", {}, "");
+    for (auto & s : active_) {
+        if (round.cancels.count(s->id)) finish(*s, Finish::cancelled, "", {}, "");
+    }
+    active_.erase(std::remove_if(active_.begin(), active_.end(),
+                                 [](const std::unique_ptr<Sequence> & s) { return s->state == SeqState::finished; }),
+                  active_.end());
+    for (auto & s : round.admitted) admit(std::move(s));
+    for (auto & r : round.requests) {
+        try {
+            handle_request(*r);
+        } catch (...) {
+            // this request's caller gets the error; the others of the round go on
+            fail_request(*r, std::current_exception());
+        }
+    }
+    if (!active_.empty()) step();
 }
 
 }  // namespace lmsp

@@ -188,8 +188,13 @@ private:
     bool decode_positions(Request & req, size_t done, size_t n, std::vector<float> & out);
 
     // engine thread: the loop (engine.cpp)
+    struct Round;
     void run();
+    bool next_round(Round & round);
+    void serve(Round & round);
     void admit(std::unique_ptr<Sequence> seq);
+    size_t take_prefix(Sequence & seq, int slot, size_t common);
+    bool restore_kv(Sequence & seq, int slot);
     void forget_slot(int slot);
     void forget_free_slots();
     void step();
@@ -210,6 +215,7 @@ private:
     std::vector<std::pair<int32_t, int32_t>> step_rows_;  // count_ubatches' scratch
     void finish(Sequence & seq, Finish why, const std::string & error, std::vector<int32_t> tokens,
                 std::string text);
+    void release_slot(Sequence & seq, Finish why);
     void emit(Sequence & seq, StepResult result);  // into outbox_, handed over at the end of the round
     void push_results();           // outbox_ -> results_
     void fail_all(const std::string & error);
