@@ -175,6 +175,7 @@ private:
     void load_model(const std::string & model_path);
     void make_context(int32_t n_threads);
 
+    // callers' threads (engine_calls.cpp)
     void check_open() const;
     void check_tokens(const std::vector<int32_t> & tokens, const char * what) const;
     std::string piece(int32_t token) const;
@@ -197,14 +198,12 @@ private:
     bool restore_kv(Sequence & seq, int slot);
     void forget_slot(int slot);
     void forget_free_slots();
+    // one step
     void step();
     int32_t add_row(int32_t token, int32_t pos, int slot, bool logits);  // its index in the batch
     bool next_step_kind();  // true: a tiled step
     void add_generated(bool tiled_step, std::vector<Sequence *> & context_full);
     void add_prompt_chunks(bool tiled_step);
-    void fail_batch(const std::string & err);
-    void sample_batch();
-    void take_token(Sequence & s, const float * logits);
     void order_batch_by_slot();  // rows of one slot stay in their order
     struct Row {  // a batch row, with its place before the sort
         int32_t from, token, pos, seq;
@@ -213,6 +212,10 @@ private:
     std::vector<Row> reorder_;                            // order_batch_by_slot's scratch
     std::vector<int32_t> moved_to_;                       // ... and its old row -> new row
     std::vector<std::pair<int32_t, int32_t>> step_rows_;  // count_ubatches' scratch
+    void fail_batch(const std::string & err);
+    void sample_batch();
+    void take_token(Sequence & s, const float * logits);
+    // results
     void finish(Sequence & seq, Finish why, const std::string & error, std::vector<int32_t> tokens,
                 std::string text);
     void release_slot(Sequence & seq, Finish why);
