@@ -81,12 +81,15 @@ namespace lmsp {
 bool every_matmul_is_row_wise(const std::vector<int> & types) {
     for (const int t : types) {
         switch (ggml_type(t)) {
-            case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16:
-            case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_0: case GGML_TYPE_Q4_1:
-            case GGML_TYPE_Q5_0: case GGML_TYPE_Q5_1:
-                break;
-            default:
-                return false;
+            case GGML_TYPE_F32:
+            case GGML_TYPE_F16:
+            case GGML_TYPE_BF16:
+            case GGML_TYPE_Q8_0:
+            case GGML_TYPE_Q4_0:
+            case GGML_TYPE_Q4_1:
+            case GGML_TYPE_Q5_0:
+            case GGML_TYPE_Q5_1: break;
+            default: return false;
         }
     }
     return true;
@@ -160,7 +163,8 @@ size_t BatchPlan::tiled_chunk(TiledStep & step, size_t t_left, size_t m, size_t 
                               size_t room) const {
     size_t n = std::min({t_left, std::max(prefill_chunk, 2 * m), room});
     if (n < t_left && t_left - n < m) n = t_left - m;  // no short tail
-    if (n < m) return 0;  // no room this step
+    // no room this step
+    if (n < m) return 0;
     if (step.chunk == 0) {
         step.chunk = n;
     } else {

@@ -65,8 +65,7 @@ struct BatchPlan {
     // The rows a prompt feeds into a tiled step (0: none this step), with
     // `t_left` rows of it left to prefill tiled in chunks of at least `m`,
     // `left` rows left in all, and `room` rows free in the batch.
-    size_t tiled_chunk(TiledStep & step, size_t t_left, size_t m, size_t left, size_t prefill_chunk,
-                       size_t room) const;
+    size_t tiled_chunk(TiledStep & step, size_t t_left, size_t m, size_t left, size_t prefill_chunk, size_t room) const;
 };
 
 }  // namespace lmsp

@@ -68,9 +68,9 @@ struct StepResult {
     std::string error;
     int32_t n_prompt = 0;
     int32_t n_generated = 0;
-    int32_t n_cached = 0;  // leading prompt tokens whose KV a free slot already held
+    int32_t n_cached = 0;            // leading prompt tokens whose KV a free slot already held
     std::optional<Timings> timings;  // on finish
-    bool urgent = false;  // the sequence's first text, or its end
+    bool urgent = false;             // the sequence's first text, or its end
 };
 
 struct ResumeState {
@@ -158,9 +158,15 @@ public:
     bool closed() const { return closed_.load(); }
 
 private:
-    struct ModelDeleter { void operator()(llama_model * m) const { llama_model_free(m); } };
-    struct ContextDeleter { void operator()(llama_context * c) const { llama_free(c); } };
-    struct ThreadpoolDeleter { void operator()(ggml_threadpool * t) const { ggml_threadpool_free(t); } };
+    struct ModelDeleter {
+        void operator()(llama_model * m) const { llama_model_free(m); }
+    };
+    struct ContextDeleter {
+        void operator()(llama_context * c) const { llama_free(c); }
+    };
+    struct ThreadpoolDeleter {
+        void operator()(ggml_threadpool * t) const { ggml_threadpool_free(t); }
+    };
 
     struct Request {
         enum class Kind { snapshot, eval_logits } kind;
@@ -200,12 +206,14 @@ private:
     void forget_free_slots();
     // one step
     void step();
-    int32_t add_row(int32_t token, int32_t pos, int slot, bool logits);  // its index in the batch
+    // a row into the batch; its index there
+    int32_t add_row(int32_t token, int32_t pos, int slot, bool logits);
     bool next_step_kind();  // true: a tiled step
     void add_generated(bool tiled_step, std::vector<Sequence *> & context_full);
     void add_prompt_chunks(bool tiled_step);
     void order_batch_by_slot();  // rows of one slot stay in their order
-    struct Row {  // a batch row, with its place before the sort
+    // a batch row, with its place before the sort
+    struct Row {
         int32_t from, token, pos, seq;
         int8_t logits;
     };
@@ -216,16 +224,15 @@ private:
     void sample_batch();
     void take_token(Sequence & s, const float * logits);
     // results
-    void finish(Sequence & seq, Finish why, const std::string & error, std::vector<int32_t> tokens,
-                std::string text);
+    void finish(Sequence & seq, Finish why, const std::string & error, std::vector<int32_t> tokens, std::string text);
     void release_slot(Sequence & seq, Finish why);
     void emit(Sequence & seq, StepResult result);  // into outbox_, handed over at the end of the round
-    void push_results();           // outbox_ -> results_
+    void push_results();                           // outbox_ -> results_
     void fail_all(const std::string & error);
 
     EngineOptions options_;
     GgufInfo info_;
-    BatchPlan plan_;  // the kernels of each row, and the two kinds of steps
+    BatchPlan plan_;                      // the kernels of each row, and the two kinds of steps
     bool kernels_reference_now_ = false;  // what the CPU backend is set to
     void set_reference_kernels(bool on);
     std::string backend_;
@@ -259,9 +266,9 @@ private:
     std::condition_variable urgent_cv_;   // urgent_waiting_ became true
     std::deque<StepResult> results_;
     bool urgent_waiting_ = false;  // results_ holds an urgent result
-    int event_fd_ = -1;   // readable while results_ is not empty
-    int event_wfd_ = -1;  // write end (same as event_fd_ for an eventfd)
-    int urgent_fd_ = -1;  // readable while urgent_waiting_
+    int event_fd_ = -1;            // readable while results_ is not empty
+    int event_wfd_ = -1;           // write end (same as event_fd_ for an eventfd)
+    int urgent_fd_ = -1;           // readable while urgent_waiting_
     int urgent_wfd_ = -1;
 
     // engine thread only

@@ -36,8 +36,8 @@ const char * finish_name(Finish f) {
 void Engine::check_tokens(const std::vector<int32_t> & tokens, const char * what) const {
     for (int32_t t : tokens) {
         if (t < 0 || t >= n_vocab_) {
-            throw InvalidArgument(std::string(what) + ": token id " + std::to_string(t) + " is outside the vocabulary [0, " +
-                                  std::to_string(n_vocab_) + ")");
+            throw InvalidArgument(std::string(what) + ": token id " + std::to_string(t) +
+                                  " is outside the vocabulary [0, " + std::to_string(n_vocab_) + ")");
         }
     }
 }
@@ -46,8 +46,8 @@ std::vector<int32_t> Engine::tokenize(const std::string & text, bool add_special
     check_open();
     if (text.size() > size_t(INT32_MAX)) throw InvalidArgument("text too long to tokenize");
     std::vector<int32_t> out(text.size() + 4);
-    int32_t n = llama_tokenize(vocab_, text.data(), int32_t(text.size()), out.data(), int32_t(out.size()),
-                               add_special, parse_special);
+    int32_t n = llama_tokenize(vocab_, text.data(), int32_t(text.size()), out.data(), int32_t(out.size()), add_special,
+                               parse_special);
     if (n == INT32_MIN) throw InvalidArgument("text too long to tokenize");
     if (n < 0) {
         out.resize(size_t(-n));
@@ -115,7 +115,9 @@ int64_t Engine::submit(SubmitRequest req) {
     if (req.max_tokens < 1) throw InvalidArgument("max_tokens must be >= 1");
     const auto & sp = req.sampling;
     if (!std::isfinite(sp.temperature) || sp.temperature < 0.0f) throw InvalidArgument("temperature must be >= 0");
-    if (!std::isfinite(sp.top_p) || !(sp.top_p > 0.0f) || sp.top_p > 1.0f) throw InvalidArgument("top_p must be in (0, 1]");
+    if (!std::isfinite(sp.top_p) || !(sp.top_p > 0.0f) || sp.top_p > 1.0f) {
+        throw InvalidArgument("top_p must be in (0, 1]");
+    }
     if (sp.top_k < 0) throw InvalidArgument("top_k must be >= 0");
     for (const auto & s : req.stop) {
         if (s.empty()) throw InvalidArgument("stop strings must not be empty");

@@ -94,8 +94,8 @@ void Engine::answer_logits(Request & req) {
         busy = !active_.empty() || !waiting_.empty();
     }
     if (busy) {
-        req.logits.set_exception(std::make_exception_ptr(
-            NativeFailure("eval_logits needs an idle engine (no active or waiting sequence)")));
+        req.logits.set_exception(
+            std::make_exception_ptr(NativeFailure("eval_logits needs an idle engine (no active or waiting sequence)")));
         return;
     }
     llama_memory_t mem = llama_get_memory(ctx_.get());

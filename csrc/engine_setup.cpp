@@ -165,7 +165,8 @@ void Engine::make_context(int32_t n_threads) {
     const std::string why = log::end_capture();
     if (!ctx_) {
         if (why.find("alloc") != std::string::npos || why.find("memory") != std::string::npos) {
-            throw OutOfMemory("out of memory creating a context of " + std::to_string(cp.n_ctx) + " tokens (" + why + ")");
+            throw OutOfMemory("out of memory creating a context of " + std::to_string(cp.n_ctx) + " tokens (" + why +
+                              ")");
         }
         throw NativeFailure("cannot create a llama context" + (why.empty() ? "" : ": " + why));
     }

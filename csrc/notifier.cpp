@@ -46,8 +46,7 @@ void signal_notifier(int wfd) {
 
 void clear_notifier(int rfd) {
     uint64_t value;
-    while (::read(rfd, &value, sizeof(value)) > 0) {
-    }
+    while (::read(rfd, &value, sizeof(value)) > 0) {}
 }
 
 }  // namespace lmsp

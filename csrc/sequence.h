@@ -28,12 +28,12 @@ struct Sequence {
     std::vector<int32_t> feed;  // tokens to prefill (prompt, plus generated when resumed without KV)
     size_t n_fed = 0;
     int32_t n_prompt = 0;
-    int32_t n_past = 0;         // positions in this sequence's KV
-    int32_t n_cached = 0;       // leading feed tokens whose KV its slot already held
-    size_t t_end = 0;           // feed tokens [0, t_end) are prefilled in tiled steps
-    size_t t_min = 0;           // ... in chunks of at least this many rows
-    std::string cache_key;      // whose slots' KV it may reuse
-    bool logprobs = false;      // hand out each token's log probability
+    int32_t n_past = 0;                // positions in this sequence's KV
+    int32_t n_cached = 0;              // leading feed tokens whose KV its slot already held
+    size_t t_end = 0;                  // feed tokens [0, t_end) are prefilled in tiled steps
+    size_t t_min = 0;                  // ... in chunks of at least this many rows
+    std::string cache_key;             // whose slots' KV it may reuse
+    bool logprobs = false;             // hand out each token's log probability
     std::vector<float> next_logprobs;  // for the token of the next result
     std::vector<int32_t> generated;
     int32_t max_tokens = 0;
