@@ -29,7 +29,7 @@
 # already there (venv, build, models) are not redone.
 #
 # The build leaves out the flash-attention CUDA kernels (GGML_CUDA_FA=OFF):
-# on a GPU the engine runs with flash attention off (csrc/engine.cpp), and
+# on a GPU the engine runs with flash attention off (csrc/batch_plan.cpp), and
 # llama-bench and llama-server are run with it off as well.
 set -uo pipefail
 

@@ -29,7 +29,7 @@ What is measured:
 llama-bench runs twice: "matched" uses the llama.cpp settings the engine uses
 (no weight repacking; on the CPU flash attention with f16 K and V caches,
 whose tiled kernel llama-bench takes for the prompt as the engine does; on a
-GPU flash attention off: see csrc/engine.cpp; with ``--no-batch-invariant``
+GPU flash attention off: see csrc/batch_plan.cpp; with ``--no-batch-invariant``
 repacking too, as the engine then has),
 "default" uses llama-bench's own defaults. llama-bench and the engine take turns, one
 repetition each, so that both see the same machine when other work comes and
@@ -185,7 +185,7 @@ def matched_config(args: argparse.Namespace) -> str:
 
 
 LLAMA_BENCH_CONFIGS = {
-    # the engine's llama.cpp settings (csrc/engine.cpp): on the CPU flash
+    # the engine's llama.cpp settings (csrc/batch_plan.cpp): on the CPU flash
     # attention over f16 K and V caches (the engine's batch of 512 allows its
     # tiled prompts), no repacking; on a GPU flash attention off
     "matched": ["-fa", "1", "-ctk", "f16", "-ctv", "f16", "--repack", "0"],

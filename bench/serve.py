@@ -714,7 +714,7 @@ class LlamaServer(Server):
                 "-t", str(s.threads), "-tb", str(s.threads), "--parallel", str(s.parallel),
                 "-c", str(s.ctx_per_seq * s.parallel), "--no-kv-unified", "-ngl", str(s.n_gpu_layers),
                 # lmsp's batch (n_batch = n_ubatch = 512); flash attention as lmsp has it:
-                # on for the CPU, off with layers on a GPU (csrc/engine.cpp)
+                # on for the CPU, off with layers on a GPU (csrc/batch_plan.cpp)
                 "-b", "512", "-ub", "512", "-fa", "off" if s.n_gpu_layers else "on",
                 "--no-webui", "--cache-ram", "0", "--log-disable", *extra]
         srv = cls(argv, dict(os.environ), work / "logs" / f"llama-{model.stem}.log", work)

@@ -12,8 +12,8 @@
 #include "engine.h"
 #include "errors.h"
 #include "gguf_info.h"
-#include "quantize.h"
 #include "llama.h"
+#include "quantize.h"
 #include "text.h"
 
 namespace py = pybind11;
@@ -147,9 +147,8 @@ py::dict result_dict(lmsp::StepResult & r) {
 // The Python-facing engine: holds the C++ engine, owns nothing else.
 class PyEngine {
 public:
-    PyEngine(const py::object & model_path, int32_t n_ctx, int32_t n_parallel, int32_t n_threads,
-             int32_t n_gpu_layers, int32_t n_batch, int32_t prefill_chunk, bool batch_invariant,
-             bool prefix_cache, bool use_mmap) {
+    PyEngine(const py::object & model_path, int32_t n_ctx, int32_t n_parallel, int32_t n_threads, int32_t n_gpu_layers,
+             int32_t n_batch, int32_t prefill_chunk, bool batch_invariant, bool prefix_cache, bool use_mmap) {
         const std::string path = fspath(model_path);
         lmsp::EngineOptions o;
         o.n_ctx = n_ctx;
@@ -190,7 +189,9 @@ public:
         req.sampling.top_p = float(top_p);
         req.sampling.top_k = as_int32(top_k, "top_k");
         req.cache_key = cache_key;
-        if (!py::isinstance<py::int_>(seed) || py::isinstance<py::bool_>(seed)) throw py::type_error("seed must be an int");
+        if (!py::isinstance<py::int_>(seed) || py::isinstance<py::bool_>(seed)) {
+            throw py::type_error("seed must be an int");
+        }
         req.sampling.seed = PyLong_AsUnsignedLongLongMask(seed.ptr());
         if (PyErr_Occurred()) throw py::error_already_set();
         if (py::isinstance<py::str>(stop)) {
@@ -232,9 +233,9 @@ public:
         d["generated"] = py::cast(s.generated);
         d["emitted"] = py::str(s.emitted);
         d["n_prompt"] = s.n_prompt;
-        d["kv_state"] = s.kv_state
-                            ? py::object(py::bytes(reinterpret_cast<const char *>(s.kv_state->data()), s.kv_state->size()))
-                            : py::object(py::none());
+        d["kv_state"] = s.kv_state ? py::object(py::bytes(reinterpret_cast<const char *>(s.kv_state->data()),
+                                                          s.kv_state->size()))
+                                   : py::object(py::none());
         return d;
     }
 
@@ -275,8 +276,8 @@ public:
 
     py::dict stats() {
         const lmsp::EngineStats s = engine_->stats();
-        return py::dict("active"_a = s.active, "waiting"_a = s.waiting, "steps"_a = s.steps,
-                        "ubatches"_a = s.ubatches, "tokens_decoded"_a = s.tokens_decoded, "tokens_generated"_a = s.tokens_generated,
+        return py::dict("active"_a = s.active, "waiting"_a = s.waiting, "steps"_a = s.steps, "ubatches"_a = s.ubatches,
+                        "tokens_decoded"_a = s.tokens_decoded, "tokens_generated"_a = s.tokens_generated,
                         "submitted"_a = s.submitted, "finished"_a = s.finished);
     }
 
@@ -372,7 +373,8 @@ PYBIND11_MODULE(_native, m) {
                  return lmsp::TextStream(stops);
              }),
              "stop"_a = py::tuple())
-        .def("push", [](lmsp::TextStream & t, const py::bytes & b) { return py::str(t.push(std::string(b))); }, "data"_a)
+        .def(
+            "push", [](lmsp::TextStream & t, const py::bytes & b) { return py::str(t.push(std::string(b))); }, "data"_a)
         .def("flush", [](lmsp::TextStream & t) { return py::str(t.flush()); })
         .def("adopt_emitted", &lmsp::TextStream::adopt_emitted, "already"_a)
         .def_property_readonly("stopped", &lmsp::TextStream::stopped)

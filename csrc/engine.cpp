@@ -1,11 +1,7 @@
+// The engine thread's loop: each round takes the callers' cancels, new
+// sequences and requests, admits sequences to slots, then decodes one step
+// of every active sequence together and hands the results over at once.
 #include "engine.h"
-
-#include <fcntl.h>
-#include <unistd.h>
-#ifdef __linux__
-#include <sched.h>
-#include <sys/eventfd.h>
-#endif
 
 #include <algorithm>
 #include <chrono>
@@ -15,135 +11,32 @@
 
 #include "errors.h"
 #include "llama_private.h"
+#include "notifier.h"
+#include "sequence.h"
+#include "slot_choice.h"
 #include "text.h"
 
-// Batch invariance (a sequence decoded alone or next to others gives the same
-// logits bit for bit). Reading ggml-cpu shows these kernels whose summation
-// order depends on the shape of the batch:
-//  - llamafile's sgemm (CMakeLists.txt, GGML_LLAMAFILE=OFF) takes over
-//    matmuls of two or more rows; one row goes through vec_dot, which
-//    accumulates in another order. Kept off.
-//  - weight repacking (extra buffer types): repacked gemm (4+ rows) and gemv
-//    (1 row) differ. Kept off.
-//  - flash attention with K and V of one type (f16 here): a tiled kernel for
-//    64+ query rows of a sequence in one ubatch, and a split-KV one
-//    (per-thread partials) for a lone query over 512+ cells. The per-row
-//    kernel skips masked cells and sums V in the V cache's precision (f16;
-//    f32 for a bf16 cache). The tiled one sums
-//    a row over 64-cell tiles of the sequence's own KV stream, where masked
-//    cells add exact zeros, so each row it computes comes out the same
-//    however many rows come with it, but not as the per-row kernel's.
-//  - a tiled matmul for 8+ rows of K-quant and i-quant weights (q4_k, q6_k,
-//    iq4_xs, ...; ggml-cpu/tiled), whose rows likewise come out the same for
-//    any batch of 8 or more.
-// So the engine computes each row in one of two fixed ways ("Two kinds of
-// steps" in step()): a prompt of 64 tokens or more (8 or more on K-quant
-// weights) is prefilled tiled, in steps of its own kind, in chunks of at
-// least that many rows; every other row (decoding, shorter prompts, the
-// generated tokens fed again on a resume) goes through one-row steps on
-// ggml's reference kernels (llama_private.cpp), which take the per-row flash
-// attention and vec_dot. They also fuse no ops, which changes no bits (the
-// fused RMS norm multiplies as the two ops do) and no speed that llama-bench
-// can tell on the tiny demo model. The tiled flash attention prefills that
-// model's 86-token prompt in 2.0 ms instead of 3.7, and an 850-token one in
-// 26 ms instead of 161 (llama-bench -fa 1 -ctk f16 --repack 0, -ctv f16
-// against bf16, one thread). With batches under 128 rows (two of the
-// smallest tiled chunks: a chunk leaves no shorter tail, so a step must hold
-// up to twice the least) the V cache is bf16 instead, which keeps
-// flash attention on its per-row kernel for every row (V to 8 significant
-// bits, which shows as 7e-3 of the logits' scale against the numpy
-// reference instead of 3e-3; tests/native). A MoE model with K-quant
-// experts is not prefilled tiled: how many rows an expert gets depends on
-// the whole batch, so every row takes the reference kernels.
-// Each sequence also has its own KV stream (kv_unified=false), so its cells
-// and positions do not depend on its neighbours (a unified cache only adds
-// masked cells, whose zero weights leave the sums unchanged).
-// Measured on the x86 AVX-512 machine of this project with the demo model
-// (f32 and q8_0): with these settings logits are bitwise equal whatever the
-// batch (eval_logits of a prefix versus the whole, tests/native), and tokens
-// are equal alone and batched, and after resume. Turning llamafile, repacking
-// or kv_unified back on, one at a time, did not change those results on that
-// model: those are guards taken from the code. Flash attention's own paths
-// did: with 2 threads, logits computed one row at a time over 700 cells
-// differ from the same rows computed in 512-row batches (by up to 1.5e-2,
-// from the second row on). The same invariance is what makes a resume
-// without KV state (prefill of prompt+generated) exact.
-// EngineOptions::batch_invariant = false gives this up on the CPU for speed:
-// llama.cpp's kernels for every row wherever the batch allows them (tiled
-// and split-KV flash attention, the tiled K-quant matmul, fused ops) and
-// repacked weights, as its own tools run by default. Many sequences on
-// K-quant weights then decode about 1.5x faster; a sequence's
-// logits may then differ in the last bits with its neighbours in the batch,
-// and a resume without KV state may continue differently from an
-// uninterrupted run (what was already emitted never changes).
-// GPU (LMSP_CUDA): kernels are chosen by batch size and are NOT batch
-// invariant. Measured on an H200 (CUDA 13, sm_90): greedy tokens matched alone
-// and batched, a sampled sequence diverged at its 36th token; resume (with and
-// without KV) matched. Only the counter-based sampling is guaranteed there.
-
 namespace lmsp {
-
-using Clock = std::chrono::steady_clock;
 
 namespace {
 double ms_between(Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
-// Whether the CPU backend multiplies by matrices of these ggml types one row
-// at a time however many rows come (with llamafile and repacking off): the
-// float and the legacy block types. Others (the K-quants and i-quants) have a
-// tiled kernel for 8 or more rows, so an engine on them runs ggml's
-// reference kernels instead (see the batch-invariance note above).
-bool every_matmul_is_row_wise(const std::vector<int> & types) {
-    for (const int t : types) {
-        switch (ggml_type(t)) {
-            case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16:
-            case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_0: case GGML_TYPE_Q4_1:
-            case GGML_TYPE_Q5_0: case GGML_TYPE_Q5_1:
-                break;
-            default:
-                return false;
+// What a finished sequence's time went to.
+Timings timings_of(const Sequence & seq, int32_t n_generated, Clock::time_point now) {
+    Timings t;
+    if (seq.state != SeqState::waiting) {
+        t.queued_ms = ms_between(seq.t_submit, seq.t_admit);
+        if (seq.has_first) {
+            t.prompt_ms = ms_between(seq.t_admit, seq.t_first);
+            t.first_token_ms = ms_between(seq.t_submit, seq.t_first);
+            t.decode_ms = ms_between(seq.t_first, now);
+            if (n_generated > 1 && t.decode_ms > 0) t.tokens_per_s = (n_generated - 1) * 1000.0 / t.decode_ms;
         }
     }
-    return true;
-}
-
-// How many ubatches llama.cpp cuts a batch into when each sequence has a KV
-// stream of its own (split_equal): from the lowest sequence with rows left,
-// a run of consecutive sequence ids, as many rows from each as the one with
-// the fewest has left and the ubatch holds; each ubatch is one pass over
-// the weights. The rows are sorted by sequence; `left` is scratch space.
-int64_t count_ubatches(const llama_batch & batch, int32_t n_ubatch,
-                       std::vector<std::pair<int32_t, int32_t>> & left) {  // (sequence, rows left), ascending
-    left.clear();
-    for (int32_t k = 0; k < batch.n_tokens; ++k) {
-        const int32_t seq = batch.seq_id[k][0];
-        if (left.empty() || left.back().first != seq) left.emplace_back(seq, 0);
-        left.back().second++;
-    }
-    int64_t n = 0;
-    for (;;) {
-        size_t first = 0;
-        while (first < left.size() && left[first].second == 0) ++first;
-        if (first == left.size()) return n;
-        size_t end = first + 1;
-        int32_t rows = left[first].second;
-        for (size_t prev = first, i = first + 1; i < left.size(); ++i) {
-            if (left[i].second == 0) continue;
-            if (left[i].first != left[prev].first + 1) break;
-            rows = std::min(rows, left[i].second);
-            end = i + 1;
-            prev = i;
-        }
-        size_t n_seqs = 0;
-        for (size_t i = first; i < end; ++i) n_seqs += left[i].second > 0;
-        rows = std::max<int32_t>(1, std::min<int32_t>(rows, n_ubatch / int32_t(n_seqs)));
-        for (size_t i = first; i < end; ++i) {
-            if (left[i].second > 0) left[i].second -= rows;
-        }
-        n++;
-    }
+    t.total_ms = ms_between(seq.t_submit, now);
+    return t;
 }
 
 // ln softmax(logits)[token], summed in double.
@@ -154,558 +47,7 @@ float log_probability(const float * logits, int32_t n, int32_t token) {
     for (int32_t i = 0; i < n; ++i) sum += std::exp(double(logits[i]) - double(top));
     return float(double(logits[token]) - double(top) - std::log(sum));
 }
-
-// ggml's tiled matmul takes 8 rows or more; each row it computes comes out the
-// same however many there are. Fewer take the one-row path.
-constexpr size_t kMinTiledRows = 8;
-// A wait longer than this (about 31 years) is a wait without end.
-constexpr double kForever = 1e9;
-// ggml's tiled flash attention takes 64 query rows of a sequence or more.
-constexpr size_t kFaTileRows = 64;
-
-// How many leading positions of a slot's KV a new sequence may take over
-// when rows are computed in two ways (tiled prefill, one-row decode): up to
-// `common`, where each row was computed the way a prefill of the new
-// sequence would compute it (the first `t_slot` rows of the slot tiled in
-// chunks of at least `m_slot`, the first `t_new` of the new sequence in
-// chunks of at least `m_new`), leaving its tiled rows 0 or at least `m_new`
-// to prefill.
-size_t same_kind_prefix(size_t common, size_t t_slot, size_t m_slot, size_t t_new, size_t m_new) {
-    if (t_slot > 0 && t_new > 0 && m_slot != m_new) return 0;  // tiled in two ways from the first row
-    if (t_slot != t_new) common = std::min(common, std::min(t_slot, t_new));
-    if (t_new > common && t_new - common < m_new) common = t_new - m_new;
-    return common;
-}
 }  // namespace
-
-const char * finish_name(Finish f) {
-    switch (f) {
-        case Finish::none: return nullptr;
-        case Finish::stop: return "stop";
-        case Finish::length: return "length";
-        case Finish::cancelled: return "cancelled";
-        case Finish::error: return "error";
-    }
-    return nullptr;
-}
-
-// The life of a sequence: waiting for a slot, prefilling its prompt in chunks,
-// generating one token per step, finished.
-enum class SeqState { waiting, prefilling, generating, finished };
-
-struct Sequence {
-    int64_t id = 0;
-    SeqState state = SeqState::waiting;
-    int slot = -1;
-
-    std::vector<int32_t> feed;  // tokens to prefill (prompt, plus generated when resumed without KV)
-    size_t n_fed = 0;
-    int32_t n_prompt = 0;
-    int32_t n_past = 0;         // positions in this sequence's KV
-    int32_t n_cached = 0;       // leading feed tokens whose KV its slot already held
-    size_t t_end = 0;           // feed tokens [0, t_end) are prefilled in tiled steps
-    size_t t_min = 0;           // ... in chunks of at least this many rows
-    std::string cache_key;      // whose slots' KV it may reuse
-    bool logprobs = false;      // hand out each token's log probability
-    std::vector<float> next_logprobs;  // for the token of the next result
-    std::vector<int32_t> generated;
-    int32_t max_tokens = 0;
-    Sampler sampler;
-    TextStream text;
-    std::optional<std::vector<uint8_t>> kv_state;  // applied on admission
-
-    int batch_index = -1;  // row of its logits in the current batch, -1 if none
-    Clock::time_point t_submit, t_admit, t_first;
-    bool has_first = false;
-    bool reported = false;  // a result with text has been handed out
-
-    Sequence(const SamplingParams & sp, std::vector<std::string> stops) : sampler(sp), text(std::move(stops)) {}
-};
-
-// ---------------------------------------------------------------- lifecycle
-
-namespace {
-
-// A file descriptor that polls readable once written to: an eventfd on Linux,
-// a pipe elsewhere (rfd then differs from wfd).
-void open_notifier(int & rfd, int & wfd) {
-#ifdef __linux__
-    rfd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (rfd < 0) throw NativeFailure(std::string("eventfd: ") + std::strerror(errno));
-    wfd = rfd;
-#else
-    int fds[2];
-    if (::pipe(fds) != 0) throw NativeFailure(std::string("pipe: ") + std::strerror(errno));
-    for (int fd : fds) {
-        ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-        ::fcntl(fd, F_SETFD, FD_CLOEXEC);
-    }
-    rfd = fds[0];
-    wfd = fds[1];
-#endif
-}
-
-void close_notifier(int & rfd, int & wfd) {
-    if (wfd >= 0 && wfd != rfd) ::close(wfd);
-    if (rfd >= 0) ::close(rfd);
-    rfd = wfd = -1;
-}
-
-void signal_notifier(int wfd) {
-    const uint64_t one = 1;
-    ssize_t rc = ::write(wfd, &one, sizeof(one));
-    (void)rc;  // a full pipe is already readable
-}
-
-void clear_notifier(int rfd) {
-    uint64_t value;
-    while (::read(rfd, &value, sizeof(value)) > 0) {
-    }
-}
-
-}  // namespace
-
-// A batch larger than every sequence's whole context holds nothing more, and the
-// engine's own batch is allocated at the size asked: beyond the whole context
-// (and llama.cpp's default of 512, below which nothing changes, since the
-// batch size also picks the prompt kernels), it is lowered to that.
-static EngineOptions bounded(EngineOptions o) {
-    const int64_t whole = std::max<int64_t>(int64_t(o.n_ctx) * int64_t(o.n_parallel), 512);
-    if (o.n_ctx >= 1 && o.n_parallel >= 1 && int64_t(o.n_batch) > whole) {
-        o.n_batch = int32_t(whole);
-    }
-    return o;
-}
-
-Engine::Engine(const std::string & model_path, const EngineOptions & given) : options_(bounded(given)) {
-    const EngineOptions & options = options_;
-    log::install();
-    static std::once_flag backend_once;
-    std::call_once(backend_once, [] { llama_backend_init(); });
-    if (options.n_ctx < 1) throw InvalidArgument("n_ctx must be >= 1");
-    if (options.n_parallel < 1 || options.n_parallel > int32_t(llama_max_parallel_sequences())) {
-        throw InvalidArgument("n_parallel must be between 1 and " + std::to_string(llama_max_parallel_sequences()));
-    }
-    if (options.n_threads < 0 || options.n_threads > GGML_MAX_N_THREADS) {
-        throw InvalidArgument("n_threads must be between 0 and " + std::to_string(GGML_MAX_N_THREADS));
-    }
-    if (options.n_batch < options.n_parallel) throw InvalidArgument("n_batch must be >= n_parallel");
-    if (options.prefill_chunk < 1) throw InvalidArgument("prefill_chunk must be >= 1");
-
-    info_ = read_gguf_info(model_path);
-    if (!info_.unloadable.empty()) {
-        throw ModelFormatError("cannot load model " + model_path + ": " + info_.unloadable);
-    }
-
-    // the kernels batch invariance keeps (see the note above)
-    const bool invariant_cpu = options.batch_invariant && options.n_gpu_layers == 0;
-    const bool row_wise = every_matmul_is_row_wise(info_.matrix_types);
-    const bool moe_kquant = info_.n_expert > 0 && !row_wise;
-    fa_tiles_ = invariant_cpu && !moe_kquant && size_t(options.n_batch) >= 2 * kFaTileRows;
-
-    llama_model_params mp = llama_model_default_params();
-    mp.n_gpu_layers = options.n_gpu_layers;
-    mp.use_extra_bufts = !options.batch_invariant;  // see the batch-invariance note above
-    // read into memory unless asked to map: a mapped file changed under the engine faults it
-    mp.load_mode = options.use_mmap ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
-    log::begin_capture();
-    try {
-        model_.reset(llama_model_load_from_file(model_path.c_str(), mp));
-    } catch (const std::bad_alloc &) {
-        log::end_capture();
-        throw OutOfMemory("out of memory loading " + model_path);
-    }
-    std::string why = log::end_capture();
-    if (!model_) {
-        if (why.find("unknown model architecture") != std::string::npos) {
-            throw ModelFormatError("unsupported model architecture '" + info_.architecture + "' in " + model_path);
-        }
-        if (why.find("alloc") != std::string::npos || why.find("out of memory") != std::string::npos) {
-            throw OutOfMemory("out of memory loading " + model_path + " (" + why + ")");
-        }
-        throw ModelFormatError("cannot load model " + model_path + (why.empty() ? "" : ": " + why));
-    }
-    if (!llama_model_has_decoder(model_.get()) || llama_model_has_encoder(model_.get())) {
-        throw ModelFormatError("unsupported model (not a decoder-only model): " + model_path);
-    }
-    vocab_ = llama_model_get_vocab(model_.get());
-    if (vocab_ == nullptr || llama_vocab_n_tokens(vocab_) <= 0) {
-        throw ModelFormatError("model has no vocabulary: " + model_path);
-    }
-    n_vocab_ = llama_vocab_n_tokens(vocab_);
-    chat_template_ = ChatTemplate::from_model(model_.get());
-
-    // one sequence's context never exceeds what the model was trained for
-    n_ctx_ = options.n_ctx;
-    const int32_t n_train = llama_model_n_ctx_train(model_.get());
-    if (n_train > 0 && n_ctx_ > n_train) n_ctx_ = n_train;
-
-    int32_t n_threads = options.n_threads;
-    if (n_threads == 0) {
-        n_threads = int32_t(std::max(1u, std::thread::hardware_concurrency()));
-#ifdef __linux__
-        // the cores this process may run on (containers and taskset limit them)
-        cpu_set_t set;
-        if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) {
-            n_threads = std::min(n_threads, int32_t(CPU_COUNT(&set)));
-        }
-#endif
-    }
-
-    llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = uint32_t(n_ctx_) * uint32_t(options.n_parallel);
-    cp.n_batch = uint32_t(options.n_batch);
-    cp.n_ubatch = uint32_t(options.n_batch);
-    cp.n_seq_max = uint32_t(options.n_parallel);
-    cp.n_threads = n_threads;
-    cp.n_threads_batch = n_threads;
-    if (options.n_gpu_layers == 0) {
-        // CPU: flash attention; without tiled prompts, a bf16 V cache keeps it
-        // on its per-row kernel (see the note above)
-        cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
-        cp.type_k = GGML_TYPE_F16;
-        cp.type_v = options.batch_invariant && !fa_tiles_ ? GGML_TYPE_BF16 : GGML_TYPE_F16;
-    } else {
-        cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
-    }
-    cp.kv_unified = false;
-    // with no layers on a GPU, keep every op on the CPU: a GPU build would
-    // otherwise ship big batches' matmuls to the GPU and lose batch invariance
-    cp.op_offload = options.n_gpu_layers != 0;
-    cp.no_perf = true;
-    log::begin_capture();
-    try {
-        ctx_.reset(llama_init_from_model(model_.get(), cp));
-    } catch (const std::bad_alloc &) {
-        log::end_capture();
-        throw OutOfMemory("out of memory creating the context");
-    }
-    why = log::end_capture();
-    if (!ctx_) {
-        if (why.find("alloc") != std::string::npos || why.find("memory") != std::string::npos) {
-            throw OutOfMemory("out of memory creating a context of " + std::to_string(cp.n_ctx) + " tokens (" + why + ")");
-        }
-        throw NativeFailure("cannot create a llama context" + (why.empty() ? "" : ": " + why));
-    }
-    backend_ = (options.n_gpu_layers != 0 && llama_supports_gpu_offload()) ? "cuda" : "cpu";
-    reference_kernels_ = batch_invariant() && !row_wise;
-    matmul_tiles_ = reference_kernels_ && !moe_kquant && size_t(options.n_batch) >= 2 * kMinTiledRows;
-    if (one_row_reference()) {
-        use_reference_cpu_kernels(ctx_.get(), true);
-        kernels_reference_now_ = true;
-    }
-    ggml_threadpool_params tpp = ggml_threadpool_params_default(n_threads);
-    threadpool_.reset(ggml_threadpool_new(&tpp));
-    if (!threadpool_) throw NativeFailure("cannot start " + std::to_string(n_threads) + " CPU threads");
-    llama_attach_threadpool(ctx_.get(), threadpool_.get(), threadpool_.get());
-
-    if (llama_n_ctx_seq(ctx_.get()) < uint32_t(n_ctx_)) {
-        n_ctx_ = int32_t(llama_n_ctx_seq(ctx_.get()));
-    }
-
-    batch_ = llama_batch_init(options.n_batch, 0, 1);
-    batch_allocated_ = true;
-    slots_.resize(size_t(options.n_parallel));
-
-    open_notifier(event_fd_, event_wfd_);
-    try {
-        open_notifier(urgent_fd_, urgent_wfd_);
-    } catch (...) {
-        close_notifier(event_fd_, event_wfd_);
-        throw;
-    }
-
-    thread_ = std::thread([this] { run(); });
-}
-
-void Engine::close() {
-    std::lock_guard<std::mutex> guard(close_mu_);
-    if (closed_.exchange(true)) {
-        return;
-    }
-    {
-        std::lock_guard<std::mutex> lk(mu_);
-        stop_ = true;
-    }
-    cv_.notify_all();
-    {
-        // a waiter between its check of closed_ and its sleep would miss the notify
-        std::lock_guard<std::mutex> lk(results_mu_);
-    }
-    results_cv_.notify_all();
-    urgent_cv_.notify_all();
-    if (thread_.joinable()) {
-        thread_.join();
-    }
-    // reverse order of creation
-    active_.clear();
-    waiting_.clear();
-    if (batch_allocated_) {
-        llama_batch_free(batch_);
-        batch_allocated_ = false;
-    }
-    ctx_.reset();
-    threadpool_.reset();
-    // The model (whose vocabulary tokenize, detokenize and the chat template read
-    // without the engine's lock, from threads that checked closed_ before this)
-    // and the notifiers (which a poll() past its check may still clear) stay
-    // until the object goes: Python keeps it alive through any call on it.
-}
-
-Engine::~Engine() {
-    close();
-    close_notifier(event_fd_, event_wfd_);
-    close_notifier(urgent_fd_, urgent_wfd_);
-}
-
-void Engine::check_open() const {
-    if (closed_.load()) throw EngineClosedError("the engine is closed");
-}
-
-// ---------------------------------------------------------------- text
-
-void Engine::check_tokens(const std::vector<int32_t> & tokens, const char * what) const {
-    for (int32_t t : tokens) {
-        if (t < 0 || t >= n_vocab_) {
-            throw InvalidArgument(std::string(what) + ": token id " + std::to_string(t) + " is outside the vocabulary [0, " +
-                                  std::to_string(n_vocab_) + ")");
-        }
-    }
-}
-
-std::vector<int32_t> Engine::tokenize(const std::string & text, bool add_special, bool parse_special) const {
-    check_open();
-    if (text.size() > size_t(INT32_MAX)) throw InvalidArgument("text too long to tokenize");
-    std::vector<int32_t> out(text.size() + 4);
-    int32_t n = llama_tokenize(vocab_, text.data(), int32_t(text.size()), out.data(), int32_t(out.size()),
-                               add_special, parse_special);
-    if (n == INT32_MIN) throw InvalidArgument("text too long to tokenize");
-    if (n < 0) {
-        out.resize(size_t(-n));
-        n = llama_tokenize(vocab_, text.data(), int32_t(text.size()), out.data(), int32_t(out.size()), add_special,
-                           parse_special);
-        if (n < 0) throw NativeFailure("tokenization failed");
-    }
-    out.resize(size_t(n));
-    return out;
-}
-
-std::string Engine::detokenize(const std::vector<int32_t> & tokens) const {
-    check_open();
-    check_tokens(tokens, "detokenize");
-    if (tokens.empty()) return {};
-    std::string buf(tokens.size() * 8 + 16, '\0');
-    int32_t n = llama_detokenize(vocab_, tokens.data(), int32_t(tokens.size()), buf.data(), int32_t(buf.size()), false,
-                                 false);
-    if (n < 0) {
-        buf.resize(size_t(-n));
-        n = llama_detokenize(vocab_, tokens.data(), int32_t(tokens.size()), buf.data(), int32_t(buf.size()), false,
-                             false);
-        if (n < 0) throw NativeFailure("detokenization failed");
-    }
-    buf.resize(size_t(n));
-    std::string out;
-    utf8_take(buf, out, true);
-    return out;
-}
-
-std::string Engine::piece(int32_t token) const {
-    char small[64];
-    int32_t n = llama_token_to_piece(vocab_, token, small, int32_t(sizeof(small)), 0, false);
-    if (n >= 0) return std::string(small, size_t(n));
-    std::string big(size_t(-n), '\0');
-    n = llama_token_to_piece(vocab_, token, big.data(), int32_t(big.size()), 0, false);
-    if (n < 0) return {};
-    big.resize(size_t(n));
-    return big;
-}
-
-std::string Engine::apply_chat_template(const std::vector<ChatMessage> & messages, bool add_generation_prompt) const {
-    check_open();
-    for (const auto & m : messages) {
-        if (m.role != "system" && m.role != "user" && m.role != "assistant") {
-            throw InvalidArgument("message role must be 'system', 'user' or 'assistant', not '" + m.role + "'");
-        }
-        if (m.content.find('\0') != std::string::npos) {
-            throw InvalidArgument("message content must not contain NUL characters");
-        }
-    }
-    if (chat_template_) return chat_template_->apply(messages, add_generation_prompt);
-    return plain_prompt(messages, add_generation_prompt);
-}
-
-std::vector<int32_t> Engine::chat_prompt(const std::vector<ChatMessage> & messages, bool add_generation_prompt) const {
-    return tokenize(apply_chat_template(messages, add_generation_prompt), true, true);
-}
-
-// ---------------------------------------------------------------- caller side
-
-int64_t Engine::submit(SubmitRequest req) {
-    check_open();
-    if (req.prompt.empty()) throw InvalidArgument("prompt must contain at least one token");
-    if (req.max_tokens < 1) throw InvalidArgument("max_tokens must be >= 1");
-    const auto & sp = req.sampling;
-    if (!std::isfinite(sp.temperature) || sp.temperature < 0.0f) throw InvalidArgument("temperature must be >= 0");
-    if (!std::isfinite(sp.top_p) || !(sp.top_p > 0.0f) || sp.top_p > 1.0f) throw InvalidArgument("top_p must be in (0, 1]");
-    if (sp.top_k < 0) throw InvalidArgument("top_k must be >= 0");
-    for (const auto & s : req.stop) {
-        if (s.empty()) throw InvalidArgument("stop strings must not be empty");
-    }
-    check_tokens(req.prompt, "prompt");
-
-    auto seq = std::make_unique<Sequence>(req.sampling, req.stop);
-    seq->n_prompt = int32_t(req.prompt.size());
-    seq->max_tokens = req.max_tokens;
-    seq->feed = std::move(req.prompt);
-    seq->cache_key = std::move(req.cache_key);
-    seq->logprobs = req.logprobs;
-
-    size_t n_resumed = 0;
-    if (req.resume) {
-        auto & r = *req.resume;
-        check_tokens(r.generated, "resume.generated");
-        n_resumed = r.generated.size();
-        // replay the generated tokens through the text stream, then continue
-        // right after the text the first run emitted
-        for (int32_t t : r.generated) {
-            seq->text.push(piece(t));
-        }
-        if (!seq->text.adopt_emitted(r.emitted)) {
-            throw InvalidArgument("resume.emitted is not the text of resume.generated");
-        }
-        seq->generated = r.generated;
-        if (r.kv_state && !r.kv_state->empty() && !r.generated.empty()) {
-            seq->kv_state = std::move(r.kv_state);
-        }
-    }
-    const size_t needed = seq->feed.size() + n_resumed;
-    if (needed > size_t(n_ctx_)) {
-        throw ContextLengthError("the prompt needs " + std::to_string(needed) + " tokens" +
-                                 (n_resumed ? " (with the resumed ones)" : "") + " but the context holds " +
-                                 std::to_string(n_ctx_));
-    }
-    if (!seq->kv_state) {
-        seq->feed.insert(seq->feed.end(), seq->generated.begin(), seq->generated.end());
-    }
-    seq->t_submit = Clock::now();
-
-    int64_t id;
-    {
-        std::lock_guard<std::mutex> lk(mu_);
-        if (stop_) throw EngineClosedError("the engine is closed");
-        id = next_id_++;
-        seq->id = id;
-        live_.insert(id);
-        waiting_.push_back(std::move(seq));
-    }
-    submitted_++;
-    cv_.notify_all();
-    return id;
-}
-
-bool Engine::cancel(int64_t seq_id) {
-    check_open();
-    {
-        std::lock_guard<std::mutex> lk(mu_);
-        if (live_.count(seq_id) == 0) return false;
-        cancels_.insert(seq_id);
-    }
-    cv_.notify_all();
-    return true;
-}
-
-Snapshot Engine::snapshot(int64_t seq_id, bool with_kv) {
-    check_open();
-    auto req = std::make_unique<Request>();
-    req->kind = Request::Kind::snapshot;
-    req->seq = seq_id;
-    req->with_kv = with_kv;
-    auto fut = req->snapshot.get_future();
-    {
-        std::lock_guard<std::mutex> lk(mu_);
-        if (stop_) throw EngineClosedError("the engine is closed");
-        requests_.push_back(std::move(req));
-    }
-    cv_.notify_all();
-    return fut.get();
-}
-
-std::vector<float> Engine::eval_logits(const std::vector<int32_t> & tokens) {
-    check_open();
-    if (tokens.empty()) throw InvalidArgument("eval_logits needs at least one token");
-    check_tokens(tokens, "eval_logits");
-    if (tokens.size() > size_t(n_ctx_)) {
-        throw ContextLengthError(std::to_string(tokens.size()) + " tokens do not fit the context of " +
-                                 std::to_string(n_ctx_));
-    }
-    auto req = std::make_unique<Request>();
-    req->kind = Request::Kind::eval_logits;
-    req->tokens = tokens;
-    auto fut = req->logits.get_future();
-    {
-        std::lock_guard<std::mutex> lk(mu_);
-        if (stop_) throw EngineClosedError("the engine is closed");
-        requests_.push_back(std::move(req));
-    }
-    cv_.notify_all();
-    return fut.get();
-}
-
-std::vector<StepResult> Engine::poll() {
-    check_open();
-    std::vector<StepResult> out;
-    std::lock_guard<std::mutex> lk(results_mu_);
-    if (results_.empty()) return out;
-    out.reserve(results_.size());
-    for (auto & r : results_) out.push_back(std::move(r));
-    results_.clear();
-    clear_notifier(event_fd_);
-    if (urgent_waiting_) {
-        urgent_waiting_ = false;
-        clear_notifier(urgent_fd_);
-    }
-    return out;
-}
-
-bool Engine::wait(double timeout_s, bool urgent) {
-    check_open();
-    std::unique_lock<std::mutex> lk(results_mu_);
-    auto ready = [this, urgent] { return (urgent ? urgent_waiting_ : !results_.empty()) || closed_.load(); };
-    std::condition_variable & cv = urgent ? urgent_cv_ : results_cv_;
-    if (timeout_s < 0 || timeout_s > kForever) {  // (a longer duration overflows the clock's)
-        cv.wait(lk, ready);
-    } else {
-        cv.wait_for(lk, std::chrono::duration<double>(timeout_s), ready);
-    }
-    return (urgent ? urgent_waiting_ : !results_.empty()) && !closed_.load();
-}
-
-int Engine::fileno() const {
-    check_open();
-    return event_fd_;
-}
-
-int Engine::urgent_fileno() const {
-    check_open();
-    return urgent_fd_;
-}
-
-EngineStats Engine::stats() const {
-    check_open();
-    EngineStats s;
-    {
-        std::lock_guard<std::mutex> lk(mu_);
-        s.waiting = int64_t(waiting_.size());
-    }
-    s.active = n_active_.load();
-    s.steps = steps_.load();
-    s.ubatches = ubatches_.load();
-    s.tokens_decoded = tokens_decoded_.load();
-    s.tokens_generated = tokens_generated_.load();
-    s.submitted = submitted_.load();
-    s.finished = finished_.load();
-    return s;
-}
 
 // ---------------------------------------------------------------- engine thread
 
@@ -762,41 +104,8 @@ void Engine::finish(Sequence & seq, Finish why, const std::string & error, std::
     r.n_prompt = seq.n_prompt;
     r.n_generated = int32_t(seq.generated.size());
     r.n_cached = seq.n_cached;
-    Timings t;
-    if (seq.state != SeqState::waiting) {
-        t.queued_ms = ms_between(seq.t_submit, seq.t_admit);
-        if (seq.has_first) {
-            t.prompt_ms = ms_between(seq.t_admit, seq.t_first);
-            t.first_token_ms = ms_between(seq.t_submit, seq.t_first);
-            t.decode_ms = ms_between(seq.t_first, now);
-            if (r.n_generated > 1 && t.decode_ms > 0) t.tokens_per_s = (r.n_generated - 1) * 1000.0 / t.decode_ms;
-        }
-    }
-    t.total_ms = ms_between(seq.t_submit, now);
-    r.timings = t;
-
-    if (seq.slot >= 0) {
-        Slot & slot = slots_[size_t(seq.slot)];
-        if (options_.prefix_cache && why != Finish::error) {
-            // the KV at positions < n_past: the prompt, then the generated tokens fed back
-            auto & held = slot.tokens;
-            held.assign(seq.feed.begin(), seq.feed.begin() + seq.n_prompt);
-            held.insert(held.end(), seq.generated.begin(), seq.generated.end());
-            held.resize(std::min(held.size(), size_t(std::max(seq.n_past, 0))));
-            slot.tiled_rows = std::min(seq.t_end, held.size());
-            slot.tiled_min = seq.t_min;
-            slot.key = seq.cache_key;
-            if (!llama_memory_seq_rm(llama_get_memory(ctx_.get()), seq.slot, int32_t(held.size()), -1)) {
-                forget_slot(seq.slot);
-            }
-        } else {
-            forget_slot(seq.slot);
-        }
-        slot.freed_at = ++slot_clock_;
-        slot.used = false;
-        seq.slot = -1;
-        n_active_--;
-    }
+    r.timings = timings_of(seq, r.n_generated, now);
+    if (seq.slot >= 0) release_slot(seq, why);
     seq.state = SeqState::finished;
     finished_++;
     {
@@ -807,19 +116,36 @@ void Engine::finish(Sequence & seq, Finish why, const std::string & error, std::
     emit(seq, std::move(r));
 }
 
+// A finished sequence's slot, free again: it keeps the sequence's KV for the
+// prefix cache unless the sequence ended on an error.
+void Engine::release_slot(Sequence & seq, Finish why) {
+    Slot & slot = slots_[size_t(seq.slot)];
+    if (options_.prefix_cache && why != Finish::error) {
+        // the KV at positions < n_past: the prompt, then the generated tokens fed back
+        auto & held = slot.tokens;
+        held.assign(seq.feed.begin(), seq.feed.begin() + seq.n_prompt);
+        held.insert(held.end(), seq.generated.begin(), seq.generated.end());
+        held.resize(std::min(held.size(), size_t(std::max(seq.n_past, 0))));
+        slot.tiled_rows = std::min(seq.t_end, held.size());
+        slot.tiled_min = seq.t_min;
+        slot.key = seq.cache_key;
+        if (!llama_memory_seq_rm(llama_get_memory(ctx_.get()), seq.slot, int32_t(held.size()), -1)) {
+            forget_slot(seq.slot);
+        }
+    } else {
+        forget_slot(seq.slot);
+    }
+    slot.freed_at = ++slot_clock_;
+    slot.used = false;
+    seq.slot = -1;
+    n_active_--;
+}
+
 void Engine::forget_slot(int slot) {
     llama_memory_seq_rm(llama_get_memory(ctx_.get()), slot, -1, -1);
     slots_[size_t(slot)].tokens.clear();
     slots_[size_t(slot)].tiled_rows = 0;
     slots_[size_t(slot)].tiled_min = 0;
-}
-
-size_t Engine::tiled_min(size_t n_prompt) const {
-    // each kind is on only where a batch holds two of its smallest chunks:
-    // the first prompt of a tiled step always advances
-    if (fa_tiles_ && n_prompt >= kFaTileRows) return kFaTileRows;
-    if (matmul_tiles_ && n_prompt >= kMinTiledRows) return kMinTiledRows;
-    return 0;
 }
 
 void Engine::set_reference_kernels(bool on) {
@@ -835,98 +161,21 @@ void Engine::forget_free_slots() {
     }
 }
 
-// The free slot whose KV, left by a sequence of the same ``key``, holds the
-// longest prefix of ``tokens`` (``common`` of them), if that prefix is the
-// whole prompt (a request made again), most of what the slot holds (a
-// conversation's next turn) or long in itself (a shared system message).
-// Else an empty slot, else the one freed longest ago, whose cache is the
-// least likely to be asked for again: a prompt that shares only a chat
-// template's opening with a slot's conversation does not evict it. The key
-// keeps one client's prompts from being found, or timed, by another.
-int Engine::pick_slot(const std::vector<int32_t> * tokens, const std::string & key, size_t & common) const {
-    constexpr size_t kLongPrefix = 256;
-    int hit = -1, spare = -1;
-    common = 0;
-    // llama.cpp decodes a run of consecutive slots in one ubatch, each further
-    // run being one more pass over the weights: first a slot between two
-    // running sequences (two runs become one), then one beside a running one
-    auto running_beside = [this](size_t i) {
-        return int(i > 0 && slots_[i - 1].used) + int(i + 1 < slots_.size() && slots_[i + 1].used);
-    };
-    auto sooner = [&](size_t a, size_t b) {  // the better slot to give up: joining runs, empty, oldest
-        const int ra = running_beside(a), rb = running_beside(b);
-        if (ra != rb) return ra > rb;
-        const bool ea = slots_[a].tokens.empty(), eb = slots_[b].tokens.empty();
-        return ea != eb ? ea : slots_[a].freed_at < slots_[b].freed_at;
-    };
-    for (size_t i = 0; i < slots_.size(); ++i) {
-        if (slots_[i].used) continue;
-        if (spare < 0 || sooner(i, size_t(spare))) spare = int(i);
-        if (tokens == nullptr || slots_[i].key != key) continue;
-        const auto & held = slots_[i].tokens;
-        const size_t limit = std::min(held.size(), tokens->size());
-        size_t n = 0;
-        while (n < limit && held[n] == (*tokens)[n]) n++;
-        const bool whole = n + 1 >= tokens->size();
-        if (n == 0 || !(whole || 2 * n >= held.size() || n >= kLongPrefix)) continue;
-        if (hit < 0 || n > common || (n == common && slots_[i].freed_at < slots_[size_t(hit)].freed_at)) {
-            hit = int(i);
-            common = n;
-        }
-    }
-    return hit >= 0 ? hit : spare;
-}
-
 void Engine::admit(std::unique_ptr<Sequence> seq) {
     // a sequence restored from its KV state takes none of a slot's cache
     size_t common = 0;
     const bool reuse = options_.prefix_cache && !seq->kv_state;
-    const int slot = pick_slot(reuse ? &seq->feed : nullptr, seq->cache_key, common);
+    const int slot = pick_slot(slots_, reuse ? &seq->feed : nullptr, seq->cache_key, common);
     seq->slot = slot;
     slots_[size_t(slot)].used = true;
     n_active_++;
     seq->t_admit = Clock::now();
-    llama_memory_t mem = llama_get_memory(ctx_.get());
     // a long enough prompt is prefilled tiled (two kinds of steps)
-    seq->t_min = tiled_min(size_t(seq->n_prompt));
+    seq->t_min = plan_.tiled_min(size_t(seq->n_prompt));
     seq->t_end = seq->t_min > 0 ? size_t(seq->n_prompt) : 0;
-    if (reuse && common > 0) {
-        // the last token is fed again in any case: its logits give the next one
-        common = std::min(common, seq->feed.size() - 1);
-        if (two_kinds()) {
-            const Slot & held = slots_[size_t(slot)];
-            common = same_kind_prefix(common, held.tiled_rows, held.tiled_min, seq->t_end, seq->t_min);
-        }
-    }
-    if (reuse && common > 0) {
-        // a cache that cannot drop a sequence's tail (recurrent models), or that
-        // no longer holds its first positions (sliding-window layers), is not reused
-        if (!llama_memory_seq_rm(mem, slot, int32_t(common), -1) || llama_memory_seq_pos_min(mem, slot) != 0 ||
-            llama_memory_seq_pos_max(mem, slot) != int32_t(common) - 1) {
-            common = 0;
-            forget_slot(slot);
-        }
-        slots_[size_t(slot)].tokens.clear();
-    } else {
-        common = 0;
-        forget_slot(slot);
-    }
+    common = take_prefix(*seq, slot, common);
 
-    bool restored = false;
-    if (seq->kv_state) {
-        const auto & kv = *seq->kv_state;
-        const size_t n = llama_state_seq_set_data(ctx_.get(), kv.data(), kv.size(), slot);
-        const int32_t expect = seq->n_prompt + int32_t(seq->generated.size()) - 1;
-        if (n > 0 && llama_memory_seq_pos_min(mem, slot) == 0 && llama_memory_seq_pos_max(mem, slot) == expect - 1) {
-            restored = true;
-            seq->n_past = expect;
-            seq->state = SeqState::generating;
-        } else {
-            // not this model's state, or not this sequence's: prefill instead
-            llama_memory_seq_rm(mem, slot, -1, -1);
-        }
-        seq->kv_state.reset();
-    }
+    const bool restored = seq->kv_state && restore_kv(*seq, slot);
     if (!restored) {
         if (seq->feed.size() < size_t(seq->n_prompt) + seq->generated.size()) {
             seq->feed.insert(seq->feed.end(), seq->generated.begin(), seq->generated.end());
@@ -952,116 +201,53 @@ void Engine::admit(std::unique_ptr<Sequence> seq) {
     active_.push_back(std::move(seq));
 }
 
-void Engine::handle_request(Request & req) {
-    if (req.kind == Request::Kind::snapshot) {
-        Sequence * found = nullptr;
-        for (auto & s : active_) {
-            if (s->id == req.seq) found = s.get();
-        }
-        if (found == nullptr) {
-            std::lock_guard<std::mutex> lk(mu_);
-            for (auto & s : waiting_) {
-                if (s->id == req.seq) found = s.get();
-            }
-            if (found != nullptr) {
-                Snapshot snap;
-                snap.generated = found->generated;
-                snap.emitted = found->text.emitted();
-                snap.n_prompt = found->n_prompt;
-                if (req.with_kv && found->kv_state) snap.kv_state = found->kv_state;
-                req.snapshot.set_value(std::move(snap));
-                return;
-            }
-        }
-        if (found == nullptr) {
-            req.snapshot.set_exception(std::make_exception_ptr(
-                UnknownSequence("sequence " + std::to_string(req.seq) + " is unknown or finished")));
-            return;
-        }
-        Snapshot snap;
-        snap.generated = found->generated;
-        snap.emitted = found->text.emitted();
-        snap.n_prompt = found->n_prompt;
-        if (req.with_kv && found->state == SeqState::generating && !found->generated.empty()) {
-            // the KV holds prompt + generated[:-1]; the last token is decoded next step
-            const size_t size = llama_state_seq_get_size(ctx_.get(), found->slot);
-            std::vector<uint8_t> data(size);
-            const size_t n = llama_state_seq_get_data(ctx_.get(), data.data(), data.size(), found->slot);
-            if (n > 0) {
-                data.resize(n);
-                snap.kv_state = std::move(data);
-            }
-        }
-        req.snapshot.set_value(std::move(snap));
-        return;
-    }
-
-    // eval_logits: a fresh sequence in slot 0, every position's logits
-    bool busy;
-    {
-        std::lock_guard<std::mutex> lk(mu_);
-        busy = !active_.empty() || !waiting_.empty();
-    }
-    if (busy) {
-        req.logits.set_exception(std::make_exception_ptr(
-            NativeFailure("eval_logits needs an idle engine (no active or waiting sequence)")));
-        return;
-    }
+// How many leading positions of the slot's KV the sequence continues from, of
+// the `common` tokens they share (pick_slot; 0 when it reuses none): the rest
+// of the KV is dropped, or all of it when none is kept.
+size_t Engine::take_prefix(Sequence & seq, int slot, size_t common) {
     llama_memory_t mem = llama_get_memory(ctx_.get());
-    forget_slot(0);
-    set_reference_kernels(one_row_reference());  // every row the one-row way: any prefix gives the same rows
-    std::vector<float> out;
-    try {
-        out.resize(req.tokens.size() * size_t(n_vocab_));
-    } catch (const std::bad_alloc &) {
-        req.logits.set_exception(std::make_exception_ptr(OutOfMemory("out of memory for the logits")));
-        return;
+    if (common > 0) {
+        // the last token is fed again in any case: its logits give the next one
+        common = std::min(common, seq.feed.size() - 1);
+        if (plan_.two_kinds()) {
+            const Slot & held = slots_[size_t(slot)];
+            common = same_kind_prefix(common, held.tiled_rows, held.tiled_min, seq.t_end, seq.t_min);
+        }
     }
-    size_t done = 0;
-    while (done < req.tokens.size()) {
-        const size_t n = std::min(req.tokens.size() - done, size_t(options_.n_batch));
-        batch_.n_tokens = 0;
-        for (size_t i = 0; i < n; ++i) {
-            const int32_t k = batch_.n_tokens++;
-            batch_.token[k] = req.tokens[done + i];
-            batch_.pos[k] = int32_t(done + i);
-            batch_.n_seq_id[k] = 1;
-            batch_.seq_id[k][0] = 0;
-            batch_.logits[k] = 1;
+    if (common > 0) {
+        // a cache that cannot drop a sequence's tail (recurrent models), or that
+        // no longer holds its first positions (sliding-window layers), is not reused
+        if (!llama_memory_seq_rm(mem, slot, int32_t(common), -1) || llama_memory_seq_pos_min(mem, slot) != 0 ||
+            llama_memory_seq_pos_max(mem, slot) != int32_t(common) - 1) {
+            common = 0;
+            forget_slot(slot);
         }
-        const int32_t rc = llama_decode(ctx_.get(), batch_);
-        if (rc != 0) {
-            llama_memory_seq_rm(mem, 0, -1, -1);
-            req.logits.set_exception(
-                std::make_exception_ptr(NativeFailure("llama_decode failed (" + std::to_string(rc) + ")")));
-            return;
-        }
-        for (size_t i = 0; i < n; ++i) {
-            const float * l = llama_get_logits_ith(ctx_.get(), int32_t(i));
-            if (l == nullptr) {
-                llama_memory_seq_rm(mem, 0, -1, -1);
-                req.logits.set_exception(std::make_exception_ptr(NativeFailure("no logits from llama_decode")));
-                return;
-            }
-            std::memcpy(out.data() + (done + i) * size_t(n_vocab_), l, sizeof(float) * size_t(n_vocab_));
-        }
-        tokens_decoded_ += int64_t(n);
-        done += n;
+        slots_[size_t(slot)].tokens.clear();
+    } else {
+        common = 0;
+        forget_slot(slot);
     }
-    llama_memory_seq_rm(mem, 0, -1, -1);
-    req.logits.set_value(std::move(out));
+    return common;
 }
 
-void Engine::fail_request(Request & req, std::exception_ptr error) {
-    try {
-        if (req.kind == Request::Kind::snapshot) {
-            req.snapshot.set_exception(error);
-        } else {
-            req.logits.set_exception(error);
-        }
-    } catch (const std::future_error &) {
-        // answered already, before the error
+// A resumed sequence's KV state into its slot; false (the slot left empty)
+// when it is not this model's or this sequence's, which is then prefilled.
+bool Engine::restore_kv(Sequence & seq, int slot) {
+    llama_memory_t mem = llama_get_memory(ctx_.get());
+    bool restored = false;
+    const auto & kv = *seq.kv_state;
+    const size_t n = llama_state_seq_set_data(ctx_.get(), kv.data(), kv.size(), slot);
+    const int32_t expect = seq.n_prompt + int32_t(seq.generated.size()) - 1;
+    if (n > 0 && llama_memory_seq_pos_min(mem, slot) == 0 && llama_memory_seq_pos_max(mem, slot) == expect - 1) {
+        restored = true;
+        seq.n_past = expect;
+        seq.state = SeqState::generating;
+    } else {
+        // not this model's state, or not this sequence's: prefill instead
+        llama_memory_seq_rm(mem, slot, -1, -1);
     }
+    seq.kv_state.reset();
+    return restored;
 }
 
 void Engine::order_batch_by_slot() {
@@ -1094,100 +280,17 @@ void Engine::order_batch_by_slot() {
     }
 }
 
+// One step: a batch of every sequence's rows (the generated token of each
+// generating sequence, then prompt chunks within what is left), decoded in
+// one llama_decode, and a token sampled for each sequence with logits.
 void Engine::step() {
-    llama_memory_t mem = llama_get_memory(ctx_.get());
     batch_.n_tokens = 0;
-    auto add = [this](int32_t token, int32_t pos, int slot, bool logits) {
-        const int32_t k = batch_.n_tokens++;
-        batch_.token[k] = token;
-        batch_.pos[k] = pos;
-        batch_.n_seq_id[k] = 1;
-        batch_.seq_id[k][0] = slot;
-        batch_.logits[k] = logits ? 1 : 0;
-        return k;
-    };
-
-    // Two kinds of steps, for batch invariance on the CPU (the note at the
-    // top): a tiled step prefills prompts of at least tiled_min() tokens, in
-    // chunks of at least that many rows (kFaTileRows for ggml's tiled flash
-    // attention, kMinTiledRows for its tiled K-quant matmul); every other row
-    // (decoding, shorter prompts, generated tokens fed again on a resume)
-    // goes through a one-row step on the reference kernels. Every row of a
-    // sequence is thus computed the same way whatever runs beside it. The
-    // sequences of a tiled step feed chunks of one length (see below), so
-    // its prompts are all of one kind; and since the last layer and the
-    // output matmul see only the rows whose logits are wanted, a tiled step
-    // on K-quant weights ends at most kMinTiledRows - 1 prompts. The two
-    // kinds take turns while both have work.
-    bool tiled_step = false;
-    if (two_kinds()) {
-        bool tiled_work = false, one_row_work = false;
-        for (auto & s : active_) {
-            if (s->state == SeqState::generating) one_row_work = true;
-            if (s->state != SeqState::prefilling) continue;
-            (s->n_fed < s->t_end ? tiled_work : one_row_work) = true;
-        }
-        tiled_step = tiled_work && (!one_row_work || !last_step_prefill_);
-        last_step_prefill_ = tiled_step;
-        set_reference_kernels(!tiled_step);
-    }
-
+    const bool tiled_step = next_step_kind();
     // generating sequences first: one token each
     std::vector<Sequence *> context_full;
-    for (auto & s : active_) {
-        s->batch_index = -1;
-        if (s->state != SeqState::generating || tiled_step) continue;
-        if (s->n_past >= n_ctx_) {
-            context_full.push_back(s.get());
-            continue;
-        }
-        s->batch_index = add(s->generated.back(), s->n_past, s->slot, true);
-        s->n_past++;
-    }
+    add_generated(tiled_step, context_full);
     // then prompt chunks within what is left of the batch
-    size_t prompts_ended = 0;
-    size_t tiled_n = 0;  // a tiled step's chunk length, the same for each of its sequences
-    for (auto & s : active_) {
-        if (s->state != SeqState::prefilling) continue;
-        const int32_t room = options_.n_batch - batch_.n_tokens;
-        if (room <= 0) break;
-        const size_t left = s->feed.size() - s->n_fed;
-        size_t n = std::min({left, size_t(options_.prefill_chunk), size_t(room)});
-        if (two_kinds()) {
-            const bool tiled_rows = s->n_fed < s->t_end;
-            if (tiled_rows != tiled_step) continue;
-            if (tiled_rows) {
-                const size_t m = s->t_min;
-                const size_t t_left = s->t_end - s->n_fed;
-                n = std::min({t_left, std::max(size_t(options_.prefill_chunk), 2 * m), size_t(room)});
-                if (n < t_left && t_left - n < m) n = t_left - m;  // no short tail
-                if (n < m) continue;  // no room this step
-                if (tiled_n == 0) {
-                    tiled_n = n;
-                } else {
-                    // llama.cpp cuts a batch of several sequences into ubatches that take
-                    // as many rows from each: with chunks of one length every ubatch holds
-                    // whole chunks, never a short remainder of one
-                    if (tiled_n < m || t_left < tiled_n || (t_left > tiled_n && t_left - tiled_n < m) ||
-                        size_t(room) < tiled_n) {
-                        continue;
-                    }
-                    n = tiled_n;
-                }
-                if (s->n_fed + n == s->feed.size()) {
-                    if (reference_kernels_ && prompts_ended + 1 >= kMinTiledRows) continue;
-                    prompts_ended++;
-                }
-            }
-        }
-        for (size_t i = 0; i < n; ++i) {
-            const bool last = (s->n_fed + 1 == s->feed.size());
-            const int32_t k = add(s->feed[s->n_fed], s->n_past, s->slot, last);
-            if (last) s->batch_index = k;
-            s->n_fed++;
-            s->n_past++;
-        }
-    }
+    add_prompt_chunks(tiled_step);
 
     for (Sequence * s : context_full) {
         finish(*s, Finish::length, "", {}, "");
@@ -1200,67 +303,151 @@ void Engine::step() {
         steps_++;
         tokens_decoded_ += batch_.n_tokens;
         if (rc != 0) {
-            const std::string err = "llama_decode failed (" + std::to_string(rc) + ")";
-            forget_free_slots();  // what a failed decode left in the cache is not to be built on
-            for (auto & s : active_) {
-                if (s->state == SeqState::finished) continue;
-                // only sequences that had tokens in this batch are affected
-                bool in_batch = false;
-                for (int32_t k = 0; k < batch_.n_tokens; ++k) {
-                    if (batch_.seq_id[k][0] == s->slot) in_batch = true;
-                }
-                if (in_batch) {
-                    llama_memory_seq_rm(mem, s->slot, -1, -1);
-                    finish(*s, Finish::error, err, {}, "");
-                }
-            }
+            fail_batch("llama_decode failed (" + std::to_string(rc) + ")");
         } else {
-            for (auto & sp : active_) {
-                Sequence & s = *sp;
-                if (s.state == SeqState::finished || s.batch_index < 0) continue;
-                const float * logits = llama_get_logits_ith(ctx_.get(), s.batch_index);
-                if (logits == nullptr) {
-                    finish(s, Finish::error, "no logits from llama_decode", {}, "");
-                    continue;
-                }
-                if (s.state == SeqState::prefilling) {
-                    s.state = SeqState::generating;
-                }
-                if (!s.has_first) {
-                    s.has_first = true;
-                    s.t_first = Clock::now();
-                }
-                const int32_t token = s.sampler.sample(logits, n_vocab_, s.generated.size());
-                tokens_generated_++;
-                if (s.logprobs) s.next_logprobs = {log_probability(logits, n_vocab_, token)};
-                if (llama_vocab_is_eog(vocab_, token)) {
-                    finish(s, Finish::stop, "", {}, s.text.flush());
-                    continue;
-                }
-                s.generated.push_back(token);
-                std::string text = s.text.push(piece(token));
-                if (s.text.stopped()) {
-                    finish(s, Finish::stop, "", {token}, std::move(text));
-                } else if (int32_t(s.generated.size()) >= s.max_tokens || s.n_past >= n_ctx_) {
-                    finish(s, Finish::length, "", {token}, std::move(text));
-                } else {
-                    StepResult r;
-                    r.seq = s.id;
-                    r.tokens = {token};
-                    r.logprobs = std::move(s.next_logprobs);
-                    s.next_logprobs.clear();
-                    r.text = std::move(text);
-                    r.n_prompt = s.n_prompt;
-                    r.n_generated = int32_t(s.generated.size());
-                    emit(s, std::move(r));
-                }
-            }
+            sample_batch();
         }
     }
 
     active_.erase(std::remove_if(active_.begin(), active_.end(),
                                  [](const std::unique_ptr<Sequence> & s) { return s->state == SeqState::finished; }),
                   active_.end());
+}
+
+int32_t Engine::add_row(int32_t token, int32_t pos, int slot, bool logits) {
+    const int32_t k = batch_.n_tokens++;
+    batch_.token[k] = token;
+    batch_.pos[k] = pos;
+    batch_.n_seq_id[k] = 1;
+    batch_.seq_id[k][0] = slot;
+    batch_.logits[k] = logits ? 1 : 0;
+    return k;
+}
+
+// Whether this step is a tiled one: the two kinds of steps (batch_plan.cpp).
+bool Engine::next_step_kind() {
+    bool tiled_step = false;
+    if (plan_.two_kinds()) {
+        bool tiled_work = false, one_row_work = false;
+        for (auto & s : active_) {
+            if (s->state == SeqState::generating) one_row_work = true;
+            if (s->state != SeqState::prefilling) continue;
+            (s->n_fed < s->t_end ? tiled_work : one_row_work) = true;
+        }
+        tiled_step = plan_.next_step_tiled(tiled_work, one_row_work);
+        set_reference_kernels(!tiled_step);
+    }
+    return tiled_step;
+}
+
+// The last generated token of each generating sequence (none in a tiled
+// step); those whose context is full go to `context_full`.
+void Engine::add_generated(bool tiled_step, std::vector<Sequence *> & context_full) {
+    for (auto & s : active_) {
+        s->batch_index = -1;
+        if (s->state != SeqState::generating || tiled_step) continue;
+        if (s->n_past >= n_ctx_) {
+            context_full.push_back(s.get());
+            continue;
+        }
+        s->batch_index = add_row(s->generated.back(), s->n_past, s->slot, true);
+        s->n_past++;
+    }
+}
+
+// A chunk of each prefilling sequence's prompt, of this step's kind.
+void Engine::add_prompt_chunks(bool tiled_step) {
+    TiledStep tiled;  // a tiled step's chunk length, the same for each of its sequences
+    for (auto & s : active_) {
+        if (s->state != SeqState::prefilling) continue;
+        const int32_t room = options_.n_batch - batch_.n_tokens;
+        if (room <= 0) break;
+        const size_t left = s->feed.size() - s->n_fed;
+        size_t n = std::min({left, size_t(options_.prefill_chunk), size_t(room)});
+        if (plan_.two_kinds()) {
+            const bool tiled_rows = s->n_fed < s->t_end;
+            if (tiled_rows != tiled_step) continue;
+            if (tiled_rows) {
+                n = plan_.tiled_chunk(tiled, s->t_end - s->n_fed, s->t_min, left, size_t(options_.prefill_chunk),
+                                      size_t(room));
+                if (n == 0) continue;  // not in this step
+            }
+        }
+        for (size_t i = 0; i < n; ++i) {
+            const bool last = (s->n_fed + 1 == s->feed.size());
+            const int32_t k = add_row(s->feed[s->n_fed], s->n_past, s->slot, last);
+            if (last) s->batch_index = k;
+            s->n_fed++;
+            s->n_past++;
+        }
+    }
+}
+
+// A failed decode ends every sequence that had rows in the batch.
+void Engine::fail_batch(const std::string & err) {
+    llama_memory_t mem = llama_get_memory(ctx_.get());
+    forget_free_slots();  // what a failed decode left in the cache is not to be built on
+    for (auto & s : active_) {
+        if (s->state == SeqState::finished) continue;
+        // only sequences that had tokens in this batch are affected
+        bool in_batch = false;
+        for (int32_t k = 0; k < batch_.n_tokens; ++k) {
+            if (batch_.seq_id[k][0] == s->slot) in_batch = true;
+        }
+        if (in_batch) {
+            llama_memory_seq_rm(mem, s->slot, -1, -1);
+            finish(*s, Finish::error, err, {}, "");
+        }
+    }
+}
+
+// A token for each sequence whose logits the batch gave.
+void Engine::sample_batch() {
+    for (auto & sp : active_) {
+        Sequence & s = *sp;
+        if (s.state == SeqState::finished || s.batch_index < 0) continue;
+        const float * logits = llama_get_logits_ith(ctx_.get(), s.batch_index);
+        if (logits == nullptr) {
+            finish(s, Finish::error, "no logits from llama_decode", {}, "");
+            continue;
+        }
+        if (s.state == SeqState::prefilling) {
+            s.state = SeqState::generating;
+        }
+        if (!s.has_first) {
+            s.has_first = true;
+            s.t_first = Clock::now();
+        }
+        take_token(s, logits);
+    }
+}
+
+// The sampled token's text, handed out, or the sequence's end.
+void Engine::take_token(Sequence & s, const float * logits) {
+    const int32_t token = s.sampler.sample(logits, n_vocab_, s.generated.size());
+    tokens_generated_++;
+    if (s.logprobs) s.next_logprobs = {log_probability(logits, n_vocab_, token)};
+    if (llama_vocab_is_eog(vocab_, token)) {
+        finish(s, Finish::stop, "", {}, s.text.flush());
+        return;
+    }
+    s.generated.push_back(token);
+    std::string text = s.text.push(piece(token));
+    if (s.text.stopped()) {
+        finish(s, Finish::stop, "", {token}, std::move(text));
+    } else if (int32_t(s.generated.size()) >= s.max_tokens || s.n_past >= n_ctx_) {
+        finish(s, Finish::length, "", {token}, std::move(text));
+    } else {
+        StepResult r;
+        r.seq = s.id;
+        r.tokens = {token};
+        r.logprobs = std::move(s.next_logprobs);
+        s.next_logprobs.clear();
+        r.text = std::move(text);
+        r.n_prompt = s.n_prompt;
+        r.n_generated = int32_t(s.generated.size());
+        emit(s, std::move(r));
+    }
 }
 
 void Engine::fail_all(const std::string & error) {
@@ -1271,61 +458,20 @@ void Engine::fail_all(const std::string & error) {
     forget_free_slots();
 }
 
+// What one round of the engine loop takes from the callers.
+struct Engine::Round {
+    std::deque<std::unique_ptr<Request>> requests;
+    std::vector<std::unique_ptr<Sequence>> cancelled_waiting;
+    std::vector<std::unique_ptr<Sequence>> admitted;
+    std::unordered_set<int64_t> cancels;
+};
+
 void Engine::run() {
     for (;;) {
-        std::deque<std::unique_ptr<Request>> requests;
-        std::vector<std::unique_ptr<Sequence>> cancelled_waiting;
-        std::vector<std::unique_ptr<Sequence>> admitted;
-        std::unordered_set<int64_t> cancels;
-        {
-            std::unique_lock<std::mutex> lk(mu_);
-            const size_t n_slots = slots_.size();
-            cv_.wait(lk, [&] {
-                return stop_ || !requests_.empty() || !cancels_.empty() || !active_.empty() ||
-                       (!waiting_.empty() && active_.size() < n_slots);
-            });
-            if (stop_) break;
-            requests.swap(requests_);
-            cancels = cancels_;
-            // cancelled sequences that never got a slot
-            for (auto it = waiting_.begin(); it != waiting_.end();) {
-                if (cancels.count((*it)->id)) {
-                    cancelled_waiting.push_back(std::move(*it));
-                    it = waiting_.erase(it);
-                } else {
-                    ++it;
-                }
-            }
-            size_t free_slots = n_slots - active_.size();
-            for (auto & s : active_) {
-                if (cancels.count(s->id)) free_slots++;  // freed below, before admission
-            }
-            while (free_slots > 0 && !waiting_.empty()) {
-                admitted.push_back(std::move(waiting_.front()));
-                waiting_.pop_front();
-                free_slots--;
-            }
-        }
+        Round round;
+        if (!next_round(round)) break;
         try {
-            for (auto & s : cancelled_waiting) finish(*s, Finish::cancelled, "", {}, "");
-            for (auto & s : active_) {
-                if (cancels.count(s->id)) finish(*s, Finish::cancelled, "", {}, "");
-            }
-            active_.erase(std::remove_if(active_.begin(), active_.end(),
-                                         [](const std::unique_ptr<Sequence> & s) {
-                                             return s->state == SeqState::finished;
-                                         }),
-                          active_.end());
-            for (auto & s : admitted) admit(std::move(s));
-            for (auto & r : requests) {
-                try {
-                    handle_request(*r);
-                } catch (...) {
-                    // this request's caller gets the error; the others of the round go on
-                    fail_request(*r, std::current_exception());
-                }
-            }
-            if (!active_.empty()) step();
+            serve(round);
         } catch (const std::bad_alloc &) {
             fail_all("out of memory in the engine");
         } catch (const std::exception & e) {
@@ -1348,6 +494,61 @@ void Engine::run() {
             r->logits.set_exception(err);
         }
     }
+}
+
+// Waits for work, then takes the round's requests, cancels and the sequences
+// that get a slot; false once the engine is closing.
+bool Engine::next_round(Round & round) {
+    auto & cancels = round.cancels;
+    std::unique_lock<std::mutex> lk(mu_);
+    const size_t n_slots = slots_.size();
+    cv_.wait(lk, [&] {
+        return stop_ || !requests_.empty() || !cancels_.empty() || !active_.empty() ||
+               (!waiting_.empty() && active_.size() < n_slots);
+    });
+    if (stop_) return false;
+    round.requests.swap(requests_);
+    cancels = cancels_;
+    // cancelled sequences that never got a slot
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+        if (cancels.count((*it)->id)) {
+            round.cancelled_waiting.push_back(std::move(*it));
+            it = waiting_.erase(it);
+        } else {
+            ++it;
+        }
+    }
+    size_t free_slots = n_slots - active_.size();
+    for (auto & s : active_) {
+        if (cancels.count(s->id)) free_slots++;  // freed below, before admission
+    }
+    while (free_slots > 0 && !waiting_.empty()) {
+        round.admitted.push_back(std::move(waiting_.front()));
+        waiting_.pop_front();
+        free_slots--;
+    }
+    return true;
+}
+
+// Cancels, admissions and requests, then one step.
+void Engine::serve(Round & round) {
+    for (auto & s : round.cancelled_waiting) finish(*s, Finish::cancelled, "", {}, "");
+    for (auto & s : active_) {
+        if (round.cancels.count(s->id)) finish(*s, Finish::cancelled, "", {}, "");
+    }
+    active_.erase(std::remove_if(active_.begin(), active_.end(),
+                                 [](const std::unique_ptr<Sequence> & s) { return s->state == SeqState::finished; }),
+                  active_.end());
+    for (auto & s : round.admitted) admit(std::move(s));
+    for (auto & r : round.requests) {
+        try {
+            handle_request(*r);
+        } catch (...) {
+            // this request's caller gets the error; the others of the round go on
+            fail_request(*r, std::current_exception());
+        }
+    }
+    if (!active_.empty()) step();
 }
 
 }  // namespace lmsp

@@ -16,11 +16,13 @@
 #include <utility>
 #include <vector>
 
+#include "batch_plan.h"
 #include "chat_template.h"
 #include "ggml-cpu.h"
 #include "gguf_info.h"
 #include "llama.h"
 #include "sampler.h"
+#include "slot_choice.h"
 
 namespace lmsp {
 
@@ -32,7 +34,7 @@ struct EngineOptions {
     int32_t n_batch = 512;
     int32_t prefill_chunk = 256;
     // CPU only: keep the kernels whose sums do not depend on the batch (see the
-    // batch-invariance note in engine.cpp). False takes llama.cpp's faster
+    // batch-invariance note in batch_plan.cpp). False takes llama.cpp's faster
     // defaults for every row: its tiled and split-KV kernels wherever a batch
     // allows them, and repacked weights.
     bool batch_invariant = true;
@@ -66,9 +68,9 @@ struct StepResult {
     std::string error;
     int32_t n_prompt = 0;
     int32_t n_generated = 0;
-    int32_t n_cached = 0;  // leading prompt tokens whose KV a free slot already held
+    int32_t n_cached = 0;            // leading prompt tokens whose KV a free slot already held
     std::optional<Timings> timings;  // on finish
-    bool urgent = false;  // the sequence's first text, or its end
+    bool urgent = false;             // the sequence's first text, or its end
 };
 
 struct ResumeState {
@@ -113,7 +115,7 @@ struct UnknownSequence : std::out_of_range {
     using std::out_of_range::out_of_range;
 };
 
-struct Sequence;  // engine.cpp
+struct Sequence;  // sequence.h
 
 class Engine {
 public:
@@ -129,7 +131,7 @@ public:
     const std::string & backend() const { return backend_; }
     bool batch_invariant() const { return options_.batch_invariant && backend_ == "cpu"; }
     // Whether the CPU backend runs ggml's reference kernels (batch invariance on K-quant weights).
-    bool reference_kernels() const { return reference_kernels_; }
+    bool reference_kernels() const { return plan_.reference_kernels; }
 
     std::vector<int32_t> tokenize(const std::string & text, bool add_special, bool parse_special) const;
     std::string detokenize(const std::vector<int32_t> & tokens) const;
@@ -156,9 +158,15 @@ public:
     bool closed() const { return closed_.load(); }
 
 private:
-    struct ModelDeleter { void operator()(llama_model * m) const { llama_model_free(m); } };
-    struct ContextDeleter { void operator()(llama_context * c) const { llama_free(c); } };
-    struct ThreadpoolDeleter { void operator()(ggml_threadpool * t) const { ggml_threadpool_free(t); } };
+    struct ModelDeleter {
+        void operator()(llama_model * m) const { llama_model_free(m); }
+    };
+    struct ContextDeleter {
+        void operator()(llama_context * c) const { llama_free(c); }
+    };
+    struct ThreadpoolDeleter {
+        void operator()(ggml_threadpool * t) const { ggml_threadpool_free(t); }
+    };
 
     struct Request {
         enum class Kind { snapshot, eval_logits } kind;
@@ -169,48 +177,62 @@ private:
         std::promise<std::vector<float>> logits;
     };
 
+    // construction (engine_setup.cpp)
+    void load_model(const std::string & model_path);
+    void make_context(int32_t n_threads);
+
+    // callers' threads (engine_calls.cpp)
     void check_open() const;
     void check_tokens(const std::vector<int32_t> & tokens, const char * what) const;
     std::string piece(int32_t token) const;
+    size_t resume(Sequence & seq, ResumeState & r) const;  // a resumed submission's state
 
-    // engine thread
-    void run();
+    // engine thread: requests (engine_requests.cpp)
     void handle_request(Request & req);
     static void fail_request(Request & req, std::exception_ptr error);
+    void answer_snapshot(Request & req);
+    void answer_logits(Request & req);
+    bool decode_positions(Request & req, size_t done, size_t n, std::vector<float> & out);
+
+    // engine thread: the loop (engine.cpp)
+    struct Round;
+    void run();
+    bool next_round(Round & round);
+    void serve(Round & round);
     void admit(std::unique_ptr<Sequence> seq);
-    int pick_slot(const std::vector<int32_t> * tokens, const std::string & key, size_t & common) const;
+    size_t take_prefix(Sequence & seq, int slot, size_t common);
+    bool restore_kv(Sequence & seq, int slot);
     void forget_slot(int slot);
     void forget_free_slots();
+    // one step
     void step();
+    // a row into the batch; its index there
+    int32_t add_row(int32_t token, int32_t pos, int slot, bool logits);
+    bool next_step_kind();  // true: a tiled step
+    void add_generated(bool tiled_step, std::vector<Sequence *> & context_full);
+    void add_prompt_chunks(bool tiled_step);
     void order_batch_by_slot();  // rows of one slot stay in their order
-    struct Row {  // a batch row, with its place before the sort
+    // a batch row, with its place before the sort
+    struct Row {
         int32_t from, token, pos, seq;
         int8_t logits;
     };
     std::vector<Row> reorder_;                            // order_batch_by_slot's scratch
     std::vector<int32_t> moved_to_;                       // ... and its old row -> new row
     std::vector<std::pair<int32_t, int32_t>> step_rows_;  // count_ubatches' scratch
-    void finish(Sequence & seq, Finish why, const std::string & error, std::vector<int32_t> tokens,
-                std::string text);
+    void fail_batch(const std::string & err);
+    void sample_batch();
+    void take_token(Sequence & s, const float * logits);
+    // results
+    void finish(Sequence & seq, Finish why, const std::string & error, std::vector<int32_t> tokens, std::string text);
+    void release_slot(Sequence & seq, Finish why);
     void emit(Sequence & seq, StepResult result);  // into outbox_, handed over at the end of the round
-    void push_results();           // outbox_ -> results_
+    void push_results();                           // outbox_ -> results_
     void fail_all(const std::string & error);
 
     EngineOptions options_;
     GgufInfo info_;
-    bool reference_kernels_ = false;  // K-quant or i-quant weights decode on ggml's one-row kernels
-    // Batch invariance on the CPU computes each row one of two ways ("Two
-    // kinds of steps" in engine.cpp): one-row steps on ggml's reference
-    // kernels, and prompts prefilled by ggml's tiled kernels in steps of
-    // their own, in chunks of at least tiled_min(prompt length) rows (0: the
-    // prompt goes through one-row steps).
-    bool fa_tiles_ = false;           // prompts of 64+ tokens: tiled flash attention (K and V f16)
-    bool matmul_tiles_ = false;       // prompts of 8+ tokens: tiled K-quant matmul
-    // one-row steps run the reference kernels
-    bool one_row_reference() const { return reference_kernels_ || fa_tiles_; }
-    size_t tiled_min(size_t n_prompt) const;
-    bool two_kinds() const { return fa_tiles_ || matmul_tiles_; }
-    bool last_step_prefill_ = false;
+    BatchPlan plan_;                      // the kernels of each row, and the two kinds of steps
     bool kernels_reference_now_ = false;  // what the CPU backend is set to
     void set_reference_kernels(bool on);
     std::string backend_;
@@ -244,23 +266,15 @@ private:
     std::condition_variable urgent_cv_;   // urgent_waiting_ became true
     std::deque<StepResult> results_;
     bool urgent_waiting_ = false;  // results_ holds an urgent result
-    int event_fd_ = -1;   // readable while results_ is not empty
-    int event_wfd_ = -1;  // write end (same as event_fd_ for an eventfd)
-    int urgent_fd_ = -1;  // readable while urgent_waiting_
+    int event_fd_ = -1;            // readable while results_ is not empty
+    int event_wfd_ = -1;           // write end (same as event_fd_ for an eventfd)
+    int urgent_fd_ = -1;           // readable while urgent_waiting_
     int urgent_wfd_ = -1;
 
     // engine thread only
     std::vector<StepResult> outbox_;  // this round's results, handed over together
     std::vector<std::unique_ptr<Sequence>> active_;
     // one KV stream each; a free one keeps its last sequence's KV (the prefix cache)
-    struct Slot {
-        bool used = false;
-        std::vector<int32_t> tokens;  // the tokens at the KV's positions 0..
-        std::string key;              // the cache_key of the sequence that left them
-        uint64_t freed_at = 0;        // slot_clock_ when it was last given up
-        size_t tiled_rows = 0;        // leading positions computed by a tiled prefill
-        size_t tiled_min = 0;         // ... in chunks of at least this many rows
-    };
     std::vector<Slot> slots_;
     uint64_t slot_clock_ = 0;
 

@@ -3,8 +3,8 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <climits>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -35,6 +35,7 @@ std::optional<uint64_t> get_uint(const gguf_context * ctx, const std::string & k
         return std::nullopt;
     }
     switch (gguf_get_kv_type(ctx, id)) {
+        // clang-format off
         case GGUF_TYPE_UINT8:  return gguf_get_val_u8(ctx, id);
         case GGUF_TYPE_UINT16: return gguf_get_val_u16(ctx, id);
         case GGUF_TYPE_UINT32: return gguf_get_val_u32(ctx, id);
@@ -43,6 +44,7 @@ std::optional<uint64_t> get_uint(const gguf_context * ctx, const std::string & k
         case GGUF_TYPE_INT16:  { auto v = gguf_get_val_i16(ctx, id); if (v >= 0) return uint64_t(v); break; }
         case GGUF_TYPE_INT32:  { auto v = gguf_get_val_i32(ctx, id); if (v >= 0) return uint64_t(v); break; }
         case GGUF_TYPE_INT64:  { auto v = gguf_get_val_i64(ctx, id); if (v >= 0) return uint64_t(v); break; }
+        // clang-format on
         case GGUF_TYPE_ARRAY: {
             // some models store per-layer head counts; take the first entry
             const enum gguf_type at = gguf_get_arr_type(ctx, id);
@@ -92,6 +94,7 @@ uint64_t get_dim(const gguf_context * ctx, const std::string & key, const std::s
 // llama_ftype values (general.file_type) to the names people use for them.
 const char * ftype_name(uint64_t ftype) {
     switch (ftype) {
+        // clang-format off
         case 0: return "F32";       case 1: return "F16";       case 2: return "Q4_0";
         case 3: return "Q4_1";      case 7: return "Q8_0";      case 8: return "Q5_0";
         case 9: return "Q5_1";      case 10: return "Q2_K";     case 11: return "Q3_K_S";
@@ -104,6 +107,7 @@ const char * ftype_name(uint64_t ftype) {
         case 30: return "IQ4_XS";   case 31: return "IQ1_M";    case 32: return "BF16";
         case 36: return "TQ1_0";    case 37: return "TQ2_0";    case 38: return "MXFP4_MOE";
         case 39: return "NVFP4";    case 40: return "Q1_0";     case 41: return "Q2_0";
+        // clang-format on
         default: return nullptr;
     }
 }
@@ -191,9 +195,9 @@ GgufInfo read_gguf_info(const std::string & path) {
             why = "nextn_predict_layers exceeds block_count";
         } else if (n_expert > 1024 || n_used > n_expert) {
             why = "expert counts out of range";
-        } else if (n_expert > 0 && (n_used == 0 || n_groups >= n_expert ||
-                                    (n_groups > 0 && (n_expert % n_groups != 0 || n_group_used == 0 ||
-                                                      n_group_used >= n_groups)))) {
+        } else if (n_expert > 0 &&
+                   (n_used == 0 || n_groups >= n_expert ||
+                    (n_groups > 0 && (n_expert % n_groups != 0 || n_group_used == 0 || n_group_used >= n_groups)))) {
             why = "inconsistent expert counts";
         } else if (n_expert == 0 && n_groups != 0) {
             why = "expert groups without experts";

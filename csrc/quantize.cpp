@@ -18,19 +18,17 @@ namespace {
 
 // llama.cpp's file types for the names users know them by (llama-quantize's).
 const std::pair<const char *, llama_ftype> kTypes[] = {
-    {"f16", LLAMA_FTYPE_MOSTLY_F16},       {"bf16", LLAMA_FTYPE_MOSTLY_BF16},
-    {"q8_0", LLAMA_FTYPE_MOSTLY_Q8_0},     {"q6_k", LLAMA_FTYPE_MOSTLY_Q6_K},
-    {"q5_k_m", LLAMA_FTYPE_MOSTLY_Q5_K_M}, {"q5_k_s", LLAMA_FTYPE_MOSTLY_Q5_K_S},
-    {"q5_0", LLAMA_FTYPE_MOSTLY_Q5_0},     {"q4_k_m", LLAMA_FTYPE_MOSTLY_Q4_K_M},
-    {"q4_k_s", LLAMA_FTYPE_MOSTLY_Q4_K_S}, {"q4_0", LLAMA_FTYPE_MOSTLY_Q4_0},
-    {"iq4_xs", LLAMA_FTYPE_MOSTLY_IQ4_XS}, {"q3_k_m", LLAMA_FTYPE_MOSTLY_Q3_K_M},
+    {"f16", LLAMA_FTYPE_MOSTLY_F16},   {"bf16", LLAMA_FTYPE_MOSTLY_BF16},     {"q8_0", LLAMA_FTYPE_MOSTLY_Q8_0},
+    {"q6_k", LLAMA_FTYPE_MOSTLY_Q6_K}, {"q5_k_m", LLAMA_FTYPE_MOSTLY_Q5_K_M}, {"q5_k_s", LLAMA_FTYPE_MOSTLY_Q5_K_S},
+    {"q5_0", LLAMA_FTYPE_MOSTLY_Q5_0}, {"q4_k_m", LLAMA_FTYPE_MOSTLY_Q4_K_M}, {"q4_k_s", LLAMA_FTYPE_MOSTLY_Q4_K_S},
+    {"q4_0", LLAMA_FTYPE_MOSTLY_Q4_0}, {"iq4_xs", LLAMA_FTYPE_MOSTLY_IQ4_XS}, {"q3_k_m", LLAMA_FTYPE_MOSTLY_Q3_K_M},
     {"q2_k", LLAMA_FTYPE_MOSTLY_Q2_K},
 };
 
 bool same_file(const std::string & a, const std::string & b) {
-    struct stat sa {}, sb {};
-    return stat(a.c_str(), &sa) == 0 && stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&
-           sa.st_ino == sb.st_ino;
+    struct stat sa {};
+    struct stat sb {};
+    return stat(a.c_str(), &sa) == 0 && stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 }  // namespace

@@ -90,7 +90,9 @@ struct Avx512 {
     static F zero_unless(M m, F v) { return _mm512_maskz_mov_ps(m, v); }
     static I trunc(F a) { return _mm512_cvttps_epi32(a); }
     static F to_float(I k) { return _mm512_cvtepi32_ps(k); }
-    static F pow2(I k) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k, _mm512_set1_epi32(127)), 23)); }
+    static F pow2(I k) {
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k, _mm512_set1_epi32(127)), 23));
+    }
     static float reduce_max(F a) { return _mm512_reduce_max_ps(a); }
 };
 using Native = Avx512;
@@ -117,7 +119,9 @@ struct Avx2 {
     static F zero_unless(M m, F v) { return _mm256_and_ps(v, m); }
     static I trunc(F a) { return _mm256_cvttps_epi32(a); }
     static F to_float(I k) { return _mm256_cvtepi32_ps(k); }
-    static F pow2(I k) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23)); }
+    static F pow2(I k) {
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23));
+    }
     static float reduce_max(F a) {
         alignas(32) float lane[8];
         _mm256_store_ps(lane, a);

@@ -22,12 +22,12 @@ Utf8 classify(const unsigned char * s, size_t n, size_t & len) {
         need = 2;
     } else if (c >= 0xE0 && c <= 0xEF) {
         need = 3;
-        if (c == 0xE0) lo = 0xA0;       // no overlong forms
-        if (c == 0xED) hi = 0x9F;       // no surrogates
+        if (c == 0xE0) lo = 0xA0;  // no overlong forms
+        if (c == 0xED) hi = 0x9F;  // no surrogates
     } else if (c >= 0xF0 && c <= 0xF4) {
         need = 4;
-        if (c == 0xF0) lo = 0x90;       // no overlong forms
-        if (c == 0xF4) hi = 0x8F;       // not above U+10FFFF
+        if (c == 0xF0) lo = 0x90;  // no overlong forms
+        if (c == 0xF4) hi = 0x8F;  // not above U+10FFFF
     } else {
         len = 1;
         return Utf8::invalid;

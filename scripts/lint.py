@@ -2,8 +2,9 @@
 """The project's static checks, one command line each.
 
 ``scripts/dev lint`` runs them all and fails when any fails; the test suite runs
-the same command lines (tests/test_lint.py, and tests/test_limits.py for the size
-limits), so a violation fails ``scripts/dev test`` too. The settings (line length,
+the same command lines (tests/test_lint.py, tests/test_limits.py for the size
+limits and tests/test_format.py for the C++ style), so a violation fails
+``scripts/dev test`` too. The settings (line length,
 rules, complexity limit, formatter style, mypy strictness) are in pyproject.toml.
 
     scripts/lint.py [CHECK ...]     run the named checks (default: all)
@@ -25,9 +26,11 @@ CHECKS: dict[str, list[str]] = {
     "mypy": ["-m", "mypy"],  # the files and the strictness: pyproject.toml's [tool.mypy]
     # what ruff cannot express (lines per file and per function): a test of its own
     "limits": ["-m", "pytest", "-q", "--no-header", "-p", "no:cacheprovider", "tests/test_limits.py"],
+    # the C++ of csrc/ against .clang-format (clang-format itself is not Python): a test of its own
+    "clang-format": ["-m", "pytest", "-q", "--no-header", "-p", "no:cacheprovider", "tests/test_format.py"],
 }
 
-# the checks that tests/test_lint.py runs (the limits are tests already)
+# the checks that tests/test_lint.py runs (the limits and the C++ style are tests already)
 SUITE_CHECKS = ["ruff-check", "ruff-format", "mypy"]
 
 

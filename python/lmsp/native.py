@@ -82,7 +82,7 @@ thread for them. Results of one engine step are handed over together.
 
 Sampling draws for output token i depend only on (seed, i); temperature 0 is
 greedy. On the CPU backend a sequence's tokens do not depend on what else is in
-the batch (see csrc/engine.cpp), so ``snapshot()`` + ``submit(resume=...)`` in
+the batch (see csrc/batch_plan.cpp), so ``snapshot()`` + ``submit(resume=...)`` in
 a new engine continues the same output. ``batch_invariant=False`` trades that
 for llama.cpp's faster CPU kernels everywhere (batched decoding on K-quant
 weights gains most; prompts of 64 tokens or more already take the tiled

@@ -336,7 +336,7 @@ def test_attention_is_batch_invariant_over_long_contexts_with_two_threads(
     """ggml's CPU flash attention has two kernels whose summation order depends on
     the batch: tiled for 64+ query rows of a sequence, and one query over 512+ KV
     cells split among the threads. eval_logits keeps every row on the per-row
-    kernel (csrc/engine.cpp), so a row's logits do not depend on how many rows
+    kernel (csrc/batch_plan.cpp), so a row's logits do not depend on how many rows
     were computed with it: 641 rows in batches of 512 and 129 against 128 five
     times and then one alone over 641 cells (K and V caches f16); 700 rows in
     batches of 64 against one at a time (batches under 128 rows: a bf16 V cache)."""

@@ -18,7 +18,7 @@ computes, in float64, what llama.cpp computes for LLM_ARCH_LLAMA:
 Tolerance, and why: with f32 weights, an f32 KV cache and no flash attention
 llama.cpp agrees with this reference to about 1e-6 of the logits' spread (f32
 rounding). On the CPU it keeps K in an f16 cache (2^-11 relative rounding)
-and V in a bf16 one (2^-8, see csrc/engine.cpp), which shows in the logits as
+and V in a bf16 one (2^-8, see csrc/batch_plan.cpp), which shows in the logits as
 up to 7.1e-3 of their standard deviation with f32 weights and 8.0e-3 with f16
 weights (measured on the tiny model; 2.7e-3 and 4.3e-3 with V in f16, as
 with ``batch_invariant=False``).

@@ -1,0 +1,226 @@
+// Batch invariance (a sequence decoded alone or next to others gives the same
+// logits bit for bit). Reading ggml-cpu shows these kernels whose summation
+// order depends on the shape of the batch:
+//  - llamafile's sgemm (CMakeLists.txt, GGML_LLAMAFILE=OFF) takes over
+//    matmuls of two or more rows; one row goes through vec_dot, which
+//    accumulates in another order. Kept off.
+//  - weight repacking (extra buffer types): repacked gemm (4+ rows) and gemv
+//    (1 row) differ. Kept off.
+//  - flash attention with K and V of one type (f16 here): a tiled kernel for
+//    64+ query rows of a sequence in one ubatch, and a split-KV one
+//    (per-thread partials) for a lone query over 512+ cells. The per-row
+//    kernel skips masked cells and sums V in the V cache's precision (f16;
+//    f32 for a bf16 cache). The tiled one sums
+//    a row over 64-cell tiles of the sequence's own KV stream, where masked
+//    cells add exact zeros, so each row it computes comes out the same
+//    however many rows come with it, but not as the per-row kernel's.
+//  - a tiled matmul for 8+ rows of K-quant and i-quant weights (q4_k, q6_k,
+//    iq4_xs, ...; ggml-cpu/tiled), whose rows likewise come out the same for
+//    any batch of 8 or more.
+// So the engine computes each row in one of two fixed ways ("Two kinds of
+// steps" below): a prompt of 64 tokens or more (8 or more on K-quant
+// weights) is prefilled tiled, in steps of its own kind, in chunks of at
+// least that many rows; every other row (decoding, shorter prompts, the
+// generated tokens fed again on a resume) goes through one-row steps on
+// ggml's reference kernels (llama_private.cpp), which take the per-row flash
+// attention and vec_dot. They also fuse no ops, which changes no bits (the
+// fused RMS norm multiplies as the two ops do) and no speed that llama-bench
+// can tell on the tiny demo model. The tiled flash attention prefills that
+// model's 86-token prompt in 2.0 ms instead of 3.7, and an 850-token one in
+// 26 ms instead of 161 (llama-bench -fa 1 -ctk f16 --repack 0, -ctv f16
+// against bf16, one thread). With batches under 128 rows (two of the
+// smallest tiled chunks: a chunk leaves no shorter tail, so a step must hold
+// up to twice the least) the V cache is bf16 instead, which keeps
+// flash attention on its per-row kernel for every row (V to 8 significant
+// bits, which shows as 7e-3 of the logits' scale against the numpy
+// reference instead of 3e-3; tests/native). A MoE model with K-quant
+// experts is not prefilled tiled: how many rows an expert gets depends on
+// the whole batch, so every row takes the reference kernels.
+// Each sequence also has its own KV stream (kv_unified=false), so its cells
+// and positions do not depend on its neighbours (a unified cache only adds
+// masked cells, whose zero weights leave the sums unchanged).
+// Measured on the x86 AVX-512 machine of this project with the demo model
+// (f32 and q8_0): with these settings logits are bitwise equal whatever the
+// batch (eval_logits of a prefix versus the whole, tests/native), and tokens
+// are equal alone and batched, and after resume. Turning llamafile, repacking
+// or kv_unified back on, one at a time, did not change those results on that
+// model: those are guards taken from the code. Flash attention's own paths
+// did: with 2 threads, logits computed one row at a time over 700 cells
+// differ from the same rows computed in 512-row batches (by up to 1.5e-2,
+// from the second row on). The same invariance is what makes a resume
+// without KV state (prefill of prompt+generated) exact.
+// EngineOptions::batch_invariant = false gives this up on the CPU for speed:
+// llama.cpp's kernels for every row wherever the batch allows them (tiled
+// and split-KV flash attention, the tiled K-quant matmul, fused ops) and
+// repacked weights, as its own tools run by default. Many sequences on
+// K-quant weights then decode about 1.5x faster; a sequence's
+// logits may then differ in the last bits with its neighbours in the batch,
+// and a resume without KV state may continue differently from an
+// uninterrupted run (what was already emitted never changes).
+// GPU (LMSP_CUDA): kernels are chosen by batch size and are NOT batch
+// invariant. Measured on an H200 (CUDA 13, sm_90): greedy tokens matched alone
+// and batched, a sampled sequence diverged at its 36th token; resume (with and
+// without KV) matched. Only the counter-based sampling is guaranteed there.
+
+#include "batch_plan.h"
+
+#include <algorithm>
+
+#include "engine.h"
+#include "gguf_info.h"
+
+namespace lmsp {
+
+// ---------------------------------------------------------------- kernels
+
+// Whether the CPU backend multiplies by matrices of these ggml types one row
+// at a time however many rows come (with llamafile and repacking off): the
+// float and the legacy block types. Others (the K-quants and i-quants) have a
+// tiled kernel for 8 or more rows, so an engine on them runs ggml's
+// reference kernels instead (see the note above).
+bool every_matmul_is_row_wise(const std::vector<int> & types) {
+    for (const int t : types) {
+        switch (ggml_type(t)) {
+            case GGML_TYPE_F32:
+            case GGML_TYPE_F16:
+            case GGML_TYPE_BF16:
+            case GGML_TYPE_Q8_0:
+            case GGML_TYPE_Q4_0:
+            case GGML_TYPE_Q4_1:
+            case GGML_TYPE_Q5_0:
+            case GGML_TYPE_Q5_1: break;
+            default: return false;
+        }
+    }
+    return true;
+}
+
+BatchPlan BatchPlan::for_weights(const EngineOptions & options, const GgufInfo & info) {
+    // the kernels batch invariance keeps (see the note above)
+    BatchPlan plan;
+    const bool invariant_cpu = options.batch_invariant && options.n_gpu_layers == 0;
+    plan.row_wise = every_matmul_is_row_wise(info.matrix_types);
+    plan.moe_kquant = info.n_expert > 0 && !plan.row_wise;
+    plan.fa_tiles = invariant_cpu && !plan.moe_kquant && size_t(options.n_batch) >= 2 * kFaTileRows;
+    return plan;
+}
+
+void BatchPlan::set_model_params(llama_model_params & mp, const EngineOptions & options) const {
+    mp.use_extra_bufts = !options.batch_invariant;  // no repacked weights (the note above)
+}
+
+void BatchPlan::set_context_params(llama_context_params & cp, const EngineOptions & options) const {
+    if (options.n_gpu_layers == 0) {
+        // CPU: flash attention; without tiled prompts, a bf16 V cache keeps it
+        // on its per-row kernel (see the note above)
+        cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+        cp.type_k = GGML_TYPE_F16;
+        cp.type_v = options.batch_invariant && !fa_tiles ? GGML_TYPE_BF16 : GGML_TYPE_F16;
+    } else {
+        cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    }
+    cp.kv_unified = false;
+    // with no layers on a GPU, keep every op on the CPU: a GPU build would
+    // otherwise ship big batches' matmuls to the GPU and lose batch invariance
+    cp.op_offload = options.n_gpu_layers != 0;
+}
+
+void BatchPlan::settle(bool invariant, const EngineOptions & options) {
+    reference_kernels = invariant && !row_wise;
+    matmul_tiles = reference_kernels && !moe_kquant && size_t(options.n_batch) >= 2 * kMinTiledRows;
+}
+
+// ---------------------------------------------------------------- two kinds of steps
+
+// Two kinds of steps, for batch invariance on the CPU (the note at the
+// top): a tiled step prefills prompts of at least tiled_min() tokens, in
+// chunks of at least that many rows (kFaTileRows for ggml's tiled flash
+// attention, kMinTiledRows for its tiled K-quant matmul); every other row
+// (decoding, shorter prompts, generated tokens fed again on a resume)
+// goes through a one-row step on the reference kernels. Every row of a
+// sequence is thus computed the same way whatever runs beside it. The
+// sequences of a tiled step feed chunks of one length (see below), so
+// its prompts are all of one kind; and since the last layer and the
+// output matmul see only the rows whose logits are wanted, a tiled step
+// on K-quant weights ends at most kMinTiledRows - 1 prompts. The two
+// kinds take turns while both have work.
+
+size_t BatchPlan::tiled_min(size_t n_prompt) const {
+    // each kind is on only where a batch holds two of its smallest chunks:
+    // the first prompt of a tiled step always advances
+    if (fa_tiles && n_prompt >= kFaTileRows) return kFaTileRows;
+    if (matmul_tiles && n_prompt >= kMinTiledRows) return kMinTiledRows;
+    return 0;
+}
+
+bool BatchPlan::next_step_tiled(bool tiled_work, bool one_row_work) {
+    const bool tiled_step = tiled_work && (!one_row_work || !last_step_tiled);
+    last_step_tiled = tiled_step;
+    return tiled_step;
+}
+
+size_t BatchPlan::tiled_chunk(TiledStep & step, size_t t_left, size_t m, size_t left, size_t prefill_chunk,
+                              size_t room) const {
+    size_t n = std::min({t_left, std::max(prefill_chunk, 2 * m), room});
+    if (n < t_left && t_left - n < m) n = t_left - m;  // no short tail
+    // no room this step
+    if (n < m) return 0;
+    if (step.chunk == 0) {
+        step.chunk = n;
+    } else {
+        // llama.cpp cuts a batch of several sequences into ubatches that take
+        // as many rows from each: with chunks of one length every ubatch holds
+        // whole chunks, never a short remainder of one
+        if (step.chunk < m || t_left < step.chunk || (t_left > step.chunk && t_left - step.chunk < m) ||
+            room < step.chunk) {
+            return 0;
+        }
+        n = step.chunk;
+    }
+    if (n == left) {
+        if (reference_kernels && step.prompts_ended + 1 >= kMinTiledRows) return 0;
+        step.prompts_ended++;
+    }
+    return n;
+}
+
+// ---------------------------------------------------------------- ubatches
+
+// How many ubatches llama.cpp cuts a batch into when each sequence has a KV
+// stream of its own (split_equal): from the lowest sequence with rows left,
+// a run of consecutive sequence ids, as many rows from each as the one with
+// the fewest has left and the ubatch holds; each ubatch is one pass over
+// the weights. The rows are sorted by sequence; `left` is scratch space.
+int64_t count_ubatches(const llama_batch & batch, int32_t n_ubatch,
+                       std::vector<std::pair<int32_t, int32_t>> & left) {  // (sequence, rows left), ascending
+    left.clear();
+    for (int32_t k = 0; k < batch.n_tokens; ++k) {
+        const int32_t seq = batch.seq_id[k][0];
+        if (left.empty() || left.back().first != seq) left.emplace_back(seq, 0);
+        left.back().second++;
+    }
+    int64_t n = 0;
+    for (;;) {
+        size_t first = 0;
+        while (first < left.size() && left[first].second == 0) ++first;
+        if (first == left.size()) return n;
+        size_t end = first + 1;
+        int32_t rows = left[first].second;
+        for (size_t prev = first, i = first + 1; i < left.size(); ++i) {
+            if (left[i].second == 0) continue;
+            if (left[i].first != left[prev].first + 1) break;
+            rows = std::min(rows, left[i].second);
+            end = i + 1;
+            prev = i;
+        }
+        size_t n_seqs = 0;
+        for (size_t i = first; i < end; ++i) n_seqs += left[i].second > 0;
+        rows = std::max<int32_t>(1, std::min<int32_t>(rows, n_ubatch / int32_t(n_seqs)));
+        for (size_t i = first; i < end; ++i) {
+            if (left[i].second > 0) left[i].second -= rows;
+        }
+        n++;
+    }
+}
+
+}  // namespace lmsp

@@ -1,0 +1,32 @@
+// The prefix cache's choice of a slot: which KV stream a new sequence takes,
+// and how much of the KV a free slot kept it may continue from.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lmsp {
+
+// One KV stream of the engine; a free one keeps its last sequence's KV.
+struct Slot {
+    bool used = false;
+    std::vector<int32_t> tokens;  // the tokens at the KV's positions 0..
+    std::string key;              // the cache_key of the sequence that left them
+    uint64_t freed_at = 0;        // the engine's slot clock when it was last given up
+    size_t tiled_rows = 0;        // leading positions computed by a tiled prefill
+    size_t tiled_min = 0;         // ... in chunks of at least this many rows
+};
+
+// The slot a new sequence takes (see slot_choice.cpp); `common` is set to the
+// leading tokens of `tokens` that the slot's KV holds (0 when none is reused).
+// `tokens` null: no reuse, only a free slot.
+int pick_slot(const std::vector<Slot> & slots, const std::vector<int32_t> * tokens, const std::string & key,
+              size_t & common);
+
+// How many of the `common` leading positions a new sequence may take over
+// when rows are computed in two ways (tiled prefill, one-row decode).
+size_t same_kind_prefix(size_t common, size_t t_slot, size_t m_slot, size_t t_new, size_t m_new);
+
+}  // namespace lmsp
