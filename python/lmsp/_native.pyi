@@ -33,10 +33,20 @@ class TextStream:
     def emitted(self) -> str: ...
 
 class Engine:
-    def __init__(self, model_path: str | PathLike[str], *, n_ctx: int = 4096, n_parallel: int = 4,
-                 n_threads: int = 0, n_gpu_layers: int = 0, n_batch: int = 512,
-                 prefill_chunk: int = 256, batch_invariant: bool = True,
-                 prefix_cache: bool = True, use_mmap: bool = False) -> None: ...
+    def __init__(
+        self,
+        model_path: str | PathLike[str],
+        *,
+        n_ctx: int = 4096,
+        n_parallel: int = 4,
+        n_threads: int = 0,
+        n_gpu_layers: int = 0,
+        n_batch: int = 512,
+        prefill_chunk: int = 256,
+        batch_invariant: bool = True,
+        prefix_cache: bool = True,
+        use_mmap: bool = False,
+    ) -> None: ...
     @property
     def info(self) -> dict[str, Any]: ...
     @property
@@ -49,13 +59,22 @@ class Engine:
     def closed(self) -> bool: ...
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
     def detokenize(self, tokens: Sequence[int]) -> str: ...
-    def apply_chat_template(self, messages: Sequence[dict[str, str]],
-                            add_generation_prompt: bool = True) -> str: ...
-    def chat_prompt(self, messages: Sequence[dict[str, str]],
-                    add_generation_prompt: bool = True) -> list[int]: ...
-    def submit(self, prompt: Sequence[int], *, max_tokens: int, temperature: float = 1.0,
-               top_p: float = 1.0, top_k: int = 0, seed: int = 0, stop: str | Iterable[str] = (),
-               resume: dict[str, Any] | None = None, cache_key: str = "", logprobs: bool = False) -> int: ...
+    def apply_chat_template(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str: ...
+    def chat_prompt(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> list[int]: ...
+    def submit(
+        self,
+        prompt: Sequence[int],
+        *,
+        max_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int = 0,
+        stop: str | Iterable[str] = (),
+        resume: dict[str, Any] | None = None,
+        cache_key: str = "",
+        logprobs: bool = False,
+    ) -> int: ...
     def cancel(self, seq_id: int) -> bool: ...
     def snapshot(self, seq_id: int, with_kv: bool = False) -> dict[str, Any]: ...
     def poll(self) -> list[EngineResult]: ...

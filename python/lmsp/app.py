@@ -5,6 +5,7 @@ it directly); ``get_app()`` builds them from the configuration for gunicorn::
 
     gunicorn 'lmsp.app:get_app()'
 """
+
 from __future__ import annotations
 
 import logging
@@ -21,8 +22,7 @@ from .api import clients, health, models, openapi, responses, tasks
 from .api.common import Deps
 from .api.logs import configure_logging
 from .api.metrics import HttpMetrics
-from .api.middleware import (Authentication, RequestContext, handle_http_error, handle_lmsp_error,
-                             handle_unexpected)
+from .api.middleware import Authentication, RequestContext, handle_http_error, handle_lmsp_error, handle_unexpected
 
 if TYPE_CHECKING:
     from lmsp.runtime.committer import Committer
@@ -61,15 +61,27 @@ def routes(deps: Deps) -> list[tuple[str, object]]:
     ]
 
 
-def create_app(config: Any, store: Any, runtime: RuntimeAPI, *, clock: Callable[[], float] = time.time,
-               monotonic: Callable[[], float] = time.monotonic,
-               random_seed: Callable[[], int] | None = None) -> falcon.App:
+def create_app(
+    config: Any,
+    store: Any,
+    runtime: RuntimeAPI,
+    *,
+    clock: Callable[[], float] = time.time,
+    monotonic: Callable[[], float] = time.monotonic,
+    random_seed: Callable[[], int] | None = None,
+) -> falcon.App:
     """The WSGI app over ``store`` and ``runtime`` (both already open/started)."""
     http_metrics = HttpMetrics()
-    deps = Deps(config=config, store=store, runtime=runtime, clock=clock, monotonic=monotonic,
-                random_seed=random_seed or _random_seed, http_metrics=http_metrics)
-    app = falcon.App(middleware=(RequestContext(http_metrics, monotonic), Authentication(store)),
-                     cors_enable=False)
+    deps = Deps(
+        config=config,
+        store=store,
+        runtime=runtime,
+        clock=clock,
+        monotonic=monotonic,
+        random_seed=random_seed or _random_seed,
+        http_metrics=http_metrics,
+    )
+    app = falcon.App(middleware=(RequestContext(http_metrics, monotonic), Authentication(store)), cors_enable=False)
     app.req_options.strip_url_path_trailing_slash = True
     app.req_options.auto_parse_qs_csv = False
     app.resp_options.secure_cookies_by_default = True

@@ -4,6 +4,7 @@ Tokens and pairing codes are random; the store keeps only their sha256 hex
 digests. A bearer token is resolved by the digest of what the client sent and
 the stored digest is compared again in constant time.
 """
+
 from __future__ import annotations
 
 import base64
@@ -34,8 +35,7 @@ def hash_token(token: str) -> str:
 
 def new_pairing_code() -> str:
     """A one-time pairing code a person can read and type: ``ABCD-EFGH-JKLM``."""
-    groups = ("".join(secrets.choice(_CODE_ALPHABET) for _ in range(_CODE_GROUP_LEN))
-              for _ in range(_CODE_GROUPS))
+    groups = ("".join(secrets.choice(_CODE_ALPHABET) for _ in range(_CODE_GROUP_LEN)) for _ in range(_CODE_GROUPS))
     return "-".join(groups)
 
 
@@ -70,8 +70,10 @@ def service_secret(data_dir) -> bytes:
     except FileNotFoundError:
         data = _make_secret(path)
     if len(data) != _SECRET_BYTES:
-        raise SecretUnusable(f"{path} is not a service key of {_SECRET_BYTES} bytes; remove it and a new one "
-                             "is made (pairing requests under an Idempotency-Key made before cannot be replayed)")
+        raise SecretUnusable(
+            f"{path} is not a service key of {_SECRET_BYTES} bytes; remove it and a new one "
+            "is made (pairing requests under an Idempotency-Key made before cannot be replayed)"
+        )
     _secrets[str(path)] = data
     return data
 
@@ -117,8 +119,7 @@ def derived_pairing_code(secret: bytes, scope: str, key: str, nonce: str) -> str
     HMAC, in the form of :func:`new_pairing_code`."""
     n = int.from_bytes(_derive(secret, "lmsp pairing code", scope, key, nonce)[:8], "big")
     symbols = [_CODE_ALPHABET[(n >> (5 * i)) & 31] for i in range(_CODE_GROUPS * _CODE_GROUP_LEN)]
-    return "-".join("".join(symbols[i:i + _CODE_GROUP_LEN])
-                    for i in range(0, len(symbols), _CODE_GROUP_LEN))
+    return "-".join("".join(symbols[i : i + _CODE_GROUP_LEN]) for i in range(0, len(symbols), _CODE_GROUP_LEN))
 
 
 def derived_token(secret: bytes, scope: str, key: str, nonce: str) -> str:
@@ -147,8 +148,7 @@ def validate_scopes(scopes, *, param: str = "scopes") -> list[str]:
     out: list[str] = []
     for scope in scopes:
         if not isinstance(scope, str) or scope not in SCOPES:
-            raise InvalidRequest(f"unknown scope {scope!r}; known scopes: {', '.join(SCOPES)}",
-                                 param=param)
+            raise InvalidRequest(f"unknown scope {scope!r}; known scopes: {', '.join(SCOPES)}", param=param)
         if scope not in out:
             out.append(scope)
     return out
@@ -187,4 +187,3 @@ def require_scope(client: dict, scope: str) -> None:
 
 def is_admin(client: dict) -> bool:
     return ADMIN in set(client.get("scopes") or ())
-

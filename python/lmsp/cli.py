@@ -15,6 +15,7 @@ the service (or ``lmsp prepare``) made: they never create one; with ``--json`` e
 prints exactly one JSON object on stdout. Errors go to stderr (or, with
 ``--json``, as ``{"error": {...}}``) with exit status 1.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -192,8 +193,11 @@ def cmd_prepare(args) -> int:
     except (DataDirInUse, StartupError) as exc:
         raise CommandError(str(exc)) from None
     counts = {key: len(value) for key, value in report.items() if isinstance(value, list)}
-    _print(args, {"recovered": counts},
-           "start-up recovery: " + (", ".join(f"{k} {v}" for k, v in counts.items() if v) or "nothing to do"))
+    _print(
+        args,
+        {"recovered": counts},
+        "start-up recovery: " + (", ".join(f"{k} {v}" for k, v in counts.items() if v) or "nothing to do"),
+    )
     return EXIT_OK
 
 
@@ -205,8 +209,10 @@ def cmd_pair(args) -> int:
     scopes = [s.strip() for s in (args.scopes or "").split(",") if s.strip()]
     unknown = [s for s in scopes if s not in auth.SCOPES]
     if not scopes or unknown:
-        raise CommandError(f"--scopes takes a comma-separated list of: {', '.join(auth.SCOPES)}"
-                           + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
+        raise CommandError(
+            f"--scopes takes a comma-separated list of: {', '.join(auth.SCOPES)}"
+            + (f" (unknown: {', '.join(unknown)})" if unknown else "")
+        )
     ttl = cfg.pairing_ttl_seconds if args.ttl is None else args.ttl
     if ttl <= 0:
         raise CommandError("--ttl must be a positive number of seconds")
@@ -218,8 +224,12 @@ def cmd_pair(args) -> int:
     finally:
         store.close()
     out = {"code": code, "expires_at": expires_at, "scopes": scopes, "name": args.name}
-    _print(args, out, f"pairing code: {code}\nscopes: {', '.join(scopes)}\nexpires: {_when(expires_at)} "
-                      f"(single use; the client sends it to POST /v1/pair)")
+    _print(
+        args,
+        out,
+        f"pairing code: {code}\nscopes: {', '.join(scopes)}\nexpires: {_when(expires_at)} "
+        f"(single use; the client sends it to POST /v1/pair)",
+    )
     return EXIT_OK
 
 
@@ -237,10 +247,17 @@ def cmd_clients(args) -> int:
         clients = store.list_clients()
     finally:
         store.close()
-    rows = [[c["id"], c["name"], ",".join(c["scopes"]), _when(c["created_at"]),
-             _when(c["revoked_at"]) if c.get("revoked_at") else ""] for c in clients]
-    _print(args, {"object": "list", "data": clients},
-           _table(rows, ["ID", "NAME", "SCOPES", "CREATED", "REVOKED"]))
+    rows = [
+        [
+            c["id"],
+            c["name"],
+            ",".join(c["scopes"]),
+            _when(c["created_at"]),
+            _when(c["revoked_at"]) if c.get("revoked_at") else "",
+        ]
+        for c in clients
+    ]
+    _print(args, {"object": "list", "data": clients}, _table(rows, ["ID", "NAME", "SCOPES", "CREATED", "REVOKED"]))
     return EXIT_OK
 
 
@@ -262,23 +279,43 @@ def cmd_models(args) -> int:
             path = _model_path(cfg, args.target)
             progress = _Progress(f"sha256 {os.path.basename(path)}", enabled=not args.json and sys.stderr.isatty())
             model = registry.register(os.path.abspath(path), args.id, progress, confined=False)
-            _print(args, model, f"registered {model['id']}: {model['architecture']}, {model['quantization']}, "
-                                f"{model['size_bytes']} bytes, {model['digest']}")
+            _print(
+                args,
+                model,
+                f"registered {model['id']}: {model['architecture']}, {model['quantization']}, "
+                f"{model['size_bytes']} bytes, {model['digest']}",
+            )
             return EXIT_OK
         if args.action == "remove":
             if not args.target:
                 raise CommandError("models remove needs a model id")
             store.delete_model(args.target)
-            _print(args, {"id": args.target, "object": "model", "deleted": True},
-                   f"removed {args.target} (the file is left alone)")
+            _print(
+                args,
+                {"id": args.target, "object": "model", "deleted": True},
+                f"removed {args.target} (the file is left alone)",
+            )
             return EXIT_OK
         models = registry.objects()
     finally:
         store.close()
-    rows = [[m["id"], m["state"], m["architecture"], m["quantization"], m["parameters"], m["size_bytes"],
-             (m["digest"] or "")[:19]] for m in models]
-    _print(args, {"object": "list", "data": models},
-           _table(rows, ["ID", "STATE", "ARCH", "QUANT", "PARAMS", "BYTES", "DIGEST"]))
+    rows = [
+        [
+            m["id"],
+            m["state"],
+            m["architecture"],
+            m["quantization"],
+            m["parameters"],
+            m["size_bytes"],
+            (m["digest"] or "")[:19],
+        ]
+        for m in models
+    ]
+    _print(
+        args,
+        {"object": "list", "data": models},
+        _table(rows, ["ID", "STATE", "ARCH", "QUANT", "PARAMS", "BYTES", "DIGEST"]),
+    )
     return EXIT_OK
 
 
@@ -288,8 +325,11 @@ def _pull(args, cfg) -> int:
     try:
         if args.list:
             data, rows = pull.listing()
-            _print(args, {"object": "list", "data": data},
-                   _table(rows, ["NAME", "SIZE", "LICENCE", "ARCH", "CACHED", "DESCRIPTION"]))
+            _print(
+                args,
+                {"object": "list", "data": data},
+                _table(rows, ["NAME", "SIZE", "LICENCE", "ARCH", "CACHED", "DESCRIPTION"]),
+            )
             return EXIT_OK
         if not args.target:
             raise CommandError("models pull needs a model name (lmsp models pull --list shows the catalog)")
@@ -305,8 +345,12 @@ def _pull(args, cfg) -> int:
             store.close()
     except catalog.CatalogError as exc:
         raise CommandError(str(exc)) from None
-    _print(args, out, f"{model.name}: {out['architecture']}, {out['quantization']}, {out['size_bytes']:,} bytes, "
-                      f"{model.license}, in {path}")
+    _print(
+        args,
+        out,
+        f"{model.name}: {out['architecture']}, {out['quantization']}, {out['size_bytes']:,} bytes, "
+        f"{model.license}, in {path}",
+    )
     return EXIT_OK
 
 
@@ -321,24 +365,36 @@ def cmd_tasks(args) -> int:
             if args.action == "cancel":
                 task = store.cancel(args.id)
             else:
-                task = store.get_task(store.task_id_for_response(args.id) if args.id.startswith("resp_")
-                                      else args.id)
+                task = store.get_task(store.task_id_for_response(args.id) if args.id.startswith("resp_") else args.id)
             response = store.get_response(task["response_id"])
             out = {**task, "response": response}
-            text = "\n".join([
-                f"task      {task['id']}  {task['status']}  on_restart={task['on_restart']}  "
-                f"attempts={task['attempts']}",
-                f"response  {response['id']}  {response['status']}  model={response['model']}",
-                f"created   {_when(task['created_at'])}  finished {_when(task['finished_at'])}",
-                f"events    {task['last_sequence_number']}",
-            ] + ([f"error     {task['error']['code']}: {task['error']['message']}"] if task.get("error") else []))
+            text = "\n".join(
+                [
+                    f"task      {task['id']}  {task['status']}  on_restart={task['on_restart']}  "
+                    f"attempts={task['attempts']}",
+                    f"response  {response['id']}  {response['status']}  model={response['model']}",
+                    f"created   {_when(task['created_at'])}  finished {_when(task['finished_at'])}",
+                    f"events    {task['last_sequence_number']}",
+                ]
+                + ([f"error     {task['error']['code']}: {task['error']['message']}"] if task.get("error") else [])
+            )
             _print(args, out, text)
             return EXIT_OK
         page = store.list_tasks(None, status=args.status, limit=args.limit)
     finally:
         store.close()
-    rows = [[t["id"], t["status"], t["on_restart"], t["attempts"], t["last_sequence_number"],
-             _when(t["created_at"]), t["response_id"]] for t in page["data"]]
+    rows = [
+        [
+            t["id"],
+            t["status"],
+            t["on_restart"],
+            t["attempts"],
+            t["last_sequence_number"],
+            _when(t["created_at"]),
+            t["response_id"],
+        ]
+        for t in page["data"]
+    ]
     _print(args, page, _table(rows, ["ID", "STATUS", "ON_RESTART", "ATTEMPTS", "EVENTS", "CREATED", "RESPONSE"]))
     return EXIT_OK
 
@@ -417,10 +473,19 @@ def cmd_quantize(args) -> int:
         info = quantize_file(src, args.dst, args.type.lower(), args.threads)  # Q8_0 as `lmsp models` shows it
     except ValueError as exc:  # refused by the engine
         raise CommandError(str(exc)) from None
-    out = {"path": os.path.abspath(args.dst), "quantization": info["quantization"], "size_bytes": info["size_bytes"],
-           "source_bytes": os.path.getsize(src), "seconds": round(time.monotonic() - started, 2)}
-    _print(args, out, f"wrote {args.dst}: {out['quantization']}, {out['size_bytes']:,} bytes "
-                      f"(from {out['source_bytes']:,}) in {out['seconds']} s")
+    out = {
+        "path": os.path.abspath(args.dst),
+        "quantization": info["quantization"],
+        "size_bytes": info["size_bytes"],
+        "source_bytes": os.path.getsize(src),
+        "seconds": round(time.monotonic() - started, 2),
+    }
+    _print(
+        args,
+        out,
+        f"wrote {args.dst}: {out['quantization']}, {out['size_bytes']:,} bytes "
+        f"(from {out['source_bytes']:,}) in {out['seconds']} s",
+    )
     return EXIT_OK
 
 
@@ -467,17 +532,28 @@ def _add_service_commands(sub: _Subcommands, data_dir: _CommandParser, common: _
     """Serve and prepare: running the service."""
     p = sub.add_parser("serve", parents=[data_dir], help="run the service (gunicorn, gevent workers)")
     p.add_argument("--bind", default=None, help="HOST:PORT (env LMSP_BIND; default 127.0.0.1:8080)")
-    p.add_argument("--model", default=None, help="a GGUF file to register (id = its name) and serve, or the name "
-                   "of a catalog model (lmsp models pull --list), fetched into the data directory on first use")
-    p.add_argument("--default-model", default=None, metavar="NAME",
-                   help="a catalog model to serve when no model is configured; when it cannot be had, "
-                        "the demo model is served instead")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="a GGUF file to register (id = its name) and serve, or the name "
+        "of a catalog model (lmsp models pull --list), fetched into the data directory on first use",
+    )
+    p.add_argument(
+        "--default-model",
+        default=None,
+        metavar="NAME",
+        help="a catalog model to serve when no model is configured; when it cannot be had, "
+        "the demo model is served instead",
+    )
     p.add_argument("--workers", type=int, default=None, help="worker processes (each holds its own model copy)")
     p.add_argument("--log-level", default=None, choices=_config.LOG_LEVELS)
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("prepare", parents=[common],
-                       help="prepare the data directory and models and run start-up recovery (serve does it too)")
+    p = sub.add_parser(
+        "prepare",
+        parents=[common],
+        help="prepare the data directory and models and run start-up recovery (serve does it too)",
+    )
     p.set_defaults(func=cmd_prepare)
 
 
@@ -499,8 +575,9 @@ def _add_data_commands(sub: _Subcommands, common: _CommandParser) -> None:
     """Models, tasks, gc and doctor: what the data directory holds."""
     p = sub.add_parser("models", parents=[common], help="list, add, remove or pull models")
     p.add_argument("action", nargs="?", default="list", choices=["list", "add", "remove", "pull"])
-    p.add_argument("target", nargs="?", default=None,
-                   help="add: a GGUF file; remove: a model id; pull: a catalog model's name")
+    p.add_argument(
+        "target", nargs="?", default=None, help="add: a GGUF file; remove: a model id; pull: a catalog model's name"
+    )
     p.add_argument("--list", action="store_true", help="pull: show the catalog")
     p.add_argument("--id", default=None, help="add: the model id (default: the file name without .gguf)")
     p.set_defaults(func=cmd_models)
@@ -508,15 +585,24 @@ def _add_data_commands(sub: _Subcommands, common: _CommandParser) -> None:
     p = sub.add_parser("tasks", parents=[common], help="list, show or cancel tasks")
     p.add_argument("action", nargs="?", default="list", choices=["list", "show", "cancel"])
     p.add_argument("id", nargs="?", default=None)
-    p.add_argument("--status", default=None, choices=STATES, metavar="STATUS",
-                   help=f"list: only tasks in this state ({', '.join(STATES)})")
+    p.add_argument(
+        "--status",
+        default=None,
+        choices=STATES,
+        metavar="STATUS",
+        help=f"list: only tasks in this state ({', '.join(STATES)})",
+    )
     p.add_argument("--limit", type=int, default=20, help="list: how many, 1 to 100 (default 20)")
     p.set_defaults(func=cmd_tasks)
 
     p = sub.add_parser("gc", parents=[common], help="delete finished tasks past retention now")
-    p.add_argument("--retention-days", type=float, default=None,
-                   help="delete finished tasks (their events and responses too) older than this many days "
-                        "(default: the retention_days setting)")
+    p.add_argument(
+        "--retention-days",
+        type=float,
+        default=None,
+        help="delete finished tasks (their events and responses too) older than this many days "
+        "(default: the retention_days setting)",
+    )
     p.set_defaults(func=cmd_gc)
 
     p = sub.add_parser("doctor", parents=[common], help="check the database and every model file")
@@ -528,8 +614,12 @@ def _add_quantize_command(sub: _Subcommands, common: _CommandParser) -> None:
     p = sub.add_parser("quantize", parents=[common], help="write a GGUF model again with its weights in another type")
     p.add_argument("src", help="the GGUF model to read (a name inside the models directory will do)")
     p.add_argument("dst", help="the GGUF file to write")
-    p.add_argument("--type", required=True, help="the weights' type as llama.cpp names it, in any case: q4_k_m, "
-                   "q5_k_m, q6_k, q8_0, f16, ... (lmsp.native.QUANTIZE_TYPES)")
+    p.add_argument(
+        "--type",
+        required=True,
+        help="the weights' type as llama.cpp names it, in any case: q4_k_m, "
+        "q5_k_m, q6_k, q8_0, f16, ... (lmsp.native.QUANTIZE_TYPES)",
+    )
     p.add_argument("--threads", type=int, default=0, help="threads to quantize on (default: one per core)")
     p.add_argument("--force", action="store_true", help="replace DST if it exists")
     p.set_defaults(func=cmd_quantize)

@@ -5,6 +5,7 @@ file named by ``LMSP_CONFIG``), then ``LMSP_<FIELD>`` environment variables
 (``LMSP_DATA_DIR``, ``LMSP_BIND``, ``LMSP_N_PARALLEL``...). Every field is
 documented in the README's configuration reference.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,38 +31,38 @@ class Config:
     bind: str = "127.0.0.1:8080"
     name: str = "lmsp"
     # store
-    durability: str = "full"          # full: fsync each commit; normal: WAL sync at checkpoints; off: no fsync
-    busy_timeout: float = 5.0         # seconds to wait for the database lock before 503
-    retention_days: float = 7.0       # finished tasks, events and responses kept this long
+    durability: str = "full"  # full: fsync each commit; normal: WAL sync at checkpoints; off: no fsync
+    busy_timeout: float = 5.0  # seconds to wait for the database lock before 503
+    retention_days: float = 7.0  # finished tasks, events and responses kept this long
     idempotency_ttl_hours: float = 24.0
     # engine
-    model: str | None = None          # a GGUF file to register and serve at start
-    n_ctx: int = 4096                 # context per sequence
-    n_parallel: int = 4               # sequences decoded together
-    n_threads: int = 0                # 0: all cores
+    model: str | None = None  # a GGUF file to register and serve at start
+    n_ctx: int = 4096  # context per sequence
+    n_parallel: int = 4  # sequences decoded together
+    n_threads: int = 0  # 0: all cores
     n_gpu_layers: int = 0
     n_batch: int = 512
-    batch_invariant: bool = True      # CPU: a sequence's tokens do not depend on its batch (false: faster batching)
-    prefix_cache: bool = True         # a free slot keeps its KV; a prompt starting the same prefills the rest only
-    mmap: bool = False                # map model files instead of reading them (overwriting the file kills the worker)
+    batch_invariant: bool = True  # CPU: a sequence's tokens do not depend on its batch (false: faster batching)
+    prefix_cache: bool = True  # a free slot keeps its KV; a prompt starting the same prefills the rest only
+    mmap: bool = False  # map model files instead of reading them (overwriting the file kills the worker)
     # requests
-    max_output_tokens: int = 256      # default for a request that gives none
+    max_output_tokens: int = 256  # default for a request that gives none
     max_output_tokens_cap: int = 4096
     default_on_restart: str = "fail"
     max_unfinished_per_client: int = 256  # queued or running tasks a client may have (0: no limit; admins none)
     max_body_bytes: int = 1 << 20
-    body_timeout: float = 30.0        # seconds for a whole request body to arrive (408 after)
-    lease_seconds: float = 10.0       # a worker's claim on a task, renewed while it runs
-    commit_window_ms: float = 4.0     # output gathered this long per commit (first and last events at once)
-    heartbeat_seconds: float = 15.0   # SSE comment on an idle stream
+    body_timeout: float = 30.0  # seconds for a whole request body to arrive (408 after)
+    lease_seconds: float = 10.0  # a worker's claim on a task, renewed while it runs
+    commit_window_ms: float = 4.0  # output gathered this long per commit (first and last events at once)
+    heartbeat_seconds: float = 15.0  # SSE comment on an idle stream
     pairing_ttl_seconds: int = 600
     pairing_max_attempts: int = 5
     # server
     workers: int = 1
     log_level: str = "info"
-    header_timeout: float = 10.0      # seconds for a new connection's request line and headers
-    max_idle_connections: int = 512   # per worker: connections waiting for a request (the oldest closed beyond)
-    max_idle_per_address: int = 128   # ... the same, per client address
+    header_timeout: float = 10.0  # seconds for a new connection's request line and headers
+    max_idle_connections: int = 512  # per worker: connections waiting for a request (the oldest closed beyond)
+    max_idle_per_address: int = 128  # ... the same, per client address
     stop_grace_seconds: float = 15.0  # a stop lets running tasks finish this long, then ends the streams
 
     @property
@@ -111,8 +112,16 @@ class Config:
             raise ValueError("stop_grace_seconds must be between 0 and 3600")
         if not 0 <= self.commit_window_ms <= 1000:
             raise ValueError("commit_window_ms must be between 0 and 1000")
-        for name in ("n_ctx", "n_parallel", "n_batch", "max_output_tokens", "max_output_tokens_cap", "workers",
-                     "max_idle_connections", "max_idle_per_address"):
+        for name in (
+            "n_ctx",
+            "n_parallel",
+            "n_batch",
+            "max_output_tokens",
+            "max_output_tokens_cap",
+            "workers",
+            "max_idle_connections",
+            "max_idle_per_address",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.max_output_tokens > self.max_output_tokens_cap:
@@ -122,8 +131,9 @@ class Config:
         if self.log_level.lower() not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}")
         if not _bind_ok(self.bind):
-            raise ValueError(f"bind must be HOST:PORT, [IPV6]:PORT or unix:PATH (a port from 0 to 65535), "
-                             f"not {self.bind!r}")
+            raise ValueError(
+                f"bind must be HOST:PORT, [IPV6]:PORT or unix:PATH (a port from 0 to 65535), not {self.bind!r}"
+            )
 
 
 def _bind_ok(bind: str) -> bool:
@@ -166,8 +176,9 @@ def _coerce(f: dataclasses.Field, raw, source: str | None = None):
                 raise ValueError
             return int(raw) if whole else float(raw)
         except (TypeError, ValueError):
-            raise ValueError(f"{where}{f.name} must be {'a whole number' if whole else 'a number'}, "
-                             f"not {raw!r}") from None
+            raise ValueError(
+                f"{where}{f.name} must be {'a whole number' if whole else 'a number'}, not {raw!r}"
+            ) from None
     return str(raw)
 
 

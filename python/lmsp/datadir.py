@@ -3,6 +3,7 @@
 Light on purpose: the gunicorn master takes it before anything else, and
 imports nothing of the service (no gevent, no SQLite, no engine).
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -60,6 +61,7 @@ def hold_data_dir(data_dir, *, wait: float = 0.0) -> int:
         except BlockingIOError:
             if time.monotonic() >= deadline:
                 os.close(fd)
-                raise DataDirInUse(f"another lmsp service uses the data directory {data_dir} (it holds "
-                                   f"{path}); stop it first") from None
+                raise DataDirInUse(
+                    f"another lmsp service uses the data directory {data_dir} (it holds {path}); stop it first"
+                ) from None
             time.sleep(0.1)

@@ -20,6 +20,7 @@ order of dimensions): ``token_embd.weight`` [n_vocab, n_embd],
 norms [n_embd] (always f32), ``output.weight`` [n_vocab, n_embd]. Q and K are
 used as written with llama.cpp's "normal" rope (rotation of consecutive pairs).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -103,15 +104,18 @@ class DemoModelSpec:
         if self.n_head % self.n_head_kv:
             raise ValueError(f"n_head ({self.n_head}) must be a multiple of n_head_kv ({self.n_head_kv})")
         if self.dtype == "q8_0" and (self.n_embd % 32 or self.n_ff % 32):
-            raise ValueError("q8_0 needs n_embd and n_ff to be multiples of 32 "
-                             f"(got n_embd={self.n_embd}, n_ff={self.n_ff})")
+            raise ValueError(
+                f"q8_0 needs n_embd and n_ff to be multiples of 32 (got n_embd={self.n_embd}, n_ff={self.n_ff})"
+            )
         for field in ("n_expert", "n_expert_used"):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{field} must be a non-negative integer, got {value!r}")
         if (self.n_expert == 0) != (self.n_expert_used == 0) or self.n_expert_used > self.n_expert:
-            raise ValueError("a mixture of experts needs 0 < n_expert_used <= n_expert "
-                             f"(got n_expert={self.n_expert}, n_expert_used={self.n_expert_used})")
+            raise ValueError(
+                "a mixture of experts needs 0 < n_expert_used <= n_expert "
+                f"(got n_expert={self.n_expert}, n_expert_used={self.n_expert_used})"
+            )
         if not self.rms_eps > 0 or not self.rope_freq_base > 0:
             raise ValueError("rms_eps and rope_freq_base must be positive")
 
@@ -120,14 +124,15 @@ PRESETS: dict[str, DemoModelSpec] = {
     # tests: ~17 MB, most of it the 32000-row embedding and output matrices
     "tiny": DemoModelSpec(),
     # quick benchmark runs
-    "small": DemoModelSpec(n_embd=256, n_layer=4, n_head=8, n_head_kv=4, n_ff=768,
-                           dtype="f16", name="lmsp-demo-small"),
+    "small": DemoModelSpec(n_embd=256, n_layer=4, n_head=8, n_head_kv=4, n_ff=768, dtype="f16", name="lmsp-demo-small"),
     # decoding bound by memory bandwidth: ~310M parameters, ~330 MB in q8_0
-    "bench": DemoModelSpec(n_embd=1024, n_layer=16, n_head=16, n_head_kv=4, n_ff=4096,
-                           dtype="q8_0", name="lmsp-demo-bench"),
+    "bench": DemoModelSpec(
+        n_embd=1024, n_layer=16, n_head=16, n_head_kv=4, n_ff=4096, dtype="q8_0", name="lmsp-demo-bench"
+    ),
     # a GPU's decoding bound by memory bandwidth: ~1.26B parameters, ~1.3 GB in q8_0
-    "large": DemoModelSpec(n_embd=2048, n_layer=24, n_head=16, n_head_kv=8, n_ff=5632,
-                           dtype="q8_0", name="lmsp-demo-large"),
+    "large": DemoModelSpec(
+        n_embd=2048, n_layer=24, n_head=16, n_head_kv=8, n_ff=5632, dtype="q8_0", name="lmsp-demo-large"
+    ),
 }
 
 # GGUF general.file_type (llama_ftype) for each weight type
@@ -152,7 +157,8 @@ def find_vocab(extra: os.PathLike[str] | str | None = None) -> Path:
     raise FileNotFoundError(
         f"the tokenizer vocabulary {VOCAB_FILE} was not found (looked in: "
         + ", ".join(str(c) for c in candidates)
-        + "); run third_party/fetch_llama.py or reinstall the package")
+        + "); run third_party/fetch_llama.py or reinstall the package"
+    )
 
 
 def tensor_specs(spec: DemoModelSpec, n_vocab: int) -> list[tuple[str, tuple[int, ...], str, float, float]]:
@@ -168,30 +174,30 @@ def tensor_specs(spec: DemoModelSpec, n_vocab: int) -> list[tuple[str, tuple[int
         p = f"blk.{i}."
         out += [
             (p + "attn_norm.weight", (e,), *norm),
-            (p + "attn_q.weight", (spec.n_head * hd, e), w, 0.0, e ** -0.5),
-            (p + "attn_k.weight", (spec.n_head_kv * hd, e), w, 0.0, e ** -0.5),
-            (p + "attn_v.weight", (spec.n_head_kv * hd, e), w, 0.0, e ** -0.5),
+            (p + "attn_q.weight", (spec.n_head * hd, e), w, 0.0, e**-0.5),
+            (p + "attn_k.weight", (spec.n_head_kv * hd, e), w, 0.0, e**-0.5),
+            (p + "attn_v.weight", (spec.n_head_kv * hd, e), w, 0.0, e**-0.5),
             (p + "attn_output.weight", (e, spec.n_head * hd), w, 0.0, (spec.n_head * hd) ** -0.5),
             (p + "ffn_norm.weight", (e,), *norm),
         ]
         if spec.n_expert:
             x = spec.n_expert
             out += [
-                (p + "ffn_gate_inp.weight", (x, e), "f32", 0.0, e ** -0.5),
-                (p + "ffn_gate_exps.weight", (x, ff, e), w, 0.0, e ** -0.5),
-                (p + "ffn_down_exps.weight", (x, e, ff), w, 0.0, ff ** -0.5),
-                (p + "ffn_up_exps.weight", (x, ff, e), w, 0.0, e ** -0.5),
+                (p + "ffn_gate_inp.weight", (x, e), "f32", 0.0, e**-0.5),
+                (p + "ffn_gate_exps.weight", (x, ff, e), w, 0.0, e**-0.5),
+                (p + "ffn_down_exps.weight", (x, e, ff), w, 0.0, ff**-0.5),
+                (p + "ffn_up_exps.weight", (x, ff, e), w, 0.0, e**-0.5),
             ]
         else:
             out += [
-                (p + "ffn_gate.weight", (ff, e), w, 0.0, e ** -0.5),
-                (p + "ffn_up.weight", (ff, e), w, 0.0, e ** -0.5),
-                (p + "ffn_down.weight", (e, ff), w, 0.0, ff ** -0.5),
+                (p + "ffn_gate.weight", (ff, e), w, 0.0, e**-0.5),
+                (p + "ffn_up.weight", (ff, e), w, 0.0, e**-0.5),
+                (p + "ffn_down.weight", (e, ff), w, 0.0, ff**-0.5),
             ]
     out += [
         ("output_norm.weight", (e,), *norm),
         # a wider spread than 1/sqrt(fan_in) so that next-token choices are not near-uniform
-        ("output.weight", (n_vocab, e), w, 0.0, 4.0 * e ** -0.5),
+        ("output.weight", (n_vocab, e), w, 0.0, 4.0 * e**-0.5),
     ]
     return out
 
@@ -275,9 +281,14 @@ def _spec_from(preset: str, options: dict) -> DemoModelSpec:
     return spec
 
 
-def write_demo_model(path: os.PathLike[str] | str, *, preset: str = "tiny",
-                     vocab: os.PathLike[str] | str | None = None,
-                     chat_template: str | None = CHAT_TEMPLATE, **options) -> Path:
+def write_demo_model(
+    path: os.PathLike[str] | str,
+    *,
+    preset: str = "tiny",
+    vocab: os.PathLike[str] | str | None = None,
+    chat_template: str | None = CHAT_TEMPLATE,
+    **options,
+) -> Path:
     """Write a demo model to ``path`` and return it.
 
     ``chat_template`` is the Jinja template stored as ``tokenizer.chat_template``
@@ -349,8 +360,7 @@ def _write_tensors(writer: gguf.GGUFWriter, spec: DemoModelSpec, n_vocab: int) -
     for name, shape, dtype, _, _ in specs:
         raw = gguf.GGMLQuantizationType.Q8_0 if dtype == "q8_0" else None
         np_dtype = np.float16 if dtype == "f16" else np.float32  # element shape for q8_0 too
-        writer.add_tensor_info(name, shape, np.dtype(np_dtype), _nbytes(shape, dtype),
-                               raw_dtype=raw)
+        writer.add_tensor_info(name, shape, np.dtype(np_dtype), _nbytes(shape, dtype), raw_dtype=raw)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
@@ -369,7 +379,8 @@ def _iter_cli_fields() -> Iterator[tuple[str, type]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m lmsp.demo_model",
-        description="Write a llama GGUF with fixed random weights and the llama SPM vocabulary.")
+        description="Write a llama GGUF with fixed random weights and the llama SPM vocabulary.",
+    )
     parser.add_argument("out", type=Path, help="the GGUF file to write")
     parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
     parser.add_argument("--dtype", choices=DTYPES, help="weight type of the matrices")

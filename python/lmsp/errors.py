@@ -5,6 +5,7 @@ the LMSP error code and a message; the web layer turns it into the error body
 of LMSP B.1 in one handler. Lower layers (the store, the model registry) raise
 these directly, so nothing in between needs to translate.
 """
+
 from __future__ import annotations
 
 
@@ -12,11 +13,24 @@ from __future__ import annotations
 # (unknown route, wrong method) and what the HTTP server refuses before the app
 # sees the request (lmsp.gunicorn_worker).
 HTTP_CODES = {
-    400: "invalid_request", 401: "unauthorized", 403: "insufficient_scope", 404: "not_found",
-    405: "method_not_allowed", 406: "not_acceptable", 409: "conflict", 411: "length_required",
-    413: "payload_too_large", 414: "uri_too_long", 415: "unsupported_media_type",
-    417: "expectation_failed", 422: "invalid_request", 429: "rate_limited",
-    431: "headers_too_large", 500: "internal_error", 501: "not_implemented", 503: "unavailable",
+    400: "invalid_request",
+    401: "unauthorized",
+    403: "insufficient_scope",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    409: "conflict",
+    411: "length_required",
+    413: "payload_too_large",
+    414: "uri_too_long",
+    415: "unsupported_media_type",
+    417: "expectation_failed",
+    422: "invalid_request",
+    429: "rate_limited",
+    431: "headers_too_large",
+    500: "internal_error",
+    501: "not_implemented",
+    503: "unavailable",
 }
 
 
@@ -29,8 +43,9 @@ class LMSPError(Exception):
     status = 400
     code = "invalid_request"
 
-    def __init__(self, message: str, *, param: str | None = None,
-                 headers: dict[str, str] | None = None, code: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, param: str | None = None, headers: dict[str, str] | None = None, code: str | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param

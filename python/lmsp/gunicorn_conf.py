@@ -19,6 +19,7 @@ What happens where:
   that dies is replaced, and its tasks are recovered through their expired
   leases by the surviving runtimes (LMSP B.9).
 """
+
 from __future__ import annotations
 
 import logging
@@ -44,7 +45,7 @@ _DATA_LOCK_WAIT = 10.0
 wsgi_app = _env("LMSP_GUNICORN_APP", "lmsp.app:get_app()")
 bind = [_cfg.bind]
 workers = _cfg.workers
-worker_class = "lmsp.gunicorn_worker.GeventWorker"   # gunicorn's gevent worker, imported after the fork
+worker_class = "lmsp.gunicorn_worker.GeventWorker"  # gunicorn's gevent worker, imported after the fork
 # connections a worker keeps open; those waiting for a request are at most max_idle_connections
 # of them (lmsp.idle_connections), so the rest stay for requests being served
 worker_connections = int(_env("LMSP_GUNICORN_WORKER_CONNECTIONS", "2048"))
@@ -57,9 +58,9 @@ graceful_timeout = int(_env("LMSP_GUNICORN_GRACEFUL_TIMEOUT") or math.ceil(_cfg.
 # longer than a proxy's idle upstream keepalive; at least 1 s (0 would leave a new connection's
 # wait for its first request without any time limit in gunicorn's gevent worker)
 keepalive = max(1, int(_env("LMSP_GUNICORN_KEEPALIVE", "75")))
-preload_app = False                                       # the engine loads after fork, never in the master
+preload_app = False  # the engine loads after fork, never in the master
 loglevel = _cfg.log_level
-accesslog = _env("LMSP_GUNICORN_ACCESSLOG") or None       # the app logs requests itself
+accesslog = _env("LMSP_GUNICORN_ACCESSLOG") or None  # the app logs requests itself
 errorlog = "-"
 proc_name = f"lmsp[{_cfg.name}]"
 forwarded_allow_ips = _env("LMSP_GUNICORN_FORWARDED_ALLOW_IPS", "127.0.0.1,::1")
@@ -74,7 +75,7 @@ def _enough_files() -> None:
     ``worker_connections`` needs, within the hard limit."""
     import resource
 
-    want = worker_connections + 256   # the database, the model, the log, gunicorn's own
+    want = worker_connections + 256  # the database, the model, the log, gunicorn's own
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < want:
         target = want if hard == resource.RLIM_INFINITY else min(want, hard)
@@ -86,8 +87,10 @@ def _enough_files() -> None:
 
 _enough_files()
 if _cfg.max_idle_connections >= worker_connections:
-    raise SystemExit(f"lmsp: cannot start: max_idle_connections ({_cfg.max_idle_connections}) must be "
-                     f"below LMSP_GUNICORN_WORKER_CONNECTIONS ({worker_connections})")
+    raise SystemExit(
+        f"lmsp: cannot start: max_idle_connections ({_cfg.max_idle_connections}) must be "
+        f"below LMSP_GUNICORN_WORKER_CONNECTIONS ({worker_connections})"
+    )
 
 
 def _logging() -> None:
@@ -122,21 +125,30 @@ def on_starting(server) -> None:
         server.log.error("lmsp: cannot start: %s", exc)
         raise SystemExit(f"lmsp: cannot start: {exc}") from None
     env = dict(os.environ, **{LOCK_FD_ENV: str(_data_lock)})
-    child = subprocess.run([sys.executable, "-m", "lmsp.cli", "prepare", "--json"], stdout=subprocess.PIPE,
-                           stdin=subprocess.DEVNULL, text=True, check=False, env=env, pass_fds=(_data_lock,))
+    child = subprocess.run(
+        [sys.executable, "-m", "lmsp.cli", "prepare", "--json"],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        check=False,
+        env=env,
+        pass_fds=(_data_lock,),
+    )
     try:
         outcome = json.loads(child.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         outcome = {}
     if child.returncode != 0 or "recovered" not in outcome:
-        message = ((outcome.get("error") or {}).get("message")
-                   or f"the start-up preparation exited with status {child.returncode}")
+        message = (outcome.get("error") or {}).get(
+            "message"
+        ) or f"the start-up preparation exited with status {child.returncode}"
         server.log.error("lmsp: cannot start: %s", message)
         raise SystemExit(f"lmsp: cannot start: {message}")
     os.environ[_config.RECOVERED_ENV] = "1"
     counts = outcome.get("recovered") or {}
-    server.log.info("lmsp: start-up recovery done (%s)",
-                    ", ".join(f"{k}={v}" for k, v in counts.items() if v) or "nothing")
+    server.log.info(
+        "lmsp: start-up recovery done (%s)", ", ".join(f"{k}={v}" for k, v in counts.items() if v) or "nothing"
+    )
 
 
 def post_fork(server, worker) -> None:

@@ -20,6 +20,7 @@ seconds for its first request head, and the oldest idle connections are
 closed beyond ``max_idle_per_address`` per client address or
 ``max_idle_connections`` in all.
 """
+
 from __future__ import annotations
 
 import http
@@ -138,8 +139,11 @@ def refusal(exc, cfg) -> tuple[int, str]:
         return 403, "TLS handshake failed"
     if isinstance(exc, http_errors.ParseException):  # one this list does not know yet
         status = getattr(exc, "code", 400)
-        return (status, "malformed HTTP request") if isinstance(status, int) and 400 <= status < 500 \
+        return (
+            (status, "malformed HTTP request")
+            if isinstance(status, int) and 400 <= status < 500
             else (500, "internal error")
+        )
     return 500, "internal error"
 
 
@@ -149,15 +153,18 @@ _REASONS = {413: "Content Too Large", 414: "URI Too Long"}
 
 def error_response(status: int, code: str, message: str, request_id: str, *, body: bool = True) -> bytes:
     """A whole HTTP/1.1 response carrying the B.1 error body; the connection closes after it."""
-    payload = json.dumps({"error": {"code": code, "message": message, "param": None}},
-                         ensure_ascii=True, separators=(",", ":")).encode("ascii")
+    payload = json.dumps(
+        {"error": {"code": code, "message": message, "param": None}}, ensure_ascii=True, separators=(",", ":")
+    ).encode("ascii")
     reason = _REASONS.get(status) or http.HTTPStatus(status).phrase
-    head = (f"HTTP/1.1 {status} {reason}\r\n"
-            "Connection: close\r\n"
-            "Content-Type: application/json\r\n"
-            f"Content-Length: {len(payload)}\r\n"
-            f"X-Request-Id: {request_id}\r\n"
-            "\r\n").encode("ascii")
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\n"
+        "Connection: close\r\n"
+        "Content-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n"
+        f"X-Request-Id: {request_id}\r\n"
+        "\r\n"
+    ).encode("ascii")
     return head + payload if body else head
 
 
@@ -181,12 +188,14 @@ class JSONErrors(_Worker):
             what = " ".join(str(getattr(req, attr)) for attr in ("method", "uri") if hasattr(req, attr))
             self.log.exception("Error handling request %s (request id %s)", what or "(no URI read)", request_id)
         else:
-            self.log.warning("Invalid request from ip=%s: %s (answered %s, request id %s)",
-                             addr[0], exc, status, request_id)
+            self.log.warning(
+                "Invalid request from ip=%s: %s (answered %s, request id %s)", addr[0], exc, status, request_id
+            )
         if req is None and hasattr(exc, "req") and not isinstance(exc, http_errors.InvalidRequestLine):
             req = exc.req
-        data = error_response(status, code_for_status(status), message, request_id,
-                              body=getattr(req, "method", None) != "HEAD")
+        data = error_response(
+            status, code_for_status(status), message, request_id, body=getattr(req, "method", None) != "HEAD"
+        )
         if req is not None and hasattr(req, "method"):
             self._access(req, client, addr, status, len(data), started)
         try:
@@ -252,7 +261,7 @@ class IdleLimits(_Worker):
 
         self.lmsp_config = config.load()
         self.idle = IdleConnections(self.lmsp_config.max_idle_connections, self.lmsp_config.max_idle_per_address)
-        self._connections: dict = {}   # handler greenlet -> [client address, first request still to come]
+        self._connections: dict = {}  # handler greenlet -> [client address, first request still to come]
         self.wind_down: WindDown | None = None
 
     def handle(self, listener, client, addr) -> None:
@@ -287,6 +296,7 @@ def _serving(worker_class: type[_Worker]) -> type[_Worker]:
     (:class:`lmsp.winddown.WindDown`)."""
     global _serving_class
     if _serving_class is None:
+
         class Serving(IdleLimits, JSONErrors, worker_class):  # type: ignore[misc,valid-type]  # a run-time base
             def load_wsgi(self) -> None:
                 super().load_wsgi()
@@ -300,8 +310,9 @@ def _serving(worker_class: type[_Worker]) -> type[_Worker]:
                 for runtime in runtimes:
                     runtime.drain()
                 if self.wind_down is None:
-                    self.wind_down = WindDown(runtimes, self.idle, self.lmsp_config.stop_grace_seconds,
-                                              float(self.cfg.graceful_timeout))
+                    self.wind_down = WindDown(
+                        runtimes, self.idle, self.lmsp_config.stop_grace_seconds, float(self.cfg.graceful_timeout)
+                    )
                 super().handle_exit(sig, frame)
 
         Serving.__name__ = Serving.__qualname__ = worker_class.__name__

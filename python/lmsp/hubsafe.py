@@ -10,6 +10,7 @@ lock, so it runs on the hub itself under :func:`lmsp.store.db.no_wait` (no
 hand-over to a thread and back) and goes to the pool only when it does meet
 one. Outside gevent the store is returned unchanged.
 """
+
 from __future__ import annotations
 
 import functools
@@ -79,6 +80,7 @@ class HubSafeStore:
                 except Unavailable:  # a lock: wait for it in the pool
                     return _in_pool(pool, attr, args, kwargs)
         else:
+
             @functools.wraps(attr)
             def call(*args, **kwargs):
                 return _in_pool(pool, attr, args, kwargs)

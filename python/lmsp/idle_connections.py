@@ -13,6 +13,7 @@ closes the connection without an answer.
 
 gevent only (the worker that uses it runs under gevent).
 """
+
 from __future__ import annotations
 
 import logging
@@ -67,7 +68,7 @@ class IdleConnections:
         self.per_address = max(1, int(per_address))
         self._all: dict[_Wait, None] = {}
         self._by_address: dict[str, dict[_Wait, None]] = {}
-        self.closed_early = 0          # idle connections closed to make room, since the start
+        self.closed_early = 0  # idle connections closed to make room, since the start
         self._clock = clock
         self._unreported = 0
         self._reported_at = 0.0
@@ -113,6 +114,10 @@ class IdleConnections:
         self._unreported += 1
         now = self._clock()
         if now - self._reported_at >= WARN_EVERY:
-            log.warning("closed %d idle connection(s) to stay within %d per address and %d in all "
-                        "(the oldest first)", self._unreported, self.per_address, self.total)
+            log.warning(
+                "closed %d idle connection(s) to stay within %d per address and %d in all (the oldest first)",
+                self._unreported,
+                self.per_address,
+                self.total,
+            )
             self._unreported, self._reported_at = 0, now

@@ -1,4 +1,5 @@
 """Opaque, prefixed, time-sortable ids (ULID-like): ``resp_01J...``."""
+
 from __future__ import annotations
 
 import os

@@ -4,6 +4,7 @@ This module is the public face of the compiled ``lmsp._native`` extension; code
 outside the package imports from here. See ``lmsp/_native.pyi`` for the
 signatures and ``Engine``'s docstring below for the behaviour.
 """
+
 from __future__ import annotations
 
 from ._native import (

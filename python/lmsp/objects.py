@@ -4,6 +4,7 @@ Every function takes rows (``sqlite3.Row`` or mappings with the column names
 of :mod:`lmsp.store.schema`) and returns plain JSON-ready dicts. Times are
 Unix seconds as integers.
 """
+
 from __future__ import annotations
 
 import json
@@ -76,10 +77,12 @@ def response_object(response: Row, task: Row, text: str | None) -> dict:
         output.append(output_item(response["item_id"], _item_status(task, reason), text or ""))
     usage = _json(response["usage"])
     if usage is not None:
-        usage = {"input_tokens": int(usage.get("input_tokens", 0)),
-                 "input_tokens_details": {"cached_tokens": int(usage.get("cached_tokens", 0))},
-                 "output_tokens": int(usage.get("output_tokens", 0)),
-                 "output_tokens_details": {"reasoning_tokens": 0}}
+        usage = {
+            "input_tokens": int(usage.get("input_tokens", 0)),
+            "input_tokens_details": {"cached_tokens": int(usage.get("cached_tokens", 0))},
+            "output_tokens": int(usage.get("output_tokens", 0)),
+            "output_tokens_details": {"reasoning_tokens": 0},
+        }
         usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
     return {
         "id": response["id"],

@@ -9,6 +9,7 @@ its sha256 before using it. What is kept lives in the cache directory:
 This module uses the standard library only: the build runs it before the
 package is installed.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -49,30 +50,48 @@ def sha256_of(path: Path, progress: Callable[[int, int], None] | None = None) ->
     return digest.hexdigest()
 
 
-def pip_download(package: str, version: str, dest: Path, *, binary: bool,
-                 extra: tuple[str, ...] = (), quiet: bool = True) -> None:
+def pip_download(
+    package: str, version: str, dest: Path, *, binary: bool, extra: tuple[str, ...] = (), quiet: bool = True
+) -> None:
     """``pip download --no-deps`` of ``package==version`` into ``dest``: a wheel when
     ``binary``, else the source archive. pip's messages are kept for the error
     message; with ``quiet=False`` pip shows its download progress on stderr.
     Raises FetchError."""
-    cmd = [*PIP, "download", "--no-deps", "--only-binary=:all:" if binary else "--no-binary=:all:",
-           "--disable-pip-version-check", *extra, "-d", str(dest), f"{package}=={version}"]
+    cmd = [
+        *PIP,
+        "download",
+        "--no-deps",
+        "--only-binary=:all:" if binary else "--no-binary=:all:",
+        "--disable-pip-version-check",
+        *extra,
+        "-d",
+        str(dest),
+        f"{package}=={version}",
+    ]
     if quiet:
-        cmd[len(PIP) + 1:len(PIP) + 1] = ["--quiet", "--progress-bar", "off"]
+        cmd[len(PIP) + 1 : len(PIP) + 1] = ["--quiet", "--progress-bar", "off"]
     try:
-        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if quiet else 2,
-                              stderr=subprocess.STDOUT if quiet else subprocess.PIPE, text=True)
+        done = subprocess.run(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE if quiet else 2,
+            stderr=subprocess.STDOUT if quiet else subprocess.PIPE,
+            text=True,
+        )
     except OSError as exc:
         raise FetchError(f"cannot run pip to download {package} {version}: {exc.strerror or exc}") from None
     if done.returncode < 0:
-        raise FetchError(f"the download of {package} {version} was interrupted "
-                         f"(pip stopped by signal {-done.returncode})")
+        raise FetchError(
+            f"the download of {package} {version} was interrupted (pip stopped by signal {-done.returncode})"
+        )
     if done.returncode != 0:
-        raise FetchError(f"pip could not download {package} {version} (exit status {done.returncode})"
-                         f"{_reason(done.stdout if quiet else done.stderr)}; is the package registry reachable?")
+        raise FetchError(
+            f"pip could not download {package} {version} (exit status {done.returncode})"
+            f"{_reason(done.stdout if quiet else done.stderr)}; is the package registry reachable?"
+        )
 
 
 def _reason(output: str | None) -> str:
     """pip's last error line, if it printed one."""
     errors = [line.strip() for line in (output or "").splitlines() if line.startswith("ERROR:")]
-    return f": {errors[-1][len('ERROR:'):].strip()}" if errors else ""
+    return f": {errors[-1][len('ERROR:') :].strip()}" if errors else ""

@@ -5,6 +5,7 @@ A pull takes the model from the cache (fetching it first if need be,
 with the catalog name as its id. What it does is shown as a progress bar on a
 terminal, or as one JSON line per finished stage.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,7 @@ class Reporter:
     """Shows the steps of a pull: a bar on ``stream`` (bytes, rate, time left) for the stages
     this process does, and/or one JSON line on ``out`` per finished stage."""
 
-    def __init__(self, *, bar: bool, json_lines: bool, stream: TextIO | None = None,
-                 out: TextIO | None = None) -> None:
+    def __init__(self, *, bar: bool, json_lines: bool, stream: TextIO | None = None, out: TextIO | None = None) -> None:
         self.bar, self.json_lines = bar, json_lines
         self.stream, self.out = stream or sys.stderr, out or sys.stdout
         self._key: tuple[str, str] | None = None
@@ -72,9 +72,11 @@ class Reporter:
             tail = _clock(seconds)
         else:
             tail = f"{_clock((step.total - step.done) / rate) if rate > 0 else '-:--:--'} left"
-        self.stream.write(f"\r{step.stage:<{STAGE_WIDTH}} {step.item} [{'#' * fill:<{BAR_WIDTH}}] "
-                          f"{step.done * 100 // total:3d}% {_mb(step.done)}/{_mb(step.total)} MB "
-                          f"{_mb(rate)} MB/s {tail}\x1b[K{end}")
+        self.stream.write(
+            f"\r{step.stage:<{STAGE_WIDTH}} {step.item} [{'#' * fill:<{BAR_WIDTH}}] "
+            f"{step.done * 100 // total:3d}% {_mb(step.done)}/{_mb(step.total)} MB "
+            f"{_mb(rate)} MB/s {tail}\x1b[K{end}"
+        )
         self.stream.flush()
 
 
@@ -105,8 +107,12 @@ def register(cfg, store, model: CatalogModel, path: Path, reporter: Reporter) ->
         row = store.get_model(model.name)
     except NotFound:
         row = None
-    if (row is not None and row["digest"] == f"sha256:{model.sha256}"
-            and registry.file_path(row).resolve() == path.resolve() and registry.state(row) == "available"):
+    if (
+        row is not None
+        and row["digest"] == f"sha256:{model.sha256}"
+        and registry.file_path(row).resolve() == path.resolve()
+        and registry.state(row) == "available"
+    ):
         return registry.object(model.name)
 
     def progress(done: int, total: int) -> None:
@@ -125,6 +131,7 @@ def listing() -> tuple[list[dict], list[list]]:
     for m in models:
         is_cached = (cached / m.file_name).is_file() and (cached / m.file_name).stat().st_size == m.size
         data.append({**m.summary(), "cached": is_cached})
-        rows.append([m.name, f"{m.size / 1e6:.0f} MB", m.license, m.architecture, "yes" if is_cached else "no",
-                     m.description])
+        rows.append(
+            [m.name, f"{m.size / 1e6:.0f} MB", m.license, m.architecture, "yes" if is_cached else "no", m.description]
+        )
     return data, rows

@@ -18,6 +18,7 @@ gunicorn's ``worker_exit`` hook then waits for it (:meth:`WindDown.wait`)
 and stops the runtimes in the time left; tasks still running keep their state
 and follow their restart policy at the next start.
 """
+
 from __future__ import annotations
 
 import logging
@@ -35,14 +36,13 @@ STOP_RESERVE_SECONDS = 5.0
 class WindDown:
     """Started at the worker's SIGTERM; see the module docstring."""
 
-    def __init__(self, runtimes, idle, grace: float, graceful_timeout: float,
-                 clock=time.monotonic) -> None:
+    def __init__(self, runtimes, idle, grace: float, graceful_timeout: float, clock=time.monotonic) -> None:
         self._runtimes = list(runtimes)
         self._idle = idle
         self._clock = clock
         self.started = clock()
         self.grace = max(0.0, min(float(grace), graceful_timeout - STOP_RESERVE_SECONDS))
-        self.deadline = self.started + graceful_timeout   # when gunicorn's master kills the worker
+        self.deadline = self.started + graceful_timeout  # when gunicorn's master kills the worker
         self._greenlet = gevent.spawn(self._run)
 
     def _busy(self) -> int:
@@ -57,8 +57,7 @@ class WindDown:
             gevent.sleep(POLL_SECONDS)
             busy = self._busy()
         if busy:
-            log.info("stopping: %d task(s) still running; they follow their restart policy at the next start",
-                     busy)
+            log.info("stopping: %d task(s) still running; they follow their restart policy at the next start", busy)
         for runtime in self._runtimes:
             runtime.end_streams()
         closed = self._idle.close_all()

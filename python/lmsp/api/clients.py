@@ -1,4 +1,5 @@
 """Pairing and clients (LMSP B.2): ``/v1/pairings``, ``/v1/pair``, ``/v1/clients``."""
+
 from __future__ import annotations
 
 import hashlib
@@ -36,6 +37,7 @@ def _printable(value: _Name, param: str) -> _Name:
         raise InvalidRequest(f"{param!r} must not contain control characters", param=param)
     return value
 
+
 class PairingService:
     """Pairing codes and their redemption, without HTTP."""
 
@@ -53,10 +55,17 @@ class PairingService:
         now = self.deps.clock()
         code = code or auth.new_pairing_code()
         expires_at = int(now) + expires_in
-        row = self.deps.store.create_pairing(code_hash=auth.hash_code(code), scopes=scopes,
-                                             expires_at=expires_at, name=name)
-        out = {"object": "pairing", "code": code, "scopes": scopes, "name": name,
-               "created_at": int(now), "expires_at": expires_at}
+        row = self.deps.store.create_pairing(
+            code_hash=auth.hash_code(code), scopes=scopes, expires_at=expires_at, name=name
+        )
+        out = {
+            "object": "pairing",
+            "code": code,
+            "scopes": scopes,
+            "name": name,
+            "created_at": int(now),
+            "expires_at": expires_at,
+        }
         if isinstance(row, dict) and row.get("id"):
             out["id"] = row["id"]
         return out
@@ -68,16 +77,24 @@ class PairingService:
         store, config = self.deps.store, self.deps.config
         token = token or auth.new_token()
         try:
-            client = store.redeem_pairing(code_hash=auth.hash_code(code), client_name=client_name,
-                                          token_hash=auth.hash_token(token),
-                                          max_failures=config.pairing_max_attempts, window=FAILURE_WINDOW_SECONDS)
+            client = store.redeem_pairing(
+                code_hash=auth.hash_code(code),
+                client_name=client_name,
+                token_hash=auth.hash_token(token),
+                max_failures=config.pairing_max_attempts,
+                window=FAILURE_WINDOW_SECONDS,
+            )
         except NotFound:
             log.warning("failed pairing attempt")
-            raise InvalidRequest("the pairing code is unknown, already used or expired",
-                                 param="code") from None
+            raise InvalidRequest("the pairing code is unknown, already used or expired", param="code") from None
         log.info("client paired", extra={"client_id": client["id"]})
-        return {"object": "client_token", "client_id": client["id"], "client_name": client["name"],
-                "token": token, "scopes": list(client["scopes"])}
+        return {
+            "object": "client_token",
+            "client_id": client["id"],
+            "client_name": client["name"],
+            "token": token,
+            "scopes": list(client["scopes"]),
+        }
 
     @staticmethod
     def code_of(body: dict[str, Any]) -> str:
@@ -91,8 +108,11 @@ class PairingService:
             return auth.service_secret(self.deps.config.data_dir)
         except OSError as exc:
             log.error("pairing under an Idempotency-Key needs the service key: %s", exc)
-            raise Unavailable("pairing under an Idempotency-Key is unavailable: the service key cannot be "
-                              "read (see the service log); retry without the key", retry_after=60) from None
+            raise Unavailable(
+                "pairing under an Idempotency-Key is unavailable: the service key cannot be "
+                "read (see the service log); retry without the key",
+                retry_after=60,
+            ) from None
 
     def key_ttl(self) -> float:
         """How long a pairing request's Idempotency-Key answers a retry: the life of a
@@ -122,9 +142,16 @@ class PairingsResource:
         # service's secret): a retry is answered with the same code, which the store
         # never holds (B.2: digests only)
         secret = self.service.secret()
-        idempotency.answer(self.deps.store, req, resp, client_id, body,
-                           lambda code: (201, self.service.create_code(body, code)), ttl=self.service.key_ttl(),
-                           secret=("code", lambda nonce: auth.derived_pairing_code(secret, client_id, key, nonce)))
+        idempotency.answer(
+            self.deps.store,
+            req,
+            resp,
+            client_id,
+            body,
+            lambda code: (201, self.service.create_code(body, code)),
+            ttl=self.service.key_ttl(),
+            secret=("code", lambda nonce: auth.derived_pairing_code(secret, client_id, key, nonce)),
+        )
 
 
 class PairResource:
@@ -150,9 +177,16 @@ class PairResource:
         name = get_str(body, "client_name", required=True, max_len=200)
         scope = "pair:" + hashlib.sha256(f"{code}\0{name}".encode("utf-8")).hexdigest()
         secret = self.service.secret()
-        idempotency.answer(self.deps.store, req, resp, scope, body,
-                           lambda token: (201, self.service.redeem(body, token)), ttl=self.service.key_ttl(),
-                           secret=("token", lambda nonce: auth.derived_token(secret, scope, key, nonce)))
+        idempotency.answer(
+            self.deps.store,
+            req,
+            resp,
+            scope,
+            body,
+            lambda token: (201, self.service.redeem(body, token)),
+            ttl=self.service.key_ttl(),
+            secret=("token", lambda nonce: auth.derived_token(secret, scope, key, nonce)),
+        )
 
 
 class ClientsResource:
@@ -186,6 +220,5 @@ class ClientResource:
     def on_delete(self, req: falcon.Request, resp: falcon.Response, client_id: str) -> None:
         check_id(client_id, "cli", "client")
         row = self.deps.store.revoke_client(client_id)
-        log.info("client revoked", extra={"revoked_client_id": client_id,
-                                          "by": caller(req)["id"]})
+        log.info("client revoked", extra={"revoked_client_id": client_id, "by": caller(req)["id"]})
         set_json(resp, client_object(row))

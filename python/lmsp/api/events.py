@@ -7,6 +7,7 @@ store connection). It ends after the terminal event. Events that this worker's
 latest commit wrote come from ``runtime.committed_events`` instead of a read,
 once the store has answered for the task.
 """
+
 from __future__ import annotations
 
 import logging
@@ -26,8 +27,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lmsp.api")
 
-TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed",
-                             "response.cancelled"})
+TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed", "response.cancelled"})
 FINISHED_TASK_STATES = frozenset({"completed", "failed", "cancelled"})
 KEEP_ALIVE = b": keep-alive\n\n"
 PAGE = 500
@@ -38,15 +38,17 @@ BUSY_GIVE_UP_SECONDS = 10.0  # a stream whose store stays unavailable this long 
 
 def frame(event: dict[str, Any]) -> bytes:
     """One event in SSE framing: ``id``, ``event``, ``data``, blank line."""
-    return (f"id: {event['sequence_number']}\nevent: {event['type']}\n"
-            f"data: {dumps(event)}\n\n").encode("utf-8")
+    return (f"id: {event['sequence_number']}\nevent: {event['type']}\ndata: {dumps(event)}\n\n").encode("utf-8")
 
 
 def stopping_frame(last: int) -> bytes:
     """The ``error`` event that ends a stream when the worker stops (not a response event:
     the task goes on after the restart, from the event after ``last``)."""
-    return error_frame("server_stopping", "the service is stopping; resume the stream after its restart "
-                       f"from sequence number {last} (starting_after or Last-Event-ID)")
+    return error_frame(
+        "server_stopping",
+        "the service is stopping; resume the stream after its restart "
+        f"from sequence number {last} (starting_after or Last-Event-ID)",
+    )
 
 
 def wants_sse(req: falcon.Request) -> bool:
@@ -54,8 +56,9 @@ def wants_sse(req: falcon.Request) -> bool:
     return any(part.split(";")[0].strip().lower() == SSE_TYPE for part in accept.split(","))
 
 
-def start_sse(resp: falcon.Response, stream: Iterator[bytes], status: int = 200,
-              headers: dict[str, str] | None = None) -> None:
+def start_sse(
+    resp: falcon.Response, stream: Iterator[bytes], status: int = 200, headers: dict[str, str] | None = None
+) -> None:
     resp.status = status
     resp.content_type = SSE_TYPE + "; charset=utf-8"
     resp.set_header("Cache-Control", "no-cache")
@@ -65,11 +68,19 @@ def start_sse(resp: falcon.Response, stream: Iterator[bytes], status: int = 200,
     resp.stream = stream
 
 
-def event_stream(store: Store, runtime: RuntimeAPI, task_id: str, *, after: int = 0, client_id: str | None = None,
-                 heartbeat: float = 15.0, on_abandon: Callable[[], None] | None = None,
-                 monotonic: Callable[[], float] = time.monotonic,
-                 poll: float = POLL_SECONDS,
-                 authorized: Callable[[], bool] | None = None) -> Iterator[bytes]:
+def event_stream(
+    store: Store,
+    runtime: RuntimeAPI,
+    task_id: str,
+    *,
+    after: int = 0,
+    client_id: str | None = None,
+    heartbeat: float = 15.0,
+    on_abandon: Callable[[], None] | None = None,
+    monotonic: Callable[[], float] = time.monotonic,
+    poll: float = POLL_SECONDS,
+    authorized: Callable[[], bool] | None = None,
+) -> Iterator[bytes]:
     """SSE frames of ``task_id``'s events after ``after``, then live ones.
 
     ``on_abandon`` runs when the consumer closes the stream before its end
@@ -78,8 +89,9 @@ def event_stream(store: Store, runtime: RuntimeAPI, task_id: str, *, after: int 
     (the reader's client was revoked), the stream ends with an
     ``unauthorized`` error event, and the task runs on.
     """
-    stream = _Stream(store, runtime, task_id, after=after, client_id=client_id, monotonic=monotonic,
-                     poll=poll, authorized=authorized)
+    stream = _Stream(
+        store, runtime, task_id, after=after, client_id=client_id, monotonic=monotonic, poll=poll, authorized=authorized
+    )
     try:
         yield from stream.frames(heartbeat)
     except LMSPError as exc:
@@ -100,8 +112,18 @@ def event_stream(store: Store, runtime: RuntimeAPI, task_id: str, *, after: int 
 class _Stream:
     """One stream's reads and waits, and where it stands between them."""
 
-    def __init__(self, store: Store, runtime: RuntimeAPI, task_id: str, *, after: int, client_id: str | None,
-                 monotonic: Callable[[], float], poll: float, authorized: Callable[[], bool] | None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        runtime: RuntimeAPI,
+        task_id: str,
+        *,
+        after: int,
+        client_id: str | None,
+        monotonic: Callable[[], float],
+        poll: float,
+        authorized: Callable[[], bool] | None,
+    ) -> None:
         self.store = store
         self.runtime = runtime
         self.task_id = task_id

@@ -1,4 +1,5 @@
 """``GET /v1/service``, ``/healthz``, ``/readyz``, ``/metrics`` and ``/openapi.json``."""
+
 from __future__ import annotations
 
 import logging
@@ -15,16 +16,18 @@ from .common import Deps, set_json
 log = logging.getLogger("lmsp.api")
 
 CAPABILITIES = (
-    "responses",            # POST /v1/responses, plain
-    "responses.stream",     # stream: true
+    "responses",  # POST /v1/responses, plain
+    "responses.stream",  # stream: true
     "responses.background",  # background: true, 202 + Location
     "responses.stream_resume",  # GET /v1/responses/{id}?stream=true&starting_after=N
-    "tasks",                # /v1/tasks and their event logs
+    "tasks",  # /v1/tasks and their event logs
     "cancel",
     "idempotency",
     "pairing",
     "models",
-    "on_restart.fail", "on_restart.retry", "on_restart.resume",
+    "on_restart.fail",
+    "on_restart.retry",
+    "on_restart.resume",
 )
 
 
@@ -36,15 +39,18 @@ class ServiceResource:
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         identity = self.deps.store.identity()
-        set_json(resp, {
-            "service_id": identity["service_id"],
-            "object": "service",
-            "name": self.deps.config.name,
-            "version": lmsp.__version__,
-            "protocol": lmsp.PROTOCOL,
-            "capabilities": list(CAPABILITIES),
-            "created_at": identity.get("created_at"),
-        })
+        set_json(
+            resp,
+            {
+                "service_id": identity["service_id"],
+                "object": "service",
+                "name": self.deps.config.name,
+                "version": lmsp.__version__,
+                "protocol": lmsp.PROTOCOL,
+                "capabilities": list(CAPABILITIES),
+                "created_at": identity.get("created_at"),
+            },
+        )
 
 
 class HealthResource:
@@ -85,9 +91,9 @@ class MetricsResource:
         runtime_figures = deps.runtime.metrics()
         resp.status = 200
         resp.content_type = prom.CONTENT_TYPE
-        resp.text = prom.render(task_counts=counts, runtime_metrics=runtime_figures,
-                                http=deps.http_metrics,
-                                ready=deps.runtime.ready)
+        resp.text = prom.render(
+            task_counts=counts, runtime_metrics=runtime_figures, http=deps.http_metrics, ready=deps.runtime.ready
+        )
 
     on_head = on_get
 

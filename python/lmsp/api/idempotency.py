@@ -7,6 +7,7 @@ the key with ``store.idempotency_begin`` while they run and record the answer
 with ``idempotency_finish``. An error releases the key (``idempotency_abort``):
 errors are not recorded, so a failed request can be retried with its key.
 """
+
 from __future__ import annotations
 
 import secrets
@@ -28,8 +29,7 @@ def key_of(req: falcon.Request) -> str | None:
     if value is None:
         return None
     if not 1 <= len(value) <= 255 or not all(32 <= ord(ch) < 127 for ch in value):
-        raise InvalidRequest("Idempotency-Key must be 1 to 255 printable ASCII characters",
-                             param=HEADER)
+        raise InvalidRequest("Idempotency-Key must be 1 to 255 printable ASCII characters", param=HEADER)
     return value
 
 
@@ -43,9 +43,16 @@ def fingerprint(client_id: str | None, method: str, path: str, body: dict[str, A
 _NONCE = "lmsp_nonce"
 
 
-def run(store: Any, req: falcon.Request, client_id: str, body: dict[str, Any] | None,
-        action: Callable[..., Answer], *, ttl: float | None = None,
-        secret: tuple[str, Callable[[str], str]] | None = None) -> tuple[int, dict[str, Any], bool]:
+def run(
+    store: Any,
+    req: falcon.Request,
+    client_id: str,
+    body: dict[str, Any] | None,
+    action: Callable[..., Answer],
+    *,
+    ttl: float | None = None,
+    secret: tuple[str, Callable[[str], str]] | None = None,
+) -> tuple[int, dict[str, Any], bool]:
     """Run ``action`` (returns status and body) under the request's key, if any;
     it takes no argument, or the secret's value when ``secret`` is given.
 
@@ -88,8 +95,15 @@ def replayed_header(replayed: bool) -> dict[str, str] | None:
     return {REPLAYED: "true"} if replayed else None
 
 
-def answer(store: Any, req: falcon.Request, resp: falcon.Response, client_id: str, body: dict[str, Any] | None,
-           action: Callable[..., Answer], **options: Any) -> None:
+def answer(
+    store: Any,
+    req: falcon.Request,
+    resp: falcon.Response,
+    client_id: str,
+    body: dict[str, Any] | None,
+    action: Callable[..., Answer],
+    **options: Any,
+) -> None:
     """:func:`run` the action and write its JSON answer, marked when replayed."""
     from .common import set_json
 

@@ -1,4 +1,5 @@
 """Structured logs: one JSON object per line, with the request id when there is one."""
+
 from __future__ import annotations
 
 import contextvars
@@ -8,21 +9,18 @@ import sys
 import time
 from typing import TextIO
 
-request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("lmsp_request_id",
-                                                                             default=None)
+request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("lmsp_request_id", default=None)
 
 # Attributes every LogRecord has; anything else passed through ``extra=`` is
 # written as a field of the JSON object.
-_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime",
-                                                                          "taskName"}
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "taskName"}
 
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out = {
             "ts": round(record.created, 3),
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),

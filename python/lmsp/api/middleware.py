@@ -1,4 +1,5 @@
 """Request id, access log, latency, authentication and the error handlers."""
+
 from __future__ import annotations
 
 import logging
@@ -28,8 +29,7 @@ def _valid_request_id(value: str | None) -> TypeGuard[str]:
 class RequestContext:
     """Request id in and out, one access log line and the latency histogram."""
 
-    def __init__(self, http_metrics: HttpMetrics | None,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, http_metrics: HttpMetrics | None, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.http_metrics = http_metrics
         self.monotonic = monotonic
 
@@ -42,8 +42,9 @@ class RequestContext:
         request_id_var.set(rid)
         resp.set_header(REQUEST_ID, rid)
 
-    def process_response(self, req: falcon.Request, resp: falcon.Response, resource: object,
-                         req_succeeded: bool) -> None:
+    def process_response(
+        self, req: falcon.Request, resp: falcon.Response, resource: object, req_succeeded: bool
+    ) -> None:
         started = getattr(req.context, "started", None)
         elapsed = self.monotonic() - started if started is not None else 0.0
         status = resp.status_code if hasattr(resp, "status_code") else int(str(resp.status)[:3])
@@ -51,13 +52,22 @@ class RequestContext:
         if self.http_metrics is not None:
             self.http_metrics.observe(req.method, route, status, elapsed)
         client = getattr(req.context, "client", None)
-        access_log.info("%s %s %s", req.method, req.path, status, extra={
-            "request_id": getattr(req.context, "request_id", None),
-            "method": req.method, "path": req.path, "route": route, "status": status,
-            "duration_ms": round(elapsed * 1000, 2),
-            "client_id": client["id"] if client else None,
-            "streamed": resp.stream is not None,
-        })
+        access_log.info(
+            "%s %s %s",
+            req.method,
+            req.path,
+            status,
+            extra={
+                "request_id": getattr(req.context, "request_id", None),
+                "method": req.method,
+                "path": req.path,
+                "route": route,
+                "status": status,
+                "duration_ms": round(elapsed * 1000, 2),
+                "client_id": client["id"] if client else None,
+                "streamed": resp.stream is not None,
+            },
+        )
         request_id_var.set(None)
 
 
@@ -72,8 +82,9 @@ class Authentication:
     def __init__(self, store: Any) -> None:
         self.store = store
 
-    def process_resource(self, req: falcon.Request, resp: falcon.Response, resource: object,
-                         params: dict[str, Any]) -> None:
+    def process_resource(
+        self, req: falcon.Request, resp: falcon.Response, resource: object, params: dict[str, Any]
+    ) -> None:
         scopes = getattr(resource, "scopes", None)
         if not scopes or req.method not in scopes:
             return
@@ -87,6 +98,7 @@ class Authentication:
 
 # -- error handlers ---------------------------------------------------------
 
+
 def handle_lmsp_error(req: falcon.Request, resp: falcon.Response, ex: LMSPError, params: dict[str, Any]) -> None:
     resp.stream = None
     set_json(resp, ex.body(), ex.status, ex.headers, ascii_only=True)
@@ -94,8 +106,7 @@ def handle_lmsp_error(req: falcon.Request, resp: falcon.Response, ex: LMSPError,
         log.warning("request refused: %s", ex.message, extra={"code": ex.code, "status": ex.status})
 
 
-def handle_http_error(req: falcon.Request, resp: falcon.Response, ex: falcon.HTTPError,
-                      params: dict[str, Any]) -> None:
+def handle_http_error(req: falcon.Request, resp: falcon.Response, ex: falcon.HTTPError, params: dict[str, Any]) -> None:
     """Falcon's own errors (unknown route, 405, bad query string) as B.1 bodies."""
     status = ex.status_code
     code = code_for_status(status)
@@ -106,8 +117,13 @@ def handle_http_error(req: falcon.Request, resp: falcon.Response, ex: falcon.HTT
     else:
         message = ex.description or ex.title or "request refused"
     resp.stream = None
-    set_json(resp, {"error": {"code": code, "message": message, "param": None}}, status,
-             dict(ex.headers or {}), ascii_only=True)
+    set_json(
+        resp,
+        {"error": {"code": code, "message": message, "param": None}},
+        status,
+        dict(ex.headers or {}),
+        ascii_only=True,
+    )
 
 
 def handle_unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception, params: dict[str, Any]) -> None:
@@ -118,8 +134,13 @@ def handle_unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception,
             resp.set_headers(ex.headers)
         resp.text = ex.text
         return
-    log.error("unhandled error on %s %s", req.method, req.path, exc_info=ex,
-              extra={"request_id": getattr(req.context, "request_id", None)})
+    log.error(
+        "unhandled error on %s %s",
+        req.method,
+        req.path,
+        exc_info=ex,
+        extra={"request_id": getattr(req.context, "request_id", None)},
+    )
     resp.stream = None
     rid = getattr(req.context, "request_id", None)
     message = "internal error" + (f" (request id {rid})" if rid else "")

@@ -1,4 +1,5 @@
 """The model registry (LMSP B.4), delegated to the runtime."""
+
 from __future__ import annotations
 
 import re
@@ -15,8 +16,9 @@ MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
 def check_model_id(value: str, param: str = "id") -> str:
     if not MODEL_ID.match(value):
-        raise InvalidRequest("a model id is 1 to 128 letters, digits or . _ : - "
-                             "(starting with a letter or digit)", param=param)
+        raise InvalidRequest(
+            "a model id is 1 to 128 letters, digits or . _ : - (starting with a letter or digit)", param=param
+        )
     return value
 
 

@@ -4,6 +4,7 @@ Kept true by ``tests/api/test_openapi.py``: every route of the app is here
 with the same methods (and nothing else is), and the bodies the API tests get
 validate against the schemas below.
 """
+
 from __future__ import annotations
 
 import copy
@@ -19,11 +20,24 @@ RESPONSE_STATUSES = ["queued", "in_progress", "completed", "incomplete", "failed
 MODEL_STATES = ["available", "loading", "loaded", "failed", "missing", "changed"]
 SCOPES = ["responses:write", "responses:read", "models:read", "models:write", "admin"]
 EVENT_TYPES = [
-    "response.created", "response.queued", "response.in_progress", "response.output_item.added",
-    "response.content_part.added", "response.output_text.delta", "response.output_text.done",
-    "response.content_part.done", "response.output_item.done", "response.completed",
-    "response.incomplete", "response.failed", "response.cancelled", "task.loading", "task.running",
-    "task.cancelling", "task.requeued", "task.resumed",
+    "response.created",
+    "response.queued",
+    "response.in_progress",
+    "response.output_item.added",
+    "response.content_part.added",
+    "response.output_text.delta",
+    "response.output_text.done",
+    "response.content_part.done",
+    "response.output_item.done",
+    "response.completed",
+    "response.incomplete",
+    "response.failed",
+    "response.cancelled",
+    "task.loading",
+    "task.running",
+    "task.cancelling",
+    "task.requeued",
+    "task.resumed",
 ]
 
 
@@ -36,8 +50,11 @@ def nullable(schema: JSON) -> JSON:
 
 
 def obj(properties: JSON, required: Iterable[str] | None = None, *, extra: bool = True) -> JSON:
-    out: JSON = {"type": "object", "properties": properties,
-           "required": list(properties) if required is None else list(required)}
+    out: JSON = {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties) if required is None else list(required),
+    }
     if not extra:
         out["additionalProperties"] = False
     return out
@@ -46,8 +63,9 @@ def obj(properties: JSON, required: Iterable[str] | None = None, *, extra: bool 
 def list_of(item: str, *, paged: bool = False) -> JSON:
     props: JSON = {"object": {"const": "list"}, "data": {"type": "array", "items": ref(item)}}
     if paged:
-        props.update(has_more={"type": "boolean"}, first_id=nullable({"type": "string"}),
-                     last_id=nullable({"type": "string"}))
+        props.update(
+            has_more={"type": "boolean"}, first_id=nullable({"type": "string"}), last_id=nullable({"type": "string"})
+        )
     return obj(props)
 
 
@@ -78,121 +96,254 @@ MODEL_ID = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 
 SCHEMAS: JSON = {
     "Error": obj({"error": obj({"code": STR, "message": STR, "param": nullable(STR)})}),
-    "Service": obj({"service_id": STR, "object": {"const": "service"}, "name": STR, "version": STR,
-                    "protocol": {"const": "LMSP/1.0"}, "capabilities": {"type": "array", "items": STR},
-                    "created_at": nullable(TIME)}),
+    "Service": obj(
+        {
+            "service_id": STR,
+            "object": {"const": "service"},
+            "name": STR,
+            "version": STR,
+            "protocol": {"const": "LMSP/1.0"},
+            "capabilities": {"type": "array", "items": STR},
+            "created_at": nullable(TIME),
+        }
+    ),
     "Status": obj({"status": STR}),
     "Scopes": {"type": "array", "items": {"enum": SCOPES}},
-    "Client": obj({"id": STR, "object": {"const": "client"}, "name": STR, "scopes": ref("Scopes"),
-                   "created_at": TIME, "revoked_at": nullable(TIME)}),
+    "Client": obj(
+        {
+            "id": STR,
+            "object": {"const": "client"},
+            "name": STR,
+            "scopes": ref("Scopes"),
+            "created_at": TIME,
+            "revoked_at": nullable(TIME),
+        }
+    ),
     "ClientList": list_of("Client"),
-    "PairingRequest": obj({
-        "scopes": nullable({"type": "array", "minItems": 1, "items": {"enum": SCOPES}}),
-        "name": nullable(text(1, 200, NO_CONTROL)),
-        "expires_in": nullable({"type": "integer", "minimum": 1, "maximum": 86400,
-                                "description": "At most 86400, or `pairing_ttl_seconds` when that is larger."}),
-    }, [], extra=False),
-    "Pairing": obj({"object": {"const": "pairing"}, "code": STR, "scopes": ref("Scopes"),
-                    "name": nullable(STR), "created_at": TIME, "expires_at": TIME, "id": STR},
-                   ["object", "code", "scopes", "created_at", "expires_at"]),
+    "PairingRequest": obj(
+        {
+            "scopes": nullable({"type": "array", "minItems": 1, "items": {"enum": SCOPES}}),
+            "name": nullable(text(1, 200, NO_CONTROL)),
+            "expires_in": nullable(
+                {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 86400,
+                    "description": "At most 86400, or `pairing_ttl_seconds` when that is larger.",
+                }
+            ),
+        },
+        [],
+        extra=False,
+    ),
+    "Pairing": obj(
+        {
+            "object": {"const": "pairing"},
+            "code": STR,
+            "scopes": ref("Scopes"),
+            "name": nullable(STR),
+            "created_at": TIME,
+            "expires_at": TIME,
+            "id": STR,
+        },
+        ["object", "code", "scopes", "created_at", "expires_at"],
+    ),
     "PairRequest": obj({"code": text(1, 100), "client_name": text(1, 200, NO_CONTROL)}, extra=False),
-    "ClientToken": obj({"object": {"const": "client_token"}, "client_id": STR, "client_name": STR,
-                        "token": STR, "scopes": ref("Scopes")}),
-    "Model": obj({"id": STR, "object": {"const": "model"}, "created": TIME, "owned_by": {"const": "local"},
-                  "digest": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"},
-                  "size_bytes": INT, "format": {"const": "gguf"}, "architecture": nullable(STR),
-                  "parameters": nullable(INT), "quantization": nullable(STR),
-                  "context_length": nullable(INT), "state": {"enum": MODEL_STATES},
-                  "has_chat_template": {
-                      "type": "boolean",
-                      "description": "The file declares a chat template (tokenizer.chat_template): "
-                                     "prompts are rendered with it; without one they take the plain "
-                                     "format of docs/API.md."}}),
+    "ClientToken": obj(
+        {
+            "object": {"const": "client_token"},
+            "client_id": STR,
+            "client_name": STR,
+            "token": STR,
+            "scopes": ref("Scopes"),
+        }
+    ),
+    "Model": obj(
+        {
+            "id": STR,
+            "object": {"const": "model"},
+            "created": TIME,
+            "owned_by": {"const": "local"},
+            "digest": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"},
+            "size_bytes": INT,
+            "format": {"const": "gguf"},
+            "architecture": nullable(STR),
+            "parameters": nullable(INT),
+            "quantization": nullable(STR),
+            "context_length": nullable(INT),
+            "state": {"enum": MODEL_STATES},
+            "has_chat_template": {
+                "type": "boolean",
+                "description": "The file declares a chat template (tokenizer.chat_template): "
+                "prompts are rendered with it; without one they take the plain "
+                "format of docs/API.md.",
+            },
+        }
+    ),
     "ModelList": list_of("Model"),
-    "RegisterModel": obj({
-        "path": text(1, 4096, "^[^\\u0000]*[^\\u0000\\s][^\\u0000]*$") | {
-            "description": "A file under the models directory, relative to it."},
-        "id": nullable(text(1, 128, MODEL_ID)),
-    }, ["path"], extra=False),
-    "Empty": {"type": "object", "maxProperties": 0,
-              "description": "A POST that takes no fields: no body, or `{}`."},
+    "RegisterModel": obj(
+        {
+            "path": text(1, 4096, "^[^\\u0000]*[^\\u0000\\s][^\\u0000]*$")
+            | {"description": "A file under the models directory, relative to it."},
+            "id": nullable(text(1, 128, MODEL_ID)),
+        },
+        ["path"],
+        extra=False,
+    ),
+    "Empty": {"type": "object", "maxProperties": 0, "description": "A POST that takes no fields: no body, or `{}`."},
     "DeletedModel": obj({"id": STR, "object": {"const": "model"}, "deleted": {"const": True}}),
-    "InputMessage": obj({
-        "type": {"const": "message"},
-        "role": {"enum": ["system", "developer", "user", "assistant"]},
-        "content": {"anyOf": [text(pattern=NO_NUL), {"type": "array", "items": obj({
-            "type": {"enum": ["input_text", "output_text", "text"]}, "text": text(0, MAX_TEXT, NO_NUL),
-            "annotations": {"type": "array"}}, ["type", "text"], extra=False)}]},
-    }, ["role", "content"], extra=False),
-    "CreateResponse": obj({
-        "model": text(1, 256),
-        "input": {"anyOf": [text(0, MAX_TEXT, NO_NUL),
-                            {"type": "array", "minItems": 1, "maxItems": 10_000, "items": ref("InputMessage")}]},
-        "instructions": nullable(text(0, MAX_TEXT, NO_NUL)),
-        "max_output_tokens": nullable({"type": "integer", "minimum": 1}),
-        "temperature": nullable({"type": "number", "minimum": 0, "maximum": 2}),
-        "top_p": nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 1}),
-        "top_k": nullable({"type": "integer", "minimum": 0, "maximum": 2**31 - 1}),
-        "seed": nullable({"type": "integer", "minimum": 0, "maximum": 2**32 - 2}),
-        "stop": nullable({"anyOf": [text(1, 1000), {"type": "array", "maxItems": 16, "items": text(1, 1000)}]}),
-        "stream": nullable({"type": "boolean"}),
-        "background": nullable({"type": "boolean"}),
-        "store": nullable({"type": "boolean"}),
-        "on_restart": nullable({"enum": ["fail", "retry", "resume"]}),
-        "metadata": nullable({"type": "object", "maxProperties": 16, "propertyNames": text(1, 64),
-                              "additionalProperties": text(0, 512)}),
-    }, ["model", "input"], extra=False) | {
+    "InputMessage": obj(
+        {
+            "type": {"const": "message"},
+            "role": {"enum": ["system", "developer", "user", "assistant"]},
+            "content": {
+                "anyOf": [
+                    text(pattern=NO_NUL),
+                    {
+                        "type": "array",
+                        "items": obj(
+                            {
+                                "type": {"enum": ["input_text", "output_text", "text"]},
+                                "text": text(0, MAX_TEXT, NO_NUL),
+                                "annotations": {"type": "array"},
+                            },
+                            ["type", "text"],
+                            extra=False,
+                        ),
+                    },
+                ]
+            },
+        },
+        ["role", "content"],
+        extra=False,
+    ),
+    "CreateResponse": obj(
+        {
+            "model": text(1, 256),
+            "input": {
+                "anyOf": [
+                    text(0, MAX_TEXT, NO_NUL),
+                    {"type": "array", "minItems": 1, "maxItems": 10_000, "items": ref("InputMessage")},
+                ]
+            },
+            "instructions": nullable(text(0, MAX_TEXT, NO_NUL)),
+            "max_output_tokens": nullable({"type": "integer", "minimum": 1}),
+            "temperature": nullable({"type": "number", "minimum": 0, "maximum": 2}),
+            "top_p": nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 1}),
+            "top_k": nullable({"type": "integer", "minimum": 0, "maximum": 2**31 - 1}),
+            "seed": nullable({"type": "integer", "minimum": 0, "maximum": 2**32 - 2}),
+            "stop": nullable({"anyOf": [text(1, 1000), {"type": "array", "maxItems": 16, "items": text(1, 1000)}]}),
+            "stream": nullable({"type": "boolean"}),
+            "background": nullable({"type": "boolean"}),
+            "store": nullable({"type": "boolean"}),
+            "on_restart": nullable({"enum": ["fail", "retry", "resume"]}),
+            "metadata": nullable(
+                {
+                    "type": "object",
+                    "maxProperties": 16,
+                    "propertyNames": text(1, 64),
+                    "additionalProperties": text(0, 512),
+                }
+            ),
+        },
+        ["model", "input"],
+        extra=False,
+    )
+    | {
         # a background response must be stored
-        "not": {"required": ["background", "store"],
-                "properties": {"background": {"const": True}, "store": {"const": False}}}},
+        "not": {
+            "required": ["background", "store"],
+            "properties": {"background": {"const": True}, "store": {"const": False}},
+        }
+    },
     "OutputText": obj({"type": {"const": "output_text"}, "text": STR, "annotations": {"type": "array"}}),
-    "OutputMessage": obj({"type": {"const": "message"}, "id": STR, "role": {"const": "assistant"},
-                          "status": {"enum": ["in_progress", "completed", "incomplete"]},
-                          "content": {"type": "array", "items": ref("OutputText")}}),
+    "OutputMessage": obj(
+        {
+            "type": {"const": "message"},
+            "id": STR,
+            "role": {"const": "assistant"},
+            "status": {"enum": ["in_progress", "completed", "incomplete"]},
+            "content": {"type": "array", "items": ref("OutputText")},
+        }
+    ),
     "TaskError": nullable(obj({"code": STR, "message": STR})),
-    "Response": obj({
-        "id": {"type": "string", "pattern": "^resp_"}, "object": {"const": "response"},
-        "created_at": TIME, "status": {"enum": RESPONSE_STATUSES}, "background": {"type": "boolean"},
-        "model": STR, "output": {"type": "array", "items": ref("OutputMessage")},
-        "usage": nullable(obj({"input_tokens": INT, "input_tokens_details": obj({"cached_tokens": INT}),
-                               "output_tokens": INT, "output_tokens_details": obj({"reasoning_tokens": INT}),
-                               "total_tokens": INT})),
-        "error": ref("TaskError"),
-        "incomplete_details": nullable(obj({"reason": STR})),
-        "max_output_tokens": nullable(INT), "temperature": {"type": "number"},
-        "top_p": {"type": "number"}, "seed": nullable(INT),
-        "metadata": {"type": "object", "additionalProperties": STR},
-        "task": obj({"id": STR, "status": {"enum": list(TASK_STATES)},
-                     "on_restart": {"enum": ["fail", "retry", "resume"]}}),
-    }),
+    "Response": obj(
+        {
+            "id": {"type": "string", "pattern": "^resp_"},
+            "object": {"const": "response"},
+            "created_at": TIME,
+            "status": {"enum": RESPONSE_STATUSES},
+            "background": {"type": "boolean"},
+            "model": STR,
+            "output": {"type": "array", "items": ref("OutputMessage")},
+            "usage": nullable(
+                obj(
+                    {
+                        "input_tokens": INT,
+                        "input_tokens_details": obj({"cached_tokens": INT}),
+                        "output_tokens": INT,
+                        "output_tokens_details": obj({"reasoning_tokens": INT}),
+                        "total_tokens": INT,
+                    }
+                )
+            ),
+            "error": ref("TaskError"),
+            "incomplete_details": nullable(obj({"reason": STR})),
+            "max_output_tokens": nullable(INT),
+            "temperature": {"type": "number"},
+            "top_p": {"type": "number"},
+            "seed": nullable(INT),
+            "metadata": {"type": "object", "additionalProperties": STR},
+            "task": obj(
+                {"id": STR, "status": {"enum": list(TASK_STATES)}, "on_restart": {"enum": ["fail", "retry", "resume"]}}
+            ),
+        }
+    ),
     "ResponseList": list_of("Response", paged=True),
     "DeletedResponse": obj({"id": STR, "object": {"const": "response"}, "deleted": {"const": True}}),
-    "Task": obj({
-        "id": {"type": "string", "pattern": "^task_"}, "object": {"const": "task"}, "response_id": STR,
-        "status": {"enum": list(TASK_STATES)}, "on_restart": {"enum": ["fail", "retry", "resume"]},
-        "attempts": INT, "created_at": TIME, "started_at": nullable(TIME), "finished_at": nullable(TIME),
-        "error": ref("TaskError"), "last_sequence_number": INT,
-    }),
+    "Task": obj(
+        {
+            "id": {"type": "string", "pattern": "^task_"},
+            "object": {"const": "task"},
+            "response_id": STR,
+            "status": {"enum": list(TASK_STATES)},
+            "on_restart": {"enum": ["fail", "retry", "resume"]},
+            "attempts": INT,
+            "created_at": TIME,
+            "started_at": nullable(TIME),
+            "finished_at": nullable(TIME),
+            "error": ref("TaskError"),
+            "last_sequence_number": INT,
+        }
+    ),
     "TaskList": list_of("Task", paged=True),
     "Event": {
         "type": "object",
         "required": ["type", "sequence_number", "created_at"],
         "properties": {
-            "type": {"enum": EVENT_TYPES}, "sequence_number": {"type": "integer", "minimum": 1},
-            "created_at": TIME, "response": ref("Response"), "task": ref("Task"), "delta": STR,
-            "item_id": STR, "output_index": INT, "content_index": INT, "text": STR,
-            "item": ref("OutputMessage"), "part": ref("OutputText"),
+            "type": {"enum": EVENT_TYPES},
+            "sequence_number": {"type": "integer", "minimum": 1},
+            "created_at": TIME,
+            "response": ref("Response"),
+            "task": ref("Task"),
+            "delta": STR,
+            "item_id": STR,
+            "output_index": INT,
+            "content_index": INT,
+            "text": STR,
+            "item": ref("OutputMessage"),
+            "part": ref("OutputText"),
         },
         # a response.failed carries its error in response.error (B.6); a top-level
         # "error" is what the openai package takes for a failed stream
         "not": {"required": ["error"]},
     },
-    "EventList": obj({"object": {"const": "list"}, "data": {"type": "array", "items": ref("Event")},
-                      "has_more": {"type": "boolean"}}),
+    "EventList": obj(
+        {"object": {"const": "list"}, "data": {"type": "array", "items": ref("Event")}, "has_more": {"type": "boolean"}}
+    ),
 }
 
-SECURITY_SCHEMES = {"bearer": {"type": "http", "scheme": "bearer",
-                               "description": "A client token from pairing (B.2)."}}
+SECURITY_SCHEMES = {"bearer": {"type": "http", "scheme": "bearer", "description": "A client token from pairing (B.2)."}}
 
 ERRORS_BY_STATUS = {
     "400": "invalid_request, invalid_json or context_length_exceeded",
@@ -208,9 +359,17 @@ ERRORS_BY_STATUS = {
     "503": "unavailable (with Retry-After)",
 }
 
-SSE = {"text/event-stream": {"schema": {"type": "string", "description": (
-    "Frames `id: N`, `event: <type>`, `data: <Event JSON>`, blank line; `: keep-alive` comments "
-    "on idle streams; the stream ends after the terminal event.")}}}
+SSE = {
+    "text/event-stream": {
+        "schema": {
+            "type": "string",
+            "description": (
+                "Frames `id: N`, `event: <type>`, `data: <Event JSON>`, blank line; `: keep-alive` comments "
+                "on idle streams; the stream ends after the terminal event."
+            ),
+        }
+    }
+}
 
 
 def _json(schema_name: str, description: str) -> JSON:
@@ -218,8 +377,10 @@ def _json(schema_name: str, description: str) -> JSON:
 
 
 def _errors(*statuses: str) -> JSON:
-    return {s: {"description": ERRORS_BY_STATUS[s],
-                "content": {"application/json": {"schema": ref("Error")}}} for s in statuses}
+    return {
+        s: {"description": ERRORS_BY_STATUS[s], "content": {"application/json": {"schema": ref("Error")}}}
+        for s in statuses
+    }
 
 
 def _param(name: str, where: str, schema: JSON, description: str = "", required: bool = False) -> JSON:
@@ -229,13 +390,25 @@ def _param(name: str, where: str, schema: JSON, description: str = "", required:
     return out
 
 
-IDEMPOTENCY = _param("Idempotency-Key", "header", text(1, 255, "^[ -~]*$"),
-                     "B.8: a replay gets the stored answer with `Idempotent-Replayed: true`.")
+IDEMPOTENCY = _param(
+    "Idempotency-Key",
+    "header",
+    text(1, 255, "^[ -~]*$"),
+    "B.8: a replay gets the stored answer with `Idempotent-Replayed: true`.",
+)
 AUTH_ERRORS = ("401", "403", "503")  # every authenticated call reads the store
 
 
-def _op(summary: str, responses: JSON, *, scope: str | None, params: Iterable[JSON] = (), body: str | None = None,
-        errors: Iterable[str] = (), optional_body: bool = False) -> JSON:
+def _op(
+    summary: str,
+    responses: JSON,
+    *,
+    scope: str | None,
+    params: Iterable[JSON] = (),
+    body: str | None = None,
+    errors: Iterable[str] = (),
+    optional_body: bool = False,
+) -> JSON:
     op: JSON = {"summary": summary, "responses": {**responses, **_errors(*errors)}}
     if scope is None:
         op["security"] = []
@@ -246,17 +419,17 @@ def _op(summary: str, responses: JSON, *, scope: str | None, params: Iterable[JS
     if params:
         op["parameters"] = list(params)
     if body is not None:
-        op["requestBody"] = {"required": not optional_body,
-                             "content": {"application/json": {"schema": ref(body)}}}
+        op["requestBody"] = {"required": not optional_body, "content": {"application/json": {"schema": ref(body)}}}
     return op
 
 
 def _with_head(get: JSON) -> JSON:
     """A GET and its HEAD: the same status and headers, without the body."""
-    head = {"summary": get["summary"] + " (HEAD: the GET's status and headers, no body)",
-            "security": get["security"],
-            "responses": {status: {"description": answer["description"]}
-                          for status, answer in get["responses"].items()}}
+    head = {
+        "summary": get["summary"] + " (HEAD: the GET's status and headers, no body)",
+        "security": get["security"],
+        "responses": {status: {"description": answer["description"]} for status, answer in get["responses"].items()},
+    }
     return {"get": get, "head": head}
 
 
@@ -266,8 +439,10 @@ def _id(name: str, prefix: str) -> JSON:
 
 
 def _list_params(prefix: str) -> tuple[JSON, JSON]:
-    return (_param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 100, "default": 20}),
-            _param("after", "query", text(0, 100, f"^{prefix}_"), "The last id of the previous page."))
+    return (
+        _param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 100, "default": 20}),
+        _param("after", "query", text(0, 100, f"^{prefix}_"), "The last id of the previous page."),
+    )
 
 
 NO_FIELDS: JSON = {"body": "Empty", "optional_body": True}
@@ -283,16 +458,32 @@ def _paths() -> JSON:
 def _service_paths() -> JSON:
     """The service, its probes, its metrics and this document."""
     return {
-        "/v1/service": {"get": _op("The service and what it can do", {"200": _json("Service", "The service")},
-                                   scope=None)},
+        "/v1/service": {
+            "get": _op("The service and what it can do", {"200": _json("Service", "The service")}, scope=None)
+        },
         "/healthz": _with_head(_op("Liveness", {"200": _json("Status", "The process answers")}, scope=None)),
-        "/readyz": _with_head(_op("Readiness: start-up recovery has run",
-                                  {"200": _json("Status", "Ready")}, scope=None, errors=("503",))),
-        "/metrics": _with_head(_op("Prometheus text exposition", {"200": {
-            "description": "Metrics", "content": {"text/plain": {"schema": STR}}}}, scope=None)),
-        "/openapi.json": {"get": _op("This document", {"200": {
-            "description": "OpenAPI 3.1", "content": {"application/json": {"schema": {"type": "object"}}}}},
-            scope=None)},
+        "/readyz": _with_head(
+            _op("Readiness: start-up recovery has run", {"200": _json("Status", "Ready")}, scope=None, errors=("503",))
+        ),
+        "/metrics": _with_head(
+            _op(
+                "Prometheus text exposition",
+                {"200": {"description": "Metrics", "content": {"text/plain": {"schema": STR}}}},
+                scope=None,
+            )
+        ),
+        "/openapi.json": {
+            "get": _op(
+                "This document",
+                {
+                    "200": {
+                        "description": "OpenAPI 3.1",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    }
+                },
+                scope=None,
+            )
+        },
     }
 
 
@@ -300,23 +491,44 @@ def _client_paths() -> JSON:
     """Pairing and the paired clients."""
     client_id = _id("client_id", "cli")
     return {
-        "/v1/pairings": {"post": _op("Make a one-time pairing code",
-                                     {"201": _json("Pairing", "The code; a retry under the same "
-                                                   "Idempotency-Key gets it again")}, scope="admin",
-                                     params=(IDEMPOTENCY,), body="PairingRequest", optional_body=True,
-                                     errors=BODY_ERRORS + ("409", "422", "503"))},
-        "/v1/pair": {"post": _op("Redeem a pairing code for a client token",
-                                 {"201": _json("ClientToken", "The new client and its token; a retry "
-                                               "under the same Idempotency-Key gets them again")},
-                                 scope=None, params=(IDEMPOTENCY,), body="PairRequest",
-                                 errors=BODY_ERRORS + ("409", "422", "429", "503"))},
+        "/v1/pairings": {
+            "post": _op(
+                "Make a one-time pairing code",
+                {"201": _json("Pairing", "The code; a retry under the same Idempotency-Key gets it again")},
+                scope="admin",
+                params=(IDEMPOTENCY,),
+                body="PairingRequest",
+                optional_body=True,
+                errors=BODY_ERRORS + ("409", "422", "503"),
+            )
+        },
+        "/v1/pair": {
+            "post": _op(
+                "Redeem a pairing code for a client token",
+                {
+                    "201": _json(
+                        "ClientToken",
+                        "The new client and its token; a retry under the same Idempotency-Key gets them again",
+                    )
+                },
+                scope=None,
+                params=(IDEMPOTENCY,),
+                body="PairRequest",
+                errors=BODY_ERRORS + ("409", "422", "429", "503"),
+            )
+        },
         "/v1/clients": {"get": _op("Paired clients", {"200": _json("ClientList", "Clients")}, scope="admin")},
         "/v1/clients/{client_id}": {
-            "get": _op("A client", {"200": _json("Client", "The client")}, scope="admin", params=(client_id,),
-                       errors=("404",)),
-            "delete": _op("Revoke a client: its token stops working at once",
-                          {"200": _json("Client", "The revoked client")}, scope="admin", params=(client_id,),
-                          errors=("404",)),
+            "get": _op(
+                "A client", {"200": _json("Client", "The client")}, scope="admin", params=(client_id,), errors=("404",)
+            ),
+            "delete": _op(
+                "Revoke a client: its token stops working at once",
+                {"200": _json("Client", "The revoked client")},
+                scope="admin",
+                params=(client_id,),
+                errors=("404",),
+            ),
         },
     }
 
@@ -327,23 +539,51 @@ def _model_paths() -> JSON:
     return {
         "/v1/models": {
             "get": _op("Registered models", {"200": _json("ModelList", "Models")}, scope="models:read"),
-            "post": _op("Register a GGUF file of the models directory",
-                        {"201": _json("Model", "The registered model")}, scope="models:write",
-                        params=(IDEMPOTENCY,), body="RegisterModel", errors=BODY_ERRORS + ("409", "422")),
+            "post": _op(
+                "Register a GGUF file of the models directory",
+                {"201": _json("Model", "The registered model")},
+                scope="models:write",
+                params=(IDEMPOTENCY,),
+                body="RegisterModel",
+                errors=BODY_ERRORS + ("409", "422"),
+            ),
         },
         "/v1/models/{model_id}": {
-            "get": _op("A model", {"200": _json("Model", "The model")}, scope="models:read",
-                       params=(model_id,), errors=("404",)),
-            "delete": _op("Unregister a model (the file is left alone)",
-                          {"200": _json("DeletedModel", "Deleted")}, scope="models:write",
-                          params=(model_id,), errors=("404", "409")),
+            "get": _op(
+                "A model",
+                {"200": _json("Model", "The model")},
+                scope="models:read",
+                params=(model_id,),
+                errors=("404",),
+            ),
+            "delete": _op(
+                "Unregister a model (the file is left alone)",
+                {"200": _json("DeletedModel", "Deleted")},
+                scope="models:write",
+                params=(model_id,),
+                errors=("404", "409"),
+            ),
         },
-        "/v1/models/{model_id}/load": {"post": _op(
-            "Load a model (its digest is checked first)", {"200": _json("Model", "The model")},
-            scope="models:write", params=(model_id, IDEMPOTENCY), errors=("400", "404", "409", "422"), **NO_FIELDS)},
-        "/v1/models/{model_id}/unload": {"post": _op(
-            "Unload a model", {"200": _json("Model", "The model")}, scope="models:write",
-            params=(model_id, IDEMPOTENCY), errors=("400", "404", "409", "422"), **NO_FIELDS)},
+        "/v1/models/{model_id}/load": {
+            "post": _op(
+                "Load a model (its digest is checked first)",
+                {"200": _json("Model", "The model")},
+                scope="models:write",
+                params=(model_id, IDEMPOTENCY),
+                errors=("400", "404", "409", "422"),
+                **NO_FIELDS,
+            )
+        },
+        "/v1/models/{model_id}/unload": {
+            "post": _op(
+                "Unload a model",
+                {"200": _json("Model", "The model")},
+                scope="models:write",
+                params=(model_id, IDEMPOTENCY),
+                errors=("400", "404", "409", "422"),
+                **NO_FIELDS,
+            )
+        },
     }
 
 
@@ -352,36 +592,73 @@ def _response_paths() -> JSON:
     resp_id = _id("response_id", "resp")
     return {
         "/v1/responses": {
-            "post": _op("Create a response: plain (200), stream (SSE) or background (202)", {
-                "200": {"description": "The finished response, or its event stream with `stream: true`",
-                        "content": {"application/json": {"schema": ref("Response")}, **SSE}},
-                "202": {"description": "Background: the task is committed",
+            "post": _op(
+                "Create a response: plain (200), stream (SSE) or background (202)",
+                {
+                    "200": {
+                        "description": "The finished response, or its event stream with `stream: true`",
+                        "content": {"application/json": {"schema": ref("Response")}, **SSE},
+                    },
+                    "202": {
+                        "description": "Background: the task is committed",
                         "headers": {"Location": {"schema": STR}},
-                        "content": {"application/json": {"schema": ref("Response")}}},
-            }, scope="responses:write", params=(IDEMPOTENCY,), body="CreateResponse",
-                errors=BODY_ERRORS + ("404", "409", "422", "429", "503")),
-            "get": _op("The caller's responses, newest first", {"200": _json("ResponseList", "A page")},
-                       scope="responses:read", params=(
-                           _param("status", "query", {"enum": RESPONSE_STATUSES}), *_list_params("resp")),
-                       errors=("400",)),
+                        "content": {"application/json": {"schema": ref("Response")}},
+                    },
+                },
+                scope="responses:write",
+                params=(IDEMPOTENCY,),
+                body="CreateResponse",
+                errors=BODY_ERRORS + ("404", "409", "422", "429", "503"),
+            ),
+            "get": _op(
+                "The caller's responses, newest first",
+                {"200": _json("ResponseList", "A page")},
+                scope="responses:read",
+                params=(_param("status", "query", {"enum": RESPONSE_STATUSES}), *_list_params("resp")),
+                errors=("400",),
+            ),
         },
         "/v1/responses/{response_id}": {
-            "get": _op("A response, or its events as SSE with `stream=true`", {
-                "200": {"description": "The response or its event stream",
-                        "content": {"application/json": {"schema": ref("Response")}, **SSE}}},
-                scope="responses:read", params=(
-                    resp_id, _param("stream", "query", {"type": "boolean"}),
-                    _param("starting_after", "query", SEQUENCE,
-                           "Replay the events after this sequence number, then follow."),
-                    _param("Last-Event-ID", "header", LAST_EVENT_ID, "Like `starting_after`.")),
-                errors=("400", "404")),
-            "delete": _op("Delete a finished response with its task and events",
-                          {"200": _json("DeletedResponse", "Deleted")}, scope="responses:write",
-                          params=(resp_id,), errors=("404", "409")),
+            "get": _op(
+                "A response, or its events as SSE with `stream=true`",
+                {
+                    "200": {
+                        "description": "The response or its event stream",
+                        "content": {"application/json": {"schema": ref("Response")}, **SSE},
+                    }
+                },
+                scope="responses:read",
+                params=(
+                    resp_id,
+                    _param("stream", "query", {"type": "boolean"}),
+                    _param(
+                        "starting_after",
+                        "query",
+                        SEQUENCE,
+                        "Replay the events after this sequence number, then follow.",
+                    ),
+                    _param("Last-Event-ID", "header", LAST_EVENT_ID, "Like `starting_after`."),
+                ),
+                errors=("400", "404"),
+            ),
+            "delete": _op(
+                "Delete a finished response with its task and events",
+                {"200": _json("DeletedResponse", "Deleted")},
+                scope="responses:write",
+                params=(resp_id,),
+                errors=("404", "409"),
+            ),
         },
-        "/v1/responses/{response_id}/cancel": {"post": _op(
-            "Cancel (B.7)", {"200": _json("Response", "The response after the cancel")},
-            scope="responses:write", params=(resp_id, IDEMPOTENCY), errors=("400", "404", "409", "422"), **NO_FIELDS)},
+        "/v1/responses/{response_id}/cancel": {
+            "post": _op(
+                "Cancel (B.7)",
+                {"200": _json("Response", "The response after the cancel")},
+                scope="responses:write",
+                params=(resp_id, IDEMPOTENCY),
+                errors=("400", "404", "409", "422"),
+                **NO_FIELDS,
+            )
+        },
     }
 
 
@@ -389,35 +666,64 @@ def _task_paths() -> JSON:
     """Tasks and their event logs."""
     task_id = _id("task_id", "task")
     return {
-        "/v1/tasks": {"get": _op("The caller's tasks, newest first", {"200": _json("TaskList", "A page")},
-                                 scope="responses:read", params=(
-                                     _param("status", "query", {"enum": list(TASK_STATES)}),
-                                     *_list_params("task")),
-                                 errors=("400",))},
-        "/v1/tasks/{task_id}": {"get": _op("A task", {"200": _json("Task", "The task")},
-                                           scope="responses:read", params=(task_id,), errors=("404",))},
-        "/v1/tasks/{task_id}/cancel": {"post": _op(
-            "Cancel (B.7)", {"200": _json("Task", "The task after the cancel")}, scope="responses:write",
-            params=(task_id, IDEMPOTENCY), errors=("400", "404", "409", "422"), **NO_FIELDS)},
-        "/v1/tasks/{task_id}/events": {"get": _op(
-            "The task's event log: a JSON page, or SSE with `Accept: text/event-stream`", {
-                "200": {"description": "Events after `after`",
-                        "content": {"application/json": {"schema": ref("EventList")}, **SSE}}},
-            scope="responses:read", params=(
-                task_id, _param("after", "query", SEQUENCE | {"default": 0}),
-                _param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100}),
-                _param("stream", "query", {"type": "boolean"}, "SSE without the Accept header."),
-                _param("Last-Event-ID", "header", LAST_EVENT_ID, "Like `after` (SSE reconnects).")),
-            errors=("400", "404"))},
+        "/v1/tasks": {
+            "get": _op(
+                "The caller's tasks, newest first",
+                {"200": _json("TaskList", "A page")},
+                scope="responses:read",
+                params=(_param("status", "query", {"enum": list(TASK_STATES)}), *_list_params("task")),
+                errors=("400",),
+            )
+        },
+        "/v1/tasks/{task_id}": {
+            "get": _op(
+                "A task", {"200": _json("Task", "The task")}, scope="responses:read", params=(task_id,), errors=("404",)
+            )
+        },
+        "/v1/tasks/{task_id}/cancel": {
+            "post": _op(
+                "Cancel (B.7)",
+                {"200": _json("Task", "The task after the cancel")},
+                scope="responses:write",
+                params=(task_id, IDEMPOTENCY),
+                errors=("400", "404", "409", "422"),
+                **NO_FIELDS,
+            )
+        },
+        "/v1/tasks/{task_id}/events": {
+            "get": _op(
+                "The task's event log: a JSON page, or SSE with `Accept: text/event-stream`",
+                {
+                    "200": {
+                        "description": "Events after `after`",
+                        "content": {"application/json": {"schema": ref("EventList")}, **SSE},
+                    }
+                },
+                scope="responses:read",
+                params=(
+                    task_id,
+                    _param("after", "query", SEQUENCE | {"default": 0}),
+                    _param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100}),
+                    _param("stream", "query", {"type": "boolean"}, "SSE without the Accept header."),
+                    _param("Last-Event-ID", "header", LAST_EVENT_ID, "Like `after` (SSE reconnects)."),
+                ),
+                errors=("400", "404"),
+            )
+        },
     }
 
 
 def document() -> JSON:
     """A fresh copy of the OpenAPI document."""
-    return copy.deepcopy({
-        "openapi": "3.1.0",
-        "info": {"title": "lmsp", "version": lmsp.__version__,
-                 "description": "LMSP 1.0 local model service (see docs/API.md)."},
-        "paths": _paths(),
-        "components": {"schemas": SCHEMAS, "securitySchemes": SECURITY_SCHEMES},
-    })
+    return copy.deepcopy(
+        {
+            "openapi": "3.1.0",
+            "info": {
+                "title": "lmsp",
+                "version": lmsp.__version__,
+                "description": "LMSP 1.0 local model service (see docs/API.md).",
+            },
+            "paths": _paths(),
+            "components": {"schemas": SCHEMAS, "securitySchemes": SECURITY_SCHEMES},
+        }
+    )

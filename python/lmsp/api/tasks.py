@@ -1,11 +1,11 @@
 """Tasks and their event logs (LMSP B.6)."""
+
 from __future__ import annotations
 
 import falcon
 
 from . import idempotency
-from .common import (Deps, caller, check_id, owner_filter, query_bool, query_int, query_str,
-                     set_json)
+from .common import Deps, caller, check_id, owner_filter, query_bool, query_int, query_str, set_json
 from .events import start_sse, wants_sse
 from .responses import ResponsesService, check_cursor, stream_start
 
@@ -24,8 +24,7 @@ class TasksResource:
         after = query_str(req, "after")
         if after is not None:
             check_cursor(after, "task")
-        set_json(resp, self.deps.store.list_tasks(owner_filter(req), status=status, limit=limit,
-                                                  after=after))
+        set_json(resp, self.deps.store.list_tasks(owner_filter(req), status=status, limit=limit, after=after))
 
 
 class TaskResource:
