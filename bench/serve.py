@@ -832,10 +832,12 @@ def ratio_table(rows: list[dict]) -> str:
              "| event gap p99 | CPU/tok | RSS - llama MB | PSS - llama MB | failed (llama) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for x in rows:
-        lines.append(f"| {x['model']} | {x['server']} | {x['clients']} | {fmt(x['tok_s'], 2)} | {fmt(x['ttft_p50'], 2)} "
-                     f"| {fmt(x['ttft_p99'], 2)} | {fmt(x['itl_p50'], 2)} | {fmt(x['itl_p99'], 2)} "
-                     f"| {fmt(x.get('event_gap_p50'), 2)} | {fmt(x.get('event_gap_p99'), 2)} "
-                     f"| {fmt(x.get('cpu_per_token'), 2)} | {fmt(x['rss_delta_mb'])} | {fmt(x.get('pss_delta_mb'))} | {x['failed']} ({x['failed_llama']}) |")
+        lines.append(f"| {x['model']} | {x['server']} | {x['clients']} | {fmt(x['tok_s'], 2)} "
+                     f"| {fmt(x['ttft_p50'], 2)} | {fmt(x['ttft_p99'], 2)} | {fmt(x['itl_p50'], 2)} "
+                     f"| {fmt(x['itl_p99'], 2)} | {fmt(x.get('event_gap_p50'), 2)} "
+                     f"| {fmt(x.get('event_gap_p99'), 2)} | {fmt(x.get('cpu_per_token'), 2)} "
+                     f"| {fmt(x['rss_delta_mb'])} | {fmt(x.get('pss_delta_mb'))} "
+                     f"| {x['failed']} ({x['failed_llama']}) |")
     return "\n".join(lines)
 
 
