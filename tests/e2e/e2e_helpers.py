@@ -243,3 +243,44 @@ def check_log(events) -> list[str]:
     seqs = [e["sequence_number"] for e in events]
     assert seqs == list(range(1, len(seqs) + 1)), seqs
     return [e["type"] for e in events]
+
+
+# background tasks killed mid-generation (test_crash.py, test_real_model.py)
+def start_running(server: Server, token: str, body: dict, policies, min_sequence: int = 10) -> dict[str, str]:
+    """One background task of ``body`` per restart policy; returns each policy's task id
+    once every task runs with at least ``min_sequence`` events committed."""
+    tasks = {}
+    for policy in policies:
+        created = server.call("POST", "/v1/responses", {**body, "background": True, "on_restart": policy},
+                              token=token, expect=202)
+        assert created["status"] == "queued"
+        tasks[policy] = created["task"]["id"]
+    for task_id in tasks.values():
+        server.wait_task(token, task_id,
+                         lambda t: t["status"] == "running" and t["last_sequence_number"] >= min_sequence)
+    return tasks
+
+
+def uninterrupted_text(server: Server, token: str, body: dict) -> str:
+    """The answer of an uninterrupted background run of ``body`` (greedy: the same every time)."""
+    created = server.call("POST", "/v1/responses", {**body, "background": True, "on_restart": "fail"},
+                          token=token, expect=202)
+    server.wait_task(token, created["task"]["id"], lambda t: t["status"] in FINISHED, timeout=180)
+    return server.call("GET", f"/v1/responses/{created['id']}", token=token)["output"][0]["content"][0]["text"]
+
+
+def resumed_text(server: Server, token: str, task_id: str, before: str) -> str:
+    """The text of a ``resume`` task that a restart continued; checks that it completed on
+    its second attempt, that its log says so once and that its deltas lose and repeat nothing."""
+    task = server.wait_task(token, task_id, lambda t: t["status"] in FINISHED, timeout=180)
+    assert task["status"] == "completed", (task, server.log())
+    assert task["attempts"] == 2
+    events = server.events(token, task_id)
+    types = check_log(events)
+    assert types.count("task.resumed") == 1
+    assert types.count("response.output_item.added") == 1
+    response = server.call("GET", f"/v1/responses/{task['response_id']}", token=token)
+    text = response["output"][0]["content"][0]["text"]
+    assert deltas(events) == text
+    assert text.startswith(before)
+    return text

@@ -5,31 +5,17 @@ import os
 import signal
 import threading
 
-from e2e_helpers import FINISHED, check_log, deltas, sse_events
+from e2e_helpers import FINISHED, check_log, deltas, resumed_text, sse_events, start_running, uninterrupted_text
 
 LONG = {"model": "tiny", "input": "Count on:", "background": True, "max_output_tokens": 1500, "temperature": 0}
 
 
 def start_long_tasks(server, token, policies):
-    tasks = {}
-    for policy in policies:
-        created = server.call("POST", "/v1/responses", {**LONG, "on_restart": policy}, token=token, expect=202)
-        assert created["status"] == "queued"
-        tasks[policy] = created["task"]["id"]
-    for task_id in tasks.values():
-        server.wait_task(token, task_id, lambda t: t["status"] == "running" and t["last_sequence_number"] >= 10)
-    return tasks
+    return start_running(server, token, LONG, policies)
 
 
 def finished(task):
     return task["status"] in FINISHED
-
-
-def reference_text(server, token):
-    """The answer of an uninterrupted run of the same (greedy) request."""
-    created = server.call("POST", "/v1/responses", {**LONG, "on_restart": "fail"}, token=token, expect=202)
-    server.wait_task(token, created["task"]["id"], finished)
-    return server.call("GET", f"/v1/responses/{created['id']}", token=token)["output"][0]["content"][0]["text"]
 
 
 def test_sigkill_mid_generation_then_restart_follows_each_policy(make_server):
@@ -45,25 +31,18 @@ def test_sigkill_mid_generation_then_restart_follows_each_policy(make_server):
     assert failed["error"]["code"] == "server_restarted"
     assert check_log(server.events(token, tasks["fail"]))[-1] == "response.failed"
 
-    expected = None
-    for policy in ("retry", "resume"):
-        task = server.wait_task(token, tasks[policy], finished)
-        assert task["status"] == "completed", (policy, task, server.log())
-        assert task["attempts"] == 2
-        events = server.events(token, tasks[policy])
-        types = check_log(events)
-        response = server.call("GET", f"/v1/responses/{task['response_id']}", token=token)
-        text = response["output"][0]["content"][0]["text"]
-        if policy == "retry":
-            restart = len(types) - 1 - types[::-1].index("task.requeued")
-            assert deltas(events[restart:]) == text  # the output started again after task.requeued
-        else:
-            assert types.count("task.resumed") == 1
-            assert types.count("response.output_item.added") == 1
-            assert deltas(events) == text  # nothing emitted twice, nothing lost
-        assert text.startswith(before[policy])
-        expected = expected or reference_text(server, token)
-        assert text == expected
+    retried = server.wait_task(token, tasks["retry"], finished)
+    assert retried["status"] == "completed", (retried, server.log())
+    assert retried["attempts"] == 2
+    events = server.events(token, tasks["retry"])
+    types = check_log(events)
+    text = server.call("GET", f"/v1/responses/{retried['response_id']}", token=token)["output"][0]["content"][0]["text"]
+    restart = len(types) - 1 - types[::-1].index("task.requeued")
+    assert deltas(events[restart:]) == text  # the output started again after task.requeued
+    assert text.startswith(before["retry"])
+    expected = uninterrupted_text(server, token, LONG)
+    assert text == expected
+    assert resumed_text(server, token, tasks["resume"], before["resume"]) == expected
 
 
 def test_killing_a_worker_recovers_its_tasks_without_a_restart(make_server):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from e2e_helpers import Server, deltas, sse_events
+from e2e_helpers import FINISHED, Server, check_log, deltas, resumed_text, sse_events, start_running, uninterrupted_text
 
 from lmsp import pinned
 
@@ -19,11 +19,20 @@ QUESTION = "What is the capital of France?"
 INSTRUCTIONS = "You are a helpful assistant."
 
 
+# a greedy request whose answer runs to max_output_tokens
+STORY = {"model": MODEL, "instructions": INSTRUCTIONS, "input": "Write a long story about a lighthouse keeper.",
+         "temperature": 0, "max_output_tokens": 200}
+
+
+def real_server(root: Path, **env: str) -> Server:
+    """``lmsp serve --model smollm2-135m-instruct`` on a data directory under root (not started)."""
+    return Server(root / "data", root, Path(MODEL), {"LMSP_CACHE_DIR": str(pinned.default_cache()),
+                                                     "LMSP_N_PARALLEL": "2", **env})
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, smollm2_path):
-    root = tmp_path_factory.mktemp("real")
-    server = Server(root / "data", root, Path(MODEL), {"LMSP_CACHE_DIR": str(pinned.default_cache()),
-                                                       "LMSP_N_PARALLEL": "2"})
+    server = real_server(tmp_path_factory.mktemp("real"))
     server.start(timeout=180)
     yield server
     server.stop(timeout=10)
@@ -83,3 +92,64 @@ def test_max_output_tokens_caps_the_answer(server, token):
     full = text_of(answer(server, token, instructions=INSTRUCTIONS, input=QUESTION, temperature=0,
                           max_output_tokens=16))
     assert full.startswith(text_of(capped)) and len(text_of(capped)) < len(full)
+
+
+@pytest.fixture(scope="module")
+def story(server, token) -> str:
+    """The uninterrupted greedy answer to STORY on one worker."""
+    text = uninterrupted_text(server, token, STORY)
+    assert len(text) > 400  # long enough to be interrupted part way
+    return text
+
+
+def test_a_story_cancelled_mid_stream_ends_cancelled_with_a_prefix_of_the_greedy_answer(server, token, story):
+    events, seen = [], 0
+    for event in sse_events("127.0.0.1", server.port, "POST", "/v1/responses", token=token,
+                            body={**STORY, "stream": True}, timeout=60):
+        events.append(event)
+        seen += event["type"] == "response.output_text.delta"
+        if seen == 5 and event["type"] == "response.output_text.delta":
+            server.call("POST", f"/v1/responses/{events[0]['response']['id']}/cancel", token=token)
+    assert check_log(events)[-1] == "response.cancelled"
+    response = events[-1]["response"]
+    assert response["status"] == "cancelled"
+    text = deltas(events)
+    assert text_of(response) == text
+    assert 0 < len(text) < len(story) and story.startswith(text)
+
+
+def test_a_resume_story_killed_mid_generation_continues_to_the_greedy_answer(tmp_path, smollm2_path, story):
+    crashed = real_server(tmp_path)
+    try:
+        crashed.start(timeout=180)
+        token = crashed.pair()
+        [task_id] = start_running(crashed, token, STORY, ["resume"]).values()
+        before = deltas(crashed.events(token, task_id))
+        crashed.kill()  # the master and its worker, SIGKILL
+        crashed.start(timeout=180)
+        assert resumed_text(crashed, token, task_id, before) == story
+    finally:
+        crashed.stop(timeout=10)
+
+
+def test_two_workers_answer_concurrent_greedy_requests_as_one_worker_does(tmp_path, server, token):
+    inputs = [QUESTION, "Name three colours.", "Describe the sea in two sentences."]
+    body = {"model": MODEL, "instructions": INSTRUCTIONS, "temperature": 0, "max_output_tokens": 40}
+    single = {text: uninterrupted_text(server, token, {**body, "input": text}) for text in inputs}
+    pair = real_server(tmp_path, LMSP_WORKERS="2")
+    try:
+        pair.start(timeout=180)
+        assert len(pair.workers()) == 2
+        pair_token = pair.pair()
+        created = {text: [pair.call("POST", "/v1/responses", {**body, "input": text, "background": True},
+                                    token=pair_token, expect=202) for _ in range(2)] for text in inputs}
+        for text, responses in created.items():
+            for response in responses:
+                task_id = response["task"]["id"]
+                task = pair.wait_task(pair_token, task_id, lambda t: t["status"] in FINISHED, timeout=180)
+                assert task["status"] == "completed" and task["attempts"] == 1
+                assert check_log(pair.events(pair_token, task_id)).count("task.running") == 1
+                answer = pair.call("GET", f"/v1/responses/{response['id']}", token=pair_token)
+                assert text_of(answer) == single[text], text
+    finally:
+        pair.stop(timeout=10)
