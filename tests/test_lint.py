@@ -32,5 +32,6 @@ def test_check_passes(name):
 
 def test_lint_runs_every_check():
     # every check the script runs is a test: the suite's own or one above
-    assert set(lint.CHECKS) == {*lint.SUITE_CHECKS, "limits"}
+    assert set(lint.CHECKS) == {*lint.SUITE_CHECKS, "limits", "clang-format"}
     assert (ROOT / "tests" / "test_limits.py").is_file()
+    assert (ROOT / "tests" / "test_format.py").is_file()
