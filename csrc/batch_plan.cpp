@@ -106,7 +106,7 @@ BatchPlan BatchPlan::for_weights(const EngineOptions & options, const GgufInfo &
 }
 
 void BatchPlan::set_model_params(llama_model_params & mp, const EngineOptions & options) const {
-    mp.use_extra_bufts = !options.batch_invariant;  // no repacked weights (the note above)
+    mp.use_extra_bufts = !options.batch_invariant;  // repacked weights only without invariance (the note above)
 }
 
 void BatchPlan::set_context_params(llama_context_params & cp, const EngineOptions & options) const {
