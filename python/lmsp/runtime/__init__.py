@@ -7,7 +7,8 @@
 
 from .core import RECOVERED_ENV, Runtime
 from .prompt import messages_for, render, sampling
-from .registry import ModelRegistry, file_digest, model_object
+from .model_files import file_digest
+from .registry import ModelRegistry, model_object
 from .startup import bootstrap_admin, open_store, prepare
 
 __all__ = [

@@ -1,31 +1,30 @@
 """The model registry: files in the models directory, metadata in the store.
 
 The store keeps each model's path, content digest and GGUF metadata; the files
-stay on disk. Paths given over the HTTP API are confined to
-``config.models_dir`` (no absolute paths, no ``..``, no symlink leading out);
-the operator may register any file by absolute path (``lmsp serve --model``,
-``lmsp models add``). Loading re-checks the digest, so a changed file is never
-served. Each worker process holds its own engines (one per loaded model), and
-the identity of each one's file as it was loaded (:mod:`.filewatch`): a loaded
-model whose file was written, truncated or replaced since shows ``changed``,
-and the runtime unloads it (:meth:`ModelRegistry.changed_files`).
+stay on disk. Paths given over the HTTP API are confined to the models
+directory; the operator may register any file by absolute path (``lmsp serve
+--model``, ``lmsp models add``). The file side (paths, digests, the loaded
+files' identities and their watch) is :mod:`.model_files`. Loading re-checks
+the digest, so a changed file is never served. Each worker process holds its
+own engines (one per loaded model). A loaded model whose file was written,
+truncated or replaced since it was loaded shows ``changed``, and the runtime
+unloads it (:meth:`ModelRegistry.changed_files`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
-import time
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidRequest, LMSPError, ModelChanged, ModelInUse, ModelLoadFailed, NotFound
 from ..hubsafe import offload
 from ..objects import public_model
 from ._threads import allocate_lock
-from .filewatch import FileIdentity, FileWatch
+from .filewatch import FileIdentity
+from .model_files import ModelFiles
 
 if TYPE_CHECKING:
     from ..native import Engine
@@ -33,11 +32,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("lmsp.runtime")
 
 MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
-CHUNK = 1 << 20
-# a digest is reused for a file whose identity is unchanged only if the file was last
-# changed this long before the hash began (a write within the same clock tick as the
-# hash's stat would not move its times)
-SETTLED_NS = 2_000_000_000
 
 # states a Model object can show (B.4)
 AVAILABLE, LOADING, LOADED, FAILED, MISSING, CHANGED = (
@@ -48,28 +42,6 @@ AVAILABLE, LOADING, LOADED, FAILED, MISSING, CHANGED = (
     "missing",
     "changed",
 )
-
-
-def file_digest(path: str | os.PathLike, progress=None) -> tuple[str, int]:
-    """``("sha256:<hex>", size)`` of a file, read in 1 MiB chunks.
-
-    ``progress(done_bytes, total_bytes)`` is called after every chunk.
-    """
-    h = hashlib.sha256()
-    done = 0
-    with open(path, "rb") as fh:
-        total = os.fstat(fh.fileno()).st_size
-        while True:
-            chunk = fh.read(CHUNK)
-            if not chunk:
-                break
-            h.update(chunk)
-            done += len(chunk)
-            if progress is not None:
-                progress(done, total)
-    if progress is not None and total == 0:
-        progress(0, 0)
-    return "sha256:" + h.hexdigest(), done
 
 
 def _shown(stored_path: str) -> str:
@@ -106,45 +78,15 @@ class ModelRegistry:
         self._engines: dict[str, Engine] = {}  # model id -> engine
         self._loading: set[str] = set()
         self._load_locks: dict[str, Any] = {}
-        self._loaded_files: dict[str, tuple[Path, FileIdentity]] = {}  # model id -> its file as loaded
-        self._loaded_digests: dict[str, str] = {}  # model id -> the registered digest it was loaded with
-        self._digests: dict[str, tuple[FileIdentity, str]] = {}  # path -> its identity and digest when hashed
-        self._watch: FileWatch | None = None  # made on the first load (in the worker, after fork)
+        self.files = ModelFiles(config, self._lock)  # paths, digests, the loaded files (under the same lock)
         self._templates: dict[str, bool] = {}  # digest -> has a chat template, for models registered
         # before the store recorded it
 
-    # paths
-    def resolve(self, path: str, *, confined: bool = True) -> Path:
-        """The real path of a model file; confined to the models directory unless the operator asks."""
-        if not isinstance(path, str) or not path.strip() or "\x00" in path:
-            raise InvalidRequest("path must be a non-empty file name under the models directory", param="path")
-        try:
-            return self._resolve(path, confined)
-        except (OSError, ValueError) as exc:  # a name too long, a loop of links, ...
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "unusable path"
-            raise InvalidRequest(f"cannot use path {path!r}: {reason}", param="path") from None
-
-    def _resolve(self, path: str, confined: bool) -> Path:
-        root = Path(self.config.models_dir).resolve()
-        if confined:
-            pure = PurePosixPath(path)
-            if pure.is_absolute() or path.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", path):
-                raise InvalidRequest("path must be relative to the models directory, not absolute", param="path")
-            if ".." in pure.parts or "\\" in path:
-                raise InvalidRequest("path must not contain '..' or backslashes", param="path")
-            candidate = root / pure
-            real = Path(os.path.realpath(candidate))
-            if real != root and root not in real.parents:
-                raise InvalidRequest("path leads outside the models directory", param="path")
-        else:
-            real = Path(os.path.realpath(os.path.expanduser(path)))
-        if not real.exists():
-            raise InvalidRequest(f"no such model file: {path}", param="path")
-        if not real.is_file():
-            raise InvalidRequest(f"not a regular file: {path}", param="path")
-        return real
-
     # registration
+    def resolve(self, path: str, *, confined: bool = True) -> Path:
+        """The real path of a model file (:meth:`ModelFiles.resolve`)."""
+        return self.files.resolve(path, confined=confined)
+
     def register(self, path: str, model_id: str | None = None, progress=None, *, confined: bool = True) -> dict:
         from .. import native
 
@@ -167,9 +109,7 @@ class ModelRegistry:
         except (OSError, ValueError) as exc:
             raise InvalidRequest(f"cannot read {path}: {_without(exc, real, path)}", param="path") from None
         digest, size = self.digest(real, progress)
-        stored_path = str(real)
-        if confined:
-            stored_path = str(real.relative_to(Path(self.config.models_dir).resolve()))
+        stored_path = self.files.stored_path(real, confined)
         with self._lock:
             loaded = model_id in self._engines
         if loaded:
@@ -193,35 +133,18 @@ class ModelRegistry:
         return model_object(row)
 
     def digest(self, path: Path, progress=None) -> tuple[str, int]:
-        """:func:`file_digest` of a file, hashed again unless the file kept the identity
-        it had when this registry last hashed it (and had settled by then)."""
-        before = FileIdentity.of(path)
-        cached = self._digests.get(str(path))
-        if before is not None and cached is not None and cached[0] == before:
-            if progress is not None:
-                progress(before.size, before.size)
-            return cached[1], before.size
-        started = time.time_ns()
-        digest, size = file_digest(path, progress)
-        if (
-            before is not None
-            and size == before.size
-            and before.ctime_ns < started - SETTLED_NS
-            and FileIdentity.of(path) == before
-        ):
-            self._digests[str(path)] = (before, digest)
-        return digest, size
+        """The digest of a file, from the cache while the file is unchanged (:meth:`ModelFiles.digest`)."""
+        return self.files.digest(path, progress)
 
     def file_path(self, row: dict) -> Path:
-        path = Path(row["path"])
-        return path if path.is_absolute() else Path(self.config.models_dir) / path
+        return self.files.file_path(row)
 
     # state
     def state(self, row: dict) -> str:
         """Live state: this process's engines first, then the file on disk, then the stored state."""
         model_id = row["id"]
         with self._lock:
-            loaded = self._loaded_files.get(model_id) if model_id in self._engines else None
+            loaded = self.files.loaded(model_id) if model_id in self._engines else None
             if loaded is None and model_id in self._loading:
                 return LOADING
         if loaded is not None:
@@ -276,25 +199,19 @@ class ModelRegistry:
             return list(self._engines.items())
 
     def file_changed(self, model_id: str) -> bool:
-        """The model is loaded here and its file is no longer the one it was loaded from
-        (written, truncated, replaced or gone since: one ``stat``)."""
-        with self._lock:
-            loaded = self._loaded_files.get(model_id)
-        return loaded is not None and FileIdentity.of(loaded[0]) != loaded[1]
+        """The model is loaded here and its file changed since (:meth:`ModelFiles.file_changed`)."""
+        return self.files.file_changed(model_id)
 
     def changed_files(self) -> list[str]:
         """The models loaded here whose files changed since they were loaded."""
-        with self._lock:
-            loaded = list(self._loaded_files.items())
-        return [model_id for model_id, (path, identity) in loaded if FileIdentity.of(path) != identity]
+        return self.files.changed_files()
 
     def mark_changed(self, model_id: str) -> None:
         """Record that the model's file changed (its digest stays the registered one):
         it shows ``changed`` until registered again or loaded from a file with that digest.
         Nothing is recorded when the model was registered again since it was loaded here
         (the new registration describes the new file)."""
-        with self._lock:
-            loaded_with = self._loaded_digests.get(model_id)
+        loaded_with = self.files.loaded_digest(model_id)
         try:
             registered = self.store.get_model(model_id).get("digest")
         except NotFound:
@@ -307,16 +224,11 @@ class ModelRegistry:
 
     def watch_fileno(self) -> int | None:
         """A descriptor readable once a loaded model's file may have changed (None: poll
-        :meth:`changed_files`). The watch is made in the process that asks first."""
-        with self._lock:
-            if self._watch is None:
-                self._watch = FileWatch()
-            return self._watch.fileno()
+        :meth:`changed_files`)."""
+        return self.files.watch_fileno()
 
     def drain_watch(self) -> None:
-        with self._lock:
-            if self._watch is not None:
-                self._watch.drain()
+        self.files.drain_watch()
 
     def load(self, model_id: str) -> Engine:
         """Load a model into this process (digest re-checked first); returns the engine.
@@ -364,11 +276,7 @@ class ModelRegistry:
             )
         with self._lock:
             self._engines[model_id] = engine
-            self._loaded_files[model_id] = (path, identity)
-            self._loaded_digests[model_id] = digest
-            if self._watch is None:
-                self._watch = FileWatch()
-            self._watch.add(model_id, path)
+            self.files.track(model_id, path, identity, digest)
         self._set_state(model_id, AVAILABLE)  # "loaded" is per process; the store keeps the file's state
         info = getattr(engine, "info", {})
         log.info(
@@ -432,10 +340,7 @@ class ModelRegistry:
         """Take a model's engine out of this process's registry (None when it is not
         loaded): from now on nothing finds it, and the caller closes it."""
         with self._lock:
-            self._loaded_files.pop(model_id, None)
-            self._loaded_digests.pop(model_id, None)
-            if self._watch is not None:
-                self._watch.remove(model_id)
+            self.files.forget(model_id)
             return self._engines.pop(model_id, None)
 
     @staticmethod
@@ -446,11 +351,7 @@ class ModelRegistry:
     def close(self) -> None:
         with self._lock:
             engines, self._engines = list(self._engines.values()), {}
-            self._loaded_files.clear()
-            self._loaded_digests.clear()
-            if self._watch is not None:
-                self._watch.close()
-                self._watch = None
+            self.files.clear()
         for engine in engines:
             try:
                 engine.close()
