@@ -81,8 +81,11 @@ def test_sequences_batched_together_take_what_they_can_and_match(pair) -> None:
     got = drain(cached, [cached.submit(p, **params) for p in prompts])
     want = drain(plain, [plain.submit(p, **params) for p in prompts])
     # two slots: the first takes the one that holds the base, the second the
-    # empty one, the third waits and finds the base in either
-    assert [r.last["n_cached"] for r in got.values()] == [len(base), 0, len(base)]
+    # empty one (or, where the first has already ended before it is admitted,
+    # the base's slot again), the third waits and finds the base in either
+    first, second, third = (r.last["n_cached"] for r in got.values())
+    assert (first, third) == (len(base), len(base))
+    assert second in (0, len(base))
     assert [r.tokens for r in got.values()] == [r.tokens for r in want.values()]
 
 
