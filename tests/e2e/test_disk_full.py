@@ -51,6 +51,7 @@ def fill(directory) -> int:
     return written
 
 
+@pytest.mark.slow  # the disk stays full for 8 s
 def test_tasks_accepted_before_the_disk_filled_run_once_it_has_room(small_disk, tmp_path, demo_model_path):
     model = tmp_path / "padded.gguf"
     shutil.copyfile(demo_model_path, model)

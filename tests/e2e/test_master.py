@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 
+import pytest
 from e2e_helpers import lmsp_command
 
 
@@ -51,6 +52,7 @@ def test_a_model_that_cannot_be_served_stops_the_start_with_its_reason(tmp_path)
     assert "Traceback" not in text.split("lmsp: cannot start")[0].splitlines()[-1]
 
 
+@pytest.mark.slow  # waits out the second master's start
 def test_a_second_service_on_the_same_data_directory_refuses_to_start(make_server):
     """Its start-up recovery would fail the first service's running tasks as left over:
     it stops before, with its reason, and the first service's task runs on."""

@@ -80,6 +80,7 @@ def closed_within(sock: socket.socket, deadline: float) -> bool:
         return False
 
 
+@pytest.mark.slow  # waits out nginx's 10 s header timeout
 def test_a_flood_of_idle_connections_through_the_shipped_site(served, served_token, site):
     port, cafile, root = site
     started = time.monotonic()

@@ -56,6 +56,7 @@ def exit_status(server: Server, timeout: float = 60.0) -> int:
     return status
 
 
+@pytest.mark.slow  # a stop that waits for a running task
 def test_a_stopping_service_refuses_new_work_and_lets_running_tasks_finish(make_long_server):
     server = make_long_server(grace=60)
     token = server.pair()
@@ -83,6 +84,7 @@ def test_a_stopping_service_refuses_new_work_and_lets_running_tasks_finish(make_
     assert [t["id"] for t in server.call("GET", "/v1/tasks", token=token)["data"]] == [task_id]  # nothing else stored
 
 
+@pytest.mark.slow  # a stop, its grace period and a restart
 def test_an_open_stream_ends_with_a_stopping_event_and_resumes_after_the_restart(make_long_server):
     server = make_long_server(grace=1)
     token = server.pair()

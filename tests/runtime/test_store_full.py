@@ -55,6 +55,7 @@ class FullDisk:
             yield conn
 
 
+@pytest.mark.slow  # about 11 s each: the store stays full for a while
 @pytest.mark.parametrize("policy", ["fail", "retry", "resume"])
 def test_a_task_that_cannot_start_on_a_full_store_starts_once_it_can_be_written(store, runtime, policy):
     disk = FullDisk(store, starts=START_TRIES + 3)
