@@ -80,12 +80,12 @@ def test_sequences_batched_together_take_what_they_can_and_match(pair) -> None:
     params = dict(max_tokens=6, temperature=0.7, top_k=40, seed=11)
     got = drain(cached, [cached.submit(p, **params) for p in prompts])
     want = drain(plain, [plain.submit(p, **params) for p in prompts])
-    # two slots: the first takes the one that holds the base, the second the
-    # empty one (or, where the first has already ended before it is admitted,
-    # the base's slot again), the third waits and finds the base in either
-    first, second, third = (r.last["n_cached"] for r in got.values())
-    assert (first, third) == (len(base), len(base))
-    assert second in (0, len(base))
+    # two slots: the first takes the one that holds the base; the others take
+    # the empty one or, once a sequence has ended, the base's slot again, which
+    # depends on when the engine admits them: each reuses the whole base or none
+    cached_counts = [r.last["n_cached"] for r in got.values()]
+    assert cached_counts[0] == len(base)
+    assert set(cached_counts[1:]) <= {0, len(base)}
     assert [r.tokens for r in got.values()] == [r.tokens for r in want.values()]
 
 
