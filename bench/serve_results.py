@@ -1,0 +1,57 @@
+"""The record bench/serve.py keeps of a run: one JSON file per model under bench/results.
+
+Each file says what produced the figures (the commit, whether the tree had
+uncommitted changes, the command, the machine) and holds the figures: the
+median round of every level, the ratios to llama-server, the goal checks and
+tok/s over all rounds.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_RESULTS = ROOT / "bench" / "results"
+
+
+def git_state(root: Path = ROOT) -> dict:
+    """The checked-out commit and whether tracked files differ from it."""
+    def git(*argv: str) -> str:
+        try:
+            out = subprocess.run(["git", "-C", str(root), *argv], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return ""
+        return out.stdout.strip() if out.returncode == 0 else ""
+
+    return {"commit": git("rev-parse", "HEAD") or None,
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
+def machine() -> dict:
+    info: dict = {"nproc": os.cpu_count(), "cpu": platform.processor() or None,
+                  "system": f"{platform.system()} {platform.release()}", "python": platform.python_version()}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+        info["memory_mib"] = int(Path("/proc/meminfo").read_text().split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return info
+
+
+def write_model_results(folder: Path, model: str, payload: dict, when: float | None = None) -> Path:
+    """``folder/serve-MODEL-YYYYMMDD-HHMM.json`` (UTC), with the run's provenance first."""
+    stamp = time.strftime("%Y%m%d-%H%M", time.gmtime(when))
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"serve-{model}-{stamp}.json"
+    record = {"benchmark": "serve", "model": model,
+              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when)),
+              **git_state(), "machine": machine(), **payload}
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    return path
