@@ -82,7 +82,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules beside this script
 from bench_models import DEFAULT_MODELS, has_chat_template, resolve
-from serve_results import DEFAULT_RESULTS, write_model_results
+from serve_results import DEFAULT_RESULTS, paired_ratios, paired_table, write_model_results
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_WORK = ROOT / "bench" / "out" / "serve"
@@ -771,7 +771,8 @@ class LmspServer(Server):
 
 # --------------------------------------------------------------------------- report
 
-GOALS_TEXT = """Goals (ratio lmsp / llama-server in the same run, the median of the rounds):
+GOALS_TEXT = """Goals (ratio lmsp / llama-server in the same run; with several rounds, tok/s, TTFT and
+CPU per token are the median of each round's ratio to llama-server's round, RSS the median round's):
   tok/s >= 1.0 at every level, and no failed request; TTFT p50 <= 1.05 at 1 and 4 clients;
   CPU time per output token <= 1.0; peak RSS <= llama-server's + 40 MB;
   persistence on costs <= 5% tok/s against lmsp-memevents (and, an upper bound, lmsp-noevents)."""
@@ -841,10 +842,14 @@ def ratio_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def goal_checks(levels: list[LevelResult]) -> list[str]:
+def goal_checks(levels: list[LevelResult], rounds: list[LevelResult] | None = None) -> list[str]:
+    """The goals on the median rounds ``levels``; given every round, on the paired ratios."""
     out = []
     rows = [x for x in ratio_rows(levels) if x["server"] == "lmsp"]
+    paired = paired_ratios(rounds) if rounds else {}
     for x in rows:
+        x = {**x, **{k: v for k, v in paired.get((x["model"], x["server"], x["clients"]), {}).items()
+                     if k != "rounds"}}
         tag = f"{x['model']} {x['clients']}c"
         out.append(_check(f"{tag} tok/s ratio >= 1.0", x["tok_s"], lambda v: v >= 1.0))
         if x["clients"] <= 4:
@@ -1120,7 +1125,9 @@ def model_record(levels: list[LevelResult], args, commands: dict, s: "ServeSetti
         "server_commands": {k: v for k, v in commands.items() if k.endswith(f" {model}")},
         "prompt_tokens": {r.server: r.mean_input_tokens for r in summary if r.clients == min(x.clients for x in summary)},
         "levels": [asdict(x) for x in summary], "ratios": ratio_rows(summary),
-        "goals": [line.strip() for line in goal_checks(summary)],
+        "paired_ratios": [{"model": k[0], "server": k[1], "clients": k[2], **v}
+                          for k, v in sorted(paired_ratios(levels).items())],
+        "goals": [line.strip() for line in goal_checks(summary, levels if args.rounds > 1 else None)],
         "over_rounds": round_stats(levels), "all_rounds": [asdict(x) for x in levels],
     }
 
@@ -1281,8 +1288,12 @@ def main(argv=None) -> int:
         print()
         print(ratio_table(rows))
         print()
+        if args.rounds > 1:
+            print("\nratios paired by round (the median of each round's ratio to llama-server's):")
+            print(paired_table(paired_ratios(levels)))
+        print()
         print(GOALS_TEXT)
-        print("\n".join(goal_checks(summary)))
+        print("\n".join(goal_checks(summary, levels if args.rounds > 1 else None)))
     if args.rounds > 1:
         stats = round_stats(levels)
         print(f"\ntok/s over the {args.rounds} rounds:")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -55,3 +56,37 @@ def write_model_results(folder: Path, model: str, payload: dict, when: float | N
               **git_state(), "machine": machine(), **payload}
     path.write_text(json.dumps(record, indent=2) + "\n")
     return path
+
+
+PAIRED_FIELDS = {"tok_s": "tok_s", "ttft_p50": "ttft_p50_ms", "cpu_per_token": "cpu_ms_per_token"}
+
+
+def paired_ratios(levels: list) -> dict[tuple, dict]:
+    """Per (model, server, clients), each figure of PAIRED_FIELDS as the median over the
+    rounds of the server's round over llama-server's round of the same number: the two
+    ran back to back, so a change in the machine's load between rounds cancels out.
+    ``levels`` are every round's LevelResult."""
+    llama = {(x.model, x.clients, x.round): x for x in levels if x.server == "llama"}
+    ratios: dict[tuple, dict[str, list[float]]] = {}
+    for x in levels:
+        base = llama.get((x.model, x.clients, x.round))
+        if x.server == "llama" or base is None:
+            continue
+        got = ratios.setdefault((x.model, x.server, x.clients), {k: [] for k in PAIRED_FIELDS})
+        for key, attr in PAIRED_FIELDS.items():
+            a, b = getattr(x, attr), getattr(base, attr)
+            if a is not None and b:
+                got[key].append(a / b)
+    return {k: {"rounds": max(len(v) for v in d.values()),
+                **{f: (statistics.median(v) if v else None) for f, v in d.items()}}
+            for k, d in ratios.items()}
+
+
+def paired_table(paired: dict[tuple, dict]) -> str:
+    lines = ["| model | server | clients | rounds | tok/s | TTFT p50 | CPU/tok |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    show = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    for (model, server, clients), x in sorted(paired.items()):
+        lines.append(f"| {model} | {server} | {clients} | {x['rounds']} | {show(x['tok_s'])} "
+                     f"| {show(x['ttft_p50'])} | {show(x['cpu_per_token'])} |")
+    return "\n".join(lines)

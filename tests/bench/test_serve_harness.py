@@ -271,6 +271,27 @@ def test_round_stats_and_the_persistence_goal_on_means(serve):
     assert "| tiny | lmsp | 4 | 3 | 2000.0 | 100.0 | 1900.0 | 2100.0 |" in serve.round_stats_table(list(stats.values()))
 
 
+def test_paired_ratios_take_each_round_against_llama_servers_round_of_the_same_number(serve):
+    def level(server, tok_s, rnd, ttft=10.0, cpu=1.0):
+        lvl = serve.LevelResult("m", server, 4, 8, 0, 100, 1.0, tok_s, ttft, ttft, 1.0, 2.0,
+                                100.0, 0, 10.0, 1.0, 0.5, [])
+        lvl.round, lvl.cpu_ms_per_token = rnd, cpu
+        return lvl
+    # the machine slows down in round 1 for both: the ratio of the median rounds (100/50) says 2.0,
+    # each round's own ratio says 1.1 or 1.2
+    rounds = [level("llama", 100.0, 0), level("lmsp", 110.0, 0, ttft=9.0, cpu=0.9),
+              level("llama", 50.0, 1), level("lmsp", 60.0, 1, ttft=12.0, cpu=1.0),
+              level("llama", 90.0, 2), level("lmsp", 99.0, 2, ttft=10.0)]
+    paired = serve.paired_ratios(rounds)[("m", "lmsp", 4)]
+    assert paired["rounds"] == 3
+    assert paired["tok_s"] == pytest.approx(1.1)
+    assert paired["ttft_p50"] == pytest.approx(1.0) and paired["cpu_per_token"] == pytest.approx(1.0)
+    checks = "\n".join(serve.goal_checks(serve.median_rounds(rounds), rounds))
+    assert "PASS  m 4c tok/s ratio >= 1.0: 1.100" in checks
+    assert "PASS  m 4c TTFT p50 ratio <= 1.05: 1.000" in checks
+    assert "| m | lmsp | 4 | 3 | 1.10 | 1.00 | 1.00 |" in serve.paired_table(serve.paired_ratios(rounds))
+
+
 def test_a_conversation_repeats_its_turns_with_the_answers(serve, fake_port):
     cfg = serve.LoadConfig(max_tokens=2, seed=100, turns=3)
     results = serve.run_level(fake_port, serve.ResponsesProtocol("tiny"), {}, 1, 3, cfg, first_index=0)
