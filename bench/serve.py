@@ -13,8 +13,9 @@ clients) it reports aggregate output tokens/s, time to first token and
 inter-token latency (p50, p99), failed requests and the peak RSS of the server
 process tree, then the ratio of each lmsp variant to llama-server.
 
-    python bench/serve.py --quick                 # tiny model, a minute or two
-    python bench/serve.py                         # tiny and bench models
+    python bench/serve.py                         # the catalog models, 3 rounds (about an hour or two on 2 cores)
+    python bench/serve.py --quick                 # the demo tiny model, one round: a smoke run
+    python bench/serve.py --models tiny           # the per-request micro-benchmark; report it apart
     python bench/serve.py --models bench --clients 1,16 --n-gpu-layers 99
     python bench/serve.py --models tiny --turns 4 --prompt-cache   # conversations
 
@@ -23,6 +24,8 @@ Server variants (``--servers``):
     lmsp             ``lmsp serve`` as shipped (durability "full": fsync per commit)
     lmsp-fast        batch_invariant=false: llama.cpp's faster CPU kernels, as
                      llama-server uses them (a setting users may choose)
+    lmsp-mmap        mmap=true: the model file mapped, as llama-server does by
+                     default, instead of read into the worker's memory
     lmsp-nofsync     durability "off": commits without fsync
     lmsp-noevents    LMSP_BENCH_NO_PERSIST_EVENTS=1: delta events are not
                      written to the store, and streams get a task's text when
@@ -82,16 +85,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules beside this script
 from bench_models import DEFAULT_MODELS, has_chat_template, resolve
-from serve_results import DEFAULT_RESULTS, paired_ratios, paired_table, write_model_results
+from serve_results import DEFAULT_RESULTS, git_state, paired_ratios, paired_table, write_model_results
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_WORK = ROOT / "bench" / "out" / "serve"
 DEFAULT_LLAMA = ROOT / "build" / "reference" / "bin" / "llama-server"
 LMSP_SCOPES = "responses:write,responses:read,models:read"
-VARIANTS = ("llama", "lmsp", "lmsp-fast", "lmsp-nofsync", "lmsp-noevents", "lmsp-memevents")
+VARIANTS = ("llama", "lmsp", "lmsp-fast", "lmsp-mmap", "lmsp-nofsync", "lmsp-noevents", "lmsp-memevents")
 LMSP_VARIANT_ENV = {
     "lmsp": {},
     "lmsp-fast": {"LMSP_BATCH_INVARIANT": "0"},
+    "lmsp-mmap": {"LMSP_MMAP": "1"},
     "lmsp-nofsync": {"LMSP_DURABILITY": "off"},
     "lmsp-noevents": {"LMSP_BENCH_NO_PERSIST_EVENTS": "1"},
     "lmsp-memevents": {"LMSP_BENCH_EVENTS_IN_MEMORY": "1"},
@@ -1244,6 +1248,7 @@ def main(argv=None) -> int:
             "over_rounds": round_stats(levels),
         }, indent=2))
     lmsp_cmd = lmsp_command(args.lmsp)
+    source = git_state()  # the code measured: as the run starts
     missed: list[str] = []  # levels of a server that had died (or did not start): failures too
     for model in models:
         print(f"model {model.name} ({model.stat().st_size / 1e6:.1f} MB)", flush=True)
@@ -1276,7 +1281,8 @@ def main(argv=None) -> int:
         if args.results_dir is not None:
             mine = [x for x in levels if x.model == model.stem]
             if mine:
-                path = write_model_results(args.results_dir, model.stem, model_record(mine, args, commands, s, cfg))
+                path = write_model_results(args.results_dir, model.stem, model_record(mine, args, commands, s, cfg),
+                                           source=source)
                 print(f"  record: {path}", flush=True)
     summary = median_rounds(levels)
     print()

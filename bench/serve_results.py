@@ -46,14 +46,16 @@ def machine() -> dict:
     return info
 
 
-def write_model_results(folder: Path, model: str, payload: dict, when: float | None = None) -> Path:
-    """``folder/serve-MODEL-YYYYMMDD-HHMM.json`` (UTC), with the run's provenance first."""
+def write_model_results(folder: Path, model: str, payload: dict, when: float | None = None,
+                        source: dict | None = None) -> Path:
+    """``folder/serve-MODEL-YYYYMMDD-HHMM.json`` (UTC), with the run's provenance first:
+    ``source`` is git_state() as the run started (read now if not given)."""
     stamp = time.strftime("%Y%m%d-%H%M", time.gmtime(when))
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"serve-{model}-{stamp}.json"
     record = {"benchmark": "serve", "model": model,
               "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when)),
-              **git_state(), "machine": machine(), **payload}
+              **(source or git_state()), "machine": machine(), **payload}
     path.write_text(json.dumps(record, indent=2) + "\n")
     return path
 
