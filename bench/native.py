@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """Native engine benchmark: the lmsp extension against llama.cpp's llama-bench.
 
-Both run the same demo model (``lmsp.demo_model``), on the same machine, one
-after the other, with the same thread count and GPU layers. llama-bench comes
-from the same pinned llama.cpp source (``bench/build_reference.sh``).
+Both run the same model, on the same machine, taking turns, with the same
+thread count and GPU layers: by default the catalog's SmolLM2 135M Instruct
+(Q4_1) and Gemma 3 270M (Q4_K_M), fetched into the cache on first use
+(``bench/bench_models.py``); the demo presets of ``lmsp.demo_model`` by name.
+llama-bench comes from the same pinned llama.cpp source
+(``bench/build_reference.sh``).
 
-    python bench/native.py                      # bench and tiny models, a few minutes on 2 cores
+    python bench/native.py                      # the catalog models, a few minutes on 2 cores
     python bench/native.py --quick              # tiny model, short runs (a check that it all works)
     python bench/native.py --models bench --n-gpu-layers 99 --threads 16
 
@@ -15,8 +18,8 @@ What is measured:
                max_tokens=1)`` with ``prefill_chunk=N``, N / the engine's
                prompt time (admission to the first sampled token).
     tg<N>      generation tokens/s of one sequence. llama-bench: its ``-n N``
-               test (N single-token decodes, no sampling). lmsp: a 2-token
-               prompt, N greedy tokens; (tokens after the first) / (time after
+               test (N single-token decodes, no sampling). lmsp: a short
+               text prompt, N greedy tokens; (tokens after the first) / (time after
                the first), as the engine's timings report it, so sampling,
                detokenising and handing results to Python are included. The
                Python consumer is woken for every token.
@@ -51,6 +54,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench_models import DEFAULT_MODELS
 from lmsp.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,8 +68,9 @@ COMMIT_WINDOW_S = Config.commit_window_ms / 1000.0  # the service's default wind
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default="bench,tiny",
-                   help="demo model presets, comma separated (default: bench,tiny)")
+    p.add_argument("--models", default=DEFAULT_MODELS,
+                   help="catalog models or demo presets, comma separated (default: %(default)s; "
+                        "the demo 'tiny' is a micro-benchmark of the engine's own overhead)")
     p.add_argument("--model-file", type=Path, action="append", default=[],
                    help="also benchmark this GGUF file (repeatable)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -155,25 +160,10 @@ def machine() -> dict:
 
 
 def make_models(args: argparse.Namespace) -> list[tuple[str, Path]]:
-    from lmsp.demo_model import PRESETS, write_demo_model
+    from bench_models import resolve
 
-    models = []
-    folder = args.out_dir / "models"
-    for preset in args.models:
-        if preset not in PRESETS:
-            sys.exit(f"error: unknown model preset {preset!r} (known: {', '.join(PRESETS)})")
-        path = folder / f"{preset}.gguf"
-        if args.remake_models or not path.is_file():
-            t = time.perf_counter()
-            write_demo_model(path, preset=preset)
-            print(f"# wrote {path} ({path.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - t:.1f} s",
-                  flush=True)
-        models.append((preset, path))
-    for path in args.model_file:
-        if not path.is_file():
-            sys.exit(f"error: no such model file: {path}")
-        models.append((path.stem, path))
-    return models
+    found = resolve(args.models, args.model_file, args.out_dir / "models", args.remake_models)
+    return [(m.name, m.path) for m in found]
 
 
 # ---------------------------------------------------------------- llama-bench
@@ -258,6 +248,12 @@ def _prompt(n: int, salt: int) -> list[int]:
     return [BOS] + rng.integers(3, 32000, size=n - 1).tolist()
 
 
+def _story(engine, k: int) -> list[int]:
+    """A short text to continue, through the model's own tokenizer (a real model
+    ends a sequence of two arbitrary tokens at once)."""
+    return engine.tokenize(f"Chapter {k}. The river ran past the old mill, and", add_special=True)
+
+
 def bench_prefill(args: argparse.Namespace, model: Path, reps: int) -> list[float]:
     from lmsp.native import Engine
 
@@ -280,12 +276,12 @@ def bench_generation(args: argparse.Namespace, model: Path, n_seqs: int, reps: i
     from lmsp.native import Engine
 
     rates, early = [], 0
-    with Engine(str(model), n_ctx=args.n_gen + 8, n_parallel=n_seqs, n_threads=args.threads,
+    with Engine(str(model), n_ctx=args.n_gen + 64, n_parallel=n_seqs, n_threads=args.threads,
                 n_gpu_layers=args.n_gpu_layers, n_batch=N_BATCH, prefill_chunk=N_BATCH,
                 batch_invariant=args.batch_invariant) as engine:
         for rep in range(reps + 1):  # the first, shorter, is the warm-up
             max_tokens = args.n_gen if rep else min(args.n_gen, 16)
-            seqs = {engine.submit([BOS, 100 + 7 * i + rep], max_tokens=max_tokens, temperature=0.0)
+            seqs = {engine.submit(_story(engine, 100 + 7 * i + rep), max_tokens=max_tokens, temperature=0.0)
                     for i in range(n_seqs)}
             state = _drain(engine, seqs, window_s=window_s)
             if not rep:
@@ -297,7 +293,8 @@ def bench_generation(args: argparse.Namespace, model: Path, n_seqs: int, reps: i
                 last = lasts[0]
                 rates.append((last["n_generated"] - 1) / (last["timings"]["decode_ms"] / 1000.0))
             else:
-                all_started = max(st["first"] for st in state.values())
+                # a sequence that ended on its first token (end of text) has no first token
+                all_started = max(st["first"] or st["end"] for st in state.values())
                 ended = max(st["end"] for st in state.values())
                 # tokens generated after every sequence had its first one
                 tokens = sum(last["n_generated"] for last in lasts) - n_seqs

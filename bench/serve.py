@@ -13,8 +13,9 @@ clients) it reports aggregate output tokens/s, time to first token and
 inter-token latency (p50, p99), failed requests and the peak RSS of the server
 process tree, then the ratio of each lmsp variant to llama-server.
 
-    python bench/serve.py --quick                 # tiny model, a minute or two
-    python bench/serve.py                         # tiny and bench models
+    python bench/serve.py                         # the catalog models, 3 rounds (about an hour or two on 2 cores)
+    python bench/serve.py --quick                 # the demo tiny model, one round: a smoke run
+    python bench/serve.py --models tiny           # the per-request micro-benchmark; report it apart
     python bench/serve.py --models bench --clients 1,16 --n-gpu-layers 99
     python bench/serve.py --models tiny --turns 4 --prompt-cache   # conversations
 
@@ -23,6 +24,8 @@ Server variants (``--servers``):
     lmsp             ``lmsp serve`` as shipped (durability "full": fsync per commit)
     lmsp-fast        batch_invariant=false: llama.cpp's faster CPU kernels, as
                      llama-server uses them (a setting users may choose)
+    lmsp-mmap        mmap=true: the model file mapped, as llama-server does by
+                     default, instead of read into the worker's memory
     lmsp-nofsync     durability "off": commits without fsync
     lmsp-noevents    bench/variants.py's DeferredDeltas: delta events are not
                      written to the store, and streams get a task's text when
@@ -80,15 +83,20 @@ import dataclasses
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules beside this script
+from bench_models import DEFAULT_MODELS, has_chat_template, resolve
+from serve_results import DEFAULT_RESULTS, git_state, paired_ratios, paired_table, write_model_results
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_WORK = ROOT / "bench" / "out" / "serve"
 DEFAULT_LLAMA = ROOT / "build" / "reference" / "bin" / "llama-server"
 LMSP_SCOPES = "responses:write,responses:read,models:read"
-VARIANTS = ("llama", "lmsp", "lmsp-fast", "lmsp-nofsync", "lmsp-noevents", "lmsp-memevents")
+VARIANTS = ("llama", "lmsp", "lmsp-fast", "lmsp-mmap", "lmsp-nofsync", "lmsp-noevents", "lmsp-memevents")
 VARIANTS_PATH = os.pathsep.join(filter(None, (str(ROOT / "bench"), os.environ.get("PYTHONPATH"))))
 LMSP_VARIANT_ENV = {
     "lmsp": {},
     "lmsp-fast": {"LMSP_BATCH_INVARIANT": "0"},
+    "lmsp-mmap": {"LMSP_MMAP": "1"},
     "lmsp-nofsync": {"LMSP_DURABILITY": "off"},
     # the commit variants of bench/variants.py, through the service's hook for another app
     "lmsp-noevents": {"LMSP_GUNICORN_APP": "variants:get_app('noevents')", "PYTHONPATH": VARIANTS_PATH},
@@ -769,10 +777,11 @@ class LmspServer(Server):
 
 # --------------------------------------------------------------------------- report
 
-GOALS_TEXT = """Goals (ratio lmsp / llama-server in the same run):
-  1 client: tok/s >= 0.95, TTFT p50 <= 1.10; 16 and 64 clients: tok/s >= 1.0 and no failed request;
-  persistence on costs <= 5% tok/s against lmsp-memevents (and, an upper bound, lmsp-noevents);
-  peak RSS <= llama-server's + 60 MB."""
+GOALS_TEXT = """Goals (ratio lmsp / llama-server in the same run; with several rounds, tok/s, TTFT and
+CPU per token are the median of each round's ratio to llama-server's round, RSS the median round's):
+  tok/s >= 1.0 at every level, and no failed request; TTFT p50 <= 1.05 at 1 and 4 clients;
+  CPU time per output token <= 1.0; peak RSS <= llama-server's + 40 MB;
+  persistence on costs <= 5% tok/s against lmsp-memevents (and, an upper bound, lmsp-noevents)."""
 
 
 def fmt(v, nd=1) -> str:
@@ -841,18 +850,21 @@ def ratio_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def goal_checks(levels: list[LevelResult]) -> list[str]:
+def goal_checks(levels: list[LevelResult], rounds: list[LevelResult] | None = None) -> list[str]:
+    """The goals on the median rounds ``levels``; given every round, on the paired ratios."""
     out = []
     rows = [x for x in ratio_rows(levels) if x["server"] == "lmsp"]
+    paired = paired_ratios(rounds) if rounds else {}
     for x in rows:
+        x = {**x, **{k: v for k, v in paired.get((x["model"], x["server"], x["clients"]), {}).items()
+                     if k != "rounds"}}
         tag = f"{x['model']} {x['clients']}c"
-        if x["clients"] == 1:
-            out.append(_check(f"{tag} tok/s ratio >= 0.95", x["tok_s"], lambda v: v >= 0.95))
-            out.append(_check(f"{tag} TTFT p50 ratio <= 1.10", x["ttft_p50"], lambda v: v <= 1.10))
-        if x["clients"] >= 16:
-            out.append(_check(f"{tag} tok/s ratio >= 1.0", x["tok_s"], lambda v: v >= 1.0))
-            out.append(_check(f"{tag} failed == 0", x["failed"], lambda v: v == 0))
-        out.append(_check(f"{tag} RSS - llama <= 60 MB", x["rss_delta_mb"], lambda v: v <= 60))
+        out.append(_check(f"{tag} tok/s ratio >= 1.0", x["tok_s"], lambda v: v >= 1.0))
+        if x["clients"] <= 4:
+            out.append(_check(f"{tag} TTFT p50 ratio <= 1.05", x["ttft_p50"], lambda v: v <= 1.05))
+        out.append(_check(f"{tag} CPU per token ratio <= 1.0", x["cpu_per_token"], lambda v: v <= 1.0))
+        out.append(_check(f"{tag} RSS - llama <= 40 MB", x["rss_delta_mb"], lambda v: v <= 40))
+        out.append(_check(f"{tag} failed == 0", x["failed"], lambda v: v == 0))
     on = {(r.model, r.clients): r for r in levels if r.server == "lmsp"}
     for r in levels:
         if r.server in ("lmsp-memevents", "lmsp-noevents") and (r.model, r.clients) in on:
@@ -891,18 +903,32 @@ def machine_line() -> str:
 # --------------------------------------------------------------------------- driver
 
 def make_models(names: list[str], files: list[str], work: Path) -> list[Path]:
-    models = [Path(f).resolve() for f in files]
-    for name in names:
-        path = work / "models" / f"{name}.gguf"
-        if not path.exists():
-            print(f"making the {name} demo model -> {path}", flush=True)
-            subprocess.run([sys.executable, "-m", "lmsp.demo_model", str(path), "--preset", name],
-                           check=True)
-        models.append(path)
-    for m in models:
-        if not m.is_file():
-            raise SystemExit(f"model file {m} does not exist")
-    return models
+    """Catalog models (fetched into the cache), demo presets (written under WORK) and files."""
+    return [m.path for m in resolve(names, files, work / "models")]
+
+
+# A model without a chat template: the service renders messages as
+# "User: ...\n\nAssistant:" (csrc/engine.cpp, fallback_template); llama-server
+# would fall back to another format. It gets the same one as a Jinja template,
+# so that both tokenize the same text.
+PLAIN_CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'system' -%}System"
+    "{%- elif message['role'] == 'assistant' -%}Assistant"
+    "{%- else -%}User{%- endif -%}"
+    ": {{ message['content'] }}\n\n"
+    "{% endfor -%}"
+    "{%- if add_generation_prompt -%}Assistant:{%- endif -%}")
+
+
+def llama_template_args(model: Path, work: Path) -> list[str]:
+    """llama-server's arguments for the service's plain format where the model has no template."""
+    if has_chat_template(model):
+        return []
+    path = work / "plain-chat-template.jinja"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(PLAIN_CHAT_TEMPLATE)
+    return ["--chat-template-file", str(path)]
 
 
 class Profiler:
@@ -969,10 +995,22 @@ class Contender:
     watch: RssWatch
 
 
+def llama_protocol(endpoint: str, port: int, model_id: str, cfg: LoadConfig) -> Protocol:
+    """How llama-server is asked. Through its /v1/responses it reuses a slot's cached
+    prompt prefix unless told not to, as its other endpoints are (cache_prompt):
+    the service's own prefix cache is off unless --prompt-cache, so is this one."""
+    if endpoint == "completion":
+        return CompletionProtocol(port)
+    if endpoint == "chat":
+        return ChatProtocol()
+    return ResponsesProtocol(model_id, {"ignore_eos": True, "min_p": 0.0, "cache_prompt": cfg.llama_prompt_cache})
+
+
 def open_contender(variant: str, model: Path, args, cfg: LoadConfig, s: ServeSettings, work: Path,
                    lmsp_cmd: list[str], commands: dict) -> Contender:
     if variant == "llama":
-        srv = LlamaServer.create(args.llama_server, model, s, work, args.llama_arg)
+        srv = LlamaServer.create(args.llama_server, model, s, work,
+                                 [*llama_template_args(model, work), *args.llama_arg])
     else:
         srv = LmspServer.create(lmsp_cmd, model, s, work, variant,
                                 {"LMSP_PREFIX_CACHE": "1" if cfg.llama_prompt_cache else "0"})
@@ -982,10 +1020,7 @@ def open_contender(variant: str, model: Path, args, cfg: LoadConfig, s: ServeSet
         srv.ready(s)
         headers: dict = {}
         if variant == "llama":
-            proto = {"completion": lambda: CompletionProtocol(srv.port),
-                     "chat": ChatProtocol,
-                     "responses": lambda: ResponsesProtocol(model.stem, {"ignore_eos": True, "min_p": 0.0}),
-                     }[args.llama_endpoint]()
+            proto = llama_protocol(args.llama_endpoint, srv.port, model.stem, cfg)
         else:
             headers = {"Authorization": f"Bearer {srv.pair()}"}
             proto = ResponsesProtocol(model.stem)
@@ -1088,11 +1123,31 @@ def persistence_on_means(stats: list[dict]) -> list[str]:
     return out
 
 
+def model_record(levels: list[LevelResult], args, commands: dict, s: "ServeSettings", cfg: LoadConfig) -> dict:
+    """One model's figures for bench/results: medians, ratios, goal checks, every round."""
+    summary = median_rounds(levels)
+    model = levels[0].model
+    return {
+        "command": shlex.join([sys.executable, *sys.argv]), "rounds": args.rounds,
+        "settings": asdict(s), "load": asdict(cfg), "llama_endpoint": args.llama_endpoint,
+        "server_commands": {k: v for k, v in commands.items() if k.endswith(f" {model}")},
+        "prompt_tokens": {r.server: r.mean_input_tokens for r in summary
+                          if r.clients == min(x.clients for x in summary)},
+        "levels": [asdict(x) for x in summary], "ratios": ratio_rows(summary),
+        "paired_ratios": [{"model": k[0], "server": k[1], "clients": k[2], **v}
+                          for k, v in sorted(paired_ratios(levels).items())],
+        "goals": [line.strip() for line in goal_checks(summary, levels if args.rounds > 1 else None)],
+        "over_rounds": round_stats(levels), "all_rounds": [asdict(x) for x in levels],
+    }
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--models", default="tiny,bench",
-                   help="demo model presets to make and run (comma list; '' for none)")
+    p.add_argument("--models", default=DEFAULT_MODELS,
+                   help="catalog models (fetched into the cache) or demo presets (comma list; '' for none). "
+                        "The demo 'tiny' measures the service's own cost per request and per token; "
+                        "report it apart from the real models")
     p.add_argument("--model-file", action="append", default=[], help="an existing GGUF to run as well")
     p.add_argument("--servers", default="llama,lmsp,lmsp-memevents",
                    help=f"comma list of {', '.join(VARIANTS)}")
@@ -1100,9 +1155,9 @@ def parse_args(argv=None):
     p.add_argument("--requests-per-client", type=int, default=2)
     p.add_argument("--min-requests", type=int, default=6, help="at least this many requests per level")
     p.add_argument("--warmup", type=int, default=2, help="unmeasured requests before the levels")
-    p.add_argument("--rounds", type=int, default=1,
+    p.add_argument("--rounds", type=int, default=3,
                    help="measure each level this many times, servers taking turns; report the median round")
-    p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
+    p.add_argument("--max-tokens", type=int, default=128, help="output tokens per request")
     p.add_argument("--prompt-words", type=int, default=24)
     p.add_argument("--turns", type=int, default=1,
                    help="requests per conversation: each repeats the conversation so far with the server's "
@@ -1129,13 +1184,16 @@ def parse_args(argv=None):
     p.add_argument("--lmsp", default=None, help="command that runs the lmsp CLI (default: .venv/bin/lmsp)")
     p.add_argument("--work-dir", type=Path, default=DEFAULT_WORK)
     p.add_argument("--json", type=Path, default=None, help="write all results here (default: WORK/results.json)")
+    p.add_argument("--results-dir", type=lambda v: Path(v) if v else None, default=DEFAULT_RESULTS,
+                   help="also write one record per model here, serve-MODEL-DATE.json ('' for none)")
     p.add_argument("--profile", choices=("py-spy", "perf"), default=None,
                    help="sample each server's busiest process during every level (files in WORK/profiles)")
     p.add_argument("--quick", action="store_true",
                    help="tiny model only, 32 output tokens, fewest requests: a smoke run")
     args = p.parse_args(argv)
     if args.quick:
-        args.models = "tiny" if args.models == "tiny,bench" else args.models
+        args.models = "tiny" if args.models == DEFAULT_MODELS else args.models
+        args.rounds = 1
         args.max_tokens = min(args.max_tokens, 32)
         args.requests_per_client = 1
         args.min_requests = min(args.min_requests, 4)
@@ -1195,6 +1253,7 @@ def main(argv=None) -> int:
             "over_rounds": round_stats(levels),
         }, indent=2))
     lmsp_cmd = lmsp_command(args.lmsp)
+    source = git_state()  # the code measured: as the run starts
     missed: list[str] = []  # levels of a server that had died (or did not start): failures too
     for model in models:
         print(f"model {model.name} ({model.stat().st_size / 1e6:.1f} MB)", flush=True)
@@ -1224,6 +1283,12 @@ def main(argv=None) -> int:
             for c in running:
                 c.srv.stop()
             save()
+        if args.results_dir is not None:
+            mine = [x for x in levels if x.model == model.stem]
+            if mine:
+                path = write_model_results(args.results_dir, model.stem, model_record(mine, args, commands, s, cfg),
+                                           source=source)
+                print(f"  record: {path}", flush=True)
     summary = median_rounds(levels)
     print()
     if args.rounds > 1:
@@ -1234,8 +1299,12 @@ def main(argv=None) -> int:
         print()
         print(ratio_table(rows))
         print()
+        if args.rounds > 1:
+            print("\nratios paired by round (the median of each round's ratio to llama-server's):")
+            print(paired_table(paired_ratios(levels)))
+        print()
         print(GOALS_TEXT)
-        print("\n".join(goal_checks(summary)))
+        print("\n".join(goal_checks(summary, levels if args.rounds > 1 else None)))
     if args.rounds > 1:
         stats = round_stats(levels)
         print(f"\ntok/s over the {args.rounds} rounds:")

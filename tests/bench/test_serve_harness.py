@@ -161,13 +161,68 @@ def test_ratios_and_goals_compare_each_variant_to_llama(serve):
     assert "| 0.600 |" in serve.markdown_table([levels[1]])
     assert rows[("lmsp", 16)]["rss_delta_mb"] == pytest.approx(70.0)
     checks = "\n".join(serve.goal_checks(levels))
-    assert "PASS  tiny 1c tok/s ratio >= 0.95" in checks
-    assert "MISS  tiny 1c TTFT p50 ratio <= 1.10" in checks
+    assert "MISS  tiny 1c tok/s ratio >= 1.0: 0.960" in checks
+    assert "MISS  tiny 1c TTFT p50 ratio <= 1.05: 1.200" in checks
+    assert "MISS  tiny 1c CPU per token ratio <= 1.0: 1.200" in checks
+    assert "MISS  tiny 1c RSS - llama <= 40 MB: 50.000" in checks
     assert "MISS  tiny 16c tok/s ratio >= 1.0" in checks
+    assert "TTFT" not in "".join(line for line in checks.splitlines() if "16c" in line)  # 1 and 4 clients only
+    assert "n/a   tiny 16c CPU per token ratio <= 1.0" in checks
     assert "MISS  tiny 16c failed == 0" in checks
-    assert "MISS  tiny 16c RSS - llama <= 60 MB" in checks
+    assert "PASS  tiny 1c failed == 0" in checks
+    assert "MISS  tiny 16c RSS - llama <= 40 MB: 70.000" in checks
     assert "PASS  tiny 16c persistence cost <= 5% (no streaming, upper bound)" in checks
     assert "MISS  tiny 16c persistence cost <= 5% (streamed from memory): 0.095" in checks
+
+
+def test_a_model_without_chat_template_gets_the_services_plain_format_on_llama_server(serve, tmp_path,
+                                                                                       monkeypatch):
+    monkeypatch.setattr(serve, "has_chat_template", lambda path: False)
+    args = serve.llama_template_args(tmp_path / "base.gguf", tmp_path)
+    assert args[0] == "--chat-template-file"
+    template = Path(args[1]).read_text()
+    assert template == serve.PLAIN_CHAT_TEMPLATE
+    # csrc/engine.cpp's fallback_template: "Role: content" and a blank line per message, then
+    # "Assistant:"; the blank line is text of the loop's body, not trimmed by its closing tag
+    assert ": {{ message['content'] }}\n\n{% endfor" in template
+    for word in ("System", "User", "Assistant", "Assistant:{%- endif"):
+        assert word in template
+
+
+def test_llama_server_reuses_no_cached_prompt_unless_both_servers_do(serve):
+    for endpoint in ("responses", "chat", "completion"):
+        proto = serve.llama_protocol(endpoint, 1, "m", serve.LoadConfig())
+        if endpoint == "completion":
+            proto._templated[proto.key("p")] = "p"
+        assert proto.body(0, "p", serve.LoadConfig())["cache_prompt"] is False
+    cached = serve.LoadConfig(llama_prompt_cache=True)
+    assert serve.llama_protocol("responses", 1, "m", cached).body(0, "p", cached)["cache_prompt"] is True
+
+
+def test_a_model_with_a_chat_template_keeps_its_own(serve, tmp_path):
+    from lmsp.demo_model import write_demo_model
+
+    path = tmp_path / "tiny.gguf"
+    write_demo_model(path, preset="tiny")
+    assert serve.llama_template_args(path, tmp_path) == []
+
+
+def test_a_model_record_names_its_commit_machine_and_command(serve, tmp_path):
+    def level(server, clients, tok_s):
+        return serve.LevelResult("m", server, clients, 4, 0, 100, 1.0, tok_s, 10.0, 10.0, 1.0, 2.0,
+                                 100.0, 0, 20.0, 1.0, 0.5, [])
+    levels = [level("llama", 1, 100.0), level("lmsp", 1, 110.0)]
+    args = serve.parse_args(["--models", "", "--rounds", "1"])
+    s = serve.ServeSettings(threads=2, parallel=1, ctx_per_seq=256, n_gpu_layers=0)
+    record = serve.model_record(levels, args, {"lmsp m": "lmsp serve", "lmsp other": "x"}, s, serve.LoadConfig())
+    path = serve.write_model_results(tmp_path, "m", record, when=0.0)
+    saved = json.loads(path.read_text())
+    assert path.name == "serve-m-19700101-0000.json"
+    assert saved["model"] == "m" and saved["machine"]["nproc"] >= 1 and "commit" in saved
+    assert saved["server_commands"] == {"lmsp m": "lmsp serve"}
+    assert saved["prompt_tokens"] == {"llama": 20.0, "lmsp": 20.0}
+    assert saved["ratios"][0]["tok_s"] == pytest.approx(1.1)
+    assert "PASS  m 1c tok/s ratio >= 1.0: 1.100" in saved["goals"]
 
 
 def test_process_tree_and_rss_watch_see_this_process(serve):
@@ -214,6 +269,27 @@ def test_round_stats_and_the_persistence_goal_on_means(serve):
     checks = serve.persistence_on_means(list(stats.values()))
     assert checks == ["  PASS  tiny 4c persistence cost <= 5% against lmsp-memevents, means of 3 rounds: 0.048"]
     assert "| tiny | lmsp | 4 | 3 | 2000.0 | 100.0 | 1900.0 | 2100.0 |" in serve.round_stats_table(list(stats.values()))
+
+
+def test_paired_ratios_take_each_round_against_llama_servers_round_of_the_same_number(serve):
+    def level(server, tok_s, rnd, ttft=10.0, cpu=1.0):
+        lvl = serve.LevelResult("m", server, 4, 8, 0, 100, 1.0, tok_s, ttft, ttft, 1.0, 2.0,
+                                100.0, 0, 10.0, 1.0, 0.5, [])
+        lvl.round, lvl.cpu_ms_per_token = rnd, cpu
+        return lvl
+    # the machine slows down in round 1 for both: the ratio of the median rounds (100/50) says 2.0,
+    # each round's own ratio says 1.1 or 1.2
+    rounds = [level("llama", 100.0, 0), level("lmsp", 110.0, 0, ttft=9.0, cpu=0.9),
+              level("llama", 50.0, 1), level("lmsp", 60.0, 1, ttft=12.0, cpu=1.0),
+              level("llama", 90.0, 2), level("lmsp", 99.0, 2, ttft=10.0)]
+    paired = serve.paired_ratios(rounds)[("m", "lmsp", 4)]
+    assert paired["rounds"] == 3
+    assert paired["tok_s"] == pytest.approx(1.1)
+    assert paired["ttft_p50"] == pytest.approx(1.0) and paired["cpu_per_token"] == pytest.approx(1.0)
+    checks = "\n".join(serve.goal_checks(serve.median_rounds(rounds), rounds))
+    assert "PASS  m 4c tok/s ratio >= 1.0: 1.100" in checks
+    assert "PASS  m 4c TTFT p50 ratio <= 1.05: 1.000" in checks
+    assert "| m | lmsp | 4 | 3 | 1.10 | 1.00 | 1.00 |" in serve.paired_table(serve.paired_ratios(rounds))
 
 
 def test_a_conversation_repeats_its_turns_with_the_answers(serve, fake_port):
