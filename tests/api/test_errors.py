@@ -145,6 +145,7 @@ def test_a_model_file_changed_or_missing_is_refused_alike(user, scripted, store,
     assert store.list_tasks()["data"] == []
 
 
+@pytest.mark.slow  # a real service, crash or wait: seconds each on 2 cores
 def test_locked_store_is_503_with_retry_after(config, scripted, tmp_path):
     store = Store.open(config.db_path, durability="off", busy_timeout=0.05)
     _, token = make_client(store, ["responses:write", "responses:read"])

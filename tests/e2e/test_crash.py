@@ -5,6 +5,7 @@ import os
 import signal
 import threading
 
+import pytest
 from e2e_helpers import FINISHED, check_log, deltas, resumed_text, sse_events, start_running, uninterrupted_text
 
 LONG = {"model": "tiny", "input": "Count on:", "background": True, "max_output_tokens": 1500, "temperature": 0}
@@ -18,6 +19,7 @@ def finished(task):
     return task["status"] in FINISHED
 
 
+@pytest.mark.slow  # a real service, crash or wait: seconds each on 2 cores
 def test_sigkill_mid_generation_then_restart_follows_each_policy(make_server):
     server = make_server().start()
     token = server.pair()
@@ -45,6 +47,7 @@ def test_sigkill_mid_generation_then_restart_follows_each_policy(make_server):
     assert resumed_text(server, token, tasks["resume"], before["resume"]) == expected
 
 
+@pytest.mark.slow  # a real service, crash or wait: seconds each on 2 cores
 def test_killing_a_worker_recovers_its_tasks_without_a_restart(make_server):
     server = make_server().start()
     token = server.pair()
@@ -67,6 +70,7 @@ def test_killing_a_worker_recovers_its_tasks_without_a_restart(make_server):
     assert failed["error"]["code"] == "server_restarted"
 
 
+@pytest.mark.slow  # a real service, crash or wait: seconds each on 2 cores
 def test_a_graceful_stop_and_start_resumes_running_tasks(make_server):
     # no grace period: the tasks are still running when the workers stop
     server = make_server(env={"LMSP_STOP_GRACE_SECONDS": "0"}).start()

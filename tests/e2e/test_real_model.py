@@ -118,6 +118,7 @@ def test_a_story_cancelled_mid_stream_ends_cancelled_with_a_prefix_of_the_greedy
     assert 0 < len(text) < len(story) and story.startswith(text)
 
 
+@pytest.mark.slow  # a real service, crash or wait: seconds each on 2 cores
 def test_a_resume_story_killed_mid_generation_continues_to_the_greedy_answer(tmp_path, smollm2_path, story):
     crashed = real_server(tmp_path)
     try:
@@ -132,6 +133,7 @@ def test_a_resume_story_killed_mid_generation_continues_to_the_greedy_answer(tmp
         crashed.stop(timeout=10)
 
 
+@pytest.mark.slow  # a real service, crash or wait: seconds each on 2 cores
 def test_two_workers_answer_concurrent_greedy_requests_as_one_worker_does(tmp_path, server, token):
     inputs = [QUESTION, "Name three colours.", "Describe the sea in two sentences."]
     body = {"model": MODEL, "instructions": INSTRUCTIONS, "temperature": 0, "max_output_tokens": 40}

@@ -53,6 +53,7 @@ def _wait_finished(server: Server, response_ids: list[str], timeout: float = 120
 
 # ------------------------------------------------------------------ locked
 
+@pytest.mark.slow  # a real service, crash or wait: seconds each on 2 cores
 def test_database_locked_past_the_busy_timeout_gives_503_and_the_worker_keeps_serving(make_server):
     server = make_server(env={"LMSP_BUSY_TIMEOUT": "5"})
     server.start()

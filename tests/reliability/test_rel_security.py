@@ -196,6 +196,7 @@ def test_oversized_headers_and_bodies_are_refused_cleanly(shared, shared_writer)
 
 # ------------------------------------------------------------ slow clients
 
+@pytest.mark.slow  # a real service, crash or wait: seconds each on 2 cores
 def test_slow_clients_are_cut_off_and_do_not_starve_others(make_server):
     server = make_server(env={"LMSP_GUNICORN_KEEPALIVE": "2", "LMSP_HEADER_TIMEOUT": "2"})
     server.start()
@@ -228,6 +229,7 @@ def test_slow_clients_are_cut_off_and_do_not_starve_others(make_server):
     server.check_alive()
 
 
+@pytest.mark.slow  # a real service, crash or wait: seconds each on 2 cores
 def test_a_body_trickled_byte_by_byte_is_cut_off(make_server):
     """A request head is cut off by header_timeout (above); a body
     sent one byte a second must meet a deadline as well, or a few hundred such
