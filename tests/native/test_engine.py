@@ -498,8 +498,9 @@ def test_the_first_text_is_urgent_not_a_first_token_that_shows_none(make_engine)
     assert any(r["text"] for r in results), "woken as urgent by a token that shows no text"
     n = sum(len(r["tokens"]) for r in results)
     assert "".join(r["text"] for r in results) == "".join(r["text"] for r in plain.results[:n])
-    e.cancel(seq)
-    drain(e, [seq])
+    if not any(r["finish"] for r in results):  # a slow poll may already hold the end
+        e.cancel(seq)
+        drain(e, [seq])
 
 
 def test_close_twice_and_use_after_close(demo_model_path) -> None:
