@@ -59,13 +59,45 @@ def _item_status(task: Row, incomplete_reason: str | None) -> str:
     return "in_progress"
 
 
-def output_part(text: str) -> dict:
-    return {"type": "output_text", "text": text, "annotations": []}
+def output_part(text: str, logprobs: list | None = None) -> dict:
+    """An ``output_text`` content part; ``logprobs`` as the request asked for them ([]: none)."""
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
 def output_item(item_id: str, status: str, text: str | None) -> dict:
     content = [] if text is None else [output_part(text)]
     return {"type": "message", "id": item_id, "role": "assistant", "status": status, "content": content}
+
+
+# what a Response object echoes of its request (Open Responses' ResponseResource), with
+# the value each field has when the request did not set it (OpenAI's defaults)
+ECHOED: dict[str, Any] = {
+    "previous_response_id": None,
+    "instructions": None,
+    "tools": [],
+    "tool_choice": "auto",
+    "truncation": "disabled",
+    "parallel_tool_calls": True,
+    "text": {"format": {"type": "text"}, "verbosity": "medium"},
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "top_logprobs": 0,
+    "reasoning": {"effort": None, "summary": None},
+    "max_tool_calls": None,
+    "service_tier": "default",
+    "safety_identifier": None,
+    "prompt_cache_key": None,
+    "user": None,
+}
+
+
+def echoed(request: Mapping[str, Any]) -> dict:
+    """The request's echoed fields, each as asked or at its default."""
+    out = {}
+    for name, default in ECHOED.items():
+        value = request.get(name)
+        out[name] = json.loads(json.dumps(default)) if value is None else value
+    return out
 
 
 def response_object(response: Row, task: Row, text: str | None) -> dict:
@@ -84,11 +116,13 @@ def response_object(response: Row, task: Row, text: str | None) -> dict:
             "output_tokens_details": {"reasoning_tokens": 0},
         }
         usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
+    status = response_status(task["status"], reason)
     return {
         "id": response["id"],
         "object": "response",
         "created_at": ts(response["created_at"]),
-        "status": response_status(task["status"], reason),
+        "completed_at": ts(task["finished_at"]) if status == COMPLETED else None,
+        "status": status,
         "background": bool(response["background"]),
         "model": response["model"],
         "output": output,
@@ -100,6 +134,8 @@ def response_object(response: Row, task: Row, text: str | None) -> dict:
         "top_p": request.get("top_p", 1.0),
         "seed": request.get("seed"),
         "metadata": request.get("metadata") or {},
+        "store": bool(request.get("store", True)),
+        **echoed(request),
         "task": {"id": task["id"], "status": task["status"], "on_restart": task["on_restart"]},
     }
 
@@ -108,7 +144,7 @@ def event_object(event: Row, item_id: str) -> dict:
     """One task event: ``{"type", "sequence_number", "created_at", ...payload}``."""
     out = {"type": event["type"], "sequence_number": event["seq"], "created_at": ts(event["created_at"])}
     if event["data"] is None:  # an output_text.delta, stored compactly
-        out.update(item_id=item_id, output_index=0, content_index=0, delta=event["text"] or "")
+        out.update(item_id=item_id, output_index=0, content_index=0, delta=event["text"] or "", logprobs=[])
     else:
         out.update(json.loads(event["data"]))
         if out["type"] == "response.failed":  # rows written before B.6 said so kept the error here too

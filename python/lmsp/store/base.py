@@ -129,7 +129,7 @@ class StoreBase:
         if response is None:
             response = self._response_row(conn, task["response_id"])
         base = {"item_id": response["item_id"], "output_index": 0, "content_index": 0}
-        self._emit(conn, task, "response.output_text.done", now, {**base, "text": text})
+        self._emit(conn, task, "response.output_text.done", now, {**base, "text": text, "logprobs": []})
         self._emit(conn, task, "response.content_part.done", now, {**base, "part": obj.output_part(text)})
         self._emit(
             conn,

@@ -1,0 +1,116 @@
+"""Open Responses conformance of what the API answers: every Response object and
+every response event, checked with ``jsonschema`` against the JSON Schemas of the
+``openresponses-types`` models (generated from the Open Responses document that
+../shared/openresponses/openapi.json keeps: spec version 2026-04-24).
+
+The models leave extra properties open, so LMSP's own fields (``task``, ``seed``,
+an event's ``created_at``) pass. ``response.cancelled``, which the specification
+has no schema for, is checked as a response event: ``type``, ``sequence_number``
+and a ``response`` that is a ResponseResource.
+"""
+from __future__ import annotations
+
+import enum
+import json
+import typing
+from functools import cache
+
+import jsonschema
+import openresponses_types.types as spec
+import pydantic
+
+from api_helpers import parse_sse
+
+RESPONSE_EVENT = {"type": "object", "required": ["type", "sequence_number", "response"],
+                  "properties": {"type": {"type": "string"}, "sequence_number": {"type": "integer"}}}
+OWN_EVENTS = ("response.cancelled",)  # LMSP's, carrying a Response object like the others
+
+
+def _type_values(model: type[pydantic.BaseModel]) -> list[str]:
+    annotation = model.model_fields["type"].annotation
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return [member.value for member in annotation]
+    return [value for value in typing.get_args(annotation) if isinstance(value, str)]
+
+
+def _validator(model: type[pydantic.BaseModel]) -> jsonschema.protocols.Validator:
+    schema = model.model_json_schema()
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+@cache
+def response_validator() -> jsonschema.protocols.Validator:
+    return _validator(spec.ResponseResource)
+
+
+@cache
+def event_validators() -> dict[str, jsonschema.protocols.Validator]:
+    """The schema of each streaming event of the specification, by its ``type``."""
+    out = {}
+    for name, model in vars(spec).items():
+        if name.endswith("StreamingEvent") and isinstance(model, type) and issubclass(model, pydantic.BaseModel):
+            validator = _validator(model)
+            for value in _type_values(model):
+                out[value] = validator
+    assert {"response.created", "response.output_text.delta", "response.completed", "error"} <= set(out)
+    return out
+
+
+class Conformance:
+    """Checks bodies and streams; counts what it checked (a test can see it ran)."""
+
+    def __init__(self) -> None:
+        self.responses = 0
+        self.events = 0
+
+    def check_response(self, body: dict) -> None:
+        response_validator().validate(body)
+        self.responses += 1
+
+    def check_event(self, event: dict, *, in_log: bool = False) -> None:
+        """An event of a response stream; ``in_log``: of the task's log, where the
+        ``task.*`` events are LMSP's own."""
+        kind = event.get("type")
+        if in_log and isinstance(kind, str) and kind.startswith("task."):
+            return
+        if kind in OWN_EVENTS:
+            jsonschema.validate(event, RESPONSE_EVENT)
+            self.check_response(event["response"])
+        else:
+            validator = event_validators().get(kind)
+            assert validator is not None, f"an event of a type Open Responses does not know: {kind!r}"
+            validator.validate(event)
+            if "response" in event:
+                self.responses += 1
+        self.events += 1
+
+    def check(self, method: str, path: str, result) -> None:
+        """Whatever ``method path`` answered, if it is a Response object, a list of them,
+        or a stream or page of response events."""
+        path = path.split("?")[0]
+        if not path.startswith(("/v1/responses", "/v1/tasks/")) or result.status_code >= 400:
+            return
+        ctype = (result.headers.get("Content-Type") or "").split(";")[0]
+        in_log = path.startswith("/v1/tasks/")
+        if ctype == "text/event-stream":
+            for frame in parse_sse(result.text):
+                if "data" in frame:
+                    self.check_event(frame["data"], in_log=in_log)
+            return
+        if ctype != "application/json" or not result.content:
+            return
+        self.check_body(json.loads(result.content), in_log=in_log)
+
+    def check_body(self, body: object, *, in_log: bool) -> None:
+        if not isinstance(body, dict):
+            return
+        if body.get("object") == "response" and not body.get("deleted"):
+            self.check_response(body)
+        elif body.get("object") == "list":
+            for entry in body.get("data") or []:
+                if isinstance(entry, dict) and entry.get("object") == "response":
+                    self.check_response(entry)
+                elif isinstance(entry, dict) and "sequence_number" in entry:
+                    self.check_event(entry, in_log=in_log)
