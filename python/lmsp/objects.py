@@ -14,6 +14,14 @@ from typing import Any, Mapping
 Row = Mapping[str, Any] | sqlite3.Row
 
 COMPLETED, FAILED, CANCELLED = "completed", "failed", "cancelled"
+DELTA = "response.output_text.delta"  # the event stored compactly: its text (and log probabilities)
+LOGPROBS = "message.output_text.logprobs"  # the include value that asks for log probabilities
+
+
+def wants_logprobs(request: Mapping[str, Any]) -> bool:
+    """Whether a request's output carries log probabilities: ``include`` asks for them,
+    or ``top_logprobs`` for alternatives."""
+    return LOGPROBS in (request.get("include") or ()) or bool(request.get("top_logprobs"))
 
 
 def response_status(task_status: str, incomplete_reason: str | None) -> str:
@@ -64,8 +72,8 @@ def output_part(text: str, logprobs: list | None = None) -> dict:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
-def output_item(item_id: str, status: str, text: str | None) -> dict:
-    content = [] if text is None else [output_part(text)]
+def output_item(item_id: str, status: str, text: str | None, logprobs: list | None = None) -> dict:
+    content = [] if text is None else [output_part(text, logprobs)]
     return {"type": "message", "id": item_id, "role": "assistant", "status": status, "content": content}
 
 
@@ -100,13 +108,14 @@ def echoed(request: Mapping[str, Any]) -> dict:
     return out
 
 
-def response_object(response: Row, task: Row, text: str | None) -> dict:
-    """The Response object; ``text`` is the output of the current attempt (None: none yet)."""
+def response_object(response: Row, task: Row, text: str | None, logprobs: list | None = None) -> dict:
+    """The Response object; ``text`` is the output of the current attempt (None: none yet),
+    ``logprobs`` its log probabilities (for a request that asked for them)."""
     request = _json(response["request"], {})
     reason = response["incomplete_reason"]
     output = []
     if text or task["item_open"] or task["status"] == COMPLETED:
-        output.append(output_item(response["item_id"], _item_status(task, reason), text or ""))
+        output.append(output_item(response["item_id"], _item_status(task, reason), text or "", logprobs))
     usage = _json(response["usage"])
     if usage is not None:
         usage = {
@@ -143,8 +152,10 @@ def response_object(response: Row, task: Row, text: str | None) -> dict:
 def event_object(event: Row, item_id: str) -> dict:
     """One task event: ``{"type", "sequence_number", "created_at", ...payload}``."""
     out = {"type": event["type"], "sequence_number": event["seq"], "created_at": ts(event["created_at"])}
-    if event["data"] is None:  # an output_text.delta, stored compactly
-        out.update(item_id=item_id, output_index=0, content_index=0, delta=event["text"] or "", logprobs=[])
+    if event["type"] == DELTA:  # stored compactly: its text, and its log probabilities in data
+        data = event["data"]
+        logprobs = json.loads(data).get("logprobs", []) if data is not None else []
+        out.update(item_id=item_id, output_index=0, content_index=0, delta=event["text"] or "", logprobs=logprobs)
     else:
         out.update(json.loads(event["data"]))
         if out["type"] == "response.failed":  # rows written before B.6 said so kept the error here too

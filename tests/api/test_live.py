@@ -244,3 +244,25 @@ def test_the_openai_sdk_sees_a_failed_stream_as_its_failed_event(live):
     replayed = list(sdk.responses.retrieve(failed.response.id, stream=True, starting_after=0))
     assert [e.type for e in replayed] == [e.type for e in events]
     assert live["admin"].delete("/v1/models/edited").status_code == 200
+
+
+def test_logprobs_are_the_same_live_replayed_and_stored(client):
+    body = {"model": "tiny", "input": "Hello", "stream": True, "max_output_tokens": 12, "temperature": 0,
+            "include": ["message.output_text.logprobs"], "top_logprobs": 2}
+    frames = parse_sse(client.post("/v1/responses", json=body).text)
+    streamed = [lp for f in frames if f["event"] == "response.output_text.delta" for lp in f["data"]["logprobs"]]
+    final = frames[-1]["data"]["response"]
+    part = final["output"][0]["content"][0]
+    assert streamed and part["logprobs"] == streamed
+    assert b"".join(bytes(lp["bytes"]) for lp in streamed).decode("utf-8") == part["text"]
+    assert all(len(lp["top_logprobs"]) == 2 and lp["logprob"] <= 0 for lp in streamed)
+    done = [f["data"] for f in frames if f["event"] == "response.output_text.done"]
+    assert done[0]["logprobs"] == streamed
+    assert client.get(f"/v1/responses/{final['id']}").json["output"][0]["content"][0]["logprobs"] == streamed
+    replay = parse_sse(client.get(f"/v1/responses/{final['id']}", params={"stream": "true"}).text)
+    assert [f["data"] for f in replay] == [f["data"] for f in frames]
+
+
+def test_no_logprobs_unless_asked_for(client):
+    result = client.post("/v1/responses", json={"model": "tiny", "input": "Hello", "max_output_tokens": 4})
+    assert result.json["output"][0]["content"][0]["logprobs"] == []
