@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import jsonschema
 import pytest
-from api_helpers import parse_sse
 from open_responses import Conformance
 
 from lmsp.app import create_app
@@ -89,15 +88,18 @@ def test_unfinished_response_has_no_completed_at(user, held):
     assert body["status"] == "queued" and body["completed_at"] is None
 
 
+TOLERATED = dict(
+    instructions="Be brief.", include=["message.output_text.logprobs", "reasoning.encrypted_content"],
+    truncation="auto", tool_choice="none", tools=[], parallel_tool_calls=False, max_tool_calls=3,
+    user="u-1", safety_identifier="s-1", prompt_cache_key="chat-42", service_tier="auto",
+    stream_options={"include_obfuscation": False}, presence_penalty=0, frequency_penalty=0.0,
+    reasoning={"effort": "high", "summary": "auto"}, text={"format": {"type": "text"}, "verbosity": "medium"},
+    top_logprobs=2, store=True,
+)
+
+
 def test_fields_that_ask_for_nothing_are_accepted_and_echoed(user):
-    body = create(
-        user, instructions="Be brief.", include=["message.output_text.logprobs", "reasoning.encrypted_content"],
-        truncation="auto", tool_choice="none", tools=[], parallel_tool_calls=False, max_tool_calls=3,
-        user="u-1", safety_identifier="s-1", prompt_cache_key="chat-42", service_tier="auto",
-        stream_options={"include_obfuscation": False}, presence_penalty=0, frequency_penalty=0.0,
-        reasoning={"effort": "high", "summary": "auto"}, text={"format": {"type": "text"}, "verbosity": "medium"},
-        top_logprobs=2, store=True,
-    )
+    body = create(user, **TOLERATED)
     assert body.status_code == 200, body.text
     out = body.json
     assert out["instructions"] == "Be brief." and out["truncation"] == "auto" and out["tool_choice"] == "none"
@@ -167,6 +169,10 @@ BAD = [
     ({"input": [{"role": "user", "content": [{"type": "output_text", "text": "x", "extra": 1}]}]},
      "input[0].content[0].extra"),
     ({"input": [{"role": "user", "content": "x", "id": 5}]}, "input[0].id"),
+    ({"input": [{"role": "user", "content": "x", "status": 1}]}, "input[0].status"),
+    ({"input": [{"type": "reasoning", "summary": "x"}, "hi"]}, "input[0].summary"),
+    ({"input": [{"role": "assistant", "content": [{"type": "output_text", "text": "x", "annotations": 5}]}]},
+     "input[0].content[0].annotations"),
 ]
 
 
@@ -177,6 +183,24 @@ def test_what_would_silently_not_happen_is_refused(user, store, fields, param):
     error = result.json["error"]
     assert error["code"] == "invalid_request" and error["param"] == param and error["message"]
     assert store.list_tasks()["data"] == []
+
+
+def document_validator(anon):
+    doc = anon.get("/openapi.json").json
+    return jsonschema.Draft202012Validator({"$ref": "#/components/schemas/CreateResponse",
+                                            "components": doc["components"]})
+
+
+@pytest.mark.parametrize("fields,param", BAD)
+def test_what_the_service_refuses_its_openapi_document_refuses(anon, fields, param):
+    assert not document_validator(anon).is_valid({"model": "tiny", "input": "Say hello", **fields})
+
+
+def test_its_openapi_document_allows_what_clients_send(anon):
+    first = {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant", "content": [
+        {"type": "output_text", "text": "Hi", "annotations": [], "logprobs": []}, {"type": "refusal", "refusal": ""}]}
+    history = [{"role": "user", "content": "Hi"}, first, {"type": "reasoning", "id": "rs_1", "summary": []}]
+    assert document_validator(anon).is_valid({"model": "tiny", "input": history, **TOLERATED})
 
 
 def test_the_stored_response_after_a_restart_conforms(config, store, scripted, clock, user):

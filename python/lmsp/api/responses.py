@@ -105,7 +105,17 @@ def _part_text(part: dict[str, Any], where: str) -> str:
             param=f"{where}.type",
         )
     reject_unknown(part, ("type", "text", "annotations", "logprobs"), where=f"{where}.")
+    _check_types(part, {"annotations": list, "logprobs": list}, where)
     return str(get_str(part, "text", required=True, allow_empty=True, max_len=MAX_TEXT, param=f"{where}.text"))
+
+
+def _check_types(item: dict[str, Any], types: dict[str, type], where: str) -> None:
+    """The optional fields of an input item or part that must be null or of a type."""
+    for name, kind in types.items():
+        value = item.get(name)
+        if value is not None and not isinstance(value, kind):
+            what = "a string" if kind is str else "an array"
+            raise InvalidRequest(f"{where}.{name} must be {what} or null", param=f"{where}.{name}")
 
 
 def _content_text(content: Any, param: str) -> str:
@@ -160,6 +170,9 @@ def _input_item(item: Any, where: str) -> dict[str, str] | None:
         tool_refusals.refuse_item(kind, where)
     if kind == "reasoning":  # the model's earlier thinking: no chat template shows it again
         reject_unknown(item, REASONING_FIELDS, where=f"{where}.")
+        _check_types(
+            item, {"id": str, "summary": list, "content": list, "encrypted_content": str, "status": str}, where
+        )
         return None
     if kind != "message":
         raise InvalidRequest(
@@ -168,7 +181,8 @@ def _input_item(item: Any, where: str) -> dict[str, str] | None:
         )
     # id, status and phase: what the SDKs echo of an output message; nothing of the prompt
     reject_unknown(item, ("role", "content", "type", "id", "status", "phase"), where=f"{where}.")
-    get_str(item, "id", max_len=256, param=f"{where}.id")
+    get_str(item, "id", max_len=256, allow_empty=True, param=f"{where}.id")
+    _check_types(item, {"status": str, "phase": str}, where)
     role = item.get("role")
     role = ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
     if role not in ROLES:
