@@ -44,7 +44,8 @@ def test_streamed_create(client):
     assert types[0] == "response.created"
     assert types[-1] in ("response.completed", "response.incomplete")
     numbers = [e.sequence_number for e in events]
-    assert numbers == list(range(1, len(numbers) + 1))
+    assert numbers[0] == 1 and numbers == sorted(set(numbers))  # the log's, less its task.* events
+    assert not [t for t in types if t.startswith("task.")]
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text and events[-1].response.output_text == text
 
@@ -68,7 +69,7 @@ def test_background_then_stream_resume_with_starting_after(client):
     final = wait_status(client, response.id, ("completed", "incomplete"))
     events = list(client.responses.retrieve(response.id, stream=True, starting_after=3))
     numbers = [e.sequence_number for e in events]
-    assert numbers[0] == 4 and numbers == list(range(4, 4 + len(numbers)))
+    assert numbers[0] > 3 and numbers == sorted(set(numbers))
     assert events[-1].type in ("response.completed", "response.incomplete")
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text == final.output_text

@@ -1,7 +1,8 @@
-"""Open Responses conformance of what the API answers: every Response object and
-every response event, checked with ``jsonschema`` against the JSON Schemas of the
-``openresponses-types`` models (generated from the Open Responses document that
-../shared/openresponses/openapi.json keeps: spec version 2026-04-24).
+"""Open Responses conformance of what the service answers (the API tests' fixture,
+the end-to-end compliance cases): every Response object and every response event,
+checked with ``jsonschema`` against the JSON Schemas of the ``openresponses-types``
+models, which are generated from the Open Responses OpenAPI document (spec
+version 2026-04-24).
 
 The models leave extra properties open, so LMSP's own fields (``task``, ``seed``,
 an event's ``created_at``) pass. ``response.cancelled``, which the specification
@@ -18,8 +19,6 @@ from functools import cache
 import jsonschema
 import openresponses_types.types as spec
 import pydantic
-
-from api_helpers import parse_sse
 
 RESPONSE_EVENT = {"type": "object", "required": ["type", "sequence_number", "response"],
                   "properties": {"type": {"type": "string"}, "sequence_number": {"type": "integer"}}}
@@ -56,6 +55,11 @@ def event_validators() -> dict[str, jsonschema.protocols.Validator]:
                 out[value] = validator
     assert {"response.created", "response.output_text.delta", "response.completed", "error"} <= set(out)
     return out
+
+
+def sse_data(text: str) -> list[dict]:
+    """The parsed ``data`` of each frame of an SSE body."""
+    return [json.loads(line[len("data: "):]) for line in text.split("\n") if line.startswith("data: ")]
 
 
 class Conformance:
@@ -95,9 +99,8 @@ class Conformance:
         ctype = (result.headers.get("Content-Type") or "").split(";")[0]
         in_log = path.startswith("/v1/tasks/")
         if ctype == "text/event-stream":
-            for frame in parse_sse(result.text):
-                if "data" in frame:
-                    self.check_event(frame["data"], in_log=in_log)
+            for event in sse_data(result.text):
+                self.check_event(event, in_log=in_log)
             return
         if ctype != "application/json" or not result.content:
             return
