@@ -117,3 +117,62 @@ class Conformance:
                     self.check_response(entry)
                 elif isinstance(entry, dict) and "sequence_number" in entry:
                     self.check_event(entry, in_log=in_log)
+
+
+class CheckedApp:
+    """A WSGI app whose every answer goes through ``conformance`` as it is sent: each
+    event of a stream when its frame is complete (also in a stream its reader leaves
+    early), a JSON body once whole. For the tests that call the app without an Api
+    (raw WSGI, the openai package over a WSGI transport)."""
+
+    def __init__(self, app, conformance: Conformance) -> None:
+        self.app = app
+        self.conformance = conformance
+
+    def __call__(self, environ, start_response):
+        seen: dict = {}
+
+        def start(status, headers, exc_info=None):
+            seen["status"] = int(status.split()[0])
+            seen["type"] = next((v for k, v in headers if k.lower() == "content-type"), "").split(";")[0]
+            return start_response(status, headers, exc_info) if exc_info else start_response(status, headers)
+
+        body = self.app(environ, start)
+        return _CheckedBody(body, environ.get("PATH_INFO", ""), seen, self.conformance)
+
+
+class _CheckedBody:
+    def __init__(self, body, path: str, seen: dict, conformance: Conformance) -> None:
+        self.body = body
+        self.path = path
+        self.seen = seen
+        self.conformance = conformance
+        self.buffer = b""
+
+    def __iter__(self):
+        for chunk in self.body:
+            self.take(chunk)
+            yield chunk
+        self.finish()
+
+    def close(self) -> None:
+        close = getattr(self.body, "close", None)
+        if close is not None:
+            close()
+
+    def wanted(self) -> bool:
+        return self.path.startswith(("/v1/responses", "/v1/tasks/")) and self.seen.get("status", 500) < 400
+
+    def take(self, chunk: bytes) -> None:
+        if not self.wanted():
+            return
+        self.buffer += chunk
+        if self.seen.get("type") != "text/event-stream":
+            return
+        *frames, self.buffer = self.buffer.split(b"\n\n")
+        for event in sse_data(b"\n\n".join(frames).decode("utf-8")):
+            self.conformance.check_event(event, in_log=self.path.startswith("/v1/tasks/"))
+
+    def finish(self) -> None:
+        if self.wanted() and self.seen.get("type") == "application/json" and self.buffer:
+            self.conformance.check_body(json.loads(self.buffer), in_log=self.path.startswith("/v1/tasks/"))

@@ -7,7 +7,7 @@ import api_helpers
 import pytest
 from api_fakes import ScriptedRuntime
 from api_helpers import Api, make_client
-from open_responses import Conformance
+from open_responses import CheckedApp, Conformance
 
 from lmsp.app import create_app
 from lmsp.config import Config
@@ -67,8 +67,11 @@ def scripted(store) -> ScriptedRuntime:
 
 
 @pytest.fixture
-def app(config, store, scripted, clock):
-    return create_app(config, store, scripted, clock=clock, random_seed=lambda: 1234)
+def app(config, store, scripted, clock, open_responses_conformance):
+    """The app, its answers checked as they are sent (open_responses.py): also those of
+    tests that call it without an Api."""
+    return CheckedApp(create_app(config, store, scripted, clock=clock, random_seed=lambda: 1234),
+                      open_responses_conformance)
 
 
 @pytest.fixture

@@ -3,9 +3,12 @@ fields, the response streams without task events, and the checker that the
 conftest runs on every answer of the API tests (open_responses.py)."""
 from __future__ import annotations
 
+import json
+
+import falcon.testing
 import jsonschema
 import pytest
-from open_responses import Conformance
+from open_responses import CheckedApp, Conformance
 
 from lmsp.app import create_app
 from lmsp.store import Store
@@ -215,3 +218,23 @@ def test_the_stored_response_after_a_restart_conforms(config, store, scripted, c
         assert body["instructions"] == "Be brief." and body["prompt_cache_key"] == "k"
     finally:
         reopened.close()
+
+
+def test_answers_the_app_sends_without_an_api_are_checked_too(app, user, open_responses_conformance):
+    """The openai package over a WSGI transport, or a raw WSGI call, reach the app past
+    any Api: the app fixture itself checks what it sends."""
+    env = falcon.testing.create_environ(path="/v1/responses", method="POST",
+                                        body=json.dumps({"model": "tiny", "input": "Hi", "stream": True}),
+                                        headers={"Authorization": f"Bearer {user.token}",
+                                                 "Content-Type": "application/json"})
+    body = b"".join(app(env, lambda status, headers, exc_info=None: None))
+    assert b"response.completed" in body
+    assert open_responses_conformance.events >= 8 and open_responses_conformance.responses >= 4
+
+    def bad_app(environ, start_response):
+        start_response("200 OK", [("Content-Type", "application/json")])
+        return [json.dumps({"id": "resp_1", "object": "response"}).encode()]
+
+    with pytest.raises(jsonschema.ValidationError):
+        b"".join(CheckedApp(bad_app, Conformance())(falcon.testing.create_environ(path="/v1/responses/resp_1"),
+                                                    lambda status, headers, exc_info=None: None))
