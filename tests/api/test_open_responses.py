@@ -8,6 +8,7 @@ import json
 import falcon.testing
 import jsonschema
 import pytest
+from api_helpers import parse_sse
 from open_responses import CheckedApp, Conformance
 
 from lmsp.app import create_app
@@ -238,3 +239,12 @@ def test_answers_the_app_sends_without_an_api_are_checked_too(app, user, open_re
     with pytest.raises(jsonschema.ValidationError):
         b"".join(CheckedApp(bad_app, Conformance())(falcon.testing.create_environ(path="/v1/responses/resp_1"),
                                                     lambda status, headers, exc_info=None: None))
+
+
+def test_the_completed_event_carries_completed_at(user):
+    frames = parse_sse(create(user, stream=True).text)
+    final = frames[-1]["data"]
+    assert final["type"] == "response.completed"
+    assert final["response"]["completed_at"] >= final["response"]["created_at"]
+    assert frames[0]["data"]["response"]["completed_at"] is None
+    assert not [f for f in frames if f["event"].startswith("task.")]
