@@ -9,7 +9,7 @@ The one place that decides it: :func:`tools_and_format` for the request's fields
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 from lmsp.errors import InvalidRequest
 
@@ -74,6 +74,6 @@ def tools_and_format(body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def refuse_item(kind: str, where: str) -> None:
+def refuse_item(kind: str, where: str) -> NoReturn:
     """An input item of a tool call, which this service cannot take."""
     raise InvalidRequest(f"input items of type {kind!r} are not supported by this service", param=f"{where}.type")
