@@ -133,6 +133,15 @@ py::dict result_dict(lmsp::StepResult & r) {
     d["seq"] = r.seq;
     d["tokens"] = py::cast(r.tokens);
     if (!r.logprobs.empty()) d["logprobs"] = py::cast(r.logprobs);
+    if (!r.top_logprobs.empty()) {
+        py::list top;
+        for (const auto & alternatives : r.top_logprobs) {
+            py::list one;
+            for (const auto & a : alternatives) one.append(py::make_tuple(a.token, a.logprob));
+            top.append(std::move(one));
+        }
+        d["top_logprobs"] = std::move(top);
+    }
     d["text"] = py::str(r.text);
     const char * f = lmsp::finish_name(r.finish);
     d["finish"] = f ? py::object(py::str(f)) : py::object(py::none());
@@ -180,9 +189,10 @@ public:
 
     int64_t submit(const py::object & prompt, const py::object & max_tokens, double temperature, double top_p,
                    const py::object & top_k, const py::object & seed, const py::object & stop,
-                   const py::object & resume, const std::string & cache_key, bool logprobs) {
+                   const py::object & resume, const std::string & cache_key, bool logprobs, int32_t top_logprobs) {
         lmsp::SubmitRequest req;
         req.logprobs = logprobs;
+        req.top_logprobs = top_logprobs;
         req.prompt = as_tokens(prompt, "prompt");
         req.max_tokens = as_int32(max_tokens, "max_tokens");
         req.sampling.temperature = float(temperature);
@@ -407,6 +417,8 @@ PYBIND11_MODULE(_native, m) {
             },
             "tokens"_a)
         .def(
+            "token_bytes", [](PyEngine & s, int32_t token) { return py::bytes(s.e().token_piece(token)); }, "token"_a)
+        .def(
             "apply_chat_template",
             [](PyEngine & s, const py::object & messages, bool add_generation_prompt) {
                 size_t size = 0;
@@ -427,7 +439,7 @@ PYBIND11_MODULE(_native, m) {
             "messages"_a, "add_generation_prompt"_a = true)
         .def("submit", &PyEngine::submit, "prompt"_a, py::kw_only(), "max_tokens"_a, "temperature"_a = 1.0,
              "top_p"_a = 1.0, "top_k"_a = 0, "seed"_a = 0, "stop"_a = py::tuple(), "resume"_a = py::none(),
-             "cache_key"_a = "", "logprobs"_a = false)
+             "cache_key"_a = "", "logprobs"_a = false, "top_logprobs"_a = 0)
         .def(
             "cancel",
             [](PyEngine & s, int64_t seq) {

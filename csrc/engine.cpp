@@ -49,6 +49,28 @@ float log_probability(const float * logits, int32_t n, int32_t token) {
 }
 }  // namespace
 
+std::vector<TopLogprob> top_logprobs(const float * logits, int32_t n, int32_t k) {
+    k = std::clamp(k, 0, n);
+    float top = -INFINITY;
+    for (int32_t i = 0; i < n; ++i) top = std::max(top, logits[i]);
+    double sum = 0.0;
+    for (int32_t i = 0; i < n; ++i) sum += std::exp(double(logits[i]) - double(top));
+    const double norm = double(top) + std::log(sum);  // as log_probability computes it
+    std::vector<int32_t> ids(size_t(n), 0);
+    for (int32_t i = 0; i < n; ++i) ids[size_t(i)] = i;
+    const auto more_likely = [logits](int32_t a, int32_t b) {
+        return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    };
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), more_likely);
+    std::vector<TopLogprob> out;
+    out.reserve(size_t(k));
+    for (int32_t i = 0; i < k; ++i) {
+        const int32_t id = ids[size_t(i)];
+        out.push_back({id, float(double(logits[id]) - norm)});
+    }
+    return out;
+}
+
 // ---------------------------------------------------------------- engine thread
 
 void Engine::emit(Sequence & seq, StepResult result) {
@@ -95,8 +117,12 @@ void Engine::finish(Sequence & seq, Finish why, const std::string & error, std::
     }
     StepResult r;
     r.seq = seq.id;
-    if (!tokens.empty()) r.logprobs = std::move(seq.next_logprobs);
+    if (!tokens.empty()) {
+        r.logprobs = std::move(seq.next_logprobs);
+        r.top_logprobs = std::move(seq.next_top);
+    }
     seq.next_logprobs.clear();
+    seq.next_top.clear();
     r.tokens = std::move(tokens);
     r.text = std::move(text);
     r.finish = why;
@@ -426,7 +452,10 @@ void Engine::sample_batch() {
 void Engine::take_token(Sequence & s, const float * logits) {
     const int32_t token = s.sampler.sample(logits, n_vocab_, s.generated.size());
     tokens_generated_++;
-    if (s.logprobs) s.next_logprobs = {log_probability(logits, n_vocab_, token)};
+    if (s.logprobs) {
+        s.next_logprobs = {log_probability(logits, n_vocab_, token)};
+        if (s.top_logprobs > 0) s.next_top = {top_logprobs(logits, n_vocab_, s.top_logprobs)};
+    }
     if (llama_vocab_is_eog(vocab_, token)) {
         finish(s, Finish::stop, "", {}, s.text.flush());
         return;
@@ -442,7 +471,9 @@ void Engine::take_token(Sequence & s, const float * logits) {
         r.seq = s.id;
         r.tokens = {token};
         r.logprobs = std::move(s.next_logprobs);
+        r.top_logprobs = std::move(s.next_top);
         s.next_logprobs.clear();
+        s.next_top.clear();
         r.text = std::move(text);
         r.n_prompt = s.n_prompt;
         r.n_generated = int32_t(s.generated.size());

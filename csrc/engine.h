@@ -21,6 +21,7 @@
 #include "ggml-cpu.h"
 #include "gguf_info.h"
 #include "llama.h"
+#include "logprobs.h"
 #include "sampler.h"
 #include "slot_choice.h"
 
@@ -62,7 +63,8 @@ struct Timings {
 struct StepResult {
     int64_t seq = 0;
     std::vector<int32_t> tokens;
-    std::vector<float> logprobs;  // each token's, when the submission asked for them
+    std::vector<float> logprobs;                        // each token's, when the submission asked for them
+    std::vector<std::vector<TopLogprob>> top_logprobs;  // each token's most likely tokens, when asked for
     std::string text;
     Finish finish = Finish::none;
     std::string error;
@@ -90,6 +92,8 @@ struct SubmitRequest {
     // hand out each generated token's natural log probability under the
     // model's own distribution (a softmax of the logits, before sampling)
     bool logprobs = false;
+    // with logprobs: also the `top_logprobs` (0 to kMaxTopLogprobs) most likely tokens at each position
+    int32_t top_logprobs = 0;
 };
 
 struct Snapshot {
@@ -135,6 +139,7 @@ public:
 
     std::vector<int32_t> tokenize(const std::string & text, bool add_special, bool parse_special) const;
     std::string detokenize(const std::vector<int32_t> & tokens) const;
+    std::string token_piece(int32_t token) const;  // one token's bytes, as generation emits them
     // The model's chat template (chat_template.h), or the plain format of a model without one.
     std::string apply_chat_template(const std::vector<ChatMessage> & messages, bool add_generation_prompt) const;
     // The prompt a chat makes, as llama-server feeds it to the model: the

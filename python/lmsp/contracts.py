@@ -44,7 +44,9 @@ class StepItem(TypedDict, total=False):
     (``{"code", "message"}``) and ``usage`` for the final Response;
     ``kv_path``: the task's latest KV snapshot; ``attempt``: the task's
     ``attempts`` in the claim that made the output (an item of an earlier
-    claim is skipped).
+    claim is skipped); ``logprobs``: for a task that asked for them, the
+    entries (OpenAI's ``token``, ``logprob``, ``bytes``, ``top_logprobs``) of
+    the tokens whose text is ``delta``.
     """
 
     task_id: Required[str]
@@ -55,6 +57,7 @@ class StepItem(TypedDict, total=False):
     usage: dict[str, Any] | None
     kv_path: str | None
     attempt: int
+    logprobs: list[dict[str, Any]]
 
 
 class StepState(NamedTuple):
@@ -236,7 +239,9 @@ class EngineResult(TypedDict):
     order per sequence. ``finish`` is None until the sequence's last result, then
     ``stop``, ``length``, ``cancelled`` or ``error`` (with ``error``, the message).
     ``n_cached``: the leading prompt tokens taken from the prefix cache.
-    ``logprobs``: one per token, for a sequence submitted with ``logprobs=True``.
+    ``logprobs``: one per token, for a sequence submitted with ``logprobs=True``;
+    ``top_logprobs``: per token, the ``(token, logprob)`` pairs of its position's
+    most likely tokens, for one submitted with ``top_logprobs`` too.
     ``code``: set only by the runtime, on an end it makes itself (an engine
     closed under its sequence)."""
 
@@ -250,4 +255,5 @@ class EngineResult(TypedDict):
     n_cached: int
     timings: EngineTimings
     logprobs: NotRequired[list[float]]
+    top_logprobs: NotRequired[list[list[tuple[int, float]]]]
     code: NotRequired[str]

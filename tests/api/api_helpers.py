@@ -62,6 +62,11 @@ class Contract:
 
 
 
+# checks every answer of every Api goes through (the conftest's fixtures add theirs):
+# each is called as check(method, path, result)
+ANSWER_CHECKS: list = []
+
+
 class Api:
     """``falcon.testing.TestClient`` with a bearer token."""
 
@@ -80,6 +85,8 @@ class Api:
             headers.setdefault("Authorization", f"Bearer {self.token}")
         result = self.client.simulate_request(method, path, headers=headers, **kw)
         self.contract.check(method, path, result)
+        for check in ANSWER_CHECKS:
+            check(method, path, result)
         return result
 
     def get(self, path, **kw):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from lmsp.runtime.prompt import messages_for, render
+from lmsp.runtime.prompt import messages_for, render, render_request
 
 
 class RecordingEngine:
@@ -40,3 +40,36 @@ def test_render_asks_the_engine_for_the_chat_prompt_with_the_assistant_turn_open
     messages = [{"role": "user", "content": "hi"}]
     assert render(engine, messages) == [7, 8, 9]
     assert engine.calls == [(messages, True)]
+
+
+class WordEngine:
+    """One token per word of every message, in a context of ``n_ctx`` tokens."""
+
+    def __init__(self, n_ctx: int) -> None:
+        self.n_ctx = n_ctx
+
+    def chat_prompt(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+        return [1 for m in messages for _ in m["content"].split()]
+
+
+HISTORY = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "one two three four"},
+           {"role": "assistant", "content": "five six seven eight"}, {"role": "user", "content": "nine ten"}]
+
+
+def test_auto_truncation_drops_the_oldest_turns_until_the_output_fits() -> None:
+    engine = WordEngine(n_ctx=16)
+    # 12 tokens; room for 8 of output (at most half the context) leaves 8: the oldest turn goes
+    assert len(render_request(engine, HISTORY, {"truncation": "auto"}, max_tokens=8)) == 8
+    assert len(render_request(engine, HISTORY, {"truncation": "auto"}, max_tokens=100)) == 8  # half at most
+    assert len(render_request(engine, HISTORY, {"truncation": "auto"}, max_tokens=4)) == 12  # it fits whole
+    # two turns go: the system message and the last turn are left
+    assert len(render_request(WordEngine(n_ctx=10), HISTORY, {"truncation": "auto"}, max_tokens=5)) == 4
+
+
+def test_without_auto_truncation_the_prompt_is_whole_even_when_too_long() -> None:
+    engine = WordEngine(n_ctx=8)
+    for request in ({}, {"truncation": "disabled"}):
+        assert len(render_request(engine, HISTORY, request, max_tokens=4)) == 12
+    # the last turn is kept even when it does not fit: the context check refuses it then
+    assert len(render_request(engine, HISTORY, {"truncation": "auto"}, max_tokens=8)) == 4
+    assert len(render_request(WordEngine(4), HISTORY, {"truncation": "auto"}, max_tokens=8)) == 4

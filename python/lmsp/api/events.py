@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("lmsp.api")
 
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed", "response.cancelled"})
+TASK_EVENT_PREFIX = "task."  # the task lifecycle events, which response streams leave out
 FINISHED_TASK_STATES = frozenset({"completed", "failed", "cancelled"})
 KEEP_ALIVE = b": keep-alive\n\n"
 PAGE = 500
@@ -48,6 +49,7 @@ def stopping_frame(last: int) -> bytes:
         "server_stopping",
         "the service is stopping; resume the stream after its restart "
         f"from sequence number {last} (starting_after or Last-Event-ID)",
+        sequence_number=last,
     )
 
 
@@ -80,8 +82,13 @@ def event_stream(
     monotonic: Callable[[], float] = time.monotonic,
     poll: float = POLL_SECONDS,
     authorized: Callable[[], bool] | None = None,
+    task_events: bool = True,
 ) -> Iterator[bytes]:
     """SSE frames of ``task_id``'s events after ``after``, then live ones.
+
+    ``task_events``: False for a response stream, which carries the response's
+    events only (B.6): the ``task.*`` events stay in the task's log, and the
+    numbers of the events sent are those of the log.
 
     ``on_abandon`` runs when the consumer closes the stream before its end
     (the client went away). ``authorized`` is asked every
@@ -92,15 +99,16 @@ def event_stream(
     stream = _Stream(
         store, runtime, task_id, after=after, client_id=client_id, monotonic=monotonic, poll=poll, authorized=authorized
     )
+    stream.task_events = task_events
     try:
         yield from stream.frames(heartbeat)
     except LMSPError as exc:
         stream.finished = True
-        yield error_frame(exc.code, exc.message, exc.param)
+        yield error_frame(exc.code, exc.message, exc.param, stream.last)
     except Exception:  # noqa: BLE001 - a stream must end with a frame, never a traceback
         stream.finished = True
         log.exception("event stream of %s failed", task_id)
-        yield error_frame("internal_error", "the event stream failed")
+        yield error_frame("internal_error", "the event stream failed", sequence_number=stream.last)
     finally:
         if not stream.finished and on_abandon is not None:
             try:
@@ -136,6 +144,7 @@ class _Stream:
         self.checked = False  # the store has answered once: the task exists and the client may read it
         self.since = runtime.commit_generation()  # the runtime's commit generation before the last read
         self.finished = False  # ended on purpose (not abandoned by its reader)
+        self.task_events = True  # False: the task.* events are not sent
         self.busy_since: float | None = None
         self.last_write = self.last_auth = monotonic()
 
@@ -151,6 +160,8 @@ class _Stream:
                     self.finished = True
                     yield frame(event)
                     return
+                if not self.task_events and event["type"].startswith(TASK_EVENT_PREFIX):
+                    continue
                 yield frame(event)
                 self.last_write = self.monotonic()
             if page["has_more"]:

@@ -12,6 +12,7 @@ from typing import Iterable
 
 import lmsp
 
+from . import openapi_open_responses as open_responses
 from .metrics import TASK_STATES
 from .openapi_schemas import INT64_MAX, JSON, RESPONSE_STATUSES, SCHEMAS, SECURITY_SCHEMES, STR, ref, text
 
@@ -405,6 +406,6 @@ def document() -> JSON:
                 "description": "LMSP 1.0 local model service (see docs/API.md).",
             },
             "paths": _paths(),
-            "components": {"schemas": SCHEMAS, "securitySchemes": SECURITY_SCHEMES},
+            "components": {"schemas": open_responses.extended(SCHEMAS), "securitySchemes": SECURITY_SCHEMES},
         }
     )

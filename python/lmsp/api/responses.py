@@ -20,7 +20,7 @@ from lmsp.auth import is_admin
 from lmsp.contracts import CreatedTask, NewTask
 from lmsp.errors import InvalidRequest, LMSPError, ModelChanged, NotFound, TaskFinished, Unavailable
 
-from . import idempotency
+from . import idempotency, response_options, tool_refusals
 from .common import (
     Deps,
     caller,
@@ -56,10 +56,14 @@ FIELDS = (
     "store",
     "on_restart",
     "metadata",
+    *response_options.FIELDS,
+    *tool_refusals.FIELDS,
 )
 ROLES = ("system", "user", "assistant")
 ROLE_ALIASES = {"developer": "system"}  # the OpenAI name of a system message
 TEXT_PART_TYPES = ("input_text", "output_text", "text")
+MEDIA_PART_TYPES = ("input_image", "input_file", "input_audio", "input_video")
+REASONING_FIELDS = ("type", "id", "summary", "content", "encrypted_content", "status")
 RESTART_POLICIES = ("fail", "retry", "resume")
 RESPONSE_STATUSES = ("queued", "in_progress", "completed", "incomplete", "failed", "cancelled")
 SEED_MAX = 2**32 - 2  # 2**32 - 1 is llama.cpp's "pick one at random"
@@ -80,6 +84,40 @@ class CreateRequest(NewTask):
     store: bool = True
 
 
+def _part_text(part: dict[str, Any], where: str) -> str:
+    """One content part's text: text parts as the SDKs send and echo them (an output's
+    annotations and logprobs included), a refusal's words; media is refused."""
+    kind = part.get("type")
+    if kind in MEDIA_PART_TYPES:
+        raise InvalidRequest(
+            f"{where}.type {kind!r} is not supported: the models of this service have no projector"
+            " for images, audio, video or files",
+            param=f"{where}.type",
+        )
+    if kind == "refusal":
+        reject_unknown(part, ("type", "refusal"), where=f"{where}.")
+        return str(
+            get_str(part, "refusal", required=True, allow_empty=True, max_len=MAX_TEXT, param=f"{where}.refusal")
+        )
+    if kind not in TEXT_PART_TYPES:
+        raise InvalidRequest(
+            f"{where}.type must be one of {', '.join(TEXT_PART_TYPES)}; only text content is supported",
+            param=f"{where}.type",
+        )
+    reject_unknown(part, ("type", "text", "annotations", "logprobs"), where=f"{where}.")
+    _check_types(part, {"annotations": list, "logprobs": list}, where)
+    return str(get_str(part, "text", required=True, allow_empty=True, max_len=MAX_TEXT, param=f"{where}.text"))
+
+
+def _check_types(item: dict[str, Any], types: dict[str, type], where: str) -> None:
+    """The optional fields of an input item or part that must be null or of a type."""
+    for name, kind in types.items():
+        value = item.get(name)
+        if value is not None and not isinstance(value, kind):
+            what = "a string" if kind is str else "an array"
+            raise InvalidRequest(f"{where}.{name} must be {what} or null", param=f"{where}.{name}")
+
+
 def _content_text(content: Any, param: str) -> str:
     if isinstance(content, str):
         return content
@@ -89,16 +127,7 @@ def _content_text(content: Any, param: str) -> str:
             where = f"{param}[{j}]"
             if not isinstance(part, dict):
                 raise InvalidRequest(f"{where!r} must be an object", param=where)
-            reject_unknown(part, ("type", "text", "annotations"), where=f"{where}.")
-            kind = part.get("type")
-            if kind not in TEXT_PART_TYPES:
-                raise InvalidRequest(
-                    f"{where}.type must be one of {', '.join(TEXT_PART_TYPES)}; only text content is supported",
-                    param=f"{where}.type",
-                )
-            texts.append(
-                get_str(part, "text", required=True, allow_empty=True, max_len=MAX_TEXT, param=f"{where}.text")
-            )
+            texts.append(_part_text(part, where))
         return "".join(texts)
     raise InvalidRequest(f"{param!r} must be a string or an array of text parts", param=param)
 
@@ -123,21 +152,45 @@ def parse_messages(value: Any) -> list[dict[str, str]]:
         raise InvalidRequest(f"'input' has more than {MAX_MESSAGES} messages", param="input")
     messages = []
     for i, item in enumerate(value):
-        where = f"input[{i}]"
-        if not isinstance(item, dict):
-            raise InvalidRequest(f"{where} must be an object with 'role' and 'content'", param=where)
-        reject_unknown(item, ("role", "content", "type"), where=f"{where}.")
-        if item.get("type", "message") != "message":
-            raise InvalidRequest(f"{where}.type must be 'message'; only messages are supported", param=f"{where}.type")
-        role = item.get("role")
-        role = ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
-        if role not in ROLES:
-            raise InvalidRequest(f"{where}.role must be one of {', '.join(ROLES)}", param=f"{where}.role")
-        if "content" not in item or item["content"] is None:
-            raise InvalidRequest(f"{where}.content is required", param=f"{where}.content")
-        text = _content_text(item["content"], f"{where}.content")
-        messages.append({"role": role, "content": _check_nul(text, f"{where}.content")})
+        message = _input_item(item, f"input[{i}]")
+        if message is not None:
+            messages.append(message)
+    if not messages:
+        raise InvalidRequest("'input' has no message", param="input")
     return messages
+
+
+def _input_item(item: Any, where: str) -> dict[str, str] | None:
+    """One input item: a message as the prompt takes it, or None for an item that adds
+    nothing to the prompt (a reasoning item, as ``response.output`` carries it)."""
+    if not isinstance(item, dict):
+        raise InvalidRequest(f"{where} must be an object with 'role' and 'content'", param=where)
+    kind = item.get("type", "message")
+    if kind in tool_refusals.TOOL_CALL_ITEMS:
+        tool_refusals.refuse_item(kind, where)
+    if kind == "reasoning":  # the model's earlier thinking: no chat template shows it again
+        reject_unknown(item, REASONING_FIELDS, where=f"{where}.")
+        _check_types(
+            item, {"id": str, "summary": list, "content": list, "encrypted_content": str, "status": str}, where
+        )
+        return None
+    if kind != "message":
+        raise InvalidRequest(
+            f"{where}.type must be 'message' or 'reasoning'; other input items are not supported",
+            param=f"{where}.type",
+        )
+    # id, status and phase: what the SDKs echo of an output message; nothing of the prompt
+    reject_unknown(item, ("role", "content", "type", "id", "status", "phase"), where=f"{where}.")
+    get_str(item, "id", max_len=256, allow_empty=True, param=f"{where}.id")
+    _check_types(item, {"status": str, "phase": str}, where)
+    role = item.get("role")
+    role = ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
+    if role not in ROLES:
+        raise InvalidRequest(f"{where}.role must be one of {', '.join(ROLES)}", param=f"{where}.role")
+    if "content" not in item or item["content"] is None:
+        raise InvalidRequest(f"{where}.content is required", param=f"{where}.content")
+    text = _content_text(item["content"], f"{where}.content")
+    return {"role": role, "content": _check_nul(text, f"{where}.content")}
 
 
 def parse_stop(value: Any) -> list[str]:
@@ -213,6 +266,8 @@ def parse_create(body: dict[str, Any], config: Any, random_seed: Callable[[], in
         "store": store,
         "on_restart": on_restart,
         "metadata": parse_metadata(body.get("metadata")),
+        **response_options.parse_options(body),
+        **tool_refusals.tools_and_format(body),
     }
     return CreateRequest(
         client_id=None,
@@ -316,9 +371,11 @@ class ResponsesService:
         cancel_on_abandon: bool = False,
         forget_response: str | None = None,
         caller_id: str | None = None,
+        task_events: bool = False,
     ) -> Iterator[bytes]:
         """``client_id``: whose task it must be (None: any, for an admin); ``caller_id``:
-        who reads it, whose revocation ends the stream."""
+        who reads it, whose revocation ends the stream; ``task_events``: the task's whole
+        log (a response stream leaves its ``task.*`` events out)."""
         deps = self.deps
         on_abandon = (lambda: self.abandon(task_id, client_id)) if cancel_on_abandon else None
         store = deps.store
@@ -333,6 +390,7 @@ class ResponsesService:
             on_abandon=on_abandon,
             monotonic=deps.monotonic,
             authorized=authorized,
+            task_events=task_events,
         )
         if forget_response is None:
             return frames

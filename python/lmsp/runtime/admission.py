@@ -37,7 +37,7 @@ class Admission:
         """Check the request, create its task (claimed here when a slot is free), and
         start it or have it claimed; what ``Store.create_task`` returns."""
         state = self.state
-        tokens = self.check_request(new.model, new.messages)
+        tokens = self.check_request(new.model, new.messages, new.request)
         slot = self.reserve(new.model)
         early = None
         try:
@@ -56,14 +56,18 @@ class Admission:
             state.wake_scheduler()
         return created
 
-    def check_request(self, model_id: str, prompt_messages: list[dict[str, str]]) -> list[int] | None:
-        """The prompt's tokens when the model is loaded here (None: checked at run time);
-        ContextLengthExceeded when it cannot fit with one output token."""
+    def check_request(
+        self, model_id: str, prompt_messages: list[dict[str, str]], request: dict[str, Any] | None = None
+    ) -> list[int] | None:
+        """The prompt's tokens when the model is loaded here (None: checked at run time),
+        truncated as ``request`` asks; ContextLengthExceeded when it cannot fit with one
+        output token."""
         engine = self.state.registry.engine(model_id)
         if engine is None:
             return None
         try:
-            tokens = prompting.render(engine, prompt_messages)
+            max_tokens = prompting.sampling(request or {}, self.state.config)["max_tokens"]
+            tokens = prompting.render_request(engine, prompt_messages, request or {}, max_tokens)
         except ValueError as exc:  # what the chat template or the tokenizer refuses: so would the run
             raise InvalidRequest(f"the request cannot be rendered: {exc}", param="input") from None
         except Exception as exc:  # a closed engine (unloaded meanwhile): check at run time

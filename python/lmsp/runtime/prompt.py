@@ -9,11 +9,16 @@ from __future__ import annotations
 
 from typing import Protocol, Sequence
 
+from ..objects import wants_logprobs
+
 
 class ChatEngine(Protocol):
     """What rendering asks of an engine (``lmsp.native.Engine`` has it)."""
 
     def chat_prompt(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> list[int]: ...
+
+    @property
+    def n_ctx(self) -> int: ...
 
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -56,6 +61,26 @@ def render(engine: ChatEngine, messages: list[dict]) -> list[int]:
     return list(engine.chat_prompt(messages, add_generation_prompt=True))
 
 
+def render_request(engine: ChatEngine, messages: list[dict], request: dict, max_tokens: int) -> list[int]:
+    """The prompt of ``messages``; with ``truncation: "auto"`` the oldest turns (every
+    message but the system ones and the last) are dropped, oldest first, until the
+    prompt leaves room for ``max_tokens`` of output (at most half the context), as
+    OpenAI truncates. Otherwise, and when even the last turn does not fit, the whole
+    prompt: the caller's context check refuses it."""
+    tokens = render(engine, messages)
+    if request.get("truncation") != "auto":
+        return tokens
+    budget = engine.n_ctx - max(1, min(max_tokens, engine.n_ctx // 2))
+    kept = list(messages)
+    while len(tokens) > budget:
+        turns = [i for i, m in enumerate(kept) if m.get("role") != "system"]
+        if len(turns) <= 1:
+            break
+        del kept[turns[0]]
+        tokens = render(engine, kept)
+    return tokens
+
+
 def sampling(request: dict, config) -> dict:
     """The engine's ``submit`` keywords from a request (service defaults and caps applied)."""
 
@@ -69,7 +94,7 @@ def sampling(request: dict, config) -> dict:
         stop = []
     elif isinstance(stop, str):
         stop = [stop]
-    return {
+    out = {
         "max_tokens": max(1, min(max_tokens, config.max_output_tokens_cap)),
         "temperature": float(pick("temperature", 1.0)),
         "top_p": float(pick("top_p", 1.0)),
@@ -77,3 +102,8 @@ def sampling(request: dict, config) -> dict:
         "seed": int(pick("seed", 0)),
         "stop": [s for s in stop if isinstance(s, str) and s],
     }
+    if wants_logprobs(request):
+        out["logprobs"] = True
+        if request.get("top_logprobs"):
+            out["top_logprobs"] = int(request["top_logprobs"])
+    return out

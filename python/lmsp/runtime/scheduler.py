@@ -183,8 +183,10 @@ class Scheduler:
             return  # the task failed
         request = claim.get("request") or {}
         try:
-            tokens = run.tokens or prompting.render(engine, prompting.messages_for(request))
             kwargs = prompting.sampling(request, self.state.config)
+            tokens = run.tokens or prompting.render_request(
+                engine, prompting.messages_for(request), request, kwargs["max_tokens"]
+            )
         except (ValueError, TypeError) as exc:
             return self.fail(run, "invalid_request", f"the request cannot be rendered: {exc}")
         resume = self.resume_of(claim)

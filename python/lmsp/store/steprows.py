@@ -59,6 +59,13 @@ def tokens_text(tokens: Iterable[int] | None) -> str:
     return ",".join(map(str, map(int, tokens)))
 
 
+def delta_data(item: StepItem) -> str | None:
+    """The ``data`` of a delta row: None, or the log probabilities of its tokens
+    (``{"logprobs": [...]}``) for a task that asked for them."""
+    logprobs = item.get("logprobs")
+    return dumps({"logprobs": logprobs}) if logprobs else None
+
+
 def usual_step(owner: str, items: list[StepItem], cache: dict[str, StepState], now: float) -> StepPlan | None:
     """The usual step in one pass, when every item is one task's next text delta (the
     task last written by this process as ``owner``, its item open, no tokens held
@@ -78,7 +85,7 @@ def usual_step(owner: str, items: list[StepItem], cache: dict[str, StepState], n
         tokens = item.get("tokens")
         toks = str(int(tokens[0])) if tokens and len(tokens) == 1 else tokens_text(tokens)
         seq = last_seq + 1
-        append((tid, seq, DELTA, now, delta, toks, None))
+        append((tid, seq, DELTA, now, delta, toks, delta_data(item)))
         states[tid] = _as_state((owner, seq, 1, "", kv_path, item_id))
     return StepPlan(states, events, [])
 
@@ -191,7 +198,7 @@ def step_rows(
             if pending:
                 toks = pending + "," + toks if toks else pending
                 pending = ""
-            events.append((tid, seq, DELTA, now, delta, toks, None))
+            events.append((tid, seq, DELTA, now, delta, toks, delta_data(item)))
         elif toks:
             pending = pending + "," + toks if pending else toks
         kv_path = item.get("kv_path") or kv_path

@@ -9,6 +9,7 @@ import json
 import sqlite3
 from typing import Iterable
 
+from .. import objects as obj
 from ..contracts import ClaimRecord, Resume
 from . import states as st
 from .base import CLAIMABLE_SQL, TASK_SELECT, UNFINISHED_SQL, StoreBase
@@ -72,8 +73,8 @@ class WorkerArea(StoreBase):
     def _resume(conn: sqlite3.Connection, task: dict) -> Resume:
         """Where the output of a ``running`` task claimed to continue stands."""
         events = conn.execute(
-            "SELECT text, tokens FROM task_events WHERE task_id = ? AND seq > ? AND data IS NULL ORDER BY seq",
-            (task["id"], task["attempt_seq"]),
+            "SELECT text, tokens FROM task_events WHERE task_id = ? AND seq > ? AND type = ? ORDER BY seq",
+            (task["id"], task["attempt_seq"], obj.DELTA),
         )
         generated: list[int] = []
         emitted = []
