@@ -9,7 +9,7 @@ from lmsp.native import ContextLengthError, Engine, EngineClosedError
 
 
 def test_vectors_are_normalized_one_per_input(engine: Engine):
-    inputs = [engine.tokenize("hello world", True, False), engine.tokenize("a longer input, of more tokens", True, False)]
+    inputs = [engine.tokenize(text, True, False) for text in ("hello world", "a longer input, of more tokens")]
     vectors = engine.embed(inputs)
     assert vectors.shape == (2, engine.info["n_embd"])
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
