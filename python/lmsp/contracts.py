@@ -133,7 +133,8 @@ class NewTask:
     (what the task keeps), the prompt's ``messages`` (instructions first), whose
     client it is, and what the store needs to create it. ``idempotency``:
     ``(key, fingerprint)``; ``max_unfinished``: the client's cap on unfinished
-    tasks (None: none)."""
+    tasks (None: none); ``kind``: ``response``, ``chat.completion`` or
+    ``text_completion``, which names the response's id."""
 
     client_id: str | None
     model: str
@@ -144,6 +145,7 @@ class NewTask:
     stream: bool
     idempotency: tuple[str, str] | None = None
     max_unfinished: int | None = None
+    kind: str = "response"
 
     def creation(self) -> dict[str, Any]:
         """The arguments of ``Store.create_task`` for this task (all but ``claim``)."""
@@ -156,6 +158,7 @@ class NewTask:
             "stream": self.stream,
             "idempotency": self.idempotency,
             "max_unfinished": self.max_unfinished,
+            "kind": self.kind,
         }
 
 
@@ -203,6 +206,10 @@ class RuntimeAPI(Protocol):
         ...
 
     def model_object(self, model_id: str) -> dict[str, Any]: ...
+
+    def embed(self, model_id: str, inputs: list[str | list[int]]) -> dict[str, Any]:
+        """``{"vectors", "prompt_tokens"}``: the inputs' normalized embeddings, in order."""
+        ...
 
     def list_models(self) -> list[dict[str, Any]]: ...
 

@@ -33,7 +33,7 @@ class ScriptedRuntime:
 
     # what the web layer calls
     def create_task(self, new: NewTask) -> CreatedTask:
-        self.check_request(new.model, new.messages)
+        self.check_request(new.model, new.messages, new.request)
         created = self.store.create_task(**new.creation())
         if created["replay"] is None:
             self.notify_queued()
@@ -63,9 +63,15 @@ class ScriptedRuntime:
                 return
             time.sleep(min(0.005, timeout))
 
-    def check_request(self, model_id: str, messages: list[dict[str, str]]) -> list[int] | None:
+    def check_request(self, model_id: str, messages: list[dict[str, str]],
+                      request: dict[str, Any] | None = None) -> list[int] | None:
         self.checked = [dict(m) for m in messages]  # the prompt as the engine would get it
         n = sum(len(m["content"].split()) for m in messages)
+        prompt = (request or {}).get("prompt")
+        if prompt is not None:  # a completion's raw prompt: words, or token ids of a 1000-token vocabulary
+            n = len(prompt.split()) if isinstance(prompt, str) else len(prompt)
+            if not isinstance(prompt, str) and any(t >= 1000 for t in prompt):
+                raise InvalidRequest("a token id is outside the vocabulary of 1000 tokens", param="prompt")
         if n > 1000:
             raise ContextLengthExceeded(f"the prompt is {n} tokens; at most 1000 fit", param="input")
         return None
@@ -74,6 +80,20 @@ class ScriptedRuntime:
         model = dict(self.store.get_model(model_id))
         model.pop("path", None)
         return model
+
+    def embed(self, model_id: str, inputs: list[str | list[int]]) -> dict[str, Any]:
+        """Vectors of 4 numbers from each input's length, normalized: the API's shapes only."""
+        self.model_object(model_id)
+        vectors, n = [], 0
+        for value in inputs:
+            size = len(value.split()) if isinstance(value, str) else len(value)
+            if size > 1000:
+                raise ContextLengthExceeded(f"an input is {size} tokens; at most 1000 fit", param="input")
+            n += size
+            raw = [1.0, float(size), 0.5, -1.0]
+            norm = sum(x * x for x in raw) ** 0.5
+            vectors.append([x / norm for x in raw])
+        return {"vectors": vectors, "prompt_tokens": n}
 
     def list_models(self) -> list[dict[str, Any]]:
         return [self.model_object(m["id"]) for m in self.store.list_models()]

@@ -40,3 +40,38 @@ def test_render_asks_the_engine_for_the_chat_prompt_with_the_assistant_turn_open
     messages = [{"role": "user", "content": "hi"}]
     assert render(engine, messages) == [7, 8, 9]
     assert engine.calls == [(messages, True)]
+
+
+class RawEngine(RecordingEngine):
+    """Also tokenizes: one id per character (BOS 1 when asked), and has FIM tokens or not."""
+
+    def __init__(self, fim: list[int] | None = None) -> None:
+        super().__init__()
+        self.info = {"fim_tokens": fim or []}
+        self.tokenized: list[tuple[str, bool, bool]] = []
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        self.tokenized.append((text, add_special, parse_special))
+        return ([1] if add_special else []) + [100 + ord(c) % 50 for c in text]
+
+
+def test_a_completion_prompt_goes_without_the_chat_template() -> None:
+    from lmsp.runtime.prompt import prompt_tokens
+
+    engine = RawEngine()
+    assert prompt_tokens(engine, {"prompt": "ab"}) == [1, 100 + ord("a") % 50, 100 + ord("b") % 50]
+    assert engine.tokenized == [("ab", True, True)] and engine.calls == []  # as llama-server tokenizes it
+    assert prompt_tokens(engine, {"prompt": [5, 6]}) == [5, 6]  # token ids as given
+    assert prompt_tokens(engine, {"input": "hi"}) == [7, 8, 9]  # a chat request: the template
+
+
+def test_a_suffix_makes_the_fill_in_the_middle_prompt_or_is_refused() -> None:
+    import pytest
+
+    from lmsp.runtime.prompt import prompt_tokens
+
+    engine = RawEngine(fim=[90, 91, 92])
+    tokens = prompt_tokens(engine, {"prompt": "a", "suffix": "b"})
+    assert tokens == [1, 90, 100 + ord("a") % 50, 91, 100 + ord("b") % 50, 92]
+    with pytest.raises(ValueError, match="fill-in-the-middle"):
+        prompt_tokens(RawEngine(), {"prompt": "a", "suffix": "b"})

@@ -27,6 +27,13 @@ from .state import Run, WorkerState
 log = logging.getLogger("lmsp.runtime")
 
 
+def check_vocabulary(tokens: list[int], n_vocab: int) -> None:
+    """ValueError for a token id outside the model's vocabulary."""
+    for t in tokens:
+        if not 0 <= t < n_vocab:
+            raise ValueError(f"token id {t} is outside the vocabulary of {n_vocab} tokens")
+
+
 class Admission:
     """The creation of tasks for this worker (see the module docstring)."""
 
@@ -37,7 +44,7 @@ class Admission:
         """Check the request, create its task (claimed here when a slot is free), and
         start it or have it claimed; what ``Store.create_task`` returns."""
         state = self.state
-        tokens = self.check_request(new.model, new.messages)
+        tokens = self.check_request(new.model, new.messages, new.request)
         slot = self.reserve(new.model)
         early = None
         try:
@@ -56,16 +63,27 @@ class Admission:
             state.wake_scheduler()
         return created
 
-    def check_request(self, model_id: str, prompt_messages: list[dict[str, str]]) -> list[int] | None:
+    def check_request(
+        self, model_id: str, prompt_messages: list[dict[str, str]], request: dict[str, Any] | None = None
+    ) -> list[int] | None:
         """The prompt's tokens when the model is loaded here (None: checked at run time);
-        ContextLengthExceeded when it cannot fit with one output token."""
+        ContextLengthExceeded when it cannot fit with one output token. ``request``:
+        a completion's, whose raw ``prompt`` is the prompt (no chat template)."""
         engine = self.state.registry.engine(model_id)
         if engine is None:
             return None
+        raw = request is not None and request.get("prompt") is not None
+        param = "prompt" if raw else "input"
         try:
-            tokens = prompting.render(engine, prompt_messages)
+            if raw:
+                assert request is not None
+                tokens = prompting.prompt_tokens(engine, request)
+                check_vocabulary(tokens, engine.n_vocab)
+            else:
+                tokens = prompting.render(engine, prompt_messages)
         except ValueError as exc:  # what the chat template or the tokenizer refuses: so would the run
-            raise InvalidRequest(f"the request cannot be rendered: {exc}", param="input") from None
+            where = "suffix" if raw and "suffix" in str(exc) else param
+            raise InvalidRequest(f"the request cannot be rendered: {exc}", param=where) from None
         except Exception as exc:  # a closed engine (unloaded meanwhile): check at run time
             log.debug("check_request: %s", exc)
             return None
@@ -74,7 +92,7 @@ class Admission:
             raise ContextLengthExceeded(
                 f"the prompt is {n} tokens; model {model_id} takes at most {engine.n_ctx - 1} "
                 "with room for one output token",
-                param="input",
+                param=param,
             )
         return tokens
 

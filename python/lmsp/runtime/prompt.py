@@ -56,6 +56,35 @@ def render(engine: ChatEngine, messages: list[dict]) -> list[int]:
     return list(engine.chat_prompt(messages, add_generation_prompt=True))
 
 
+def prompt_tokens(engine, request: dict) -> list[int]:
+    """The prompt's token ids of a request: a completion's raw ``prompt`` (no chat
+    template), else its messages through the chat template (:func:`render`)."""
+    raw = request.get("prompt")
+    if raw is None:
+        return render(engine, messages_for(request))
+    suffix = request.get("suffix")
+    if suffix is not None:
+        return fill_in_the_middle(engine, raw, suffix)
+    if isinstance(raw, str):
+        # as llama-server tokenizes a completion's prompt: BOS added, special-token text parsed
+        return list(engine.tokenize(raw, add_special=True, parse_special=True))
+    return [int(t) for t in raw]  # token ids as given
+
+
+def fill_in_the_middle(engine, prefix: str | list[int], suffix: str) -> list[int]:
+    """The prompt of a completion between ``prefix`` and ``suffix``, in the model's
+    fill-in-the-middle tokens (prefix-suffix-middle order, as llama-server's infill);
+    ValueError where the model has none."""
+    fim = list(engine.info.get("fim_tokens") or [])
+    if len(fim) != 3:
+        raise ValueError("the model has no fill-in-the-middle tokens: 'suffix' cannot be used with it")
+    pre, suf, mid = fim
+    head = prefix if isinstance(prefix, list) else list(engine.tokenize(prefix, add_special=False, parse_special=False))
+    tail = list(engine.tokenize(suffix, add_special=False, parse_special=False))
+    bos = list(engine.tokenize("", add_special=True, parse_special=False))
+    return bos + [pre, *head, suf, *tail, mid]
+
+
 def sampling(request: dict, config) -> dict:
     """The engine's ``submit`` keywords from a request (service defaults and caps applied)."""
 

@@ -183,7 +183,7 @@ class Scheduler:
             return  # the task failed
         request = claim.get("request") or {}
         try:
-            tokens = run.tokens or prompting.render(engine, prompting.messages_for(request))
+            tokens = run.tokens or prompting.prompt_tokens(engine, request)
             kwargs = prompting.sampling(request, self.state.config)
         except (ValueError, TypeError) as exc:
             return self.fail(run, "invalid_request", f"the request cannot be rendered: {exc}")

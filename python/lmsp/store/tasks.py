@@ -14,6 +14,9 @@ from .base import CLAIMABLE_SQL, TASK_SELECT, UNFINISHED_SQL, dumps
 from .idempotency import IdempotencyArea, answer_keys
 from .worker import claim_record
 
+#: the id prefix of a task's response by its kind (LMSP B.1, B.11)
+ID_PREFIXES = {"response": "resp_", "chat.completion": "chatcmpl-", "text_completion": "cmpl-"}
+
 
 class TasksArea(IdempotencyArea):
     """Creating, cancelling and deleting responses and their tasks (a request's
@@ -31,6 +34,7 @@ class TasksArea(IdempotencyArea):
         idempotency: tuple[str, str] | None = None,
         claim: tuple[str, float] | None = None,
         max_unfinished: int | None = None,
+        kind: str = "response",
     ) -> CreatedTask:
         """Persist a new response and its queued task in ONE transaction (11.2, B.8).
 
@@ -47,7 +51,8 @@ class TasksArea(IdempotencyArea):
         for a new task, else ``(status_code, body)`` to send again (nothing was
         created); ``claim`` is what :meth:`claim` returns for one task when the
         new task was claimed, else None. ``response`` is the response as
-        created (``queued``).
+        created (``queued``). ``kind``: what the client asked for, which names the
+        response's id (``resp_``, ``chatcmpl-``, ``cmpl-``: :data:`ID_PREFIXES`).
         """
         request_text = self._request_text(model, request, on_restart)
         with self._db.write() as conn:
@@ -59,7 +64,7 @@ class TasksArea(IdempotencyArea):
             if max_unfinished is not None and client_id is not None:
                 self._check_unfinished(conn, client_id, max_unfinished)
             task, response = self._insert_task(
-                conn, client_id, model, request_text, on_restart, background, stream, now
+                conn, client_id, model, request_text, on_restart, background, stream, now, kind
             )
             body = self._render_response(conn, response, task)
             taken = None if claim is None else self._claim_new(conn, task, response, claim, now)
@@ -112,9 +117,14 @@ class TasksArea(IdempotencyArea):
         background: bool,
         stream: bool,
         now: float,
+        kind: str = "response",
     ) -> tuple[dict, sqlite3.Row]:
         """A new response and its queued task, with their first two events."""
-        rid, tid, mid = self._new_id("resp"), self._new_id("task"), self._new_id("msg")
+        if kind not in ID_PREFIXES:
+            raise InvalidRequest(f"unknown kind of task {kind!r}")
+        prefix = ID_PREFIXES[kind]
+        rid = prefix + self._new_id(prefix[:-1]).split("_", 1)[1]
+        tid, mid = self._new_id("task"), self._new_id("msg")
         conn.execute(
             "INSERT INTO responses (id, client_id, model, created_at, request, background, stream,"
             " item_id) VALUES (?,?,?,?,?,?,?,?)",
@@ -151,7 +161,7 @@ class TasksArea(IdempotencyArea):
         return claimed, StepState(owner, task["last_seq"], 0, "", None, response["item_id"])
 
     def _resolve(self, conn: sqlite3.Connection, task_or_response_id: str, client_id: str | None) -> dict:
-        if str(task_or_response_id).startswith("resp_"):
+        if str(task_or_response_id).startswith(tuple(ID_PREFIXES.values())):
             row = conn.execute(
                 "SELECT id, client_id FROM tasks WHERE response_id = ?", (task_or_response_id,)
             ).fetchone()
