@@ -7,8 +7,10 @@
 #include <string>
 #include <thread>
 
+#include "batch_plan.h"
 #include "engine.h"
 #include "errors.h"
+#include "llama_private.h"
 
 namespace lmsp {
 
@@ -63,26 +65,45 @@ std::vector<std::vector<float>> Embedder::embed(const std::vector<std::vector<in
     }
     std::lock_guard<std::mutex> lk(mu_);
     std::vector<std::vector<float>> out(inputs.size());
-    size_t first = 0;
-    while (first < inputs.size()) {
-        size_t count = 0;
-        int64_t used = 0;
-        while (first + count < inputs.size() && int32_t(count) < n_seq_ &&
-               used + int64_t(inputs[first + count].size()) <= n_ctx_) {
-            used += int64_t(inputs[first + count].size());
-            ++count;
+    // An input's vector is the one it gets alone, as llama-server computes it. ggml
+    // picks its kernels by the rows of a pass: inputs shorter than its tiled matmul
+    // takes pass together on the one-row kernels (which they take alone); inputs
+    // shorter than its tiled flash attention takes, in passes of fewer rows than that;
+    // longer ones together (tiles give each row the same however many rows come).
+    struct Group {
+        std::vector<size_t> members;
+        bool reference;
+        int64_t max_rows;
+    };
+    Group groups[3] = {{{}, true, n_ctx_}, {{}, false, int64_t(kFaTileRows) - 1}, {{}, false, n_ctx_}};
+    for (size_t i = 0; i < inputs.size(); ++i) {
+        const size_t n = inputs[i].size();
+        groups[n < kMinTiledRows ? 0 : n < kFaTileRows ? 1 : 2].members.push_back(i);
+    }
+    for (const Group & group : groups) {
+        use_reference_cpu_kernels(ctx_.get(), group.reference);
+        const auto & m = group.members;
+        size_t first = 0;
+        while (first < m.size()) {
+            size_t count = 0;
+            int64_t used = 0;
+            while (first + count < m.size() && int32_t(count) < n_seq_ &&
+                   used + int64_t(inputs[m[first + count]].size()) <= group.max_rows) {
+                used += int64_t(inputs[m[first + count]].size());
+                ++count;
+            }
+            run_pass(inputs, std::vector<size_t>(m.begin() + first, m.begin() + first + count), out);
+            first += count;
         }
-        run_pass(inputs, first, count, out);
-        first += count;
     }
     return out;
 }
 
-void Embedder::run_pass(const std::vector<std::vector<int32_t>> & inputs, size_t first, size_t count,
+void Embedder::run_pass(const std::vector<std::vector<int32_t>> & inputs, const std::vector<size_t> & which,
                         std::vector<std::vector<float>> & out) {
     batch_.n_tokens = 0;
-    for (size_t k = 0; k < count; ++k) {
-        const auto & input = inputs[first + k];
+    for (size_t k = 0; k < which.size(); ++k) {
+        const auto & input = inputs[which[k]];
         for (size_t pos = 0; pos < input.size(); ++pos) {
             const int32_t i = batch_.n_tokens++;
             batch_.token[i] = input[pos];
@@ -94,7 +115,7 @@ void Embedder::run_pass(const std::vector<std::vector<int32_t>> & inputs, size_t
     }
     llama_memory_clear(llama_get_memory(ctx_.get()), true);
     if (llama_decode(ctx_.get(), batch_) != 0) throw NativeFailure("the embeddings pass failed");
-    for (size_t k = 0; k < count; ++k) {
+    for (size_t k = 0; k < which.size(); ++k) {
         const float * e = llama_get_embeddings_seq(ctx_.get(), int32_t(k));
         if (e == nullptr) throw NativeFailure("the embeddings pass gave no vector");
         std::vector<float> v(e, e + n_embd_);
@@ -104,7 +125,7 @@ void Embedder::run_pass(const std::vector<std::vector<int32_t>> & inputs, size_t
         if (norm > 0) {
             for (float & x : v) x = float(double(x) / norm);
         }
-        out[first + k] = std::move(v);
+        out[which[k]] = std::move(v);
     }
 }
 

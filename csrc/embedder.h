@@ -27,7 +27,7 @@ public:
 
 private:
     void make_context(llama_model * model, int32_t n_threads, enum llama_pooling_type pooling);
-    void run_pass(const std::vector<std::vector<int32_t>> & inputs, size_t first, size_t count,
+    void run_pass(const std::vector<std::vector<int32_t>> & inputs, const std::vector<size_t> & which,
                   std::vector<std::vector<float>> & out);
 
     struct ContextDeleter {

@@ -17,11 +17,12 @@ def test_vectors_are_normalized_one_per_input(engine: Engine):
 
 
 def test_a_batch_gives_each_input_what_it_gets_alone(engine: Engine):
-    inputs = [engine.tokenize(f"input number {i} " * (i + 1), True, False) for i in range(6)]
+    # short (one-row kernels), medium and long inputs (tiled ones) in one call
+    inputs = [engine.tokenize(f"input number {i} " * (i * i + 1), True, False)[: 2 + i * 30] for i in range(6)]
     together = engine.embed(inputs)
     for i, tokens in enumerate(inputs):
         alone = engine.embed([tokens])[0]
-        assert float(alone @ together[i]) > 0.9999
+        assert float(alone @ together[i]) > 0.999999
 
 
 def test_more_inputs_than_one_pass_holds(engine: Engine):
