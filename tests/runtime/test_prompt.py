@@ -45,6 +45,8 @@ def test_render_asks_the_engine_for_the_chat_prompt_with_the_assistant_turn_open
 class RawEngine(RecordingEngine):
     """Also tokenizes: one id per character (BOS 1 when asked), and has FIM tokens or not."""
 
+    n_vocab = 1000
+
     def __init__(self, fim: list[int] | None = None) -> None:
         super().__init__()
         self.info = {"fim_tokens": fim or []}
@@ -75,3 +77,14 @@ def test_a_suffix_makes_the_fill_in_the_middle_prompt_or_is_refused() -> None:
     assert tokens == [1, 90, 100 + ord("a") % 50, 91, 100 + ord("b") % 50, 92]
     with pytest.raises(ValueError, match="fill-in-the-middle"):
         prompt_tokens(RawEngine(), {"prompt": "a", "suffix": "b"})
+
+
+def test_token_ids_outside_the_vocabulary_are_refused() -> None:
+    import pytest
+
+    from lmsp.runtime.prompt import prompt_tokens
+
+    with pytest.raises(ValueError, match="token id 1000 is outside the vocabulary of 1000"):
+        prompt_tokens(RawEngine(), {"prompt": [5, 1000]})
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        prompt_tokens(RawEngine(), {"prompt": [-1]})

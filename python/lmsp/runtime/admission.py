@@ -27,13 +27,6 @@ from .state import Run, WorkerState
 log = logging.getLogger("lmsp.runtime")
 
 
-def check_vocabulary(tokens: list[int], n_vocab: int) -> None:
-    """ValueError for a token id outside the model's vocabulary."""
-    for t in tokens:
-        if not 0 <= t < n_vocab:
-            raise ValueError(f"token id {t} is outside the vocabulary of {n_vocab} tokens")
-
-
 class Admission:
     """The creation of tasks for this worker (see the module docstring)."""
 
@@ -78,7 +71,6 @@ class Admission:
             if raw:
                 assert request is not None
                 tokens = prompting.prompt_tokens(engine, request)
-                check_vocabulary(tokens, engine.n_vocab)
             else:
                 tokens = prompting.render(engine, prompt_messages)
         except ValueError as exc:  # what the chat template or the tokenizer refuses: so would the run

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import ContextLengthExceeded, InvalidRequest
 from ..hubsafe import offload
-from .admission import check_vocabulary
+from .prompt import check_vocabulary
 from .state import WorkerState
 
 if TYPE_CHECKING:

@@ -68,7 +68,16 @@ def prompt_tokens(engine, request: dict) -> list[int]:
     if isinstance(raw, str):
         # as llama-server tokenizes a completion's prompt: BOS added, special-token text parsed
         return list(engine.tokenize(raw, add_special=True, parse_special=True))
-    return [int(t) for t in raw]  # token ids as given
+    tokens = [int(t) for t in raw]  # token ids as given
+    check_vocabulary(tokens, engine.n_vocab)
+    return tokens
+
+
+def check_vocabulary(tokens: list[int], n_vocab: int) -> None:
+    """ValueError for a token id outside the model's vocabulary."""
+    for t in tokens:
+        if not 0 <= t < n_vocab:
+            raise ValueError(f"token id {t} is outside the vocabulary of {n_vocab} tokens")
 
 
 def fill_in_the_middle(engine, prefix: str | list[int], suffix: str) -> list[int]:
