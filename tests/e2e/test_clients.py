@@ -138,3 +138,28 @@ def test_llm_cli_with_the_service_in_its_extra_models(server, token, tmp_path):
         env={**os.environ, "LLM_USER_PATH": str(tmp_path)})
     assert result.returncode == 0, result.stderr
     assert "Paris" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "code", "param"),
+    [
+        ("/v1/chat/completions", {"model": CHAT, "messages": [{"role": "tool", "content": "x"}]}, 400,
+         "invalid_request", "messages[0].role"),
+        ("/v1/chat/completions", {"model": CHAT, "messages": MESSAGES, "n": 2}, 400, "invalid_request", "n"),
+        ("/v1/chat/completions", {"model": CHAT, "messages": [{"role": "user", "content": "word " * 5000}]}, 400,
+         "context_length_exceeded", "input"),
+        ("/v1/completions", {"model": BASE, "prompt": [2, 10**9]}, 400, "invalid_request", "prompt"),
+        ("/v1/completions", {"model": BASE, "prompt": "word " * 5000}, 400, "context_length_exceeded", "prompt"),
+        ("/v1/completions", {"model": BASE, "prompt": "def f(", "suffix": "return x"}, 400, "invalid_request",
+         "suffix"),
+        ("/v1/embeddings", {"model": CHAT, "input": []}, 400, "invalid_request", "input"),
+        ("/v1/embeddings", {"model": CHAT, "input": [[10**9]]}, 400, "invalid_request", "input"),
+        ("/v1/embeddings", {"model": CHAT, "input": "word " * 5000}, 400, "context_length_exceeded", "input"),
+        ("/v1/embeddings", {"model": CHAT, "input": "x", "dimensions": 8}, 400, "invalid_request", "dimensions"),
+    ],
+)
+def test_bad_input_is_a_4xx_with_the_error_body(server, token, client, path, body, status, code, param):
+    client.chat.completions.create(model=CHAT, messages=MESSAGES, max_tokens=1)  # both models loaded by now
+    client.completions.create(model=BASE, prompt="x", max_tokens=1)
+    got, payload = server.request("POST", path, body, token=token, timeout=120)
+    assert (got, payload["error"]["code"], payload["error"]["param"]) == (status, code, param), payload
