@@ -59,6 +59,7 @@ ACCEPTED = (
     "max_completion_tokens",
     "temperature",
     "top_p",
+    "top_k",
     "stop",
     "seed",
     "stream",
@@ -161,7 +162,7 @@ def sampling_fields(body: dict[str, Any], config: Any, random_seed: Callable[[],
         "max_output_tokens": _max_tokens(body, config),
         "temperature": get_number(body, "temperature", default=1.0, minimum=0, maximum=2),
         "top_p": get_number(body, "top_p", default=1.0, exclusive_minimum=0, maximum=1),
-        "top_k": 0,
+        "top_k": get_int(body, "top_k", default=0, minimum=0, maximum=2**31 - 1),  # LMSP's, as llama-server's
         "seed": random_seed() if seed is None else seed,
         "stop": parse_stop(body.get("stop")),
     }

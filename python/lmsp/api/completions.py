@@ -30,6 +30,7 @@ ACCEPTED = (
     "max_tokens",
     "temperature",
     "top_p",
+    "top_k",
     "stop",
     "seed",
     "stream",

@@ -33,6 +33,7 @@ SAMPLING: JSON = {
     "max_tokens": nullable({"type": "integer", "minimum": 1}),
     "temperature": nullable({"type": "number", "minimum": 0, "maximum": 2}),
     "top_p": nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 1}),
+    "top_k": nullable({"type": "integer", "minimum": 0, "maximum": 2**31 - 1, "description": "LMSP's, 0: off."}),
     "seed": SEED,
     "stop": STOP,
     "stream": BOOL,
