@@ -244,3 +244,8 @@ def test_a_stream_whose_client_leaves_cancels_its_task(app, user, scripted, stor
     while user.get(f"/v1/chat/completions/{cid}").json["task"]["status"] != "cancelled":
         assert time.monotonic() < deadline, "the task was not cancelled"
         time.sleep(0.02)
+
+
+def test_the_service_lists_the_openai_endpoints(anon):
+    capabilities = anon.get("/v1/service").json["capabilities"]
+    assert {"chat.completions", "completions", "embeddings"} <= set(capabilities)
