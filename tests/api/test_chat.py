@@ -150,7 +150,7 @@ def test_the_task_shows_in_tasks(user):
 
 def test_messages_go_to_the_template_with_their_roles(user, scripted):
     messages = [
-        {"role": "developer", "content": "Be brief."},
+        {"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
         {"role": "system", "content": [{"type": "text", "text": "Sys "}, {"type": "text", "text": "two"}]},
         {"role": "user", "content": "Hi"},
         {"role": "assistant", "content": "Hello", "refusal": None, "tool_calls": []},
@@ -206,7 +206,7 @@ def test_bad_requests_are_400_with_their_param(user, fields, param):
 def test_fields_that_ask_for_nothing_are_accepted(user):
     result = chat(user, n=1, presence_penalty=0, frequency_penalty=0.0, logprobs=False, tools=[],
                   tool_choice="none", parallel_tool_calls=True, response_format={"type": "text"},
-                  user="u-1", service_tier="auto", store=False)
+                  user="", service_tier="auto", store=False)
     assert result.status_code == 200, result.text
 
 

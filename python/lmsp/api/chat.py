@@ -75,10 +75,9 @@ ACCEPTED = (
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 # a message's fields besides role and content that ask for nothing when null (or empty)
 EMPTY_FIELDS = {"assistant": ("refusal", "tool_calls", "function_call", "audio")}
-TEXT_PARTS = {"system": ("text",), "user": ("text",), "assistant": ("text",)}
 
 
-def _content(content: Any, role: str, where: str) -> str:
+def _content(content: Any, where: str) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -88,7 +87,7 @@ def _content(content: Any, role: str, where: str) -> str:
         at = f"{where}[{j}]"
         if not isinstance(part, dict):
             raise InvalidRequest(f"{at} must be an object", param=at)
-        if part.get("type") not in TEXT_PARTS[role]:
+        if part.get("type") != "text":
             raise InvalidRequest(
                 f"{at}.type must be 'text': only text content is supported, not {part.get('type')!r}",
                 param=f"{at}.type",
@@ -122,7 +121,7 @@ def parse_messages(value: Any) -> list[dict[str, str]]:
                 raise InvalidRequest(f"{where}.{name}: this endpoint does not support it", param=f"{where}.{name}")
         if message.get("content") is None:
             raise InvalidRequest(f"{where}.content is required", param=f"{where}.content")
-        text = _content(message["content"], role, f"{where}.content")
+        text = _content(message["content"], f"{where}.content")
         if "\x00" in text:
             raise InvalidRequest(f"{where}.content must not contain NUL characters", param=f"{where}.content")
         out.append({"role": ROLES[role], "content": text})
@@ -179,7 +178,7 @@ def parse_chat(body: dict[str, Any], config: Any, random_seed: Callable[[], int]
     stream = get_bool(body, "stream")
     store = get_bool(body, "store")  # OpenAI's default: not stored
     for name in ("user", "safety_identifier", "prompt_cache_key", "service_tier"):
-        get_str(body, name, max_len=512)
+        get_str(body, name, allow_empty=True, max_len=512)
     get_bool(body, "parallel_tool_calls")
     request = {
         "model": model,

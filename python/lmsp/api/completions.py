@@ -85,7 +85,7 @@ def parse_completion(body: dict[str, Any], config: Any, random_seed: Callable[[]
     if echo and suffix is not None:
         raise InvalidRequest("'echo' cannot be used with 'suffix'", param="echo")
     stream = get_bool(body, "stream")
-    get_str(body, "user", max_len=512)
+    get_str(body, "user", allow_empty=True, max_len=512)
     request = {
         "model": model,
         "prompt": prompt,

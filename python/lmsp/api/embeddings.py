@@ -72,7 +72,7 @@ class EmbeddingsResource:
         if encoding not in ENCODINGS:
             raise InvalidRequest(f"'encoding_format' must be one of {', '.join(ENCODINGS)}", param="encoding_format")
         dimensions = get_int(body, "dimensions", minimum=1)
-        get_str(body, "user", max_len=512)
+        get_str(body, "user", allow_empty=True, max_len=512)
         self.service.check_serving(model)
         result = self.deps.runtime.embed(model, inputs)
         vectors = result["vectors"]
