@@ -70,6 +70,20 @@ def test_openai_chat_plain_and_streamed_agree(client):
     assert chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
 
 
+def test_openai_stored_chat_completions_are_retrieved_listed_and_deleted(client):
+    made = [client.chat.completions.create(model=CHAT, messages=MESSAGES, temperature=0, max_tokens=4, store=True,
+                                           metadata={"n": str(i)}) for i in range(3)]
+    again = client.chat.completions.retrieve(made[0].id)
+    assert again.choices[0].message.content == made[0].choices[0].message.content
+    assert again.metadata == {"n": "0"}
+    listed = [c.id for c in client.chat.completions.list(limit=2)]  # every page, oldest first
+    assert listed[-3:] == [c.id for c in made]
+    deleted = client.chat.completions.delete(made[0].id)
+    assert deleted.deleted and deleted.id == made[0].id
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.retrieve(made[0].id)
+
+
 def test_openai_completions_on_a_base_model(client):
     plain = client.completions.create(model=BASE, prompt="The capital of France is", temperature=0, max_tokens=8)
     assert plain.id.startswith("cmpl-") and plain.object == "text_completion"
