@@ -72,7 +72,8 @@ def test_idempotency_key_replays(user):
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": ["a"] * 65}, "prompt"),
+        ({"prompt": ["a", "b"], "stream": True}, "stream"),
         ({"prompt": []}, "prompt"),
         ({"prompt": [1, -2]}, "prompt"),
         ({"prompt": [1, True]}, "prompt"),
@@ -92,6 +93,19 @@ def test_idempotency_key_replays(user):
 )
 def test_bad_requests_are_400_with_their_param(user, fields, param):
     assert_error(complete(user, **fields), 400, "invalid_request", param=param)
+
+
+def test_many_prompts_are_a_choice_each(user, store):
+    body = complete(user, prompt=["one", [1, 2], "three"], max_tokens=4).json
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert {c["text"] for c in body["choices"]} == {HELLO} and body["id"].startswith("cmpl-")
+    assert body["usage"]["prompt_tokens"] == 9  # 3 each (the scripted worker's)
+    assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"]
+    assert user.get("/v1/tasks").json["data"] == []  # each deleted once answered
+    echoed = complete(user, prompt=["a", "b"], echo=True).json
+    assert [c["text"] for c in echoed["choices"]] == ["a" + HELLO, "b" + HELLO]
+    refused = complete(user, headers={"Idempotency-Key": "k"}, prompt=["a", "b"])
+    assert_error(refused, 400, "invalid_request", param="Idempotency-Key")
 
 
 def test_a_prompt_over_the_context_is_400(user):

@@ -115,6 +115,19 @@ def test_langchain_chat_openai_invoke_and_stream(server, token):
     assert streamed == answer.content
 
 
+def test_langchain_openai_completions_of_many_prompts(server, token, client):
+    from langchain_openai import OpenAI
+
+    llm = OpenAI(model=BASE, base_url=f"{server.base_url}/v1", api_key=token, temperature=0, max_tokens=6,
+                 max_retries=0)
+    prompts = ["The capital of France is", "Two plus two is"]
+    result = llm.generate(prompts)  # one request for both
+    texts = [g[0].text for g in result.generations]
+    alone = [client.completions.create(model=BASE, prompt=p, temperature=0, max_tokens=6).choices[0].text
+             for p in prompts]
+    assert texts == alone and all(texts)
+
+
 def test_langchain_openai_embeddings(server, token):
     from langchain_openai import OpenAIEmbeddings
 

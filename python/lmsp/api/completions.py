@@ -15,10 +15,11 @@ import falcon
 from lmsp.errors import InvalidRequest
 
 from .chat import include_usage, sampling_fields
-from .common import Deps, get_bool, get_str, reject_unknown
+from . import idempotency
+from .common import Deps, get_bool, get_str, reject_unknown, set_json
 from .openai_refusals import refuse_unsupported
 from .openai_shapes import ChunkFraming, text_completion
-from .openai_tasks import ON_RESTART, post_task
+from .openai_tasks import ON_RESTART, post_task, post_together
 from .responses import MAX_TEXT, CreateRequest, ResponsesService
 
 REFUSED = ("n", "best_of", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs")
@@ -51,14 +52,19 @@ def _token_ids(value: list[Any], param: str) -> list[int]:
     return list(value)
 
 
-def parse_prompt(value: Any) -> str | list[int]:
-    """``prompt``: a string, token ids, or an array of one of them (one prompt per request)."""
+MAX_PROMPTS = 64
+
+
+def parse_prompts(value: Any) -> list[str | list[int]]:
+    """``prompt``: a string, token ids, or an array of them (one completion each)."""
     if isinstance(value, list) and value and isinstance(value[0], (str, list)):
-        if len(value) != 1:
-            raise InvalidRequest(
-                "'prompt' must hold one prompt: this endpoint makes one completion per request", param="prompt"
-            )
-        value = value[0]
+        if len(value) > MAX_PROMPTS:
+            raise InvalidRequest(f"'prompt' holds more than {MAX_PROMPTS} prompts", param="prompt")
+        return [_one_prompt(v) for v in value]
+    return [_one_prompt(value)]
+
+
+def _one_prompt(value: Any) -> str | list[int]:
     if isinstance(value, str):
         if len(value) > MAX_TEXT:
             raise InvalidRequest(f"'prompt' is longer than {MAX_TEXT} characters", param="prompt")
@@ -67,28 +73,28 @@ def parse_prompt(value: Any) -> str | list[int]:
         return value
     if isinstance(value, list):
         return _token_ids(value, "prompt")
-    raise InvalidRequest("'prompt' must be a string, an array of token ids, or an array of one of them", param="prompt")
+    raise InvalidRequest("'prompt' must be a string, an array of token ids, or an array of them", param="prompt")
 
 
-def parse_completion(body: dict[str, Any], config: Any, random_seed: Callable[[], int]) -> CreateRequest:
-    """Check a Completions request and make its task; raises InvalidRequest."""
+def parse_completion(body: dict[str, Any], config: Any, random_seed: Callable[[], int]) -> list[CreateRequest]:
+    """Check a Completions request and make its tasks, one per prompt; raises InvalidRequest."""
     reject_unknown(body, ACCEPTED + REFUSED)
     refuse_unsupported(body, REFUSED)
     model = get_str(body, "model", required=True, max_len=256)
     if body.get("prompt") is None:
         raise InvalidRequest("'prompt' is required", param="prompt")
-    prompt = parse_prompt(body["prompt"])
+    prompts = parse_prompts(body["prompt"])
     suffix = get_str(body, "suffix", allow_empty=True, max_len=MAX_TEXT)
     echo = get_bool(body, "echo")
-    if echo and not isinstance(prompt, str):
+    if echo and not all(isinstance(p, str) for p in prompts):
         raise InvalidRequest("'echo' needs a text prompt (not token ids)", param="echo")
     if echo and suffix is not None:
         raise InvalidRequest("'echo' cannot be used with 'suffix'", param="echo")
     stream = get_bool(body, "stream")
+    if stream and len(prompts) > 1:
+        raise InvalidRequest("a stream takes one prompt; send the others in requests of their own", param="stream")
     get_str(body, "user", allow_empty=True, max_len=512)
-    request = {
-        "model": model,
-        "prompt": prompt,
+    common = {
         "suffix": suffix,
         "echo": echo,
         **sampling_fields(body, config, random_seed),
@@ -99,17 +105,20 @@ def parse_completion(body: dict[str, Any], config: Any, random_seed: Callable[[]
         "on_restart": ON_RESTART,
         "metadata": {},
     }
-    return CreateRequest(
-        client_id=None,
-        model=model,
-        messages=[],
-        request=request,
-        on_restart=ON_RESTART,
-        background=False,
-        stream=stream,
-        store=False,
-        kind="text_completion",
-    )
+    return [
+        CreateRequest(
+            client_id=None,
+            model=model,
+            messages=[],
+            request={"model": model, "prompt": prompt, **common},
+            on_restart=ON_RESTART,
+            background=False,
+            stream=stream,
+            store=False,
+            kind="text_completion",
+        )
+        for prompt in prompts
+    ]
 
 
 class CompletionsResource:
@@ -124,16 +133,41 @@ class CompletionsResource:
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         deps = self.deps
         body = deps.body(req)
-        parsed = parse_completion(body, deps.config, deps.random_seed)
-        echo = parsed.request["prompt"] if parsed.request["echo"] else ""
-        usage = bool(parsed.request["include_usage"])
+        every = parse_completion(body, deps.config, deps.random_seed)
+        echoes = [p.request["prompt"] if p.request["echo"] else "" for p in every]
+        if len(every) > 1:
+            if idempotency.key_of(req) is not None:
+                raise InvalidRequest(
+                    "an Idempotency-Key names one task: send one prompt per request", param="Idempotency-Key"
+                )
+            finals = post_together(deps, self.service, req, every)
+            set_json(resp, merged([text_completion(f, echo) for f, echo in zip(finals, echoes)]))
+            return
+        usage = bool(every[0].request["include_usage"])
         post_task(
             deps,
             self.service,
             req,
             resp,
             body,
-            parsed,
-            lambda response: text_completion(response, echo),
-            lambda created: ChunkFraming("text_completion", created, include_usage=usage, echo=echo),
+            every[0],
+            lambda response: text_completion(response, echoes[0]),
+            lambda created: ChunkFraming("text_completion", created, include_usage=usage, echo=echoes[0]),
         )
+
+
+def merged(completions: list[dict[str, Any]]) -> dict[str, Any]:
+    """One text_completion of many prompts' (the first one's id): a choice per prompt, in
+    order, and the usage summed."""
+    out = dict(completions[0])
+    out["choices"] = [dict(c["choices"][0], index=i) for i, c in enumerate(completions)]
+    if all(c["usage"] for c in completions):
+        usage = {k: sum(c["usage"][k] for c in completions) for k in ("prompt_tokens", "completion_tokens")}
+        cached = sum(c["usage"]["prompt_tokens_details"]["cached_tokens"] for c in completions)
+        out["usage"] = dict(
+            completions[0]["usage"],
+            **usage,
+            total_tokens=usage["prompt_tokens"] + usage["completion_tokens"],
+            prompt_tokens_details={"cached_tokens": cached, "audio_tokens": 0},
+        )
+    return out

@@ -91,3 +91,35 @@ def post_task(
     if not parsed.store:
         service.forget(response_id, client_id)
     set_json(resp, answer(final, render))
+
+
+def post_together(
+    deps: Deps, service: ResponsesService, req: falcon.Request, every: list[CreateRequest]
+) -> list[dict[str, Any]]:
+    """Create a task per request (``store: false`` each), wait for all of them, and
+    return their final Response objects in order, each deleted once read; the error
+    of the first that failed or was cancelled. A creation refused midway cancels the
+    tasks created before it."""
+    client_id = caller(req)["id"]
+    limited = not is_admin(caller(req))
+    made: list[dict[str, Any]] = []
+    try:
+        for parsed in every:
+            response = service.create(client_id, parsed, None, limited=limited)["response"]
+            assert response is not None  # a new task (no idempotency key)
+            made.append(response)
+    except BaseException:
+        for response in made:
+            service.abandon(response["task"]["id"], client_id)
+            service.forget_when_finished(response["task"]["id"], response["id"], client_id)
+        raise
+    finals = []
+    for response in made:
+        service.wait_finished(response["task"]["id"], client_id)
+        finals.append(deps.store.get_response(response["id"], client_id))
+        service.forget(response["id"], client_id)
+    for final in finals:
+        error = ended_error(final)
+        if error is not None:
+            raise error
+    return finals

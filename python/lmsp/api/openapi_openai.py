@@ -183,8 +183,9 @@ SCHEMAS: JSON = {
                     {
                         "type": "array",
                         "minItems": 1,
-                        "maxItems": 1,
+                        "maxItems": 64,
                         "items": {"anyOf": [text(0, MAX_TEXT, NO_NUL), TOKENS]},
+                        "description": "A completion per prompt, each a choice (not with `stream`).",
                     },
                 ]
             },
@@ -201,6 +202,16 @@ SCHEMAS: JSON = {
     | {
         "allOf": [
             STREAM_OPTIONS_NEED_STREAM,
+            # a stream of one prompt only
+            {
+                "not": {
+                    "required": ["stream", "prompt"],
+                    "properties": {
+                        "stream": {"const": True},
+                        "prompt": {"type": "array", "minItems": 2, "items": {"type": ["string", "array"]}},
+                    },
+                }
+            },
             # echo: with a text prompt, without suffix
             {"not": {"required": ["echo", "suffix"], "properties": {"echo": {"const": True}, "suffix": STR}}},
             {

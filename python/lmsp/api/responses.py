@@ -352,16 +352,18 @@ class ResponsesService:
         try:
             yield from frames
         except GeneratorExit:  # the client left: its task was cancelled, forget it once it ends
-            threading.Thread(
-                target=self._forget_when_finished,
-                args=(task_id, response_id, client_id),
-                name="lmsp-forget",
-                daemon=True,
-            ).start()
+            self.forget_when_finished(task_id, response_id, client_id)
             raise
         task = self.deps.store.get_task(task_id, client_id)
         if task["status"] in FINISHED_TASK_STATES:
             self.forget(response_id, client_id)
+
+    def forget_when_finished(self, task_id: str, response_id: str, client_id: str | None) -> None:
+        """``store: false`` with nobody left to deliver it to: delete the response once its
+        task has ended (in a thread, or a greenlet under gevent)."""
+        threading.Thread(
+            target=self._forget_when_finished, args=(task_id, response_id, client_id), name="lmsp-forget", daemon=True
+        ).start()
 
     def _forget_when_finished(self, task_id: str, response_id: str, client_id: str | None) -> None:
         """``store: false`` with nobody left to deliver it to: delete the response when its
