@@ -207,8 +207,17 @@ class RuntimeAPI(Protocol):
 
     def model_object(self, model_id: str) -> dict[str, Any]: ...
 
-    def embed(self, model_id: str, inputs: list[str | list[int]]) -> dict[str, Any]:
-        """``{"vectors", "prompt_tokens"}``: the inputs' normalized embeddings, in order."""
+    def embed(
+        self,
+        model_id: str,
+        inputs: list[str | list[int]],
+        *,
+        client_id: str | None = None,
+        max_unfinished: int | None = None,
+    ) -> dict[str, Any]:
+        """``{"vectors", "prompt_tokens", "task_id"}``: the inputs' normalized embeddings,
+        in order, computed as a task of the store (of ``client_id``, under its cap on
+        unfinished tasks)."""
         ...
 
     def list_models(self) -> list[dict[str, Any]]: ...

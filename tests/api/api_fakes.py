@@ -30,6 +30,7 @@ class ScriptedRuntime:
         self.text = text
         self.cancels: list[str] = []
         self.checked: list[dict[str, str]] = []
+        self.embedded: list[dict[str, Any]] = []  # the task of each embeddings request, while it ran
 
     # what the web layer calls
     def create_task(self, new: NewTask) -> CreatedTask:
@@ -81,8 +82,10 @@ class ScriptedRuntime:
         model.pop("path", None)
         return model
 
-    def embed(self, model_id: str, inputs: list[str | list[int]]) -> dict[str, Any]:
-        """Vectors of 4 numbers from each input's length, normalized: the API's shapes only."""
+    def embed(self, model_id: str, inputs: list[str | list[int]], *, client_id: str | None = None,
+              max_unfinished: int | None = None) -> dict[str, Any]:
+        """Vectors of 4 numbers from each input's length, normalized, made by a task of the
+        store as the real runtime makes them (created running, ended, deleted)."""
         self.model_object(model_id)
         vectors, n = [], 0
         for value in inputs:
@@ -93,7 +96,16 @@ class ScriptedRuntime:
             raw = [1.0, float(size), 0.5, -1.0]
             norm = sum(x * x for x in raw) ** 0.5
             vectors.append([x / norm for x in raw])
-        return {"vectors": vectors, "prompt_tokens": n}
+        created = self.store.create_task(client_id=client_id, model=model_id, request={"inputs": len(inputs)},
+                                         on_restart="fail", background=False, stream=False, kind="embedding",
+                                         claim=(OWNER, 5.0), max_unfinished=max_unfinished)
+        assert created["task"] is not None and created["response"] is not None
+        task_id = created["task"]["id"]
+        self.embedded.append(self.store.get_task(task_id))  # what a reader of /v1/tasks saw meanwhile
+        self.store.append_step(OWNER, [{"task_id": task_id, "finish": "stop",
+                                        "usage": {"input_tokens": n, "output_tokens": 0}}])
+        self.store.delete_response(created["response"]["id"])
+        return {"vectors": vectors, "prompt_tokens": n, "task_id": task_id}
 
     def list_models(self) -> list[dict[str, Any]]:
         return [self.model_object(m["id"]) for m in self.store.list_models()]

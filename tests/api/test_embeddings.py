@@ -63,3 +63,10 @@ def test_over_the_context_unknown_model_and_scope(user, app, store):
     assert_error(embed(user, model="nope"), 404, "not_found", param="model")
     reader = Api(app, make_client(store, ["responses:read"], "reader")[1])
     assert_error(embed(reader), 403, "insufficient_scope")
+
+
+def test_an_embeddings_request_is_a_task_of_the_store_deleted_once_answered(user, scripted, store):
+    assert embed(user, input=["a", "b"]).status_code == 200
+    task = scripted.embedded[-1]
+    assert task["status"] == "running" and task["on_restart"] == "fail" and task["response_id"].startswith("embd-")
+    assert store.list_tasks()["data"] == []  # deleted once answered

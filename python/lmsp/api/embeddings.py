@@ -1,8 +1,8 @@
 """OpenAI's Embeddings (LMSP B.11): ``POST /v1/embeddings``.
 
 Inputs are texts or token ids; the model pools and normalizes each
-(:mod:`lmsp.runtime.embeddings`), many in one pass, and the answer comes at
-once: an embedding is computed within its request, not as a task.
+(:mod:`lmsp.runtime.embeddings`), many in one pass, as a task of the store that
+the request runs itself (restart policy ``fail``, deleted once answered).
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ import falcon
 
 from lmsp.errors import InvalidRequest
 
-from .common import Deps, get_int, get_str, reject_unknown, set_json
+from lmsp.auth import is_admin
+
+from .common import Deps, caller, get_int, get_str, reject_unknown, set_json
 from .completions import _token_ids
 from .openai_shapes import embedding_list
 from .responses import MAX_TEXT, ResponsesService
@@ -74,7 +76,9 @@ class EmbeddingsResource:
         dimensions = get_int(body, "dimensions", minimum=1)
         get_str(body, "user", allow_empty=True, max_len=512)
         self.service.check_serving(model)
-        result = self.deps.runtime.embed(model, inputs)
+        client = caller(req)
+        cap = None if is_admin(client) else (self.deps.config.max_unfinished_per_client or None)
+        result = self.deps.runtime.embed(model, inputs, client_id=client["id"], max_unfinished=cap)
         vectors = result["vectors"]
         size = len(vectors[0]) if vectors else 0
         if dimensions is not None and dimensions != size:

@@ -15,7 +15,9 @@ from .idempotency import IdempotencyArea, answer_keys
 from .worker import claim_record
 
 #: the id prefix of a task's response by its kind (LMSP B.1, B.11)
-ID_PREFIXES = {"response": "resp_", "chat.completion": "chatcmpl-", "text_completion": "cmpl-"}
+ID_PREFIXES = {"response": "resp_", "chat.completion": "chatcmpl-", "text_completion": "cmpl-", "embedding": "embd-"}
+# tasks that the worker which makes them runs at once: always claimed by it at creation
+HELD_KINDS = ("embedding",)
 
 
 class TasksArea(IdempotencyArea):
@@ -51,10 +53,10 @@ class TasksArea(IdempotencyArea):
         for a new task, else ``(status_code, body)`` to send again (nothing was
         created); ``claim`` is what :meth:`claim` returns for one task when the
         new task was claimed, else None. ``response`` is the response as
-        created (``queued``). ``kind``: what the client asked for, which names the
-        response's id (``resp_``, ``chatcmpl-``, ``cmpl-``: :data:`ID_PREFIXES`).
+        created (``queued``). ``kind`` names the response's id (:data:`ID_PREFIXES`);
+        one of :data:`HELD_KINDS` (no scheduler runs it) is always claimed by ``claim``.
         """
-        request_text = self._request_text(model, request, on_restart)
+        request_text = self._request_text(model, request, on_restart, kind, claim)
         with self._db.write() as conn:
             now = self._clock()
             if idempotency is not None:
@@ -67,7 +69,8 @@ class TasksArea(IdempotencyArea):
                 conn, client_id, model, request_text, on_restart, background, stream, now, kind
             )
             body = self._render_response(conn, response, task)
-            taken = None if claim is None else self._claim_new(conn, task, response, claim, now)
+            first = kind not in HELD_KINDS  # else claimed whatever waits
+            taken = None if claim is None else self._claim_new(conn, task, response, claim, now, after_older=first)
             self._save(conn, task)
             if idempotency is not None:
                 self._remember_task_key(conn, client_id, idempotency, task["id"], body if background else None, now)
@@ -82,8 +85,10 @@ class TasksArea(IdempotencyArea):
         return out
 
     @staticmethod
-    def _request_text(model: str, request: dict, on_restart: str) -> str:
+    def _request_text(model: str, request: dict, on_restart: str, kind: str, claim: tuple | None) -> str:
         """The request as stored, once its model and restart policy are checked."""
+        if kind in HELD_KINDS and claim is None:
+            raise ValueError(f"a task of kind {kind} is created claimed by the worker that runs it")
         if on_restart not in st.POLICIES:
             raise InvalidRequest(f"on_restart must be one of {', '.join(st.POLICIES)}", param="on_restart")
         if not isinstance(request, dict):
@@ -142,13 +147,21 @@ class TasksArea(IdempotencyArea):
         return task, response
 
     def _claim_new(
-        self, conn: sqlite3.Connection, task: dict, response: sqlite3.Row, claim: tuple[str, float], now: float
+        self,
+        conn: sqlite3.Connection,
+        task: dict,
+        response: sqlite3.Row,
+        claim: tuple[str, float],
+        now: float,
+        *,
+        after_older: bool = True,
     ) -> tuple[ClaimRecord, StepState] | None:
         """``claim=(owner, lease)`` takes the new task and starts it, unless older tasks wait
-        to be claimed; returns its claim and the step state it leaves (its first step
-        then needs no read), or None."""
+        to be claimed (``after_older``); returns its claim and the step state it leaves
+        (its first step then needs no read), or None."""
         if (
-            conn.execute(f"SELECT 1 FROM tasks WHERE {CLAIMABLE_SQL} AND id != ? LIMIT 1", (task["id"],)).fetchone()
+            after_older
+            and conn.execute(f"SELECT 1 FROM tasks WHERE {CLAIMABLE_SQL} AND id != ? LIMIT 1", (task["id"],)).fetchone()
             is not None
         ):
             return None
