@@ -414,7 +414,7 @@ def _other_paths(op: Maker, idempotency: JSON, body_errors: tuple[str, ...]) -> 
                 },
                 scope="responses:write",
                 body="CreateEmbedding",
-                errors=body_errors + ("404", "409"),
+                errors=body_errors + ("404", "409", "429"),
             ),
         },
     }
