@@ -100,16 +100,14 @@ def test_stream_without_usage_has_no_usage_chunk(user):
 
 
 def test_length_is_the_finish_reason_when_the_cap_stops_it(user, scripted):
-    scripted.auto = False
-    result_holder = {}
-
     def run():
         for claim in scripted.start_all():
             scripted.finish(claim["task_id"], "cut", finish="length")
 
     scripted.notify_queued = run  # type: ignore[method-assign]
-    result_holder["r"] = chat(user, max_completion_tokens=1)
-    assert result_holder["r"].json["choices"][0]["finish_reason"] == "length"
+    assert chat(user, max_completion_tokens=1).json["choices"][0]["finish_reason"] == "length"
+    frames = parse_sse(chat(user, max_completion_tokens=1, stream=True).text)
+    assert [f["data"]["choices"][0]["finish_reason"] for f in frames[:-1]][-1] == "length"
 
 
 def test_a_failed_task_is_an_error(user, scripted):
