@@ -107,9 +107,16 @@ def event_stream(
     ``unauthorized`` error event, and the task runs on.
     """
     stream = _Stream(
-        store, runtime, task_id, after=after, client_id=client_id, monotonic=monotonic, poll=poll, authorized=authorized
+        store,
+        runtime,
+        task_id,
+        after=after,
+        client_id=client_id,
+        monotonic=monotonic,
+        poll=poll,
+        authorized=authorized,
+        framing=framing,
     )
-    stream.framing = framing
     try:
         yield from stream.frames(heartbeat)
     except LMSPError as exc:
@@ -141,6 +148,7 @@ class _Stream:
         monotonic: Callable[[], float],
         poll: float,
         authorized: Callable[[], bool] | None,
+        framing: Framing = SSE_FRAMES,
     ) -> None:
         self.store = store
         self.runtime = runtime
@@ -154,7 +162,7 @@ class _Stream:
         self.checked = False  # the store has answered once: the task exists and the client may read it
         self.since = runtime.commit_generation()  # the runtime's commit generation before the last read
         self.finished = False  # ended on purpose (not abandoned by its reader)
-        self.framing = SSE_FRAMES
+        self.framing = framing
         self.busy_since: float | None = None
         self.last_write = self.last_auth = monotonic()
 
