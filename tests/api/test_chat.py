@@ -247,3 +247,21 @@ def test_a_stream_whose_client_leaves_cancels_its_task(app, user, scripted, stor
 def test_the_service_lists_the_openai_endpoints(anon):
     capabilities = anon.get("/v1/service").json["capabilities"]
     assert {"chat.completions", "completions", "embeddings"} <= set(capabilities)
+
+
+def test_chunks_of_a_failed_or_cancelled_task_end_with_an_error_object():
+    import json
+
+    from lmsp.api.events import stopping_frame
+    from lmsp.api.openai_shapes import ChunkFraming
+
+    framing = ChunkFraming("chat.completion", {"id": "chatcmpl-1", "created_at": 1, "model": "tiny"})
+    assert framing.event({"type": "task.running"}) == b""  # the task's own events are not chunks
+    failed = framing.event({"type": "response.failed",
+                            "response": {"error": {"code": "server_restarted", "message": "gone"}}})
+    assert failed.startswith(b"data: ") and b"[DONE]" not in failed
+    assert json.loads(failed[len(b"data: "):])["error"]["code"] == "server_restarted"
+    cancelled = json.loads(framing.event({"type": "response.cancelled"})[len(b"data: "):])
+    assert cancelled["error"]["code"] == "cancelled"
+    stopping = json.loads(stopping_frame(7, framing)[len(b"data: "):])
+    assert stopping["error"]["code"] == "server_stopping" and "7" in stopping["error"]["message"]
