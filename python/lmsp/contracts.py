@@ -207,6 +207,11 @@ class RuntimeAPI(Protocol):
 
     def model_object(self, model_id: str) -> dict[str, Any]: ...
 
+    def detokenize(self, model_id: str, tokens: list[int]) -> str:
+        """The text of token ids in the model's vocabulary (the model loaded first when it
+        is not); InvalidRequest for an id outside it."""
+        ...
+
     def embed(
         self,
         model_id: str,

@@ -82,6 +82,11 @@ class ScriptedRuntime:
         model.pop("path", None)
         return model
 
+    def detokenize(self, model_id: str, tokens: list[int]) -> str:
+        """Token id N is the text "<N>"."""
+        self.model_object(model_id)
+        return "".join(f"<{t}>" for t in tokens)
+
     def embed(self, model_id: str, inputs: list[str | list[int]], *, client_id: str | None = None,
               max_unfinished: int | None = None) -> dict[str, Any]:
         """Vectors of 4 numbers from each input's length, normalized, made by a task of the

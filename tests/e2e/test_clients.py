@@ -93,6 +93,16 @@ def test_openai_completions_on_a_base_model(client):
     assert "".join(c.choices[0].text for c in streamed if c.choices) == plain.choices[0].text
 
 
+def test_openai_completions_of_token_ids_with_echo(client, catalog_model):
+    from lmsp.native import Engine
+
+    with Engine(str(catalog_model(BASE)), n_ctx=64, n_parallel=1, n_threads=1) as engine:
+        ids = engine.tokenize("The capital of France is", True, True)
+    plain = client.completions.create(model=BASE, prompt="The capital of France is", temperature=0, max_tokens=8)
+    echoed = client.completions.create(model=BASE, prompt=ids, temperature=0, max_tokens=8, echo=True)
+    assert echoed.choices[0].text == "The capital of France is" + plain.choices[0].text
+
+
 def test_openai_embeddings(client):
     # the package asks for base64 and decodes it
     result = client.embeddings.create(model=CHAT, input=["Paris is in France.", "The cat sleeps."])

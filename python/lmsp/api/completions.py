@@ -86,8 +86,6 @@ def parse_completion(body: dict[str, Any], config: Any, random_seed: Callable[[]
     prompts = parse_prompts(body["prompt"])
     suffix = get_str(body, "suffix", allow_empty=True, max_len=MAX_TEXT)
     echo = get_bool(body, "echo")
-    if echo and not all(isinstance(p, str) for p in prompts):
-        raise InvalidRequest("'echo' needs a text prompt (not token ids)", param="echo")
     if echo and suffix is not None:
         raise InvalidRequest("'echo' cannot be used with 'suffix'", param="echo")
     stream = get_bool(body, "stream")
@@ -134,7 +132,7 @@ class CompletionsResource:
         deps = self.deps
         body = deps.body(req)
         every = parse_completion(body, deps.config, deps.random_seed)
-        echoes = [p.request["prompt"] if p.request["echo"] else "" for p in every]
+        echoes = [self._echo(p.request) for p in every]
         if len(every) > 1:
             if idempotency.key_of(req) is not None:
                 raise InvalidRequest(
@@ -154,6 +152,16 @@ class CompletionsResource:
             lambda response: text_completion(response, echoes[0]),
             lambda created: ChunkFraming("text_completion", created, include_usage=usage, echo=echoes[0]),
         )
+
+    def _echo(self, request: dict[str, Any]) -> str:
+        """The text ``echo`` puts in front of the output: the prompt, its token ids as text."""
+        if not request["echo"]:
+            return ""
+        prompt = request["prompt"]
+        if isinstance(prompt, str):
+            return prompt
+        text: str = self.deps.runtime.detokenize(request["model"], prompt)
+        return text
 
 
 def merged(completions: list[dict[str, Any]]) -> dict[str, Any]:

@@ -212,17 +212,8 @@ SCHEMAS: JSON = {
                     },
                 }
             },
-            # echo: with a text prompt, without suffix
+            # echo: without suffix
             {"not": {"required": ["echo", "suffix"], "properties": {"echo": {"const": True}, "suffix": STR}}},
-            {
-                "not": {
-                    "required": ["echo", "prompt"],
-                    "properties": {
-                        "echo": {"const": True},
-                        "prompt": {"type": "array", "contains": {"not": {"type": "string"}}},
-                    },
-                }
-            },
         ]
     },
     "TextCompletion": {

@@ -102,7 +102,8 @@ class Runtime:
         self.model_object = self.models.object
         self.list_models = self.models.objects
         self.check_model_files = self.models.check_files
-        self.embed = self.embeddings.embed  # embeddings, computed at once (no task)
+        self.embed = self.embeddings.embed  # embeddings, each request a task it runs itself
+        self.detokenize = self.embeddings.detokenize
 
     @property
     def owner(self) -> str | None:

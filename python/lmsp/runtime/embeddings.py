@@ -78,6 +78,16 @@ class Embeddings:
             raise cancelled
         return {"vectors": [list(map(float, row)) for row in vectors], "prompt_tokens": n, "task_id": task_id}
 
+    def detokenize(self, model_id: str, tokens: Sequence[int]) -> str:
+        """The text of token ids (a completion's echoed prompt); InvalidRequest for an id
+        outside the vocabulary."""
+        engine = self._engine(model_id)
+        try:
+            check_vocabulary(list(tokens), engine.n_vocab)
+        except ValueError as exc:
+            raise InvalidRequest(f"'prompt': {exc}", param="prompt") from None
+        return str(engine.detokenize(list(tokens)))
+
     def _engine(self, model_id: str) -> Engine:
         engine = self.state.registry.engine(model_id)
         if engine is None:
