@@ -103,7 +103,7 @@ class Runtime:
         self.list_models = self.models.objects
         self.check_model_files = self.models.check_files
         self.embed = self.embeddings.embed  # embeddings, each request a task it runs itself
-        self.detokenize = self.embeddings.detokenize
+        self.detokenize = self.models.detokenize
 
     @property
     def owner(self) -> str | None:

@@ -51,7 +51,7 @@ class Embeddings:
         the vocabulary, ContextLengthExceeded for an input longer than the context (no
         task is made for either); ``max_unfinished``: the client's cap on its unfinished
         tasks (RateLimited beyond)."""
-        engine = self._engine(model_id)
+        engine = self.models.engine(model_id)
         tokens = [self._tokens(engine, value, i) for i, value in enumerate(inputs)]
         for i, ids in enumerate(tokens):
             if len(ids) > engine.n_ctx:
@@ -77,25 +77,6 @@ class Embeddings:
             cancelled.status = 409
             raise cancelled
         return {"vectors": [list(map(float, row)) for row in vectors], "prompt_tokens": n, "task_id": task_id}
-
-    def detokenize(self, model_id: str, tokens: Sequence[int]) -> str:
-        """The text of token ids (a completion's echoed prompt); InvalidRequest for an id
-        outside the vocabulary."""
-        engine = self._engine(model_id)
-        try:
-            check_vocabulary(list(tokens), engine.n_vocab)
-        except ValueError as exc:
-            raise InvalidRequest(f"'prompt': {exc}", param="prompt") from None
-        return str(engine.detokenize(list(tokens)))
-
-    def _engine(self, model_id: str) -> Engine:
-        engine = self.state.registry.engine(model_id)
-        if engine is None:
-            self.models.load(model_id)
-            engine = self.state.registry.engine(model_id)
-            if engine is None:  # unloaded again meanwhile
-                engine = offload(self.state.registry.load, model_id)
-        return engine
 
     def _begin(
         self, model_id: str, count: int, n: int, client_id: str | None, max_unfinished: int | None
