@@ -60,6 +60,7 @@ def routes(deps: Deps) -> list[tuple[str, object]]:
         ("/v1/tasks/{task_id}/events", tasks.TaskEventsResource(deps, svc)),
         ("/v1/chat/completions", chat.ChatCompletionsResource(deps, svc)),
         ("/v1/chat/completions/{completion_id}", chat.ChatCompletionResource(deps)),
+        ("/v1/chat/completions/{completion_id}/messages", chat.ChatCompletionMessagesResource(deps)),
         ("/v1/completions", completions.CompletionsResource(deps, svc)),
         ("/v1/embeddings", embeddings.EmbeddingsResource(deps)),
     ]

@@ -265,3 +265,19 @@ def test_chunks_of_a_failed_or_cancelled_task_end_with_an_error_object():
     assert cancelled["error"]["code"] == "cancelled"
     stopping = json.loads(stopping_frame(7, framing)[len(b"data: "):])
     assert stopping["error"]["code"] == "server_stopping" and "7" in stopping["error"]["message"]
+
+
+def test_a_stored_completions_messages_are_listed(user, other):
+    messages = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": [
+        {"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]}]
+    cid = chat(user, messages=messages, store=True).json["id"]
+    page = user.get(f"/v1/chat/completions/{cid}/messages").json
+    assert [(m["role"], m["content"]) for m in page["data"]] == [("system", "Be brief."), ("user", "Hi there")]
+    assert page["data"][0]["id"] == f"{cid}-0" and page["has_more"] is False
+    first = user.get(f"/v1/chat/completions/{cid}/messages", params={"limit": 1, "order": "desc"}).json
+    assert [m["content"] for m in first["data"]] == ["Hi there"] and first["has_more"] is True
+    rest = user.get(f"/v1/chat/completions/{cid}/messages",
+                    params={"order": "desc", "after": first["last_id"]}).json
+    assert [m["content"] for m in rest["data"]] == ["Be brief."]
+    assert_error(other.get(f"/v1/chat/completions/{cid}/messages"), 404, "not_found")
+    assert_error(user.get(f"/v1/chat/completions/{cid}/messages", params={"after": "x"}), 400, "invalid_request")

@@ -76,6 +76,8 @@ def test_openai_stored_chat_completions_are_retrieved_listed_and_deleted(client)
     again = client.chat.completions.retrieve(made[0].id)
     assert again.choices[0].message.content == made[0].choices[0].message.content
     assert again.metadata == {"n": "0"}
+    said = [(m.role, m.content) for m in client.chat.completions.messages.list(made[0].id)]
+    assert said == [("system", SYSTEM), ("user", QUESTION)]
     listed = [c.id for c in client.chat.completions.list(limit=2)]  # every page, oldest first
     assert listed[-3:] == [c.id for c in made]
     deleted = client.chat.completions.delete(made[0].id)

@@ -270,3 +270,42 @@ class ChatCompletionResource:
         check_chat_id(completion_id)
         self.deps.store.delete_response(completion_id, owner_filter(req))
         set_json(resp, {"id": completion_id, "object": "chat.completion.deleted", "deleted": True})
+
+
+class ChatCompletionMessagesResource:
+    """``GET /v1/chat/completions/{id}/messages``: a stored completion's messages, as the
+    task keeps them (each content one text), oldest first unless ``order=desc``."""
+
+    scopes = {"GET": "responses:read"}
+
+    def __init__(self, deps: Deps) -> None:
+        self.deps = deps
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response, completion_id: str) -> None:
+        check_chat_id(completion_id)
+        limit = query_int(req, "limit", default=20, minimum=1, maximum=100)
+        order = query_str(req, "order", choices=("asc", "desc")) or "asc"
+        after = query_str(req, "after")
+        request = self.deps.store.get_request(completion_id, owner_filter(req))
+        messages = [
+            {"id": f"{completion_id}-{i}", "role": m["role"], "content": m["content"], "content_parts": None}
+            for i, m in enumerate(request.get("input") or [])
+        ]
+        if order == "desc":
+            messages.reverse()
+        ids = [m["id"] for m in messages]
+        if after is not None:
+            if after not in ids:
+                raise InvalidRequest("'after' must be the id of one of the completion's messages", param="after")
+            messages = messages[ids.index(after) + 1 :]
+        data = messages[:limit]
+        set_json(
+            resp,
+            {
+                "object": "list",
+                "data": data,
+                "has_more": len(messages) > limit,
+                "first_id": data[0]["id"] if data else None,
+                "last_id": data[-1]["id"] if data else None,
+            },
+        )

@@ -151,6 +151,18 @@ SCHEMAS: JSON = {
             "last_id": nullable(STR),
         }
     ),
+    "ChatCompletionMessageList": obj(
+        {
+            "object": {"const": "list"},
+            "data": {
+                "type": "array",
+                "items": obj({"id": STR, "role": {"enum": ["system", "user", "assistant"]}, "content": STR}),
+            },
+            "has_more": {"type": "boolean"},
+            "first_id": nullable(STR),
+            "last_id": nullable(STR),
+        }
+    ),
     "DeletedChatCompletion": obj(
         {"id": STR, "object": {"const": "chat.completion.deleted"}, "deleted": {"const": True}}
     ),
@@ -312,11 +324,14 @@ Maker = Callable[..., JSON]
 
 def paths(op: Maker, param: Maker, idempotency: JSON, body_errors: tuple[str, ...]) -> JSON:
     """The paths, made with :mod:`.openapi`'s helpers (``op``: its ``_op``, ``param``: its ``_param``)."""
-    return {**_chat_paths(op, param, idempotency), **_other_paths(op, idempotency, body_errors)}
+    return {
+        **_chat_paths(op, param, idempotency),
+        **_stored_chat_paths(op, param),
+        **_other_paths(op, idempotency, body_errors),
+    }
 
 
 def _chat_paths(op: Maker, param: Maker, idempotency: JSON) -> JSON:
-    chat_id = param("completion_id", "path", text(0, 100, "^chatcmpl-"), "An id starting with `chatcmpl-`.")
     create = {"scope": "responses:write", "params": (idempotency,)}
     return {
         "/v1/chat/completions": {
@@ -353,6 +368,12 @@ def _chat_paths(op: Maker, param: Maker, idempotency: JSON) -> JSON:
                 errors=("400",),
             ),
         },
+    }
+
+
+def _stored_chat_paths(op: Maker, param: Maker) -> JSON:
+    chat_id = param("completion_id", "path", text(0, 100, "^chatcmpl-"), "An id starting with `chatcmpl-`.")
+    return {
         "/v1/chat/completions/{completion_id}": {
             "get": op(
                 "A stored chat completion",
@@ -372,6 +393,25 @@ def _chat_paths(op: Maker, param: Maker, idempotency: JSON) -> JSON:
                 scope="responses:write",
                 params=(chat_id,),
                 errors=("404", "409"),
+            ),
+        },
+        "/v1/chat/completions/{completion_id}/messages": {
+            "get": op(
+                "A stored chat completion's messages (oldest first unless `order=desc`)",
+                {
+                    "200": {
+                        "description": "A page",
+                        "content": {"application/json": {"schema": ref("ChatCompletionMessageList")}},
+                    }
+                },
+                scope="responses:read",
+                params=(
+                    chat_id,
+                    param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 100, "default": 20}),
+                    param("after", "query", STR, "The last id of the previous page."),
+                    param("order", "query", {"enum": ["asc", "desc"]}),
+                ),
+                errors=("400", "404"),
             ),
         },
     }

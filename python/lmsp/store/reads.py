@@ -4,6 +4,7 @@ streams replay. Each is one deferred transaction that writes nothing (see
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from typing import Callable, Iterable
 
@@ -37,6 +38,11 @@ class ReadsArea(StoreBase):
             response = self._response_row(conn, response_id, client_id)
             task = dict(conn.execute(TASK_SELECT + " WHERE response_id = ?", (response_id,)).fetchone())
             return self._render_response(conn, response, task)
+
+    def get_request(self, response_id: str, client_id: str | None = None) -> dict:
+        """The request of a response as its task keeps it (JSON, as the web layer checked it)."""
+        with self._db.read() as conn:
+            return dict(json.loads(self._response_row(conn, response_id, client_id)["request"]))
 
     @staticmethod
     def _page(conn: sqlite3.Connection, sql: str, args: list, limit: int, render: Callable[[str], dict]) -> dict:
