@@ -16,6 +16,10 @@ namespace lmsp {
 
 namespace {
 constexpr int32_t kMaxSequencesPerPass = 64;
+// llama.cpp computes the output layer for every token of an embeddings pass and
+// keeps buffers for the largest pass, n_vocab floats a row: passes hold at most
+// this many rows (an input longer than that passes alone).
+constexpr int64_t kPassRows = 256;
 }  // namespace
 
 Embedder::Embedder(llama_model * model, int32_t n_ctx, int32_t n_threads) : n_ctx_(n_ctx) {
@@ -55,6 +59,11 @@ void Embedder::make_context(llama_model * model, int32_t n_threads, enum llama_p
     if (!ctx_) throw NativeFailure("cannot create the embeddings context of " + std::to_string(n_ctx_) + " tokens");
 }
 
+bool Embedder::oversized() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return largest_pass_ > kPassRows;
+}
+
 std::vector<std::vector<float>> Embedder::embed(const std::vector<std::vector<int32_t>> & inputs) {
     for (const auto & input : inputs) {
         if (input.empty()) throw InvalidArgument("an input to embed must have at least one token");
@@ -75,7 +84,7 @@ std::vector<std::vector<float>> Embedder::embed(const std::vector<std::vector<in
         bool reference;
         int64_t max_rows;
     };
-    Group groups[3] = {{{}, true, n_ctx_}, {{}, false, int64_t(kFaTileRows) - 1}, {{}, false, n_ctx_}};
+    Group groups[3] = {{{}, true, kPassRows}, {{}, false, int64_t(kFaTileRows) - 1}, {{}, false, kPassRows}};
     for (size_t i = 0; i < inputs.size(); ++i) {
         const size_t n = inputs[i].size();
         groups[n < kMinTiledRows ? 0 : n < kFaTileRows ? 1 : 2].members.push_back(i);
@@ -87,12 +96,14 @@ std::vector<std::vector<float>> Embedder::embed(const std::vector<std::vector<in
         while (first < m.size()) {
             size_t count = 0;
             int64_t used = 0;
+            const int64_t rows = std::max(group.max_rows, int64_t(inputs[m[first]].size()));
             while (first + count < m.size() && int32_t(count) < n_seq_ &&
-                   used + int64_t(inputs[m[first + count]].size()) <= group.max_rows) {
+                   used + int64_t(inputs[m[first + count]].size()) <= rows) {
                 used += int64_t(inputs[m[first + count]].size());
                 ++count;
             }
             run_pass(inputs, std::vector<size_t>(m.begin() + first, m.begin() + first + count), out);
+            largest_pass_ = std::max(largest_pass_, used);
             first += count;
         }
     }
@@ -144,7 +155,13 @@ std::vector<std::vector<float>> Engine::embed(const std::vector<std::vector<int3
         }
         embedder = embedder_;
     }
-    return embedder->embed(inputs);
+    std::vector<std::vector<float>> out = embedder->embed(inputs);
+    if (embedder->oversized()) {
+        // a pass of one long input grew its buffers: free them (a pass under way keeps its own)
+        std::lock_guard<std::mutex> lk(embedder_mu_);
+        if (embedder_ == embedder) embedder_.reset();
+    }
+    return out;
 }
 
 void Engine::close_embedder() {

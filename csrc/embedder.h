@@ -24,6 +24,8 @@ public:
     // One vector per input, in order; inputs are batched, many to a pass.
     std::vector<std::vector<float>> embed(const std::vector<std::vector<int32_t>> & inputs);
     int32_t n_embd() const { return n_embd_; }
+    // a pass was longer than the usual ones (one long input): its buffers are that large
+    bool oversized() const;
 
 private:
     void make_context(llama_model * model, int32_t n_threads, enum llama_pooling_type pooling);
@@ -34,13 +36,14 @@ private:
         void operator()(llama_context * c) const { llama_free(c); }
     };
 
-    std::mutex mu_;  // one pass at a time
+    mutable std::mutex mu_;  // one pass at a time
     std::unique_ptr<llama_context, ContextDeleter> ctx_;
     llama_batch batch_{};
     bool batch_allocated_ = false;
     int32_t n_ctx_ = 0;
     int32_t n_seq_ = 0;
     int32_t n_embd_ = 0;
+    int64_t largest_pass_ = 0;  // rows of the largest pass so far
     enum llama_pooling_type pooling_ = LLAMA_POOLING_TYPE_MEAN;
 };
 

@@ -58,3 +58,11 @@ def test_the_engine_generates_beside_embeddings(make_engine):
 
 def test_fim_tokens_are_listed(engine: Engine):
     assert engine.info["fim_tokens"] == []  # the demo model has none
+
+
+def test_a_long_input_passes_alone_and_the_next_call_gives_the_same_vectors(engine: Engine):
+    short = [engine.tokenize("a short input", True, False)]
+    before = engine.embed(short)
+    long = [[1 + i % 50 for i in range(400)]]  # longer than a usual pass: its buffers are freed after it
+    assert engine.embed(long + short).shape[0] == 2
+    assert float(engine.embed(short)[0] @ before[0]) > 0.999999
