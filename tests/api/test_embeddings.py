@@ -70,3 +70,13 @@ def test_an_embeddings_request_is_a_task_of_the_store_deleted_once_answered(user
     task = scripted.embedded[-1]
     assert task["status"] == "running" and task["on_restart"] == "fail" and task["response_id"].startswith("embd-")
     assert store.list_tasks()["data"] == []  # deleted once answered
+
+
+def test_an_idempotency_key_replays_the_answer(user, scripted):
+    headers = {"Idempotency-Key": "emb-1"}
+    first = user.post("/v1/embeddings", json={"model": "tiny", "input": ["a b", "c"]}, headers=headers)
+    again = user.post("/v1/embeddings", json={"model": "tiny", "input": ["a b", "c"]}, headers=headers)
+    assert again.headers.get("Idempotent-Replayed") == "true" and again.json == first.json
+    assert len(scripted.embedded) == 1  # computed once
+    other = user.post("/v1/embeddings", json={"model": "tiny", "input": "x"}, headers=headers)
+    assert_error(other, 422, "idempotency_key_reused")

@@ -11,11 +11,11 @@ from typing import Any
 
 import falcon
 
+from lmsp.auth import is_admin
 from lmsp.errors import InvalidRequest
 
-from lmsp.auth import is_admin
-
-from .common import Deps, caller, get_int, get_str, reject_unknown, set_json
+from . import idempotency
+from .common import Deps, caller, get_int, get_str, reject_unknown
 from .completions import _token_ids
 from .openai_shapes import embedding_list
 from .responses import MAX_TEXT, ResponsesService
@@ -78,11 +78,16 @@ class EmbeddingsResource:
         self.service.check_serving(model)
         client = caller(req)
         cap = None if is_admin(client) else (self.deps.config.max_unfinished_per_client or None)
-        result = self.deps.runtime.embed(model, inputs, client_id=client["id"], max_unfinished=cap)
-        vectors = result["vectors"]
-        size = len(vectors[0]) if vectors else 0
-        if dimensions is not None and dimensions != size:
-            raise InvalidRequest(
-                f"'dimensions' must be the model's {size}: embeddings are not shortened", param="dimensions"
-            )
-        set_json(resp, embedding_list(model, vectors, int(result["prompt_tokens"]), encoding))
+
+        def act() -> idempotency.Answer:
+            result = self.deps.runtime.embed(model, inputs, client_id=client["id"], max_unfinished=cap)
+            vectors = result["vectors"]
+            size = len(vectors[0]) if vectors else 0
+            if dimensions is not None and dimensions != size:
+                raise InvalidRequest(
+                    f"'dimensions' must be the model's {size}: embeddings are not shortened", param="dimensions"
+                )
+            return 200, embedding_list(model, vectors, int(result["prompt_tokens"]), encoding)
+
+        # an Idempotency-Key keeps the answer for a retry (B.8)
+        idempotency.answer(self.deps.store, req, resp, client["id"], body, act)
