@@ -444,8 +444,9 @@ def _other_paths(op: Maker, idempotency: JSON, body_errors: tuple[str, ...]) -> 
                     }
                 },
                 scope="responses:write",
+                params=(idempotency,),
                 body="CreateEmbedding",
-                errors=body_errors + ("404", "409", "429"),
+                errors=body_errors + ("404", "409", "422", "429"),
             ),
         },
     }
