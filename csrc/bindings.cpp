@@ -184,6 +184,7 @@ public:
         d["batch_invariant"] = engine_->batch_invariant();
         d["reference_kernels"] = engine_->reference_kernels();
         d["has_chat_template"] = engine_->has_chat_template();
+        d["fim_tokens"] = engine_->fim_tokens();
         return d;
     }
 
@@ -281,6 +282,28 @@ public:
         const py::ssize_t cols = engine_->n_vocab();
         py::array_t<float> out({rows, cols});
         std::memcpy(out.mutable_data(), logits.data(), logits.size() * sizeof(float));
+        return out;
+    }
+
+    // one row per input: the normalized embedding of its tokens
+    py::array_t<float> embed(const py::object & inputs) {
+        if (py::isinstance<py::str>(inputs) || !py::isinstance<py::sequence>(inputs)) {
+            throw py::type_error("inputs must be a sequence of token sequences");
+        }
+        std::vector<std::vector<int32_t>> seqs;
+        for (const py::handle & item : py::reinterpret_borrow<py::sequence>(inputs)) {
+            seqs.push_back(as_tokens(py::reinterpret_borrow<py::object>(item), "inputs"));
+        }
+        std::vector<std::vector<float>> vectors;
+        {
+            py::gil_scoped_release nogil;
+            vectors = engine_->embed(seqs);
+        }
+        const py::ssize_t cols = vectors.empty() ? 0 : py::ssize_t(vectors[0].size());
+        py::array_t<float> out({py::ssize_t(vectors.size()), cols});
+        for (size_t i = 0; i < vectors.size(); ++i) {
+            std::memcpy(out.mutable_data(py::ssize_t(i)), vectors[i].data(), vectors[i].size() * sizeof(float));
+        }
         return out;
     }
 
@@ -453,6 +476,7 @@ PYBIND11_MODULE(_native, m) {
         .def("fileno", [](PyEngine & s) { return s.e().fileno(); })
         .def("urgent_fileno", [](PyEngine & s) { return s.e().urgent_fileno(); })
         .def("eval_logits", &PyEngine::eval_logits, "tokens"_a)
+        .def("embed", &PyEngine::embed, "inputs"_a)
         .def("stats", &PyEngine::stats)
         .def("close", &PyEngine::close)
         .def("__enter__", [](py::object self) { return self; })

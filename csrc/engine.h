@@ -120,6 +120,7 @@ struct UnknownSequence : std::out_of_range {
 };
 
 struct Sequence;  // sequence.h
+class Embedder;   // embedder.h
 
 class Engine {
 public:
@@ -158,6 +159,10 @@ public:
     int fileno() const;         // readable while any result waits
     int urgent_fileno() const;  // readable while an urgent result waits
     std::vector<float> eval_logits(const std::vector<int32_t> & tokens);
+    // normalized embeddings, one per input (embedder.cpp)
+    std::vector<std::vector<float>> embed(const std::vector<std::vector<int32_t>> & inputs);
+    // the fill-in-the-middle tokens (prefix, suffix, middle); empty where the vocabulary lacks one
+    std::vector<int32_t> fim_tokens() const;
     EngineStats stats() const;
     void close();
     bool closed() const { return closed_.load(); }
@@ -184,6 +189,7 @@ private:
 
     // construction (engine_setup.cpp)
     void load_model(const std::string & model_path);
+    void close_embedder();
     void make_context(int32_t n_threads);
 
     // callers' threads (engine_calls.cpp)
@@ -254,6 +260,8 @@ private:
     bool batch_allocated_ = false;
     const llama_vocab * vocab_ = nullptr;
     std::unique_ptr<ChatTemplate> chat_template_;  // null: the model has none
+    std::mutex embedder_mu_;
+    std::shared_ptr<Embedder> embedder_;  // made by the first embed(); after model_, so freed before it
 
     // shared with callers, guarded by mu_
     mutable std::mutex mu_;

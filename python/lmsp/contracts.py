@@ -136,7 +136,8 @@ class NewTask:
     (what the task keeps), the prompt's ``messages`` (instructions first), whose
     client it is, and what the store needs to create it. ``idempotency``:
     ``(key, fingerprint)``; ``max_unfinished``: the client's cap on unfinished
-    tasks (None: none)."""
+    tasks (None: none); ``kind``: ``response``, ``chat.completion`` or
+    ``text_completion``, which names the response's id."""
 
     client_id: str | None
     model: str
@@ -147,6 +148,7 @@ class NewTask:
     stream: bool
     idempotency: tuple[str, str] | None = None
     max_unfinished: int | None = None
+    kind: str = "response"
 
     def creation(self) -> dict[str, Any]:
         """The arguments of ``Store.create_task`` for this task (all but ``claim``)."""
@@ -159,6 +161,7 @@ class NewTask:
             "stream": self.stream,
             "idempotency": self.idempotency,
             "max_unfinished": self.max_unfinished,
+            "kind": self.kind,
         }
 
 
@@ -206,6 +209,24 @@ class RuntimeAPI(Protocol):
         ...
 
     def model_object(self, model_id: str) -> dict[str, Any]: ...
+
+    def detokenize(self, model_id: str, tokens: list[int]) -> str:
+        """The text of token ids in the model's vocabulary (the model loaded first when it
+        is not); InvalidRequest for an id outside it."""
+        ...
+
+    def embed(
+        self,
+        model_id: str,
+        inputs: list[str | list[int]],
+        *,
+        client_id: str | None = None,
+        max_unfinished: int | None = None,
+    ) -> dict[str, Any]:
+        """``{"vectors", "prompt_tokens", "task_id"}``: the inputs' normalized embeddings,
+        in order, computed as a task of the store (of ``client_id``, under its cap on
+        unfinished tasks)."""
+        ...
 
     def list_models(self) -> list[dict[str, Any]]: ...
 

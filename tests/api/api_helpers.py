@@ -54,9 +54,11 @@ class Contract:
         if ctype == "application/json":
             self.validator(content[ctype]["schema"]).validate(result.json)
         elif ctype == "text/event-stream":
-            event = self.validator({"$ref": "#/components/schemas/Event"})
+            # LMSP's events, or the chunks the route documents (OpenAI's endpoints)
+            schema = content[ctype].get("x-event-schema", {"$ref": "#/components/schemas/Event"})
+            event = self.validator(schema)
             for frame in parse_sse(result.text):
-                if "data" in frame and frame.get("event") != "error":
+                if "data" in frame and frame.get("event") != "error" and frame["data"] != "[DONE]":
                     event.validate(frame["data"])
 
 
@@ -117,7 +119,8 @@ def parse_sse(text: str) -> list[dict]:
                 frame.setdefault("comment", line[1:].strip())
                 continue
             field, _, value = line.partition(": ")
-            frame[field] = json.loads(value) if field == "data" else value
+            # OpenAI's streams end with ``data: [DONE]``, which is not JSON
+            frame[field] = json.loads(value) if field == "data" and value != "[DONE]" else value
         frames.append(frame)
     return frames
 

@@ -37,7 +37,7 @@ from .common import (
     reject_unknown,
     set_json,
 )
-from .events import FINISHED_TASK_STATES, POLL_SECONDS, event_stream, start_sse
+from .events import FINISHED_TASK_STATES, POLL_SECONDS, SSE_FRAMES, Framing, event_stream, start_sse
 
 log = logging.getLogger("lmsp.api")
 
@@ -297,27 +297,32 @@ class ResponsesService:
     ) -> CreatedTask:
         """``limited``: the client's unfinished tasks are capped (``max_unfinished_per_client``;
         an admin's are not)."""
+        self.check_serving(parsed.model)
+        cap = (self.deps.config.max_unfinished_per_client or None) if limited else None
+        return self.deps.runtime.create_task(
+            replace(parsed, client_id=client_id, idempotency=idempotency_key, max_unfinished=cap)
+        )
+
+    def check_serving(self, model_id: str) -> None:
+        """Unavailable while the worker starts or stops; NotFound for a model that is not
+        registered, ModelChanged for one whose file changed or is missing."""
         runtime = self.deps.runtime
         if not runtime.ready or runtime.draining:
             raise Unavailable("the service is starting or shutting down; retry shortly", retry_after=1)
         try:
-            model = runtime.model_object(parsed.model)
+            model = runtime.model_object(model_id)
         except NotFound:
-            raise NotFound(f"model {parsed.model!r} is not registered", param="model") from None
+            raise NotFound(f"model {model_id!r} is not registered", param="model") from None
         if model.get("state") == "changed":
             raise ModelChanged(
-                f"the file of model {parsed.model!r} changed since it was registered; register it again", param="model"
+                f"the file of model {model_id!r} changed since it was registered; register it again", param="model"
             )
         if model.get("state") == "missing":  # as a changed file: refused now, not a task that fails
             raise ModelChanged(
-                f"the file of model {parsed.model!r} is missing from the models directory;"
+                f"the file of model {model_id!r} is missing from the models directory;"
                 " put it back or register the model again",
                 param="model",
             )
-        cap = (self.deps.config.max_unfinished_per_client or None) if limited else None
-        return runtime.create_task(
-            replace(parsed, client_id=client_id, idempotency=idempotency_key, max_unfinished=cap)
-        )
 
     def wait_finished(self, task_id: str, client_id: str | None) -> dict[str, Any]:
         """Block (cooperatively) until the task is finished; its Task object."""
@@ -372,10 +377,12 @@ class ResponsesService:
         forget_response: str | None = None,
         caller_id: str | None = None,
         task_events: bool = False,
+        framing: Framing = SSE_FRAMES,
     ) -> Iterator[bytes]:
         """``client_id``: whose task it must be (None: any, for an admin); ``caller_id``:
         who reads it, whose revocation ends the stream; ``task_events``: the task's whole
-        log (a response stream leaves its ``task.*`` events out)."""
+        log (a response stream leaves its ``task.*`` events out); ``framing``: how its
+        events are written (the OpenAI endpoints' chunks, or LMSP's events)."""
         deps = self.deps
         on_abandon = (lambda: self.abandon(task_id, client_id)) if cancel_on_abandon else None
         store = deps.store
@@ -391,6 +398,7 @@ class ResponsesService:
             monotonic=deps.monotonic,
             authorized=authorized,
             task_events=task_events,
+            framing=framing,
         )
         if forget_response is None:
             return frames
@@ -402,16 +410,18 @@ class ResponsesService:
         try:
             yield from frames
         except GeneratorExit:  # the client left: its task was cancelled, forget it once it ends
-            threading.Thread(
-                target=self._forget_when_finished,
-                args=(task_id, response_id, client_id),
-                name="lmsp-forget",
-                daemon=True,
-            ).start()
+            self.forget_when_finished(task_id, response_id, client_id)
             raise
         task = self.deps.store.get_task(task_id, client_id)
         if task["status"] in FINISHED_TASK_STATES:
             self.forget(response_id, client_id)
+
+    def forget_when_finished(self, task_id: str, response_id: str, client_id: str | None) -> None:
+        """``store: false`` with nobody left to deliver it to: delete the response once its
+        task has ended (in a thread, or a greenlet under gevent)."""
+        threading.Thread(
+            target=self._forget_when_finished, args=(task_id, response_id, client_id), name="lmsp-forget", daemon=True
+        ).start()
 
     def _forget_when_finished(self, task_id: str, response_id: str, client_id: str | None) -> None:
         """``store: false`` with nobody left to deliver it to: delete the response when its

@@ -320,7 +320,7 @@ class Committer:
         """Extend the leases of the tasks running here; stop those another process cancelled."""
         state = self.state
         with state.lock:
-            running = list(state.runs)
+            running = [*state.runs, *state.held]
         if not running:
             return  # nothing claimed: no lease to extend
         try:

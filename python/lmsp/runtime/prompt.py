@@ -81,6 +81,44 @@ def render_request(engine: ChatEngine, messages: list[dict], request: dict, max_
     return tokens
 
 
+def prompt_tokens(engine, request: dict, max_tokens: int) -> list[int]:
+    """The prompt's token ids of a request: a completion's raw ``prompt`` (no chat
+    template), else its messages through the chat template (:func:`render_request`)."""
+    raw = request.get("prompt")
+    if raw is None:
+        return render_request(engine, messages_for(request), request, max_tokens)
+    suffix = request.get("suffix")
+    if suffix is not None:
+        return fill_in_the_middle(engine, raw, suffix)
+    if isinstance(raw, str):
+        # as llama-server tokenizes a completion's prompt: BOS added, special-token text parsed
+        return list(engine.tokenize(raw, add_special=True, parse_special=True))
+    tokens = [int(t) for t in raw]  # token ids as given
+    check_vocabulary(tokens, engine.n_vocab)
+    return tokens
+
+
+def check_vocabulary(tokens: list[int], n_vocab: int) -> None:
+    """ValueError for a token id outside the model's vocabulary."""
+    for t in tokens:
+        if not 0 <= t < n_vocab:
+            raise ValueError(f"token id {t} is outside the vocabulary of {n_vocab} tokens")
+
+
+def fill_in_the_middle(engine, prefix: str | list[int], suffix: str) -> list[int]:
+    """The prompt of a completion between ``prefix`` and ``suffix``, in the model's
+    fill-in-the-middle tokens (prefix-suffix-middle order, as llama-server's infill);
+    ValueError where the model has none."""
+    fim = list(engine.info.get("fim_tokens") or [])
+    if len(fim) != 3:
+        raise ValueError("the model has no fill-in-the-middle tokens: 'suffix' cannot be used with it")
+    pre, suf, mid = fim
+    head = prefix if isinstance(prefix, list) else list(engine.tokenize(prefix, add_special=False, parse_special=False))
+    tail = list(engine.tokenize(suffix, add_special=False, parse_special=False))
+    bos = list(engine.tokenize("", add_special=True, parse_special=False))
+    return bos + [pre, *head, suf, *tail, mid]
+
+
 def sampling(request: dict, config) -> dict:
     """The engine's ``submit`` keywords from a request (service defaults and caps applied)."""
 

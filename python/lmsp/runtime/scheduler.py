@@ -184,9 +184,7 @@ class Scheduler:
         request = claim.get("request") or {}
         try:
             kwargs = prompting.sampling(request, self.state.config)
-            tokens = run.tokens or prompting.render_request(
-                engine, prompting.messages_for(request), request, kwargs["max_tokens"]
-            )
+            tokens = run.tokens or prompting.prompt_tokens(engine, request, kwargs["max_tokens"])
         except (ValueError, TypeError) as exc:
             return self.fail(run, "invalid_request", f"the request cannot be rendered: {exc}")
         resume = self.resume_of(claim)
