@@ -11,6 +11,7 @@ from typing import Callable
 from .openapi_schemas import JSON, MAX_TEXT, NO_NUL, STR, TIME, nullable, obj, ref, text
 
 NULL = {"type": "null"}
+INT = {"type": "integer"}
 BOOL = nullable({"type": "boolean"})
 ERROR = {"content": {"application/json": {"schema": ref("Error")}}}
 SEED = nullable({"type": "integer", "minimum": 0, "maximum": 2**32 - 2})
@@ -49,8 +50,6 @@ NOTHING_ASKED: JSON = {
 }
 CHAT_NOTHING_ASKED: JSON = {
     **NOTHING_ASKED,
-    "logprobs": nullable({"const": False}),
-    "top_logprobs": nullable({"const": 0}),
     "tools": nullable({"type": "array", "maxItems": 0}),
     "functions": nullable({"type": "array", "maxItems": 0}),
     "function_call": nullable({"const": "none"}),
@@ -100,6 +99,43 @@ LMSP_EXTRAS: JSON = {
     "error": ref("TaskError"),
     "task": obj({"id": STR, "status": STR, "on_restart": {"const": "fail"}}),
 }
+# top_logprobs only with logprobs: true
+TOP_NEEDS_LOGPROBS = {
+    "not": {
+        "required": ["top_logprobs"],
+        "properties": {"top_logprobs": {"type": "integer"}, "logprobs": {"not": {"const": True}}},
+    }
+}
+TOKEN_LOGPROB: JSON = {"token": STR, "logprob": {"type": "number"}, "bytes": {"type": "array", "items": INT}}
+CHAT_LOGPROBS = nullable(
+    obj(
+        {
+            "content": {
+                "type": "array",
+                "items": obj(
+                    TOKEN_LOGPROB | {"top_logprobs": {"type": "array", "items": obj(TOKEN_LOGPROB)}},
+                    ["token", "logprob", "bytes", "top_logprobs"],
+                ),
+            },
+            "refusal": NULL,
+        },
+        ["content"],
+    )
+)
+LEGACY_LOGPROBS = nullable(
+    obj(
+        {
+            "tokens": {"type": "array", "items": STR},
+            "token_logprobs": {"type": "array", "items": nullable({"type": "number"})},
+            "top_logprobs": {
+                "type": "array",
+                "items": nullable({"type": "object", "additionalProperties": {"type": "number"}}),
+            },
+            "text_offset": {"type": "array", "items": INT},
+        },
+    )
+    | {"description": "The tokens of a prompt that `echo` shows have null log probabilities."}
+)
 STREAM_ERROR = obj({"error": obj({"code": STR, "message": STR, "param": nullable(STR)})})
 
 SCHEMAS: JSON = {
@@ -114,12 +150,14 @@ SCHEMAS: JSON = {
             "service_tier": nullable(text(0, 512)),
             "metadata": METADATA,
             "store": BOOL,
+            "logprobs": BOOL,
+            "top_logprobs": nullable({"type": "integer", "minimum": 0, "maximum": 20}),
             **CHAT_NOTHING_ASKED,
         },
         ["model", "messages"],
         extra=False,
     )
-    | STREAM_OPTIONS_NEED_STREAM,
+    | {"allOf": [STREAM_OPTIONS_NEED_STREAM, TOP_NEEDS_LOGPROBS]},
     "ChatCompletion": obj(
         {
             "id": {"type": "string", "pattern": "^chatcmpl-"},
@@ -134,6 +172,7 @@ SCHEMAS: JSON = {
                         "message": obj(
                             {"role": {"const": "assistant"}, "content": nullable(STR), "refusal": NULL}, ["role"]
                         ),
+                        "logprobs": CHAT_LOGPROBS,
                         "finish_reason": FINISH,
                     }
                 ),
@@ -177,7 +216,12 @@ SCHEMAS: JSON = {
                     "choices": {
                         "type": "array",
                         "items": obj(
-                            {"index": {"type": "integer"}, "delta": {"type": "object"}, "finish_reason": FINISH}
+                            {
+                                "index": {"type": "integer"},
+                                "delta": {"type": "object"},
+                                "logprobs": CHAT_LOGPROBS,
+                                "finish_reason": FINISH,
+                            }
                         ),
                     },
                 }
@@ -206,7 +250,7 @@ SCHEMAS: JSON = {
             **SAMPLING,
             **NOTHING_ASKED,
             "best_of": nullable({"const": 1}),
-            "logprobs": nullable({"const": 0}),
+            "logprobs": nullable({"type": "integer", "minimum": 0, "maximum": 5}),
         },
         ["model", "prompt"],
         extra=False,
@@ -238,7 +282,14 @@ SCHEMAS: JSON = {
                     "model": STR,
                     "choices": {
                         "type": "array",
-                        "items": obj({"index": {"type": "integer"}, "text": STR, "finish_reason": FINISH}),
+                        "items": obj(
+                            {
+                                "index": {"type": "integer"},
+                                "text": STR,
+                                "logprobs": LEGACY_LOGPROBS,
+                                "finish_reason": FINISH,
+                            }
+                        ),
                     },
                 },
             ),
