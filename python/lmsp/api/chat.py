@@ -16,8 +16,10 @@ import falcon
 from lmsp.errors import InvalidRequest, NotFound
 from lmsp.objects import LOGPROBS
 
+from . import idempotency
 from .common import (
     Deps,
+    caller,
     get_bool,
     get_int,
     get_number,
@@ -224,6 +226,20 @@ def parse_chat(body: dict[str, Any], config: Any, random_seed: Callable[[], int]
     )
 
 
+def metadata_filter(req: falcon.Request) -> dict[str, str]:
+    """The list's ``metadata[key]=value`` query parameters (OpenAI's filter), each pair
+    one the listed completions' metadata must have."""
+    wanted = {}
+    for name in req.params:
+        if not name.startswith("metadata"):
+            continue
+        key = name[len("metadata[") : -1] if name.startswith("metadata[") and name.endswith("]") else ""
+        if not key:
+            raise InvalidRequest("filter by metadata as metadata[key]=value", param=name)
+        wanted[key] = query_str(req, name) or ""
+    return parse_metadata(wanted) if wanted else {}
+
+
 def check_chat_id(value: str) -> str:
     if not value.startswith(PREFIX) or len(value) > 100:
         raise NotFound(f"no chat completion with id {value!r}")
@@ -280,15 +296,17 @@ class ChatCompletionsResource:
             prefix=PREFIX,
             model=query_str(req, "model"),
             oldest_first=order == "asc",
+            metadata=metadata_filter(req),
         )
         page["data"] = [stored_completion(self.deps, r["id"], req, r) for r in page["data"]]
         set_json(resp, page)
 
 
 class ChatCompletionResource:
-    """``GET`` and ``DELETE /v1/chat/completions/{id}``."""
+    """``GET``, ``POST`` (OpenAI's update: its ``metadata``) and ``DELETE
+    /v1/chat/completions/{id}``."""
 
-    scopes = {"GET": "responses:read", "DELETE": "responses:write"}
+    scopes = {"GET": "responses:read", "POST": "responses:write", "DELETE": "responses:write"}
 
     def __init__(self, deps: Deps) -> None:
         self.deps = deps
@@ -296,6 +314,21 @@ class ChatCompletionResource:
     def on_get(self, req: falcon.Request, resp: falcon.Response, completion_id: str) -> None:
         check_chat_id(completion_id)
         set_json(resp, stored_completion(self.deps, completion_id, req))
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response, completion_id: str) -> None:
+        check_chat_id(completion_id)
+        body = self.deps.body(req)
+        reject_unknown(body, ("metadata",))
+        if "metadata" not in body:
+            raise InvalidRequest("'metadata' is required: it is what an update changes", param="metadata")
+        metadata = parse_metadata(body["metadata"])
+
+        def update() -> idempotency.Answer:
+            self.deps.store.update_metadata(completion_id, metadata, owner_filter(req))
+            return 200, stored_completion(self.deps, completion_id, req)
+
+        # an Idempotency-Key keeps the answer for a retry (B.8)
+        idempotency.answer(self.deps.store, req, resp, caller(req)["id"], body, update)
 
     def on_delete(self, req: falcon.Request, resp: falcon.Response, completion_id: str) -> None:
         check_chat_id(completion_id)

@@ -20,6 +20,12 @@ STOP = nullable({"anyOf": [text(1, 1000), {"type": "array", "maxItems": 16, "ite
 METADATA = nullable(
     {"type": "object", "maxProperties": 16, "propertyNames": text(1, 64), "additionalProperties": text(0, 512)}
 )
+METADATA_FILTER = {
+    "type": "object",
+    "maxProperties": 16,
+    "propertyNames": text(1, 64),
+    "additionalProperties": text(0, 512),
+}
 STREAM_OPTIONS = nullable(
     obj({"include_usage": BOOL, "include_obfuscation": nullable({"const": False})}, [], extra=False)
 )
@@ -181,6 +187,7 @@ SCHEMAS: JSON = {
             **LMSP_EXTRAS,
         }
     ),
+    "UpdateChatCompletion": obj({"metadata": METADATA}, ["metadata"], extra=False),
     "ChatCompletionList": obj(
         {
             "object": {"const": "list"},
@@ -377,7 +384,7 @@ def paths(op: Maker, param: Maker, idempotency: JSON, body_errors: tuple[str, ..
     """The paths, made with :mod:`.openapi`'s helpers (``op``: its ``_op``, ``param``: its ``_param``)."""
     return {
         **_chat_paths(op, param, idempotency),
-        **_stored_chat_paths(op, param),
+        **_stored_chat_paths(op, param, idempotency, body_errors),
         **_other_paths(op, idempotency, body_errors),
     }
 
@@ -415,6 +422,13 @@ def _chat_paths(op: Maker, param: Maker, idempotency: JSON) -> JSON:
                     param("after", "query", text(0, 100, "^chatcmpl-"), "The last id of the previous page."),
                     param("order", "query", {"enum": ["asc", "desc"]}),
                     param("model", "query", STR),
+                    param(
+                        "metadata",
+                        "query",
+                        METADATA_FILTER,
+                        "`metadata[key]=value`: only those whose metadata has each pair.",
+                    )
+                    | {"style": "deepObject", "explode": True},
                 ),
                 errors=("400",),
             ),
@@ -422,7 +436,7 @@ def _chat_paths(op: Maker, param: Maker, idempotency: JSON) -> JSON:
     }
 
 
-def _stored_chat_paths(op: Maker, param: Maker) -> JSON:
+def _stored_chat_paths(op: Maker, param: Maker, idempotency: JSON, body_errors: tuple[str, ...]) -> JSON:
     chat_id = param("completion_id", "path", text(0, 100, "^chatcmpl-"), "An id starting with `chatcmpl-`.")
     return {
         "/v1/chat/completions/{completion_id}": {
@@ -432,6 +446,14 @@ def _stored_chat_paths(op: Maker, param: Maker) -> JSON:
                 scope="responses:read",
                 params=(chat_id,),
                 errors=("404",),
+            ),
+            "post": op(
+                "Update a stored chat completion: its `metadata`, replaced (OpenAI's update)",
+                {"200": {"description": "It", "content": {"application/json": {"schema": ref("ChatCompletion")}}}},
+                scope="responses:write",
+                params=(chat_id, idempotency),
+                body="UpdateChatCompletion",
+                errors=body_errors + ("404",),
             ),
             "delete": op(
                 "Delete a finished stored chat completion",
