@@ -8,6 +8,7 @@ import pytest
 from api_helpers import assert_error, parse_sse
 
 from lmsp.api.openai_logprobs import LegacyLogprobs, legacy_logprobs
+from lmsp.errors import NotFound
 
 WORDS = ["Hello ", "from ", "the ", "scripted ", "worker"]
 
@@ -128,3 +129,15 @@ def test_legacy_offsets_follow_characters_not_bytes():
     state = LegacyLogprobs()
     state.echoed([b" Hi"], "Hi")  # the tokenizer's leading space is not in the echoed text
     assert state.generated(entries[2:])["text_offset"] == [2]
+
+
+def test_a_listed_completion_deleted_meanwhile_does_not_fail_the_list(user, store, monkeypatch):
+    made = chat(user, store=True, logprobs=True).json
+
+    def gone(response_id, client_id=None):
+        raise NotFound(f"no response {response_id}")
+
+    monkeypatch.setattr(store, "get_request", gone)
+    page = user.get("/v1/chat/completions")
+    assert page.status_code == 200, page.text
+    assert [c["id"] for c in page.json["data"]] == [made["id"]]

@@ -254,7 +254,11 @@ def stored_completion(
     owner = owner_filter(req)
     if response is None:
         response = deps.store.get_response(completion_id, owner)
-    return chat_completion(response, asked_logprobs(deps.store.get_request(completion_id, owner)))
+    try:
+        asked = asked_logprobs(deps.store.get_request(completion_id, owner))
+    except NotFound:  # a listed one deleted since the list was read: shown as it was read
+        asked = False
+    return chat_completion(response, asked)
 
 
 class ChatCompletionsResource:
