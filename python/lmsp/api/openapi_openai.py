@@ -453,7 +453,7 @@ def _stored_chat_paths(op: Maker, param: Maker, idempotency: JSON, body_errors: 
                 scope="responses:write",
                 params=(chat_id, idempotency),
                 body="UpdateChatCompletion",
-                errors=body_errors + ("404",),
+                errors=body_errors + ("404", "409", "422"),  # 409, 422: its Idempotency-Key
             ),
             "delete": op(
                 "Delete a finished stored chat completion",
