@@ -215,6 +215,12 @@ class RuntimeAPI(Protocol):
         is not); InvalidRequest for an id outside it."""
         ...
 
+    def prompt_pieces(self, model_id: str, prompt: str | list[int]) -> list[bytes]:
+        """The bytes of each token of a completion's prompt as its task tokenizes it
+        (the model loaded first when it is not); InvalidRequest for an id outside the
+        vocabulary."""
+        ...
+
     def embed(
         self,
         model_id: str,

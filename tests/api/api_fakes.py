@@ -11,8 +11,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from lmsp.contracts import ClaimRecord, CreatedTask, NewTask, RuntimeAPI, StepOutcome
+from lmsp.contracts import ClaimRecord, CreatedTask, NewTask, RuntimeAPI, StepItem, StepOutcome
 from lmsp.errors import ContextLengthExceeded, InvalidRequest, NotFound
+from lmsp.objects import wants_logprobs
 from lmsp.store import Store
 
 OWNER = "scripted-worker"
@@ -87,6 +88,14 @@ class ScriptedRuntime:
         self.model_object(model_id)
         return "".join(f"<{t}>" for t in tokens)
 
+    def prompt_pieces(self, model_id: str, prompt: str | list[int]) -> list[bytes]:
+        """A text's words (each with the space after it) or token id N's "<N>"."""
+        self.model_object(model_id)
+        if isinstance(prompt, str):
+            words = prompt.split(" ")
+            return [(w + " ").encode() for w in words[:-1]] + [words[-1].encode()]
+        return [f"<{t}>".encode() for t in prompt]
+
     def embed(self, model_id: str, inputs: list[str | list[int]], *, client_id: str | None = None,
               max_unfinished: int | None = None) -> dict[str, Any]:
         """Vectors of 4 numbers from each input's length, normalized, made by a task of the
@@ -140,17 +149,25 @@ class ScriptedRuntime:
             self.store.set_running(claim["task_id"], OWNER)
         return claims
 
-    def step(self, task_id: str, delta: str, finish: str | None = None) -> StepOutcome:
+    def step(self, task_id: str, delta: str, finish: str | None = None, top: int | None = None) -> StepOutcome:
+        """One token of text; ``top``: the task asked for log probabilities with that many
+        alternatives (the token itself at -0.5, then "alt1" at -1.0, "alt2" at -2.0...)."""
         usage = {"input_tokens": 3, "output_tokens": len(delta.split())} if finish else None
-        return self.store.append_step(OWNER, [{"task_id": task_id, "delta": delta, "tokens": [1],
-                                               "finish": finish, "error": None, "usage": usage,
-                                               "kv_path": None}])
+        item: StepItem = {"task_id": task_id, "delta": delta, "tokens": [1], "finish": finish, "error": None,
+                                "usage": usage, "kv_path": None}
+        if top is not None:
+            alternatives = [(delta, -0.5)] + [(f"alt{i}", -float(i)) for i in range(1, top)]
+            item["logprobs"] = [{"token": delta, "logprob": -0.5, "bytes": list(delta.encode()), "top_logprobs": [
+                {"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in alternatives[:top]]}]
+        return self.store.append_step(OWNER, [item])
 
     def finish(self, task_id: str, text: str, finish: str = "stop") -> StepOutcome:
+        request = self.store.get_request(self.store.get_task(task_id)["response_id"])
+        top = int(request.get("top_logprobs") or 0) if wants_logprobs(request) else None
         words = text.split(" ")
         for word in words[:-1]:
-            self.step(task_id, word + " ")
-        return self.step(task_id, words[-1], finish)
+            self.step(task_id, word + " ", top=top)
+        return self.step(task_id, words[-1], finish, top=top)
 
 
 def _implements_the_protocol(store: Store) -> RuntimeAPI:

@@ -83,7 +83,7 @@ def test_idempotency_key_replays(user):
         ({"prompt": [5000]}, "prompt"),  # outside the (scripted) vocabulary
         ({"n": 2}, "n"),
         ({"best_of": 3}, "best_of"),
-        ({"logprobs": 2}, "logprobs"),
+        ({"logprobs": 6}, "logprobs"),
         ({"presence_penalty": 1}, "presence_penalty"),
         ({"echo": True, "suffix": "end"}, "echo"),
         ({"max_tokens": 0}, "max_tokens"),

@@ -86,6 +86,44 @@ def test_openai_stored_chat_completions_are_retrieved_listed_and_deleted(client)
         client.chat.completions.retrieve(made[0].id)
 
 
+def test_openai_chat_logprobs_plain_and_streamed(client):
+    asked = {"model": CHAT, "messages": MESSAGES, "temperature": 0, "max_tokens": 8, "logprobs": True,
+             "top_logprobs": 3}
+    plain = client.chat.completions.create(**asked)
+    content = plain.choices[0].logprobs.content
+    assert b"".join(bytes(t.bytes) for t in content).decode("utf-8") == plain.choices[0].message.content
+    assert all(len(t.top_logprobs) == 3 and t.logprob <= 0 for t in content)
+    assert all(t.top_logprobs[0].logprob >= t.top_logprobs[-1].logprob for t in content)
+    assert content[0].token == content[0].top_logprobs[0].token  # greedy: the likeliest token
+    chunks = list(client.chat.completions.create(**asked, stream=True))
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [(t.token, t.bytes) for t in streamed] == [(t.token, t.bytes) for t in content]
+    assert [t.logprob for t in streamed] == pytest.approx([t.logprob for t in content], abs=1e-3)
+
+
+def test_openai_chat_completion_metadata_updated_and_filtered(client):
+    made = client.chat.completions.create(model=CHAT, messages=MESSAGES, temperature=0, max_tokens=2, store=True,
+                                          metadata={"run": "before"})
+    updated = client.chat.completions.update(made.id, metadata={"run": "after"})
+    assert updated.id == made.id and updated.metadata == {"run": "after"}
+    assert [c.id for c in client.chat.completions.list(metadata={"run": "after"})] == [made.id]
+    assert list(client.chat.completions.list(metadata={"run": "before"})) == []
+    client.chat.completions.delete(made.id)
+
+
+def test_openai_completions_logprobs_on_a_base_model(client):
+    asked = {"model": BASE, "prompt": "The capital of France is", "temperature": 0, "max_tokens": 6, "logprobs": 2}
+    plain = client.completions.create(**asked)
+    logprobs = plain.choices[0].logprobs
+    assert "".join(logprobs.tokens) == plain.choices[0].text
+    assert len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == len(logprobs.text_offset)
+    assert all(2 <= len(top) <= 3 and max(top.values()) <= 0 for top in logprobs.top_logprobs)
+    assert logprobs.text_offset[0] == 0 and logprobs.text_offset == sorted(logprobs.text_offset)
+    chunks = list(client.completions.create(**asked, stream=True))
+    tokens = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+    assert tokens == logprobs.tokens
+
+
 def test_openai_completions_on_a_base_model(client):
     plain = client.completions.create(model=BASE, prompt="The capital of France is", temperature=0, max_tokens=8)
     assert plain.id.startswith("cmpl-") and plain.object == "text_completion"

@@ -14,9 +14,12 @@ from typing import Any, Callable
 import falcon
 
 from lmsp.errors import InvalidRequest, NotFound
+from lmsp.objects import LOGPROBS
 
+from . import idempotency
 from .common import (
     Deps,
+    caller,
     get_bool,
     get_int,
     get_number,
@@ -30,6 +33,7 @@ from .common import (
 from .openai_refusals import refuse_unsupported
 from .openai_shapes import ChunkFraming, chat_completion
 from .openai_tasks import ON_RESTART, post_task
+from .response_options import MAX_TOP_LOGPROBS
 from .responses import MAX_MESSAGES, MAX_TEXT, SEED_MAX, CreateRequest, ResponsesService, parse_metadata, parse_stop
 
 PREFIX = "chatcmpl-"
@@ -38,8 +42,6 @@ REFUSED = (
     "presence_penalty",
     "frequency_penalty",
     "logit_bias",
-    "logprobs",
-    "top_logprobs",
     "tools",
     "tool_choice",
     "functions",
@@ -62,6 +64,8 @@ ACCEPTED = (
     "top_k",
     "stop",
     "seed",
+    "logprobs",
+    "top_logprobs",
     "stream",
     "stream_options",
     "user",
@@ -167,6 +171,22 @@ def sampling_fields(body: dict[str, Any], config: Any, random_seed: Callable[[],
     }
 
 
+def parse_logprobs(body: dict[str, Any]) -> dict[str, Any]:
+    """``logprobs`` and ``top_logprobs`` (0 to 20, only with ``logprobs: true``, as OpenAI
+    answers), as the task keeps them: the Responses request's ``include`` and
+    ``top_logprobs``, which the engine and the store read."""
+    wanted = bool(get_bool(body, "logprobs"))
+    top = get_int(body, "top_logprobs", minimum=0, maximum=MAX_TOP_LOGPROBS)
+    if top is not None and not wanted:
+        raise InvalidRequest("'top_logprobs' is only allowed with 'logprobs': true", param="top_logprobs")
+    return {"include": [LOGPROBS] if wanted else [], "top_logprobs": top or 0}
+
+
+def asked_logprobs(request: dict[str, Any]) -> bool:
+    """Whether a task's request asked for log probabilities."""
+    return LOGPROBS in (request.get("include") or ())
+
+
 def parse_chat(body: dict[str, Any], config: Any, random_seed: Callable[[], int]) -> CreateRequest:
     """Check a Chat Completions request and make its task; raises InvalidRequest."""
     reject_unknown(body, ACCEPTED + REFUSED)
@@ -185,6 +205,7 @@ def parse_chat(body: dict[str, Any], config: Any, random_seed: Callable[[], int]
         "input": [dict(m) for m in messages],
         "instructions": None,
         **sampling_fields(body, config, random_seed),
+        **parse_logprobs(body),
         "stream": stream,
         "include_usage": include_usage(body, stream),
         "background": False,
@@ -205,10 +226,39 @@ def parse_chat(body: dict[str, Any], config: Any, random_seed: Callable[[], int]
     )
 
 
+def metadata_filter(req: falcon.Request) -> dict[str, str]:
+    """The list's ``metadata[key]=value`` query parameters (OpenAI's filter), each pair
+    one the listed completions' metadata must have."""
+    wanted = {}
+    for name in req.params:
+        if not name.startswith("metadata"):
+            continue
+        key = name[len("metadata[") : -1] if name.startswith("metadata[") and name.endswith("]") else ""
+        if not key:
+            raise InvalidRequest("filter by metadata as metadata[key]=value", param=name)
+        wanted[key] = query_str(req, name) or ""
+    return parse_metadata(wanted) if wanted else {}
+
+
 def check_chat_id(value: str) -> str:
     if not value.startswith(PREFIX) or len(value) > 100:
         raise NotFound(f"no chat completion with id {value!r}")
     return value
+
+
+def stored_completion(
+    deps: Deps, completion_id: str, req: falcon.Request, response: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A stored chat completion (``response``: its Response object, when read already),
+    with the log probabilities its request asked for."""
+    owner = owner_filter(req)
+    if response is None:
+        response = deps.store.get_response(completion_id, owner)
+    try:
+        asked = asked_logprobs(deps.store.get_request(completion_id, owner))
+    except NotFound:  # a listed one deleted since the list was read: shown as it was read
+        asked = False
+    return chat_completion(response, asked)
 
 
 class ChatCompletionsResource:
@@ -225,6 +275,7 @@ class ChatCompletionsResource:
         body = deps.body(req)
         parsed = parse_chat(body, deps.config, deps.random_seed)
         usage = bool(parsed.request["include_usage"])
+        logprobs = asked_logprobs(parsed.request)
         post_task(
             deps,
             self.service,
@@ -232,8 +283,8 @@ class ChatCompletionsResource:
             resp,
             body,
             parsed,
-            chat_completion,
-            lambda created: ChunkFraming("chat.completion", created, include_usage=usage),
+            lambda response: chat_completion(response, logprobs),
+            lambda created: ChunkFraming("chat.completion", created, include_usage=usage, logprobs=logprobs),
         )
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
@@ -249,22 +300,39 @@ class ChatCompletionsResource:
             prefix=PREFIX,
             model=query_str(req, "model"),
             oldest_first=order == "asc",
+            metadata=metadata_filter(req),
         )
-        page["data"] = [chat_completion(r) for r in page["data"]]
+        page["data"] = [stored_completion(self.deps, r["id"], req, r) for r in page["data"]]
         set_json(resp, page)
 
 
 class ChatCompletionResource:
-    """``GET`` and ``DELETE /v1/chat/completions/{id}``."""
+    """``GET``, ``POST`` (OpenAI's update: its ``metadata``) and ``DELETE
+    /v1/chat/completions/{id}``."""
 
-    scopes = {"GET": "responses:read", "DELETE": "responses:write"}
+    scopes = {"GET": "responses:read", "POST": "responses:write", "DELETE": "responses:write"}
 
     def __init__(self, deps: Deps) -> None:
         self.deps = deps
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, completion_id: str) -> None:
         check_chat_id(completion_id)
-        set_json(resp, chat_completion(self.deps.store.get_response(completion_id, owner_filter(req))))
+        set_json(resp, stored_completion(self.deps, completion_id, req))
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response, completion_id: str) -> None:
+        check_chat_id(completion_id)
+        body = self.deps.body(req)
+        reject_unknown(body, ("metadata",))
+        if "metadata" not in body:
+            raise InvalidRequest("'metadata' is required: it is what an update changes", param="metadata")
+        metadata = parse_metadata(body["metadata"])
+
+        def update() -> idempotency.Answer:
+            self.deps.store.update_metadata(completion_id, metadata, owner_filter(req))
+            return 200, stored_completion(self.deps, completion_id, req)
+
+        # an Idempotency-Key keeps the answer for a retry (B.8)
+        idempotency.answer(self.deps.store, req, resp, caller(req)["id"], body, update)
 
     def on_delete(self, req: falcon.Request, resp: falcon.Response, completion_id: str) -> None:
         check_chat_id(completion_id)

@@ -13,21 +13,23 @@ from typing import Any, Callable
 import falcon
 
 from lmsp.errors import InvalidRequest
+from lmsp.objects import LOGPROBS
 
-from .chat import include_usage, sampling_fields
+from .chat import asked_logprobs, include_usage, sampling_fields
 from . import idempotency
-from .common import Deps, get_bool, get_str, reject_unknown, set_json
+from .common import Deps, get_bool, get_int, get_str, reject_unknown, set_json
 from .openai_refusals import refuse_unsupported
 from .openai_shapes import ChunkFraming, text_completion
 from .openai_tasks import ON_RESTART, post_task, post_together
 from .responses import MAX_TEXT, CreateRequest, ResponsesService
 
-REFUSED = ("n", "best_of", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs")
+REFUSED = ("n", "best_of", "presence_penalty", "frequency_penalty", "logit_bias")
 ACCEPTED = (
     "model",
     "prompt",
     "suffix",
     "echo",
+    "logprobs",
     "max_tokens",
     "temperature",
     "top_p",
@@ -39,6 +41,7 @@ ACCEPTED = (
     "user",
 )
 MAX_PROMPT_TOKENS = 1_000_000
+MAX_LOGPROBS = 5  # the most alternatives per token of OpenAI's legacy API
 
 
 def _token_ids(value: list[Any], param: str) -> list[int]:
@@ -92,9 +95,13 @@ def parse_completion(body: dict[str, Any], config: Any, random_seed: Callable[[]
     if stream and len(prompts) > 1:
         raise InvalidRequest("a stream takes one prompt; send the others in requests of their own", param="stream")
     get_str(body, "user", allow_empty=True, max_len=512)
+    logprobs = get_int(body, "logprobs", minimum=0, maximum=MAX_LOGPROBS)
     common = {
         "suffix": suffix,
         "echo": echo,
+        # as the Responses request asks for them, which the engine and the store read
+        "include": [] if logprobs is None else [LOGPROBS],
+        "top_logprobs": logprobs or 0,
         **sampling_fields(body, config, random_seed),
         "stream": stream,
         "include_usage": include_usage(body, stream),
@@ -133,13 +140,18 @@ class CompletionsResource:
         body = deps.body(req)
         every = parse_completion(body, deps.config, deps.random_seed)
         echoes = [self._echo(p.request) for p in every]
+        logprobs = asked_logprobs(every[0].request)
+        pieces = [self._pieces(p.request) if logprobs else () for p in every]
         if len(every) > 1:
             if idempotency.key_of(req) is not None:
                 raise InvalidRequest(
                     "an Idempotency-Key names one task: send one prompt per request", param="Idempotency-Key"
                 )
             finals = post_together(deps, self.service, req, every)
-            set_json(resp, merged([text_completion(f, echo) for f, echo in zip(finals, echoes)]))
+            set_json(
+                resp,
+                merged([text_completion(f, e, logprobs, p) for f, e, p in zip(finals, echoes, pieces)]),
+            )
             return
         usage = bool(every[0].request["include_usage"])
         post_task(
@@ -149,9 +161,22 @@ class CompletionsResource:
             resp,
             body,
             every[0],
-            lambda response: text_completion(response, echoes[0]),
-            lambda created: ChunkFraming("text_completion", created, include_usage=usage, echo=echoes[0]),
+            lambda response: text_completion(response, echoes[0], logprobs, pieces[0]),
+            lambda created: ChunkFraming(
+                "text_completion",
+                created,
+                include_usage=usage,
+                echo=echoes[0],
+                logprobs=logprobs,
+                echo_pieces=pieces[0],
+            ),
         )
+
+    def _pieces(self, request: dict[str, Any]) -> tuple[bytes, ...]:
+        """The bytes of each of the prompt's tokens that ``echo`` shows (none without it)."""
+        if not request["echo"]:
+            return ()
+        return tuple(self.deps.runtime.prompt_pieces(request["model"], request["prompt"]))
 
     def _echo(self, request: dict[str, Any]) -> str:
         """The text ``echo`` puts in front of the output: the prompt, its token ids as text."""

@@ -36,8 +36,6 @@ UNSUPPORTED: dict[str, tuple[Check, str]] = {
     "presence_penalty": (_zero, "a presence penalty ('presence_penalty' must be 0)"),
     "frequency_penalty": (_zero, "a frequency penalty ('frequency_penalty' must be 0)"),
     "logit_bias": (_empty, "logit bias"),
-    "logprobs": (lambda v: v is False or _zero(v), "log probabilities"),
-    "top_logprobs": (_zero, "log probabilities"),
     "tools": (_empty, "tools"),
     "functions": (_empty, "functions"),
     "function_call": (lambda v: v == "none", "function calls"),

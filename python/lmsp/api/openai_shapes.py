@@ -15,6 +15,7 @@ from lmsp.errors import LMSPError
 
 from .common import dumps
 from .events import Framing
+from .openai_logprobs import LegacyLogprobs, chat_logprobs, legacy_logprobs, response_logprobs
 
 DONE = b"data: [DONE]\n\n"
 Kind = Literal["chat.completion", "text_completion"]
@@ -79,8 +80,9 @@ def _extras(response: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def chat_completion(response: dict[str, Any]) -> dict[str, Any]:
-    """The ``chat.completion`` of a response of the store."""
+def chat_completion(response: dict[str, Any], logprobs: bool = False) -> dict[str, Any]:
+    """The ``chat.completion`` of a response of the store; ``logprobs``: its request
+    asked for them."""
     message: dict[str, Any] = {
         "role": "assistant",
         "content": output_text(response),
@@ -92,7 +94,14 @@ def chat_completion(response: dict[str, Any]) -> dict[str, Any]:
         "object": "chat.completion",
         "created": response["created_at"],
         "model": response["model"],
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason(response)}],
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": chat_logprobs(response_logprobs(response)) if logprobs else None,
+                "finish_reason": finish_reason(response),
+            }
+        ],
         "usage": usage(response),
         "system_fingerprint": None,
         "service_tier": "default",
@@ -100,13 +109,17 @@ def chat_completion(response: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def text_completion(response: dict[str, Any], echo: str = "") -> dict[str, Any]:
+def text_completion(
+    response: dict[str, Any], echo: str = "", logprobs: bool = False, echo_pieces: tuple[bytes, ...] = ()
+) -> dict[str, Any]:
     """The ``text_completion`` of a response of the store; ``echo``: the prompt's text
-    when the request asked for it in front of the output."""
+    when the request asked for it in front of the output (``echo_pieces``: its
+    tokens' bytes); ``logprobs``: the request asked for them."""
+    entries = response_logprobs(response)
     choice = {
         "index": 0,
         "text": echo + output_text(response),
-        "logprobs": None,
+        "logprobs": legacy_logprobs(entries, list(echo_pieces), echo) if logprobs else None,
         "finish_reason": finish_reason(response),
     }
     return {
@@ -142,7 +155,16 @@ class ChunkFraming(Framing):
     streamed ``text_completion``), the usage chunk when asked, then ``[DONE]``.
     Errors are a ``data`` line with an ``error`` object, which OpenAI's clients raise."""
 
-    def __init__(self, kind: Kind, created: dict[str, Any], *, include_usage: bool = False, echo: str = "") -> None:
+    def __init__(
+        self,
+        kind: Kind,
+        created: dict[str, Any],
+        *,
+        include_usage: bool = False,
+        echo: str = "",
+        logprobs: bool = False,
+        echo_pieces: tuple[bytes, ...] = (),
+    ) -> None:
         self.kind = kind
         self.head = {
             "id": created["id"],
@@ -153,15 +175,33 @@ class ChunkFraming(Framing):
         }
         self.include_usage = include_usage
         self.echo = echo
+        self.logprobs = logprobs
+        self.echo_pieces = echo_pieces
+        self.offsets = LegacyLogprobs()  # a text completion's text offsets so far
 
-    def _chunk(self, delta: str | None, finish: str | None, *, role: bool = False) -> dict[str, Any]:
+    def _logprobs(self, entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+        """A chunk's ``logprobs``: its tokens' (None: a chunk without tokens)."""
+        if not self.logprobs or entries is None:
+            return None
+        if self.kind == "chat.completion":
+            return chat_logprobs(entries)
+        return self.offsets.generated(entries)
+
+    def _chunk(
+        self,
+        delta: str | None,
+        finish: str | None,
+        *,
+        role: bool = False,
+        logprobs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         if self.kind == "chat.completion":
             body: dict[str, Any] = {} if delta is None else {"content": delta}
             if role:
                 body = {"role": "assistant", "content": "", "refusal": None}
-            choice = {"index": 0, "delta": body, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": body, "logprobs": logprobs, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": delta or "", "logprobs": logprobs, "finish_reason": finish}
         out = dict(self.head, choices=[choice])
         if self.include_usage:
             out["usage"] = None
@@ -172,9 +212,15 @@ class ChunkFraming(Framing):
         if kind == "response.created":
             if self.kind == "chat.completion":
                 return data_frame(self._chunk(None, None, role=True))
-            return data_frame(self._chunk(self.echo, None)) if self.echo else b""
+            if not self.echo:
+                return b""
+            echoed = self.offsets.echoed(list(self.echo_pieces), self.echo) if self.logprobs else None
+            return data_frame(self._chunk(self.echo, None, logprobs=echoed))
         if kind == "response.output_text.delta":
-            return data_frame(self._chunk(event.get("delta") or "", None)) if event.get("delta") else b""
+            entries = event.get("logprobs") or []
+            if not event.get("delta") and not (self.logprobs and entries):
+                return b""
+            return data_frame(self._chunk(event.get("delta") or "", None, logprobs=self._logprobs(entries)))
         if kind in ("response.completed", "response.incomplete"):
             response = event.get("response") or {}
             out = data_frame(self._chunk(None, "length" if kind == "response.incomplete" else "stop"))

@@ -11,6 +11,7 @@ from typing import Callable
 from .openapi_schemas import JSON, MAX_TEXT, NO_NUL, STR, TIME, nullable, obj, ref, text
 
 NULL = {"type": "null"}
+INT = {"type": "integer"}
 BOOL = nullable({"type": "boolean"})
 ERROR = {"content": {"application/json": {"schema": ref("Error")}}}
 SEED = nullable({"type": "integer", "minimum": 0, "maximum": 2**32 - 2})
@@ -19,6 +20,12 @@ STOP = nullable({"anyOf": [text(1, 1000), {"type": "array", "maxItems": 16, "ite
 METADATA = nullable(
     {"type": "object", "maxProperties": 16, "propertyNames": text(1, 64), "additionalProperties": text(0, 512)}
 )
+METADATA_FILTER = {
+    "type": "object",
+    "maxProperties": 16,
+    "propertyNames": text(1, 64),
+    "additionalProperties": text(0, 512),
+}
 STREAM_OPTIONS = nullable(
     obj({"include_usage": BOOL, "include_obfuscation": nullable({"const": False})}, [], extra=False)
 )
@@ -49,8 +56,6 @@ NOTHING_ASKED: JSON = {
 }
 CHAT_NOTHING_ASKED: JSON = {
     **NOTHING_ASKED,
-    "logprobs": nullable({"const": False}),
-    "top_logprobs": nullable({"const": 0}),
     "tools": nullable({"type": "array", "maxItems": 0}),
     "functions": nullable({"type": "array", "maxItems": 0}),
     "function_call": nullable({"const": "none"}),
@@ -100,6 +105,43 @@ LMSP_EXTRAS: JSON = {
     "error": ref("TaskError"),
     "task": obj({"id": STR, "status": STR, "on_restart": {"const": "fail"}}),
 }
+# top_logprobs only with logprobs: true
+TOP_NEEDS_LOGPROBS = {
+    "not": {
+        "required": ["top_logprobs"],
+        "properties": {"top_logprobs": {"type": "integer"}, "logprobs": {"not": {"const": True}}},
+    }
+}
+TOKEN_LOGPROB: JSON = {"token": STR, "logprob": {"type": "number"}, "bytes": {"type": "array", "items": INT}}
+CHAT_LOGPROBS = nullable(
+    obj(
+        {
+            "content": {
+                "type": "array",
+                "items": obj(
+                    TOKEN_LOGPROB | {"top_logprobs": {"type": "array", "items": obj(TOKEN_LOGPROB)}},
+                    ["token", "logprob", "bytes", "top_logprobs"],
+                ),
+            },
+            "refusal": NULL,
+        },
+        ["content"],
+    )
+)
+LEGACY_LOGPROBS = nullable(
+    obj(
+        {
+            "tokens": {"type": "array", "items": STR},
+            "token_logprobs": {"type": "array", "items": nullable({"type": "number"})},
+            "top_logprobs": {
+                "type": "array",
+                "items": nullable({"type": "object", "additionalProperties": {"type": "number"}}),
+            },
+            "text_offset": {"type": "array", "items": INT},
+        },
+    )
+    | {"description": "The tokens of a prompt that `echo` shows have null log probabilities."}
+)
 STREAM_ERROR = obj({"error": obj({"code": STR, "message": STR, "param": nullable(STR)})})
 
 SCHEMAS: JSON = {
@@ -114,12 +156,14 @@ SCHEMAS: JSON = {
             "service_tier": nullable(text(0, 512)),
             "metadata": METADATA,
             "store": BOOL,
+            "logprobs": BOOL,
+            "top_logprobs": nullable({"type": "integer", "minimum": 0, "maximum": 20}),
             **CHAT_NOTHING_ASKED,
         },
         ["model", "messages"],
         extra=False,
     )
-    | STREAM_OPTIONS_NEED_STREAM,
+    | {"allOf": [STREAM_OPTIONS_NEED_STREAM, TOP_NEEDS_LOGPROBS]},
     "ChatCompletion": obj(
         {
             "id": {"type": "string", "pattern": "^chatcmpl-"},
@@ -134,6 +178,7 @@ SCHEMAS: JSON = {
                         "message": obj(
                             {"role": {"const": "assistant"}, "content": nullable(STR), "refusal": NULL}, ["role"]
                         ),
+                        "logprobs": CHAT_LOGPROBS,
                         "finish_reason": FINISH,
                     }
                 ),
@@ -142,6 +187,7 @@ SCHEMAS: JSON = {
             **LMSP_EXTRAS,
         }
     ),
+    "UpdateChatCompletion": obj({"metadata": METADATA}, ["metadata"], extra=False),
     "ChatCompletionList": obj(
         {
             "object": {"const": "list"},
@@ -177,7 +223,12 @@ SCHEMAS: JSON = {
                     "choices": {
                         "type": "array",
                         "items": obj(
-                            {"index": {"type": "integer"}, "delta": {"type": "object"}, "finish_reason": FINISH}
+                            {
+                                "index": {"type": "integer"},
+                                "delta": {"type": "object"},
+                                "logprobs": CHAT_LOGPROBS,
+                                "finish_reason": FINISH,
+                            }
                         ),
                     },
                 }
@@ -206,7 +257,7 @@ SCHEMAS: JSON = {
             **SAMPLING,
             **NOTHING_ASKED,
             "best_of": nullable({"const": 1}),
-            "logprobs": nullable({"const": 0}),
+            "logprobs": nullable({"type": "integer", "minimum": 0, "maximum": 5}),
         },
         ["model", "prompt"],
         extra=False,
@@ -238,7 +289,14 @@ SCHEMAS: JSON = {
                     "model": STR,
                     "choices": {
                         "type": "array",
-                        "items": obj({"index": {"type": "integer"}, "text": STR, "finish_reason": FINISH}),
+                        "items": obj(
+                            {
+                                "index": {"type": "integer"},
+                                "text": STR,
+                                "logprobs": LEGACY_LOGPROBS,
+                                "finish_reason": FINISH,
+                            }
+                        ),
                     },
                 },
             ),
@@ -326,7 +384,7 @@ def paths(op: Maker, param: Maker, idempotency: JSON, body_errors: tuple[str, ..
     """The paths, made with :mod:`.openapi`'s helpers (``op``: its ``_op``, ``param``: its ``_param``)."""
     return {
         **_chat_paths(op, param, idempotency),
-        **_stored_chat_paths(op, param),
+        **_stored_chat_paths(op, param, idempotency, body_errors),
         **_other_paths(op, idempotency, body_errors),
     }
 
@@ -364,6 +422,13 @@ def _chat_paths(op: Maker, param: Maker, idempotency: JSON) -> JSON:
                     param("after", "query", text(0, 100, "^chatcmpl-"), "The last id of the previous page."),
                     param("order", "query", {"enum": ["asc", "desc"]}),
                     param("model", "query", STR),
+                    param(
+                        "metadata",
+                        "query",
+                        METADATA_FILTER,
+                        "`metadata[key]=value`: only those whose metadata has each pair.",
+                    )
+                    | {"style": "deepObject", "explode": True},
                 ),
                 errors=("400",),
             ),
@@ -371,7 +436,7 @@ def _chat_paths(op: Maker, param: Maker, idempotency: JSON) -> JSON:
     }
 
 
-def _stored_chat_paths(op: Maker, param: Maker) -> JSON:
+def _stored_chat_paths(op: Maker, param: Maker, idempotency: JSON, body_errors: tuple[str, ...]) -> JSON:
     chat_id = param("completion_id", "path", text(0, 100, "^chatcmpl-"), "An id starting with `chatcmpl-`.")
     return {
         "/v1/chat/completions/{completion_id}": {
@@ -381,6 +446,14 @@ def _stored_chat_paths(op: Maker, param: Maker) -> JSON:
                 scope="responses:read",
                 params=(chat_id,),
                 errors=("404",),
+            ),
+            "post": op(
+                "Update a stored chat completion: its `metadata`, replaced (OpenAI's update)",
+                {"200": {"description": "It", "content": {"application/json": {"schema": ref("ChatCompletion")}}}},
+                scope="responses:write",
+                params=(chat_id, idempotency),
+                body="UpdateChatCompletion",
+                errors=body_errors + ("404", "409", "422"),  # 409, 422: its Idempotency-Key
             ),
             "delete": op(
                 "Delete a finished stored chat completion",

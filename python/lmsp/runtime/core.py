@@ -104,6 +104,7 @@ class Runtime:
         self.check_model_files = self.models.check_files
         self.embed = self.embeddings.embed  # embeddings, each request a task it runs itself
         self.detokenize = self.models.detokenize
+        self.prompt_pieces = self.models.prompt_pieces
 
     @property
     def owner(self) -> str | None:

@@ -83,6 +83,21 @@ class Models:
             raise InvalidRequest(f"'prompt': {exc}", param="prompt") from None
         return str(engine.detokenize(list(tokens)))
 
+    def prompt_pieces(self, model_id: str, prompt: str | Sequence[int]) -> list[bytes]:
+        """The bytes of each token of a completion's prompt, tokenized as the task
+        tokenizes it (a control token's are none); InvalidRequest for an id outside
+        the model's vocabulary."""
+        engine = self.engine(model_id)
+        if isinstance(prompt, str):
+            tokens = list(engine.tokenize(prompt, add_special=True, parse_special=True))
+        else:
+            tokens = [int(t) for t in prompt]
+            try:
+                check_vocabulary(tokens, engine.n_vocab)
+            except ValueError as exc:
+                raise InvalidRequest(f"'prompt': {exc}", param="prompt") from None
+        return [bytes(engine.token_bytes(t)) for t in tokens]
+
     def unload(self, model_id: str) -> dict[str, Any]:
         self.store.get_model(model_id)  # NotFound
         engine = self.detach_engine(model_id)

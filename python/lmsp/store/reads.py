@@ -66,10 +66,11 @@ class ReadsArea(StoreBase):
         prefix: str = "resp_",
         model: str | None = None,
         oldest_first: bool = False,
+        metadata: dict[str, str] | None = None,
     ) -> dict:
         """The responses whose id starts with ``prefix`` (``resp_``, or ``chatcmpl-`` for
         chat completions), newest first (or oldest first); ``after`` is the last id of
-        the previous page."""
+        the previous page; ``metadata``: only those whose metadata has each pair."""
         limit = _limit(limit)
         # a range of ids that the index on (client_id, id) serves
         where, args = ["r.id >= ? AND r.id < ?"], [prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)]
@@ -79,6 +80,9 @@ class ReadsArea(StoreBase):
         if client_id is not None:
             where.append("r.client_id = ?")
             args.append(client_id)
+        for key, value in (metadata or {}).items():
+            where.append("EXISTS (SELECT 1 FROM json_each(r.request, '$.metadata') m WHERE m.key = ? AND m.value = ?)")
+            args += [key, value]
         if status is not None:
             if status not in RESPONSE_STATUSES:
                 raise InvalidRequest(f"unknown status {status!r}", param="status")

@@ -4,6 +4,7 @@ can run it), its cancel (B.7), and its deletion once finished."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 
 from .. import objects as obj
@@ -201,6 +202,14 @@ class TasksArea(IdempotencyArea):
                 self._emit_task(conn, task, "task.cancelling", now)
                 self._save(conn, task)
             return obj.task_object(task)
+
+    def update_metadata(self, response_id: str, metadata: dict[str, str], client_id: str | None = None) -> None:
+        """Replace the ``metadata`` of a response's request (what its object shows and its
+        list filters on); the rest of the request is left as it was."""
+        with self._db.write() as conn:
+            request = json.loads(self._response_row(conn, response_id, client_id)["request"])
+            request["metadata"] = dict(metadata)
+            conn.execute("UPDATE responses SET request = ? WHERE id = ?", (dumps(request), response_id))
 
     def delete_response(self, response_id: str, client_id: str | None = None, *, keep_for_key: bool = False) -> dict:
         """Delete a finished response with its task and events. An idempotency key of
