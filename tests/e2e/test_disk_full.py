@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import signal
 import subprocess
 import time
 
@@ -51,6 +52,13 @@ def fill(directory) -> int:
     return written
 
 
+def _children(pid: int) -> list[int]:
+    """Every process below ``pid`` (the gunicorn master's workers)."""
+    with open(f"/proc/{pid}/task/{pid}/children") as fh:
+        children = [int(child) for child in fh.read().split()]
+    return children + [grandchild for child in children for grandchild in _children(child)]
+
+
 @pytest.mark.slow  # the disk stays full for 8 s
 def test_tasks_accepted_before_the_disk_filled_run_once_it_has_room(small_disk, tmp_path, demo_model_path):
     model = tmp_path / "padded.gguf"
@@ -65,9 +73,17 @@ def test_tasks_accepted_before_the_disk_filled_run_once_it_has_room(small_disk, 
             body = {"model": "padded", "input": f"story {i}", "background": True, "temperature": 0,
                     "max_output_tokens": 8, "on_restart": policy}
             task_ids.append(server.call("POST", "/v1/responses", body, token=token, expect=202)["task"]["id"])
-        # the model is not loaded yet: the first tasks are claimed and wait for its load
+        # the first tasks are claimed; the worker is held still while the disk fills, so
+        # that however busy the machine, their starts come when it is full
         server.wait_task(token, task_ids[0], lambda t: t["status"] != "queued")
-        assert fill(small_disk) > 0
+        workers = _children(server.proc.pid)
+        for pid in workers:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            assert fill(small_disk) > 0
+        finally:
+            for pid in workers:
+                os.kill(pid, signal.SIGCONT)
         time.sleep(SPELL_SECONDS)  # the disk stays full this long: the claimed tasks cannot start
         server.check_alive()
         os.unlink(small_disk / "filler")

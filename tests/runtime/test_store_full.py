@@ -13,8 +13,8 @@ from lmsp.store.db import translate
 
 class FullDisk:
     """Every write of ``store`` fails as SQLite fails on a full disk, from the moment a
-    task is claimed until the writes that start (or fail) a claimed task have been
-    refused ``starts`` times."""
+    task is claimed (by a claim, or by its creation when it starts early) until the
+    writes that start (or fail) a claimed task have been refused ``starts`` times."""
 
     def __init__(self, store, starts: int) -> None:
         self.db = store._db
@@ -33,6 +33,15 @@ class FullDisk:
             return out
 
         store.claim = claimed
+        create = store.create_task
+
+        def created(*args, **kwargs):
+            out = create(*args, **kwargs)  # a task created with its claim (started early) counts
+            if isinstance(out, dict) and out.get("claim") and not self.refused_starts:
+                self.full = True
+            return out
+
+        store.create_task = created
         for name in ("set_loading", "set_running", "fail_task"):
             setattr(store, name, self._starting(getattr(store, name)))
 
