@@ -424,7 +424,14 @@ void Engine::sample_batch() {
 
 // The sampled token's text, handed out, or the sequence's end.
 void Engine::take_token(Sequence & s, const float * logits) {
-    const int32_t token = s.sampler.sample(logits, n_vocab_, s.generated.size());
+    int32_t token = s.sampler.sample(logits, n_vocab_, s.generated.size());
+    if (s.grammar) {
+        token = constrained_token(s, logits, token);
+        if (token < 0) {
+            finish(s, Finish::error, "the grammar admits no next token", {}, "");
+            return;
+        }
+    }
     tokens_generated_++;
     if (s.logprobs) s.next_logprobs = {log_probability(logits, n_vocab_, token)};
     if (llama_vocab_is_eog(vocab_, token)) {
@@ -432,7 +439,7 @@ void Engine::take_token(Sequence & s, const float * logits) {
         return;
     }
     s.generated.push_back(token);
-    std::string text = s.text.push(piece(token));
+    std::string text = s.text.push(piece_of(s, token));
     if (s.text.stopped()) {
         finish(s, Finish::stop, "", {token}, std::move(text));
     } else if (int32_t(s.generated.size()) >= s.max_tokens || s.n_past >= n_ctx_) {
@@ -448,6 +455,21 @@ void Engine::take_token(Sequence & s, const float * logits) {
         r.n_generated = int32_t(s.generated.size());
         emit(s, std::move(r));
     }
+}
+
+// The token a constrained sequence takes: the sampler's pick when the grammar
+// allows it, else the same draw (the same counter) over the tokens the grammar
+// allows; -1 when it allows none. The grammar takes the token.
+int32_t Engine::constrained_token(Sequence & s, const float * logits, int32_t token) {
+    Grammar & g = *s.grammar;
+    if (!g.allows(token)) {
+        g.mask(logits, n_vocab_, s.masked);
+        token = s.sampler.sample(s.masked.data(), n_vocab_, s.generated.size());
+        if (!(s.masked[size_t(token)] > -INFINITY)) return -1;
+    }
+    // an end-of-generation token ends the sequence and is never fed to the model
+    if (llama_vocab_is_eog(vocab_, token)) return token;
+    return g.accept(token) ? token : -1;
 }
 
 void Engine::fail_all(const std::string & error) {
