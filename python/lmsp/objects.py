@@ -100,6 +100,7 @@ def response_object(response: Row, task: Row, text: str | None) -> dict:
         "top_p": request.get("top_p", 1.0),
         "seed": request.get("seed"),
         "metadata": request.get("metadata") or {},
+        "text": request.get("text") or {"format": {"type": "text"}},
         "task": {"id": task["id"], "status": task["status"], "on_restart": task["on_restart"]},
     }
 

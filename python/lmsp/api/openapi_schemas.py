@@ -242,6 +242,7 @@ SCHEMAS: JSON = {
                     "additionalProperties": text(0, 512),
                 }
             ),
+            "text": nullable({"type": "object"}),
         },
         ["model", "input"],
         extra=False,
@@ -291,6 +292,7 @@ SCHEMAS: JSON = {
             "top_p": {"type": "number"},
             "seed": nullable(INT),
             "metadata": {"type": "object", "additionalProperties": STR},
+            "text": obj({"format": obj({"type": {"enum": ["text", "json_object", "json_schema"]}})}),
             "task": obj(
                 {"id": STR, "status": {"enum": list(TASK_STATES)}, "on_restart": {"enum": ["fail", "retry", "resume"]}}
             ),

@@ -20,7 +20,7 @@ from lmsp.auth import is_admin
 from lmsp.contracts import CreatedTask, NewTask
 from lmsp.errors import InvalidRequest, LMSPError, ModelChanged, NotFound, TaskFinished, Unavailable
 
-from . import idempotency
+from . import idempotency, tools
 from .common import (
     Deps,
     caller,
@@ -56,6 +56,7 @@ FIELDS = (
     "store",
     "on_restart",
     "metadata",
+    "text",
 )
 ROLES = ("system", "user", "assistant")
 ROLE_ALIASES = {"developer": "system"}  # the OpenAI name of a system message
@@ -213,6 +214,7 @@ def parse_create(body: dict[str, Any], config: Any, random_seed: Callable[[], in
         "store": store,
         "on_restart": on_restart,
         "metadata": parse_metadata(body.get("metadata")),
+        "text": tools.parse_text(body.get("text")),
     }
     return CreateRequest(
         client_id=None,

@@ -21,6 +21,7 @@ from typing import Any
 from ..contracts import ClaimRecord, CreatedTask, NewTask
 from ..errors import ContextLengthExceeded, InvalidRequest
 from ..hubsafe import offload
+from . import constraints
 from . import prompt as prompting
 from .state import Run, WorkerState
 
@@ -37,6 +38,7 @@ class Admission:
         """Check the request, create its task (claimed here when a slot is free), and
         start it or have it claimed; what ``Store.create_task`` returns."""
         state = self.state
+        constraints.check(new.request)
         tokens = self.check_request(new.model, new.messages)
         slot = self.reserve(new.model)
         early = None

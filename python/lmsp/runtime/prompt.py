@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Protocol, Sequence
 
+from . import constraints
+
 
 class ChatEngine(Protocol):
     """What rendering asks of an engine (``lmsp.native.Engine`` has it)."""
@@ -57,7 +59,8 @@ def render(engine: ChatEngine, messages: list[dict]) -> list[int]:
 
 
 def sampling(request: dict, config) -> dict:
-    """The engine's ``submit`` keywords from a request (service defaults and caps applied)."""
+    """The engine's ``submit`` keywords from a request (service defaults and caps applied;
+    the grammar of its output's form, :mod:`.constraints`)."""
 
     def pick(name, default):
         value = request.get(name)
@@ -76,4 +79,5 @@ def sampling(request: dict, config) -> dict:
         "top_k": int(pick("top_k", 0)),
         "seed": int(pick("seed", 0)),
         "stop": [s for s in stop if isinstance(s, str) and s],
+        "grammar": constraints.grammar(request),
     }
