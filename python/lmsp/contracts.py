@@ -45,6 +45,11 @@ class StepItem(TypedDict, total=False):
     ``kv_path``: the task's latest KV snapshot; ``attempt``: the task's
     ``attempts`` in the claim that made the output (an item of an earlier
     claim is skipped).
+
+    A function call's output (:mod:`lmsp.calls`) has ``args`` (the text of
+    its arguments in the step) instead of ``delta``; ``call``
+    (``{"name", "head"}``) in the step that opens it, and ``tail`` (its
+    closing text) in the step that ends it.
     """
 
     task_id: Required[str]
@@ -55,6 +60,9 @@ class StepItem(TypedDict, total=False):
     usage: dict[str, Any] | None
     kv_path: str | None
     attempt: int
+    call: dict[str, str]
+    args: str
+    tail: str
 
 
 class StepState(NamedTuple):

@@ -11,9 +11,12 @@ import json
 import sqlite3
 from typing import Any, Mapping
 
+from . import calls
+
 Row = Mapping[str, Any] | sqlite3.Row
 
 COMPLETED, FAILED, CANCELLED = "completed", "failed", "cancelled"
+FINISHED = (COMPLETED, FAILED, CANCELLED)
 
 
 def response_status(task_status: str, incomplete_reason: str | None) -> str:
@@ -73,7 +76,10 @@ def response_object(response: Row, task: Row, text: str | None) -> dict:
     request = _json(response["request"], {})
     reason = response["incomplete_reason"]
     output = []
-    if text or task["item_open"] or task["status"] == COMPLETED:
+    call = calls.split(text or "", task["status"] in FINISHED) if calls.mode(request) else None
+    if call is not None:
+        output.append(calls.call_item(response["item_id"], call[0], call[1], _item_status(task, reason)))
+    elif text or task["item_open"] or task["status"] == COMPLETED:
         output.append(output_item(response["item_id"], _item_status(task, reason), text or ""))
     usage = _json(response["usage"])
     if usage is not None:
@@ -101,6 +107,10 @@ def response_object(response: Row, task: Row, text: str | None) -> dict:
         "seed": request.get("seed"),
         "metadata": request.get("metadata") or {},
         "text": request.get("text") or {"format": {"type": "text"}},
+        "tools": request.get("tools") or [],
+        "tool_choice": request.get("tool_choice") or "auto",
+        "parallel_tool_calls": request.get("parallel_tool_calls", True),
+        "max_tool_calls": request.get("max_tool_calls"),
         "task": {"id": task["id"], "status": task["status"], "on_restart": task["on_restart"]},
     }
 

@@ -26,6 +26,8 @@ EVENT_TYPES = [
     "response.output_text.done",
     "response.content_part.done",
     "response.output_item.done",
+    "response.function_call_arguments.delta",
+    "response.function_call_arguments.done",
     "response.completed",
     "response.incomplete",
     "response.failed",
@@ -243,6 +245,10 @@ SCHEMAS: JSON = {
                 }
             ),
             "text": nullable({"type": "object"}),
+            "tools": nullable({"type": "array", "items": {"type": "object"}}),
+            "tool_choice": nullable({"anyOf": [{"enum": ["auto", "none", "required"]}, {"type": "object"}]}),
+            "parallel_tool_calls": nullable({"type": "boolean"}),
+            "max_tool_calls": nullable({"type": "integer", "minimum": 1}),
         },
         ["model", "input"],
         extra=False,
@@ -264,6 +270,17 @@ SCHEMAS: JSON = {
             "content": {"type": "array", "items": ref("OutputText")},
         }
     ),
+    "FunctionCall": obj(
+        {
+            "type": {"const": "function_call"},
+            "id": {"type": "string", "pattern": "^fc_"},
+            "call_id": STR,
+            "name": STR,
+            "arguments": STR,
+            "status": {"enum": ["in_progress", "completed", "incomplete"]},
+        }
+    ),
+    "OutputItem": {"anyOf": [ref("OutputMessage"), ref("FunctionCall")]},
     "TaskError": nullable(obj({"code": STR, "message": STR})),
     "Response": obj(
         {
@@ -273,7 +290,7 @@ SCHEMAS: JSON = {
             "status": {"enum": RESPONSE_STATUSES},
             "background": {"type": "boolean"},
             "model": STR,
-            "output": {"type": "array", "items": ref("OutputMessage")},
+            "output": {"type": "array", "items": ref("OutputItem")},
             "usage": nullable(
                 obj(
                     {
@@ -293,6 +310,10 @@ SCHEMAS: JSON = {
             "seed": nullable(INT),
             "metadata": {"type": "object", "additionalProperties": STR},
             "text": obj({"format": obj({"type": {"enum": ["text", "json_object", "json_schema"]}})}),
+            "tools": {"type": "array"},
+            "tool_choice": {"anyOf": [{"enum": ["auto", "none", "required"]}, {"type": "object"}]},
+            "parallel_tool_calls": {"type": "boolean"},
+            "max_tool_calls": nullable(INT),
             "task": obj(
                 {"id": STR, "status": {"enum": list(TASK_STATES)}, "on_restart": {"enum": ["fail", "retry", "resume"]}}
             ),
@@ -330,7 +351,8 @@ SCHEMAS: JSON = {
             "output_index": INT,
             "content_index": INT,
             "text": STR,
-            "item": ref("OutputMessage"),
+            "arguments": STR,
+            "item": ref("OutputItem"),
             "part": ref("OutputText"),
         },
         # a response.failed carries its error in response.error (B.6); a top-level

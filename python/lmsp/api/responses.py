@@ -57,6 +57,10 @@ FIELDS = (
     "on_restart",
     "metadata",
     "text",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "max_tool_calls",
 )
 ROLES = ("system", "user", "assistant")
 ROLE_ALIASES = {"developer": "system"}  # the OpenAI name of a system message
@@ -123,13 +127,19 @@ def parse_messages(value: Any) -> list[dict[str, str]]:
     if len(value) > MAX_MESSAGES:
         raise InvalidRequest(f"'input' has more than {MAX_MESSAGES} messages", param="input")
     messages = []
+    calls: dict[str, str] = {}  # call id -> name, of the function calls so far
     for i, item in enumerate(value):
         where = f"input[{i}]"
         if not isinstance(item, dict):
             raise InvalidRequest(f"{where} must be an object with 'role' and 'content'", param=where)
+        if item.get("type") in tools.CALL_ITEMS:
+            messages.append(tools.call_message(item, where, calls))
+            continue
         reject_unknown(item, ("role", "content", "type"), where=f"{where}.")
         if item.get("type", "message") != "message":
-            raise InvalidRequest(f"{where}.type must be 'message'; only messages are supported", param=f"{where}.type")
+            raise InvalidRequest(
+                f"{where}.type must be 'message', 'function_call' or 'function_call_output'", param=f"{where}.type"
+            )
         role = item.get("role")
         role = ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
         if role not in ROLES:
@@ -215,6 +225,7 @@ def parse_create(body: dict[str, Any], config: Any, random_seed: Callable[[], in
         "on_restart": on_restart,
         "metadata": parse_metadata(body.get("metadata")),
         "text": tools.parse_text(body.get("text")),
+        **tools.parse_tool_fields(body),
     }
     return CreateRequest(
         client_id=None,

@@ -74,3 +74,133 @@ def check_schema(schema: Any, param: str) -> dict[str, Any]:
     if len(json.dumps(schema)) > MAX_SCHEMA_BYTES:
         raise InvalidRequest(f"'{param}' is larger than {MAX_SCHEMA_BYTES} bytes", param=param)
     return schema
+
+
+# -- function tools -------------------------------------------------------------
+
+CHOICES = ("auto", "none", "required")
+MAX_TOOLS = 128
+CALL_ITEMS = ("function_call", "function_call_output")
+MAX_CALL_ID = 64
+EMPTY_PARAMETERS = {"type": "object", "properties": {}}
+
+
+def parse_tool_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """``tools``, ``tool_choice``, ``parallel_tool_calls`` and ``max_tool_calls`` as the
+    task keeps them and the Response echoes them."""
+    tools = parse_tools(body.get("tools"))
+    choice = parse_tool_choice(body.get("tool_choice"), tools)
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise InvalidRequest("'parallel_tool_calls' must be a boolean", param="parallel_tool_calls")
+    most = body.get("max_tool_calls")
+    if most is not None and (not isinstance(most, int) or isinstance(most, bool) or most < 1):
+        raise InvalidRequest("'max_tool_calls' must be an integer of at least 1", param="max_tool_calls")
+    return {
+        "tools": tools,
+        "tool_choice": choice,
+        "parallel_tool_calls": True if parallel is None else parallel,
+        "max_tool_calls": most,
+    }
+
+
+def parse_tools(value: Any) -> list[dict[str, Any]]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise InvalidRequest("'tools' must be an array", param="tools")
+    if len(value) > MAX_TOOLS:
+        raise InvalidRequest(f"'tools' has more than {MAX_TOOLS} tools", param="tools")
+    tools: list[dict[str, Any]] = []
+    for i, tool in enumerate(value):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise InvalidRequest(f"'{where}' must be an object", param=where)
+        if tool.get("type") != "function":
+            raise InvalidRequest(
+                f"'{where}.type' must be 'function': only function tools are supported", param=f"{where}.type"
+            )
+        reject_unknown(tool, ("type", "name", "description", "parameters", "strict"), where=f"{where}.")
+        name = tool.get("name")
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise InvalidRequest(
+                f"'{where}.name' is required: 1 to 64 of a-z, A-Z, 0-9, '_' and '-'", param=f"{where}.name"
+            )
+        if any(t["name"] == name for t in tools):
+            raise InvalidRequest(f"tool name {name!r} is given twice", param=f"{where}.name")
+        description = tool.get("description")
+        if description is not None and not isinstance(description, str):
+            raise InvalidRequest(f"'{where}.description' must be a string", param=f"{where}.description")
+        strict = tool.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise InvalidRequest(f"'{where}.strict' must be a boolean", param=f"{where}.strict")
+        params = tool.get("parameters")
+        params = EMPTY_PARAMETERS if params is None else check_schema(params, f"{where}.parameters")
+        tools.append(
+            {
+                "type": "function",
+                "name": name,
+                "description": description,
+                "parameters": params,
+                "strict": True if strict is None else strict,
+            }
+        )
+    return tools
+
+
+def parse_tool_choice(value: Any, tools: list[dict[str, Any]]) -> Any:
+    if value is None:
+        return "auto"
+    if isinstance(value, str):
+        if value not in CHOICES:
+            raise InvalidRequest(
+                f"'tool_choice' must be one of {', '.join(CHOICES)} or a function", param="tool_choice"
+            )
+        if value == "required" and not tools:
+            raise InvalidRequest("'tool_choice' 'required' needs 'tools'", param="tool_choice")
+        return value
+    if not isinstance(value, dict) or value.get("type") != "function":
+        raise InvalidRequest(
+            '\'tool_choice\' must be auto, none, required or {"type": "function", "name"}', param="tool_choice"
+        )
+    reject_unknown(value, ("type", "name"), where="tool_choice.")
+    name = value.get("name")
+    if not any(t["name"] == name for t in tools):
+        raise InvalidRequest(f"'tool_choice' names {name!r}, which is not in 'tools'", param="tool_choice.name")
+    return {"type": "function", "name": name}
+
+
+def call_message(item: dict[str, Any], where: str, calls: dict[str, str]) -> dict[str, str]:
+    """A ``function_call`` or ``function_call_output`` input item as the chat message the
+    model reads; ``calls`` maps the call ids of the calls so far to their names."""
+    from lmsp import calls as call_format
+
+    kind = item["type"]
+    call_id = item.get("call_id")
+    if not isinstance(call_id, str) or not 1 <= len(call_id) <= MAX_CALL_ID:
+        raise InvalidRequest(
+            f"'{where}.call_id' must be a string of 1 to {MAX_CALL_ID} characters", param=f"{where}.call_id"
+        )
+    if kind == "function_call":
+        reject_unknown(item, ("type", "id", "call_id", "name", "arguments", "status"), where=f"{where}.")
+        name, arguments = item.get("name"), item.get("arguments")
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise InvalidRequest(f"'{where}.name' must be a function name", param=f"{where}.name")
+        if not isinstance(arguments, str):
+            raise InvalidRequest(f"'{where}.arguments' must be a string", param=f"{where}.arguments")
+        calls[call_id] = name
+        return {"role": "assistant", "content": call_format.as_text(name, arguments)}
+    reject_unknown(item, ("type", "id", "call_id", "output", "status"), where=f"{where}.")
+    if call_id not in calls:
+        raise InvalidRequest(
+            f"'{where}.call_id' {call_id!r} matches no function_call before it in 'input'", param=f"{where}.call_id"
+        )
+    output = item.get("output")
+    if isinstance(output, list):
+        parts = [p.get("text") for p in output if isinstance(p, dict) and p.get("type") in ("input_text", "text")]
+        if len(parts) != len(output) or not all(isinstance(p, str) for p in parts):
+            raise InvalidRequest(f"'{where}.output' must be a string or text parts", param=f"{where}.output")
+        output = "".join(parts)  # type: ignore[arg-type]
+    if not isinstance(output, str):
+        raise InvalidRequest(f"'{where}.output' must be a string or text parts", param=f"{where}.output")
+    return {"role": "user", "content": call_format.output_text(calls[call_id], call_id, output)}

@@ -24,6 +24,7 @@ from ..hubsafe import offload
 from . import constraints
 from . import prompt as prompting
 from .state import Run, WorkerState
+from .toolcalls import CallShaper
 
 log = logging.getLogger("lmsp.runtime")
 
@@ -39,7 +40,7 @@ class Admission:
         start it or have it claimed; what ``Store.create_task`` returns."""
         state = self.state
         constraints.check(new.request)
-        tokens = self.check_request(new.model, new.messages)
+        tokens = self.check_request(new.model, prompting.with_tools(new.messages, new.request))
         slot = self.reserve(new.model)
         early = None
         try:
@@ -112,7 +113,7 @@ class Admission:
             kwargs = prompting.sampling(request, state.config)
         except (ValueError, TypeError):
             return None
-        run = Run("", model_id, state="running", held=[])
+        run = Run("", model_id, state="running", held=[], calls=CallShaper.for_request(request))
         try:
             with state.lock:
                 if state.registry.engine(model_id) is not engine:

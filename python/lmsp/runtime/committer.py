@@ -49,9 +49,21 @@ def merge(item: StepItem | None, run: Run, result: EngineResult) -> StepItem:
             "usage": None,
             "kv_path": None,
         }
-    item["delta"] += result.get("text") or ""
-    item["tokens"].extend(result.get("tokens") or ())
     finish = result.get("finish")
+    text = result.get("text") or ""
+    if run.calls is None:
+        item["delta"] += text
+    else:
+        shaped = run.calls.push(text, bool(finish))
+        if "args" in shaped:  # a function call's
+            item["args"] = item.get("args", "") + shaped["args"]
+            if "call" in shaped:
+                item["call"] = shaped["call"]
+            if "tail" in shaped:
+                item["tail"] = shaped["tail"]
+        else:
+            item["delta"] += shaped["delta"]
+    item["tokens"].extend(result.get("tokens") or ())
     if finish:
         item["finish"] = finish
         if finish == "error":

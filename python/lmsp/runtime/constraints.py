@@ -2,7 +2,12 @@
 
 ``text.format`` ``json_schema`` is held to the grammar llama.cpp's JSON-schema
 converter makes of its schema, ``json_object`` to that of ``{"type":
-"object"}``; ``text`` (the default) to nothing. A schema the converter cannot
+"object"}``; ``text`` (the default) to nothing. Function tools (with
+``tool_choice`` other than ``none``) are held to the service's own call
+format (:mod:`lmsp.calls`): the grammar of ``{"name", "arguments"}`` objects,
+one alternative per tool with its parameters' schema; with ``required`` or a
+named tool the grammar holds from the first token, with ``auto`` it is lazy,
+triggered by an output that opens with ``{``. A schema the converter cannot
 express is refused when the task is created (:func:`check`), never run
 unconstrained.
 """
@@ -13,10 +18,13 @@ import json
 from functools import lru_cache
 from typing import Any
 
+from .. import calls
 from ..errors import InvalidRequest
 
 SCHEMA_PARAM = "text.format.schema"
 ANY_OBJECT = {"type": "object"}
+# an output that opens with "{" (after space) is a call; the grammar is fed from the brace
+CALL_TRIGGER = {"type": "pattern", "value": r"^\s*(\{)"}
 
 
 @lru_cache(maxsize=256)
@@ -24,6 +32,11 @@ def _schema_grammar(schema_json: str) -> str:
     from .. import native  # the extension loads in the workers only
 
     return native.schema_grammar(schema_json)
+
+
+def schema_grammar(schema: dict[str, Any]) -> str:
+    """The grammar of a schema (its properties' order kept: it is the output's)."""
+    return _schema_grammar(json.dumps(schema))
 
 
 def output_schema(request: dict[str, Any]) -> dict[str, Any] | None:
@@ -38,18 +51,65 @@ def output_schema(request: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+def tool_mode(request: dict[str, Any]) -> str | None:
+    """``required``, ``auto`` or None: :func:`lmsp.calls.mode`."""
+    return calls.mode(request)
+
+
+def callable_tools(request: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tools the model may call: all of them, or the one ``tool_choice`` names."""
+    tools: list[dict[str, Any]] = request.get("tools") or []
+    choice = request.get("tool_choice")
+    if isinstance(choice, dict):
+        return [t for t in tools if t["name"] == choice.get("name")]
+    return tools
+
+
+def call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """The schema of one call of any of ``tools``: the name first, then the arguments."""
+    return {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {"name": {"const": t["name"]}, "arguments": t.get("parameters") or ANY_OBJECT},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+            for t in tools
+        ]
+    }
+
+
 def grammar(request: dict[str, Any]) -> dict[str, Any] | None:
     """The engine's ``grammar`` argument for a request (None: unconstrained);
     ValueError for a schema the converter cannot express."""
+    mode = tool_mode(request)
+    if mode is not None:
+        gbnf = schema_grammar(call_schema(callable_tools(request)))
+        if mode == "auto":
+            return {"gbnf": gbnf, "lazy": True, "triggers": [CALL_TRIGGER]}
+        return {"gbnf": gbnf}
     schema = output_schema(request)
     if schema is None:
         return None
-    return {"gbnf": _schema_grammar(json.dumps(schema, sort_keys=True))}
+    return {"gbnf": schema_grammar(schema)}
 
 
 def check(request: dict[str, Any]) -> None:
     """A request whose output form cannot be held to: InvalidRequest (400)."""
+    if tool_mode(request) is not None:
+        if output_schema(request) is not None:
+            raise InvalidRequest(
+                "'text.format' json_schema and json_object cannot be combined with tools", param="text.format"
+            )
+        for i, tool in enumerate(request.get("tools") or ()):
+            try:
+                schema_grammar(tool.get("parameters") or ANY_OBJECT)
+            except ValueError as exc:
+                param = f"tools[{i}].parameters"
+                raise InvalidRequest(f"'{param}' is not supported: {exc}", param=param) from None
     try:
         grammar(request)
     except ValueError as exc:
-        raise InvalidRequest(f"'{SCHEMA_PARAM}' is not supported: {exc}", param=SCHEMA_PARAM) from None
+        param = "tools" if tool_mode(request) is not None else SCHEMA_PARAM
+        raise InvalidRequest(f"'{param}' is not supported: {exc}", param=param) from None

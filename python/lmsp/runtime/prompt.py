@@ -7,6 +7,7 @@ without a template gets the plain format of ``docs/API.md``.
 
 from __future__ import annotations
 
+import json
 from typing import Protocol, Sequence
 
 from . import constraints
@@ -48,7 +49,43 @@ def messages_for(request: dict) -> list[dict]:
             elif isinstance(message, dict):
                 role = ROLES.get(message.get("role") or "user", "user")
                 messages.append({"role": role, "content": _text(message.get("content"))})
-    return messages
+    return with_tools(messages, request)
+
+
+def tools_text(request: dict) -> str:
+    """The system text that tells the model its tools and the call format (:mod:`lmsp.calls`)."""
+    tools = constraints.callable_tools(request)
+    lines = ["You can call these functions. Each one's arguments are a JSON object of this schema:"]
+    for tool in tools:
+        described = {
+            "name": tool["name"],
+            "description": tool.get("description") or "",
+            "parameters": tool.get("parameters"),
+        }
+        lines.append(json.dumps(described))
+    lines.append(
+        'To call a function, answer with only this JSON object: {"name": <function name>, "arguments": <its arguments>}'
+    )
+    if constraints.tool_mode(request) == "auto":
+        lines.append("Call a function only when it helps; otherwise answer in plain text.")
+    elif len(tools) == 1:
+        lines.append(f"Call {tools[0]['name']} now.")
+    else:
+        lines.append("Call one of them now.")
+    return "\n".join(lines)
+
+
+def with_tools(messages: list[dict], request: dict) -> list[dict]:
+    """The messages with the tools described in the system message (its end, or a new
+    first one), when the request lets the model call tools."""
+    if constraints.tool_mode(request) is None:
+        return messages
+    text = tools_text(request)
+    if messages and messages[0].get("role") == "system":
+        first = messages[0]
+        joined = f"{first['content']}\n\n{text}" if first["content"] else text
+        return [{"role": "system", "content": joined}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
 
 
 def render(engine: ChatEngine, messages: list[dict]) -> list[int]:

@@ -72,7 +72,7 @@ class WorkerArea(StoreBase):
     def _resume(conn: sqlite3.Connection, task: dict) -> Resume:
         """Where the output of a ``running`` task claimed to continue stands."""
         events = conn.execute(
-            "SELECT text, tokens FROM task_events WHERE task_id = ? AND seq > ? AND data IS NULL ORDER BY seq",
+            "SELECT text, tokens FROM task_events WHERE task_id = ? AND seq > ? AND text IS NOT NULL ORDER BY seq",
             (task["id"], task["attempt_seq"]),
         )
         generated: list[int] = []
