@@ -54,6 +54,35 @@ def head(text: str) -> Head | None:
     return Head(name if isinstance(name, str) else "", m.end())
 
 
+STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+SPACE = re.compile(r"\s*")
+# the head's parts after space each: None is the name (a JSON string)
+HEAD_PARTS = ("{", '"name"', ":", None, ",", '"arguments"', ":")
+
+
+def may_open(text: str) -> bool:
+    """Whether ``text`` may still be (or already is) the start of a call: false as
+    soon as it leaves the head's form (JSON text that is not a call, say)."""
+    i = 0
+    for part in HEAD_PARTS:
+        i = SPACE.match(text, i).end()  # type: ignore[union-attr]
+        if i == len(text):
+            return True
+        if part is None:
+            m = STRING.match(text, i)
+            if m is None:
+                return text[i] == '"'  # a name still coming
+            i = m.end()
+            continue
+        n = min(len(part), len(text) - i)
+        if text[i : i + n] != part[:n]:
+            return False
+        i += n
+        if n < len(part):
+            return True
+    return True
+
+
 def tail_start(text: str) -> int:
     """Where what may be the call's tail begins in ``text`` (the arguments so far, the rest)."""
     m = TAIL.search(text)

@@ -249,6 +249,7 @@ SCHEMAS: JSON = {
             "tool_choice": nullable({"anyOf": [{"enum": ["auto", "none", "required"]}, {"type": "object"}]}),
             "parallel_tool_calls": nullable({"type": "boolean"}),
             "max_tool_calls": nullable({"type": "integer", "minimum": 1}),
+            "include": nullable({"type": "array", "maxItems": 0}),
         },
         ["model", "input"],
         extra=False,

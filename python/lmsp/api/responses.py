@@ -61,6 +61,7 @@ FIELDS = (
     "tool_choice",
     "parallel_tool_calls",
     "max_tool_calls",
+    "include",
 )
 ROLES = ("system", "user", "assistant")
 ROLE_ALIASES = {"developer": "system"}  # the OpenAI name of a system message
@@ -227,6 +228,8 @@ def parse_create(body: dict[str, Any], config: Any, random_seed: Callable[[], in
         "text": tools.parse_text(body.get("text")),
         **tools.parse_tool_fields(body),
     }
+    if body.get("include"):  # an empty list asks for nothing
+        raise InvalidRequest("'include' values are not supported", param="include")
     return CreateRequest(
         client_id=None,
         model=model,

@@ -7,7 +7,9 @@ converter makes of its schema, ``json_object`` to that of ``{"type":
 format (:mod:`lmsp.calls`): the grammar of ``{"name", "arguments"}`` objects,
 one alternative per tool with its parameters' schema; with ``required`` or a
 named tool the grammar holds from the first token, with ``auto`` it is lazy,
-triggered by an output that opens with ``{``. A schema the converter cannot
+triggered by an output that opens with ``{``; with ``auto`` and a JSON
+``text.format`` the output is a call or the answer in that form. A schema the
+converter cannot
 express is refused when the task is created (:func:`check`), never run
 unconstrained.
 """
@@ -84,12 +86,15 @@ def grammar(request: dict[str, Any]) -> dict[str, Any] | None:
     """The engine's ``grammar`` argument for a request (None: unconstrained);
     ValueError for a schema the converter cannot express."""
     mode = tool_mode(request)
+    schema = output_schema(request)
     if mode is not None:
-        gbnf = schema_grammar(call_schema(callable_tools(request)))
+        calls_schema = call_schema(callable_tools(request))
+        if mode == "auto" and schema is not None:  # a call, or the answer in its form
+            return {"gbnf": schema_grammar({"anyOf": [*calls_schema["anyOf"], schema]})}
+        gbnf = schema_grammar(calls_schema)
         if mode == "auto":
             return {"gbnf": gbnf, "lazy": True, "triggers": [CALL_TRIGGER]}
         return {"gbnf": gbnf}
-    schema = output_schema(request)
     if schema is None:
         return None
     return {"gbnf": schema_grammar(schema)}
@@ -98,10 +103,6 @@ def grammar(request: dict[str, Any]) -> dict[str, Any] | None:
 def check(request: dict[str, Any]) -> None:
     """A request whose output form cannot be held to: InvalidRequest (400)."""
     if tool_mode(request) is not None:
-        if output_schema(request) is not None:
-            raise InvalidRequest(
-                "'text.format' json_schema and json_object cannot be combined with tools", param="text.format"
-            )
         for i, tool in enumerate(request.get("tools") or ()):
             try:
                 schema_grammar(tool.get("parameters") or ANY_OBJECT)

@@ -67,7 +67,8 @@ def tools_text(request: dict) -> str:
         'To call a function, answer with only this JSON object: {"name": <function name>, "arguments": <its arguments>}'
     )
     if constraints.tool_mode(request) == "auto":
-        lines.append("Call a function only when it helps; otherwise answer in plain text.")
+        answer = "as JSON" if constraints.output_schema(request) is not None else "in plain text"
+        lines.append(f"Call a function only when it helps; otherwise answer {answer}.")
     elif len(tools) == 1:
         lines.append(f"Call {tools[0]['name']} now.")
     else:

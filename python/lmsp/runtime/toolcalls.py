@@ -2,8 +2,8 @@
 
 For a request that lets the model call tools (:func:`lmsp.calls.mode`), the
 engine's text goes through a :class:`CallShaper` before the store: an output
-that opens with ``{`` (any output, with ``tool_choice`` ``required`` or a
-named tool) is a call in the service's format, whose head (up to the
+that opens with a call's head (any output, with ``tool_choice`` ``required``
+or a named tool) is a call in the service's format, whose head (up to the
 arguments) is held back until it is whole, whose arguments are handed on as
 they come, and whose tail (the closing brace) is held until the end; any
 other output is text, handed on as it comes. Text held back is the engine's
@@ -47,9 +47,9 @@ class CallShaper:
             if self.head is not None and self.head.length == len(self.text) and not final:
                 self.head = None  # space may still come before the arguments: not in them
             if self.head is None:
-                if not final:
+                if not final and calls.may_open(self.text):
                     return {"delta": ""}
-                self.kind = "text"  # it never became a call: what came is text
+                self.kind = "text"  # it did not become a call: what came is text
             else:
                 out = {"call": {"name": self.head.name, "head": self.text[: self.head.length]}}
                 self.done = self.head.length
