@@ -1,5 +1,6 @@
 #include "grammar.h"
 
+#include <cctype>
 #include <cmath>
 #include <exception>
 
@@ -72,8 +73,17 @@ Grammar::Grammar(const llama_vocab * vocab, const GrammarSpec & spec) {
     }
     if (sampler_ == nullptr) throw InvalidArgument("the grammar does not parse (GBNF with a 'root' rule)");
     if (!spec.lazy && !spec.prefill.empty()) {
-        for (int32_t t : special_tokens(vocab, spec.prefill)) {
-            if (!accept(t)) throw InvalidArgument("the grammar does not take the prompt's opening of the output");
+        const auto tokens = special_tokens(vocab, spec.prefill);
+        for (size_t i = 0; i < tokens.size(); ++i) {
+            // as llama.cpp's common sampler: a space some tokenizers put before the text is not its
+            const std::string piece = common_token_to_piece(vocab, tokens[i], true);
+            if (i == 0 && !piece.empty() && std::isspace(static_cast<unsigned char>(piece[0])) &&
+                !std::isspace(static_cast<unsigned char>(spec.prefill[0]))) {
+                continue;
+            }
+            if (!accept(tokens[i])) {
+                throw InvalidArgument("the grammar does not take the prompt's opening of the output");
+            }
         }
     }
 }

@@ -127,3 +127,9 @@ def test_bad_grammars_are_refused(engine: Engine) -> None:
         schema_grammar(json.dumps({"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}))
     with pytest.raises(ValueError, match="not JSON"):
         schema_grammar("{")
+
+
+
+def test_a_prefill_the_grammar_does_not_take_is_refused(engine: Engine) -> None:
+    with pytest.raises(ValueError, match="opening of the output"):
+        engine.submit(PROMPT, max_tokens=4, grammar={"gbnf": 'root ::= "no"', "prefill": "yes, yes"})
