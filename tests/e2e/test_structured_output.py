@@ -96,6 +96,8 @@ def test_openai_responses_parse_gives_the_pydantic_model(server, token):
 @pytest.mark.parametrize("schema", [
     {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}},
     {"type": "object", "properties": {"a": {"$ref": "https://example.invalid/schema.json"}}},
+    {"type": "object", "properties": {"a": {"not": {"type": "string"}}}},
+    {"type": "object", "properties": {"a": {"type": "string", "pattern": "[a-z]+"}}},
 ])
 def test_a_schema_the_grammar_cannot_express_is_refused_and_nothing_is_stored(server, token, schema):
     before = server.call("GET", "/v1/responses?limit=100", token=token)["data"]

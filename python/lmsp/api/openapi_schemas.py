@@ -40,6 +40,10 @@ EVENT_TYPES = [
 ]
 
 
+# a tool's or a format's name
+NAME: JSON = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}
+
+
 def ref(name: str) -> JSON:
     return {"$ref": f"#/components/schemas/{name}"}
 
@@ -244,9 +248,58 @@ SCHEMAS: JSON = {
                     "additionalProperties": text(0, 512),
                 }
             ),
-            "text": nullable({"type": "object"}),
-            "tools": nullable({"type": "array", "items": {"type": "object"}}),
-            "tool_choice": nullable({"anyOf": [{"enum": ["auto", "none", "required"]}, {"type": "object"}]}),
+            "text": nullable(
+                obj(
+                    {
+                        "format": nullable(
+                            {
+                                "anyOf": [
+                                    obj({"type": {"enum": ["text", "json_object"]}}, extra=False),
+                                    obj(
+                                        {
+                                            "type": {"const": "json_schema"},
+                                            "name": NAME,
+                                            "schema": {"type": "object"},
+                                            "description": nullable(STR),
+                                            "strict": nullable({"type": "boolean"}),
+                                        },
+                                        ["type", "name", "schema"],
+                                        extra=False,
+                                    ),
+                                ]
+                            }
+                        ),
+                        "verbosity": nullable({"enum": ["low", "medium", "high"]}),
+                    },
+                    [],
+                    extra=False,
+                )
+            ),
+            "tools": nullable(
+                {
+                    "type": "array",
+                    "maxItems": 128,
+                    "items": obj(
+                        {
+                            "type": {"const": "function"},
+                            "name": NAME,
+                            "description": nullable(STR),
+                            "parameters": nullable({"type": "object"}),
+                            "strict": nullable({"type": "boolean"}),
+                        },
+                        ["type", "name"],
+                        extra=False,
+                    ),
+                }
+            ),
+            "tool_choice": nullable(
+                {
+                    "anyOf": [
+                        {"enum": ["auto", "none", "required"]},
+                        obj({"type": {"const": "function"}, "name": NAME}, extra=False),
+                    ]
+                }
+            ),
             "parallel_tool_calls": nullable({"type": "boolean"}),
             "max_tool_calls": nullable({"type": "integer", "minimum": 1}),
             "include": nullable({"type": "array", "maxItems": 0}),

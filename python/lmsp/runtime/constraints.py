@@ -41,6 +41,77 @@ def schema_grammar(schema: dict[str, Any]) -> str:
     return _schema_grammar(json.dumps(schema))
 
 
+# keywords the converter would skip, so that an output could break them: refused
+UNENFORCED = (
+    "not", "if", "then", "else", "dependentSchemas", "dependentRequired", "contains", "minContains", "maxContains",
+    "patternProperties", "propertyNames", "minProperties", "maxProperties", "unevaluatedProperties",
+    "unevaluatedItems", "multipleOf", "prefixItems", "$anchor", "$dynamicRef",
+)  # fmt: skip
+FORMATS = ("date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5")
+BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+def unenforced(schema: Any, path: str = "") -> str | None:
+    """The first part of a schema the grammar converter would not hold the output to
+    (it skips what it does not know): ``"<where>: <what>"``, or None."""
+    if isinstance(schema, list):
+        for i, sub in enumerate(schema):
+            found = unenforced(sub, f"{path}[{i}]")
+            if found:
+                return found
+        return None
+    if not isinstance(schema, dict):
+        return None
+    found = _unenforced_here(schema, path or "the schema")
+    if found:
+        return found
+    for key in ("properties", "$defs", "definitions"):
+        if isinstance(schema.get(key), dict):
+            for name, sub in schema[key].items():
+                found = unenforced(sub, f"{path}.{key}.{name}" if path else f"{key}.{name}")
+                if found:
+                    return found
+    for key in ("items", "anyOf", "oneOf", "allOf", "additionalProperties"):
+        found = unenforced(schema.get(key), f"{path}.{key}" if path else key)
+        if found:
+            return found
+    return None
+
+
+def _unenforced_here(schema: dict[str, Any], where: str) -> str | None:
+    """:func:`unenforced` of one schema object's own keywords."""
+    for key in UNENFORCED:
+        if key in schema:
+            return f"{where}: '{key}' is not supported"
+    if schema.get("uniqueItems"):
+        return f"{where}: 'uniqueItems' is not supported"
+    fmt = schema.get("format")
+    if fmt is not None and fmt not in FORMATS:
+        return f"{where}: format {fmt!r} is not supported (only {', '.join(FORMATS[:4])})"
+    if any(k in schema for k in BOUNDS) and schema.get("type") != "integer":
+        return f"{where}: minimum and maximum are supported for integers only"
+    pattern = schema.get("pattern")
+    if isinstance(pattern, str) and not _pattern_supported(pattern):
+        return f"{where}: pattern {pattern!r} is not supported (it must start with ^ and end with $)"
+    return None
+
+
+# a pattern the converter cannot read (a lookahead): it takes any string then, and only warns
+UNREADABLE_PATTERN = "^(?=)$"
+
+
+def _pattern_supported(pattern: str) -> bool:
+    """Whether the converter makes a grammar of the pattern: for one it cannot read it
+    makes the grammar of any string, the same for every such pattern."""
+    if not (pattern.startswith("^") and pattern.endswith("$")):
+        return False
+    try:
+        unread = schema_grammar({"type": "string", "pattern": UNREADABLE_PATTERN})
+        return schema_grammar({"type": "string", "pattern": pattern}) != unread
+    except ValueError:
+        return False
+
+
 def output_schema(request: dict[str, Any]) -> dict[str, Any] | None:
     """The JSON schema the output is held to (None: free text)."""
     fmt = (request.get("text") or {}).get("format") or {}
@@ -104,13 +175,24 @@ def check(request: dict[str, Any]) -> None:
     """A request whose output form cannot be held to: InvalidRequest (400)."""
     if tool_mode(request) is not None:
         for i, tool in enumerate(request.get("tools") or ()):
-            try:
-                schema_grammar(tool.get("parameters") or ANY_OBJECT)
-            except ValueError as exc:
-                param = f"tools[{i}].parameters"
-                raise InvalidRequest(f"'{param}' is not supported: {exc}", param=param) from None
+            param = f"tools[{i}].parameters"
+            _check_schema(tool.get("parameters") or ANY_OBJECT, param)
+    schema = output_schema(request)
+    if schema is not None:
+        _check_schema(schema, SCHEMA_PARAM)
     try:
         grammar(request)
     except ValueError as exc:
         param = "tools" if tool_mode(request) is not None else SCHEMA_PARAM
         raise InvalidRequest(f"'{param}' is not supported: {exc}", param=param) from None
+
+
+def _check_schema(schema: dict[str, Any], param: str) -> None:
+    why = unenforced(schema)
+    if why is None:
+        try:
+            schema_grammar(schema)
+            return
+        except ValueError as exc:
+            why = str(exc)
+    raise InvalidRequest(f"'{param}' is not supported: {why}", param=param)
