@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import httpx
 import openai
 import pytest
 from pydantic import BaseModel, Field
@@ -87,25 +88,30 @@ def test_openai_streamed_call(client):
 def test_openai_agents_agent_with_a_tool_and_an_output_type(server, token):
     agents = pytest.importorskip("agents")
     agents.set_tracing_disabled(True)
-    model = agents.OpenAIResponsesModel(
-        model=MODEL, openai_client=openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key=token,
-                                                      max_retries=0))
-    agent = agents.Agent(name="weather", instructions=INSTRUCTIONS, tools=[agents.function_tool(get_weather)],
-                         output_type=Weather, model=model,
-                         # once it has called the tool, this small model calls it again at every
-                         # turn (greedy, and at most seeds): this seed answers in the output type at once
-                         model_settings=agents.ModelSettings(temperature=1.0, max_tokens=120,
-                                                             extra_body={"seed": 7}))
-    result = asyncio.run(agents.Runner.run(agent, ASK, max_turns=4))
+
+    async def run():
+        async with openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key=token, max_retries=0) as client:
+            model = agents.OpenAIResponsesModel(model=MODEL, openai_client=client)
+            agent = agents.Agent(name="weather", instructions=INSTRUCTIONS, tools=[agents.function_tool(get_weather)],
+                                 output_type=Weather, model=model,
+                                 # once it has called the tool, this small model calls it again at every
+                                 # turn (greedy, and most seeds): this seed answers in the output type at once
+                                 model_settings=agents.ModelSettings(temperature=1.0, max_tokens=120,
+                                                                     extra_body={"seed": 7}))
+            return await agents.Runner.run(agent, ASK, max_turns=4)
+
+    result = asyncio.run(run())
     assert isinstance(result.final_output, Weather) and result.final_output.city == "Paris"
 
 
 def test_langchain_bind_tools_and_structured_output(server, token):
     langchain_openai = pytest.importorskip("langchain_openai")
-    llm = langchain_openai.ChatOpenAI(model=MODEL, base_url=f"{server.base_url}/v1", api_key=token,
-                                      use_responses_api=True, temperature=0, max_tokens=120, max_retries=0)
-    message = llm.bind_tools([get_weather], tool_choice="required").invoke(ASK)
-    [call] = message.tool_calls
-    assert call["name"] == "get_weather" and isinstance(call["args"]["city"], str)
-    weather = llm.with_structured_output(Weather).invoke("Describe the weather in Paris.")
+    with httpx.Client(timeout=60.0) as http:
+        llm = langchain_openai.ChatOpenAI(model=MODEL, base_url=f"{server.base_url}/v1", api_key=token,
+                                          use_responses_api=True, temperature=0, max_tokens=120, max_retries=0,
+                                          http_client=http)
+        message = llm.bind_tools([get_weather], tool_choice="required").invoke(ASK)
+        [call] = message.tool_calls
+        assert call["name"] == "get_weather" and isinstance(call["args"]["city"], str)
+        weather = llm.with_structured_output(Weather).invoke("Describe the weather in Paris.")
     assert isinstance(weather, Weather)
