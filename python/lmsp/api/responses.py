@@ -56,12 +56,8 @@ FIELDS = (
     "store",
     "on_restart",
     "metadata",
-    "text",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "max_tool_calls",
     "include",
+    *tools.FIELDS,
 )
 ROLES = ("system", "user", "assistant")
 ROLE_ALIASES = {"developer": "system"}  # the OpenAI name of a system message
@@ -225,8 +221,7 @@ def parse_create(body: dict[str, Any], config: Any, random_seed: Callable[[], in
         "store": store,
         "on_restart": on_restart,
         "metadata": parse_metadata(body.get("metadata")),
-        "text": tools.parse_text(body.get("text")),
-        **tools.parse_tool_fields(body),
+        **tools.tools_and_format(body),
     }
     if body.get("include"):  # an empty list asks for nothing
         raise InvalidRequest("'include' values are not supported", param="include")

@@ -1,5 +1,7 @@
 """Structured output and function tools of a create request (LMSP B.11): the
-``text`` field's format, checked and made into what the task keeps.
+``text`` field's format, ``tools`` and the fields that go with them, and the
+function call items of ``input``, checked and made into what the task keeps
+(:func:`tools_and_format`, :func:`call_message`).
 
 ``text.format`` is ``{"type": "text"}`` (the default), ``{"type":
 "json_object"}`` or ``{"type": "json_schema", "name", "schema",
@@ -78,11 +80,19 @@ def check_schema(schema: Any, param: str) -> dict[str, Any]:
 
 # -- function tools -------------------------------------------------------------
 
+#: the create request's fields this module checks
+FIELDS = ("text", "tools", "tool_choice", "parallel_tool_calls", "max_tool_calls")
+
 CHOICES = ("auto", "none", "required")
 MAX_TOOLS = 128
 CALL_ITEMS = ("function_call", "function_call_output")
 MAX_CALL_ID = 64
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
+
+
+def tools_and_format(body: dict[str, Any]) -> dict[str, Any]:
+    """Every field of :data:`FIELDS` as the task keeps it and the Response echoes it."""
+    return {"text": parse_text(body.get("text")), **parse_tool_fields(body)}
 
 
 def parse_tool_fields(body: dict[str, Any]) -> dict[str, Any]:
