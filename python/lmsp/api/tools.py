@@ -146,6 +146,11 @@ def parse_tools(value: Any) -> list[dict[str, Any]]:
             raise InvalidRequest(f"'{where}.strict' must be a boolean", param=f"{where}.strict")
         params = tool.get("parameters")
         params = EMPTY_PARAMETERS if params is None else check_schema(params, f"{where}.parameters")
+        if params.get("type", "object") != "object":
+            raise InvalidRequest(
+                f"'{where}.parameters' must be the schema of an object (the call's arguments)",
+                param=f"{where}.parameters",
+            )
         tools.append(
             {
                 "type": "function",

@@ -1,0 +1,59 @@
+"""Function tools with the scripted worker: each bad tool field or call item a 400
+with its param and nothing stored; good ones kept with the task and echoed."""
+from __future__ import annotations
+
+import pytest
+from api_helpers import assert_error
+
+TOOL = {"type": "function", "name": "get_weather", "description": "The weather.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+CALL = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'}
+OUTPUT = {"type": "function_call_output", "call_id": "call_1", "output": "Sunny"}
+BAD = [
+    ({"tools": [TOOL, TOOL]}, "tools[1].name"),
+    ({"tools": [{**TOOL, "name": "has space"}]}, "tools[0].name"),
+    ({"tools": [{**TOOL, "name": "x" * 65}]}, "tools[0].name"),
+    ({"tools": [{**TOOL, "name": None}]}, "tools[0].name"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"tools": ["get_weather"]}, "tools[0]"),
+    ({"tools": [{**TOOL, "parameters": [1]}]}, "tools[0].parameters"),
+    ({"tools": [{**TOOL, "parameters": {"type": "string"}}]}, "tools[0].parameters"),
+    ({"tools": [{**TOOL, "parameters": {"enum": ["x" * 40000]}}]}, "tools[0].parameters"),
+    ({"tools": [{**TOOL, "strict": "yes"}]}, "tools[0].strict"),
+    ({"tools": [{**TOOL, "extra": 1}]}, "tools[0].extra"),
+    ({"tools": [TOOL], "tool_choice": {"type": "function", "name": "other"}}, "tool_choice.name"),
+    ({"tools": [TOOL], "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [TOOL], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    ({"tools": [TOOL], "max_tool_calls": 0}, "max_tool_calls"),
+    ({"input": [OUTPUT]}, "input[0].call_id"),
+    ({"input": [OUTPUT, CALL]}, "input[0].call_id"),
+    ({"input": [{**CALL, "call_id": ""}]}, "input[0].call_id"),
+    ({"input": [{**CALL, "arguments": {"city": "Paris"}}]}, "input[0].arguments"),
+    ({"input": [{**CALL, "name": "a b"}]}, "input[0].name"),
+    ({"input": [CALL, {**OUTPUT, "output": 5}]}, "input[1].output"),
+    ({"include": ["reasoning.encrypted_content"]}, "include"),
+]
+
+
+def create(api, **fields):
+    return api.post("/v1/responses", json={"model": "tiny", "input": "Say hello", **fields})
+
+
+@pytest.mark.parametrize("fields,param", BAD)
+def test_bad_tool_input_is_refused_and_nothing_is_stored(user, fields, param):
+    before = user.get("/v1/responses").json["data"]
+    assert_error(create(user, **fields), 400, "invalid_request", param=param)
+    assert user.get("/v1/responses").json["data"] == before
+
+
+def test_tools_and_call_items_are_kept_and_echoed(user):
+    body = create(user, tools=[TOOL], tool_choice={"type": "function", "name": "get_weather"},
+                  parallel_tool_calls=False, max_tool_calls=2, include=[],
+                  input=[{"role": "user", "content": "Weather?"}, {**CALL, "id": "fc_1", "status": "completed"},
+                         {**OUTPUT, "output": [{"type": "input_text", "text": "Sunny"}]}]).json
+    assert body["tools"] == [{**TOOL, "strict": True}]
+    assert body["tool_choice"] == {"type": "function", "name": "get_weather"}
+    assert (body["parallel_tool_calls"], body["max_tool_calls"]) == (False, 2)
+    plain = create(user, tools=[]).json
+    assert (plain["tools"], plain["tool_choice"], plain["parallel_tool_calls"]) == ([], "auto", True)
