@@ -47,9 +47,11 @@ Measurements, all taken by this client:
     failed   over all rounds of a level (the row's other figures are its
              median round's)
 
-llama-server gets the API lmsp serves (``--llama-endpoint responses``, the
-default), so both render the chat template and parse the same request
-inside the time measured; ``chat`` is its OpenAI chat endpoint, and
+lmsp is asked through its Responses API (``--api responses``, the default)
+or its Chat Completions (``--api chat``). llama-server gets the same API
+(``--llama-endpoint`` defaults to ``--api``), so both render the chat
+template and parse the same request inside the time measured; ``chat`` is
+its OpenAI chat endpoint, and
 ``completion`` its native one fed a prompt templated before the clock
 starts (the least work per request). Both servers run with the same batch
 (512) and flash attention (on for the CPU, off with layers on a GPU).
@@ -552,17 +554,24 @@ class CompletionProtocol(Protocol):
 
 
 class ChatProtocol(Protocol):
-    """OpenAI-compatible ``POST /v1/chat/completions`` (llama-server)."""
+    """OpenAI's ``POST /v1/chat/completions``: llama-server's (with its own fields), or
+    the service's (``model_id`` named, OpenAI's fields and ``top_k``)."""
 
     path = "/v1/chat/completions"
 
+    def __init__(self, model_id: str | None = None, *, llama: bool = True) -> None:
+        self.model_id, self.llama = model_id, llama
+
     def body(self, index, prompt, cfg, history=()):
         body = {"messages": _messages(prompt, history), "max_tokens": cfg.max_tokens,
-                "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
-                "min_p": 0.0, **_sampling(cfg)}
+                "stream": True, "stream_options": {"include_usage": True}, **_sampling(cfg)}
         body["seed"] = cfg.seed + index
-        if not cfg.llama_prompt_cache:
-            body["cache_prompt"] = False
+        if self.model_id is not None:
+            body["model"] = self.model_id
+        if self.llama:
+            body.update(ignore_eos=True, min_p=0.0)
+            if not cfg.llama_prompt_cache:
+                body["cache_prompt"] = False
         return body
 
     def on_event(self, event, data, st):
@@ -1023,7 +1032,7 @@ def open_contender(variant: str, model: Path, args, cfg: LoadConfig, s: ServeSet
             proto = llama_protocol(args.llama_endpoint, srv.port, model.stem, cfg)
         else:
             headers = {"Authorization": f"Bearer {srv.pair()}"}
-            proto = ResponsesProtocol(model.stem)
+            proto = ChatProtocol(model.stem, llama=False) if args.api == "chat" else ResponsesProtocol(model.stem)
         # warm-up: load the model (lmsp loads it on first use) and touch every code path once
         if isinstance(proto, CompletionProtocol):
             for i in range(args.warmup):
@@ -1129,7 +1138,7 @@ def model_record(levels: list[LevelResult], args, commands: dict, s: "ServeSetti
     model = levels[0].model
     return {
         "command": shlex.join([sys.executable, *sys.argv]), "rounds": args.rounds,
-        "settings": asdict(s), "load": asdict(cfg), "llama_endpoint": args.llama_endpoint,
+        "settings": asdict(s), "load": asdict(cfg), "llama_endpoint": args.llama_endpoint, "api": args.api,
         "server_commands": {k: v for k, v in commands.items() if k.endswith(f" {model}")},
         "prompt_tokens": {r.server: r.mean_input_tokens for r in summary
                           if r.clients == min(x.clients for x in summary)},
@@ -1175,7 +1184,11 @@ def parse_args(argv=None):
     p.add_argument("--llama-server", type=Path, default=DEFAULT_LLAMA)
     # responses: the API lmsp serves, so both servers render the chat template and parse the
     # same request inside the time measured (/completion is fed a prompt templated beforehand)
-    p.add_argument("--llama-endpoint", choices=("completion", "chat", "responses"), default="responses")
+    p.add_argument("--llama-endpoint", choices=("completion", "chat", "responses"), default=None,
+                   help="default: the --api lmsp is asked through")
+    p.add_argument("--api", choices=("responses", "chat"), default="responses",
+                   help="what lmsp is asked through: its Responses API, or its Chat Completions "
+                        "(streamed chunks with the usage chunk)")
     p.add_argument("--llama-arg", action="append", default=[], help="extra llama-server argument (repeatable)")
     p.add_argument("--prompt-cache", "--llama-prompt-cache", dest="llama_prompt_cache", action="store_true",
                    help="let both servers reuse the prompt prefix a slot holds from its previous request "
@@ -1191,6 +1204,8 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true",
                    help="tiny model only, 32 output tokens, fewest requests: a smoke run")
     args = p.parse_args(argv)
+    if args.llama_endpoint is None:
+        args.llama_endpoint = args.api
     if args.quick:
         args.models = "tiny" if args.models == DEFAULT_MODELS else args.models
         args.rounds = 1
@@ -1247,7 +1262,7 @@ def main(argv=None) -> int:
         """Written after every server too, so a run cut short keeps what it measured."""
         out.write_text(json.dumps({
             "machine": machine_line(), "argv": sys.argv, "settings": asdict(s), "load": asdict(cfg),
-            "llama_endpoint": args.llama_endpoint, "commands": commands,
+            "llama_endpoint": args.llama_endpoint, "api": args.api, "commands": commands,
             "rounds": args.rounds, "levels": [asdict(x) for x in median_rounds(levels)],
             "ratios": ratio_rows(median_rounds(levels)), "all_rounds": [asdict(x) for x in levels],
             "over_rounds": round_stats(levels),

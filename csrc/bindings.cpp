@@ -174,6 +174,15 @@ py::dict result_dict(lmsp::StepResult & r) {
     d["seq"] = r.seq;
     d["tokens"] = py::cast(r.tokens);
     if (!r.logprobs.empty()) d["logprobs"] = py::cast(r.logprobs);
+    if (!r.top_logprobs.empty()) {
+        py::list top;
+        for (const auto & alternatives : r.top_logprobs) {
+            py::list one;
+            for (const auto & a : alternatives) one.append(py::make_tuple(a.token, a.logprob));
+            top.append(std::move(one));
+        }
+        d["top_logprobs"] = std::move(top);
+    }
     d["text"] = py::str(r.text);
     const char * f = lmsp::finish_name(r.finish);
     d["finish"] = f ? py::object(py::str(f)) : py::object(py::none());
@@ -216,15 +225,17 @@ public:
         d["batch_invariant"] = engine_->batch_invariant();
         d["reference_kernels"] = engine_->reference_kernels();
         d["has_chat_template"] = engine_->has_chat_template();
+        d["fim_tokens"] = engine_->fim_tokens();
         return d;
     }
 
     int64_t submit(const py::object & prompt, const py::object & max_tokens, double temperature, double top_p,
                    const py::object & top_k, const py::object & seed, const py::object & stop,
-                   const py::object & resume, const std::string & cache_key, bool logprobs,
+                   const py::object & resume, const std::string & cache_key, bool logprobs, int32_t top_logprobs,
                    const py::object & grammar) {
         lmsp::SubmitRequest req;
         req.logprobs = logprobs;
+        req.top_logprobs = top_logprobs;
         if (!grammar.is_none()) req.grammar = as_grammar(grammar);
         req.prompt = as_tokens(prompt, "prompt");
         req.max_tokens = as_int32(max_tokens, "max_tokens");
@@ -314,6 +325,28 @@ public:
         const py::ssize_t cols = engine_->n_vocab();
         py::array_t<float> out({rows, cols});
         std::memcpy(out.mutable_data(), logits.data(), logits.size() * sizeof(float));
+        return out;
+    }
+
+    // one row per input: the normalized embedding of its tokens
+    py::array_t<float> embed(const py::object & inputs) {
+        if (py::isinstance<py::str>(inputs) || !py::isinstance<py::sequence>(inputs)) {
+            throw py::type_error("inputs must be a sequence of token sequences");
+        }
+        std::vector<std::vector<int32_t>> seqs;
+        for (const py::handle & item : py::reinterpret_borrow<py::sequence>(inputs)) {
+            seqs.push_back(as_tokens(py::reinterpret_borrow<py::object>(item), "inputs"));
+        }
+        std::vector<std::vector<float>> vectors;
+        {
+            py::gil_scoped_release nogil;
+            vectors = engine_->embed(seqs);
+        }
+        const py::ssize_t cols = vectors.empty() ? 0 : py::ssize_t(vectors[0].size());
+        py::array_t<float> out({py::ssize_t(vectors.size()), cols});
+        for (size_t i = 0; i < vectors.size(); ++i) {
+            std::memcpy(out.mutable_data(py::ssize_t(i)), vectors[i].data(), vectors[i].size() * sizeof(float));
+        }
         return out;
     }
 
@@ -452,6 +485,8 @@ PYBIND11_MODULE(_native, m) {
             },
             "tokens"_a)
         .def(
+            "token_bytes", [](PyEngine & s, int32_t token) { return py::bytes(s.e().token_piece(token)); }, "token"_a)
+        .def(
             "apply_chat_template",
             [](PyEngine & s, const py::object & messages, bool add_generation_prompt) {
                 size_t size = 0;
@@ -472,7 +507,7 @@ PYBIND11_MODULE(_native, m) {
             "messages"_a, "add_generation_prompt"_a = true)
         .def("submit", &PyEngine::submit, "prompt"_a, py::kw_only(), "max_tokens"_a, "temperature"_a = 1.0,
              "top_p"_a = 1.0, "top_k"_a = 0, "seed"_a = 0, "stop"_a = py::tuple(), "resume"_a = py::none(),
-             "cache_key"_a = "", "logprobs"_a = false, "grammar"_a = py::none())
+             "cache_key"_a = "", "logprobs"_a = false, "top_logprobs"_a = 0, "grammar"_a = py::none())
         .def(
             "cancel",
             [](PyEngine & s, int64_t seq) {
@@ -486,6 +521,7 @@ PYBIND11_MODULE(_native, m) {
         .def("fileno", [](PyEngine & s) { return s.e().fileno(); })
         .def("urgent_fileno", [](PyEngine & s) { return s.e().urgent_fileno(); })
         .def("eval_logits", &PyEngine::eval_logits, "tokens"_a)
+        .def("embed", &PyEngine::embed, "inputs"_a)
         .def("stats", &PyEngine::stats)
         .def("close", &PyEngine::close)
         .def("__enter__", [](py::object self) { return self; })

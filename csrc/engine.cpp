@@ -39,14 +39,6 @@ Timings timings_of(const Sequence & seq, int32_t n_generated, Clock::time_point 
     return t;
 }
 
-// ln softmax(logits)[token], summed in double.
-float log_probability(const float * logits, int32_t n, int32_t token) {
-    float top = -INFINITY;
-    for (int32_t i = 0; i < n; ++i) top = std::max(top, logits[i]);
-    double sum = 0.0;
-    for (int32_t i = 0; i < n; ++i) sum += std::exp(double(logits[i]) - double(top));
-    return float(double(logits[token]) - double(top) - std::log(sum));
-}
 }  // namespace
 
 // ---------------------------------------------------------------- engine thread
@@ -95,8 +87,12 @@ void Engine::finish(Sequence & seq, Finish why, const std::string & error, std::
     }
     StepResult r;
     r.seq = seq.id;
-    if (!tokens.empty()) r.logprobs = std::move(seq.next_logprobs);
+    if (!tokens.empty()) {
+        r.logprobs = std::move(seq.next_logprobs);
+        r.top_logprobs = std::move(seq.next_top);
+    }
     seq.next_logprobs.clear();
+    seq.next_top.clear();
     r.tokens = std::move(tokens);
     r.text = std::move(text);
     r.finish = why;
@@ -433,7 +429,10 @@ void Engine::take_token(Sequence & s, const float * logits) {
         }
     }
     tokens_generated_++;
-    if (s.logprobs) s.next_logprobs = {log_probability(logits, n_vocab_, token)};
+    if (s.logprobs) {
+        s.next_logprobs = {log_probability(logits, n_vocab_, token)};
+        if (s.top_logprobs > 0) s.next_top = {top_logprobs(logits, n_vocab_, s.top_logprobs)};
+    }
     if (llama_vocab_is_eog(vocab_, token)) {
         finish(s, Finish::stop, "", {}, s.text.flush());
         return;
@@ -449,7 +448,9 @@ void Engine::take_token(Sequence & s, const float * logits) {
         r.seq = s.id;
         r.tokens = {token};
         r.logprobs = std::move(s.next_logprobs);
+        r.top_logprobs = std::move(s.next_top);
         s.next_logprobs.clear();
+        s.next_top.clear();
         r.text = std::move(text);
         r.n_prompt = s.n_prompt;
         r.n_generated = int32_t(s.generated.size());

@@ -22,6 +22,7 @@
 #include "gguf_info.h"
 #include "grammar.h"
 #include "llama.h"
+#include "logprobs.h"
 #include "sampler.h"
 #include "slot_choice.h"
 
@@ -63,7 +64,8 @@ struct Timings {
 struct StepResult {
     int64_t seq = 0;
     std::vector<int32_t> tokens;
-    std::vector<float> logprobs;  // each token's, when the submission asked for them
+    std::vector<float> logprobs;                        // each token's, when the submission asked for them
+    std::vector<std::vector<TopLogprob>> top_logprobs;  // each token's most likely tokens, when asked for
     std::string text;
     Finish finish = Finish::none;
     std::string error;
@@ -91,6 +93,8 @@ struct SubmitRequest {
     // hand out each generated token's natural log probability under the
     // model's own distribution (a softmax of the logits, before sampling)
     bool logprobs = false;
+    // with logprobs: also the `top_logprobs` (0 to kMaxTopLogprobs) most likely tokens at each position
+    int32_t top_logprobs = 0;
     // constrain the output to a grammar (grammar.h); a resumed sequence's
     // grammar takes its generated tokens first
     std::optional<GrammarSpec> grammar;
@@ -120,6 +124,7 @@ struct UnknownSequence : std::out_of_range {
 };
 
 struct Sequence;  // sequence.h
+class Embedder;   // embedder.h
 
 class Engine {
 public:
@@ -139,6 +144,7 @@ public:
 
     std::vector<int32_t> tokenize(const std::string & text, bool add_special, bool parse_special) const;
     std::string detokenize(const std::vector<int32_t> & tokens) const;
+    std::string token_piece(int32_t token) const;  // one token's bytes, as generation emits them
     // The model's chat template (chat_template.h), or the plain format of a model without one.
     std::string apply_chat_template(const std::vector<ChatMessage> & messages, bool add_generation_prompt) const;
     // The prompt a chat makes, as llama-server feeds it to the model: the
@@ -157,6 +163,10 @@ public:
     int fileno() const;         // readable while any result waits
     int urgent_fileno() const;  // readable while an urgent result waits
     std::vector<float> eval_logits(const std::vector<int32_t> & tokens);
+    // normalized embeddings, one per input (embedder.cpp)
+    std::vector<std::vector<float>> embed(const std::vector<std::vector<int32_t>> & inputs);
+    // the fill-in-the-middle tokens (prefix, suffix, middle); empty where the vocabulary lacks one
+    std::vector<int32_t> fim_tokens() const;
     EngineStats stats() const;
     void close();
     bool closed() const { return closed_.load(); }
@@ -183,6 +193,7 @@ private:
 
     // construction (engine_setup.cpp)
     void load_model(const std::string & model_path);
+    void close_embedder();
     void make_context(int32_t n_threads);
 
     // callers' threads (engine_calls.cpp)
@@ -255,6 +266,8 @@ private:
     bool batch_allocated_ = false;
     const llama_vocab * vocab_ = nullptr;
     std::unique_ptr<ChatTemplate> chat_template_;  // null: the model has none
+    std::mutex embedder_mu_;
+    std::shared_ptr<Embedder> embedder_;  // made by the first embed(); after model_, so freed before it
 
     // shared with callers, guarded by mu_
     mutable std::mutex mu_;

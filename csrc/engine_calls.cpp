@@ -78,6 +78,12 @@ std::string Engine::detokenize(const std::vector<int32_t> & tokens) const {
     return out;
 }
 
+std::string Engine::token_piece(int32_t token) const {
+    check_open();
+    check_tokens({token}, "token");
+    return piece(token);
+}
+
 std::string Engine::piece(int32_t token, bool special) const {
     char small[64];
     int32_t n = llama_token_to_piece(vocab_, token, small, int32_t(sizeof(small)), 0, special);
@@ -134,6 +140,10 @@ int64_t Engine::submit(SubmitRequest req) {
     seq->feed = std::move(req.prompt);
     seq->cache_key = std::move(req.cache_key);
     seq->logprobs = req.logprobs;
+    if (req.top_logprobs < 0 || req.top_logprobs > kMaxTopLogprobs) {
+        throw InvalidArgument("top_logprobs must be 0 to " + std::to_string(kMaxTopLogprobs));
+    }
+    seq->top_logprobs = req.logprobs ? req.top_logprobs : 0;
     if (req.grammar) seq->grammar = std::make_unique<Grammar>(vocab_, *req.grammar);
 
     const size_t n_resumed = req.resume ? resume(*seq, *req.resume) : 0;

@@ -204,6 +204,7 @@ void Engine::close() {
         llama_batch_free(batch_);
         batch_allocated_ = false;
     }
+    close_embedder();
     ctx_.reset();
     threadpool_.reset();
     // The model (whose vocabulary tokenize, detokenize and the chat template read

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "grammar.h"
+#include "logprobs.h"
 #include "sampler.h"
 #include "text.h"
 
@@ -37,6 +38,11 @@ struct Sequence {
     std::string cache_key;             // whose slots' KV it may reuse
     bool logprobs = false;             // hand out each token's log probability
     std::vector<float> next_logprobs;  // for the token of the next result
+
+    // with logprobs: this many most likely tokens at each position, for the next result
+    int32_t top_logprobs = 0;
+    std::vector<std::vector<TopLogprob>> next_top;
+
     std::vector<int32_t> generated;
     int32_t max_tokens = 0;
     Sampler sampler;

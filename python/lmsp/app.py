@@ -18,7 +18,7 @@ import falcon
 from lmsp.contracts import RuntimeAPI
 from lmsp.errors import LMSPError
 
-from .api import clients, health, models, openapi, responses, tasks
+from .api import chat, clients, completions, embeddings, health, models, openapi, responses, tasks
 from .api.common import Deps
 from .api.logs import configure_logging
 from .api.metrics import HttpMetrics
@@ -58,6 +58,11 @@ def routes(deps: Deps) -> list[tuple[str, object]]:
         ("/v1/tasks/{task_id}", tasks.TaskResource(deps)),
         ("/v1/tasks/{task_id}/cancel", tasks.TaskCancelResource(deps, svc)),
         ("/v1/tasks/{task_id}/events", tasks.TaskEventsResource(deps, svc)),
+        ("/v1/chat/completions", chat.ChatCompletionsResource(deps, svc)),
+        ("/v1/chat/completions/{completion_id}", chat.ChatCompletionResource(deps)),
+        ("/v1/chat/completions/{completion_id}/messages", chat.ChatCompletionMessagesResource(deps)),
+        ("/v1/completions", completions.CompletionsResource(deps, svc)),
+        ("/v1/embeddings", embeddings.EmbeddingsResource(deps)),
     ]
 
 

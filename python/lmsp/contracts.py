@@ -44,7 +44,9 @@ class StepItem(TypedDict, total=False):
     (``{"code", "message"}``) and ``usage`` for the final Response;
     ``kv_path``: the task's latest KV snapshot; ``attempt``: the task's
     ``attempts`` in the claim that made the output (an item of an earlier
-    claim is skipped).
+    claim is skipped); ``logprobs``: for a task that asked for them, the
+    entries (OpenAI's ``token``, ``logprob``, ``bytes``, ``top_logprobs``) of
+    the tokens whose text is ``delta``.
 
     A function call's output (:mod:`lmsp.calls`) has ``args`` (the text of
     its arguments in the step) instead of ``delta``; ``call``
@@ -63,6 +65,7 @@ class StepItem(TypedDict, total=False):
     call: dict[str, str]
     args: str
     tail: str
+    logprobs: list[dict[str, Any]]
 
 
 class StepState(NamedTuple):
@@ -141,7 +144,8 @@ class NewTask:
     (what the task keeps), the prompt's ``messages`` (instructions first), whose
     client it is, and what the store needs to create it. ``idempotency``:
     ``(key, fingerprint)``; ``max_unfinished``: the client's cap on unfinished
-    tasks (None: none)."""
+    tasks (None: none); ``kind``: ``response``, ``chat.completion`` or
+    ``text_completion``, which names the response's id."""
 
     client_id: str | None
     model: str
@@ -152,6 +156,7 @@ class NewTask:
     stream: bool
     idempotency: tuple[str, str] | None = None
     max_unfinished: int | None = None
+    kind: str = "response"
 
     def creation(self) -> dict[str, Any]:
         """The arguments of ``Store.create_task`` for this task (all but ``claim``)."""
@@ -164,6 +169,7 @@ class NewTask:
             "stream": self.stream,
             "idempotency": self.idempotency,
             "max_unfinished": self.max_unfinished,
+            "kind": self.kind,
         }
 
 
@@ -212,6 +218,30 @@ class RuntimeAPI(Protocol):
 
     def model_object(self, model_id: str) -> dict[str, Any]: ...
 
+    def detokenize(self, model_id: str, tokens: list[int]) -> str:
+        """The text of token ids in the model's vocabulary (the model loaded first when it
+        is not); InvalidRequest for an id outside it."""
+        ...
+
+    def prompt_pieces(self, model_id: str, prompt: str | list[int]) -> list[bytes]:
+        """The bytes of each token of a completion's prompt as its task tokenizes it
+        (the model loaded first when it is not); InvalidRequest for an id outside the
+        vocabulary."""
+        ...
+
+    def embed(
+        self,
+        model_id: str,
+        inputs: list[str | list[int]],
+        *,
+        client_id: str | None = None,
+        max_unfinished: int | None = None,
+    ) -> dict[str, Any]:
+        """``{"vectors", "prompt_tokens", "task_id"}``: the inputs' normalized embeddings,
+        in order, computed as a task of the store (of ``client_id``, under its cap on
+        unfinished tasks)."""
+        ...
+
     def list_models(self) -> list[dict[str, Any]]: ...
 
     def register_model(self, path: str, model_id: str | None = None) -> dict[str, Any]: ...
@@ -244,7 +274,9 @@ class EngineResult(TypedDict):
     order per sequence. ``finish`` is None until the sequence's last result, then
     ``stop``, ``length``, ``cancelled`` or ``error`` (with ``error``, the message).
     ``n_cached``: the leading prompt tokens taken from the prefix cache.
-    ``logprobs``: one per token, for a sequence submitted with ``logprobs=True``.
+    ``logprobs``: one per token, for a sequence submitted with ``logprobs=True``;
+    ``top_logprobs``: per token, the ``(token, logprob)`` pairs of its position's
+    most likely tokens, for one submitted with ``top_logprobs`` too.
     ``code``: set only by the runtime, on an end it makes itself (an engine
     closed under its sequence)."""
 
@@ -258,4 +290,5 @@ class EngineResult(TypedDict):
     n_cached: int
     timings: EngineTimings
     logprobs: NotRequired[list[float]]
+    top_logprobs: NotRequired[list[list[tuple[int, float]]]]
     code: NotRequired[str]

@@ -17,6 +17,14 @@ Row = Mapping[str, Any] | sqlite3.Row
 
 COMPLETED, FAILED, CANCELLED = "completed", "failed", "cancelled"
 FINISHED = (COMPLETED, FAILED, CANCELLED)
+DELTA = "response.output_text.delta"  # the event stored compactly: its text (and log probabilities)
+LOGPROBS = "message.output_text.logprobs"  # the include value that asks for log probabilities
+
+
+def wants_logprobs(request: Mapping[str, Any]) -> bool:
+    """Whether a request's output carries log probabilities: ``include`` asks for them,
+    or ``top_logprobs`` for alternatives."""
+    return LOGPROBS in (request.get("include") or ()) or bool(request.get("top_logprobs"))
 
 
 def response_status(task_status: str, incomplete_reason: str | None) -> str:
@@ -62,17 +70,50 @@ def _item_status(task: Row, incomplete_reason: str | None) -> str:
     return "in_progress"
 
 
-def output_part(text: str) -> dict:
-    return {"type": "output_text", "text": text, "annotations": []}
+def output_part(text: str, logprobs: list | None = None) -> dict:
+    """An ``output_text`` content part; ``logprobs`` as the request asked for them ([]: none)."""
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
-def output_item(item_id: str, status: str, text: str | None) -> dict:
-    content = [] if text is None else [output_part(text)]
+def output_item(item_id: str, status: str, text: str | None, logprobs: list | None = None) -> dict:
+    content = [] if text is None else [output_part(text, logprobs)]
     return {"type": "message", "id": item_id, "role": "assistant", "status": status, "content": content}
 
 
-def response_object(response: Row, task: Row, text: str | None) -> dict:
-    """The Response object; ``text`` is the output of the current attempt (None: none yet)."""
+# what a Response object echoes of its request (Open Responses' ResponseResource), with
+# the value each field has when the request did not set it (OpenAI's defaults)
+ECHOED: dict[str, Any] = {
+    "previous_response_id": None,
+    "instructions": None,
+    "tools": [],
+    "tool_choice": "auto",
+    "truncation": "disabled",
+    "parallel_tool_calls": True,
+    "text": {"format": {"type": "text"}, "verbosity": "medium"},
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "top_logprobs": 0,
+    "reasoning": {"effort": None, "summary": None},
+    "max_tool_calls": None,
+    "service_tier": "default",
+    "safety_identifier": None,
+    "prompt_cache_key": None,
+    "user": None,
+}
+
+
+def echoed(request: Mapping[str, Any]) -> dict:
+    """The request's echoed fields, each as asked or at its default."""
+    out = {}
+    for name, default in ECHOED.items():
+        value = request.get(name)
+        out[name] = json.loads(json.dumps(default)) if value is None else value
+    return out
+
+
+def response_object(response: Row, task: Row, text: str | None, logprobs: list | None = None) -> dict:
+    """The Response object; ``text`` is the output of the current attempt (None: none yet),
+    ``logprobs`` its log probabilities (for a request that asked for them)."""
     request = _json(response["request"], {})
     reason = response["incomplete_reason"]
     output = []
@@ -80,7 +121,7 @@ def response_object(response: Row, task: Row, text: str | None) -> dict:
     if call is not None:
         output.append(calls.call_item(response["item_id"], call[0], call[1], _item_status(task, reason)))
     elif text or task["item_open"] or task["status"] == COMPLETED:
-        output.append(output_item(response["item_id"], _item_status(task, reason), text or ""))
+        output.append(output_item(response["item_id"], _item_status(task, reason), text or "", logprobs))
     usage = _json(response["usage"])
     if usage is not None:
         usage = {
@@ -90,11 +131,13 @@ def response_object(response: Row, task: Row, text: str | None) -> dict:
             "output_tokens_details": {"reasoning_tokens": 0},
         }
         usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
+    status = response_status(task["status"], reason)
     return {
         "id": response["id"],
         "object": "response",
         "created_at": ts(response["created_at"]),
-        "status": response_status(task["status"], reason),
+        "completed_at": ts(task["finished_at"]) if status == COMPLETED else None,
+        "status": status,
         "background": bool(response["background"]),
         "model": response["model"],
         "output": output,
@@ -106,11 +149,8 @@ def response_object(response: Row, task: Row, text: str | None) -> dict:
         "top_p": request.get("top_p", 1.0),
         "seed": request.get("seed"),
         "metadata": request.get("metadata") or {},
-        "text": request.get("text") or {"format": {"type": "text"}},
-        "tools": request.get("tools") or [],
-        "tool_choice": request.get("tool_choice") or "auto",
-        "parallel_tool_calls": request.get("parallel_tool_calls", True),
-        "max_tool_calls": request.get("max_tool_calls"),
+        "store": bool(request.get("store", True)),
+        **echoed(request),
         "task": {"id": task["id"], "status": task["status"], "on_restart": task["on_restart"]},
     }
 
@@ -118,8 +158,10 @@ def response_object(response: Row, task: Row, text: str | None) -> dict:
 def event_object(event: Row, item_id: str) -> dict:
     """One task event: ``{"type", "sequence_number", "created_at", ...payload}``."""
     out = {"type": event["type"], "sequence_number": event["seq"], "created_at": ts(event["created_at"])}
-    if event["data"] is None:  # an output_text.delta, stored compactly
-        out.update(item_id=item_id, output_index=0, content_index=0, delta=event["text"] or "")
+    if event["type"] == DELTA:  # stored compactly: its text, and its log probabilities in data
+        data = event["data"]
+        logprobs = json.loads(data).get("logprobs", []) if data is not None else []
+        out.update(item_id=item_id, output_index=0, content_index=0, delta=event["text"] or "", logprobs=logprobs)
     else:
         out.update(json.loads(event["data"]))
         if out["type"] == "response.failed":  # rows written before B.6 said so kept the error here too

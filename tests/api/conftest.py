@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import time
 
+import api_helpers
 import pytest
 from api_fakes import ScriptedRuntime
 from api_helpers import Api, make_client
+from open_responses import CheckedApp, Conformance
 
 from lmsp.app import create_app
 from lmsp.config import Config
@@ -14,6 +16,16 @@ from lmsp.store import Store
 MODEL = {"id": "tiny", "path": "tiny.gguf", "digest": "sha256:" + "0" * 64, "size_bytes": 1234,
          "format": "gguf", "architecture": "llama", "parameters": 1000, "quantization": "F32",
          "context_length": 256, "state": "available", "has_chat_template": True}
+
+
+@pytest.fixture(autouse=True)
+def open_responses_conformance():
+    """Every Response object and response event an API test gets, through any Api,
+    validates against Open Responses (open_responses.py)."""
+    conformance = Conformance()
+    api_helpers.ANSWER_CHECKS.append(conformance.check)
+    yield conformance
+    api_helpers.ANSWER_CHECKS.remove(conformance.check)
 
 
 @pytest.fixture
@@ -55,8 +67,11 @@ def scripted(store) -> ScriptedRuntime:
 
 
 @pytest.fixture
-def app(config, store, scripted, clock):
-    return create_app(config, store, scripted, clock=clock, random_seed=lambda: 1234)
+def app(config, store, scripted, clock, open_responses_conformance):
+    """The app, its answers checked as they are sent (open_responses.py): also those of
+    tests that call it without an Api."""
+    return CheckedApp(create_app(config, store, scripted, clock=clock, random_seed=lambda: 1234),
+                      open_responses_conformance)
 
 
 @pytest.fixture

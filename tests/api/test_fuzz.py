@@ -7,7 +7,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 FIELDS = ["model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "top_k", "seed",
-          "stop", "stream", "background", "store", "on_restart", "metadata"]
+          "stop", "stream", "background", "store", "on_restart", "metadata",
+          # the Open Responses fields (B.11)
+          "include", "top_logprobs", "truncation", "tools", "tool_choice", "text", "parallel_tool_calls",
+          "max_tool_calls", "user", "safety_identifier", "prompt_cache_key", "service_tier", "stream_options",
+          "presence_penalty", "frequency_penalty", "reasoning", "previous_response_id", "conversation", "prompt"]
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(min_value=-2**70, max_value=2**70)
@@ -15,7 +19,11 @@ json_values = st.recursive(
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
     max_leaves=12)
 
-bodies = st.dictionaries(st.sampled_from(FIELDS + ["extra", "tools"]), json_values, max_size=6)
+# input items as the SDKs send and echo them, with any value in each field
+items = st.dictionaries(st.sampled_from(["type", "role", "content", "id", "status", "phase", "summary",
+                                         "encrypted_content"]), json_values, max_size=5)
+
+bodies = st.dictionaries(st.sampled_from(FIELDS + ["extra"]), json_values | st.lists(items, max_size=3), max_size=6)
 
 SETTINGS = settings(max_examples=120, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

@@ -164,9 +164,14 @@ def test_stream_deltas_make_the_output(client):
                                                 "max_output_tokens": 10})
     assert result.status_code == 200
     frames = parse_sse(result.text)
-    assert [int(f["id"]) for f in frames] == list(range(1, len(frames) + 1))
+    ids = [int(f["id"]) for f in frames]
+    assert ids == sorted(set(ids)) and ids[0] == 1
     assert frames[0]["event"] == "response.created" and frames[-1]["event"] in TERMINAL
-    assert "task.running" in [f["event"] for f in frames]
+    # task.running is in the task's log, numbered in the gap the stream leaves
+    task_id = frames[0]["data"]["response"]["task"]["id"]
+    log = client.get(f"/v1/tasks/{task_id}/events").json["data"]
+    running = [e["sequence_number"] for e in log if e["type"] == "task.running"]
+    assert len(running) == 1 and running[0] not in ids and ids[0] < running[0] < ids[-1]
     text = "".join(f["data"]["delta"] for f in frames if f["event"] == "response.output_text.delta")
     final = frames[-1]["data"]["response"]
     assert final["output"][0]["content"][0]["text"] == text
@@ -239,3 +244,25 @@ def test_the_openai_sdk_sees_a_failed_stream_as_its_failed_event(live):
     replayed = list(sdk.responses.retrieve(failed.response.id, stream=True, starting_after=0))
     assert [e.type for e in replayed] == [e.type for e in events]
     assert live["admin"].delete("/v1/models/edited").status_code == 200
+
+
+def test_logprobs_are_the_same_live_replayed_and_stored(client):
+    body = {"model": "tiny", "input": "Hello", "stream": True, "max_output_tokens": 12, "temperature": 0,
+            "include": ["message.output_text.logprobs"], "top_logprobs": 2}
+    frames = parse_sse(client.post("/v1/responses", json=body).text)
+    streamed = [lp for f in frames if f["event"] == "response.output_text.delta" for lp in f["data"]["logprobs"]]
+    final = frames[-1]["data"]["response"]
+    part = final["output"][0]["content"][0]
+    assert streamed and part["logprobs"] == streamed
+    assert b"".join(bytes(lp["bytes"]) for lp in streamed).decode("utf-8") == part["text"]
+    assert all(len(lp["top_logprobs"]) == 2 and lp["logprob"] <= 0 for lp in streamed)
+    done = [f["data"] for f in frames if f["event"] == "response.output_text.done"]
+    assert done[0]["logprobs"] == streamed
+    assert client.get(f"/v1/responses/{final['id']}").json["output"][0]["content"][0]["logprobs"] == streamed
+    replay = parse_sse(client.get(f"/v1/responses/{final['id']}", params={"stream": "true"}).text)
+    assert [f["data"] for f in replay] == [f["data"] for f in frames]
+
+
+def test_no_logprobs_unless_asked_for(client):
+    result = client.post("/v1/responses", json={"model": "tiny", "input": "Hello", "max_output_tokens": 4})
+    assert result.json["output"][0]["content"][0]["logprobs"] == []

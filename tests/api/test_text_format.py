@@ -39,9 +39,10 @@ def test_a_bad_text_format_is_refused_and_nothing_is_stored(user, fields, param)
 
 
 def test_the_format_is_echoed(user):
-    assert create(user).json["text"] == {"format": {"type": "text"}}
-    assert create(user, text={"format": {"type": "json_object"}}).json["text"] == {"format": {"type": "json_object"}}
+    plain, json_object = {"type": "text"}, {"type": "json_object"}
+    assert create(user).json["text"] == {"format": plain, "verbosity": "medium"}
+    assert create(user, text={"format": json_object}).json["text"] == {"format": json_object, "verbosity": "medium"}
     body = create(user, text={"format": {"type": "json_schema", "name": "n", "schema": SCHEMA}}).json
     assert body["text"] == {"format": {"type": "json_schema", "name": "n", "description": None, "schema": SCHEMA,
-                                       "strict": False}}
+                                       "strict": False}, "verbosity": "medium"}
     assert user.get(f"/v1/responses/{body['id']}").json["text"] == body["text"]

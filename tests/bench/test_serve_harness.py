@@ -304,3 +304,38 @@ def test_a_conversation_repeats_its_turns_with_the_answers(serve, fake_port):
                          {"role": "assistant", "content": "t0t1"},
                          {"role": "user", "content": serve.make_prompt(2, 24)}]
     assert [body["seed"] for _, body, _ in FakeHandler.seen] == [100, 101, 102]
+
+
+def test_the_chat_protocol_asks_the_service_what_it_takes_and_reads_its_chunks(serve):
+    from lmsp.api.chat import parse_chat
+    from lmsp.api.openai_shapes import ChunkFraming
+
+    cfg = serve.LoadConfig(max_tokens=5, seed=100)
+    body = serve.ChatProtocol("tiny", llama=False).body(3, "Hello", cfg)
+
+    class Config:
+        max_output_tokens, max_output_tokens_cap = 16, 64
+
+    parsed = parse_chat(body, Config(), lambda: 1)  # no field it refuses
+    assert parsed.stream and parsed.request["top_k"] == cfg.top_k and parsed.request["seed"] == 103
+    llama = serve.ChatProtocol().body(3, "Hello", cfg)
+    assert "model" not in llama and llama["ignore_eos"] and llama["cache_prompt"] is False
+    framing = ChunkFraming("chat.completion", {"id": "chatcmpl-1", "created_at": 1, "model": "tiny"},
+                           include_usage=True)
+    usage = {"input_tokens": 7, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 2}
+    frames = [framing.event({"type": "response.created"}),
+              framing.event({"type": "response.output_text.delta", "delta": "Hi"}),
+              framing.event({"type": "response.output_text.delta", "delta": "!"}),
+              framing.event({"type": "response.completed", "response": {"usage": usage}})]
+    proto, st, carried = serve.ChatProtocol("tiny", llama=False), {}, []
+    for block in b"".join(frames).decode().split("\n\n"):
+        if block.startswith("data: "):
+            carried.append(proto.on_event(None, block[len("data: "):], st))
+    assert st["text"] == "Hi!" and st["output_tokens"] == 2 and st["input_tokens"] == 7 and st["ok"]
+    assert carried[-1] == (0, True)
+
+
+def test_the_api_option_sets_llama_servers_endpoint_too(serve):
+    assert serve.parse_args(["--api", "chat"]).llama_endpoint == "chat"
+    assert serve.parse_args([]).llama_endpoint == "responses"
+    assert serve.parse_args(["--api", "chat", "--llama-endpoint", "completion"]).llama_endpoint == "completion"

@@ -240,9 +240,25 @@ def deltas(events) -> str:
 
 
 def check_log(events) -> list[str]:
+    """A task's whole log: numbered 1, 2, 3... with no gap."""
     seqs = [e["sequence_number"] for e in events]
     assert seqs == list(range(1, len(seqs) + 1)), seqs
     return [e["type"] for e in events]
+
+
+def check_stream(events) -> list[str]:
+    """A response stream: the log's numbers, increasing, with gaps where the log has
+    a task.* event, which the stream leaves out."""
+    seqs = [e["sequence_number"] for e in events]
+    assert seqs == sorted(set(seqs)) and (not seqs or seqs[0] == 1), seqs
+    types = [e["type"] for e in events]
+    assert not [t for t in types if t.startswith("task.")], types
+    return types
+
+
+def response_events(log) -> list[dict]:
+    """The events of a task's log that its response stream shows."""
+    return [e for e in log if not e["type"].startswith("task.")]
 
 
 # background tasks killed mid-generation (test_crash.py, test_real_model.py)

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from e2e_helpers import check_log, deltas, sse_events
+from e2e_helpers import check_stream, deltas, sse_events
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "reliability"))
 
@@ -39,7 +39,7 @@ def test_events_pass_nginx_before_the_stream_ends(served, served_token, nginx):
         seen.append(event)
         if event["type"] == "response.queued":
             assert served.call("POST", f"/v1/responses/{waiting['id']}/cancel", token=token)["status"] == "cancelled"
-    assert check_log(seen) == ["response.created", "response.queued", "response.cancelled"]
+    assert check_stream(seen) == ["response.created", "response.queued", "response.cancelled"]
     served.call("POST", f"/v1/responses/{blocker['id']}/cancel", token=token)
     served.wait_task(token, blocker["task"]["id"], lambda t: t["status"] == "cancelled")
 
@@ -47,7 +47,7 @@ def test_events_pass_nginx_before_the_stream_ends(served, served_token, nginx):
 def test_a_streamed_response_through_nginx(served, served_token, nginx):
     events = list(sse_events("127.0.0.1", nginx, "POST", "/v1/responses", token=served_token, timeout=60,
                              body={"model": "tiny", "input": "Hello", "max_output_tokens": 16, "stream": True}))
-    types = check_log(events)
+    types = check_stream(events)
     assert types[0] == "response.created"
     assert types[-1] in ("response.completed", "response.incomplete")
     assert deltas(events) == events[-1]["response"]["output"][0]["content"][0]["text"]

@@ -6,7 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from e2e_helpers import FINISHED, Server, check_log, deltas, resumed_text, sse_events, start_running, uninterrupted_text
+from e2e_helpers import (
+    FINISHED,
+    Server,
+    check_log,
+    check_stream,
+    deltas,
+    resumed_text,
+    sse_events,
+    start_running,
+    uninterrupted_text,
+)
 
 from lmsp import pinned
 
@@ -110,7 +120,7 @@ def test_a_story_cancelled_mid_stream_ends_cancelled_with_a_prefix_of_the_greedy
         seen += event["type"] == "response.output_text.delta"
         if seen == 5 and event["type"] == "response.output_text.delta":
             server.call("POST", f"/v1/responses/{events[0]['response']['id']}/cancel", token=token)
-    assert check_log(events)[-1] == "response.cancelled"
+    assert check_stream(events)[-1] == "response.cancelled"
     response = events[-1]["response"]
     assert response["status"] == "cancelled"
     text = deltas(events)

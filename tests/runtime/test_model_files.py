@@ -73,6 +73,27 @@ def test_the_janitor_thread_notices_a_changed_file_by_itself(store, runtime, mod
     assert store.get_model("tiny")["state"] == "changed"
 
 
+def test_a_hard_link_or_chmod_of_a_loaded_models_file_changes_nothing(store, runtime, model_file, tmp_path):
+    digest = _loaded(store, runtime)
+    os.link(model_file, tmp_path / "another-name.gguf")  # moves the file's change time only
+    os.chmod(model_file, 0o640)
+    assert runtime.model_object("tiny")["state"] == "loaded"
+    assert runtime.check_model_files() == []  # hashed: the digest it was loaded with
+    assert runtime.registry.engine("tiny") is not None
+    assert wait_finished(runtime, store, submit(store, runtime, max_output_tokens=2))["status"] == "completed"
+    assert (store.get_model("tiny")["digest"], runtime.model_object("tiny")["state"]) == (digest, "loaded")
+
+
+def test_a_write_that_sets_the_modification_time_back_is_caught_by_the_hash(store, runtime, model_file):
+    _loaded(store, runtime)
+    before = os.stat(model_file)
+    _flip_middle(model_file)
+    os.utime(model_file, ns=(before.st_atime_ns, before.st_mtime_ns))
+    runtime.check_model_files()  # (unless the janitor thread, woken by the watch, was first)
+    assert runtime.registry.engine("tiny") is None
+    assert store.get_model("tiny")["state"] == "changed"
+
+
 def test_a_file_whose_digest_matches_again_is_served_again(store, runtime, model_file):
     _loaded(store, runtime)
     original = model_file.read_bytes()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from lmsp.runtime.prompt import messages_for, render
+from lmsp.runtime.prompt import messages_for, render, render_request
 
 
 class RecordingEngine:
@@ -40,3 +40,84 @@ def test_render_asks_the_engine_for_the_chat_prompt_with_the_assistant_turn_open
     messages = [{"role": "user", "content": "hi"}]
     assert render(engine, messages) == [7, 8, 9]
     assert engine.calls == [(messages, True)]
+
+
+class WordEngine:
+    """One token per word of every message, in a context of ``n_ctx`` tokens."""
+
+    def __init__(self, n_ctx: int) -> None:
+        self.n_ctx = n_ctx
+
+    def chat_prompt(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+        return [1 for m in messages for _ in m["content"].split()]
+
+
+HISTORY = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "one two three four"},
+           {"role": "assistant", "content": "five six seven eight"}, {"role": "user", "content": "nine ten"}]
+
+
+def test_auto_truncation_drops_the_oldest_turns_until_the_output_fits() -> None:
+    engine = WordEngine(n_ctx=16)
+    # 12 tokens; room for 8 of output (at most half the context) leaves 8: the oldest turn goes
+    assert len(render_request(engine, HISTORY, {"truncation": "auto"}, max_tokens=8)) == 8
+    assert len(render_request(engine, HISTORY, {"truncation": "auto"}, max_tokens=100)) == 8  # half at most
+    assert len(render_request(engine, HISTORY, {"truncation": "auto"}, max_tokens=4)) == 12  # it fits whole
+    # two turns go: the system message and the last turn are left
+    assert len(render_request(WordEngine(n_ctx=10), HISTORY, {"truncation": "auto"}, max_tokens=5)) == 4
+
+
+def test_without_auto_truncation_the_prompt_is_whole_even_when_too_long() -> None:
+    engine = WordEngine(n_ctx=8)
+    for request in ({}, {"truncation": "disabled"}):
+        assert len(render_request(engine, HISTORY, request, max_tokens=4)) == 12
+    # the last turn is kept even when it does not fit: the context check refuses it then
+    assert len(render_request(engine, HISTORY, {"truncation": "auto"}, max_tokens=8)) == 4
+    assert len(render_request(WordEngine(4), HISTORY, {"truncation": "auto"}, max_tokens=8)) == 4
+
+
+class RawEngine(RecordingEngine):
+    """Also tokenizes: one id per character (BOS 1 when asked), and has FIM tokens or not."""
+
+    n_vocab = 1000
+
+    def __init__(self, fim: list[int] | None = None) -> None:
+        super().__init__()
+        self.info = {"fim_tokens": fim or []}
+        self.tokenized: list[tuple[str, bool, bool]] = []
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        self.tokenized.append((text, add_special, parse_special))
+        return ([1] if add_special else []) + [100 + ord(c) % 50 for c in text]
+
+
+def test_a_completion_prompt_goes_without_the_chat_template() -> None:
+    from lmsp.runtime.prompt import prompt_tokens
+
+    engine = RawEngine()
+    assert prompt_tokens(engine, {"prompt": "ab"}, 64) == [1, 100 + ord("a") % 50, 100 + ord("b") % 50]
+    assert engine.tokenized == [("ab", True, True)] and engine.calls == []  # as llama-server tokenizes it
+    assert prompt_tokens(engine, {"prompt": [5, 6]}, 64) == [5, 6]  # token ids as given
+    assert prompt_tokens(engine, {"input": "hi"}, 64) == [7, 8, 9]  # a chat request: the template
+
+
+def test_a_suffix_makes_the_fill_in_the_middle_prompt_or_is_refused() -> None:
+    import pytest
+
+    from lmsp.runtime.prompt import prompt_tokens
+
+    engine = RawEngine(fim=[90, 91, 92])
+    tokens = prompt_tokens(engine, {"prompt": "a", "suffix": "b"}, 64)
+    assert tokens == [1, 90, 100 + ord("a") % 50, 91, 100 + ord("b") % 50, 92]
+    with pytest.raises(ValueError, match="fill-in-the-middle"):
+        prompt_tokens(RawEngine(), {"prompt": "a", "suffix": "b"}, 64)
+
+
+def test_token_ids_outside_the_vocabulary_are_refused() -> None:
+    import pytest
+
+    from lmsp.runtime.prompt import prompt_tokens
+
+    with pytest.raises(ValueError, match="token id 1000 is outside the vocabulary of 1000"):
+        prompt_tokens(RawEngine(), {"prompt": [5, 1000]}, 64)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        prompt_tokens(RawEngine(), {"prompt": [-1]}, 64)

@@ -428,3 +428,25 @@ def test_renew_extends_only_the_named_tasks(store, running_task, db_path, clock)
     clock.advance(11)
     assert store.recover(startup=False)["failed"] == [lost]
     assert store.get_task(kept)["status"] == "running"
+
+
+def test_the_kind_names_the_id_and_lists_keep_kinds_apart(store, make_task):
+    ids = {kind: make_task(kind=kind)["response"]["id"] for kind in ("response", "chat.completion", "text_completion")}
+    assert ids["response"].startswith("resp_") and ids["chat.completion"].startswith("chatcmpl-")
+    assert ids["text_completion"].startswith("cmpl-")
+    assert [r["id"] for r in store.list_responses("cli_a")["data"]] == [ids["response"]]
+    chats = store.list_responses("cli_a", prefix="chatcmpl-")["data"]
+    assert [r["id"] for r in chats] == [ids["chat.completion"]]
+    store.cancel(ids["chat.completion"], "cli_a")  # a chat completion's id names its task, as a response's
+    assert store.get_response(ids["chat.completion"])["status"] == "cancelled"
+    with pytest.raises(InvalidRequest):
+        make_task(kind="nonsense")
+
+
+def test_an_embeddings_task_is_claimed_at_once_even_behind_waiting_tasks(store, make_task):
+    make_task()  # queued, unclaimed: a generating task would wait behind it
+    created = make_task(kind="embedding", claim=("w1", 30.0))
+    assert created["response"]["id"].startswith("embd-") and created["claim"] is not None
+    assert store.get_task(created["task"]["id"])["status"] == "running"
+    with pytest.raises(ValueError):
+        make_task(kind="embedding")  # never queued: no scheduler would run it

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("lmsp.api")
 
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed", "response.cancelled"})
+TASK_EVENT_PREFIX = "task."  # the task lifecycle events, which response streams leave out
 FINISHED_TASK_STATES = frozenset({"completed", "failed", "cancelled"})
 KEEP_ALIVE = b": keep-alive\n\n"
 PAGE = 500
@@ -41,13 +42,29 @@ def frame(event: dict[str, Any]) -> bytes:
     return (f"id: {event['sequence_number']}\nevent: {event['type']}\ndata: {dumps(event)}\n\n").encode("utf-8")
 
 
-def stopping_frame(last: int) -> bytes:
+class Framing:
+    """How a stream writes its task's events and the error that ends it: as LMSP's SSE
+    frames here; the OpenAI endpoints write theirs (``lmsp.api.openai_shapes``). An
+    event that gives no bytes is not written."""
+
+    def event(self, event: dict[str, Any]) -> bytes:
+        return frame(event)
+
+    def error(self, code: str, message: str, param: str | None = None, sequence_number: int = 0) -> bytes:
+        return error_frame(code, message, param, sequence_number)
+
+
+SSE_FRAMES = Framing()
+
+
+def stopping_frame(last: int, framing: Framing = SSE_FRAMES) -> bytes:
     """The ``error`` event that ends a stream when the worker stops (not a response event:
     the task goes on after the restart, from the event after ``last``)."""
-    return error_frame(
+    return framing.error(
         "server_stopping",
         "the service is stopping; resume the stream after its restart "
         f"from sequence number {last} (starting_after or Last-Event-ID)",
+        sequence_number=last,
     )
 
 
@@ -80,8 +97,15 @@ def event_stream(
     monotonic: Callable[[], float] = time.monotonic,
     poll: float = POLL_SECONDS,
     authorized: Callable[[], bool] | None = None,
+    task_events: bool = True,
+    framing: Framing = SSE_FRAMES,
 ) -> Iterator[bytes]:
-    """SSE frames of ``task_id``'s events after ``after``, then live ones.
+    """SSE frames of ``task_id``'s events after ``after``, then live ones, written by
+    ``framing``.
+
+    ``task_events``: False for a response stream, which carries the response's
+    events only (B.6): the ``task.*`` events stay in the task's log, and the
+    numbers of the events sent are those of the log.
 
     ``on_abandon`` runs when the consumer closes the stream before its end
     (the client went away). ``authorized`` is asked every
@@ -90,17 +114,26 @@ def event_stream(
     ``unauthorized`` error event, and the task runs on.
     """
     stream = _Stream(
-        store, runtime, task_id, after=after, client_id=client_id, monotonic=monotonic, poll=poll, authorized=authorized
+        store,
+        runtime,
+        task_id,
+        after=after,
+        client_id=client_id,
+        monotonic=monotonic,
+        poll=poll,
+        authorized=authorized,
+        framing=framing,
     )
+    stream.task_events = task_events
     try:
         yield from stream.frames(heartbeat)
     except LMSPError as exc:
         stream.finished = True
-        yield error_frame(exc.code, exc.message, exc.param)
+        yield framing.error(exc.code, exc.message, exc.param, sequence_number=stream.last)
     except Exception:  # noqa: BLE001 - a stream must end with a frame, never a traceback
         stream.finished = True
         log.exception("event stream of %s failed", task_id)
-        yield error_frame("internal_error", "the event stream failed")
+        yield framing.error("internal_error", "the event stream failed", sequence_number=stream.last)
     finally:
         if not stream.finished and on_abandon is not None:
             try:
@@ -123,6 +156,7 @@ class _Stream:
         monotonic: Callable[[], float],
         poll: float,
         authorized: Callable[[], bool] | None,
+        framing: Framing = SSE_FRAMES,
     ) -> None:
         self.store = store
         self.runtime = runtime
@@ -136,6 +170,8 @@ class _Stream:
         self.checked = False  # the store has answered once: the task exists and the client may read it
         self.since = runtime.commit_generation()  # the runtime's commit generation before the last read
         self.finished = False  # ended on purpose (not abandoned by its reader)
+        self.task_events = True  # False: the task.* events are not sent
+        self.framing = framing
         self.busy_since: float | None = None
         self.last_write = self.last_auth = monotonic()
 
@@ -147,12 +183,16 @@ class _Stream:
                 continue
             for event in page["data"]:
                 self.last = self.wake_at = event["sequence_number"]
+                out = self.framing.event(event)
                 if event["type"] in TERMINAL_EVENTS:
                     self.finished = True
-                    yield frame(event)
+                    yield out
                     return
-                yield frame(event)
-                self.last_write = self.monotonic()
+                if not self.task_events and event["type"].startswith(TASK_EVENT_PREFIX):
+                    continue
+                if out:
+                    yield out
+                    self.last_write = self.monotonic()
             if page["has_more"]:
                 continue
             if not page["data"]:
@@ -164,7 +204,7 @@ class _Stream:
                     return
             if self.runtime.streams_ending:
                 self.finished = True  # not abandoned: the task runs on, or follows its restart policy
-                yield stopping_frame(self.last)
+                yield stopping_frame(self.last, self.framing)
                 return
             idle = self.monotonic() - self.last_write
             if idle >= heartbeat:

@@ -28,6 +28,9 @@ CAPABILITIES = (
     "on_restart.fail",
     "on_restart.retry",
     "on_restart.resume",
+    "chat.completions",  # POST /v1/chat/completions, and the stored ones (B.11)
+    "completions",  # POST /v1/completions
+    "embeddings",  # POST /v1/embeddings
 )
 
 

@@ -147,7 +147,20 @@ def handle_unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception,
     set_json(resp, {"error": {"code": "internal_error", "message": message, "param": None}}, 500)
 
 
-def error_frame(code: str, message: str, param: str | None = None) -> bytes:
-    """The SSE ``error`` event of a stream that cannot go on (OpenAI's shape)."""
-    data = dumps({"type": "error", "code": code, "message": message, "param": param}, ascii_only=True)
+def error_frame(code: str, message: str, param: str | None = None, sequence_number: int = 0) -> bytes:
+    """The SSE ``error`` event of a stream that cannot go on: OpenAI's fields, and Open
+    Responses' ``error`` object. Not an event of the task's log: no ``id`` line, and
+    ``sequence_number`` is that of the last event sent (0: none)."""
+    error = {"type": "stream_error", "code": code, "message": message, "param": param}
+    data = dumps(
+        {
+            "type": "error",
+            "sequence_number": sequence_number,
+            "code": code,
+            "message": message,
+            "param": param,
+            "error": error,
+        },
+        ascii_only=True,
+    )
     return f"event: error\ndata: {data}\n\n".encode("utf-8")

@@ -12,6 +12,8 @@ from typing import Iterable
 
 import lmsp
 
+from . import openapi_open_responses as open_responses
+from . import openapi_openai
 from .metrics import TASK_STATES
 from .openapi_schemas import INT64_MAX, JSON, RESPONSE_STATUSES, SCHEMAS, SECURITY_SCHEMES, STR, ref, text
 
@@ -122,7 +124,8 @@ SEQUENCE = {"type": "integer", "minimum": 0, "maximum": INT64_MAX}
 
 
 def _paths() -> JSON:
-    return {**_service_paths(), **_client_paths(), **_model_paths(), **_response_paths(), **_task_paths()}
+    openai = openapi_openai.paths(_op, _param, IDEMPOTENCY, BODY_ERRORS)
+    return {**_service_paths(), **_client_paths(), **_model_paths(), **_response_paths(), **_task_paths(), **openai}
 
 
 def _service_paths() -> JSON:
@@ -405,6 +408,9 @@ def document() -> JSON:
                 "description": "LMSP 1.0 local model service (see docs/API.md).",
             },
             "paths": _paths(),
-            "components": {"schemas": SCHEMAS, "securitySchemes": SECURITY_SCHEMES},
+            "components": {
+                "schemas": {**open_responses.extended(SCHEMAS), **openapi_openai.SCHEMAS},
+                "securitySchemes": SECURITY_SCHEMES,
+            },
         }
     )

@@ -269,7 +269,7 @@ SCHEMAS: JSON = {
                                 ]
                             }
                         ),
-                        "verbosity": nullable({"enum": ["low", "medium", "high"]}),
+                        "verbosity": nullable({"const": "medium"}),
                     },
                     [],
                     extra=False,
@@ -300,9 +300,6 @@ SCHEMAS: JSON = {
                     ]
                 }
             ),
-            "parallel_tool_calls": nullable({"type": "boolean"}),
-            "max_tool_calls": nullable({"type": "integer", "minimum": 1}),
-            "include": nullable({"type": "array", "maxItems": 0}),
         },
         ["model", "input"],
         extra=False,
@@ -363,11 +360,6 @@ SCHEMAS: JSON = {
             "top_p": {"type": "number"},
             "seed": nullable(INT),
             "metadata": {"type": "object", "additionalProperties": STR},
-            "text": obj({"format": obj({"type": {"enum": ["text", "json_object", "json_schema"]}})}),
-            "tools": {"type": "array"},
-            "tool_choice": {"anyOf": [{"enum": ["auto", "none", "required"]}, {"type": "object"}]},
-            "parallel_tool_calls": {"type": "boolean"},
-            "max_tool_calls": nullable(INT),
             "task": obj(
                 {"id": STR, "status": {"enum": list(TASK_STATES)}, "on_restart": {"enum": ["fail", "retry", "resume"]}}
             ),

@@ -20,7 +20,7 @@ from lmsp.auth import is_admin
 from lmsp.contracts import CreatedTask, NewTask
 from lmsp.errors import InvalidRequest, LMSPError, ModelChanged, NotFound, TaskFinished, Unavailable
 
-from . import idempotency, tools
+from . import idempotency, response_options, tools
 from .common import (
     Deps,
     caller,
@@ -37,7 +37,7 @@ from .common import (
     reject_unknown,
     set_json,
 )
-from .events import FINISHED_TASK_STATES, POLL_SECONDS, event_stream, start_sse
+from .events import FINISHED_TASK_STATES, POLL_SECONDS, SSE_FRAMES, Framing, event_stream, start_sse
 
 log = logging.getLogger("lmsp.api")
 
@@ -56,12 +56,14 @@ FIELDS = (
     "store",
     "on_restart",
     "metadata",
-    "include",
+    *response_options.FIELDS,
     *tools.FIELDS,
 )
 ROLES = ("system", "user", "assistant")
 ROLE_ALIASES = {"developer": "system"}  # the OpenAI name of a system message
 TEXT_PART_TYPES = ("input_text", "output_text", "text")
+MEDIA_PART_TYPES = ("input_image", "input_file", "input_audio", "input_video")
+REASONING_FIELDS = ("type", "id", "summary", "content", "encrypted_content", "status")
 RESTART_POLICIES = ("fail", "retry", "resume")
 RESPONSE_STATUSES = ("queued", "in_progress", "completed", "incomplete", "failed", "cancelled")
 SEED_MAX = 2**32 - 2  # 2**32 - 1 is llama.cpp's "pick one at random"
@@ -82,6 +84,40 @@ class CreateRequest(NewTask):
     store: bool = True
 
 
+def _part_text(part: dict[str, Any], where: str) -> str:
+    """One content part's text: text parts as the SDKs send and echo them (an output's
+    annotations and logprobs included), a refusal's words; media is refused."""
+    kind = part.get("type")
+    if kind in MEDIA_PART_TYPES:
+        raise InvalidRequest(
+            f"{where}.type {kind!r} is not supported: the models of this service have no projector"
+            " for images, audio, video or files",
+            param=f"{where}.type",
+        )
+    if kind == "refusal":
+        reject_unknown(part, ("type", "refusal"), where=f"{where}.")
+        return str(
+            get_str(part, "refusal", required=True, allow_empty=True, max_len=MAX_TEXT, param=f"{where}.refusal")
+        )
+    if kind not in TEXT_PART_TYPES:
+        raise InvalidRequest(
+            f"{where}.type must be one of {', '.join(TEXT_PART_TYPES)}; only text content is supported",
+            param=f"{where}.type",
+        )
+    reject_unknown(part, ("type", "text", "annotations", "logprobs"), where=f"{where}.")
+    _check_types(part, {"annotations": list, "logprobs": list}, where)
+    return str(get_str(part, "text", required=True, allow_empty=True, max_len=MAX_TEXT, param=f"{where}.text"))
+
+
+def _check_types(item: dict[str, Any], types: dict[str, type], where: str) -> None:
+    """The optional fields of an input item or part that must be null or of a type."""
+    for name, kind in types.items():
+        value = item.get(name)
+        if value is not None and not isinstance(value, kind):
+            what = "a string" if kind is str else "an array"
+            raise InvalidRequest(f"{where}.{name} must be {what} or null", param=f"{where}.{name}")
+
+
 def _content_text(content: Any, param: str) -> str:
     if isinstance(content, str):
         return content
@@ -91,16 +127,7 @@ def _content_text(content: Any, param: str) -> str:
             where = f"{param}[{j}]"
             if not isinstance(part, dict):
                 raise InvalidRequest(f"{where!r} must be an object", param=where)
-            reject_unknown(part, ("type", "text", "annotations"), where=f"{where}.")
-            kind = part.get("type")
-            if kind not in TEXT_PART_TYPES:
-                raise InvalidRequest(
-                    f"{where}.type must be one of {', '.join(TEXT_PART_TYPES)}; only text content is supported",
-                    param=f"{where}.type",
-                )
-            texts.append(
-                get_str(part, "text", required=True, allow_empty=True, max_len=MAX_TEXT, param=f"{where}.text")
-            )
+            texts.append(_part_text(part, where))
         return "".join(texts)
     raise InvalidRequest(f"{param!r} must be a string or an array of text parts", param=param)
 
@@ -126,26 +153,47 @@ def parse_messages(value: Any) -> list[dict[str, str]]:
     messages = []
     calls: dict[str, str] = {}  # call id -> name, of the function calls so far
     for i, item in enumerate(value):
-        where = f"input[{i}]"
-        if not isinstance(item, dict):
-            raise InvalidRequest(f"{where} must be an object with 'role' and 'content'", param=where)
-        if item.get("type") in tools.CALL_ITEMS:
-            messages.append(tools.call_message(item, where, calls))
-            continue
-        reject_unknown(item, ("role", "content", "type"), where=f"{where}.")
-        if item.get("type", "message") != "message":
-            raise InvalidRequest(
-                f"{where}.type must be 'message', 'function_call' or 'function_call_output'", param=f"{where}.type"
-            )
-        role = item.get("role")
-        role = ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
-        if role not in ROLES:
-            raise InvalidRequest(f"{where}.role must be one of {', '.join(ROLES)}", param=f"{where}.role")
-        if "content" not in item or item["content"] is None:
-            raise InvalidRequest(f"{where}.content is required", param=f"{where}.content")
-        text = _content_text(item["content"], f"{where}.content")
-        messages.append({"role": role, "content": _check_nul(text, f"{where}.content")})
+        message = _input_item(item, f"input[{i}]", calls)
+        if message is not None:
+            messages.append(message)
+    if not messages:
+        raise InvalidRequest("'input' has no message", param="input")
     return messages
+
+
+def _input_item(item: Any, where: str, calls: dict[str, str]) -> dict[str, str] | None:
+    """One input item: a message as the prompt takes it, or None for an item that adds
+    nothing to the prompt (a reasoning item, as ``response.output`` carries it);
+    ``calls`` maps the call ids of the function calls so far to their names."""
+    if not isinstance(item, dict):
+        raise InvalidRequest(f"{where} must be an object with 'role' and 'content'", param=where)
+    kind = item.get("type", "message")
+    if kind in tools.CALL_ITEMS:
+        return tools.call_message(item, where, calls)
+    if kind == "reasoning":  # the model's earlier thinking: no chat template shows it again
+        reject_unknown(item, REASONING_FIELDS, where=f"{where}.")
+        _check_types(
+            item, {"id": str, "summary": list, "content": list, "encrypted_content": str, "status": str}, where
+        )
+        return None
+    if kind != "message":
+        raise InvalidRequest(
+            f"{where}.type must be 'message', 'reasoning', 'function_call' or 'function_call_output';"
+            " other input items are not supported",
+            param=f"{where}.type",
+        )
+    # id, status and phase: what the SDKs echo of an output message; nothing of the prompt
+    reject_unknown(item, ("role", "content", "type", "id", "status", "phase"), where=f"{where}.")
+    get_str(item, "id", max_len=256, allow_empty=True, param=f"{where}.id")
+    _check_types(item, {"status": str, "phase": str}, where)
+    role = item.get("role")
+    role = ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
+    if role not in ROLES:
+        raise InvalidRequest(f"{where}.role must be one of {', '.join(ROLES)}", param=f"{where}.role")
+    if "content" not in item or item["content"] is None:
+        raise InvalidRequest(f"{where}.content is required", param=f"{where}.content")
+    text = _content_text(item["content"], f"{where}.content")
+    return {"role": role, "content": _check_nul(text, f"{where}.content")}
 
 
 def parse_stop(value: Any) -> list[str]:
@@ -221,10 +269,9 @@ def parse_create(body: dict[str, Any], config: Any, random_seed: Callable[[], in
         "store": store,
         "on_restart": on_restart,
         "metadata": parse_metadata(body.get("metadata")),
+        **response_options.parse_options(body),
         **tools.tools_and_format(body),
     }
-    if body.get("include"):  # an empty list asks for nothing
-        raise InvalidRequest("'include' values are not supported", param="include")
     return CreateRequest(
         client_id=None,
         model=model,
@@ -253,27 +300,32 @@ class ResponsesService:
     ) -> CreatedTask:
         """``limited``: the client's unfinished tasks are capped (``max_unfinished_per_client``;
         an admin's are not)."""
+        self.check_serving(parsed.model)
+        cap = (self.deps.config.max_unfinished_per_client or None) if limited else None
+        return self.deps.runtime.create_task(
+            replace(parsed, client_id=client_id, idempotency=idempotency_key, max_unfinished=cap)
+        )
+
+    def check_serving(self, model_id: str) -> None:
+        """Unavailable while the worker starts or stops; NotFound for a model that is not
+        registered, ModelChanged for one whose file changed or is missing."""
         runtime = self.deps.runtime
         if not runtime.ready or runtime.draining:
             raise Unavailable("the service is starting or shutting down; retry shortly", retry_after=1)
         try:
-            model = runtime.model_object(parsed.model)
+            model = runtime.model_object(model_id)
         except NotFound:
-            raise NotFound(f"model {parsed.model!r} is not registered", param="model") from None
+            raise NotFound(f"model {model_id!r} is not registered", param="model") from None
         if model.get("state") == "changed":
             raise ModelChanged(
-                f"the file of model {parsed.model!r} changed since it was registered; register it again", param="model"
+                f"the file of model {model_id!r} changed since it was registered; register it again", param="model"
             )
         if model.get("state") == "missing":  # as a changed file: refused now, not a task that fails
             raise ModelChanged(
-                f"the file of model {parsed.model!r} is missing from the models directory;"
+                f"the file of model {model_id!r} is missing from the models directory;"
                 " put it back or register the model again",
                 param="model",
             )
-        cap = (self.deps.config.max_unfinished_per_client or None) if limited else None
-        return runtime.create_task(
-            replace(parsed, client_id=client_id, idempotency=idempotency_key, max_unfinished=cap)
-        )
 
     def wait_finished(self, task_id: str, client_id: str | None) -> dict[str, Any]:
         """Block (cooperatively) until the task is finished; its Task object."""
@@ -327,9 +379,13 @@ class ResponsesService:
         cancel_on_abandon: bool = False,
         forget_response: str | None = None,
         caller_id: str | None = None,
+        task_events: bool = False,
+        framing: Framing = SSE_FRAMES,
     ) -> Iterator[bytes]:
         """``client_id``: whose task it must be (None: any, for an admin); ``caller_id``:
-        who reads it, whose revocation ends the stream."""
+        who reads it, whose revocation ends the stream; ``task_events``: the task's whole
+        log (a response stream leaves its ``task.*`` events out); ``framing``: how its
+        events are written (the OpenAI endpoints' chunks, or LMSP's events)."""
         deps = self.deps
         on_abandon = (lambda: self.abandon(task_id, client_id)) if cancel_on_abandon else None
         store = deps.store
@@ -344,6 +400,8 @@ class ResponsesService:
             on_abandon=on_abandon,
             monotonic=deps.monotonic,
             authorized=authorized,
+            task_events=task_events,
+            framing=framing,
         )
         if forget_response is None:
             return frames
@@ -355,16 +413,18 @@ class ResponsesService:
         try:
             yield from frames
         except GeneratorExit:  # the client left: its task was cancelled, forget it once it ends
-            threading.Thread(
-                target=self._forget_when_finished,
-                args=(task_id, response_id, client_id),
-                name="lmsp-forget",
-                daemon=True,
-            ).start()
+            self.forget_when_finished(task_id, response_id, client_id)
             raise
         task = self.deps.store.get_task(task_id, client_id)
         if task["status"] in FINISHED_TASK_STATES:
             self.forget(response_id, client_id)
+
+    def forget_when_finished(self, task_id: str, response_id: str, client_id: str | None) -> None:
+        """``store: false`` with nobody left to deliver it to: delete the response once its
+        task has ended (in a thread, or a greenlet under gevent)."""
+        threading.Thread(
+            target=self._forget_when_finished, args=(task_id, response_id, client_id), name="lmsp-forget", daemon=True
+        ).start()
 
     def _forget_when_finished(self, task_id: str, response_id: str, client_id: str | None) -> None:
         """``store: false`` with nobody left to deliver it to: delete the response when its

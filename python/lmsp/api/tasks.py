@@ -73,7 +73,9 @@ class TaskEventsResource:
         if wants_sse(req) or query_bool(req, "stream"):
             after = stream_start(req, "after")
             self.deps.store.get_task(task_id, owner)  # 404 before the stream starts
-            start_sse(resp, self.service.stream(task_id, owner, after=after, caller_id=caller(req)["id"]))
+            start_sse(
+                resp, self.service.stream(task_id, owner, after=after, caller_id=caller(req)["id"], task_events=True)
+            )
             return
         after = stream_start(req, "after")
         limit = query_int(req, "limit", default=100, minimum=1, maximum=1000)

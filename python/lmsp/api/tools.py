@@ -29,16 +29,17 @@ TEXT_FORMAT = {"type": "text"}
 def parse_text(value: Any) -> dict[str, Any]:
     """``text``: ``{"format": ...}`` as the task keeps it and the Response echoes it."""
     if value is None:
-        return {"format": dict(TEXT_FORMAT)}
+        return {"format": dict(TEXT_FORMAT), "verbosity": "medium"}
     if not isinstance(value, dict):
         raise InvalidRequest("'text' must be an object", param="text")
     reject_unknown(value, ("format", "verbosity"), where="text.")
-    out: dict[str, Any] = {"format": parse_format(value.get("format"))}
+    out: dict[str, Any] = {"format": parse_format(value.get("format")), "verbosity": "medium"}
     verbosity = value.get("verbosity")
-    if verbosity is not None:
-        if verbosity not in ("low", "medium", "high"):
-            raise InvalidRequest("'text.verbosity' must be low, medium or high", param="text.verbosity")
-        out["verbosity"] = verbosity
+    if verbosity is not None and verbosity != "medium":
+        raise InvalidRequest(
+            "'text.verbosity' can only be 'medium' on this service: the model answers at its own length",
+            param="text.verbosity",
+        )
     return out
 
 
@@ -81,7 +82,7 @@ def check_schema(schema: Any, param: str) -> dict[str, Any]:
 # -- function tools -------------------------------------------------------------
 
 #: the create request's fields this module checks
-FIELDS = ("text", "tools", "tool_choice", "parallel_tool_calls", "max_tool_calls")
+FIELDS = ("text", "tools", "tool_choice")  # parallel_tool_calls, max_tool_calls: response_options
 
 CHOICES = ("auto", "none", "required")
 MAX_TOOLS = 128
@@ -96,22 +97,9 @@ def tools_and_format(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def parse_tool_fields(body: dict[str, Any]) -> dict[str, Any]:
-    """``tools``, ``tool_choice``, ``parallel_tool_calls`` and ``max_tool_calls`` as the
-    task keeps them and the Response echoes them."""
+    """``tools`` and ``tool_choice`` as the task keeps them and the Response echoes them."""
     tools = parse_tools(body.get("tools"))
-    choice = parse_tool_choice(body.get("tool_choice"), tools)
-    parallel = body.get("parallel_tool_calls")
-    if parallel is not None and not isinstance(parallel, bool):
-        raise InvalidRequest("'parallel_tool_calls' must be a boolean", param="parallel_tool_calls")
-    most = body.get("max_tool_calls")
-    if most is not None and (not isinstance(most, int) or isinstance(most, bool) or most < 1):
-        raise InvalidRequest("'max_tool_calls' must be an integer of at least 1", param="max_tool_calls")
-    return {
-        "tools": tools,
-        "tool_choice": choice,
-        "parallel_tool_calls": True if parallel is None else parallel,
-        "max_tool_calls": most,
-    }
+    return {"tools": tools, "tool_choice": parse_tool_choice(body.get("tool_choice"), tools)}
 
 
 def parse_tools(value: Any) -> list[dict[str, Any]]:

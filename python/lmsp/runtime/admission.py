@@ -40,7 +40,7 @@ class Admission:
         start it or have it claimed; what ``Store.create_task`` returns."""
         state = self.state
         constraints.check(new.request)
-        tokens = self.check_request(new.model, prompting.with_tools(new.messages, new.request))
+        tokens = self.check_request(new.model, prompting.with_tools(new.messages, new.request), new.request)
         slot = self.reserve(new.model)
         early = None
         try:
@@ -59,16 +59,27 @@ class Admission:
             state.wake_scheduler()
         return created
 
-    def check_request(self, model_id: str, prompt_messages: list[dict[str, str]]) -> list[int] | None:
-        """The prompt's tokens when the model is loaded here (None: checked at run time);
-        ContextLengthExceeded when it cannot fit with one output token."""
+    def check_request(
+        self, model_id: str, prompt_messages: list[dict[str, str]], request: dict[str, Any] | None = None
+    ) -> list[int] | None:
+        """The prompt's tokens when the model is loaded here (None: checked at run time),
+        truncated as ``request`` asks; ContextLengthExceeded when it cannot fit with one
+        output token. A completion's raw ``prompt`` is the prompt (no chat template)."""
         engine = self.state.registry.engine(model_id)
         if engine is None:
             return None
+        raw = request is not None and request.get("prompt") is not None
+        param = "prompt" if raw else "input"
         try:
-            tokens = prompting.render(engine, prompt_messages)
+            max_tokens = prompting.sampling(request or {}, self.state.config)["max_tokens"]
+            if raw:
+                assert request is not None
+                tokens = prompting.prompt_tokens(engine, request, max_tokens)
+            else:
+                tokens = prompting.render_request(engine, prompt_messages, request or {}, max_tokens)
         except ValueError as exc:  # what the chat template or the tokenizer refuses: so would the run
-            raise InvalidRequest(f"the request cannot be rendered: {exc}", param="input") from None
+            where = "suffix" if raw and "suffix" in str(exc) else param
+            raise InvalidRequest(f"the request cannot be rendered: {exc}", param=where) from None
         except Exception as exc:  # a closed engine (unloaded meanwhile): check at run time
             log.debug("check_request: %s", exc)
             return None
@@ -77,7 +88,7 @@ class Admission:
             raise ContextLengthExceeded(
                 f"the prompt is {n} tokens; model {model_id} takes at most {engine.n_ctx - 1} "
                 "with room for one output token",
-                param="input",
+                param=param,
             )
         return tokens
 

@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from ..contracts import EngineResult, StepItem, StepOutcome
 from ..objects import event_object
+from .logprobs import result_logprobs
 from .state import IDLE_WAIT, MAX_BACKOFF, Run, WorkerState
 
 log = logging.getLogger("lmsp.runtime")
@@ -64,6 +65,8 @@ def merge(item: StepItem | None, run: Run, result: EngineResult) -> StepItem:
         else:
             item["delta"] += shaped["delta"]
     item["tokens"].extend(result.get("tokens") or ())
+    if result.get("logprobs"):
+        item.setdefault("logprobs", []).extend(result_logprobs(run.engine, result))
     if finish:
         item["finish"] = finish
         if finish == "error":
@@ -105,6 +108,9 @@ class Committer:
         self.close_deleted = close_deleted
         self.window = float(state.config.commit_window_ms) / 1000.0
         self.pending: dict[str, StepItem] = {}  # task id -> store item not yet committed
+        # task id -> (attempt, log probabilities of tokens committed before their text):
+        # they go with the next item of the task, which has that text
+        self.held_logprobs: dict[str, tuple[int, list[dict[str, Any]]]] = {}
         self.pending_since = 0.0  # when the oldest uncommitted result arrived
         self.urgent = False  # a first text or an end is pending: commit now
         self.next_renew = self.next_recover = 0.0
@@ -220,7 +226,10 @@ class Committer:
         """One engine result into the pending items (under the lock)."""
         if not self.pending:
             self.pending_since = now
-        self.pending[run.task_id] = merge(self.pending.get(run.task_id), run, result)
+        item = self.pending[run.task_id] = merge(self.pending.get(run.task_id), run, result)
+        held = self.held_logprobs.pop(run.task_id, None)
+        if held is not None and held[0] == run.attempt:
+            item["logprobs"] = held[1] + item.get("logprobs", [])
         if not run.first_token and result.get("tokens"):
             run.first_token = True
             self.state.stats.first_token(now - run.claimed_at)
@@ -256,6 +265,9 @@ class Committer:
         if committed:
             self.state.committed.update(committed)
         self.urgent = False
+        for item in items:  # tokens without text yet: their log probabilities wait for it
+            if item.get("logprobs") and not item["delta"] and not item["finish"]:
+                self.held_logprobs[item["task_id"]] = (item["attempt"], item["logprobs"])
         if len(items) == len(self.pending):
             self.pending = {}
         else:
@@ -278,6 +290,7 @@ class Committer:
                     state.by_seq.pop(run.key(), None)
         for task_id in done + skipped:
             state.committed.pop(task_id, None)
+            self.held_logprobs.pop(task_id, None)
         for run in ended:
             if run is None:
                 continue
@@ -319,7 +332,7 @@ class Committer:
         """Extend the leases of the tasks running here; stop those another process cancelled."""
         state = self.state
         with state.lock:
-            running = list(state.runs)
+            running = [*state.runs, *state.held]
         if not running:
             return  # nothing claimed: no lease to extend
         try:

@@ -35,6 +35,7 @@ from .. import ids
 from ..config import RECOVERED_ENV
 from ._threads import RealThread, Wakeup, gevent_active
 from .admission import Admission
+from .embeddings import Embeddings
 from .committer import Committer
 from .models import Models
 from .registry import ModelRegistry
@@ -82,6 +83,7 @@ class Runtime:
         self.committer = (committer or Committer)(self.state, self.models.close_deleted)
         self.scheduler = Scheduler(self.state, self.models.retire_changed)
         self.admission = Admission(self.state)
+        self.embeddings = Embeddings(self.state, self.models)
         self.watcher = Watcher(self.state)
         self.janitor = Janitor(self.state, self.models.check_files)
         self._threads: list[RealThread] = []
@@ -100,6 +102,9 @@ class Runtime:
         self.model_object = self.models.object
         self.list_models = self.models.objects
         self.check_model_files = self.models.check_files
+        self.embed = self.embeddings.embed  # embeddings, each request a task it runs itself
+        self.detokenize = self.models.detokenize
+        self.prompt_pieces = self.models.prompt_pieces
 
     @property
     def owner(self) -> str | None:

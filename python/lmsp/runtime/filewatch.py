@@ -46,6 +46,17 @@ class FileIdentity:
             return None
         return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
+    def same_bytes_as(self, other: "FileIdentity | None") -> bool:
+        """The same file, of the same size, last written at the same time: only its
+        change time moved, as a new hard link, a chmod or a chown moves it. (A write
+        that set its modification time back is caught by a hash: ``changed_files``.)"""
+        return other is not None and (self.dev, self.ino, self.size, self.mtime_ns) == (
+            other.dev,
+            other.ino,
+            other.size,
+            other.mtime_ns,
+        )
+
 
 def _libc():
     # the C library the interpreter already uses (ctypes.util.find_library would run

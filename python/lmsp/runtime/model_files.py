@@ -162,16 +162,39 @@ class ModelFiles:
 
     def file_changed(self, model_id: str) -> bool:
         """The model is loaded here and its file is no longer the one it was loaded from
-        (written, truncated, replaced or gone since: one ``stat``)."""
+        (written, truncated, replaced or gone since: one ``stat``). A file whose change
+        time alone moved is checked by :meth:`changed_files`."""
         with self._lock:
             loaded = self._loaded_files.get(model_id)
-        return loaded is not None and FileIdentity.of(loaded[0]) != loaded[1]
+        return loaded is not None and not loaded[1].same_bytes_as(FileIdentity.of(loaded[0]))
 
     def changed_files(self) -> list[str]:
-        """The models loaded here whose files changed since they were loaded."""
+        """The models loaded here whose files changed since they were loaded. A file
+        whose change time alone moved (a hard link made to it, a chmod) is hashed: with
+        the digest it was loaded with it stays, under its new identity."""
         with self._lock:
             loaded = list(self._loaded_files.items())
-        return [model_id for model_id, (path, identity) in loaded if FileIdentity.of(path) != identity]
+        changed = []
+        for model_id, (path, identity) in loaded:
+            now = FileIdentity.of(path)
+            if now == identity:
+                continue
+            if now is not None and identity.same_bytes_as(now) and self._kept_digest(model_id, path, identity, now):
+                continue
+            changed.append(model_id)
+        return changed
+
+    def _kept_digest(self, model_id: str, path: Path, was: FileIdentity, now: FileIdentity) -> bool:
+        """Whether the file still has the digest the model was loaded with; if so, it is
+        kept under its identity ``now``."""
+        with self._lock:
+            want = self._loaded_digests.get(model_id)
+        if want is None or file_digest(path)[0] != want or FileIdentity.of(path) != now:
+            return False
+        with self._lock:
+            if self._loaded_files.get(model_id) == (path, was):
+                self._loaded_files[model_id] = (path, now)
+        return True
 
     def watch_fileno(self) -> int | None:
         """A descriptor readable once a loaded model's file may have changed (None: poll

@@ -25,10 +25,11 @@ the file's digest changed.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from ..errors import ModelChanged, ModelInUse
+from ..errors import InvalidRequest, ModelChanged, ModelInUse
 from ..hubsafe import offload
+from .prompt import check_vocabulary
 from .registry import CHANGED, MISSING
 from .state import WorkerState
 
@@ -61,6 +62,41 @@ class Models:
     def load(self, model_id: str) -> dict[str, Any]:
         offload(self.registry.load, model_id)
         return self.registry.object(model_id)
+
+    def engine(self, model_id: str) -> Engine:
+        """The model's engine in this worker, loaded first when it is not."""
+        engine = self.registry.engine(model_id)
+        if engine is None:
+            self.load(model_id)
+            engine = self.registry.engine(model_id)
+            if engine is None:  # unloaded again meanwhile
+                engine = offload(self.registry.load, model_id)
+        return engine
+
+    def detokenize(self, model_id: str, tokens: Sequence[int]) -> str:
+        """The text of token ids (a completion's echoed prompt); InvalidRequest for an id
+        outside the model's vocabulary."""
+        engine = self.engine(model_id)
+        try:
+            check_vocabulary(list(tokens), engine.n_vocab)
+        except ValueError as exc:
+            raise InvalidRequest(f"'prompt': {exc}", param="prompt") from None
+        return str(engine.detokenize(list(tokens)))
+
+    def prompt_pieces(self, model_id: str, prompt: str | Sequence[int]) -> list[bytes]:
+        """The bytes of each token of a completion's prompt, tokenized as the task
+        tokenizes it (a control token's are none); InvalidRequest for an id outside
+        the model's vocabulary."""
+        engine = self.engine(model_id)
+        if isinstance(prompt, str):
+            tokens = list(engine.tokenize(prompt, add_special=True, parse_special=True))
+        else:
+            tokens = [int(t) for t in prompt]
+            try:
+                check_vocabulary(tokens, engine.n_vocab)
+            except ValueError as exc:
+                raise InvalidRequest(f"'prompt': {exc}", param="prompt") from None
+        return [bytes(engine.token_bytes(t)) for t in tokens]
 
     def unload(self, model_id: str) -> dict[str, Any]:
         self.store.get_model(model_id)  # NotFound

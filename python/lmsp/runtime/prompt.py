@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Protocol, Sequence
 
+from ..objects import wants_logprobs
 from . import constraints
 
 
@@ -17,6 +18,9 @@ class ChatEngine(Protocol):
     """What rendering asks of an engine (``lmsp.native.Engine`` has it)."""
 
     def chat_prompt(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> list[int]: ...
+
+    @property
+    def n_ctx(self) -> int: ...
 
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -96,6 +100,64 @@ def render(engine: ChatEngine, messages: list[dict]) -> list[int]:
     return list(engine.chat_prompt(messages, add_generation_prompt=True))
 
 
+def render_request(engine: ChatEngine, messages: list[dict], request: dict, max_tokens: int) -> list[int]:
+    """The prompt of ``messages``; with ``truncation: "auto"`` the oldest turns (every
+    message but the system ones and the last) are dropped, oldest first, until the
+    prompt leaves room for ``max_tokens`` of output (at most half the context), as
+    OpenAI truncates. Otherwise, and when even the last turn does not fit, the whole
+    prompt: the caller's context check refuses it."""
+    tokens = render(engine, messages)
+    if request.get("truncation") != "auto":
+        return tokens
+    budget = engine.n_ctx - max(1, min(max_tokens, engine.n_ctx // 2))
+    kept = list(messages)
+    while len(tokens) > budget:
+        turns = [i for i, m in enumerate(kept) if m.get("role") != "system"]
+        if len(turns) <= 1:
+            break
+        del kept[turns[0]]
+        tokens = render(engine, kept)
+    return tokens
+
+
+def prompt_tokens(engine, request: dict, max_tokens: int) -> list[int]:
+    """The prompt's token ids of a request: a completion's raw ``prompt`` (no chat
+    template), else its messages through the chat template (:func:`render_request`)."""
+    raw = request.get("prompt")
+    if raw is None:
+        return render_request(engine, messages_for(request), request, max_tokens)
+    suffix = request.get("suffix")
+    if suffix is not None:
+        return fill_in_the_middle(engine, raw, suffix)
+    if isinstance(raw, str):
+        # as llama-server tokenizes a completion's prompt: BOS added, special-token text parsed
+        return list(engine.tokenize(raw, add_special=True, parse_special=True))
+    tokens = [int(t) for t in raw]  # token ids as given
+    check_vocabulary(tokens, engine.n_vocab)
+    return tokens
+
+
+def check_vocabulary(tokens: list[int], n_vocab: int) -> None:
+    """ValueError for a token id outside the model's vocabulary."""
+    for t in tokens:
+        if not 0 <= t < n_vocab:
+            raise ValueError(f"token id {t} is outside the vocabulary of {n_vocab} tokens")
+
+
+def fill_in_the_middle(engine, prefix: str | list[int], suffix: str) -> list[int]:
+    """The prompt of a completion between ``prefix`` and ``suffix``, in the model's
+    fill-in-the-middle tokens (prefix-suffix-middle order, as llama-server's infill);
+    ValueError where the model has none."""
+    fim = list(engine.info.get("fim_tokens") or [])
+    if len(fim) != 3:
+        raise ValueError("the model has no fill-in-the-middle tokens: 'suffix' cannot be used with it")
+    pre, suf, mid = fim
+    head = prefix if isinstance(prefix, list) else list(engine.tokenize(prefix, add_special=False, parse_special=False))
+    tail = list(engine.tokenize(suffix, add_special=False, parse_special=False))
+    bos = list(engine.tokenize("", add_special=True, parse_special=False))
+    return bos + [pre, *head, suf, *tail, mid]
+
+
 def sampling(request: dict, config) -> dict:
     """The engine's ``submit`` keywords from a request (service defaults and caps applied;
     the grammar of its output's form, :mod:`.constraints`)."""
@@ -110,7 +172,7 @@ def sampling(request: dict, config) -> dict:
         stop = []
     elif isinstance(stop, str):
         stop = [stop]
-    return {
+    out = {
         "max_tokens": max(1, min(max_tokens, config.max_output_tokens_cap)),
         "temperature": float(pick("temperature", 1.0)),
         "top_p": float(pick("top_p", 1.0)),
@@ -119,3 +181,8 @@ def sampling(request: dict, config) -> dict:
         "stop": [s for s in stop if isinstance(s, str) and s],
         "grammar": constraints.grammar(request),
     }
+    if wants_logprobs(request):
+        out["logprobs"] = True
+        if request.get("top_logprobs"):
+            out["top_logprobs"] = int(request["top_logprobs"])
+    return out

@@ -150,7 +150,7 @@ class ModelRegistry:
         if loaded is not None:
             path, identity = loaded
             now = FileIdentity.of(path)
-            if now == identity:
+            if identity.same_bytes_as(now):  # a moved change time alone: changed_files hashes it
                 return LOADED
             return MISSING if now is None else CHANGED  # until the runtime unloads it
         stored = row.get("state") or AVAILABLE

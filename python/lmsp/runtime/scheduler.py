@@ -184,8 +184,8 @@ class Scheduler:
             return  # the task failed
         request = claim.get("request") or {}
         try:
-            tokens = run.tokens or prompting.render(engine, prompting.messages_for(request))
             kwargs = prompting.sampling(request, self.state.config)
+            tokens = run.tokens or prompting.prompt_tokens(engine, request, kwargs["max_tokens"])
         except (ValueError, TypeError) as exc:
             return self.fail(run, "invalid_request", f"the request cannot be rendered: {exc}")
         resume = self.resume_of(claim)

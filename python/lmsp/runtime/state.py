@@ -87,6 +87,7 @@ class WorkerState:
         self.lease = float(config.lease_seconds)
         self.lock = allocate_lock()
         self.runs: dict[str, Run] = {}  # task id -> its run here
+        self.held: set[str] = set()  # tasks a request of this worker runs itself (embeddings)
         self.by_seq: dict[tuple[int, int], Run] = {}  # (id(engine), seq) -> the run of that sequence
         self.early: list[Run] = []  # sequences started for tasks being created
         self.released: list[Run] = []  # early runs adopted: their held results go to the committer

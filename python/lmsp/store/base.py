@@ -88,12 +88,24 @@ class StoreBase:
         ).fetchall()
         return "".join(r[0] for r in rows)
 
+    @staticmethod
+    def _attempt_logprobs(conn: sqlite3.Connection, task: dict, response: sqlite3.Row) -> list | None:
+        """The log probabilities of the current attempt's output, in order; None when
+        the request did not ask for them."""
+        if not obj.wants_logprobs(json.loads(response["request"] or "{}")):
+            return None
+        rows = conn.execute(
+            "SELECT data FROM task_events WHERE task_id = ? AND seq > ? AND type = ? AND data IS NOT NULL ORDER BY seq",
+            (task["id"], task["attempt_seq"], obj.DELTA),
+        ).fetchall()
+        return [entry for r in rows for entry in json.loads(r[0]).get("logprobs", ())]
+
     def _render_response(self, conn: sqlite3.Connection, response: sqlite3.Row, task: dict) -> dict:
         if task["status"] in st.FINISHED and response["output_text"] is not None:
             text = response["output_text"]
         else:
             text = self._attempt_text(conn, task)
-        return obj.response_object(response, task, text)
+        return obj.response_object(response, task, text, self._attempt_logprobs(conn, task, response))
 
     @staticmethod
     def _emit(conn: sqlite3.Connection, task: dict, etype: str, now: float, payload: dict) -> int:
@@ -137,14 +149,15 @@ class StoreBase:
             self._close_call(conn, task, now, status, "", response)
             return
         base = {"item_id": response["item_id"], "output_index": 0, "content_index": 0}
-        self._emit(conn, task, "response.output_text.done", now, {**base, "text": text})
-        self._emit(conn, task, "response.content_part.done", now, {**base, "part": obj.output_part(text)})
+        logprobs = self._attempt_logprobs(conn, task, response) or []
+        self._emit(conn, task, "response.output_text.done", now, {**base, "text": text, "logprobs": logprobs})
+        self._emit(conn, task, "response.content_part.done", now, {**base, "part": obj.output_part(text, logprobs)})
         self._emit(
             conn,
             task,
             "response.output_item.done",
             now,
-            {"output_index": 0, "item": obj.output_item(response["item_id"], status, text)},
+            {"output_index": 0, "item": obj.output_item(response["item_id"], status, text, logprobs)},
         )
         task["item_open"] = 0
 

@@ -4,6 +4,7 @@ streams replay. Each is one deferred transaction that writes nothing (see
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from typing import Callable, Iterable
 
@@ -38,6 +39,11 @@ class ReadsArea(StoreBase):
             task = dict(conn.execute(TASK_SELECT + " WHERE response_id = ?", (response_id,)).fetchone())
             return self._render_response(conn, response, task)
 
+    def get_request(self, response_id: str, client_id: str | None = None) -> dict:
+        """The request of a response as its task keeps it (JSON, as the web layer checked it)."""
+        with self._db.read() as conn:
+            return dict(json.loads(self._response_row(conn, response_id, client_id)["request"]))
+
     @staticmethod
     def _page(conn: sqlite3.Connection, sql: str, args: list, limit: int, render: Callable[[str], dict]) -> dict:
         ids = [r[0] for r in conn.execute(sql + " LIMIT ?", args + [limit + 1])]
@@ -51,25 +57,43 @@ class ReadsArea(StoreBase):
         }
 
     def list_responses(
-        self, client_id: str | None = None, *, status: str | None = None, limit: int = 20, after: str | None = None
+        self,
+        client_id: str | None = None,
+        *,
+        status: str | None = None,
+        limit: int = 20,
+        after: str | None = None,
+        prefix: str = "resp_",
+        model: str | None = None,
+        oldest_first: bool = False,
+        metadata: dict[str, str] | None = None,
     ) -> dict:
-        """The responses newest first; ``after`` is the last id of the previous page."""
+        """The responses whose id starts with ``prefix`` (``resp_``, or ``chatcmpl-`` for
+        chat completions), newest first (or oldest first); ``after`` is the last id of
+        the previous page; ``metadata``: only those whose metadata has each pair."""
         limit = _limit(limit)
-        where, args = ["1"], []
+        # a range of ids that the index on (client_id, id) serves
+        where, args = ["r.id >= ? AND r.id < ?"], [prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)]
+        if model is not None:
+            where.append("r.model = ?")
+            args.append(model)
         if client_id is not None:
             where.append("r.client_id = ?")
             args.append(client_id)
+        for key, value in (metadata or {}).items():
+            where.append("EXISTS (SELECT 1 FROM json_each(r.request, '$.metadata') m WHERE m.key = ? AND m.value = ?)")
+            args += [key, value]
         if status is not None:
             if status not in RESPONSE_STATUSES:
                 raise InvalidRequest(f"unknown status {status!r}", param="status")
             where.append(RESPONSE_STATUSES[status])
         if after is not None:
-            where.append("r.id < ?")
+            where.append("r.id > ?" if oldest_first else "r.id < ?")
             args.append(str(after))
         sql = (
             "SELECT r.id FROM responses r JOIN tasks t ON t.response_id = r.id WHERE "
             + " AND ".join(where)
-            + " ORDER BY r.id DESC"
+            + (" ORDER BY r.id ASC" if oldest_first else " ORDER BY r.id DESC")
         )
         with self._db.read() as conn:
 

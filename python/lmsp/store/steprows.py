@@ -61,6 +61,13 @@ def tokens_text(tokens: Iterable[int] | None) -> str:
     return ",".join(map(str, map(int, tokens)))
 
 
+def delta_data(item: StepItem) -> str | None:
+    """The ``data`` of a delta row: None, or the log probabilities of its tokens
+    (``{"logprobs": [...]}``) for a task that asked for them."""
+    logprobs = item.get("logprobs")
+    return dumps({"logprobs": logprobs}) if logprobs else None
+
+
 def usual_step(owner: str, items: list[StepItem], cache: dict[str, StepState], now: float) -> StepPlan | None:
     """The usual step in one pass, when every item is one task's next text delta (the
     task last written by this process as ``owner``, its item open, no tokens held
@@ -80,7 +87,7 @@ def usual_step(owner: str, items: list[StepItem], cache: dict[str, StepState], n
         tokens = item.get("tokens")
         toks = str(int(tokens[0])) if tokens and len(tokens) == 1 else tokens_text(tokens)
         seq = last_seq + 1
-        append((tid, seq, DELTA, now, delta, toks, None))
+        append((tid, seq, DELTA, now, delta, toks, delta_data(item)))
         states[tid] = _as_state((owner, seq, 1, "", kv_path, item_id))
     return StepPlan(states, events, [])
 
@@ -220,7 +227,7 @@ def _text_rows(
         if pending:
             toks = pending + "," + toks if toks else pending
             pending = ""
-        events.append((tid, seq, DELTA, now, delta, toks, None))
+        events.append((tid, seq, DELTA, now, delta, toks, delta_data(item)))
     elif toks:
         pending = pending + "," + toks if pending else toks
     return seq, item_open, pending
@@ -250,7 +257,9 @@ def step_rows(
             continue
         _, seq, item_open, pending, kv_path, item_id = state
         finish = item.get("finish")
-        toks = tokens_text(item.get("tokens"))
+        tokens = item.get("tokens")
+        # the usual step: one token per task
+        toks = str(int(tokens[0])) if tokens and len(tokens) == 1 else tokens_text(tokens)
         if "args" in item:  # a function call's output
             seq, item_open, pending = _call_rows(events, tid, item, seq, item_open, pending, toks, now, item_id)
         else:

@@ -4,6 +4,7 @@ can run it), its cancel (B.7), and its deletion once finished."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 
 from .. import objects as obj
@@ -13,6 +14,11 @@ from . import states as st
 from .base import CLAIMABLE_SQL, TASK_SELECT, UNFINISHED_SQL, dumps
 from .idempotency import IdempotencyArea, answer_keys
 from .worker import claim_record
+
+#: the id prefix of a task's response by its kind (LMSP B.1, B.11)
+ID_PREFIXES = {"response": "resp_", "chat.completion": "chatcmpl-", "text_completion": "cmpl-", "embedding": "embd-"}
+# tasks that the worker which makes them runs at once: always claimed by it at creation
+HELD_KINDS = ("embedding",)
 
 
 class TasksArea(IdempotencyArea):
@@ -31,6 +37,7 @@ class TasksArea(IdempotencyArea):
         idempotency: tuple[str, str] | None = None,
         claim: tuple[str, float] | None = None,
         max_unfinished: int | None = None,
+        kind: str = "response",
     ) -> CreatedTask:
         """Persist a new response and its queued task in ONE transaction (11.2, B.8).
 
@@ -47,9 +54,10 @@ class TasksArea(IdempotencyArea):
         for a new task, else ``(status_code, body)`` to send again (nothing was
         created); ``claim`` is what :meth:`claim` returns for one task when the
         new task was claimed, else None. ``response`` is the response as
-        created (``queued``).
+        created (``queued``). ``kind`` names the response's id (:data:`ID_PREFIXES`);
+        one of :data:`HELD_KINDS` (no scheduler runs it) is always claimed by ``claim``.
         """
-        request_text = self._request_text(model, request, on_restart)
+        request_text = self._request_text(model, request, on_restart, kind, claim)
         with self._db.write() as conn:
             now = self._clock()
             if idempotency is not None:
@@ -59,10 +67,11 @@ class TasksArea(IdempotencyArea):
             if max_unfinished is not None and client_id is not None:
                 self._check_unfinished(conn, client_id, max_unfinished)
             task, response = self._insert_task(
-                conn, client_id, model, request_text, on_restart, background, stream, now
+                conn, client_id, model, request_text, on_restart, background, stream, now, kind
             )
             body = self._render_response(conn, response, task)
-            taken = None if claim is None else self._claim_new(conn, task, response, claim, now)
+            first = kind not in HELD_KINDS  # else claimed whatever waits
+            taken = None if claim is None else self._claim_new(conn, task, response, claim, now, after_older=first)
             self._save(conn, task)
             if idempotency is not None:
                 self._remember_task_key(conn, client_id, idempotency, task["id"], body if background else None, now)
@@ -77,8 +86,10 @@ class TasksArea(IdempotencyArea):
         return out
 
     @staticmethod
-    def _request_text(model: str, request: dict, on_restart: str) -> str:
+    def _request_text(model: str, request: dict, on_restart: str, kind: str, claim: tuple | None) -> str:
         """The request as stored, once its model and restart policy are checked."""
+        if kind in HELD_KINDS and claim is None:
+            raise ValueError(f"a task of kind {kind} is created claimed by the worker that runs it")
         if on_restart not in st.POLICIES:
             raise InvalidRequest(f"on_restart must be one of {', '.join(st.POLICIES)}", param="on_restart")
         if not isinstance(request, dict):
@@ -112,9 +123,14 @@ class TasksArea(IdempotencyArea):
         background: bool,
         stream: bool,
         now: float,
+        kind: str = "response",
     ) -> tuple[dict, sqlite3.Row]:
         """A new response and its queued task, with their first two events."""
-        rid, tid, mid = self._new_id("resp"), self._new_id("task"), self._new_id("msg")
+        if kind not in ID_PREFIXES:
+            raise InvalidRequest(f"unknown kind of task {kind!r}")
+        prefix = ID_PREFIXES[kind]
+        rid = prefix + self._new_id(prefix[:-1]).split("_", 1)[1]
+        tid, mid = self._new_id("task"), self._new_id("msg")
         conn.execute(
             "INSERT INTO responses (id, client_id, model, created_at, request, background, stream,"
             " item_id) VALUES (?,?,?,?,?,?,?,?)",
@@ -132,13 +148,21 @@ class TasksArea(IdempotencyArea):
         return task, response
 
     def _claim_new(
-        self, conn: sqlite3.Connection, task: dict, response: sqlite3.Row, claim: tuple[str, float], now: float
+        self,
+        conn: sqlite3.Connection,
+        task: dict,
+        response: sqlite3.Row,
+        claim: tuple[str, float],
+        now: float,
+        *,
+        after_older: bool = True,
     ) -> tuple[ClaimRecord, StepState] | None:
         """``claim=(owner, lease)`` takes the new task and starts it, unless older tasks wait
-        to be claimed; returns its claim and the step state it leaves (its first step
-        then needs no read), or None."""
+        to be claimed (``after_older``); returns its claim and the step state it leaves
+        (its first step then needs no read), or None."""
         if (
-            conn.execute(f"SELECT 1 FROM tasks WHERE {CLAIMABLE_SQL} AND id != ? LIMIT 1", (task["id"],)).fetchone()
+            after_older
+            and conn.execute(f"SELECT 1 FROM tasks WHERE {CLAIMABLE_SQL} AND id != ? LIMIT 1", (task["id"],)).fetchone()
             is not None
         ):
             return None
@@ -151,7 +175,7 @@ class TasksArea(IdempotencyArea):
         return claimed, StepState(owner, task["last_seq"], 0, "", None, response["item_id"])
 
     def _resolve(self, conn: sqlite3.Connection, task_or_response_id: str, client_id: str | None) -> dict:
-        if str(task_or_response_id).startswith("resp_"):
+        if str(task_or_response_id).startswith(tuple(ID_PREFIXES.values())):
             row = conn.execute(
                 "SELECT id, client_id FROM tasks WHERE response_id = ?", (task_or_response_id,)
             ).fetchone()
@@ -178,6 +202,14 @@ class TasksArea(IdempotencyArea):
                 self._emit_task(conn, task, "task.cancelling", now)
                 self._save(conn, task)
             return obj.task_object(task)
+
+    def update_metadata(self, response_id: str, metadata: dict[str, str], client_id: str | None = None) -> None:
+        """Replace the ``metadata`` of a response's request (what its object shows and its
+        list filters on); the rest of the request is left as it was."""
+        with self._db.write() as conn:
+            request = json.loads(self._response_row(conn, response_id, client_id)["request"])
+            request["metadata"] = dict(metadata)
+            conn.execute("UPDATE responses SET request = ? WHERE id = ?", (dumps(request), response_id))
 
     def delete_response(self, response_id: str, client_id: str | None = None, *, keep_for_key: bool = False) -> dict:
         """Delete a finished response with its task and events. An idempotency key of

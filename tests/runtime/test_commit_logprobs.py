@@ -1,0 +1,85 @@
+"""The commit thread's log probabilities: engine results into OpenAI's entries, and
+those of tokens committed before their text go with that text."""
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+from unittest import mock
+
+from lmsp.runtime.committer import Committer
+from lmsp.runtime.logprobs import FLOOR, result_logprobs
+from lmsp.runtime.state import Run
+
+PIECES = {1: b"\xc3", 2: b"\xa9", 3: b"!", 4: b"?"}  # "é" is two tokens
+
+
+class PieceEngine:
+    def token_bytes(self, token: int) -> bytes:
+        return PIECES[token]
+
+
+class RecordingStore:
+    EVENT_ROW = ("seq", "type", "created_at", "text", "data")
+
+    def __init__(self) -> None:
+        self.items: list[dict] = []
+
+    def append_step(self, owner, items, with_events=False):
+        self.items.extend(dict(item) for item in items)
+        return {}
+
+
+def result(tokens, text, logprobs, top=None, finish=None) -> dict:
+    out = {"seq": 1, "tokens": tokens, "text": text, "finish": finish, "error": None, "n_prompt": 1,
+           "n_generated": 1, "n_cached": 0, "timings": {}, "logprobs": logprobs}
+    if top is not None:
+        out["top_logprobs"] = top
+    return out
+
+
+def test_entries_carry_token_text_bytes_and_alternatives():
+    entries = result_logprobs(PieceEngine(), result([3, 4], "!?", [-0.5, float("-inf")],
+                                                    top=[[(3, -0.5), (4, -1.0)], [(3, -0.1)]]))
+    assert entries == [
+        {"token": "!", "logprob": -0.5, "bytes": [33],
+         "top_logprobs": [{"token": "!", "logprob": -0.5, "bytes": [33]}, {"token": "?", "logprob": -1.0,
+                                                                            "bytes": [63]}]},
+        {"token": "?", "logprob": FLOOR, "bytes": [63], "top_logprobs": [{"token": "!", "logprob": -0.1,
+                                                                          "bytes": [33]}]},
+    ]
+    assert result_logprobs(PieceEngine(), {**result([3], "!", []), "logprobs": []}) == []
+
+
+def committer() -> tuple[Committer, RecordingStore, Run]:
+    store = RecordingStore()
+    run = Run(task_id="task_1", model="m", attempt=1, engine=PieceEngine(), seq=1)
+    state = SimpleNamespace(
+        store=store, config=SimpleNamespace(commit_window_ms=0), owner="w", lock=threading.Lock(),
+        runs={"task_1": run}, by_seq={}, committed={}, stats=mock.Mock(), waiters=mock.Mock(),
+        wake_scheduler=mock.Mock())
+    return Committer(state, close_deleted=lambda: None), store, run
+
+
+def test_logprobs_of_tokens_committed_before_their_text_go_with_it():
+    c, store, run = committer()
+    c.take(run, result([1], "", [-0.25]), now=0.0)  # half a character: no text yet
+    assert c.commit()
+    c.take(run, result([2], "é", [-0.75]), now=1.0)
+    c.take(run, result([3], "!", [-0.5]), now=1.0)
+    assert c.commit()
+    first, second = store.items
+    assert first["delta"] == "" and first["tokens"] == [1]
+    assert second["delta"] == "é!"
+    assert [(e["bytes"], e["logprob"]) for e in second["logprobs"]] == [([0xC3], -0.25), ([0xA9], -0.75),
+                                                                        ([33], -0.5)]
+    assert not c.held_logprobs
+
+
+def test_held_logprobs_of_an_earlier_attempt_are_dropped():
+    c, store, run = committer()
+    c.take(run, result([1], "", [-0.25]), now=0.0)
+    assert c.commit()
+    run.attempt = 2  # claimed again: its output starts over
+    c.take(run, result([3], "!", [-0.5]), now=1.0)
+    assert c.commit()
+    assert [e["token"] for e in store.items[-1]["logprobs"]] == ["!"]
