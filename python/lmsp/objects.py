@@ -108,6 +108,9 @@ def echoed(request: Mapping[str, Any]) -> dict:
     for name, default in ECHOED.items():
         value = request.get(name)
         out[name] = json.loads(json.dumps(default)) if value is None else value
+    fmt = out["text"].get("format") or {}
+    if fmt.get("type") == "json_schema":  # Open Responses echoes the format without its schema
+        out["text"] = {**out["text"], "format": {**fmt, "schema": None}}
     return out
 
 

@@ -43,6 +43,7 @@ def test_the_format_is_echoed(user):
     assert create(user).json["text"] == {"format": plain, "verbosity": "medium"}
     assert create(user, text={"format": json_object}).json["text"] == {"format": json_object, "verbosity": "medium"}
     body = create(user, text={"format": {"type": "json_schema", "name": "n", "schema": SCHEMA}}).json
-    assert body["text"] == {"format": {"type": "json_schema", "name": "n", "description": None, "schema": SCHEMA,
+    # the schema stays with the task; Open Responses' JsonSchemaResponseFormat echoes it as null
+    assert body["text"] == {"format": {"type": "json_schema", "name": "n", "description": None, "schema": None,
                                        "strict": False}, "verbosity": "medium"}
     assert user.get(f"/v1/responses/{body['id']}").json["text"] == body["text"]
