@@ -32,6 +32,9 @@ BAD = [
     ({"input": [{**CALL, "arguments": {"city": "Paris"}}]}, "input[0].arguments"),
     ({"input": [{**CALL, "name": "a b"}]}, "input[0].name"),
     ({"input": [CALL, {**OUTPUT, "output": 5}]}, "input[1].output"),
+    ({"tools": [TOOL], "top_logprobs": 2}, "top_logprobs"),
+    ({"tools": [TOOL], "tool_choice": "required", "include": ["message.output_text.logprobs"]}, "include"),
+    ({"text": {"format": {"type": "json_object"}}, "top_logprobs": 1}, "top_logprobs"),
 ]
 
 
@@ -57,3 +60,9 @@ def test_tools_and_call_items_are_kept_and_echoed(user):
     plain = create(user, tools=[]).json
     assert (plain["tools"], plain["tool_choice"], plain["parallel_tool_calls"]) == ([], "auto", True)
 
+
+def test_logprobs_without_a_grammar_are_kept(user):
+    """Tools the model may not call (``tool_choice`` none) need no grammar: logprobs stay."""
+    body = create(user, tools=[TOOL], tool_choice="none", top_logprobs=2).json
+    assert body["top_logprobs"] == 2 and body["tool_choice"] == "none"
+    assert create(user, text={"format": {"type": "text"}}, include=["message.output_text.logprobs"]).status_code == 200

@@ -272,6 +272,7 @@ def parse_create(body: dict[str, Any], config: Any, random_seed: Callable[[], in
         **response_options.parse_options(body),
         **tools.tools_and_format(body),
     }
+    tools.check_logprobs(request)
     return CreateRequest(
         client_id=None,
         model=model,

@@ -65,7 +65,7 @@ def merge(item: StepItem | None, run: Run, result: EngineResult) -> StepItem:
         else:
             item["delta"] += shaped["delta"]
     item["tokens"].extend(result.get("tokens") or ())
-    if result.get("logprobs"):
+    if result.get("logprobs"):  # never with function calls (api.tools.check_logprobs)
         item.setdefault("logprobs", []).extend(result_logprobs(run.engine, result))
     if finish:
         item["finish"] = finish
