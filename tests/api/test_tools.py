@@ -2,8 +2,15 @@
 with its param and nothing stored; good ones kept with the task and echoed."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
+from api_fakes import OWNER
 from api_helpers import assert_error
+from open_responses import sse_data
+
+from lmsp.runtime.committer import merge
+from lmsp.runtime.toolcalls import CallShaper
 
 TOOL = {"type": "function", "name": "get_weather", "description": "The weather.",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -66,3 +73,30 @@ def test_logprobs_without_a_grammar_are_kept(user):
     body = create(user, tools=[TOOL], tool_choice="none", top_logprobs=2).json
     assert body["top_logprobs"] == 2 and body["tool_choice"] == "none"
     assert create(user, text={"format": {"type": "text"}}, include=["message.output_text.logprobs"]).status_code == 200
+
+
+def test_a_function_call_and_its_events_conform_to_open_responses(user, scripted, store,
+                                                                  open_responses_conformance):
+    """A call made as the committer makes it from the engine's text: the Response's
+    FunctionCall item and the stream's function_call_arguments events pass the
+    Open Responses schemas (the autouse conformance fixture checks each)."""
+    scripted.auto = False
+    body = create(user, tools=[TOOL], tool_choice="required", background=True).json
+    [claim] = scripted.start_all()
+    run = SimpleNamespace(task_id=claim["task_id"], attempt=claim["attempts"], engine=None,
+                          calls=CallShaper.for_request(claim["request"]))
+    text = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    pieces = [text[:10], text[10:30], text[30:45], text[45:]]
+    for i, piece in enumerate(pieces):
+        final = i == len(pieces) - 1
+        result = {"text": piece, "tokens": [i + 1], "finish": "stop" if final else None, "n_prompt": 3,
+                  "n_generated": i + 1}
+        store.append_step(OWNER, [merge(None, run, result)])  # type: ignore[arg-type]
+    done = user.get(f"/v1/responses/{body['id']}").json
+    [call] = done["output"]
+    assert call["type"] == "function_call" and call["name"] == "get_weather"
+    assert call["arguments"] == '{"city": "Paris"}' and call["status"] == "completed"
+    frames = user.get(f"/v1/responses/{body['id']}", params={"stream": "true"}).text
+    kinds = [event["type"] for event in sse_data(frames)]
+    assert "response.function_call_arguments.delta" in kinds and "response.function_call_arguments.done" in kinds
+    assert open_responses_conformance.responses >= 2 and open_responses_conformance.events >= len(kinds)
