@@ -62,8 +62,9 @@ def test_a_json_schema_answer_parses_and_validates(server, token, seed):
                       text=schema_format(PERSON))
     assert response["status"] == "completed", response
     jsonschema.validate(json.loads(text_of(response)), PERSON)
+    # Open Responses' JsonSchemaResponseFormat echoes the schema as null
     assert response["text"]["format"] == {"type": "json_schema", "name": "person", "description": None,
-                                          "schema": PERSON, "strict": True}
+                                          "schema": None, "strict": True}
 
 
 def test_json_object_gives_a_json_object(server, token):
@@ -72,7 +73,7 @@ def test_json_object_gives_a_json_object(server, token):
                       text={"format": {"type": "json_object"}})
     assert response["status"] == "completed", response
     assert isinstance(json.loads(text_of(response)), dict)
-    assert response["text"] == {"format": {"type": "json_object"}}
+    assert response["text"] == {"format": {"type": "json_object"}, "verbosity": "medium"}
 
 
 def test_a_streamed_json_schema_answer_is_the_plain_one(server, token):
