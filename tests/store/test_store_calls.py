@@ -1,6 +1,7 @@
 """A function call's output in the store: its item opened with the call's head, its
 arguments' deltas, its tail on the arguments' done event, so that the attempt's text
-(and a resume's snapshot) is the output's text whole; the Response shows the call."""
+(and a resume's snapshot) is the output's text whole; the Response shows the call. Text
+deltas that keep log probabilities are read back the same."""
 from __future__ import annotations
 
 from store_checks import assert_consistent, event_types
@@ -53,3 +54,22 @@ def test_a_running_calls_snapshot_is_its_committed_text_and_tokens(store: Store,
         resume = store._resume(conn, store._task(conn, tid))
     assert resume["generated"] == [1, 2, 3, 4]
     assert resume["emitted"] == HEAD + "{"
+
+
+def test_a_text_output_with_log_probabilities_is_read_back_whole(store: Store, running_task):
+    """Delta rows that keep log probabilities in ``data`` are text rows all the same: the
+    attempt's text, the resume snapshot and the done event take them."""
+    tid = running_task(on_restart="resume", request={"model": "tiny", "input": "hi", "max_output_tokens": 64,
+                                                     "seed": 1, "top_logprobs": 1})
+    entry = {"token": "Hi", "logprob": -0.5, "bytes": [72, 105], "top_logprobs": []}
+    store.append_step("w1", [{"task_id": tid, "delta": "Hi", "tokens": [7], "logprobs": [entry]}])
+    store.append_step("w1", [{"task_id": tid, "delta": "!", "tokens": [8], "logprobs": [{**entry, "token": "!"}]}])
+    with store._db.read() as conn:
+        resume = store._resume(conn, store._task(conn, tid))
+    assert (resume["generated"], resume["emitted"]) == ([7, 8], "Hi!")
+    store.append_step("w1", [{"task_id": tid, "delta": "", "tokens": [], "finish": "stop",
+                              "usage": {"input_tokens": 3, "output_tokens": 2}}])
+    assert_consistent(store, tid)
+    assert store.output_text(tid) == "Hi!"
+    done = [e for e in store.events(tid, after=0)["data"] if e["type"] == "response.output_text.done"]
+    assert done[0]["text"] == "Hi!" and [lp["token"] for lp in done[0]["logprobs"]] == ["Hi", "!"]
