@@ -12,6 +12,7 @@
 #include "engine.h"
 #include "errors.h"
 #include "gguf_info.h"
+#include "grammar.h"
 #include "llama.h"
 #include "quantize.h"
 #include "text.h"
@@ -123,6 +124,46 @@ std::vector<lmsp::ChatMessage> as_messages(const py::object & messages, size_t &
     return msgs;
 }
 
+// A grammar from {"gbnf": str, "lazy": bool, "triggers": [{"type": "word" |
+// "pattern" | "pattern_full" | "token", "value": str, "token": int}],
+// "preserved": [str], "prefill": str}; only "gbnf" is required.
+lmsp::GrammarSpec as_grammar(const py::handle & value) {
+    if (!py::isinstance<py::dict>(value)) throw py::type_error("grammar must be a dict or None");
+    py::dict d = py::reinterpret_borrow<py::dict>(value);
+    if (!d.contains("gbnf")) throw lmsp::InvalidArgument("grammar needs 'gbnf'");
+    lmsp::GrammarSpec g;
+    g.gbnf = as_str(d["gbnf"], "grammar.gbnf");
+    if (d.contains("lazy")) g.lazy = py::bool_(d["lazy"]);
+    if (d.contains("prefill")) g.prefill = as_str(d["prefill"], "grammar.prefill");
+    if (d.contains("preserved")) {
+        for (const py::handle t : py::iter(d["preserved"])) g.preserved.push_back(as_str(t, "grammar.preserved"));
+    }
+    if (d.contains("triggers")) {
+        using Kind = lmsp::GrammarTrigger::Kind;
+        for (const py::handle t : py::iter(d["triggers"])) {
+            if (!py::isinstance<py::dict>(t)) throw py::type_error("each grammar trigger must be a dict");
+            py::dict td = py::reinterpret_borrow<py::dict>(t);
+            lmsp::GrammarTrigger trig;
+            const std::string kind = td.contains("type") ? as_str(td["type"], "trigger.type") : "word";
+            if (kind == "word") {
+                trig.kind = Kind::word;
+            } else if (kind == "pattern") {
+                trig.kind = Kind::pattern;
+            } else if (kind == "pattern_full") {
+                trig.kind = Kind::pattern_full;
+            } else if (kind == "token") {
+                trig.kind = Kind::token;
+            } else {
+                throw lmsp::InvalidArgument("grammar trigger type must be word, pattern, pattern_full or token");
+            }
+            if (td.contains("value")) trig.value = as_str(td["value"], "trigger.value");
+            if (td.contains("token")) trig.token = as_int32(td["token"], "trigger.token");
+            g.triggers.push_back(std::move(trig));
+        }
+    }
+    return g;
+}
+
 py::dict timings_dict(const lmsp::Timings & t) {
     return py::dict("queued_ms"_a = t.queued_ms, "prompt_ms"_a = t.prompt_ms, "first_token_ms"_a = t.first_token_ms,
                     "decode_ms"_a = t.decode_ms, "total_ms"_a = t.total_ms, "tokens_per_s"_a = t.tokens_per_s);
@@ -190,10 +231,12 @@ public:
 
     int64_t submit(const py::object & prompt, const py::object & max_tokens, double temperature, double top_p,
                    const py::object & top_k, const py::object & seed, const py::object & stop,
-                   const py::object & resume, const std::string & cache_key, bool logprobs, int32_t top_logprobs) {
+                   const py::object & resume, const std::string & cache_key, bool logprobs, int32_t top_logprobs,
+                   const py::object & grammar) {
         lmsp::SubmitRequest req;
         req.logprobs = logprobs;
         req.top_logprobs = top_logprobs;
+        if (!grammar.is_none()) req.grammar = as_grammar(grammar);
         req.prompt = as_tokens(prompt, "prompt");
         req.max_tokens = as_int32(max_tokens, "max_tokens");
         req.sampling.temperature = float(temperature);
@@ -390,6 +433,8 @@ PYBIND11_MODULE(_native, m) {
         "src"_a, "dst"_a, "type"_a, "n_threads"_a = 0,
         "Write the GGUF model src to dst with its weights in type (see QUANTIZE_TYPES).");
     m.attr("QUANTIZE_TYPES") = py::tuple(py::cast(lmsp::quantize_types()));
+    m.def("schema_grammar", &lmsp::schema_grammar, "schema"_a,
+          "The GBNF grammar (root rule 'root') of the texts a JSON schema (given as JSON text) admits.");
 
     py::class_<lmsp::TextStream>(m, "TextStream",
                                  "Streaming-safe UTF-8 text with stop strings (the engine's text module).")
@@ -462,7 +507,7 @@ PYBIND11_MODULE(_native, m) {
             "messages"_a, "add_generation_prompt"_a = true)
         .def("submit", &PyEngine::submit, "prompt"_a, py::kw_only(), "max_tokens"_a, "temperature"_a = 1.0,
              "top_p"_a = 1.0, "top_k"_a = 0, "seed"_a = 0, "stop"_a = py::tuple(), "resume"_a = py::none(),
-             "cache_key"_a = "", "logprobs"_a = false, "top_logprobs"_a = 0)
+             "cache_key"_a = "", "logprobs"_a = false, "top_logprobs"_a = 0, "grammar"_a = py::none())
         .def(
             "cancel",
             [](PyEngine & s, int64_t seq) {

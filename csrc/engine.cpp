@@ -39,37 +39,7 @@ Timings timings_of(const Sequence & seq, int32_t n_generated, Clock::time_point 
     return t;
 }
 
-// ln softmax(logits)[token], summed in double.
-float log_probability(const float * logits, int32_t n, int32_t token) {
-    float top = -INFINITY;
-    for (int32_t i = 0; i < n; ++i) top = std::max(top, logits[i]);
-    double sum = 0.0;
-    for (int32_t i = 0; i < n; ++i) sum += std::exp(double(logits[i]) - double(top));
-    return float(double(logits[token]) - double(top) - std::log(sum));
-}
 }  // namespace
-
-std::vector<TopLogprob> top_logprobs(const float * logits, int32_t n, int32_t k) {
-    k = std::clamp(k, 0, n);
-    float top = -INFINITY;
-    for (int32_t i = 0; i < n; ++i) top = std::max(top, logits[i]);
-    double sum = 0.0;
-    for (int32_t i = 0; i < n; ++i) sum += std::exp(double(logits[i]) - double(top));
-    const double norm = double(top) + std::log(sum);  // as log_probability computes it
-    std::vector<int32_t> ids(size_t(n), 0);
-    for (int32_t i = 0; i < n; ++i) ids[size_t(i)] = i;
-    const auto more_likely = [logits](int32_t a, int32_t b) {
-        return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-    };
-    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), more_likely);
-    std::vector<TopLogprob> out;
-    out.reserve(size_t(k));
-    for (int32_t i = 0; i < k; ++i) {
-        const int32_t id = ids[size_t(i)];
-        out.push_back({id, float(double(logits[id]) - norm)});
-    }
-    return out;
-}
 
 // ---------------------------------------------------------------- engine thread
 
@@ -450,7 +420,14 @@ void Engine::sample_batch() {
 
 // The sampled token's text, handed out, or the sequence's end.
 void Engine::take_token(Sequence & s, const float * logits) {
-    const int32_t token = s.sampler.sample(logits, n_vocab_, s.generated.size());
+    int32_t token = s.sampler.sample(logits, n_vocab_, s.generated.size());
+    if (s.grammar) {
+        token = constrained_token(s, logits, token);
+        if (token < 0) {
+            finish(s, Finish::error, "the grammar admits no next token", {}, "");
+            return;
+        }
+    }
     tokens_generated_++;
     if (s.logprobs) {
         s.next_logprobs = {log_probability(logits, n_vocab_, token)};
@@ -461,7 +438,7 @@ void Engine::take_token(Sequence & s, const float * logits) {
         return;
     }
     s.generated.push_back(token);
-    std::string text = s.text.push(piece(token));
+    std::string text = s.text.push(piece_of(s, token));
     if (s.text.stopped()) {
         finish(s, Finish::stop, "", {token}, std::move(text));
     } else if (int32_t(s.generated.size()) >= s.max_tokens || s.n_past >= n_ctx_) {
@@ -479,6 +456,21 @@ void Engine::take_token(Sequence & s, const float * logits) {
         r.n_generated = int32_t(s.generated.size());
         emit(s, std::move(r));
     }
+}
+
+// The token a constrained sequence takes: the sampler's pick when the grammar
+// allows it, else the same draw (the same counter) over the tokens the grammar
+// allows; -1 when it allows none. The grammar takes the token.
+int32_t Engine::constrained_token(Sequence & s, const float * logits, int32_t token) {
+    Grammar & g = *s.grammar;
+    if (!g.allows(token)) {
+        g.mask(logits, n_vocab_, s.masked);
+        token = s.sampler.sample(s.masked.data(), n_vocab_, s.generated.size());
+        if (!(s.masked[size_t(token)] > -INFINITY)) return -1;
+    }
+    // an end-of-generation token ends the sequence and is never fed to the model
+    if (llama_vocab_is_eog(vocab_, token)) return token;
+    return g.accept(token) ? token : -1;
 }
 
 void Engine::fail_all(const std::string & error) {

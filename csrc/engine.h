@@ -20,6 +20,7 @@
 #include "chat_template.h"
 #include "ggml-cpu.h"
 #include "gguf_info.h"
+#include "grammar.h"
 #include "llama.h"
 #include "logprobs.h"
 #include "sampler.h"
@@ -94,6 +95,9 @@ struct SubmitRequest {
     bool logprobs = false;
     // with logprobs: also the `top_logprobs` (0 to kMaxTopLogprobs) most likely tokens at each position
     int32_t top_logprobs = 0;
+    // constrain the output to a grammar (grammar.h); a resumed sequence's
+    // grammar takes its generated tokens first
+    std::optional<GrammarSpec> grammar;
 };
 
 struct Snapshot {
@@ -195,8 +199,9 @@ private:
     // callers' threads (engine_calls.cpp)
     void check_open() const;
     void check_tokens(const std::vector<int32_t> & tokens, const char * what) const;
-    std::string piece(int32_t token) const;
-    size_t resume(Sequence & seq, ResumeState & r) const;  // a resumed submission's state
+    std::string piece(int32_t token, bool special = false) const;
+    std::string piece_of(const Sequence & seq, int32_t token) const;  // with its grammar's preserved tokens
+    size_t resume(Sequence & seq, ResumeState & r) const;             // a resumed submission's state
 
     // engine thread: requests (engine_requests.cpp)
     void handle_request(Request & req);
@@ -234,6 +239,7 @@ private:
     void fail_batch(const std::string & err);
     void sample_batch();
     void take_token(Sequence & s, const float * logits);
+    int32_t constrained_token(Sequence & s, const float * logits, int32_t token);
     // results
     void finish(Sequence & seq, Finish why, const std::string & error, std::vector<int32_t> tokens, std::string text);
     void release_slot(Sequence & seq, Finish why);

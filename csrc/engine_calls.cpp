@@ -84,15 +84,19 @@ std::string Engine::token_piece(int32_t token) const {
     return piece(token);
 }
 
-std::string Engine::piece(int32_t token) const {
+std::string Engine::piece(int32_t token, bool special) const {
     char small[64];
-    int32_t n = llama_token_to_piece(vocab_, token, small, int32_t(sizeof(small)), 0, false);
+    int32_t n = llama_token_to_piece(vocab_, token, small, int32_t(sizeof(small)), 0, special);
     if (n >= 0) return std::string(small, size_t(n));
     std::string big(size_t(-n), '\0');
-    n = llama_token_to_piece(vocab_, token, big.data(), int32_t(big.size()), 0, false);
+    n = llama_token_to_piece(vocab_, token, big.data(), int32_t(big.size()), 0, special);
     if (n < 0) return {};
     big.resize(size_t(n));
     return big;
+}
+
+std::string Engine::piece_of(const Sequence & seq, int32_t token) const {
+    return piece(token, seq.grammar != nullptr && seq.grammar->preserved(token));
 }
 
 std::string Engine::apply_chat_template(const std::vector<ChatMessage> & messages, bool add_generation_prompt) const {
@@ -140,6 +144,7 @@ int64_t Engine::submit(SubmitRequest req) {
         throw InvalidArgument("top_logprobs must be 0 to " + std::to_string(kMaxTopLogprobs));
     }
     seq->top_logprobs = req.logprobs ? req.top_logprobs : 0;
+    if (req.grammar) seq->grammar = std::make_unique<Grammar>(vocab_, *req.grammar);
 
     const size_t n_resumed = req.resume ? resume(*seq, *req.resume) : 0;
     const size_t needed = seq->feed.size() + n_resumed;
@@ -173,7 +178,13 @@ size_t Engine::resume(Sequence & seq, ResumeState & r) const {
     // replay the generated tokens through the text stream, then continue
     // right after the text the first run emitted
     for (int32_t t : r.generated) {
-        seq.text.push(piece(t));
+        seq.text.push(piece_of(seq, t));
+    }
+    // the grammar's state rebuilt: every token it took in the first run
+    if (seq.grammar) {
+        for (int32_t t : r.generated) {
+            if (!seq.grammar->accept(t)) throw InvalidArgument("resume.generated does not fit the grammar");
+        }
     }
     if (!seq.text.adopt_emitted(r.emitted)) {
         throw InvalidArgument("resume.emitted is not the text of resume.generated");

@@ -15,6 +15,9 @@ struct TopLogprob {
     float logprob = 0;
 };
 
+// ln softmax(logits)[token] over `n` logits, summed in double.
+float log_probability(const float * logits, int32_t n, int32_t token);
+
 // The `k` most likely tokens of the distribution `logits` (a softmax over `n`),
 // most likely first; ties go to the lower token id.
 std::vector<TopLogprob> top_logprobs(const float * logits, int32_t n, int32_t k);

@@ -5,10 +5,12 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "grammar.h"
 #include "logprobs.h"
 #include "sampler.h"
 #include "text.h"
@@ -44,6 +46,8 @@ struct Sequence {
     std::vector<int32_t> generated;
     int32_t max_tokens = 0;
     Sampler sampler;
+    std::unique_ptr<Grammar> grammar;  // null: unconstrained
+    std::vector<float> masked;         // the logits the grammar allows (scratch)
     TextStream text;
     std::optional<std::vector<uint8_t>> kv_state;  // applied on admission
 

@@ -47,6 +47,11 @@ class StepItem(TypedDict, total=False):
     claim is skipped); ``logprobs``: for a task that asked for them, the
     entries (OpenAI's ``token``, ``logprob``, ``bytes``, ``top_logprobs``) of
     the tokens whose text is ``delta``.
+
+    A function call's output (:mod:`lmsp.calls`) has ``args`` (the text of
+    its arguments in the step) instead of ``delta``; ``call``
+    (``{"name", "head"}``) in the step that opens it, and ``tail`` (its
+    closing text) in the step that ends it.
     """
 
     task_id: Required[str]
@@ -57,6 +62,9 @@ class StepItem(TypedDict, total=False):
     usage: dict[str, Any] | None
     kv_path: str | None
     attempt: int
+    call: dict[str, str]
+    args: str
+    tail: str
     logprobs: list[dict[str, Any]]
 
 

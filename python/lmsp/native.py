@@ -17,6 +17,7 @@ from ._native import (
     TextStream,
     quantize,
     read_gguf_info,
+    schema_grammar,
     set_logging,
     system_info,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "TextStream",
     "quantize",
     "read_gguf_info",
+    "schema_grammar",
     "set_logging",
     "system_info",
 ]
@@ -95,6 +97,24 @@ kernels); ``info["batch_invariant"]`` says which holds (False on a GPU), and
 ``info["reference_kernels"]`` whether invariance put the model's K-quant or
 i-quant weights on ggml's one-row kernels. ``snapshot()`` of a sequence that
 has finished raises KeyError.
+
+``submit(..., grammar={...})`` constrains the output to a GBNF grammar
+(llama.cpp's grammar sampler; its start rule is ``root``): ``{"gbnf": str,
+"lazy": bool, "triggers": [{"type": "word" | "pattern" | "pattern_full" |
+"token", "value": str, "token": int}], "preserved": [str], "prefill": str}``,
+only ``gbnf`` required. The sampler's pick is kept when the grammar allows it;
+otherwise the same draw (the same counter) is made over the tokens the grammar
+allows, so a constrained sequence is as deterministic, batch invariant and
+resumable as any other (a resumed one's grammar takes its generated tokens
+first). End-of-generation is allowed only where the grammar is complete. A
+lazy grammar leaves the output free until a trigger appears (a word, a
+regular expression matched from the start of the output, or a token), then
+holds it. ``preserved``: special tokens whose text the output keeps;
+``prefill``: text the prompt already opened the output with, taken by a
+grammar that is not lazy first. A grammar that does not parse raises
+ValueError. ``schema_grammar(schema_json)`` is llama.cpp's JSON-schema
+converter: the grammar of the JSON texts a schema admits (ValueError for a
+schema it cannot express).
 
 ``apply_chat_template(messages)`` renders the model's own chat template
 (``tokenizer.chat_template``) with llama.cpp's Jinja engine, given what

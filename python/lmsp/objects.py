@@ -11,9 +11,12 @@ import json
 import sqlite3
 from typing import Any, Mapping
 
+from . import calls
+
 Row = Mapping[str, Any] | sqlite3.Row
 
 COMPLETED, FAILED, CANCELLED = "completed", "failed", "cancelled"
+FINISHED = (COMPLETED, FAILED, CANCELLED)
 DELTA = "response.output_text.delta"  # the event stored compactly: its text (and log probabilities)
 LOGPROBS = "message.output_text.logprobs"  # the include value that asks for log probabilities
 
@@ -105,6 +108,9 @@ def echoed(request: Mapping[str, Any]) -> dict:
     for name, default in ECHOED.items():
         value = request.get(name)
         out[name] = json.loads(json.dumps(default)) if value is None else value
+    fmt = out["text"].get("format") or {}
+    if fmt.get("type") == "json_schema":  # Open Responses echoes the format without its schema
+        out["text"] = {**out["text"], "format": {**fmt, "schema": None}}
     return out
 
 
@@ -114,7 +120,10 @@ def response_object(response: Row, task: Row, text: str | None, logprobs: list |
     request = _json(response["request"], {})
     reason = response["incomplete_reason"]
     output = []
-    if text or task["item_open"] or task["status"] == COMPLETED:
+    call = calls.split(text or "", task["status"] in FINISHED) if calls.mode(request) else None
+    if call is not None:
+        output.append(calls.call_item(response["item_id"], call[0], call[1], _item_status(task, reason)))
+    elif text or task["item_open"] or task["status"] == COMPLETED:
         output.append(output_item(response["item_id"], _item_status(task, reason), text or "", logprobs))
     usage = _json(response["usage"])
     if usage is not None:

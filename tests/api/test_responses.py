@@ -167,7 +167,7 @@ BAD_FIELDS = [
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input[0].content[0].type"),
     ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input[0].content[0].type"),
-    ({"input": [{"type": "function_call", "role": "user", "content": "x"}]}, "input[0].type"),
+    ({"input": [{"type": "web_search_call", "role": "user", "content": "x"}]}, "input[0].type"),
     ({"instructions": 5}, "instructions"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
     ({"max_output_tokens": "10"}, "max_output_tokens"),
@@ -194,7 +194,8 @@ BAD_FIELDS = [
     ({"metadata": []}, "metadata"),
     ({"metadata": {"k": 1}}, "metadata.k"),
     ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
-    ({"tools": [{"type": "web_search"}]}, "tools[0]"),
+    ({"tools": "x"}, "tools"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"previous_response_id": "resp_x"}, "previous_response_id"),
 ]
 

@@ -163,4 +163,4 @@ def test_what_clients_send_is_taken_and_the_history_resent(client):
     assert again.status in ("completed", "incomplete")
     with pytest.raises(openai.BadRequestError) as refused:
         client.responses.create(model="tiny", input="Hi", tools=[{"type": "web_search"}])
-    assert refused.value.body["param"] == "tools[0]"
+    assert refused.value.body["param"] == "tools[0].type"

@@ -1,6 +1,6 @@
 """The OpenAPI schemas of the Open Responses fields (LMSP B.11): what a create request
-may set (the values the service accepts: see response_options.py and
-tool_refusals.py), what the Response object echoes, and the input items and
+may set (the values the service accepts: see response_options.py; tools and
+text.format are in openapi_schemas.py), what the Response object echoes, and the input items and
 content parts as the SDKs send them back."""
 
 from __future__ import annotations
@@ -33,18 +33,6 @@ REQUEST: JSON = {
     ),
     "top_logprobs": nullable({"type": "integer", "minimum": 0, "maximum": 20}),
     "truncation": nullable({"enum": ["auto", "disabled"]}),
-    "tools": nullable({"type": "array", "maxItems": 0, "description": "Only []: the service runs no tools."}),
-    "tool_choice": nullable({"enum": ["auto", "none"]}),
-    "text": nullable(
-        obj(
-            {
-                "format": nullable(obj({"type": {"const": "text"}}, extra=False)),
-                "verbosity": nullable({"const": "medium"}),
-            },
-            [],
-            extra=False,
-        )
-    ),
     "parallel_tool_calls": nullable({"type": "boolean"}),
     "max_tool_calls": nullable({"type": "integer", "minimum": 1, "maximum": 2**31 - 1}),
     "user": nullable(text(0, 1024)),
@@ -76,10 +64,12 @@ RESPONSE: JSON = {
     "previous_response_id": NULL,
     "instructions": nullable(STR),
     "tools": {"type": "array"},
-    "tool_choice": {"enum": ["auto", "none"]},
+    "tool_choice": {"anyOf": [{"enum": ["auto", "none", "required"]}, {"type": "object"}]},
     "truncation": {"enum": ["auto", "disabled"]},
     "parallel_tool_calls": {"type": "boolean"},
-    "text": obj({"format": obj({"type": STR}), "verbosity": nullable(STR)}),
+    "text": obj(
+        {"format": obj({"type": {"enum": ["text", "json_object", "json_schema"]}}), "verbosity": nullable(STR)}
+    ),
     "presence_penalty": {"type": "number"},
     "frequency_penalty": {"type": "number"},
     "top_logprobs": {"type": "integer"},

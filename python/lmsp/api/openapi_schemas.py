@@ -26,6 +26,8 @@ EVENT_TYPES = [
     "response.output_text.done",
     "response.content_part.done",
     "response.output_item.done",
+    "response.function_call_arguments.delta",
+    "response.function_call_arguments.done",
     "response.completed",
     "response.incomplete",
     "response.failed",
@@ -36,6 +38,10 @@ EVENT_TYPES = [
     "task.requeued",
     "task.resumed",
 ]
+
+
+# a tool's or a format's name
+NAME: JSON = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}
 
 
 def ref(name: str) -> JSON:
@@ -242,6 +248,58 @@ SCHEMAS: JSON = {
                     "additionalProperties": text(0, 512),
                 }
             ),
+            "text": nullable(
+                obj(
+                    {
+                        "format": nullable(
+                            {
+                                "anyOf": [
+                                    obj({"type": {"enum": ["text", "json_object"]}}, extra=False),
+                                    obj(
+                                        {
+                                            "type": {"const": "json_schema"},
+                                            "name": NAME,
+                                            "schema": {"type": "object"},
+                                            "description": nullable(STR),
+                                            "strict": nullable({"type": "boolean"}),
+                                        },
+                                        ["type", "name", "schema"],
+                                        extra=False,
+                                    ),
+                                ]
+                            }
+                        ),
+                        "verbosity": nullable({"const": "medium"}),
+                    },
+                    [],
+                    extra=False,
+                )
+            ),
+            "tools": nullable(
+                {
+                    "type": "array",
+                    "maxItems": 128,
+                    "items": obj(
+                        {
+                            "type": {"const": "function"},
+                            "name": NAME,
+                            "description": nullable(STR),
+                            "parameters": nullable({"type": "object"}),
+                            "strict": nullable({"type": "boolean"}),
+                        },
+                        ["type", "name"],
+                        extra=False,
+                    ),
+                }
+            ),
+            "tool_choice": nullable(
+                {
+                    "anyOf": [
+                        {"enum": ["auto", "none", "required"]},
+                        obj({"type": {"const": "function"}, "name": NAME}, extra=False),
+                    ]
+                }
+            ),
         },
         ["model", "input"],
         extra=False,
@@ -263,6 +321,17 @@ SCHEMAS: JSON = {
             "content": {"type": "array", "items": ref("OutputText")},
         }
     ),
+    "FunctionCall": obj(
+        {
+            "type": {"const": "function_call"},
+            "id": {"type": "string", "pattern": "^fc_"},
+            "call_id": STR,
+            "name": STR,
+            "arguments": STR,
+            "status": {"enum": ["in_progress", "completed", "incomplete"]},
+        }
+    ),
+    "OutputItem": {"anyOf": [ref("OutputMessage"), ref("FunctionCall")]},
     "TaskError": nullable(obj({"code": STR, "message": STR})),
     "Response": obj(
         {
@@ -272,7 +341,7 @@ SCHEMAS: JSON = {
             "status": {"enum": RESPONSE_STATUSES},
             "background": {"type": "boolean"},
             "model": STR,
-            "output": {"type": "array", "items": ref("OutputMessage")},
+            "output": {"type": "array", "items": ref("OutputItem")},
             "usage": nullable(
                 obj(
                     {
@@ -328,7 +397,8 @@ SCHEMAS: JSON = {
             "output_index": INT,
             "content_index": INT,
             "text": STR,
-            "item": ref("OutputMessage"),
+            "arguments": STR,
+            "item": ref("OutputItem"),
             "part": ref("OutputText"),
         },
         # a response.failed carries its error in response.error (B.6); a top-level

@@ -5,7 +5,7 @@ task's request, from which the Response object echoes them (``lmsp.objects.echoe
 A value that asks for nothing, or for what the service does, is accepted; one
 that asks for a feature the service does not have is a 400 ``invalid_request``
 naming the field, never silently ignored. Tools and structured output are
-checked in :mod:`lmsp.api.tool_refusals`.
+checked in :mod:`lmsp.api.tools`.
 """
 
 from __future__ import annotations

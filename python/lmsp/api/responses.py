@@ -20,7 +20,7 @@ from lmsp.auth import is_admin
 from lmsp.contracts import CreatedTask, NewTask
 from lmsp.errors import InvalidRequest, LMSPError, ModelChanged, NotFound, TaskFinished, Unavailable
 
-from . import idempotency, response_options, tool_refusals
+from . import idempotency, response_options, tools
 from .common import (
     Deps,
     caller,
@@ -57,7 +57,7 @@ FIELDS = (
     "on_restart",
     "metadata",
     *response_options.FIELDS,
-    *tool_refusals.FIELDS,
+    *tools.FIELDS,
 )
 ROLES = ("system", "user", "assistant")
 ROLE_ALIASES = {"developer": "system"}  # the OpenAI name of a system message
@@ -151,8 +151,9 @@ def parse_messages(value: Any) -> list[dict[str, str]]:
     if len(value) > MAX_MESSAGES:
         raise InvalidRequest(f"'input' has more than {MAX_MESSAGES} messages", param="input")
     messages = []
+    calls: dict[str, str] = {}  # call id -> name, of the function calls so far
     for i, item in enumerate(value):
-        message = _input_item(item, f"input[{i}]")
+        message = _input_item(item, f"input[{i}]", calls)
         if message is not None:
             messages.append(message)
     if not messages:
@@ -160,14 +161,15 @@ def parse_messages(value: Any) -> list[dict[str, str]]:
     return messages
 
 
-def _input_item(item: Any, where: str) -> dict[str, str] | None:
+def _input_item(item: Any, where: str, calls: dict[str, str]) -> dict[str, str] | None:
     """One input item: a message as the prompt takes it, or None for an item that adds
-    nothing to the prompt (a reasoning item, as ``response.output`` carries it)."""
+    nothing to the prompt (a reasoning item, as ``response.output`` carries it);
+    ``calls`` maps the call ids of the function calls so far to their names."""
     if not isinstance(item, dict):
         raise InvalidRequest(f"{where} must be an object with 'role' and 'content'", param=where)
     kind = item.get("type", "message")
-    if kind in tool_refusals.TOOL_CALL_ITEMS:
-        tool_refusals.refuse_item(kind, where)
+    if kind in tools.CALL_ITEMS:
+        return tools.call_message(item, where, calls)
     if kind == "reasoning":  # the model's earlier thinking: no chat template shows it again
         reject_unknown(item, REASONING_FIELDS, where=f"{where}.")
         _check_types(
@@ -176,7 +178,8 @@ def _input_item(item: Any, where: str) -> dict[str, str] | None:
         return None
     if kind != "message":
         raise InvalidRequest(
-            f"{where}.type must be 'message' or 'reasoning'; other input items are not supported",
+            f"{where}.type must be 'message', 'reasoning', 'function_call' or 'function_call_output';"
+            " other input items are not supported",
             param=f"{where}.type",
         )
     # id, status and phase: what the SDKs echo of an output message; nothing of the prompt
@@ -267,8 +270,9 @@ def parse_create(body: dict[str, Any], config: Any, random_seed: Callable[[], in
         "on_restart": on_restart,
         "metadata": parse_metadata(body.get("metadata")),
         **response_options.parse_options(body),
-        **tool_refusals.tools_and_format(body),
+        **tools.tools_and_format(body),
     }
+    tools.check_logprobs(request)
     return CreateRequest(
         client_id=None,
         model=model,

@@ -21,8 +21,10 @@ from typing import Any
 from ..contracts import ClaimRecord, CreatedTask, NewTask
 from ..errors import ContextLengthExceeded, InvalidRequest
 from ..hubsafe import offload
+from . import constraints
 from . import prompt as prompting
 from .state import Run, WorkerState
+from .toolcalls import CallShaper
 
 log = logging.getLogger("lmsp.runtime")
 
@@ -37,7 +39,8 @@ class Admission:
         """Check the request, create its task (claimed here when a slot is free), and
         start it or have it claimed; what ``Store.create_task`` returns."""
         state = self.state
-        tokens = self.check_request(new.model, new.messages, new.request)
+        constraints.check(new.request)
+        tokens = self.check_request(new.model, prompting.with_tools(new.messages, new.request), new.request)
         slot = self.reserve(new.model)
         early = None
         try:
@@ -121,7 +124,7 @@ class Admission:
             kwargs = prompting.sampling(request, state.config)
         except (ValueError, TypeError):
             return None
-        run = Run("", model_id, state="running", held=[])
+        run = Run("", model_id, state="running", held=[], calls=CallShaper.for_request(request))
         try:
             with state.lock:
                 if state.registry.engine(model_id) is not engine:

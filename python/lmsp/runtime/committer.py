@@ -50,11 +50,23 @@ def merge(item: StepItem | None, run: Run, result: EngineResult) -> StepItem:
             "usage": None,
             "kv_path": None,
         }
-    item["delta"] += result.get("text") or ""
-    item["tokens"].extend(result.get("tokens") or ())
-    if result.get("logprobs"):
-        item.setdefault("logprobs", []).extend(result_logprobs(run.engine, result))
     finish = result.get("finish")
+    text = result.get("text") or ""
+    if run.calls is None:
+        item["delta"] += text
+    else:
+        shaped = run.calls.push(text, bool(finish))
+        if "args" in shaped:  # a function call's
+            item["args"] = item.get("args", "") + shaped["args"]
+            if "call" in shaped:
+                item["call"] = shaped["call"]
+            if "tail" in shaped:
+                item["tail"] = shaped["tail"]
+        else:
+            item["delta"] += shaped["delta"]
+    item["tokens"].extend(result.get("tokens") or ())
+    if result.get("logprobs"):  # never with function calls (api.tools.check_logprobs)
+        item.setdefault("logprobs", []).extend(result_logprobs(run.engine, result))
     if finish:
         item["finish"] = finish
         if finish == "error":

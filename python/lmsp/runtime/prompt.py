@@ -7,9 +7,11 @@ without a template gets the plain format of ``docs/API.md``.
 
 from __future__ import annotations
 
+import json
 from typing import Protocol, Sequence
 
 from ..objects import wants_logprobs
+from . import constraints
 
 
 class ChatEngine(Protocol):
@@ -51,7 +53,44 @@ def messages_for(request: dict) -> list[dict]:
             elif isinstance(message, dict):
                 role = ROLES.get(message.get("role") or "user", "user")
                 messages.append({"role": role, "content": _text(message.get("content"))})
-    return messages
+    return with_tools(messages, request)
+
+
+def tools_text(request: dict) -> str:
+    """The system text that tells the model its tools and the call format (:mod:`lmsp.calls`)."""
+    tools = constraints.callable_tools(request)
+    lines = ["You can call these functions. Each one's arguments are a JSON object of this schema:"]
+    for tool in tools:
+        described = {
+            "name": tool["name"],
+            "description": tool.get("description") or "",
+            "parameters": tool.get("parameters"),
+        }
+        lines.append(json.dumps(described))
+    lines.append(
+        'To call a function, answer with only this JSON object: {"name": <function name>, "arguments": <its arguments>}'
+    )
+    if constraints.tool_mode(request) == "auto":
+        answer = "as JSON" if constraints.output_schema(request) is not None else "in plain text"
+        lines.append(f"Call a function only when it helps; otherwise answer {answer}.")
+    elif len(tools) == 1:
+        lines.append(f"Call {tools[0]['name']} now.")
+    else:
+        lines.append("Call one of them now.")
+    return "\n".join(lines)
+
+
+def with_tools(messages: list[dict], request: dict) -> list[dict]:
+    """The messages with the tools described in the system message (its end, or a new
+    first one), when the request lets the model call tools."""
+    if constraints.tool_mode(request) is None:
+        return messages
+    text = tools_text(request)
+    if messages and messages[0].get("role") == "system":
+        first = messages[0]
+        joined = f"{first['content']}\n\n{text}" if first["content"] else text
+        return [{"role": "system", "content": joined}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
 
 
 def render(engine: ChatEngine, messages: list[dict]) -> list[int]:
@@ -120,7 +159,8 @@ def fill_in_the_middle(engine, prefix: str | list[int], suffix: str) -> list[int
 
 
 def sampling(request: dict, config) -> dict:
-    """The engine's ``submit`` keywords from a request (service defaults and caps applied)."""
+    """The engine's ``submit`` keywords from a request (service defaults and caps applied;
+    the grammar of its output's form, :mod:`.constraints`)."""
 
     def pick(name, default):
         value = request.get(name)
@@ -139,6 +179,7 @@ def sampling(request: dict, config) -> dict:
         "top_k": int(pick("top_k", 0)),
         "seed": int(pick("seed", 0)),
         "stop": [s for s in stop if isinstance(s, str) and s],
+        "grammar": constraints.grammar(request),
     }
     if wants_logprobs(request):
         out["logprobs"] = True

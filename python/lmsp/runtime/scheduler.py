@@ -22,6 +22,7 @@ from ..contracts import ClaimRecord
 from ..errors import IllegalTransition, LMSPError, NotFound, Unavailable
 from . import prompt as prompting
 from .state import IDLE_WAIT, MAX_BACKOFF, Run, WorkerState
+from .toolcalls import CallShaper
 
 if TYPE_CHECKING:
     from ..native import Engine
@@ -196,6 +197,7 @@ class Scheduler:
                 f"the prompt is {len(tokens)} tokens; the model's context holds {engine.n_ctx}",
             )
         self.set_state(run, "running")
+        run.calls = CallShaper.for_request(request, resume["emitted"] if resume else "")
         self.submit(run, engine, tokens, kwargs, resume, claim.get("client_id") or "")
 
     def engine_for(self, run: Run) -> Engine | None:

@@ -50,6 +50,8 @@ class Run:
     # a sequence started before its task committed (Scheduler.start_early): its results
     # wait here until the task is adopted; None once they go to the store
     held: list[EngineResult] | None = field(default=None, repr=False)
+    # its output as text or a function call, for a request with tools (toolcalls.CallShaper)
+    calls: Any = field(default=None, repr=False)
 
     def key(self) -> tuple[int, int]:
         """The run's entry in :attr:`WorkerState.by_seq` (it must have a sequence)."""

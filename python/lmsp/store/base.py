@@ -12,11 +12,15 @@ import json
 import sqlite3
 from typing import Any, Callable
 
+from .. import calls
 from .. import objects as obj
 from ..contracts import StepState
 from ..errors import NotFound
 from . import states as st
 from .db import Database
+
+#: a task's ``item_open`` while its open output item is a function call (1: a message)
+CALL_OPEN = 2
 
 UNFINISHED_SQL = "('queued','loading','running','cancelling')"
 # a task a worker may claim: word for word the WHERE of the tasks_claimable
@@ -79,8 +83,8 @@ class StoreBase:
     @staticmethod
     def _attempt_text(conn: sqlite3.Connection, task: dict) -> str:
         rows = conn.execute(
-            "SELECT text FROM task_events WHERE task_id = ? AND seq > ? AND type = ? ORDER BY seq",
-            (task["id"], task["attempt_seq"], obj.DELTA),
+            "SELECT text FROM task_events WHERE task_id = ? AND seq > ? AND text IS NOT NULL ORDER BY seq",
+            (task["id"], task["attempt_seq"]),
         ).fetchall()
         return "".join(r[0] for r in rows)
 
@@ -137,9 +141,13 @@ class StoreBase:
         text: str,
         response: sqlite3.Row | None = None,
     ) -> None:
-        """The three events that close the open output item with ``text`` as its content."""
+        """The three events that close the open output item with ``text`` as its content
+        (a function call item: its two, :meth:`_close_call`)."""
         if response is None:
             response = self._response_row(conn, task["response_id"])
+        if task["item_open"] == CALL_OPEN:
+            self._close_call(conn, task, now, status, "", response)
+            return
         base = {"item_id": response["item_id"], "output_index": 0, "content_index": 0}
         logprobs = self._attempt_logprobs(conn, task, response) or []
         self._emit(conn, task, "response.output_text.done", now, {**base, "text": text, "logprobs": logprobs})
@@ -151,6 +159,30 @@ class StoreBase:
             now,
             {"output_index": 0, "item": obj.output_item(response["item_id"], status, text, logprobs)},
         )
+        task["item_open"] = 0
+
+    def _close_call(
+        self, conn: sqlite3.Connection, task: dict, now: float, status: str, tail: str, response: sqlite3.Row
+    ) -> None:
+        """The events that close an open function call item: ``function_call_arguments.done``
+        (which keeps the call's ``tail``, the closing text of its output) and
+        ``output_item.done``."""
+        name, arguments = calls.split(self._attempt_text(conn, task), finished=False) or ("", "")
+        fc_id = calls.ids(response["item_id"])[0]
+        task["last_seq"] += 1
+        conn.execute(
+            "INSERT INTO task_events (task_id, seq, type, created_at, text, data) VALUES (?,?,?,?,?,?)",
+            (
+                task["id"],
+                task["last_seq"],
+                "response.function_call_arguments.done",
+                now,
+                tail,
+                dumps({"item_id": fc_id, "output_index": 0, "arguments": arguments}),
+            ),
+        )
+        item = calls.call_item(response["item_id"], name, arguments, status)
+        self._emit(conn, task, "response.output_item.done", now, {"output_index": 0, "item": item})
         task["item_open"] = 0
 
     @staticmethod

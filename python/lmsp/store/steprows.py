@@ -19,11 +19,13 @@ from __future__ import annotations
 from functools import partial
 from typing import Iterable, NamedTuple
 
+from .. import calls
 from .. import objects as obj
 from ..contracts import EventRow, StepItem, StepState
-from .base import dumps
+from .base import CALL_OPEN, dumps
 
 DELTA = "response.output_text.delta"
+ARGS_DELTA = "response.function_call_arguments.delta"
 FINISHES = (None, "stop", "length", "cancelled", "error")
 
 #: a task_events row to insert: ``(task_id, seq, type, created_at, text, tokens, data)``
@@ -76,7 +78,7 @@ def usual_step(owner: str, items: list[StepItem], cache: dict[str, StepState], n
     for item in items:
         tid = item["task_id"]
         state = cache.get(tid)
-        if state is None or tid in states or item.get("finish") is not None or item.get("kv_path"):
+        if state is None or tid in states or item.get("finish") is not None or item.get("kv_path") or "args" in item:
             return None
         held_by, last_seq, item_open, pending, kv_path, item_id = state
         delta = item.get("delta")
@@ -162,6 +164,75 @@ def _open_item(events: list[EventInsert], tid: str, seq: int, item_id: str, now:
     return seq + 2
 
 
+def _open_call(events: list[EventInsert], tid: str, seq: int, item_id: str, now: float, call: dict) -> int:
+    """The event that opens a task's function call item after event ``seq``: it keeps the
+    call's head (its output's text up to the arguments); returns its number."""
+    item = calls.call_item(item_id, call["name"], "", "in_progress")
+    data = dumps({"output_index": 0, "item": item})
+    events.append((tid, seq + 1, "response.output_item.added", now, call["head"], None, data))
+    return seq + 1
+
+
+def _call_rows(
+    events: list[EventInsert],
+    tid: str,
+    item: StepItem,
+    seq: int,
+    item_open: int,
+    pending: str,
+    toks: str,
+    now: float,
+    item_id: str,
+) -> tuple[int, int, str]:
+    """A function call item's rows of one step: its opening, its arguments' delta (the
+    step's tokens on the last row, with those held back); ``(seq, item_open, pending)``."""
+    toks = pending + "," + toks if pending and toks else pending or toks
+    call = item.get("call")
+    if call is not None and not item_open:
+        seq = _open_call(events, tid, seq, item_id, now, call)
+        item_open = CALL_OPEN
+    args = item.get("args") or ""
+    if args:
+        seq += 1
+        data = dumps({"item_id": calls.ids(item_id)[0], "output_index": 0, "delta": args})
+        events.append((tid, seq, ARGS_DELTA, now, args, toks, data))
+        return seq, item_open, ""
+    if call is not None and toks:  # the tokens of the head, on its row
+        last = events[-1]
+        events[-1] = (*last[:5], toks, last[6])
+        return seq, item_open, ""
+    return seq, item_open, toks
+
+
+def _text_rows(
+    events: list[EventInsert],
+    tid: str,
+    item: StepItem,
+    seq: int,
+    item_open: int,
+    pending: str,
+    toks: str,
+    now: float,
+    item_id: str,
+) -> tuple[int, int, str]:
+    """A message item's rows of one step: its opening, its text delta (with the tokens
+    held back before it); ``(seq, item_open, pending)``."""
+    delta = item.get("delta")
+    finish = item.get("finish")
+    if not item_open and (delta or finish == "stop" or finish == "length"):
+        seq = _open_item(events, tid, seq, item_id, now)
+        item_open = 1
+    if delta:
+        seq += 1
+        if pending:
+            toks = pending + "," + toks if toks else pending
+            pending = ""
+        events.append((tid, seq, DELTA, now, delta, toks, delta_data(item)))
+    elif toks:
+        pending = pending + "," + toks if pending else toks
+    return seq, item_open, pending
+
+
 def step_rows(
     owner: str,
     items: list[StepItem],
@@ -185,22 +256,14 @@ def step_rows(
             skipped.append(tid)
             continue
         _, seq, item_open, pending, kv_path, item_id = state
-        delta = item.get("delta")
         finish = item.get("finish")
-        if not item_open and (delta or finish == "stop" or finish == "length"):
-            seq = _open_item(events, tid, seq, item_id, now)
-            item_open = 1
         tokens = item.get("tokens")
         # the usual step: one token per task
         toks = str(int(tokens[0])) if tokens and len(tokens) == 1 else tokens_text(tokens)
-        if delta:
-            seq += 1
-            if pending:
-                toks = pending + "," + toks if toks else pending
-                pending = ""
-            events.append((tid, seq, DELTA, now, delta, toks, delta_data(item)))
-        elif toks:
-            pending = pending + "," + toks if pending else toks
+        if "args" in item:  # a function call's output
+            seq, item_open, pending = _call_rows(events, tid, item, seq, item_open, pending, toks, now, item_id)
+        else:
+            seq, item_open, pending = _text_rows(events, tid, item, seq, item_open, pending, toks, now, item_id)
         kv_path = item.get("kv_path") or kv_path
         if finish is not None:
             ends.append(StepEnd(tid, item, StepState(owner, seq, item_open, pending, kv_path, item_id)))

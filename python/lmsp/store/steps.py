@@ -22,7 +22,7 @@ from typing import NamedTuple
 from ..contracts import EVENT_ROW_FIELDS, StepItem, StepOutcome, StepState
 from ..errors import NotFound
 from . import states as st
-from .base import StoreBase, dumps, last_seq_sql
+from .base import CALL_OPEN, StoreBase, dumps, last_seq_sql
 from .steprows import EventInsert, StepEnd, StepPlan, events_by_task, known_step, split_known, step_rows, usual_step
 
 _EVENT_INSERT = "INSERT INTO task_events (task_id, seq, type, created_at, text, tokens, data) VALUES (?,?,?,?,?,?,?)"
@@ -218,6 +218,9 @@ class StepsArea(StoreBase):
         else:
             target = st.COMPLETED
             etype = "response.incomplete" if finish == "length" else "response.completed"
+        status = "completed" if etype == "response.completed" else "incomplete"
+        if task["item_open"] == CALL_OPEN:  # its tail first: part of the output's text
+            self._close_call(conn, task, now, status, item.get("tail") or "", response)
         text = self._attempt_text(conn, task)
         reason = "max_output_tokens" if target == st.COMPLETED and finish == "length" else None
         error = None
@@ -225,9 +228,7 @@ class StepsArea(StoreBase):
             error = item.get("error") or {"code": "server_error", "message": "generation failed"}
             error = {"code": str(error.get("code") or "server_error"), "message": str(error.get("message") or "")}
         if task["item_open"]:
-            self._close_item(
-                conn, task, now, "completed" if etype == "response.completed" else "incomplete", text, response
-            )
+            self._close_item(conn, task, now, status, text, response)
         usage = item.get("usage")
         conn.execute(
             "UPDATE responses SET output_text = ?, usage = ?, incomplete_reason = ? WHERE id = ?",

@@ -9,7 +9,6 @@ import json
 import sqlite3
 from typing import Iterable
 
-from .. import objects as obj
 from ..contracts import ClaimRecord, Resume
 from . import states as st
 from .base import CLAIMABLE_SQL, TASK_SELECT, UNFINISHED_SQL, StoreBase
@@ -73,8 +72,8 @@ class WorkerArea(StoreBase):
     def _resume(conn: sqlite3.Connection, task: dict) -> Resume:
         """Where the output of a ``running`` task claimed to continue stands."""
         events = conn.execute(
-            "SELECT text, tokens FROM task_events WHERE task_id = ? AND seq > ? AND type = ? ORDER BY seq",
-            (task["id"], task["attempt_seq"], obj.DELTA),
+            "SELECT text, tokens FROM task_events WHERE task_id = ? AND seq > ? AND text IS NOT NULL ORDER BY seq",
+            (task["id"], task["attempt_seq"]),
         )
         generated: list[int] = []
         emitted = []

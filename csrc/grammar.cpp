@@ -1,0 +1,135 @@
+#include "grammar.h"
+
+#include <cctype>
+#include <cmath>
+#include <exception>
+
+#include "common.h"
+#include "errors.h"
+#include "json-schema-to-grammar.h"
+#include "json.h"
+#include "llama.h"
+
+namespace lmsp {
+
+namespace {
+
+std::vector<int32_t> special_tokens(const llama_vocab * vocab, const std::string & text) {
+    return common_tokenize(vocab, text, false, true);
+}
+
+// The trigger patterns and tokens of a lazy grammar, as llama-server makes
+// them: a word that is one preserved special token triggers on that token.
+void lazy_triggers(const llama_vocab * vocab, const GrammarSpec & spec, const std::set<int32_t> & preserved,
+                   std::vector<std::string> & patterns, std::vector<llama_token> & tokens) {
+    for (const auto & t : spec.triggers) {
+        switch (t.kind) {
+            case GrammarTrigger::Kind::word: {
+                const auto ids = special_tokens(vocab, t.value);
+                if (ids.size() == 1 && preserved.count(ids[0])) {
+                    tokens.push_back(ids[0]);
+                } else {
+                    patterns.push_back(regex_escape(t.value));
+                }
+                break;
+            }
+            case GrammarTrigger::Kind::pattern: patterns.push_back(t.value); break;
+            case GrammarTrigger::Kind::pattern_full: {
+                std::string anchored = "^$";
+                if (!t.value.empty()) {
+                    anchored = (t.value.front() != '^' ? "^" : "") + t.value + (t.value.back() != '$' ? "$" : "");
+                }
+                patterns.push_back(anchored);
+                break;
+            }
+            case GrammarTrigger::Kind::token: tokens.push_back(t.token); break;
+        }
+    }
+}
+
+}  // namespace
+
+Grammar::Grammar(const llama_vocab * vocab, const GrammarSpec & spec) {
+    if (spec.gbnf.empty()) throw InvalidArgument("grammar must not be empty");
+    for (const auto & text : spec.preserved) {
+        const auto ids = special_tokens(vocab, text);
+        if (ids.size() == 1) preserved_.insert(ids[0]);
+    }
+    if (spec.lazy) {
+        std::vector<std::string> patterns;
+        std::vector<llama_token> tokens;
+        lazy_triggers(vocab, spec, preserved_, patterns, tokens);
+        if (patterns.empty() && tokens.empty()) throw InvalidArgument("a lazy grammar needs at least one trigger");
+        std::vector<const char *> c_patterns;
+        for (const auto & p : patterns) c_patterns.push_back(p.c_str());
+        try {
+            sampler_ = llama_sampler_init_grammar_lazy_patterns(vocab, spec.gbnf.c_str(), "root", c_patterns.data(),
+                                                                c_patterns.size(), tokens.data(), tokens.size());
+        } catch (const std::exception & e) {  // a trigger pattern that is no regular expression
+            throw InvalidArgument(std::string("grammar trigger: ") + e.what());
+        }
+    } else {
+        sampler_ = llama_sampler_init_grammar(vocab, spec.gbnf.c_str(), "root");
+    }
+    if (sampler_ == nullptr) throw InvalidArgument("the grammar does not parse (GBNF with a 'root' rule)");
+    if (!spec.lazy && !spec.prefill.empty()) {
+        const auto tokens = special_tokens(vocab, spec.prefill);
+        for (size_t i = 0; i < tokens.size(); ++i) {
+            // as llama.cpp's common sampler: a space some tokenizers put before the text is not its
+            const std::string piece = common_token_to_piece(vocab, tokens[i], true);
+            if (i == 0 && !piece.empty() && std::isspace(static_cast<unsigned char>(piece[0])) &&
+                !std::isspace(static_cast<unsigned char>(spec.prefill[0]))) {
+                continue;
+            }
+            if (!accept(tokens[i])) {
+                throw InvalidArgument("the grammar does not take the prompt's opening of the output");
+            }
+        }
+    }
+}
+
+Grammar::~Grammar() {
+    if (sampler_ != nullptr) llama_sampler_free(sampler_);
+}
+
+bool Grammar::allows(int32_t token) {
+    llama_token_data one = {token, 1.0f, 0.0f};
+    llama_token_data_array arr = {&one, 1, -1, false};
+    llama_sampler_apply(sampler_, &arr);
+    return arr.data[0].logit != -INFINITY;
+}
+
+void Grammar::mask(const float * logits, int32_t n_vocab, std::vector<float> & out) {
+    static thread_local std::vector<llama_token_data> cands;  // the engine thread's scratch
+    cands.resize(size_t(n_vocab));
+    for (int32_t i = 0; i < n_vocab; ++i) cands[size_t(i)] = {i, logits[i], 0.0f};
+    llama_token_data_array arr = {cands.data(), cands.size(), -1, false};
+    llama_sampler_apply(sampler_, &arr);
+    out.resize(size_t(n_vocab));
+    for (size_t i = 0; i < arr.size; ++i) out[size_t(arr.data[i].id)] = arr.data[i].logit;
+}
+
+bool Grammar::accept(int32_t token) {
+    try {
+        llama_sampler_accept(sampler_, token);
+        return true;
+    } catch (const std::exception &) {  // llama.cpp's grammar throws on a token it cannot take
+        return false;
+    }
+}
+
+std::string schema_grammar(const std::string & schema_json) {
+    common_json schema;
+    try {
+        schema = common_json::parse(schema_json);
+    } catch (const std::exception & e) {
+        throw InvalidArgument(std::string("the schema is not JSON: ") + e.what());
+    }
+    try {
+        return json_schema_to_grammar(schema);
+    } catch (const std::exception & e) {
+        throw InvalidArgument(std::string("the schema cannot be expressed as a grammar: ") + e.what());
+    }
+}
+
+}  // namespace lmsp

@@ -1,0 +1,108 @@
+"""Structured output on the real model: ``text.format`` json_schema and
+json_object hold the output to the grammar llama.cpp's converter makes of the
+schema, so the text always parses (and validates); the official ``openai``
+client's ``responses.parse`` works unmodified; a schema the converter cannot
+express is refused before anything is stored."""
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+from e2e_helpers import deltas, sse_events
+from pydantic import BaseModel
+from test_real_model import INSTRUCTIONS, MODEL, real_server
+
+pytestmark = pytest.mark.real_model
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 40}, "age": {"type": "integer", "minimum": 0}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+ABOUT_JOHN = "John is 31 years old. Give his name and age."
+
+
+class Person(BaseModel):
+    name: str
+    age: int
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, smollm2_path):
+    server = real_server(tmp_path_factory.mktemp("structured"))
+    server.start(timeout=180)
+    yield server
+    server.stop(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def token(server):
+    return server.pair()
+
+
+def create(server, token, expect=200, **body) -> dict:
+    return server.call("POST", "/v1/responses", {"model": MODEL, "instructions": INSTRUCTIONS, **body},
+                       token=token, expect=expect)
+
+
+def text_of(response: dict) -> str:
+    return "".join(part["text"] for item in response["output"] for part in item["content"])
+
+
+def schema_format(schema: dict, strict: bool = True) -> dict:
+    return {"format": {"type": "json_schema", "name": "person", "schema": schema, "strict": strict}}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_json_schema_answer_parses_and_validates(server, token, seed):
+    response = create(server, token, input=ABOUT_JOHN, seed=seed, temperature=1.0, max_output_tokens=120,
+                      text=schema_format(PERSON))
+    assert response["status"] == "completed", response
+    jsonschema.validate(json.loads(text_of(response)), PERSON)
+    # Open Responses' JsonSchemaResponseFormat echoes the schema as null
+    assert response["text"]["format"] == {"type": "json_schema", "name": "person", "description": None,
+                                          "schema": None, "strict": True}
+
+
+def test_json_object_gives_a_json_object(server, token):
+    response = create(server, token, input="What is the capital of France? Answer in JSON.", temperature=0,
+                      max_output_tokens=200,
+                      text={"format": {"type": "json_object"}})
+    assert response["status"] == "completed", response
+    assert isinstance(json.loads(text_of(response)), dict)
+    assert response["text"] == {"format": {"type": "json_object"}, "verbosity": "medium"}
+
+
+def test_a_streamed_json_schema_answer_is_the_plain_one(server, token):
+    body = {"model": MODEL, "instructions": INSTRUCTIONS, "input": ABOUT_JOHN, "temperature": 0,
+            "max_output_tokens": 120, "text": schema_format(PERSON)}
+    plain = text_of(create(server, token, **{k: v for k, v in body.items() if k != "model"}))
+    events = list(sse_events("127.0.0.1", server.port, "POST", "/v1/responses", token=token,
+                             body={**body, "stream": True}, timeout=60))
+    assert deltas(events) == plain
+    jsonschema.validate(json.loads(plain), PERSON)
+
+
+def test_openai_responses_parse_gives_the_pydantic_model(server, token):
+    with openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=token, timeout=60.0, max_retries=0) as client:
+        response = client.responses.parse(model=MODEL, instructions=INSTRUCTIONS, input=ABOUT_JOHN,
+                                          text_format=Person, temperature=0, max_output_tokens=120)
+    assert isinstance(response.output_parsed, Person)
+    assert response.output_parsed.age >= 0
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}},
+    {"type": "object", "properties": {"a": {"$ref": "https://example.invalid/schema.json"}}},
+    {"type": "object", "properties": {"a": {"not": {"type": "string"}}}},
+    {"type": "object", "properties": {"a": {"type": "string", "pattern": "[a-z]+"}}},
+])
+def test_a_schema_the_grammar_cannot_express_is_refused_and_nothing_is_stored(server, token, schema):
+    before = server.call("GET", "/v1/responses?limit=100", token=token)["data"]
+    error = create(server, token, expect=400, input="Hi", text=schema_format(schema))["error"]
+    assert error["code"] == "invalid_request"
+    assert error["param"] == "text.format.schema"
+    assert server.call("GET", "/v1/responses?limit=100", token=token)["data"] == before

@@ -1,0 +1,117 @@
+"""Real clients, unmodified, against the real model (SmolLM2) with function tools
+and structured output: the ``openai`` package (a forced call, the tool loop by
+resent history, streaming), ``openai-agents`` (an Agent with one function tool
+and an output type, to its final typed output) and ``langchain-openai``
+(``bind_tools`` and ``with_structured_output`` on the Responses API). Each
+reaches the service with a paired client's token as its API key."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import openai
+import pytest
+from pydantic import BaseModel, Field
+from test_real_model import INSTRUCTIONS, MODEL, real_server
+
+pytestmark = pytest.mark.real_model
+
+WEATHER_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The current weather in a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+    "strict": True,
+}
+ASK = "What is the weather like in Paris today?"
+
+
+class Weather(BaseModel):
+    city: str = Field(max_length=30)
+    summary: str = Field(max_length=60)  # a small model may repeat itself: its answer fits the cap
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, smollm2_path):
+    server = real_server(tmp_path_factory.mktemp("clients"))
+    server.start(timeout=180)
+    yield server
+    server.stop(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def token(server):
+    return server.pair()
+
+
+@pytest.fixture
+def client(server, token):
+    with openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=token, timeout=60.0, max_retries=0) as c:
+        yield c
+
+
+def get_weather(city: str) -> str:
+    """The current weather in a city."""
+    return f"Sunny and 24 degrees in {city}."
+
+
+def test_openai_forced_call_and_the_tool_loop(client):
+    first = client.responses.create(model=MODEL, instructions=INSTRUCTIONS, input=ASK, tools=[WEATHER_TOOL],
+                                    tool_choice="required", temperature=0, max_output_tokens=100)
+    [call] = first.output
+    assert call.type == "function_call" and call.name == "get_weather"
+    args = json.loads(call.arguments)
+    history = [{"role": "user", "content": ASK}, *first.output,
+               {"type": "function_call_output", "call_id": call.call_id, "output": get_weather(**args)}]
+    second = client.responses.create(model=MODEL, instructions=INSTRUCTIONS, input=history, tools=[WEATHER_TOOL],
+                                     tool_choice="none", temperature=0, max_output_tokens=60)
+    assert second.output[0].type == "message" and second.output_text
+
+
+def test_openai_streamed_call(client):
+    stream = client.responses.create(model=MODEL, instructions=INSTRUCTIONS, input=ASK, tools=[WEATHER_TOOL],
+                                     tool_choice="required", temperature=0, max_output_tokens=100, stream=True)
+    events = list(stream)
+    deltas = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    [done] = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert deltas == done.arguments and json.loads(deltas)["city"]
+    [call] = events[-1].response.output
+    assert call.type == "function_call" and call.arguments == deltas
+
+
+def test_openai_agents_agent_with_a_tool_and_an_output_type(server, token):
+    agents = pytest.importorskip("agents")
+    agents.set_tracing_disabled(True)
+
+    async def run():
+        async with openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key=token, max_retries=0) as client:
+            model = agents.OpenAIResponsesModel(model=MODEL, openai_client=client)
+            agent = agents.Agent(name="weather", instructions=INSTRUCTIONS, tools=[agents.function_tool(get_weather)],
+                                 output_type=Weather, model=model,
+                                 # once it has called the tool, this small model calls it again at every
+                                 # turn (greedy, and most seeds): this seed answers in the output type at once
+                                 model_settings=agents.ModelSettings(temperature=1.0, max_tokens=120,
+                                                                     extra_body={"seed": 7}))
+            return await agents.Runner.run(agent, ASK, max_turns=4)
+
+    result = asyncio.run(run())
+    assert isinstance(result.final_output, Weather) and result.final_output.city == "Paris"
+
+
+def test_langchain_bind_tools_and_structured_output(server, token):
+    langchain_openai = pytest.importorskip("langchain_openai")
+    with httpx.Client(timeout=60.0) as http:
+        llm = langchain_openai.ChatOpenAI(model=MODEL, base_url=f"{server.base_url}/v1", api_key=token,
+                                          use_responses_api=True, temperature=0, max_tokens=120, max_retries=0,
+                                          http_client=http)
+        message = llm.bind_tools([get_weather], tool_choice="required").invoke(ASK)
+        [call] = message.tool_calls
+        assert call["name"] == "get_weather" and isinstance(call["args"]["city"], str)
+        weather = llm.with_structured_output(Weather).invoke("Describe the weather in Paris.")
+    assert isinstance(weather, Weather)

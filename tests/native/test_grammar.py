@@ -1,0 +1,135 @@
+"""Grammar-constrained sampling: the output of a (random) model held to a
+GBNF grammar, as deterministic, batch invariant and resumable as any other
+sequence; lazy grammars; JSON schemas through llama.cpp's converter."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from native_helpers import Run, drain, generate
+
+from lmsp.native import Engine, schema_grammar
+
+PROMPT = [1, 450, 4996, 17354, 1701, 29916, 432, 17204, 975, 278, 17366, 11203, 29889]
+CASES = {
+    "greedy": dict(temperature=0),
+    "sampled": dict(temperature=0.9, top_p=0.95, top_k=50, seed=17),
+    "hot": dict(temperature=1.5, seed=3),
+}
+WORDS = {"gbnf": 'root ::= [a-z ]+ "."'}
+ANSWER = {"gbnf": 'root ::= "yes" | "no" | "maybe"'}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "ok": {"type": "boolean"},
+        "grade": {"enum": ["low", "mid", "high"]},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
+    },
+    "required": ["ok", "grade", "tags"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_output_is_a_sentence_of_the_grammar(engine: Engine, case: str) -> None:
+    run = generate(engine, PROMPT, max_tokens=200, grammar=ANSWER, **CASES[case])
+    assert run.finish == "stop"
+    assert run.text in ("yes", "no", "maybe")
+    words = generate(engine, PROMPT, max_tokens=300, grammar=WORDS, **CASES[case])
+    assert re.fullmatch(r"[a-z ]+\.?", words.text), words.text
+    if words.finish == "stop":  # the end of generation only where the grammar is complete
+        assert words.text.endswith(".")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_json_schema_gives_json_that_validates(engine: Engine, case: str) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    grammar = {"gbnf": schema_grammar(json.dumps(SCHEMA))}
+    run = generate(engine, PROMPT, max_tokens=300, grammar=grammar, **CASES[case])
+    assert run.finish == "stop", run.text
+    jsonschema.validate(json.loads(run.text), SCHEMA)
+
+
+def test_constrained_and_free_sequences_batched_give_what_they_give_alone(make_engine) -> None:
+    e = make_engine(n_parallel=4)
+    alone_c = generate(e, PROMPT, max_tokens=40, grammar=WORDS, **CASES["sampled"])
+    alone_f = generate(e, PROMPT, max_tokens=40, **CASES["sampled"])
+    seqs = [
+        e.submit(PROMPT, max_tokens=40, grammar=WORDS, **CASES["sampled"]),
+        e.submit(PROMPT, max_tokens=40, **CASES["sampled"]),
+        e.submit(PROMPT, max_tokens=40, grammar=WORDS, **CASES["sampled"]),
+        e.submit(PROMPT, max_tokens=40, **CASES["sampled"]),
+    ]
+    runs = drain(e, seqs)
+    assert runs[seqs[0]].tokens == runs[seqs[2]].tokens == alone_c.tokens
+    assert runs[seqs[1]].tokens == runs[seqs[3]].tokens == alone_f.tokens
+    assert alone_c.tokens != alone_f.tokens
+
+
+def test_a_lazy_grammar_leaves_the_output_free_until_its_trigger(engine: Engine) -> None:
+    free = generate(engine, PROMPT, max_tokens=30, **CASES["sampled"])
+    never = {"gbnf": 'root ::= "x"', "lazy": True, "triggers": [{"type": "word", "value": "\x01never\x01"}]}
+    assert generate(engine, PROMPT, max_tokens=30, grammar=never, **CASES["sampled"]).tokens == free.tokens
+    # triggered by the free run's third token: the grammar holds from that token on
+    k = 2
+    trigger = free.tokens[k]
+    while trigger in free.tokens[:k]:
+        k += 1
+        trigger = free.tokens[k]
+    piece = engine.detokenize(free.tokens[: k + 1])[len(engine.detokenize(free.tokens[:k])) :]
+    lazy = {
+        "gbnf": f"root ::= {json.dumps(piece)} [0-9]+",
+        "lazy": True,
+        "triggers": [{"type": "token", "token": trigger}],
+    }
+    run = generate(engine, PROMPT, max_tokens=60, grammar=lazy, **CASES["sampled"])
+    assert run.tokens[: k + 1] == free.tokens[: k + 1]
+    rest = run.text[len(engine.detokenize(free.tokens[: k + 1])) :]
+    assert re.fullmatch(r"[0-9]+", rest), rest
+
+
+@pytest.mark.parametrize("with_kv", [False, True], ids=["prefill", "kv"])
+def test_a_resumed_constrained_sequence_continues_exactly(make_engine, with_kv: bool) -> None:
+    params = dict(CASES["hot"], max_tokens=48, grammar=WORDS)
+    first = make_engine(n_parallel=1)
+    full = generate(first, PROMPT, **params)
+    assert len(full.tokens) > 12, "the case needs a longer output"
+    seq = first.submit(PROMPT, **params)
+    part = Run()
+    while len(part.tokens) < 8:
+        first.wait(60)
+        for r in first.poll():
+            part.tokens += r["tokens"]
+            part.text += r["text"]
+            part.finish = r["finish"]
+    assert part.finish is None
+    snap = first.snapshot(seq, with_kv=with_kv)
+    first.cancel(seq)
+    drain(first, [seq])
+    first.close()
+    second = make_engine(n_parallel=1)
+    resume = {"generated": snap["generated"], "emitted": snap["emitted"], "kv_state": snap["kv_state"]}
+    rest = generate(second, PROMPT, resume=resume, **params)
+    assert snap["generated"] + rest.tokens == full.tokens
+    assert snap["emitted"] + rest.text == full.text
+
+
+def test_bad_grammars_are_refused(engine: Engine) -> None:
+    with pytest.raises(ValueError, match="does not parse"):
+        engine.submit(PROMPT, max_tokens=4, grammar={"gbnf": "root ::= ("})
+    with pytest.raises(ValueError, match="needs at least one trigger"):
+        engine.submit(PROMPT, max_tokens=4, grammar={"gbnf": 'root ::= "a"', "lazy": True})
+    with pytest.raises(ValueError, match="does not fit the grammar"):
+        free = generate(engine, PROMPT, max_tokens=3, temperature=0)
+        engine.submit(PROMPT, max_tokens=8, grammar=ANSWER, resume={"generated": free.tokens, "emitted": free.text})
+    with pytest.raises(ValueError, match="cannot be expressed"):
+        schema_grammar(json.dumps({"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}))
+    with pytest.raises(ValueError, match="not JSON"):
+        schema_grammar("{")
+
+
+
+def test_a_prefill_the_grammar_does_not_take_is_refused(engine: Engine) -> None:
+    with pytest.raises(ValueError, match="opening of the output"):
+        engine.submit(PROMPT, max_tokens=4, grammar={"gbnf": 'root ::= "no"', "prefill": "yes, yes"})

@@ -1,0 +1,60 @@
+"""The output forms a request asks for, as grammars: what the converter cannot hold
+the output to is refused (a 400 naming the field), never run unconstrained."""
+from __future__ import annotations
+
+import pytest
+
+from lmsp.errors import InvalidRequest
+from lmsp.runtime import constraints
+
+OK = [
+    {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}}},
+    {"type": "string", "pattern": "^[a-z]{2,4}$"},
+    {"type": "string", "format": "date-time"},
+    {"anyOf": [{"type": "string"}, {"type": "null"}]},
+    {"$defs": {"P": {"type": "object", "properties": {"x": {"type": "boolean"}}}}, "$ref": "#/$defs/P"},
+]
+REFUSED = [
+    ({"not": {"type": "string"}}, "'not'"),
+    ({"type": "object", "properties": {"n": {"type": "number", "minimum": 0}}}, "properties.n: minimum"),
+    ({"type": "string", "pattern": "[a-z]+"}, "must start with ^"),
+    ({"type": "string", "pattern": "^a(?=b)$"}, "pattern"),
+    ({"type": "string", "format": "email"}, "format 'email'"),
+    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems"),
+    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}, "conversion failed"),
+    ({"type": "object", "patternProperties": {"^x$": {}}}, "patternProperties"),
+]
+
+
+def request(schema: dict) -> dict:
+    return {"text": {"format": {"type": "json_schema", "name": "n", "schema": schema, "strict": True}}}
+
+
+@pytest.mark.parametrize("schema", OK)
+def test_what_the_converter_holds_to_is_a_grammar(schema):
+    constraints.check(request(schema))
+    assert constraints.grammar(request(schema))["gbnf"]
+
+
+@pytest.mark.parametrize("schema,why", REFUSED)
+def test_what_it_would_skip_is_refused(schema, why):
+    with pytest.raises(InvalidRequest, match=why.replace("(", r"\(").replace("^", r"\^")) as refused:
+        constraints.check(request(schema))
+    assert refused.value.param == "text.format.schema"
+    parameters = {"type": "object", "properties": {"a": schema}}
+    tools = {"tools": [{"type": "function", "name": "f", "parameters": parameters}], "tool_choice": "required"}
+    with pytest.raises(InvalidRequest) as refused:
+        constraints.check(tools)
+    assert refused.value.param == "tools[0].parameters"
+
+
+def test_tools_make_a_grammar_of_calls():
+    tools = [{"type": "function", "name": "f", "parameters": {"type": "object"}},
+             {"type": "function", "name": "g", "parameters": {"type": "object"}}]
+    assert constraints.grammar({"tools": tools, "tool_choice": "none"}) is None
+    auto = constraints.grammar({"tools": tools})
+    assert auto["lazy"] and auto["triggers"] == [constraints.CALL_TRIGGER]
+    required = constraints.grammar({"tools": tools, "tool_choice": "required"})
+    assert not required.get("lazy") and '"\\"f\\""' in required["gbnf"] and '"\\"g\\""' in required["gbnf"]
+    named = constraints.grammar({"tools": tools, "tool_choice": {"type": "function", "name": "g"}})
+    assert '"\\"g\\""' in named["gbnf"] and '"\\"f\\""' not in named["gbnf"]

@@ -1,0 +1,75 @@
+"""A function call's output in the store: its item opened with the call's head, its
+arguments' deltas, its tail on the arguments' done event, so that the attempt's text
+(and a resume's snapshot) is the output's text whole; the Response shows the call. Text
+deltas that keep log probabilities are read back the same."""
+from __future__ import annotations
+
+from store_checks import assert_consistent, event_types
+
+from lmsp.store import Store
+
+TOOLS = [{"type": "function", "name": "f", "description": None, "parameters": {"type": "object"}, "strict": True}]
+REQUEST = {"model": "tiny", "input": "hi", "max_output_tokens": 64, "seed": 1, "tools": TOOLS,
+           "tool_choice": "required"}
+HEAD = '{"name": "f", "arguments": '
+
+
+def test_a_call_is_written_and_read_back(store: Store, running_task):
+    tid = running_task(request=REQUEST)
+    store.append_step("w1", [{"task_id": tid, "delta": "", "tokens": [1, 2]}])  # the head held back
+    store.append_step("w1", [{"task_id": tid, "delta": "", "tokens": [3], "call": {"name": "f", "head": HEAD},
+                              "args": '{"a"'}])
+    assert store.output_text(tid) == HEAD + '{"a"'
+    running = store.get_response(store.get_task(tid)["response_id"])
+    [item] = running["output"]
+    assert (item["type"], item["name"], item["arguments"], item["status"]) == ("function_call", "f", '{"a"',
+                                                                             "in_progress")
+    store.append_step("w1", [{"task_id": tid, "delta": "", "tokens": [4, 5], "args": ": 1}", "tail": "}",
+                              "finish": "stop", "usage": {"input_tokens": 3, "output_tokens": 5}}])
+    assert_consistent(store, tid)
+    events = store.events(tid, after=0)["data"]
+    types = event_types(store, tid)
+    added = events[types.index("response.output_item.added")]
+    assert added["item"]["type"] == "function_call" and added["item"]["arguments"] == ""
+    deltas = [e for e in events if e["type"] == "response.function_call_arguments.delta"]
+    assert [d["delta"] for d in deltas] == ['{"a"', ": 1}"]
+    assert all(d["item_id"] == added["item"]["id"] and d["output_index"] == 0 for d in deltas)
+    done = events[types.index("response.function_call_arguments.done")]
+    assert done["arguments"] == '{"a": 1}'
+    assert events[types.index("response.output_item.done")]["item"]["status"] == "completed"
+    assert "response.output_text.delta" not in types and "response.content_part.added" not in types
+    final = store.get_response(store.get_task(tid)["response_id"])
+    [item] = final["output"]
+    assert (item["arguments"], item["status"], item["id"]) == ('{"a": 1}', "completed", added["item"]["id"])
+    assert store.output_text(tid) == HEAD + '{"a": 1}}'
+
+
+def test_a_running_calls_snapshot_is_its_committed_text_and_tokens(store: Store, running_task):
+    tid = running_task(on_restart="resume", request=REQUEST)
+    store.append_step("w1", [{"task_id": tid, "delta": "", "tokens": [1, 2]}])
+    store.append_step("w1", [{"task_id": tid, "delta": "", "tokens": [3], "call": {"name": "f", "head": HEAD},
+                              "args": "{"}])
+    store.append_step("w1", [{"task_id": tid, "delta": "", "tokens": [4]}])  # a possible tail, held back
+    with store._db.read() as conn:
+        resume = store._resume(conn, store._task(conn, tid))
+    assert resume["generated"] == [1, 2, 3, 4]
+    assert resume["emitted"] == HEAD + "{"
+
+
+def test_a_text_output_with_log_probabilities_is_read_back_whole(store: Store, running_task):
+    """Delta rows that keep log probabilities in ``data`` are text rows all the same: the
+    attempt's text, the resume snapshot and the done event take them."""
+    tid = running_task(on_restart="resume", request={"model": "tiny", "input": "hi", "max_output_tokens": 64,
+                                                     "seed": 1, "top_logprobs": 1})
+    entry = {"token": "Hi", "logprob": -0.5, "bytes": [72, 105], "top_logprobs": []}
+    store.append_step("w1", [{"task_id": tid, "delta": "Hi", "tokens": [7], "logprobs": [entry]}])
+    store.append_step("w1", [{"task_id": tid, "delta": "!", "tokens": [8], "logprobs": [{**entry, "token": "!"}]}])
+    with store._db.read() as conn:
+        resume = store._resume(conn, store._task(conn, tid))
+    assert (resume["generated"], resume["emitted"]) == ([7, 8], "Hi!")
+    store.append_step("w1", [{"task_id": tid, "delta": "", "tokens": [], "finish": "stop",
+                              "usage": {"input_tokens": 3, "output_tokens": 2}}])
+    assert_consistent(store, tid)
+    assert store.output_text(tid) == "Hi!"
+    done = [e for e in store.events(tid, after=0)["data"] if e["type"] == "response.output_text.done"]
+    assert done[0]["text"] == "Hi!" and [lp["token"] for lp in done[0]["logprobs"]] == ["Hi", "!"]
