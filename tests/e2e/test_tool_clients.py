@@ -2,7 +2,10 @@
 and structured output: the ``openai`` package (a forced call, the tool loop by
 resent history, streaming), ``openai-agents`` (an Agent with one function tool
 and an output type, to its final typed output) and ``langchain-openai``
-(``bind_tools`` and ``with_structured_output`` on the Responses API). Each
+(``bind_tools`` and ``with_structured_output`` on the Responses API); then the
+same through Chat Completions: the ``openai`` package (a forced call plain and
+streamed, the tool loop by resent messages, ``chat.completions.parse`` with a
+Pydantic model) and ``ChatOpenAI`` on its default Chat Completions. Each
 reaches the service with a paired client's token as its API key."""
 from __future__ import annotations
 
