@@ -9,6 +9,8 @@ import json
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from api_fakes import OWNER
 from api_helpers import assert_error, parse_sse
 
@@ -185,6 +187,9 @@ BAD = [
     ({"messages": [{**ASSISTANT_CALL, "tool_calls": [{"id": "c", "function": {
         "name": "a b", "arguments": "{}"}}]}]}, "messages[0].tool_calls[0].function.name"),
     ({"messages": [{"role": "assistant", "content": None}]}, "messages[0].content"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "type": "function"}}]}, "tools[0].function.type"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA, "type": "x"}}},
+     "response_format.json_schema.type"),
     ({"functions": [{"name": "f"}]}, "functions"),
 ]
 
@@ -222,3 +227,38 @@ def test_the_call_ids_of_an_answer_close_the_tool_loop(user, calling):
     history = [ASK, message, {"role": "tool", "tool_call_id": call["id"], "content": json.dumps({"sky": "clear"})}]
     again = chat(user, messages=history, tools=[TOOL], tool_choice="required")
     assert again.status_code == 200, again.text
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-2**40, max_value=2**40) | st.text(max_size=12),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3),
+    max_leaves=10)
+names = st.sampled_from(["get_weather", "a b", "", "call_1", "type", "function", "name"])
+functions = st.fixed_dictionaries({}, optional={"name": names | json_values, "parameters": json_values,
+                                                "arguments": json_values, "description": json_values})
+tool_shapes = st.fixed_dictionaries({}, optional={"type": st.sampled_from(["function", "x"]) | json_values,
+                                                  "function": functions | json_values, "id": names | json_values})
+messages = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant", "tool", "system"])},
+    optional={"content": st.none() | st.text(max_size=8) | json_values,
+              "tool_calls": st.lists(tool_shapes, max_size=2) | json_values,
+              "tool_call_id": names | json_values})
+fields = st.fixed_dictionaries({}, optional={
+    "messages": st.lists(messages, min_size=1, max_size=3),
+    "tools": st.lists(tool_shapes, max_size=2) | json_values,
+    "tool_choice": st.sampled_from(["auto", "none", "required"]) | tool_shapes | json_values,
+    "response_format": st.fixed_dictionaries({}, optional={
+        "type": st.sampled_from(["text", "json_object", "json_schema"]) | json_values,
+        "json_schema": st.fixed_dictionaries({}, optional={"name": names | json_values, "schema": json_values,
+                                                           "strict": json_values}) | json_values}) | json_values,
+    "logprobs": st.booleans(), "parallel_tool_calls": json_values})
+
+
+@settings(max_examples=150, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(body=fields)
+def test_tool_fields_of_any_shape_get_an_answer_or_a_4xx(user, scripted, body):
+    result = chat(user, **body)
+    assert result.status_code < 500, result.text
+    if result.status_code >= 400:
+        assert result.json["error"]["code"] and result.json["error"]["message"]

@@ -64,6 +64,7 @@ def parse_response_format(value: Any) -> dict[str, Any]:
     given = value.get("json_schema")
     if not isinstance(given, dict):
         raise InvalidRequest(f"'{FORMAT_PARAM}' must be an object", param=FORMAT_PARAM)
+    reject_unknown(given, ("name", "schema", "description", "strict"), where=f"{FORMAT_PARAM}.")
     try:
         return tools.parse_text({"format": {**given, "type": "json_schema"}})
     except InvalidRequest as exc:
@@ -82,6 +83,7 @@ def _function(tool: Any, where: str) -> dict[str, Any]:
     function = tool.get("function")
     if not isinstance(function, dict):
         raise InvalidRequest(f"'{where}.function' must be an object", param=f"{where}.function")
+    reject_unknown(function, ("name", "description", "parameters", "strict"), where=f"{where}.function.")
     return {**function, "type": "function"}
 
 
