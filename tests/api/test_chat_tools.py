@@ -72,6 +72,17 @@ def test_a_call_is_the_messages_tool_calls(user, calling):
     assert user.get(f"/v1/chat/completions/{body['id']}").json["choices"][0]["message"]["tool_calls"] == [call]
 
 
+def test_a_call_cut_by_the_cap_has_finish_reason_length(user, calling):
+    shaped = calling.finish
+    calling.finish = lambda task_id, text, finish="stop": shaped(task_id, text, "length")
+    body = chat(user, tools=[TOOL], tool_choice="required").json
+    [choice] = body["choices"]
+    assert choice["finish_reason"] == "length" and choice["message"]["content"] is None
+    assert choice["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    frames = parse_sse(chat(user, tools=[TOOL], tool_choice="required", stream=True).text)
+    assert [f["data"]["choices"][0]["finish_reason"] for f in frames[:-1]][-1] == "length"
+
+
 def test_a_streamed_call_is_tool_call_deltas(user, calling):
     result = chat(user, tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}},
                   stream=True, stream_options={"include_usage": True})

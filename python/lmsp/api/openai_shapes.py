@@ -19,9 +19,9 @@ from .openai_logprobs import LegacyLogprobs, chat_logprobs, legacy_logprobs, res
 
 DONE = b"data: [DONE]\n\n"
 Kind = Literal["chat.completion", "text_completion"]
-# a failed task's error code -> the status of the plain request that waited for it
 # the events of a function call item that a chat completion's stream shows as tool call deltas
 CALL_EVENTS = ("response.output_item.added", "response.function_call_arguments.delta")
+# a failed task's error code -> the status of the plain request that waited for it
 FAILED_STATUS = {"context_length_exceeded": 400, "invalid_request": 400, "model_changed": 409}
 
 
@@ -56,9 +56,10 @@ def tool_call(item: dict[str, Any], arguments: str | None = None) -> dict[str, A
 def finish_reason(response: dict[str, Any]) -> str | None:
     """``stop``, ``tool_calls`` or ``length`` for a finished response; None while it runs
     (or when it failed or was cancelled)."""
-    if response["status"] == "completed":
+    status = response.get("status")
+    if status == "completed":
         return "tool_calls" if function_call(response) else "stop"
-    if response["status"] == "incomplete":
+    if status == "incomplete":
         return "length"
     return None
 
@@ -247,7 +248,8 @@ class ChunkFraming(Framing):
             return self._call_chunk(event)
         if kind in ("response.completed", "response.incomplete"):
             response = event.get("response") or {}
-            out = data_frame(self._chunk(None, finish_reason(response) or "stop"))
+            finish = finish_reason(response) or ("length" if kind == "response.incomplete" else "stop")
+            out = data_frame(self._chunk(None, finish))
             if self.include_usage:
                 out += data_frame(dict(self.head, choices=[], usage=usage(response)))
             return out + DONE
