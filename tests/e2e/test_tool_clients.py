@@ -2,7 +2,10 @@
 and structured output: the ``openai`` package (a forced call, the tool loop by
 resent history, streaming), ``openai-agents`` (an Agent with one function tool
 and an output type, to its final typed output) and ``langchain-openai``
-(``bind_tools`` and ``with_structured_output`` on the Responses API). Each
+(``bind_tools`` and ``with_structured_output`` on the Responses API); then the
+same through Chat Completions: the ``openai`` package (a forced call plain and
+streamed, the tool loop by resent messages, ``chat.completions.parse`` with a
+Pydantic model) and ``ChatOpenAI`` on its default Chat Completions. Each
 reaches the service with a paired client's token as its API key."""
 from __future__ import annotations
 
@@ -111,6 +114,72 @@ def test_langchain_bind_tools_and_structured_output(server, token):
                                           use_responses_api=True, temperature=0, max_tokens=120, max_retries=0,
                                           http_client=http)
         message = llm.bind_tools([get_weather], tool_choice="required").invoke(ASK)
+        [call] = message.tool_calls
+        assert call["name"] == "get_weather" and isinstance(call["args"]["city"], str)
+        weather = llm.with_structured_output(Weather).invoke("Describe the weather in Paris.")
+    assert isinstance(weather, Weather)
+
+
+# -- the same through Chat Completions ------------------------------------------------------
+
+CHAT_TOOL = {"type": "function", "function": {k: v for k, v in WEATHER_TOOL.items() if k != "type"}}
+CHAT_ASK = [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": ASK}]
+
+
+def test_chat_forced_call_and_the_tool_loop(client):
+    first = client.chat.completions.create(model=MODEL, messages=CHAT_ASK, tools=[CHAT_TOOL], tool_choice="required",
+                                           temperature=0, max_tokens=100)
+    [choice] = first.choices
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather"
+    args = json.loads(call.function.arguments)
+    history = [*CHAT_ASK, choice.message, {"role": "tool", "tool_call_id": call.id, "content": get_weather(**args)}]
+    second = client.chat.completions.create(model=MODEL, messages=history, tools=[CHAT_TOOL], tool_choice="none",
+                                            temperature=0, max_tokens=60)
+    assert second.choices[0].message.content and not second.choices[0].message.tool_calls
+
+
+def test_chat_streamed_call(client):
+    stream = client.chat.completions.create(model=MODEL, messages=CHAT_ASK, tools=[CHAT_TOOL],
+                                            tool_choice="required", temperature=0, max_tokens=100, stream=True)
+    chunks = [c for c in stream if c.choices]
+    calls = [d for c in chunks for d in c.choices[0].delta.tool_calls or ()]
+    [opened] = [d for d in calls if d.id]
+    assert opened.index == 0 and opened.function.name == "get_weather"
+    arguments = "".join(d.function.arguments or "" for d in calls)
+    assert json.loads(arguments)["city"] and chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert not any(c.choices[0].delta.content for c in chunks)
+
+
+def test_chat_parse_with_a_pydantic_model(client):
+    result = client.chat.completions.parse(model=MODEL, messages=[
+        {"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": "Describe the weather in Paris."}],
+        response_format=Weather, temperature=0, max_tokens=120)
+    assert isinstance(result.choices[0].message.parsed, Weather)
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": {
+        "type": "object", "properties": {"a": {"not": {"type": "string"}}}}}}},
+     "response_format.json_schema.schema"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "string", "format": "email"}}}}}]},
+     "tools[0].function.parameters"),
+])
+def test_chat_a_schema_the_grammar_cannot_hold_is_a_400_naming_it(client, fields, param):
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=MODEL, messages=CHAT_ASK, max_tokens=10, **fields)
+    assert caught.value.status_code == 400 and caught.value.body["param"] == param
+
+
+def test_langchain_chat_completions_bind_tools_and_structured_output(server, token):
+    langchain_openai = pytest.importorskip("langchain_openai")
+    with httpx.Client(timeout=60.0) as http:
+        llm = langchain_openai.ChatOpenAI(model=MODEL, base_url=f"{server.base_url}/v1", api_key=token,
+                                          temperature=0, max_tokens=120, max_retries=0, http_client=http)
+        message = llm.bind_tools([get_weather], tool_choice="required").invoke(ASK)
+        assert message.response_metadata["id"].startswith("chatcmpl-")  # Chat Completions, not Responses
         [call] = message.tool_calls
         assert call["name"] == "get_weather" and isinstance(call["args"]["city"], str)
         weather = llm.with_structured_output(Weather).invoke("Describe the weather in Paris.")

@@ -16,7 +16,7 @@ import falcon
 from lmsp.errors import InvalidRequest, NotFound
 from lmsp.objects import LOGPROBS
 
-from . import idempotency
+from . import chat_tools, idempotency
 from .common import (
     Deps,
     caller,
@@ -42,11 +42,8 @@ REFUSED = (
     "presence_penalty",
     "frequency_penalty",
     "logit_bias",
-    "tools",
-    "tool_choice",
     "functions",
     "function_call",
-    "response_format",
     "modalities",
     "audio",
     "prediction",
@@ -73,12 +70,19 @@ ACCEPTED = (
     "prompt_cache_key",
     "service_tier",
     "parallel_tool_calls",
+    "tools",
+    "tool_choice",
+    "response_format",
     "metadata",
     "store",
 )
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-# a message's fields besides role and content that ask for nothing when null (or empty)
-EMPTY_FIELDS = {"assistant": ("refusal", "tool_calls", "function_call", "audio")}
+# a message's fields besides role and content (each but tool_calls and tool_call_id
+# asks for nothing only when null or empty)
+EMPTY_FIELDS = {
+    "assistant": ("refusal", "tool_calls", "function_call", "audio", "annotations"),
+    "tool": ("tool_call_id",),
+}
 
 
 def _content(content: Any, where: str) -> str:
@@ -102,34 +106,43 @@ def _content(content: Any, where: str) -> str:
 
 
 def parse_messages(value: Any) -> list[dict[str, str]]:
-    """``messages``: a non-empty array of system, developer, user and assistant messages,
-    each with text content (a string or text parts)."""
+    """``messages``: a non-empty array of system, developer, user, assistant (with text
+    content, tool calls or both) and tool messages, as the prompt takes them (calls
+    and their outputs as :mod:`lmsp.api.chat_tools` shows them to the model)."""
     if not isinstance(value, list) or not value:
         raise InvalidRequest("'messages' must be a non-empty array of messages", param="messages")
     if len(value) > MAX_MESSAGES:
         raise InvalidRequest(f"'messages' has more than {MAX_MESSAGES} messages", param="messages")
-    out = []
+    out: list[dict[str, str]] = []
+    seen: dict[str, str] = {}  # call id -> name, of the tool calls so far
     for i, message in enumerate(value):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise InvalidRequest(f"{where} must be an object with 'role' and 'content'", param=where)
-        role = message.get("role")
-        if role == "tool" or message.get("tool_calls"):
-            raise InvalidRequest(f"{where}: this endpoint does not support tools", param=f"{where}.role")
-        if role not in ROLES:
-            raise InvalidRequest(f"{where}.role must be one of {', '.join(ROLES)}", param=f"{where}.role")
-        extra = EMPTY_FIELDS.get(role, ())
-        reject_unknown(message, ("role", "content", *extra), where=f"{where}.")
-        for name in extra:
-            if message.get(name) not in (None, []):
-                raise InvalidRequest(f"{where}.{name}: this endpoint does not support it", param=f"{where}.{name}")
-        if message.get("content") is None:
-            raise InvalidRequest(f"{where}.content is required", param=f"{where}.content")
-        text = _content(message["content"], f"{where}.content")
-        if "\x00" in text:
-            raise InvalidRequest(f"{where}.content must not contain NUL characters", param=f"{where}.content")
-        out.append({"role": ROLES[role], "content": text})
+        out.extend(_message(message, f"messages[{i}]", seen))
     return out
+
+
+def _message(message: Any, where: str, seen: dict[str, str]) -> list[dict[str, str]]:
+    """One message as the prompt's messages (an assistant message with tool calls: one
+    per call after its text, if any)."""
+    if not isinstance(message, dict):
+        raise InvalidRequest(f"{where} must be an object with 'role' and 'content'", param=where)
+    role = message.get("role")
+    if role not in ROLES and role != "tool":
+        raise InvalidRequest(f"{where}.role must be one of {', '.join(ROLES)}, tool", param=f"{where}.role")
+    extra = EMPTY_FIELDS.get(role, ())
+    reject_unknown(message, ("role", "content", *extra), where=f"{where}.")
+    for name in extra:
+        if name not in ("tool_calls", "tool_call_id") and message.get(name) not in (None, []):
+            raise InvalidRequest(f"{where}.{name}: this endpoint does not support it", param=f"{where}.{name}")
+    calls = message.get("tool_calls") or []
+    if message.get("content") is None and not calls:
+        raise InvalidRequest(f"{where}.content is required", param=f"{where}.content")
+    text = "" if message.get("content") is None else _content(message["content"], f"{where}.content")
+    if "\x00" in text:
+        raise InvalidRequest(f"{where}.content must not contain NUL characters", param=f"{where}.content")
+    if role == "tool":
+        return [chat_tools.tool_message(message, where, text, seen)]
+    said = [{"role": ROLES[role], "content": text}] if text or not calls else []
+    return said + list(chat_tools.tool_call_messages(calls, f"{where}.tool_calls", seen))
 
 
 def _max_tokens(body: dict[str, Any], config: Any) -> int:
@@ -199,7 +212,6 @@ def parse_chat(body: dict[str, Any], config: Any, random_seed: Callable[[], int]
     store = get_bool(body, "store")  # OpenAI's default: not stored
     for name in ("user", "safety_identifier", "prompt_cache_key", "service_tier"):
         get_str(body, name, allow_empty=True, max_len=512)
-    get_bool(body, "parallel_tool_calls")
     request = {
         "model": model,
         "input": [dict(m) for m in messages],
@@ -212,7 +224,11 @@ def parse_chat(body: dict[str, Any], config: Any, random_seed: Callable[[], int]
         "store": store,
         "on_restart": ON_RESTART,
         "metadata": parse_metadata(body.get("metadata")),
+        "text": chat_tools.parse_response_format(body.get("response_format")),
+        **chat_tools.parse_tool_fields(body),
+        "parallel_tool_calls": get_bool(body, "parallel_tool_calls", default=True),
     }
+    chat_tools.check_logprobs(request)
     return CreateRequest(
         client_id=None,
         model=model,
@@ -276,16 +292,19 @@ class ChatCompletionsResource:
         parsed = parse_chat(body, deps.config, deps.random_seed)
         usage = bool(parsed.request["include_usage"])
         logprobs = asked_logprobs(parsed.request)
-        post_task(
-            deps,
-            self.service,
-            req,
-            resp,
-            body,
-            parsed,
-            lambda response: chat_completion(response, logprobs),
-            lambda created: ChunkFraming("chat.completion", created, include_usage=usage, logprobs=logprobs),
-        )
+        try:
+            post_task(
+                deps,
+                self.service,
+                req,
+                resp,
+                body,
+                parsed,
+                lambda response: chat_completion(response, logprobs),
+                lambda created: ChunkFraming("chat.completion", created, include_usage=usage, logprobs=logprobs),
+            )
+        except InvalidRequest as exc:  # the runtime's refusal of a schema, named as this request names it
+            raise chat_tools.chat_param(exc) from None
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         limit = query_int(req, "limit", default=20, minimum=1, maximum=100)

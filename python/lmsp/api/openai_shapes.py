@@ -19,6 +19,8 @@ from .openai_logprobs import LegacyLogprobs, chat_logprobs, legacy_logprobs, res
 
 DONE = b"data: [DONE]\n\n"
 Kind = Literal["chat.completion", "text_completion"]
+# the events of a function call item that a chat completion's stream shows as tool call deltas
+CALL_EVENTS = ("response.output_item.added", "response.function_call_arguments.delta")
 # a failed task's error code -> the status of the plain request that waited for it
 FAILED_STATUS = {"context_length_exceeded": 400, "invalid_request": 400, "model_changed": 409}
 
@@ -37,12 +39,27 @@ def output_text(response: dict[str, Any]) -> str:
     return ""
 
 
+def function_call(response: dict[str, Any]) -> dict[str, Any] | None:
+    """The function call item of a Response object's output (None: its output is text)."""
+    for item in response.get("output") or []:
+        if item.get("type") == "function_call":
+            return dict(item)
+    return None
+
+
+def tool_call(item: dict[str, Any], arguments: str | None = None) -> dict[str, Any]:
+    """A function call item as Chat Completions' tool call (``arguments``: instead of its own)."""
+    args = (item.get("arguments") or "") if arguments is None else arguments
+    return {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": args}}
+
+
 def finish_reason(response: dict[str, Any]) -> str | None:
-    """``stop`` or ``length`` for a finished response; None while it runs (or when it
-    failed or was cancelled)."""
-    if response["status"] == "completed":
-        return "stop"
-    if response["status"] == "incomplete":
+    """``stop``, ``tool_calls`` or ``length`` for a finished response; None while it runs
+    (or when it failed or was cancelled)."""
+    status = response.get("status")
+    if status == "completed":
+        return "tool_calls" if function_call(response) else "stop"
+    if status == "incomplete":
         return "length"
     return None
 
@@ -83,12 +100,15 @@ def _extras(response: dict[str, Any]) -> dict[str, Any]:
 def chat_completion(response: dict[str, Any], logprobs: bool = False) -> dict[str, Any]:
     """The ``chat.completion`` of a response of the store; ``logprobs``: its request
     asked for them."""
+    call = function_call(response)
     message: dict[str, Any] = {
         "role": "assistant",
-        "content": output_text(response),
+        "content": None if call else output_text(response),
         "refusal": None,
         "annotations": [],
     }
+    if call:
+        message["tool_calls"] = [tool_call(call)]
     return {
         "id": response["id"],
         "object": "chat.completion",
@@ -194,9 +214,12 @@ class ChunkFraming(Framing):
         *,
         role: bool = False,
         logprobs: dict[str, Any] | None = None,
+        call: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         if self.kind == "chat.completion":
             body: dict[str, Any] = {} if delta is None else {"content": delta}
+            if call is not None:
+                body = {"tool_calls": [{"index": 0, **call}]}
             if role:
                 body = {"role": "assistant", "content": "", "refusal": None}
             choice = {"index": 0, "delta": body, "logprobs": logprobs, "finish_reason": finish}
@@ -221,9 +244,12 @@ class ChunkFraming(Framing):
             if not event.get("delta") and not (self.logprobs and entries):
                 return b""
             return data_frame(self._chunk(event.get("delta") or "", None, logprobs=self._logprobs(entries)))
+        if self.kind == "chat.completion" and kind in CALL_EVENTS:
+            return self._call_chunk(event)
         if kind in ("response.completed", "response.incomplete"):
             response = event.get("response") or {}
-            out = data_frame(self._chunk(None, "length" if kind == "response.incomplete" else "stop"))
+            finish = finish_reason(response) or ("length" if kind == "response.incomplete" else "stop")
+            out = data_frame(self._chunk(None, finish))
             if self.include_usage:
                 out += data_frame(dict(self.head, choices=[], usage=usage(response)))
             return out + DONE
@@ -235,6 +261,18 @@ class ChunkFraming(Framing):
         if kind == "response.cancelled":
             return self.error("cancelled", f"{self.head['id']} was cancelled")
         return b""
+
+    def _call_chunk(self, event: dict[str, Any]) -> bytes:
+        """A function call's opening (its id and name) or a piece of its arguments, as
+        the chunk of a tool call's delta."""
+        if event["type"] == "response.function_call_arguments.delta":
+            if not event.get("delta"):
+                return b""
+            return data_frame(self._chunk(None, None, call={"function": {"arguments": event["delta"]}}))
+        item = event.get("item") or {}
+        if item.get("type") != "function_call":
+            return b""
+        return data_frame(self._chunk(None, None, call=tool_call(item, "")))
 
     def error(self, code: str, message: str, param: str | None = None, sequence_number: int = 0) -> bytes:
         return data_frame({"error": {"code": code, "message": message, "param": param, "type": code}})

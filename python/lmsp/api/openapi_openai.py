@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from .openapi_chat_tools import ANSWER_TOOL_CALLS, CHAT_MESSAGE, RESPONSE_FORMAT, TOOL_CHOICE, TOOLS
 from .openapi_schemas import JSON, MAX_TEXT, NO_NUL, STR, TIME, nullable, obj, ref, text
 
 NULL = {"type": "null"}
@@ -56,36 +57,14 @@ NOTHING_ASKED: JSON = {
 }
 CHAT_NOTHING_ASKED: JSON = {
     **NOTHING_ASKED,
-    "tools": nullable({"type": "array", "maxItems": 0}),
     "functions": nullable({"type": "array", "maxItems": 0}),
     "function_call": nullable({"const": "none"}),
-    "tool_choice": nullable({"enum": ["none", "auto"]}),
-    "parallel_tool_calls": BOOL,
-    "response_format": nullable(obj({"type": {"const": "text"}}, extra=False)),
     "modalities": nullable({"const": ["text"]}),
     "audio": NULL,
     "prediction": NULL,
     "web_search_options": NULL,
     "reasoning_effort": NULL,
     "verbosity": NULL,
-}
-TEXT_PART = obj({"type": {"const": "text"}, "text": text(0, MAX_TEXT, NO_NUL)}, extra=False)
-CHAT_MESSAGE = obj(
-    {
-        "role": {"enum": ["system", "developer", "user", "assistant"]},
-        "content": {"anyOf": [text(0, MAX_TEXT, NO_NUL), {"type": "array", "items": TEXT_PART}]},
-        "refusal": NULL,
-        "tool_calls": nullable({"type": "array", "maxItems": 0}),
-        "function_call": NULL,
-        "audio": NULL,
-    },
-    ["role", "content"],
-    extra=False,
-) | {
-    # only an assistant message has the fields beyond role and content
-    "if": {"properties": {"role": {"const": "assistant"}}},
-    "then": {},
-    "else": {"propertyNames": {"enum": ["role", "content"]}},
 }
 USAGE = nullable(
     obj(
@@ -99,6 +78,7 @@ USAGE = nullable(
     )
 )
 FINISH = nullable({"enum": ["stop", "length"]})
+CHAT_FINISH = nullable({"enum": ["stop", "length", "tool_calls"]})
 LMSP_EXTRAS: JSON = {
     "seed": nullable({"type": "integer"}),
     "metadata": {"type": "object", "additionalProperties": STR},
@@ -158,6 +138,10 @@ SCHEMAS: JSON = {
             "store": BOOL,
             "logprobs": BOOL,
             "top_logprobs": nullable({"type": "integer", "minimum": 0, "maximum": 20}),
+            "tools": TOOLS,
+            "tool_choice": TOOL_CHOICE,
+            "parallel_tool_calls": BOOL,
+            "response_format": RESPONSE_FORMAT,
             **CHAT_NOTHING_ASKED,
         },
         ["model", "messages"],
@@ -176,10 +160,16 @@ SCHEMAS: JSON = {
                     {
                         "index": {"type": "integer"},
                         "message": obj(
-                            {"role": {"const": "assistant"}, "content": nullable(STR), "refusal": NULL}, ["role"]
+                            {
+                                "role": {"const": "assistant"},
+                                "content": nullable(STR),
+                                "refusal": NULL,
+                                "tool_calls": ANSWER_TOOL_CALLS,
+                            },
+                            ["role"],
                         ),
                         "logprobs": CHAT_LOGPROBS,
-                        "finish_reason": FINISH,
+                        "finish_reason": CHAT_FINISH,
                     }
                 ),
             },
@@ -227,7 +217,7 @@ SCHEMAS: JSON = {
                                 "index": {"type": "integer"},
                                 "delta": {"type": "object"},
                                 "logprobs": CHAT_LOGPROBS,
-                                "finish_reason": FINISH,
+                                "finish_reason": CHAT_FINISH,
                             }
                         ),
                     },
