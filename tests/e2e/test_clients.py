@@ -220,8 +220,10 @@ def test_llm_cli_with_the_service_in_its_extra_models(server, token, tmp_path):
 @pytest.mark.parametrize(
     ("path", "body", "status", "code", "param"),
     [
-        ("/v1/chat/completions", {"model": CHAT, "messages": [{"role": "tool", "content": "x"}]}, 400,
+        ("/v1/chat/completions", {"model": CHAT, "messages": [{"role": "robot", "content": "x"}]}, 400,
          "invalid_request", "messages[0].role"),
+        ("/v1/chat/completions", {"model": CHAT, "messages": [{"role": "tool", "content": "x"}]}, 400,
+         "invalid_request", "messages[0].tool_call_id"),
         ("/v1/chat/completions", {"model": CHAT, "messages": MESSAGES, "n": 2}, 400, "invalid_request", "n"),
         ("/v1/chat/completions", {"model": CHAT, "messages": [{"role": "user", "content": "word " * 5000}]}, 400,
          "context_length_exceeded", "input"),
