@@ -13,6 +13,8 @@ from ..errors import InvalidRequest, NotFound, RateLimited, TaskFinished, TaskUn
 from . import states as st
 from .base import CLAIMABLE_SQL, TASK_SELECT, UNFINISHED_SQL, dumps
 from .idempotency import IdempotencyArea, answer_keys
+from .items import insert_response_items
+from .turns import take
 from .worker import claim_record
 
 #: the id prefix of a task's response by its kind (LMSP B.1, B.11)
@@ -38,8 +40,15 @@ class TasksArea(IdempotencyArea):
         claim: tuple[str, float] | None = None,
         max_unfinished: int | None = None,
         kind: str = "response",
+        items: list[dict] | None = None,
+        conversation: tuple[str, int] | None = None,
     ) -> CreatedTask:
         """Persist a new response and its queued task in ONE transaction (11.2, B.8).
+
+        ``items``: the response's input items as listed (``input_items``);
+        ``conversation``: ``(id, version)`` of the conversation whose items, read at
+        that version, are the response's context: the task takes it (ConversationBusy
+        while another response of it is in progress or when it changed since).
 
         ``max_unfinished``: RateLimited when the client already has that many
         unfinished tasks (counted in the same transaction, so concurrent
@@ -69,6 +78,10 @@ class TasksArea(IdempotencyArea):
             task, response = self._insert_task(
                 conn, client_id, model, request_text, on_restart, background, stream, now, kind
             )
+            if items:
+                insert_response_items(conn, response["id"], items)
+            if conversation is not None:
+                take(conn, conversation, client_id, task["id"])
             body = self._render_response(conn, response, task)
             first = kind not in HELD_KINDS  # else claimed whatever waits
             taken = None if claim is None else self._claim_new(conn, task, response, claim, now, after_older=first)
