@@ -124,3 +124,14 @@ def test_an_idempotent_replay_is_answered_after_the_previous_response_is_gone(us
     again = user.post("/v1/responses", json=body, headers=key)
     assert again.status_code == 200 and again.headers.get("Idempotent-Replayed") == "true"
     assert again.json["id"] == made.json["id"]
+
+
+def test_retention_of_older_responses_keeps_the_chain(user, scripted, store, clock):
+    first = turn(user, "one")
+    second = turn(user, "two", first["id"])
+    clock.advance(3600)
+    third = turn(user, "three", second["id"])
+    assert store.gc(retention=1800)["tasks"] == 2  # the older two are past their time
+    assert_error(user.get(f"/v1/responses/{second['id']}"), 404, "not_found")
+    turn(user, "four", third["id"])
+    assert [m["content"] for m in scripted.checked] == ["one", SAID, "two", SAID, "three", SAID, "four"]
