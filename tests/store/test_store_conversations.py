@@ -1,5 +1,6 @@
 """A conversation's turns in the store: appended in the transaction of the response's
 terminal event, once, whatever the restart policy; one response in progress at a time."""
+
 from __future__ import annotations
 
 import sqlite3
@@ -7,12 +8,17 @@ import sqlite3
 import pytest
 
 from lmsp.errors import ConversationBusy, NotFound
-from lmsp.store import Store
+from lmsp.store import Store, StoreError
 
 
 def user_item(text: str, n: int) -> dict:
-    return {"id": f"msg_in{n}", "type": "message", "role": "user", "status": "completed",
-            "content": [{"type": "input_text", "text": text}]}
+    return {
+        "id": f"msg_in{n}",
+        "type": "message",
+        "role": "user",
+        "status": "completed",
+        "content": [{"type": "input_text", "text": text}],
+    }
 
 
 @pytest.fixture
@@ -53,7 +59,7 @@ def test_the_append_is_part_of_the_terminal_transaction(store, turn, db_path):
     store.append_step("w1", [{"task_id": tid, "delta": "Hel", "tokens": [1]}])
     with sqlite3.connect(db_path) as conn:  # an append that fails takes the task's end with it
         conn.execute("CREATE TRIGGER no_items BEFORE INSERT ON conversation_items BEGIN SELECT RAISE(ABORT, 'x'); END")
-    with pytest.raises(Exception):
+    with pytest.raises(StoreError, match="x"):
         store.append_step("w1", [{"task_id": tid, "delta": "lo", "tokens": [2], "finish": "stop"}])
     assert store.get_task(tid)["status"] == "running" and texts(store, cid) == []
     assert "response.completed" not in [e["type"] for e in store.events(tid)["data"]]
@@ -63,11 +69,14 @@ def test_the_append_is_part_of_the_terminal_transaction(store, turn, db_path):
     assert store.get_task(tid)["status"] == "completed" and texts(store, cid) == ["hi", "Hello"]
 
 
-@pytest.mark.parametrize("policy,expected", [
-    ("fail", ["hi", "Hel"]),  # failed at the restart: its input and what it committed
-    ("retry", ["hi", "Again"]),  # its last attempt only
-    ("resume", ["hi", "Hello"]),  # once, its whole output
-])
+@pytest.mark.parametrize(
+    "policy,expected",
+    [
+        ("fail", ["hi", "Hel"]),  # failed at the restart: its input and what it committed
+        ("retry", ["hi", "Again"]),  # its last attempt only
+        ("resume", ["hi", "Hello"]),  # once, its whole output
+    ],
+)
 def test_a_restart_appends_a_turn_once(store, turn, policy, expected):
     cid = store.create_conversation("cli_a", {}, [])["id"]
     tid = turn(cid, "hi", policy)

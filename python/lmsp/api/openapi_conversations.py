@@ -63,6 +63,13 @@ def extended(schemas: JSON) -> JSON:
     return out
 
 
+ITEM_LIST = {"200": {"description": "A page", "content": {"application/json": {"schema": ref("ItemList")}}}}
+
+
+def one(name: str, description: str) -> JSON:
+    return {"200": {"description": description, "content": {"application/json": {"schema": ref(name)}}}}
+
+
 def _page_params(param: Maker) -> tuple[JSON, ...]:
     cursor = text(1, 256)
     return (
@@ -76,24 +83,26 @@ def _page_params(param: Maker) -> tuple[JSON, ...]:
 
 def paths(op: Maker, param: Maker, idempotency: JSON, body_errors: tuple[str, ...], path_id: Maker) -> JSON:
     """The paths, made with :mod:`.openapi`'s helpers."""
-    conv_id = path_id("conversation_id", "conv")
-    item_id = param("item_id", "path", text(0, 256), "The id of an item of the conversation.")
-    item_list = {"200": {"description": "A page", "content": {"application/json": {"schema": ref("ItemList")}}}}
-
-    def one(name: str, description: str) -> JSON:
-        return {"200": {"description": description, "content": {"application/json": {"schema": ref(name)}}}}
-
-    read, write = {"scope": "responses:read"}, {"scope": "responses:write"}
     return {
         "/v1/responses/{response_id}/input_items": {
             "get": op(
                 "The input items of a response",
-                item_list,
+                ITEM_LIST,
                 params=(path_id("response_id", "resp"), *_page_params(param)),
                 errors=("400", "404"),
-                **read,
+                scope="responses:read",
             )
         },
+        **_conversation_paths(op, param, idempotency, body_errors, path_id),
+    }
+
+
+def _conversation_paths(
+    op: Maker, param: Maker, idempotency: JSON, body_errors: tuple[str, ...], path_id: Maker
+) -> JSON:
+    conv_id = path_id("conversation_id", "conv")
+    read, write = {"scope": "responses:read"}, {"scope": "responses:write"}
+    return {
         "/v1/conversations": {
             "post": op(
                 "Create a conversation with its first items (at most 20)",
@@ -125,17 +134,25 @@ def paths(op: Maker, param: Maker, idempotency: JSON, body_errors: tuple[str, ..
                 **write,
             ),
         },
+        **_item_paths(op, param, idempotency, body_errors, conv_id),
+    }
+
+
+def _item_paths(op: Maker, param: Maker, idempotency: JSON, body_errors: tuple[str, ...], conv_id: JSON) -> JSON:
+    item_id = param("item_id", "path", text(0, 256), "The id of an item of the conversation.")
+    read, write = {"scope": "responses:read"}, {"scope": "responses:write"}
+    return {
         "/v1/conversations/{conversation_id}/items": {
             "get": op(
                 "A page of a conversation's items",
-                item_list,
+                ITEM_LIST,
                 params=(conv_id, *_page_params(param)),
                 errors=("400", "404"),
                 **read,
             ),
             "post": op(
                 "Add items (at most 20) to the end of a conversation",
-                item_list,
+                ITEM_LIST,
                 params=(conv_id, idempotency, _page_params(param)[-1]),
                 body="AddConversationItems",
                 errors=(*body_errors, "404", "409", "422"),

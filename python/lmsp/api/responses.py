@@ -41,7 +41,7 @@ from .common import (
     reject_unknown,
     set_json,
 )
-from .metadata import parse_metadata
+from .metadata import parse_metadata as parse_metadata  # chat.py takes it from here
 from .events import FINISHED_TASK_STATES, POLL_SECONDS, SSE_FRAMES, Framing, event_stream, start_sse
 
 log = logging.getLogger("lmsp.api")
@@ -220,16 +220,14 @@ def parse_stop(value: Any) -> list[str]:
 def parse_create(
     body: dict[str, Any], config: Any, random_seed: Callable[[], int], earlier: Context = NO_CONTEXT
 ) -> CreateRequest:
-    """Check every field of B.5 and fill the defaults; raises InvalidRequest. ``earlier``:
-    the earlier turns the response continues (:mod:`.context`)."""
+    """Check every field of B.5 and fill the defaults (``earlier``: the turns it continues)."""
     reject_unknown(body, FIELDS)
     model = get_str(body, "model", required=True, max_len=256)
     if "input" not in body or body["input"] is None:
         raise InvalidRequest("'input' is required", param="input")
-    calls = earlier.calls if earlier.replay is not None else dict(earlier.calls)
+    calls = earlier.calls if earlier.replay is not None else dict(earlier.calls)  # those of the input added
     messages = parse_messages(body["input"], calls)
-    # what the task keeps of the input: the messages as checked, each content one
-    # text (a content part's other fields, such as annotations, play no part)
+    # what the task keeps of the input: the messages as checked, each content one text
     given = body["input"] if isinstance(body["input"], str) else [dict(m) for m in messages]
     messages = earlier.messages + messages
     instructions = get_str(body, "instructions", allow_empty=True, max_len=MAX_TEXT)
@@ -239,8 +237,6 @@ def parse_create(
     max_output = get_int(body, "max_output_tokens", default=config.max_output_tokens, minimum=1)
     max_output = min(max_output, config.max_output_tokens_cap)
     seed = get_int(body, "seed", minimum=0, maximum=SEED_MAX)
-    if seed is None:
-        seed = random_seed()
     background = get_bool(body, "background")
     stream = get_bool(body, "stream")
     store = get_bool(body, "store", default=True)
@@ -257,7 +253,7 @@ def parse_create(
         "temperature": get_number(body, "temperature", default=1.0, minimum=0, maximum=2),
         "top_p": get_number(body, "top_p", default=1.0, exclusive_minimum=0, maximum=1),
         "top_k": get_int(body, "top_k", default=0, minimum=0, maximum=2**31 - 1),
-        "seed": seed,
+        "seed": random_seed() if seed is None else seed,
         "stop": parse_stop(body.get("stop")),
         "stream": stream,
         "background": background,

@@ -8,7 +8,7 @@ import json
 import sqlite3
 from typing import Any
 
-from ..errors import InvalidRequest, NotFound
+from ..errors import InvalidRequest
 from .base import StoreBase, dumps
 
 #: the tables of item lists: (table, the column naming the list)
@@ -44,7 +44,8 @@ def item_page(
     """A page of a list of items: those strictly between the cursors ``after`` and
     ``before`` (item ids of the list) in ``order``, the first ``limit`` of them."""
     table, column = where
-    clauses, args = [f"{column} = ?"], [key]
+    clauses: list[str] = [f"{column} = ?"]
+    args: list[Any] = [key]
     newer, older = (">", "<") if order == "asc" else ("<", ">")
     if after is not None:
         clauses.append(f"pos {newer} ?")
@@ -93,7 +94,3 @@ class ItemsArea(StoreBase):
                 "SELECT data FROM response_items WHERE response_id = ? ORDER BY pos", (response_id,)
             ).fetchall()
         return [json.loads(r[0]) for r in rows]
-
-
-def missing(what: str, ident: str) -> NotFound:
-    return NotFound(f"no {what} {ident}")
