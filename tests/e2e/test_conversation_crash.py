@@ -88,3 +88,26 @@ def test_concurrent_turns_from_other_processes_get_conversation_busy(make_server
     assert [i["role"] for i in items(server, token, cid)][:1] == ["user"]
     again = server.call("POST", "/v1/responses", {**SHORT, "conversation": cid, "truncation": "auto"}, token=token)
     assert again["status"] in ("completed", "incomplete")
+
+
+WEATHER = {"type": "function", "name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+@pytest.mark.slow
+def test_the_tool_loop_by_previous_response_id_across_a_restart(make_server):
+    server = make_server().start()
+    token = server.pair()
+    call = server.call("POST", "/v1/responses", {**SHORT, "max_output_tokens": 64, "tools": [WEATHER],
+                                                 "tool_choice": "required"}, token=token)
+    [item] = call["output"]
+    assert item["type"] == "function_call", call
+    server.kill()
+    server.start()
+    output = {"type": "function_call_output", "call_id": item["call_id"], "output": "Sunny."}
+    answer = server.call("POST", "/v1/responses", {**SHORT, "input": [output], "tools": [WEATHER],
+                                                   "previous_response_id": call["id"]}, token=token)
+    assert answer["status"] in ("completed", "incomplete") and answer["previous_response_id"] == call["id"]
+    listed = server.call("GET", f"/v1/responses/{answer['id']}/input_items", token=token)["data"]
+    assert [(i["type"], i["call_id"], i["output"]) for i in listed] == [("function_call_output", item["call_id"],
+                                                                         "Sunny.")]
