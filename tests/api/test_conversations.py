@@ -179,3 +179,17 @@ def test_store_false_keeps_the_turn_in_the_conversation(user):
     cid = conversation(user)["id"]
     assert say(user, cid, "one", store=False).status_code == 200
     assert contents(items(user, cid)) == [("user", "one"), ("assistant", SAID)]
+
+
+def test_a_call_without_a_name_does_not_stop_the_conversation(user, scripted):
+    cid = conversation(user)["id"]
+    scripted.auto = False
+    tools = [{"type": "function", "name": "weather"}]
+    assert say(user, cid, "one", background=True, tools=tools, tool_choice="required").status_code == 202
+    [claim] = scripted.start_all()
+    scripted.finish(claim["task_id"], '{"name": "", "arguments": {', finish="error")
+    listed = items(user, cid)
+    assert [i["type"] for i in listed] == ["message", "function_call"] and listed[1]["name"] == ""
+    scripted.auto = True
+    assert say(user, cid, "two").status_code == 200
+    assert [m["content"] for m in scripted.checked] == ["one", "two"]

@@ -153,7 +153,12 @@ def item_messages(items: list[dict[str, Any]]) -> tuple[list[dict[str, str]], di
     for i, item in enumerate(items):
         if item.get("type") == "function_call_output":
             calls.setdefault(str(item.get("call_id")), "")  # its call may have been deleted from the list
-        message = input_item(item, f"conversation.items[{i}]", calls)
+        try:
+            message = input_item(item, f"conversation.items[{i}]", calls)
+        except InvalidRequest:
+            if item.get("type") != "function_call":
+                raise
+            continue  # a call its response's end cut before its name: nothing to read
         if message is not None:
             messages.append(message)
     return messages, calls
