@@ -18,7 +18,19 @@ import falcon
 from lmsp.contracts import RuntimeAPI
 from lmsp.errors import LMSPError
 
-from .api import chat, clients, completions, embeddings, health, models, openapi, responses, tasks
+from .api import (
+    chat,
+    clients,
+    completions,
+    conversations,
+    embeddings,
+    health,
+    input_items,
+    models,
+    openapi,
+    responses,
+    tasks,
+)
 from .api.common import Deps
 from .api.logs import configure_logging
 from .api.metrics import HttpMetrics
@@ -54,6 +66,11 @@ def routes(deps: Deps) -> list[tuple[str, object]]:
         ("/v1/responses", responses.ResponsesResource(deps, svc)),
         ("/v1/responses/{response_id}", responses.ResponseResource(deps, svc)),
         ("/v1/responses/{response_id}/cancel", responses.ResponseCancelResource(deps, svc)),
+        ("/v1/responses/{response_id}/input_items", input_items.InputItemsResource(deps)),
+        ("/v1/conversations", conversations.ConversationsResource(deps)),
+        ("/v1/conversations/{conversation_id}", conversations.ConversationResource(deps)),
+        ("/v1/conversations/{conversation_id}/items", conversations.ConversationItemsResource(deps)),
+        ("/v1/conversations/{conversation_id}/items/{item_id}", conversations.ConversationItemResource(deps)),
         ("/v1/tasks", tasks.TasksResource(deps)),
         ("/v1/tasks/{task_id}", tasks.TaskResource(deps)),
         ("/v1/tasks/{task_id}/cancel", tasks.TaskCancelResource(deps, svc)),

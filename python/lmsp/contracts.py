@@ -145,7 +145,9 @@ class NewTask:
     client it is, and what the store needs to create it. ``idempotency``:
     ``(key, fingerprint)``; ``max_unfinished``: the client's cap on unfinished
     tasks (None: none); ``kind``: ``response``, ``chat.completion`` or
-    ``text_completion``, which names the response's id."""
+    ``text_completion``, which names the response's id; ``items``: the input
+    items to keep with the response; ``conversation``: ``(id, version)`` of the
+    conversation it continues (its items, read at that version, are in ``messages``)."""
 
     client_id: str | None
     model: str
@@ -157,10 +159,14 @@ class NewTask:
     idempotency: tuple[str, str] | None = None
     max_unfinished: int | None = None
     kind: str = "response"
+    items: list[dict[str, Any]] | None = None
+    conversation: tuple[str, int] | None = None
 
     def creation(self) -> dict[str, Any]:
         """The arguments of ``Store.create_task`` for this task (all but ``claim``)."""
         return {
+            "items": self.items,
+            "conversation": self.conversation,
             "client_id": self.client_id,
             "model": self.model,
             "request": self.request,

@@ -101,6 +101,10 @@ class TaskUnfinished(Conflict):
     code = "task_unfinished"
 
 
+class ConversationBusy(Conflict):
+    code = "conversation_busy"
+
+
 class ModelInUse(Conflict):
     code = "model_in_use"
 

@@ -84,6 +84,7 @@ def output_item(item_id: str, status: str, text: str | None, logprobs: list | No
 # the value each field has when the request did not set it (OpenAI's defaults)
 ECHOED: dict[str, Any] = {
     "previous_response_id": None,
+    "conversation": None,
     "instructions": None,
     "tools": [],
     "tool_choice": "auto",

@@ -196,7 +196,7 @@ BAD_FIELDS = [
     ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
     ({"tools": "x"}, "tools"),
     ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
-    ({"previous_response_id": "resp_x"}, "previous_response_id"),
+    ({"previous_response_id": ["resp_x"]}, "previous_response_id"),
 ]
 
 

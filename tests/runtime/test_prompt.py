@@ -35,6 +35,13 @@ def test_empty_instructions_are_an_empty_system_message_and_absent_ones_none() -
     assert messages_for({"input": "hi"}) == [{"role": "user", "content": "hi"}]
 
 
+def test_the_earlier_turns_come_after_the_instructions_and_before_the_input() -> None:
+    request = {"instructions": "Be brief.", "input": "And now?",
+               "context": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}
+    assert messages_for(request) == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                                     {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "And now?"}]
+
+
 def test_render_asks_the_engine_for_the_chat_prompt_with_the_assistant_turn_opened() -> None:
     engine = RecordingEngine()
     messages = [{"role": "user", "content": "hi"}]

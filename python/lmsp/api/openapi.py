@@ -13,7 +13,7 @@ from typing import Iterable
 import lmsp
 
 from . import openapi_open_responses as open_responses
-from . import openapi_openai
+from . import openapi_conversations, openapi_openai
 from .metrics import TASK_STATES
 from .openapi_schemas import INT64_MAX, JSON, RESPONSE_STATUSES, SCHEMAS, SECURITY_SCHEMES, STR, ref, text
 
@@ -22,7 +22,7 @@ ERRORS_BY_STATUS = {
     "401": "unauthorized: missing, unknown or revoked token",
     "403": "insufficient_scope",
     "404": "not_found (also another client's response or task)",
-    "409": "idempotency_key_in_use, task_finished, task_unfinished, model_in_use or model_changed",
+    "409": ("idempotency_key_in_use, task_finished, task_unfinished, model_in_use, model_changed or conversation_busy"),
     "408": "request_timeout: the body did not arrive within body_timeout (the connection is closed)",
     "413": "payload_too_large",
     "415": "unsupported_media_type",
@@ -125,7 +125,16 @@ SEQUENCE = {"type": "integer", "minimum": 0, "maximum": INT64_MAX}
 
 def _paths() -> JSON:
     openai = openapi_openai.paths(_op, _param, IDEMPOTENCY, BODY_ERRORS)
-    return {**_service_paths(), **_client_paths(), **_model_paths(), **_response_paths(), **_task_paths(), **openai}
+    turns = openapi_conversations.paths(_op, _param, IDEMPOTENCY, BODY_ERRORS, _id)
+    return {
+        **_service_paths(),
+        **_client_paths(),
+        **_model_paths(),
+        **_response_paths(),
+        **_task_paths(),
+        **openai,
+        **turns,
+    }
 
 
 def _service_paths() -> JSON:
@@ -409,7 +418,10 @@ def document() -> JSON:
             },
             "paths": _paths(),
             "components": {
-                "schemas": {**open_responses.extended(SCHEMAS), **openapi_openai.SCHEMAS},
+                "schemas": {
+                    **openapi_conversations.extended(open_responses.extended(SCHEMAS)),
+                    **openapi_openai.SCHEMAS,
+                },
                 "securitySchemes": SECURITY_SCHEMES,
             },
         }

@@ -30,7 +30,7 @@ FIELDS = (
     "presence_penalty",
     "frequency_penalty",
     "reasoning",
-    "previous_response_id",
+    "previous_response_id",  # read with the context (lmsp.api.context)
     "conversation",
     "prompt",
 )
@@ -111,8 +111,6 @@ def _not_yet(body: dict[str, Any], name: str, what: str) -> None:
 
 def parse_options(body: dict[str, Any]) -> dict[str, Any]:
     """The request's options as the task keeps them; raises InvalidRequest."""
-    _not_yet(body, "previous_response_id", "send the conversation's items in 'input'")
-    _not_yet(body, "conversation", "send the conversation's items in 'input'")
     _not_yet(body, "prompt", "this service has no stored prompt templates")
     parse_stream_options(body.get("stream_options"))
     parse_reasoning(body.get("reasoning"))

@@ -20,7 +20,11 @@ from lmsp.auth import is_admin
 from lmsp.contracts import CreatedTask, NewTask
 from lmsp.errors import InvalidRequest, LMSPError, ModelChanged, NotFound, TaskFinished, Unavailable
 
-from . import idempotency, response_options, tools
+from lmsp.ids import new_id
+from lmsp.items import input_items
+
+from . import context, idempotency, response_options, tools
+from .context import NO_CONTEXT, Context
 from .common import (
     Deps,
     caller,
@@ -37,6 +41,7 @@ from .common import (
     reject_unknown,
     set_json,
 )
+from .metadata import parse_metadata as parse_metadata  # chat.py takes it from here
 from .events import FINISHED_TASK_STATES, POLL_SECONDS, SSE_FRAMES, Framing, event_stream, start_sse
 
 log = logging.getLogger("lmsp.api")
@@ -70,7 +75,6 @@ SEED_MAX = 2**32 - 2  # 2**32 - 1 is llama.cpp's "pick one at random"
 MAX_MESSAGES = 10_000
 MAX_TEXT = 4_000_000  # characters in one message; the body cap comes first anyway
 MAX_STOP = 16
-MAX_METADATA = 16
 FORGET_WAIT_SECONDS = 600.0  # how long a store:false response whose client left waits for its task to end
 WATCHED_WAIT_SECONDS = 5.0  # a wait the runtime ends when the task moves; the time-out is a fallback
 STOPPING_RETRY_AFTER = 5  # Retry-After of a plain request whose task outlives the worker's stop
@@ -138,8 +142,9 @@ def _check_nul(text: str, param: str) -> str:
     return text
 
 
-def parse_messages(value: Any) -> list[dict[str, str]]:
-    """``input``: a string (one user message) or a list of messages."""
+def parse_messages(value: Any, calls: dict[str, str] | None = None) -> list[dict[str, str]]:
+    """``input``: a string (one user message) or a list of messages; ``calls``: the
+    function calls so far (call id -> name), those of the input added."""
     if isinstance(value, str):
         if len(value) > MAX_TEXT:
             raise InvalidRequest(f"'input' is longer than {MAX_TEXT} characters", param="input")
@@ -151,9 +156,9 @@ def parse_messages(value: Any) -> list[dict[str, str]]:
     if len(value) > MAX_MESSAGES:
         raise InvalidRequest(f"'input' has more than {MAX_MESSAGES} messages", param="input")
     messages = []
-    calls: dict[str, str] = {}  # call id -> name, of the function calls so far
+    calls = {} if calls is None else calls
     for i, item in enumerate(value):
-        message = _input_item(item, f"input[{i}]", calls)
+        message = input_item(item, f"input[{i}]", calls)
         if message is not None:
             messages.append(message)
     if not messages:
@@ -161,7 +166,7 @@ def parse_messages(value: Any) -> list[dict[str, str]]:
     return messages
 
 
-def _input_item(item: Any, where: str, calls: dict[str, str]) -> dict[str, str] | None:
+def input_item(item: Any, where: str, calls: dict[str, str]) -> dict[str, str] | None:
     """One input item: a message as the prompt takes it, or None for an item that adds
     nothing to the prompt (a reasoning item, as ``response.output`` carries it);
     ``calls`` maps the call ids of the function calls so far to their names."""
@@ -212,31 +217,19 @@ def parse_stop(value: Any) -> list[str]:
     return list(items)
 
 
-def parse_metadata(value: Any) -> dict[str, str]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise InvalidRequest("'metadata' must be an object of string values", param="metadata")
-    if len(value) > MAX_METADATA:
-        raise InvalidRequest(f"'metadata' has more than {MAX_METADATA} keys", param="metadata")
-    for key, val in value.items():
-        if not key or len(key) > 64:
-            raise InvalidRequest("metadata keys are 1 to 64 characters", param=f"metadata.{key}")
-        if not isinstance(val, str) or len(val) > 512:
-            raise InvalidRequest("metadata values are strings of at most 512 characters", param=f"metadata.{key}")
-    return dict(value)
-
-
-def parse_create(body: dict[str, Any], config: Any, random_seed: Callable[[], int]) -> CreateRequest:
-    """Check every field of B.5 and fill the defaults; raises InvalidRequest."""
+def parse_create(
+    body: dict[str, Any], config: Any, random_seed: Callable[[], int], earlier: Context = NO_CONTEXT
+) -> CreateRequest:
+    """Check every field of B.5 and fill the defaults (``earlier``: the turns it continues)."""
     reject_unknown(body, FIELDS)
     model = get_str(body, "model", required=True, max_len=256)
     if "input" not in body or body["input"] is None:
         raise InvalidRequest("'input' is required", param="input")
-    messages = parse_messages(body["input"])
-    # what the task keeps of the input: the messages as checked, each content one
-    # text (a content part's other fields, such as annotations, play no part)
+    calls = earlier.calls if earlier.replay is not None else dict(earlier.calls)  # those of the input added
+    messages = parse_messages(body["input"], calls)
+    # what the task keeps of the input: the messages as checked, each content one text
     given = body["input"] if isinstance(body["input"], str) else [dict(m) for m in messages]
+    messages = earlier.messages + messages
     instructions = get_str(body, "instructions", allow_empty=True, max_len=MAX_TEXT)
     if instructions is not None:  # an empty one is an empty system message
         _check_nul(instructions, "instructions")
@@ -244,8 +237,6 @@ def parse_create(body: dict[str, Any], config: Any, random_seed: Callable[[], in
     max_output = get_int(body, "max_output_tokens", default=config.max_output_tokens, minimum=1)
     max_output = min(max_output, config.max_output_tokens_cap)
     seed = get_int(body, "seed", minimum=0, maximum=SEED_MAX)
-    if seed is None:
-        seed = random_seed()
     background = get_bool(body, "background")
     stream = get_bool(body, "stream")
     store = get_bool(body, "store", default=True)
@@ -262,7 +253,7 @@ def parse_create(body: dict[str, Any], config: Any, random_seed: Callable[[], in
         "temperature": get_number(body, "temperature", default=1.0, minimum=0, maximum=2),
         "top_p": get_number(body, "top_p", default=1.0, exclusive_minimum=0, maximum=1),
         "top_k": get_int(body, "top_k", default=0, minimum=0, maximum=2**31 - 1),
-        "seed": seed,
+        "seed": random_seed() if seed is None else seed,
         "stop": parse_stop(body.get("stop")),
         "stream": stream,
         "background": background,
@@ -271,6 +262,7 @@ def parse_create(body: dict[str, Any], config: Any, random_seed: Callable[[], in
         "metadata": parse_metadata(body.get("metadata")),
         **response_options.parse_options(body),
         **tools.tools_and_format(body),
+        **earlier.fields(calls),
     }
     tools.check_logprobs(request)
     return CreateRequest(
@@ -282,6 +274,8 @@ def parse_create(body: dict[str, Any], config: Any, random_seed: Callable[[], in
         background=background,
         stream=stream,
         store=store,
+        items=input_items(body["input"], new_id),
+        conversation=earlier.conversation,
     )
 
 
@@ -470,11 +464,12 @@ class ResponsesResource:
         client_id = caller(req)["id"]
         body = deps.body(req)
         key = idempotency.key_of(req)
-        parsed = parse_create(body, deps.config, deps.random_seed)
         idem = None
         if key is not None:
             idem = (key, idempotency.fingerprint(client_id, req.method, req.path, body))
-        result = self.service.create(client_id, parsed, idem, limited=not is_admin(caller(req)))
+        earlier = context.load(deps.store, client_id, body, idem)
+        parsed = parse_create(body, deps.config, deps.random_seed, earlier)
+        result = earlier.replay or self.service.create(client_id, parsed, idem, limited=not is_admin(caller(req)))
         replay = result.get("replay")
         if replay is not None and result.get("task") is None:
             # the key's response was deleted since: its stored answer (the final

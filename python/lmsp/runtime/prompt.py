@@ -38,11 +38,16 @@ def _text(content) -> str:
 
 def messages_for(request: dict) -> list[dict]:
     """The chat messages of a request: ``instructions`` first as a system message (an empty
-    one too, as llama-server makes it), then ``input``."""
+    one too, as llama-server makes it), then its ``context`` (the messages of the earlier
+    turns it continues: a previous response's, a conversation's), then ``input``."""
     messages = []
     instructions = request.get("instructions")
     if instructions is not None:
         messages.append({"role": "system", "content": _text(instructions)})
+    for message in request.get("context") or ():
+        messages.append(
+            {"role": ROLES.get(message.get("role") or "user", "user"), "content": _text(message["content"])}
+        )
     given = request.get("input")
     if isinstance(given, str):
         messages.append({"role": "user", "content": given})

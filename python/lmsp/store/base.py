@@ -17,6 +17,7 @@ from .. import objects as obj
 from ..contracts import StepState
 from ..errors import NotFound
 from . import states as st
+from .turns import append_turn
 from .db import Database
 
 #: a task's ``item_open`` while its open output item is a function call (1: a message)
@@ -226,4 +227,8 @@ class StoreBase:
             pending_tokens="",
             kv_path=None,
             error=None if error is None else dumps(error),
+        )
+        # a response of a conversation appends its turn with its terminal event
+        append_turn(
+            conn, task, now, lambda: self._render_response(conn, self._response_row(conn, task["response_id"]), task)
         )

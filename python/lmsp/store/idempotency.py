@@ -89,6 +89,12 @@ class IdempotencyArea(StoreBase):
         assert response is not None  # rendered with its task
         return {"response": response, "task": obj.task_object(task), "replay": (200, response)}
 
+    def replay_of(self, client_id: str | None, idempotency: tuple[str, str]) -> CreatedTask | None:
+        """What a response request with this ``(key, fingerprint)`` is answered again, or
+        None (no live key): :meth:`_replay` on its own."""
+        with self._db.write() as conn:
+            return self._replay(conn, client_id, idempotency, self._clock())
+
     def idempotency_begin(
         self, client_id: str | None, key: str, fingerprint: str, *, ttl: float | None = None
     ) -> tuple[int, dict] | None:

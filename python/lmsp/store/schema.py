@@ -125,6 +125,42 @@ CREATE TABLE pairing_failures (
     at  REAL NOT NULL
 )"""
 
+RESPONSE_ITEMS = """
+CREATE TABLE response_items (
+    response_id  TEXT NOT NULL REFERENCES responses(id) ON DELETE CASCADE,
+    pos          INTEGER NOT NULL,    -- 0.. in the order of the request's input
+    item_id      TEXT NOT NULL,       -- msg_, fc_, fco_, rs_ ...
+    data         TEXT NOT NULL,       -- JSON: the item as listed
+    PRIMARY KEY (response_id, pos)
+) WITHOUT ROWID"""
+
+CONVERSATIONS = """
+CREATE TABLE conversations (
+    id          TEXT PRIMARY KEY,
+    client_id   TEXT,
+    created_at  REAL NOT NULL,
+    metadata    TEXT NOT NULL,        -- JSON object of strings
+    version     INTEGER NOT NULL DEFAULT 0,  -- counts the changes of its items
+    busy_task   TEXT                  -- the task of the response in progress, if any
+)"""
+
+CONVERSATION_ITEMS = """
+CREATE TABLE conversation_items (
+    conversation_id  TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    pos              INTEGER NOT NULL,  -- order in the conversation; never reused
+    item_id          TEXT NOT NULL,
+    data             TEXT NOT NULL,     -- JSON: the item as listed
+    created_at       REAL NOT NULL,
+    PRIMARY KEY (conversation_id, pos)
+) WITHOUT ROWID"""
+
+INDEXES_V6 = [
+    "CREATE INDEX response_items_id ON response_items(response_id, item_id)",
+    "CREATE INDEX conversation_items_id ON conversation_items(conversation_id, item_id)",
+    "CREATE INDEX conversations_client ON conversations(client_id, id)",
+    "CREATE INDEX conversations_busy ON conversations(busy_task) WHERE busy_task IS NOT NULL",
+]
+
 INDEXES_V1 = [
     # claim(): unowned queued tasks and resumable running ones, oldest first
     "CREATE INDEX tasks_claimable ON tasks(created_at, id) WHERE owner IS NULL AND status IN ('queued','running')",
@@ -172,6 +208,8 @@ MIGRATIONS: list[list[str | Callable[[sqlite3.Connection], None]]] = [
     # 5: whether a model's file declares a chat template (1 or 0; NULL for a
     # model registered before it was recorded)
     ["ALTER TABLE models ADD COLUMN chat_template INTEGER"],
+    # 6: a response's input items, conversations and their items
+    [RESPONSE_ITEMS, CONVERSATIONS, CONVERSATION_ITEMS, *INDEXES_V6],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

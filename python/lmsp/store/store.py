@@ -19,6 +19,8 @@ database, the clock, the id maker and the task log's primitives):
 :mod:`.steps`             ``append_step`` (its rows: :mod:`.steprows`)
 :mod:`.recovery`          the 11.3 table applied to leftover tasks
 :mod:`.retention`         ``gc`` (B.10)
+:mod:`.items`             a response's input items, and the pages of item lists
+:mod:`.conversations`     conversations and their items (B.11)
 ========================  ===================================================
 
 The areas are mixins rather than objects the facade holds: they share one
@@ -38,8 +40,10 @@ from typing import Callable
 
 from .. import ids as _ids
 from .accounts import AccountsArea
+from .conversations import ConversationsArea
 from .db import Database, translate
 from .idempotency import IdempotencyArea
+from .items import ItemsArea
 from .models import ModelsArea
 from .reads import ReadsArea
 from .recovery import RecoveryArea
@@ -51,7 +55,17 @@ from .worker import WorkerArea
 
 
 class Store(
-    AccountsArea, ModelsArea, ReadsArea, TasksArea, IdempotencyArea, WorkerArea, StepsArea, RecoveryArea, RetentionArea
+    AccountsArea,
+    ModelsArea,
+    ReadsArea,
+    TasksArea,
+    IdempotencyArea,
+    WorkerArea,
+    StepsArea,
+    RecoveryArea,
+    RetentionArea,
+    ItemsArea,
+    ConversationsArea,
 ):
     """The service's state in one SQLite file (see the module docstring of :mod:`lmsp.store.db`
     for what each ``durability`` level risks)."""
@@ -74,6 +88,12 @@ class Store(
             "list_tasks",
             "output_text",
             "client_active",
+            "list_input_items",
+            "input_item_list",
+            "get_conversation",
+            "conversation_items",
+            "list_conversation_items",
+            "get_conversation_item",
         }
     )
 

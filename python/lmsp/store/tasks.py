@@ -13,6 +13,8 @@ from ..errors import InvalidRequest, NotFound, RateLimited, TaskFinished, TaskUn
 from . import states as st
 from .base import CLAIMABLE_SQL, TASK_SELECT, UNFINISHED_SQL, dumps
 from .idempotency import IdempotencyArea, answer_keys
+from .items import insert_response_items
+from .turns import take
 from .worker import claim_record
 
 #: the id prefix of a task's response by its kind (LMSP B.1, B.11)
@@ -38,12 +40,15 @@ class TasksArea(IdempotencyArea):
         claim: tuple[str, float] | None = None,
         max_unfinished: int | None = None,
         kind: str = "response",
+        items: list[dict] | None = None,
+        conversation: tuple[str, int] | None = None,
     ) -> CreatedTask:
         """Persist a new response and its queued task in ONE transaction (11.2, B.8).
 
         ``max_unfinished``: RateLimited when the client already has that many
         unfinished tasks (counted in the same transaction, so concurrent
-        requests cannot all pass it); a replay is never refused.
+        requests cannot all pass it); a replay is never refused. ``items`` and
+        ``conversation``: see :meth:`_keep_context`.
 
         ``claim=(owner, lease)``: a worker with a free engine slot and the model
         loaded takes the new task in the same transaction and moves it to
@@ -53,9 +58,8 @@ class TasksArea(IdempotencyArea):
         Returns ``{"response", "task", "replay", "claim"}``; ``replay`` is None
         for a new task, else ``(status_code, body)`` to send again (nothing was
         created); ``claim`` is what :meth:`claim` returns for one task when the
-        new task was claimed, else None. ``response`` is the response as
-        created (``queued``). ``kind`` names the response's id (:data:`ID_PREFIXES`);
-        one of :data:`HELD_KINDS` (no scheduler runs it) is always claimed by ``claim``.
+        new task was claimed, else None; ``response``: as created (``queued``). ``kind``
+        names the response's id (:data:`ID_PREFIXES`); one of :data:`HELD_KINDS` is always claimed.
         """
         request_text = self._request_text(model, request, on_restart, kind, claim)
         with self._db.write() as conn:
@@ -69,21 +73,34 @@ class TasksArea(IdempotencyArea):
             task, response = self._insert_task(
                 conn, client_id, model, request_text, on_restart, background, stream, now, kind
             )
+            self._keep_context(conn, response["id"], task["id"], client_id, items, conversation)
             body = self._render_response(conn, response, task)
             first = kind not in HELD_KINDS  # else claimed whatever waits
             taken = None if claim is None else self._claim_new(conn, task, response, claim, now, after_older=first)
             self._save(conn, task)
             if idempotency is not None:
                 self._remember_task_key(conn, client_id, idempotency, task["id"], body if background else None, now)
-            out: CreatedTask = {
-                "response": body,
-                "task": obj.task_object(task),
-                "replay": None,
-                "claim": None if taken is None else taken[0],
-            }
+            claimed = None if taken is None else taken[0]
+            out: CreatedTask = {"response": body, "task": obj.task_object(task), "replay": None, "claim": claimed}
         if taken is not None:  # committed
             self._step_cache[task["id"]] = taken[1]
         return out
+
+    @staticmethod
+    def _keep_context(
+        conn: sqlite3.Connection,
+        response_id: str,
+        task_id: str,
+        client_id: str | None,
+        items: list[dict] | None,
+        conversation: tuple[str, int] | None,
+    ) -> None:
+        """A new response's input items (``items``, as listed), and its task's hold on the
+        conversation it continues (``conversation``: ``(id, version)``, :func:`.turns.take`)."""
+        if items:
+            insert_response_items(conn, response_id, items)
+        if conversation is not None:
+            take(conn, conversation, client_id, task_id)
 
     @staticmethod
     def _request_text(model: str, request: dict, on_restart: str, kind: str, claim: tuple | None) -> str:

@@ -1,0 +1,164 @@
+"""The earlier turns a new response continues (LMSP B.11): a previous response's
+(``previous_response_id``: its context, input and output, not its
+``instructions``) or a conversation's items (``conversation``).
+
+They are read when the response is created and kept in its request as the
+prompt's messages (``context``) with the function calls made so far
+(``calls``: call id -> name), so that the prompt of a task never changes
+after its creation (a resumed or retried task reads the same one) and a chain
+never breaks while its newest response exists: that response holds all it
+continues from, whatever becomes of the older ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from lmsp.contracts import CreatedTask
+from lmsp.errors import InvalidRequest, LMSPError, NotFound, TaskUnfinished
+
+from . import tools
+
+MAX_ID = 100
+
+
+class _AnyCall(dict[str, str]):
+    """Every call id is known (the calls of a request that is only answered again)."""
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+    def __missing__(self, key: str) -> str:
+        return ""
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a new response continues: the messages of the earlier turns, the calls made
+    in them, and where they come from. ``replay``: the stored answer of an idempotent
+    request made again whose context is gone since (nothing is created)."""
+
+    messages: list[dict[str, str]] = field(default_factory=list)
+    calls: dict[str, str] = field(default_factory=dict)
+    previous_response_id: str | None = None
+    conversation: tuple[str, int] | None = None
+    replay: CreatedTask | None = None
+
+    def fields(self, calls: dict[str, str]) -> dict[str, Any]:
+        """What the request keeps of it; ``calls``: those of the new input too."""
+        out: dict[str, Any] = {}
+        if self.previous_response_id is not None:
+            out["previous_response_id"] = self.previous_response_id
+        if self.conversation is not None:
+            out["conversation"] = {"id": self.conversation[0]}
+        if self.messages:
+            out["context"] = list(self.messages)
+        if calls:
+            out["calls"] = dict(calls)
+        return out
+
+
+NO_CONTEXT = Context()
+
+
+def load(store: Any, client_id: str, body: dict[str, Any], idempotency: tuple[str, str] | None = None) -> Context:
+    """The context of a create request's body. An error reading it (the previous
+    response or the conversation gone) gives way to the stored answer of a request
+    made again with the same ``idempotency`` key."""
+    try:
+        return _load(store, client_id, body)
+    except LMSPError:
+        replay = None if idempotency is None else store.replay_of(client_id, idempotency)
+        if replay is None:
+            raise
+        return Context(calls=_AnyCall(), replay=replay)
+
+
+def _load(store: Any, client_id: str, body: dict[str, Any]) -> Context:
+    previous, conversation = body.get("previous_response_id"), body.get("conversation")
+    if previous is not None and conversation is not None:
+        raise InvalidRequest(
+            "'previous_response_id' and 'conversation' cannot be used together", param="previous_response_id"
+        )
+    if previous is not None:
+        return _previous(store, client_id, previous)
+    if conversation is not None:
+        return _conversation(store, client_id, conversation)
+    return NO_CONTEXT
+
+
+def _checked_id(value: Any, prefix: str, param: str, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest(f"{param!r} must be the id of a {what}", param=param)
+    if not value.startswith(prefix) or len(value) > MAX_ID:  # a wrong prefix can only be an unknown id
+        raise NotFound(f"no {what} {value[:MAX_ID]!r}", param=param)
+    return value
+
+
+def _previous(store: Any, client_id: str, value: Any) -> Context:
+    param = "previous_response_id"
+    rid = _checked_id(value, "resp_", param, "response")
+    try:
+        request = store.get_request(rid, client_id)
+        response = store.get_response(rid, client_id)
+    except NotFound:  # another client's answers as an unknown id
+        raise NotFound(f"no response {rid}", param=param) from None
+    if not request.get("store", True):
+        raise InvalidRequest(f"response {rid} was not stored ('store': false): it cannot be continued", param=param)
+    if response["status"] in ("queued", "in_progress"):
+        raise TaskUnfinished(f"response {rid} is still {response['status']}; wait for it to finish", param=param)
+    calls = dict(request.get("calls") or {})
+    messages = list(request.get("context") or ())
+    given = request.get("input")
+    messages += [{"role": "user", "content": given}] if isinstance(given, str) else list(given or ())
+    for item in response.get("output") or ():
+        message = _output_message(item, calls)
+        if message is not None:
+            messages.append(message)
+    return Context(messages, calls, previous_response_id=rid)
+
+
+def _output_message(item: dict[str, Any], calls: dict[str, str]) -> dict[str, str] | None:
+    """An output item of a response as the message of a later prompt; None for one
+    with nothing to read (a function call cut before its name)."""
+    if item.get("type") == "function_call":
+        try:
+            return tools.call_message(item, "output", calls)
+        except InvalidRequest:
+            return None
+    if item.get("type") != "message":
+        return None
+    text = "".join(part.get("text") or part.get("refusal") or "" for part in item.get("content") or ())
+    return {"role": "assistant", "content": text}
+
+
+def _conversation(store: Any, client_id: str, value: Any) -> Context:
+    param = "conversation"
+    if isinstance(value, dict):
+        if set(value) - {"id"}:
+            raise InvalidRequest("'conversation' must be an id or {\"id\": ...}", param=param)
+        value = value.get("id")
+    cid = _checked_id(value, "conv_", param, "conversation")
+    items, version = store.conversation_items(cid, client_id)
+    return Context(*item_messages(items), conversation=(cid, version))
+
+
+def item_messages(items: list[dict[str, Any]]) -> tuple[list[dict[str, str]], dict[str, str]]:
+    """The messages of stored items (a conversation's), and the calls made in them."""
+    from .responses import input_item
+
+    calls: dict[str, str] = {}
+    messages = []
+    for i, item in enumerate(items):
+        if item.get("type") == "function_call_output":
+            calls.setdefault(str(item.get("call_id")), "")  # its call may have been deleted from the list
+        try:
+            message = input_item(item, f"conversation.items[{i}]", calls)
+        except InvalidRequest:
+            if item.get("type") != "function_call":
+                raise
+            continue  # a call its response's end cut before its name: nothing to read
+        if message is not None:
+            messages.append(message)
+    return messages, calls

@@ -1,0 +1,108 @@
+"""Earlier turns on the real model (SmolLM2, greedy) through unmodified clients: the
+``openai`` package continues a response (``previous_response_id``) and a conversation
+(``conversations.create``, ``conversation=``), lists ``input_items`` and a
+conversation's items, and runs the tool loop by ``previous_response_id``;
+``openai-agents`` runs two turns chained by ``previous_response_id``."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import openai
+import pytest
+from test_real_model import INSTRUCTIONS, MODEL, real_server
+from test_tool_clients import ASK, WEATHER_TOOL, get_weather
+
+pytestmark = pytest.mark.real_model
+
+# SmolLM2 (135M parameters) names itself ("I'm Sarah") to "My name is Alice." / "What is
+# my name?", with or without a system message; greedy, under its template's own default
+# system message, it answers this pair with the name, and the question alone without it.
+INTRODUCE = "My name is Alice. Please remember it."
+QUESTION = "What did I say my name was?"
+GREEDY = {"model": MODEL, "temperature": 0, "max_output_tokens": 30}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, smollm2_path):
+    server = real_server(tmp_path_factory.mktemp("turns"))
+    server.start(timeout=180)
+    yield server
+    server.stop(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def token(server):
+    return server.pair()
+
+
+@pytest.fixture
+def client(server, token):
+    with openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=token, timeout=120.0, max_retries=0) as c:
+        yield c
+
+
+def test_previous_response_id_carries_the_first_turn(client):
+    first = client.responses.create(input=INTRODUCE, **GREEDY)
+    second = client.responses.create(input=QUESTION, previous_response_id=first.id, **GREEDY)
+    assert second.previous_response_id == first.id
+    assert "Alice" in second.output_text, second.output_text
+    # the prompt held the first turn: its input and its answer, then the question
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+    alone = client.responses.create(input=QUESTION, **GREEDY)  # without the first turn it cannot know
+    assert "Alice" not in alone.output_text
+    items = client.responses.input_items.list(second.id)
+    assert [(i.type, i.role, i.content[0].text) for i in items.data] == [("message", "user", QUESTION)]
+    assert items.data[0].id.startswith("msg_")
+
+
+def test_a_conversation_holds_the_turns(client):
+    conversation = client.conversations.create(metadata={"topic": "names"})
+    assert conversation.id.startswith("conv_") and conversation.metadata == {"topic": "names"}
+    first = client.responses.create(input=INTRODUCE, conversation=conversation.id, **GREEDY)
+    second = client.responses.create(input=QUESTION, conversation={"id": conversation.id}, **GREEDY)
+    assert second.conversation.id == conversation.id
+    assert "Alice" in second.output_text, second.output_text
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+    items = client.conversations.items.list(conversation.id, order="asc").data
+    assert [(i.type, i.role) for i in items] == [("message", "user"), ("message", "assistant")] * 2
+    assert items[1].id == first.output[0].id and items[3].content[0].text == second.output_text
+    assert client.conversations.retrieve(conversation.id).id == conversation.id
+    assert client.conversations.delete(conversation.id).deleted is True
+
+
+def test_the_tool_loop_by_previous_response_id(client):
+    first = client.responses.create(model=MODEL, instructions=INSTRUCTIONS, input=ASK, tools=[WEATHER_TOOL],
+                                    tool_choice="required", temperature=0, max_output_tokens=100)
+    [call] = first.output
+    assert call.type == "function_call"
+    answer = get_weather(**json.loads(call.arguments))
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": answer}
+    second = client.responses.create(model=MODEL, instructions=INSTRUCTIONS, input=[output], tools=[WEATHER_TOOL],
+                                     previous_response_id=first.id, tool_choice="none", temperature=0,
+                                     max_output_tokens=60)
+    assert second.output[0].type == "message" and second.output_text
+    # the same prompt as the loop that sends the whole history again: the same greedy answer
+    history = [{"role": "user", "content": ASK}, *first.output, output]
+    resent = client.responses.create(model=MODEL, instructions=INSTRUCTIONS, input=history, tools=[WEATHER_TOOL],
+                                     tool_choice="none", temperature=0, max_output_tokens=60)
+    assert second.usage.input_tokens == resent.usage.input_tokens
+    assert second.output_text == resent.output_text
+
+
+def test_openai_agents_chains_two_runs_by_previous_response_id(server, token):
+    agents = pytest.importorskip("agents")
+    agents.set_tracing_disabled(True)
+
+    async def run() -> tuple[str, str]:
+        async with openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key=token, max_retries=0) as client:
+            model = agents.OpenAIResponsesModel(model=MODEL, openai_client=client)
+            agent = agents.Agent(name="names", model=model,
+                                 model_settings=agents.ModelSettings(temperature=0, max_tokens=30))
+            first = await agents.Runner.run(agent, INTRODUCE)
+            second = await agents.Runner.run(agent, QUESTION, previous_response_id=first.last_response_id)
+            return first.last_response_id, second.final_output
+
+    first_id, answer = asyncio.run(run())
+    assert first_id and first_id.startswith("resp_")
+    assert "Alice" in answer, answer
