@@ -29,7 +29,8 @@ TOOLS_TEMPLATE = (
 )
 
 # ChatML with a thinking block: an assistant turn shows its reasoning in
-# <think>...</think>; enable_thinking=false opens the answer with an empty one.
+# <think>...</think>; the answer opens with <think>, or with an empty block when
+# enable_thinking is false.
 THINK_TEMPLATE = (
     "{% for message in messages %}"
     "{% if message.role == 'assistant' %}<|im_start|>assistant\n"
@@ -39,6 +40,7 @@ THINK_TEMPLATE = (
     "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n"
-    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% else %}<think>\n{% endif %}"
     "{% endif %}"
 )

@@ -171,15 +171,18 @@ def test_thinking_is_read_as_reasoning(think_engine: Engine) -> None:
     assert t.supports_thinking
     r = t.render(ASK)
     assert r["supports_thinking"] and r["thinking_start"] == "<think>" and r["thinking_end"] == ["</think>"]
+    assert r["generation_prompt"].endswith("<think>\n")  # the answer opens inside the thinking
     parser = ChatParser(r["format"], r["generation_prompt"], r["parser"])
-    assert parser.parse("<think>\nhmm, let me", True) == {"content": "", "reasoning": "hmm, let me", "tool_calls": []}
-    done = parser.parse("<think>\nclouds\n</think>\n\nIt is grey.", False)
+    assert parser.parse("hmm, let me", True) == {"content": "", "reasoning": "hmm, let me", "tool_calls": []}
+    done = parser.parse("clouds\n</think>\n\nIt is grey.", False)
     assert done["content"] == "It is grey." and done["reasoning"].strip() == "clouds"
 
 
 def test_the_thinking_switch_is_the_templates(think_engine: Engine) -> None:
     t = think_engine.chat_template()
-    off = t.render(ASK, enable_thinking=False)["prompt"]
+    off = t.render(ASK, enable_thinking=False)
     on = t.render(ASK, enable_thinking=True)["prompt"]
-    assert off.endswith("<think>\n\n</think>\n\n") and on.endswith("<|im_start|>assistant\n")
+    assert off["prompt"].endswith("<think>\n\n</think>\n\n") and on.endswith("<|im_start|>assistant\n<think>\n")
     assert t.render(ASK)["prompt"] == on  # as llama-server: on where the template has it
+    parser = ChatParser(off["format"], off["generation_prompt"], off["parser"])
+    assert parser.parse("It is grey.", False)["content"] == "It is grey."

@@ -21,7 +21,7 @@ from typing import Any
 from ..contracts import ClaimRecord, CreatedTask, NewTask
 from ..errors import ContextLengthExceeded, InvalidRequest
 from ..hubsafe import offload
-from . import constraints
+from . import chat_layer, constraints
 from . import prompt as prompting
 from .state import Run, WorkerState
 from .toolcalls import CallShaper
@@ -118,8 +118,8 @@ class Admission:
         the scope of the engine's prefix cache."""
         state = self.state
         engine = state.registry.engine(model_id)
-        if engine is None or not tokens or state.stopping:
-            return None
+        if engine is None or not tokens or state.stopping or chat_layer.applies(engine, request):
+            return None  # a chat-layer task's output needs its item id: started as usual
         try:
             kwargs = prompting.sampling(request, state.config)
         except (ValueError, TypeError):

@@ -57,6 +57,12 @@ def knows_tools(template: Any) -> bool:
     return bool(caps.get("supports_tools") and caps.get("supports_tool_calls"))
 
 
+def thinks(engine: Any) -> bool:
+    """Whether the model's template has a thinking block (its thinking switch)."""
+    template = template_of(engine)
+    return template is not None and bool(template.supports_thinking)
+
+
 def applies(engine: Any, request: dict[str, Any]) -> bool:
     """Whether the request runs on the chat layer: a chat (not a raw prompt) for a model
     whose template knows tools when the model may call them, or thinks when it may not."""
@@ -217,4 +223,4 @@ def shaper(engine: Any, request: dict[str, Any], item_id: str, emitted: str = ""
     from .. import native  # the extension loads in the workers only
 
     parser = native.ChatParser(found.format, found.generation_prompt, found.parser)
-    return ChatShaper(parser.parse, item_id, emitted)
+    return ChatShaper(parser.parse, item_id, emitted, thinks=found.thinking)

@@ -7,7 +7,8 @@ the last one becomes events (:mod:`lmsp.chat_items`): a ``reasoning`` item
 with ``response.reasoning.delta``, a ``message`` with
 ``response.output_text.delta``, ``function_call`` items with
 ``response.function_call_arguments.delta``, each item opened when the reading
-first shows it and ended when the next one opens or the output ends.
+first shows it and ended when the next one opens (the last one ends with the
+task: the store writes its end with the task's own status).
 
 The events are a function of the reading of the output so far alone, and the
 raw text a push consumed goes with its first event; a push that gains nothing
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .. import chat_items as ci
+from ..objects import CHAT_OPEN, CHAT_THINK
 
 Parse = Callable[[str, bool], dict[str, Any]]
 
@@ -43,8 +45,9 @@ Event = tuple[str, dict[str, Any]]
 class ChatShaper:
     """One task's output on the chat layer (see the module docstring)."""
 
-    def __init__(self, parse: Parse, item_id: str, emitted: str = "") -> None:
+    def __init__(self, parse: Parse, item_id: str, emitted: str = "", thinks: bool = False) -> None:
         self.parse = parse
+        self.mark = CHAT_THINK if thinks else CHAT_OPEN  # the task's item_open in the store
         self.item_id = item_id
         self.text = emitted
         self.items: list[_Item] = []
@@ -54,23 +57,21 @@ class ChatShaper:
         self.consumed = len(emitted)  # raw text handed on up to here
 
     def push(self, text: str, final: bool) -> dict[str, Any]:
-        """The engine's next text: ``{"rows": [(type, raw text or None, payload)]}``,
-        the raw text consumed on the first row."""
+        """The engine's next text: ``{"rows": [(type, raw text or None, payload)], "mark"}``,
+        the raw text consumed on the first row, ``mark`` the task's ``item_open``."""
         self.text += text
         try:
             parsed = self.parse(self.text, not final)
         except ValueError:
             if not final:
-                return {"rows": []}
+                return {"rows": [], "mark": self.mark}
             parsed = {"content": self.text, "reasoning": "", "tool_calls": []}  # not the format: all of it text
-        events = self._gain(parsed, final)
-        if final:
-            events += self._close_last()
+        events = self._gain(parsed, final)  # the last item ends with the task, in the store
         rows: list[tuple[str, str | None, dict[str, Any]]] = [(etype, None, payload) for etype, payload in events]
         if rows:
             rows[0] = (rows[0][0], self.text[self.consumed :], rows[0][2])
             self.consumed = len(self.text)
-        return {"rows": rows}
+        return {"rows": rows, "mark": self.mark}
 
     @property
     def reasoning_open(self) -> bool:

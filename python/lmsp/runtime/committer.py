@@ -56,7 +56,10 @@ def merge(item: StepItem | None, run: Run, result: EngineResult) -> StepItem:
         item["delta"] += text
     else:
         shaped = run.calls.push(text, bool(finish))
-        if "args" in shaped:  # a function call's
+        if "rows" in shaped:  # the chat layer's events (lmsp.chat_items)
+            item.setdefault("rows", []).extend(shaped["rows"])
+            item["mark"] = shaped["mark"]
+        elif "args" in shaped:  # a function call's
             item["args"] = item.get("args", "") + shaped["args"]
             if "call" in shaped:
                 item["call"] = shaped["call"]

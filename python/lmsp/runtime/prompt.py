@@ -11,7 +11,7 @@ import json
 from typing import Protocol, Sequence
 
 from ..objects import wants_logprobs
-from . import constraints
+from . import chat_layer, constraints
 
 
 class ChatEngine(Protocol):
@@ -106,6 +106,9 @@ def render_request(engine: ChatEngine, messages: list[dict], request: dict, max_
     prompt leaves room for ``max_tokens`` of output (at most half the context), as
     OpenAI truncates. Otherwise, and when even the last turn does not fit, the whole
     prompt: the caller's context check refuses it."""
+    found = chat_layer.plan(engine, request)
+    if found is not None:  # the model's own chat layer (tools, thinking): no truncation
+        return list(found.tokens)
     tokens = render(engine, messages)
     if request.get("truncation") != "auto":
         return tokens
@@ -158,9 +161,10 @@ def fill_in_the_middle(engine, prefix: str | list[int], suffix: str) -> list[int
     return bos + [pre, *head, suf, *tail, mid]
 
 
-def sampling(request: dict, config) -> dict:
+def sampling(request: dict, config, engine=None) -> dict:
     """The engine's ``submit`` keywords from a request (service defaults and caps applied;
-    the grammar of its output's form, :mod:`.constraints`)."""
+    the grammar of its output's form, :mod:`.constraints`, or with ``engine`` that of
+    the model's own chat layer where it applies, :mod:`.chat_layer`)."""
 
     def pick(name, default):
         value = request.get(name)
@@ -181,6 +185,10 @@ def sampling(request: dict, config) -> dict:
         "stop": [s for s in stop if isinstance(s, str) and s],
         "grammar": constraints.grammar(request),
     }
+    found = None if engine is None else chat_layer.plan(engine, request)
+    if found is not None:
+        out["grammar"] = found.grammar
+        out["stop"] += [s for s in found.stops if s not in out["stop"]]
     if wants_logprobs(request):
         out["logprobs"] = True
         if request.get("top_logprobs"):

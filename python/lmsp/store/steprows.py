@@ -22,7 +22,7 @@ from typing import Iterable, NamedTuple
 from .. import calls
 from .. import objects as obj
 from ..contracts import EventRow, StepItem, StepState
-from .base import CALL_OPEN, dumps
+from .base import CALL_OPEN, CHAT_OPEN, dumps
 
 DELTA = "response.output_text.delta"
 ARGS_DELTA = "response.function_call_arguments.delta"
@@ -79,6 +79,8 @@ def usual_step(owner: str, items: list[StepItem], cache: dict[str, StepState], n
         tid = item["task_id"]
         state = cache.get(tid)
         if state is None or tid in states or item.get("finish") is not None or item.get("kv_path") or "args" in item:
+            return None
+        if "rows" in item:
             return None
         held_by, last_seq, item_open, pending, kv_path, item_id = state
         delta = item.get("delta")
@@ -233,6 +235,27 @@ def _text_rows(
     return seq, item_open, pending
 
 
+def _chat_rows(
+    events: list[EventInsert], tid: str, item: StepItem, seq: int, pending: str, toks: str, now: float
+) -> tuple[int, str]:
+    """The chat layer's rows of one step (:mod:`lmsp.chat_items`): each event with its
+    whole payload, the raw text on the rows that consumed it, the step's tokens (with
+    those held back) on the last of those; ``(seq, pending)``."""
+    toks = pending + "," + toks if pending and toks else pending or toks
+    last_text = None
+    for etype, raw, payload in item.get("rows") or ():
+        seq += 1
+        if raw is not None:
+            last_text = len(events)
+        events.append((tid, seq, etype, now, raw, None, dumps(payload)))
+    if last_text is None:
+        return seq, toks
+    if toks:
+        row = events[last_text]
+        events[last_text] = (*row[:5], toks, row[6])
+    return seq, ""
+
+
 def step_rows(
     owner: str,
     items: list[StepItem],
@@ -260,7 +283,10 @@ def step_rows(
         tokens = item.get("tokens")
         # the usual step: one token per task
         toks = str(int(tokens[0])) if tokens and len(tokens) == 1 else tokens_text(tokens)
-        if "args" in item:  # a function call's output
+        if "rows" in item:  # an output on the chat layer
+            seq, pending = _chat_rows(events, tid, item, seq, pending, toks, now)
+            item_open = item.get("mark") or CHAT_OPEN
+        elif "args" in item:  # a function call's output
             seq, item_open, pending = _call_rows(events, tid, item, seq, item_open, pending, toks, now, item_id)
         else:
             seq, item_open, pending = _text_rows(events, tid, item, seq, item_open, pending, toks, now, item_id)
