@@ -18,6 +18,7 @@ from lmsp.runtime import open_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from chat_templates import THINK_TEMPLATE, TOOLS_TEMPLATE  # noqa: E402
+from open_responses import Conformance  # noqa: E402
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather", "strict": True, "parameters": {
     "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer", "minimum": 1,
@@ -44,6 +45,14 @@ def response_of(store, task_id):
     return store.get_response(store.get_task(task_id)["response_id"])
 
 
+def conforms(store, task_id, events) -> None:
+    """The task's log and Response pass the Open Responses schemas (open_responses.py)."""
+    check = Conformance()
+    for event in events:
+        check.check_event(event, in_log=True)
+    check.check_response(response_of(store, task_id))
+
+
 def test_a_required_call_in_the_models_own_format(store, make_runtime, chat_models):
     rt = start(make_runtime, store)
     task_id = submit(store, rt, "Weather in Paris?", model="tools", tools=[WEATHER], tool_choice="required",
@@ -63,6 +72,7 @@ def test_a_required_call_in_the_models_own_format(store, make_runtime, chat_mode
     assert args["city"] in ("Paris", "Rome") and 1 <= args["days"] <= 9
     assert events[-1]["response"]["output"] == out["output"]  # the stored response is the streamed one
     assert out["reasoning"] == {"effort": None, "summary": None}  # this model does not think
+    conforms(store, task_id, events)
 
 
 def test_the_model_thinks_in_a_reasoning_item(store, make_runtime, chat_models):
@@ -82,6 +92,7 @@ def test_the_model_thinks_in_a_reasoning_item(store, make_runtime, chat_models):
     usage = out["usage"]
     assert 0 < usage["output_tokens_details"]["reasoning_tokens"] <= usage["output_tokens"] == 12
     assert out["status"] == "incomplete" and out["reasoning"]["effort"] == "high"
+    conforms(store, task_id, events)
 
 
 def test_effort_none_is_the_templates_thinking_switch(store, make_runtime, chat_models):
@@ -92,6 +103,7 @@ def test_effort_none_is_the_templates_thinking_switch(store, make_runtime, chat_
     out = response_of(store, task_id)
     assert [i["type"] for i in out["output"]] == ["message"]
     assert out["usage"]["output_tokens_details"]["reasoning_tokens"] == 0
+    conforms(store, task_id, all_events(store, task_id))
 
 
 def crash_and_resume(config, store, make_runtime, model, *, min_seq, **request):
