@@ -39,6 +39,14 @@ def output_text(response: dict[str, Any]) -> str:
     return ""
 
 
+def reasoning_text(response: dict[str, Any]) -> str:
+    """The text of a Response object's reasoning item ('' when there is none)."""
+    for item in response.get("output") or []:
+        if item.get("type") == "reasoning":
+            return "".join(str(part.get("text") or "") for part in item.get("content") or [])
+    return ""
+
+
 def function_call(response: dict[str, Any]) -> dict[str, Any] | None:
     """The function call item of a Response object's output (None: its output is text)."""
     for item in response.get("output") or []:
@@ -79,7 +87,7 @@ def usage(response: dict[str, Any]) -> dict[str, Any] | None:
             "audio_tokens": 0,
         },
         "completion_tokens_details": {
-            "reasoning_tokens": 0,
+            "reasoning_tokens": int((given.get("output_tokens_details") or {}).get("reasoning_tokens") or 0),
             "audio_tokens": 0,
             "accepted_prediction_tokens": 0,
             "rejected_prediction_tokens": 0,
@@ -109,6 +117,9 @@ def chat_completion(response: dict[str, Any], logprobs: bool = False) -> dict[st
     }
     if call:
         message["tool_calls"] = [tool_call(call)]
+    reasoning = reasoning_text(response)
+    if reasoning:  # as llama-server sends a thinking model's reasoning
+        message["reasoning_content"] = reasoning
     return {
         "id": response["id"],
         "object": "chat.completion",
@@ -246,6 +257,10 @@ class ChunkFraming(Framing):
             return data_frame(self._chunk(event.get("delta") or "", None, logprobs=self._logprobs(entries)))
         if self.kind == "chat.completion" and kind in CALL_EVENTS:
             return self._call_chunk(event)
+        if self.kind == "chat.completion" and kind == "response.reasoning.delta" and event.get("delta"):
+            chunk = self._chunk(None, None)
+            chunk["choices"][0]["delta"] = {"reasoning_content": event["delta"]}
+            return data_frame(chunk)
         if kind in ("response.completed", "response.incomplete"):
             response = event.get("response") or {}
             finish = finish_reason(response) or ("length" if kind == "response.incomplete" else "stop")
