@@ -13,7 +13,7 @@ from native_helpers import drain
 
 from lmsp.demo_model import write_demo_model
 from lmsp.native import ChatParser, Engine
-from lmsp.runtime.chat_layer import require_call
+from lmsp.runtime.chat_layer import require_call, single_call
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from chat_templates import THINK_TEMPLATE, TOOLS_TEMPLATE  # noqa: E402
@@ -99,6 +99,21 @@ def test_the_chat_layers_required_grammar_allows_text_before_the_call(tools_engi
     assert "until-" in root  # what require_call takes out
     kept = next(line for line in require_call(gbnf)["gbnf"].splitlines() if line.startswith("root ::="))
     assert "until-" not in kept and kept.endswith("tool-calls")
+
+
+def test_one_call_only_without_parallel_calls(tools_engine: Engine) -> None:
+    t = tools_engine.chat_template()
+    r = t.render(ASK, tools=json.dumps([WEATHER]), tool_choice="required", parallel_tool_calls=False)
+    rule = next(line for line in r["grammar"]["gbnf"].splitlines() if line.startswith("tool-calls ::="))
+    assert rule == "tool-calls ::= (tool-call space)+"  # the chat layer's, whatever parallel_tool_calls says
+    grammar = single_call(require_call(r["grammar"]))
+    assert "tool-calls ::= tool-call space" in grammar["gbnf"].splitlines()
+    parser = ChatParser(r["format"], r["generation_prompt"], r["parser"])
+    prompt = tools_engine.tokenize(r["prompt"], add_special=True, parse_special=True)
+    for seed in (1, 2, 3, 4):
+        seq = tools_engine.submit(prompt, max_tokens=200, temperature=1.0, seed=seed, grammar=grammar)
+        run = drain(tools_engine, [seq])[seq]
+        assert run.finish == "stop" and len(parser.parse(run.text, False)["tool_calls"]) == 1, run.text
 
 
 def test_none_and_no_tools_make_no_grammar(tools_engine: Engine) -> None:

@@ -184,6 +184,20 @@ def require_call(grammar: dict[str, Any] | None) -> dict[str, Any] | None:
     return {**grammar, "gbnf": "\n".join(lines)}
 
 
+# the chat layer's rule of a format whose calls each have their own markers: one or
+# more, whatever parallel_tool_calls says
+MANY_CALLS = re.compile(r"^tool-calls ::= \((.*)\)\+$", re.MULTILINE)
+
+
+def single_call(grammar: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A chat-layer grammar that admits one call only, for ``parallel_tool_calls``
+    false: the chat layer admits several in a format whose calls each have their own
+    markers (``<tool_call>...</tool_call>``)."""
+    if grammar is None:
+        return None
+    return {**grammar, "gbnf": MANY_CALLS.sub(r"tool-calls ::= \1", grammar["gbnf"])}
+
+
 def _render(engine: Any, request: dict[str, Any]) -> ChatPlan:
     mode, parallel, schema, thinking = _options(request)
     tools = chat_tools(request)
@@ -196,9 +210,12 @@ def _render(engine: Any, request: dict[str, Any]) -> ChatPlan:
         enable_thinking=thinking,
     )
     tokens = list(engine.tokenize(rendered["prompt"], add_special=True, parse_special=True))
+    grammar = require_call(rendered["grammar"]) if mode == "required" else rendered["grammar"]
+    if mode is not None and not parallel:
+        grammar = single_call(grammar)
     return ChatPlan(
         tokens=tokens,
-        grammar=require_call(rendered["grammar"]) if mode == "required" else rendered["grammar"],
+        grammar=grammar,
         stops=list(rendered["additional_stops"]),
         format=int(rendered["format"]),
         generation_prompt=rendered["generation_prompt"],
