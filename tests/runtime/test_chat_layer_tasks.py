@@ -13,6 +13,9 @@ import pytest
 from runtime_helpers import all_events, check_log, submit, wait_finished, wait_until
 
 from lmsp import chat_items as ci
+from lmsp.contracts import NewTask
+from lmsp.errors import InvalidRequest
+from lmsp.objects import LOGPROBS
 from lmsp.demo_model import write_demo_model
 from lmsp.runtime import open_store
 
@@ -144,3 +147,34 @@ def test_a_resume_inside_a_calls_arguments_continues_exactly(config, store, make
     (ref,) = reference["output"]
     assert call["name"] == "note" and call["arguments"] == ref["arguments"] and len(call["arguments"]) > 20
     assert [e["type"] for e in events].count(ci.ADDED) == 1
+
+
+def new_task(request: dict) -> NewTask:
+    return NewTask(client_id=None, model=request["model"], messages=[{"role": "user", "content": "Hi"}],
+                   request=request, on_restart="fail", background=True, stream=False)
+
+
+def test_log_probabilities_of_a_split_output_are_refused(store, make_runtime, chat_models):
+    rt = start(make_runtime, store)
+    rt.load_model("think")
+    with pytest.raises(InvalidRequest) as refused:
+        rt.create_task(new_task({"model": "think", "input": "Hi", "include": [LOGPROBS], "top_logprobs": 2}))
+    assert refused.value.param == "top_logprobs"
+    with pytest.raises(InvalidRequest) as refused:
+        rt.create_task(new_task({"model": "think", "input": "Hi", "include": [LOGPROBS]}))
+    assert refused.value.param == "include"
+
+
+def test_a_cancel_inside_the_reasoning_ends_its_item(store, make_runtime, chat_models):
+    rt = start(make_runtime, store)
+    task_id = submit(store, rt, "Weather in Paris?", model="think", max_output_tokens=1500)
+    wait_until(rt, store, task_id, lambda t: t["last_sequence_number"] >= 8)
+    store.cancel(task_id)
+    rt.notify_cancel(task_id)
+    assert wait_finished(rt, store, task_id)["status"] == "cancelled"
+    events = all_events(store, task_id)
+    types = check_log(events)
+    assert types[-3:] == [ci.REASONING_DONE, ci.ITEM_DONE, "response.cancelled"]
+    text = "".join(e["delta"] for e in events if e["type"] == ci.REASONING_DELTA)
+    assert events[-3]["text"] == text and response_of(store, task_id)["output"][0]["content"][0]["text"] == text
+    conforms(store, task_id, events)

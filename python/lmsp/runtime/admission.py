@@ -21,6 +21,7 @@ from typing import Any
 from ..contracts import ClaimRecord, CreatedTask, NewTask
 from ..errors import ContextLengthExceeded, InvalidRequest
 from ..hubsafe import offload
+from ..objects import wants_logprobs
 from . import chat_layer, constraints
 from . import prompt as prompting
 from .state import Run, WorkerState
@@ -40,6 +41,7 @@ class Admission:
         start it or have it claimed; what ``Store.create_task`` returns."""
         state = self.state
         constraints.check(new.request)
+        self.check_logprobs(new)
         tokens = self.check_request(new.model, prompting.with_tools(new.messages, new.request), new.request)
         slot = self.reserve(new.model)
         early = None
@@ -58,6 +60,20 @@ class Admission:
         if created["replay"] is None and created.get("claim") is None:
             state.wake_scheduler()
         return created
+
+    def check_logprobs(self, new: NewTask) -> None:
+        """Log probabilities of a model loaded here whose output the chat layer splits
+        into items (:mod:`.chat_layer`): InvalidRequest, since its items carry none.
+        (A model not loaded here yet is checked by no one: its output has none.)"""
+        engine = self.state.registry.engine(new.model)
+        if engine is None or not wants_logprobs(new.request) or not chat_layer.applies(engine, new.request):
+            return
+        param = "top_logprobs" if new.request.get("top_logprobs") else "include"
+        raise InvalidRequest(
+            f"'{param}': log probabilities are not supported on model {new.model}, whose output is split"
+            " into items by its chat format (reasoning, function calls)",
+            param=param,
+        )
 
     def check_request(
         self, model_id: str, prompt_messages: list[dict[str, str]], request: dict[str, Any] | None = None
