@@ -102,3 +102,21 @@ def test_streamed_reasoning(think_served):
     assert item["type"] == "reasoning" and item["content"] == [{"type": "reasoning_text", "text": text}]
     assert final["usage"]["output_tokens_details"]["reasoning_tokens"] > 0
     assert final["reasoning"]["effort"] == "low"
+
+
+def test_chat_completions_on_the_chat_layer(tools_served, think_served):
+    server, token, model = tools_served
+    tool = {"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}
+    answer = server.call("POST", "/v1/chat/completions", {
+        "model": model, "messages": [{"role": "user", "content": "Weather?"}], "tools": [tool],
+        "tool_choice": "required", "parallel_tool_calls": False, "max_tokens": 80}, token=token)
+    choice = answer["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    [call] = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather" and '"city"' in call["function"]["arguments"]
+    server, token, model = think_served
+    answer = server.call("POST", "/v1/chat/completions", {
+        "model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6}, token=token)
+    message = answer["choices"][0]["message"]
+    assert message["reasoning_content"] and message["content"] == ""
+    assert answer["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
