@@ -100,3 +100,12 @@ def test_effort_is_the_thinking_switch(think_engine):
     off, on, default = prompt(reasoning={"effort": "none"}), prompt(reasoning={"effort": "low"}), prompt()
     assert off.endswith("<think>\n\n</think>\n\n") and on.endswith("<think>\n") and default == on
     assert kept(input="Hi", reasoning={"effort": "low"})["reasoning"] == {"effort": "low", "summary": None}
+
+
+def test_a_named_tool_is_the_only_one_rendered_and_called(tools_engine):
+    other = {**WEATHER, "name": "get_time"}
+    request = kept(input="Weather?", tools=[WEATHER, other], tool_choice={"type": "function", "name": "get_time"})
+    found = chat_layer.plan(tools_engine, request)
+    assert found is not None and not found.grammar["lazy"]
+    assert '"get_time"' in found.grammar["gbnf"] and '"get_weather"' not in found.grammar["gbnf"]
+    assert "get_weather" not in text_of(tools_engine, found.tokens)

@@ -178,3 +178,20 @@ def test_a_cancel_inside_the_reasoning_ends_its_item(store, make_runtime, chat_m
     text = "".join(e["delta"] for e in events if e["type"] == ci.REASONING_DELTA)
     assert events[-3]["text"] == text and response_of(store, task_id)["output"][0]["content"][0]["text"] == text
     conforms(store, task_id, events)
+
+
+def test_auto_lets_the_model_answer_in_text(store, make_runtime, chat_models):
+    rt = start(make_runtime, store)
+    task_id = submit(store, rt, "Weather in Paris?", model="tools", tools=[WEATHER], tool_choice="auto",
+                     max_output_tokens=10)
+    wait_finished(rt, store, task_id)
+    events = all_events(store, task_id)
+    types = check_log(events)
+    out = response_of(store, task_id)
+    # a random model does not write the call marker that starts the lazy grammar
+    [message] = out["output"]
+    text = "".join(e["delta"] for e in events if e["type"] == ci.TEXT_DELTA)
+    assert message["type"] == "message" and message["content"][0]["text"] == text and text
+    assert types.count(ci.PART_ADDED) == 1 and types.count(ci.TEXT_DONE) == 1
+    assert all(e["item_id"] == message["id"] and e["output_index"] == 0 for e in events if e["type"] == ci.TEXT_DELTA)
+    conforms(store, task_id, events)
