@@ -44,3 +44,17 @@ THINK_TEMPLATE = (
     "{% else %}<think>\n{% endif %}"
     "{% endif %}"
 )
+
+# Both: the tools template whose assistant turns show their reasoning, and whose
+# answer opens inside a thinking block (as THINK_TEMPLATE).
+THINK_TOOLS_TEMPLATE = TOOLS_TEMPLATE.replace(
+    "{% elif message.role == 'assistant' %}<|im_start|>assistant\n",
+    "{% elif message.role == 'assistant' %}<|im_start|>assistant\n"
+    "{% if message.reasoning_content %}<think>\n{{ message.reasoning_content }}\n</think>\n\n{% endif %}",
+).replace(
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% else %}<think>\n{% endif %}{% endif %}",
+)
+assert "reasoning_content" in THINK_TOOLS_TEMPLATE and THINK_TOOLS_TEMPLATE.count("<think>\n") == 3

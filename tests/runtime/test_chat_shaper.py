@@ -16,7 +16,7 @@ from lmsp.native import ChatParser, Engine
 from lmsp.runtime.chat_shaper import ChatShaper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from chat_templates import THINK_TEMPLATE, TOOLS_TEMPLATE  # noqa: E402
+from chat_templates import THINK_TEMPLATE, THINK_TOOLS_TEMPLATE, TOOLS_TEMPLATE  # noqa: E402
 
 ITEM_ID = "msg_abc"
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -41,6 +41,11 @@ def tools_parse(tmp_path_factory):
 @pytest.fixture(scope="module")
 def think_parse(tmp_path_factory):
     yield from _parse(tmp_path_factory, THINK_TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def think_tools_parse(tmp_path_factory):
+    yield from _parse(tmp_path_factory, THINK_TOOLS_TEMPLATE, tools=json.dumps([TOOL]), tool_choice="required")
 
 
 def run(shaper: ChatShaper, text: str, step: int = 3, final: bool = True) -> list[tuple]:
@@ -97,9 +102,23 @@ def test_reasoning_then_the_answer(think_parse) -> None:
     assert items[1]["content"][0]["text"] == "It is sunny."
 
 
-@pytest.mark.parametrize("which", ["call", "thought"])
-def test_a_shaper_made_from_the_committed_text_continues_exactly(tools_parse, think_parse, which) -> None:
-    parse, text = (tools_parse, CALL) if which == "call" else (think_parse, THOUGHT)
+def test_reasoning_then_a_call(think_tools_parse) -> None:
+    evs = events(run(ChatShaper(think_tools_parse, ITEM_ID), "The weather tool.\n</think>\n\n" + CALL))
+    added = [p["item"] for t, p in evs if t == ci.ADDED]
+    assert [(i["type"], i["id"]) for i in added] == [("reasoning", "rs_abc"), ("function_call", "fc_abc")]
+    assert [p["output_index"] for t, p in evs if t == ci.ARGS_DELTA] == [1] * sum(t == ci.ARGS_DELTA for t, _ in evs)
+    assert json.loads("".join(p["delta"] for t, p in evs if t == ci.ARGS_DELTA)) == {"city": "Paris"}
+
+
+@pytest.mark.parametrize("which", ["call", "thought", "thought_and_call"])
+def test_a_shaper_made_from_the_committed_text_continues_exactly(
+    tools_parse, think_parse, think_tools_parse, which
+) -> None:
+    parse, text = {
+        "call": (tools_parse, CALL),
+        "thought": (think_parse, THOUGHT),
+        "thought_and_call": (think_tools_parse, "Tools.\n</think>\n\n" + CALL),
+    }[which]
     whole = events(run(ChatShaper(parse, ITEM_ID), text, step=1))
     for cut in range(1, len(text)):
         first = ChatShaper(parse, ITEM_ID)
