@@ -69,7 +69,7 @@ void bind_chat(py::module_ & m) {
             "render",
             [](const lmsp::ChatTemplate & t, const std::string & messages, const std::string & tools,
                const std::string & tool_choice, bool parallel_tool_calls, const std::string & json_schema,
-               const py::object & enable_thinking, bool add_generation_prompt) {
+               const py::object & enable_thinking, const std::string & reasoning_effort, bool add_generation_prompt) {
                 lmsp::ChatRequest r;
                 r.messages_json = messages;
                 r.tools_json = tools;
@@ -77,11 +77,13 @@ void bind_chat(py::module_ & m) {
                 r.parallel_tool_calls = parallel_tool_calls;
                 r.json_schema = json_schema;
                 r.enable_thinking = enable_thinking.is_none() ? -1 : int(py::bool_(enable_thinking));
+                r.reasoning_effort = reasoning_effort;
                 r.add_generation_prompt = add_generation_prompt;
                 return render_dict(t.render(r));
             },
             "messages"_a, py::kw_only(), "tools"_a = "", "tool_choice"_a = "auto", "parallel_tool_calls"_a = false,
-            "json_schema"_a = "", "enable_thinking"_a = py::none(), "add_generation_prompt"_a = true,
+            "json_schema"_a = "", "enable_thinking"_a = py::none(), "reasoning_effort"_a = "",
+            "add_generation_prompt"_a = true,
             "The chat layer's rendering of OpenAI-style messages and tools (JSON text): prompt, grammar, parser.")
         .def_property_readonly("caps", &lmsp::ChatTemplate::caps)
         .def_property_readonly("supports_thinking", &lmsp::ChatTemplate::supports_thinking);

@@ -113,6 +113,8 @@ common_chat_templates_inputs request_inputs(const ChatRequest & r, bool default_
     in.reasoning_format = COMMON_REASONING_FORMAT_DEEPSEEK;
     in.enable_thinking = r.enable_thinking < 0 ? default_thinking : r.enable_thinking != 0;
     in.chat_template_kwargs["preserve_reasoning"] = "true";
+    if (!r.reasoning_effort.empty())
+        in.chat_template_kwargs["reasoning_effort"] = common_json(r.reasoning_effort).dump();
     in.tool_choice = tool_choice_of(r.tool_choice);
     in.parallel_tool_calls = r.parallel_tool_calls;
     try {

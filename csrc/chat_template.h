@@ -29,8 +29,9 @@ struct ChatRequest {
     std::string tools_json;
     std::string tool_choice = "auto";  // auto, none or required
     bool parallel_tool_calls = false;
-    std::string json_schema;   // the output's JSON schema; "" for none
-    int enable_thinking = -1;  // -1: as llama-server decides it (on where the template has it)
+    std::string json_schema;       // the output's JSON schema; "" for none
+    int enable_thinking = -1;      // -1: as llama-server decides it (on where the template has it)
+    std::string reasoning_effort;  // for a template that reads it (low, medium, high); "" for none
     bool add_generation_prompt = true;
 };
 

@@ -35,6 +35,7 @@ class ChatTemplate:
         parallel_tool_calls: bool = False,
         json_schema: str = "",
         enable_thinking: bool | None = None,
+        reasoning_effort: str = "",
         add_generation_prompt: bool = True,
     ) -> dict[str, Any]: ...
     @property

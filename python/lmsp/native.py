@@ -134,7 +134,8 @@ says whether the model has a template; a model without one is formatted as
 
 ``chat_template()`` is the model's template (None without one) as llama.cpp's
 chat layer uses it for tools: ``render(messages_json, tools=..., tool_choice=...,
-parallel_tool_calls=..., json_schema=..., enable_thinking=...)`` takes
+parallel_tool_calls=..., json_schema=..., enable_thinking=...,
+reasoning_effort=...)`` takes
 OpenAI-style messages and function tools as JSON text and returns what
 llama-server makes of them with ``--jinja``: ``prompt``, ``format`` (and
 ``format_name``), ``grammar`` (``submit``'s form, None without one, its

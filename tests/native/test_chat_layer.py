@@ -201,3 +201,16 @@ def test_the_thinking_switch_is_the_templates(think_engine: Engine) -> None:
     assert t.render(ASK)["prompt"] == on  # as llama-server: on where the template has it
     parser = ChatParser(off["format"], off["generation_prompt"], off["parser"])
     assert parser.parse("It is grey.", False)["content"] == "It is grey."
+
+
+def test_a_template_that_reads_the_effort_gets_it(tmp_path_factory: pytest.TempPathFactory) -> None:
+    template = THINK_TEMPLATE.replace(
+        "{% for message in messages %}",
+        "{% if reasoning_effort is defined %}<|im_start|>system\neffort={{ reasoning_effort }}<|im_end|>\n"
+        "{% endif %}{% for message in messages %}",
+        1,
+    )
+    for e in _engine(tmp_path_factory, "effort", template):
+        t = e.chat_template()
+        assert "effort=high" in t.render(ASK, reasoning_effort="high")["prompt"]
+        assert "effort=" not in t.render(ASK)["prompt"]

@@ -109,3 +109,13 @@ def test_a_named_tool_is_the_only_one_rendered_and_called(tools_engine):
     assert found is not None and not found.grammar["lazy"]
     assert '"get_time"' in found.grammar["gbnf"] and '"get_weather"' not in found.grammar["gbnf"]
     assert "get_weather" not in text_of(tools_engine, found.tokens)
+
+
+def test_plans_are_kept_per_engine(tools_engine, plain_engine, tmp_path_factory):
+    request = kept(input="Weather?", tools=[WEATHER], tool_choice="required")
+    first = chat_layer.plan(tools_engine, request)
+    assert chat_layer.plan(tools_engine, request) is first  # rendered once
+    assert chat_layer.plan(tools_engine, kept(input="Weather?", tools=[WEATHER])) is not first
+    for other in _engine(tmp_path_factory, TOOLS_TEMPLATE):  # the same file's template, another engine
+        again = chat_layer.plan(other, request)
+        assert again is not first and again.tokens == first.tokens

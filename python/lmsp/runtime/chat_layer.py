@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +86,13 @@ def thinking_switch(request: dict[str, Any]) -> bool | None:
     return effort != EFFORT_OFF
 
 
+def _effort(request: dict[str, Any]) -> str:
+    """``reasoning.effort`` for a template that reads it (``reasoning_effort``, as
+    llama-server passes it): "" for none, or for ``none``, which the switch is."""
+    effort = (request.get("reasoning") or {}).get("effort")
+    return "" if effort in (None, EFFORT_OFF) else str(effort)
+
+
 def _text(content: Any) -> str:
     if isinstance(content, list):
         return "".join(part.get("text") or "" for part in content if isinstance(part, dict))
@@ -140,23 +148,25 @@ def chat_tools(request: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 class _Plans:
-    """The plans of the latest requests, by engine and request (rendering a template
-    with tools analyses it: not to be done twice for one task)."""
+    """The plans of the latest requests, per engine (rendering a template with tools
+    analyses it: not to be done again at each step of a task's start); an engine's
+    go with it."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.plans: dict[tuple[int, str], ChatPlan] = {}
+        self.plans: weakref.WeakKeyDictionary[Any, dict[str, ChatPlan]] = weakref.WeakKeyDictionary()
 
     def get(self, engine: Any, request: dict[str, Any]) -> ChatPlan:
-        key = (id(engine), json.dumps([chat_messages(request), chat_tools(request), _options(request)]))
+        key = json.dumps([chat_messages(request), chat_tools(request), _options(request)])
         with self.lock:
-            plan = self.plans.get(key)
+            plan = self.plans.get(engine, {}).get(key)
         if plan is None:
             plan = _render(engine, request)
             with self.lock:
-                if len(self.plans) >= _CACHE_SIZE:
-                    self.plans.pop(next(iter(self.plans)))
-                self.plans[key] = plan
+                mine = self.plans.setdefault(engine, {})
+                if len(mine) >= _CACHE_SIZE:
+                    mine.pop(next(iter(mine)))
+                mine[key] = plan
         return plan
 
 
@@ -166,7 +176,7 @@ _plans = _Plans()
 def _options(request: dict[str, Any]) -> list[Any]:
     mode = calls.mode(request)
     schema = constraints.output_schema(request) if mode is None else None
-    return [mode, bool(request.get("parallel_tool_calls", True)), schema, thinking_switch(request)]
+    return [mode, bool(request.get("parallel_tool_calls", True)), schema, thinking_switch(request), _effort(request)]
 
 
 def require_call(grammar: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -199,7 +209,7 @@ def single_call(grammar: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def _render(engine: Any, request: dict[str, Any]) -> ChatPlan:
-    mode, parallel, schema, thinking = _options(request)
+    mode, parallel, schema, thinking, _ = _options(request)
     tools = chat_tools(request)
     rendered = template_of(engine).render(
         json.dumps(chat_messages(request)),
@@ -208,6 +218,7 @@ def _render(engine: Any, request: dict[str, Any]) -> ChatPlan:
         parallel_tool_calls=parallel and mode is not None,
         json_schema="" if schema is None else json.dumps(schema),
         enable_thinking=thinking,
+        reasoning_effort=_effort(request),
     )
     tokens = list(engine.tokenize(rendered["prompt"], add_special=True, parse_special=True))
     grammar = require_call(rendered["grammar"]) if mode == "required" else rendered["grammar"]
