@@ -119,3 +119,9 @@ def test_plans_are_kept_per_engine(tools_engine, plain_engine, tmp_path_factory)
     for other in _engine(tmp_path_factory, TOOLS_TEMPLATE):  # the same file's template, another engine
         again = chat_layer.plan(other, request)
         assert again is not first and again.tokens == first.tokens
+
+
+def test_a_chat_layer_task_computes_no_log_probabilities(think_engine):
+    request = kept(input="Hi", include=["message.output_text.logprobs"], top_logprobs=2)
+    assert "logprobs" not in prompting.sampling(request, _Config(), think_engine)
+    assert prompting.sampling(request, _Config())["logprobs"] is True  # elsewhere they are
