@@ -128,3 +128,12 @@ def test_a_shaper_made_from_the_committed_text_continues_exactly(
         again = ChatShaper(parse, ITEM_ID, committed)
         after = run(again, text[len(committed) :], step=1)
         assert events(before) + events(after) == whole, cut
+
+
+def test_text_then_a_call_makes_two_items(tools_parse) -> None:
+    evs = events(run(ChatShaper(tools_parse, ITEM_ID), "Let me check.\n" + CALL, step=1))
+    added = [(p["output_index"], p["item"]["type"]) for t, p in evs if t == ci.ADDED]
+    assert added == [(0, "message"), (1, "function_call")]
+    text = "".join(p["delta"] for t, p in evs if t == ci.TEXT_DELTA)
+    assert text == "Let me check.\n"  # never a piece of the call's marker
+    assert [t for t, _ in evs].index(ci.ITEM_DONE) < [t for t, _ in evs].index(ci.ARGS_DELTA)
