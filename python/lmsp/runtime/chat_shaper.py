@@ -73,11 +73,6 @@ class ChatShaper:
             self.consumed = len(self.text)
         return {"rows": rows, "mark": self.mark}
 
-    @property
-    def reasoning_open(self) -> bool:
-        """Whether the output so far ends inside its reasoning."""
-        return bool(self.items) and self.items[-1].kind == "reasoning" and not self.items[-1].done
-
     # ---------------------------------------------------------------- the reading
     def _gain(self, parsed: dict[str, Any], final: bool) -> list[Event]:
         """The events of what ``parsed`` shows beyond the items so far."""
