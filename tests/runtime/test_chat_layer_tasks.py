@@ -195,3 +195,27 @@ def test_auto_lets_the_model_answer_in_text(store, make_runtime, chat_models):
     assert types.count(ci.PART_ADDED) == 1 and types.count(ci.TEXT_DONE) == 1
     assert all(e["item_id"] == message["id"] and e["output_index"] == 0 for e in events if e["type"] == ci.TEXT_DELTA)
     conforms(store, task_id, events)
+
+
+def test_a_retry_starts_the_items_again(config, store, make_runtime, chat_models):
+    rt = start(make_runtime, store)
+    task_id = submit(store, rt, "Weather in Paris?", model="think", on_restart="retry", max_output_tokens=60)
+    wait_until(rt, store, task_id, lambda t: t["last_sequence_number"] >= 8)
+    rt.abort()
+    restarted = open_store(config)
+    rt2 = None
+    try:
+        assert restarted.recover(startup=True)["requeued"] == [task_id]
+        rt2 = start(make_runtime, restarted)
+        assert wait_finished(rt2, restarted, task_id)["status"] == "completed"
+        events = all_events(restarted, task_id)
+        types = check_log(events)
+        again = types[types.index("task.requeued"):]
+        [item] = response_of(restarted, task_id)["output"]
+        text = "".join(e["delta"] for e in events[len(types) - len(again):] if e["type"] == ci.REASONING_DELTA)
+        assert again.count(ci.ADDED) == 1 and item["content"][0]["text"] == text
+        conforms(restarted, task_id, events)
+    finally:
+        if rt2 is not None:
+            rt2.stop()
+        restarted.close()
