@@ -137,3 +137,14 @@ def test_text_then_a_call_makes_two_items(tools_parse) -> None:
     text = "".join(p["delta"] for t, p in evs if t == ci.TEXT_DELTA)
     assert text == "Let me check.\n"  # never a piece of the call's marker
     assert [t for t, _ in evs].index(ci.ITEM_DONE) < [t for t, _ in evs].index(ci.ARGS_DELTA)
+
+
+def test_an_output_cut_inside_a_call_keeps_its_items() -> None:
+    def parse(text: str, partial: bool) -> dict:  # a parser that refuses a whole output cut short
+        if not partial:
+            raise ValueError("the output does not match the chat format")
+        return {"content": "", "reasoning": "", "tool_calls": [{"name": "f", "arguments": text[4:], "id": ""}]}
+
+    rows = run(ChatShaper(parse, ITEM_ID), 'xxxx{"a": 1', step=4)
+    assert [t for t, _ in events(rows)] == [ci.ADDED, ci.ARGS_DELTA, ci.ARGS_DELTA]
+    assert "".join(p["delta"] for t, p in events(rows) if t == ci.ARGS_DELTA) == '{"a": 1'

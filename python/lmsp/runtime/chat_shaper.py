@@ -65,13 +65,21 @@ class ChatShaper:
         except ValueError:
             if not final:
                 return {"rows": [], "mark": self.mark}
-            parsed = {"content": self.text, "reasoning": "", "tool_calls": []}  # not the format: all of it text
+            parsed = self._cut_short()
         events = self._gain(parsed, final)  # the last item ends with the task, in the store
         rows: list[tuple[str, str | None, dict[str, Any]]] = [(etype, None, payload) for etype, payload in events]
         if rows:
             rows[0] = (rows[0][0], self.text[self.consumed :], rows[0][2])
             self.consumed = len(self.text)
         return {"rows": rows, "mark": self.mark}
+
+    def _cut_short(self) -> dict[str, Any]:
+        """The reading of a whole output that does not end as the format does (cut short
+        by ``max_output_tokens``, say): as the output so far; else all of it text."""
+        try:
+            return self.parse(self.text, True)
+        except ValueError:
+            return {"content": self.text, "reasoning": "", "tool_calls": []}
 
     # ---------------------------------------------------------------- the reading
     def _gain(self, parsed: dict[str, Any], final: bool) -> list[Event]:
