@@ -30,6 +30,10 @@ ARGS_DELTA = "response.function_call_arguments.delta"
 ARGS_DONE = "response.function_call_arguments.done"
 
 
+# an item's status in a Response of each status, while the item is not done
+ITEM_STATUS = {"completed": "completed", "incomplete": "incomplete", "failed": "incomplete", "cancelled": "incomplete"}
+
+
 def item_ids(response_item_id: str, kind: str, index: int, call_index: int) -> tuple[str, str | None]:
     """An item's id (and a call's ``call_id``), from the response's item id: the first
     message keeps it, the others take its suffix with their own prefix (and, past the

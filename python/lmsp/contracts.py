@@ -52,14 +52,14 @@ class StepItem(TypedDict, total=False):
     its arguments in the step) instead of ``delta``; ``call``
     (``{"name", "head"}``) in the step that opens it, and ``tail`` (its
     closing text) in the step that ends it.
-
-    An output on the model's own chat layer (:mod:`lmsp.chat_items`) has
-    ``rows`` instead: its events as ``(type, raw text or None, payload)``, and
-    ``mark``: the task's ``item_open`` from then on (``lmsp.objects.CHAT_OPEN``,
-    or ``CHAT_THINK`` for a model that thinks).
     """
 
     task_id: Required[str]
+    # an output on the model's own chat layer (lmsp.chat_items) has these instead of
+    # delta: its events as (type, raw text or None, payload), and the task's item_open
+    # from then on (lmsp.objects.CHAT_OPEN, or CHAT_THINK for a model that thinks)
+    rows: list[tuple[str, str | None, dict[str, Any]]]
+    mark: int
     delta: str
     tokens: list[int]
     finish: str | None
@@ -70,8 +70,6 @@ class StepItem(TypedDict, total=False):
     call: dict[str, str]
     args: str
     tail: str
-    rows: list[tuple[str, str | None, dict[str, Any]]]
-    mark: int
     logprobs: list[dict[str, Any]]
 
 

@@ -65,7 +65,7 @@ def task_object(task: Row) -> dict:
     }
 
 
-def item_status(task: Row, incomplete_reason: str | None) -> str:
+def _item_status(task: Row, incomplete_reason: str | None) -> str:
     if task["status"] == COMPLETED:
         return "incomplete" if incomplete_reason else "completed"
     if task["status"] in (FAILED, CANCELLED):
@@ -118,22 +118,17 @@ def echoed(request: Mapping[str, Any], thinks: bool = False) -> dict:
     return out
 
 
-def response_object(
-    response: Row, task: Row, text: str | None, logprobs: list | None = None, items: list | None = None
-) -> dict:
+def response_object(response: Row, task: Row, text: str | None, logprobs: list | None = None) -> dict:
     """The Response object; ``text`` is the output of the current attempt (None: none yet),
-    ``logprobs`` its log probabilities (for a request that asked for them); ``items``:
-    its output items, made already (an output on the chat layer, :mod:`lmsp.chat_items`)."""
+    ``logprobs`` its log probabilities (for a request that asked for them)."""
     request = _json(response["request"], {})
     reason = response["incomplete_reason"]
     output = []
-    call = calls.split(text or "", task["status"] in FINISHED) if calls.mode(request) and items is None else None
-    if items is not None:
-        output = items
-    elif call is not None:
-        output.append(calls.call_item(response["item_id"], call[0], call[1], item_status(task, reason)))
+    call = calls.split(text or "", task["status"] in FINISHED) if calls.mode(request) else None
+    if call is not None:
+        output.append(calls.call_item(response["item_id"], call[0], call[1], _item_status(task, reason)))
     elif text or task["item_open"] or task["status"] == COMPLETED:
-        output.append(output_item(response["item_id"], item_status(task, reason), text or "", logprobs))
+        output.append(output_item(response["item_id"], _item_status(task, reason), text or "", logprobs))
     usage = _json(response["usage"])
     if usage is not None:
         usage = {

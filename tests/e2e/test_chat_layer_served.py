@@ -61,14 +61,17 @@ def stream_and_replay(server, token, body):
 def test_streamed_calls_in_the_models_format(tools_served):
     server, token, model = tools_served
     events, final = stream_and_replay(server, token, {"model": model, "input": "Weather?", "tools": [WEATHER],
-                                                      "tool_choice": "required", "max_output_tokens": 80})
+                                                      "tool_choice": "required", "max_output_tokens": 80,
+                                                      "seed": 11})
     calls = final["output"]
     assert calls and all(c["type"] == "function_call" and c["name"] == "get_weather" for c in calls)
     for call in calls:  # several where parallel_tool_calls lets the model make them
         args = "".join(e["delta"] for e in events
                        if e["type"] == "response.function_call_arguments.delta" and e["item_id"] == call["id"])
-        assert args == call["arguments"] and '"city"' in args
+        assert args == call["arguments"]
+        assert '"city"' in args or call["status"] == "incomplete"  # the last may be cut by max_output_tokens
     assert len({c["call_id"] for c in calls}) == len(calls)
+    assert all(c["status"] == "completed" for c in calls[:-1])
 
 
 def test_one_call_without_parallel_calls(tools_served):

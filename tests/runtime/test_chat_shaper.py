@@ -52,7 +52,8 @@ def run(shaper: ChatShaper, text: str, step: int = 3, final: bool = True) -> lis
     rows = []
     for i in range(0, len(text), step):
         last = final and i + step >= len(text)
-        rows += shaper.push(text[i : i + step], last)["rows"]
+        assert shaper.push(text[i : i + step], last) == {"delta": ""}  # the committer's merge adds nothing
+        rows += shaper.made()
     return rows
 
 
@@ -148,3 +149,10 @@ def test_an_output_cut_inside_a_call_keeps_its_items() -> None:
     rows = run(ChatShaper(parse, ITEM_ID), 'xxxx{"a": 1', step=4)
     assert [t for t, _ in events(rows)] == [ci.ADDED, ci.ARGS_DELTA, ci.ARGS_DELTA]
     assert "".join(p["delta"] for t, p in events(rows) if t == ci.ARGS_DELTA) == '{"a": 1'
+
+
+def test_a_call_cut_inside_its_name_makes_no_item() -> None:
+    def parse(text: str, partial: bool) -> dict:  # a reading that shows a name cut short
+        return {"content": "", "reasoning": "", "tool_calls": [{"name": text, "arguments": "", "id": ""}]}
+
+    assert events(run(ChatShaper(parse, ITEM_ID), "get_wea")) == []

@@ -39,14 +39,6 @@ def output_text(response: dict[str, Any]) -> str:
     return ""
 
 
-def reasoning_text(response: dict[str, Any]) -> str:
-    """The text of a Response object's reasoning item ('' when there is none)."""
-    for item in response.get("output") or []:
-        if item.get("type") == "reasoning":
-            return "".join(str(part.get("text") or "") for part in item.get("content") or [])
-    return ""
-
-
 def function_call(response: dict[str, Any]) -> dict[str, Any] | None:
     """The function call item of a Response object's output (None: its output is text)."""
     for item in response.get("output") or []:
@@ -95,6 +87,21 @@ def usage(response: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
+def reasoning_text(response: dict[str, Any]) -> str:
+    """The text of a Response object's reasoning item ('' when there is none)."""
+    for item in response.get("output") or []:
+        if item.get("type") == "reasoning":
+            return "".join(str(part.get("text") or "") for part in item.get("content") or [])
+    return ""
+
+
+def with_reasoning(message: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
+    """A chat message with the reasoning of a thinking model's answer, as llama-server
+    sends it (``reasoning_content``); as it is without one."""
+    reasoning = reasoning_text(response)
+    return {**message, "reasoning_content": reasoning} if reasoning else message
+
+
 def _extras(response: dict[str, Any]) -> dict[str, Any]:
     """What LMSP adds to OpenAI's object, as it adds to the Response object."""
     return {
@@ -117,9 +124,6 @@ def chat_completion(response: dict[str, Any], logprobs: bool = False) -> dict[st
     }
     if call:
         message["tool_calls"] = [tool_call(call)]
-    reasoning = reasoning_text(response)
-    if reasoning:  # as llama-server sends a thinking model's reasoning
-        message["reasoning_content"] = reasoning
     return {
         "id": response["id"],
         "object": "chat.completion",
@@ -128,7 +132,7 @@ def chat_completion(response: dict[str, Any], logprobs: bool = False) -> dict[st
         "choices": [
             {
                 "index": 0,
-                "message": message,
+                "message": with_reasoning(message, response),
                 "logprobs": chat_logprobs(response_logprobs(response)) if logprobs else None,
                 "finish_reason": finish_reason(response),
             }

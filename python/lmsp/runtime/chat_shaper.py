@@ -8,7 +8,8 @@ with ``response.reasoning.delta``, a ``message`` with
 ``response.output_text.delta``, ``function_call`` items with
 ``response.function_call_arguments.delta``, each item opened when the reading
 first shows it and ended when the next one opens (the last one ends with the
-task: the store writes its end with the task's own status).
+task: the store writes its end with the task's own status). The committer
+takes them from :meth:`ChatShaper.made` after each push.
 
 The events are a function of the reading of the output so far alone, and the
 raw text a push consumed goes with its first event; a push that gains nothing
@@ -55,23 +56,31 @@ class ChatShaper:
         if emitted:  # where the committed output left it
             self._gain(self.parse(emitted, True), final=False)
         self.consumed = len(emitted)  # raw text handed on up to here
+        self.rows: list[tuple[str, str | None, dict[str, Any]]] = []
 
     def push(self, text: str, final: bool) -> dict[str, Any]:
-        """The engine's next text: ``{"rows": [(type, raw text or None, payload)], "mark"}``,
-        the raw text consumed on the first row, ``mark`` the task's ``item_open``."""
+        """The engine's next text, as the committer merges a shaper's: no ``delta`` (the
+        events of the text are :meth:`made`'s)."""
         self.text += text
+        parsed: dict[str, Any] | None
         try:
             parsed = self.parse(self.text, not final)
         except ValueError:
-            if not final:
-                return {"rows": [], "mark": self.mark}
-            parsed = self._cut_short()
-        events = self._gain(parsed, final)  # the last item ends with the task, in the store
-        rows: list[tuple[str, str | None, dict[str, Any]]] = [(etype, None, payload) for etype, payload in events]
-        if rows:
-            rows[0] = (rows[0][0], self.text[self.consumed :], rows[0][2])
-            self.consumed = len(self.text)
-        return {"rows": rows, "mark": self.mark}
+            parsed = self._cut_short() if final else None
+        if parsed is not None:
+            events = self._gain(parsed, final)  # the last item ends with the task, in the store
+            rows: list[tuple[str, str | None, dict[str, Any]]] = [(etype, None, p) for etype, p in events]
+            if rows:
+                rows[0] = (rows[0][0], self.text[self.consumed :], rows[0][2])
+                self.consumed = len(self.text)
+            self.rows += rows
+        return {"delta": ""}
+
+    def made(self) -> list[tuple[str, str | None, dict[str, Any]]]:
+        """The events the pushes since the last call made: ``(type, raw text or None,
+        payload)``, the raw text a push consumed on its first event."""
+        rows, self.rows = self.rows, []
+        return rows
 
     def _cut_short(self) -> dict[str, Any]:
         """The reading of a whole output that does not end as the format does (cut short
@@ -94,8 +103,8 @@ class ChatShaper:
         calls = parsed.get("tool_calls") or []
         for i, call in enumerate(calls):
             args = call.get("arguments") or ""
-            if not (args or final or i + 1 < len(calls)):
-                continue  # its name may still grow: opened once its arguments begin
+            if not (args or i + 1 < len(calls)):
+                continue  # its name may still grow (or was cut short): opened once its arguments begin
             events += self._grow("function_call", args, source=i, name=call.get("name") or "")
         return events
 

@@ -11,7 +11,7 @@ import json
 from typing import Protocol, Sequence
 
 from ..objects import wants_logprobs
-from . import chat_layer, constraints
+from . import constraints
 
 
 class ChatEngine(Protocol):
@@ -106,7 +106,9 @@ def render_request(engine: ChatEngine, messages: list[dict], request: dict, max_
     prompt leaves room for ``max_tokens`` of output (at most half the context), as
     OpenAI truncates. Otherwise, and when even the last turn does not fit, the whole
     prompt: the caller's context check refuses it."""
-    found = chat_layer.plan(engine, request)
+    from .chat_layer import plan
+
+    found = plan(engine, request)
     if found is not None:  # the model's own chat layer (tools, thinking): no truncation
         return list(found.tokens)
     tokens = render(engine, messages)
@@ -185,7 +187,9 @@ def sampling(request: dict, config, engine=None) -> dict:
         "stop": [s for s in stop if isinstance(s, str) and s],
         "grammar": constraints.grammar(request),
     }
-    found = None if engine is None else chat_layer.plan(engine, request)
+    from .chat_layer import plan
+
+    found = None if engine is None else plan(engine, request)
     if found is not None:
         out["grammar"] = found.grammar
         out["stop"] += [s for s in found.stops if s not in out["stop"]]

@@ -115,10 +115,11 @@ class StoreBase:
         ).fetchall()
 
     def _render_response(self, conn: sqlite3.Connection, response: sqlite3.Row, task: dict) -> dict:
-        if task["item_open"] in (CHAT_OPEN, CHAT_THINK):
-            reason = response["incomplete_reason"]
-            items = chat_items.fold(self._attempt_events(conn, task), obj.item_status(task, reason))
-            return obj.response_object(response, task, None, items=items)
+        if task["item_open"] in (CHAT_OPEN, CHAT_THINK):  # its items are made from its events
+            out = obj.response_object(response, task, None)
+            status = chat_items.ITEM_STATUS.get(out["status"], "in_progress")
+            out["output"] = chat_items.fold(self._attempt_events(conn, task), status)
+            return out
         if task["status"] in st.FINISHED and response["output_text"] is not None:
             text = response["output_text"]
         else:

@@ -80,8 +80,6 @@ def usual_step(owner: str, items: list[StepItem], cache: dict[str, StepState], n
         state = cache.get(tid)
         if state is None or tid in states or item.get("finish") is not None or item.get("kv_path") or "args" in item:
             return None
-        if "rows" in item:
-            return None
         held_by, last_seq, item_open, pending, kv_path, item_id = state
         delta = item.get("delta")
         if held_by != owner or not item_open or pending or not delta:
@@ -218,7 +216,11 @@ def _text_rows(
     item_id: str,
 ) -> tuple[int, int, str]:
     """A message item's rows of one step: its opening, its text delta (with the tokens
-    held back before it); ``(seq, item_open, pending)``."""
+    held back before it); ``(seq, item_open, pending)``. An output on the chat layer
+    has its own (:func:`_chat_rows`)."""
+    if "rows" in item:
+        seq, pending = _chat_rows(events, tid, item, seq, pending, toks, now)
+        return seq, item.get("mark") or CHAT_OPEN, pending
     delta = item.get("delta")
     finish = item.get("finish")
     if not item_open and (delta or finish == "stop" or finish == "length"):
@@ -283,10 +285,7 @@ def step_rows(
         tokens = item.get("tokens")
         # the usual step: one token per task
         toks = str(int(tokens[0])) if tokens and len(tokens) == 1 else tokens_text(tokens)
-        if "rows" in item:  # an output on the chat layer
-            seq, pending = _chat_rows(events, tid, item, seq, pending, toks, now)
-            item_open = item.get("mark") or CHAT_OPEN
-        elif "args" in item:  # a function call's output
+        if "args" in item:  # a function call's output
             seq, item_open, pending = _call_rows(events, tid, item, seq, item_open, pending, toks, now, item_id)
         else:
             seq, item_open, pending = _text_rows(events, tid, item, seq, item_open, pending, toks, now, item_id)
