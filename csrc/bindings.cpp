@@ -9,7 +9,6 @@
 #include <memory>
 #include <new>
 
-#include "bindings_chat.h"
 #include "engine.h"
 #include "errors.h"
 #include "gguf_info.h"
@@ -17,6 +16,8 @@
 #include "llama.h"
 #include "quantize.h"
 #include "text.h"
+
+#include "chat_template_py.h"  // the chat layer's part of the module
 
 namespace py = pybind11;
 using namespace pybind11::literals;

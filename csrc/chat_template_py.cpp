@@ -1,6 +1,6 @@
 // pybind11 glue of the chat layer (chat_template.h): a model's template with
-// tools, and the parser of its output.
-#include "bindings_chat.h"
+// tools, and the parser of its output; bindings.cpp holds the rest of the module.
+#include "chat_template_py.h"
 
 #include <pybind11/stl.h>
 

@@ -1,4 +1,4 @@
-// The chat layer's part of the extension module (bindings_chat.cpp).
+// The chat layer's part of the extension module (chat_template_py.cpp).
 #pragma once
 
 #include <pybind11/pybind11.h>
