@@ -125,3 +125,11 @@ def test_a_chat_layer_task_computes_no_log_probabilities(think_engine):
     request = kept(input="Hi", include=["message.output_text.logprobs"], top_logprobs=2)
     assert "logprobs" not in prompting.sampling(request, _Config(), think_engine)
     assert prompting.sampling(request, _Config())["logprobs"] is True  # elsewhere they are
+
+
+def test_the_earlier_turns_a_request_continues_come_before_its_input():
+    request = {"instructions": "Be brief.", "context": [{"role": "user", "content": "Hi"},
+                                                        {"role": "assistant", "content": "Hello."}],
+               "input": "Weather?"}  # fmt: skip
+    roles = [(m["role"], m["content"]) for m in chat_layer.chat_messages(request)]
+    assert roles == [("system", "Be brief."), ("user", "Hi"), ("assistant", "Hello."), ("user", "Weather?")]

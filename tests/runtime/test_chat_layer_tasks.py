@@ -14,10 +14,10 @@ from runtime_helpers import all_events, check_log, submit, wait_finished, wait_u
 
 from lmsp import chat_items as ci
 from lmsp.contracts import NewTask
-from lmsp.errors import InvalidRequest
+from lmsp.errors import ContextLengthExceeded, InvalidRequest
 from lmsp.objects import LOGPROBS
 from lmsp.demo_model import write_demo_model
-from lmsp.runtime import open_store
+from lmsp.runtime import chat_layer, open_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from chat_templates import THINK_TEMPLATE, TOOLS_TEMPLATE  # noqa: E402
@@ -219,3 +219,24 @@ def test_a_retry_starts_the_items_again(config, store, make_runtime, chat_models
         if rt2 is not None:
             rt2.stop()
         restarted.close()
+
+
+def test_a_created_task_runs_the_chat_layers_prompt(store, make_runtime, chat_models, config):
+    rt = start(make_runtime, store)
+    rt.load_model("tools")
+    request = {"model": "tools", "input": "Weather in Paris?", "tools": [WEATHER], "tool_choice": "required",
+               "max_output_tokens": 60, "temperature": 0.0}
+    created = rt.create_task(new_task(request))  # checked, and rendered once, by the service's own format
+    task_id = created["task"]["id"]
+    wait_finished(rt, store, task_id)
+    engine = rt.registry.engine("tools")
+    expected = chat_layer.plan(engine, store.get_request(store.get_task(task_id)["response_id"]))
+    assert response_of(store, task_id)["usage"]["input_tokens"] == len(expected.tokens)
+    assert [i["type"] for i in response_of(store, task_id)["output"]] == ["function_call"]
+
+
+def test_a_prompt_longer_than_the_context_is_refused_at_creation(store, make_runtime, chat_models):
+    rt = start(make_runtime, store)
+    rt.load_model("tools")
+    with pytest.raises(ContextLengthExceeded):
+        rt.create_task(new_task({"model": "tools", "input": "word " * 3000, "tools": [WEATHER]}))

@@ -40,8 +40,8 @@ class Admission:
         """Check the request, create its task (claimed here when a slot is free), and
         start it or have it claimed; what ``Store.create_task`` returns."""
         state = self.state
+        self.check_chat_layer(new)
         constraints.check(new.request)
-        self.check_logprobs(new)
         tokens = self.check_request(new.model, prompting.with_tools(new.messages, new.request), new.request)
         slot = self.reserve(new.model)
         early = None
@@ -61,19 +61,35 @@ class Admission:
             state.wake_scheduler()
         return created
 
-    def check_logprobs(self, new: NewTask) -> None:
-        """Log probabilities of a model loaded here whose output the chat layer splits
-        into items (:mod:`.chat_layer`): InvalidRequest, since its items carry none.
-        (A model not loaded here yet is checked by no one: its output has none.)"""
+    def check_chat_layer(self, new: NewTask) -> None:
+        """A request on the chat layer of a model loaded here (:mod:`.chat_layer`): its
+        prompt rendered as the run will (InvalidRequest where the template refuses it,
+        ContextLengthExceeded where it does not fit), and no log probabilities, which
+        its items do not carry (InvalidRequest). A model not loaded here yet is
+        checked when the task starts (its output has none)."""
         engine = self.state.registry.engine(new.model)
-        if engine is None or not wants_logprobs(new.request) or not chat_layer.applies(engine, new.request):
+        try:
+            if engine is None or not chat_layer.applies(engine, new.request):
+                return
+            found = chat_layer.plan(engine, new.request)
+        except ValueError as exc:
+            raise InvalidRequest(f"the request cannot be rendered: {exc}", param="input") from None
+        except Exception as exc:  # a closed engine (unloaded meanwhile): checked at run time
+            log.debug("check_chat_layer: %s", exc)
             return
-        param = "top_logprobs" if new.request.get("top_logprobs") else "include"
-        raise InvalidRequest(
-            f"'{param}': log probabilities are not supported on model {new.model}, whose output is split"
-            " into items by its chat format (reasoning, function calls)",
-            param=param,
-        )
+        if wants_logprobs(new.request):
+            param = "top_logprobs" if new.request.get("top_logprobs") else "include"
+            raise InvalidRequest(
+                f"'{param}': log probabilities are not supported on model {new.model}, whose output is split"
+                " into items by its chat format (reasoning, function calls)",
+                param=param,
+            )
+        if found is not None and len(found.tokens) >= engine.n_ctx:
+            raise ContextLengthExceeded(
+                f"the prompt is {len(found.tokens)} tokens; model {new.model} takes at most {engine.n_ctx - 1} "
+                "with room for one output token",
+                param="input",
+            )
 
     def check_request(
         self, model_id: str, prompt_messages: list[dict[str, str]], request: dict[str, Any] | None = None

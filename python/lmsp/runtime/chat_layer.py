@@ -100,14 +100,16 @@ def _text(content: Any) -> str:
 
 
 def chat_messages(request: dict[str, Any]) -> list[dict[str, Any]]:
-    """The request's input as OpenAI chat messages: ``instructions`` first as a system
-    message, function calls as an assistant's ``tool_calls`` (those in a row together),
-    their outputs as ``tool`` messages."""
+    """The request's messages as OpenAI chat messages: ``instructions`` first as a system
+    message, then its ``context`` (the earlier turns it continues, where it has one),
+    then ``input``; function calls as an assistant's ``tool_calls`` (those in a row
+    together), their outputs as ``tool`` messages."""
     out: list[dict[str, Any]] = []
     if request.get("instructions") is not None:
         out.append({"role": "system", "content": _text(request["instructions"])})
     given = request.get("input")
-    items = [{"role": "user", "content": given}] if isinstance(given, str) else list(given or ())
+    items = list(request.get("context") or ())
+    items += [{"role": "user", "content": given}] if isinstance(given, str) else list(given or ())
     for item in items:
         if not isinstance(item, dict):
             out.append({"role": "user", "content": str(item)})

@@ -106,11 +106,6 @@ def render_request(engine: ChatEngine, messages: list[dict], request: dict, max_
     prompt leaves room for ``max_tokens`` of output (at most half the context), as
     OpenAI truncates. Otherwise, and when even the last turn does not fit, the whole
     prompt: the caller's context check refuses it."""
-    from .chat_layer import plan
-
-    found = plan(engine, request)
-    if found is not None:  # the model's own chat layer (tools, thinking): no truncation
-        return list(found.tokens)
     tokens = render(engine, messages)
     if request.get("truncation") != "auto":
         return tokens
@@ -127,9 +122,15 @@ def render_request(engine: ChatEngine, messages: list[dict], request: dict, max_
 
 def prompt_tokens(engine, request: dict, max_tokens: int) -> list[int]:
     """The prompt's token ids of a request: a completion's raw ``prompt`` (no chat
-    template), else its messages through the chat template (:func:`render_request`)."""
+    template), else the chat layer's prompt where it applies (:mod:`.chat_layer`), else
+    its messages through the chat template (:func:`render_request`)."""
     raw = request.get("prompt")
     if raw is None:
+        from .chat_layer import plan
+
+        found = plan(engine, request)
+        if found is not None:  # the model's own chat layer (tools, thinking): no truncation
+            return list(found.tokens)
         return render_request(engine, messages_for(request), request, max_tokens)
     suffix = request.get("suffix")
     if suffix is not None:

@@ -186,7 +186,9 @@ class Scheduler:
         request = claim.get("request") or {}
         try:
             kwargs = prompting.sampling(request, self.state.config, engine)
-            tokens = run.tokens or prompting.prompt_tokens(engine, request, kwargs["max_tokens"])
+            # the chat layer's prompt is its own (a create's check rendered the service's)
+            given = None if chat_layer.applies(engine, request) else run.tokens
+            tokens = given or prompting.prompt_tokens(engine, request, kwargs["max_tokens"])
         except (ValueError, TypeError) as exc:
             return self.fail(run, "invalid_request", f"the request cannot be rendered: {exc}")
         resume = self.resume_of(claim)
