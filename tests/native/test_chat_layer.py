@@ -107,13 +107,30 @@ def test_one_call_only_without_parallel_calls(tools_engine: Engine) -> None:
     rule = next(line for line in r["grammar"]["gbnf"].splitlines() if line.startswith("tool-calls ::="))
     assert rule == "tool-calls ::= (tool-call space)+"  # the chat layer's, whatever parallel_tool_calls says
     grammar = single_call(require_call(r["grammar"]))
-    assert "tool-calls ::= tool-call space" in grammar["gbnf"].splitlines()
+    assert "tool-calls ::= (tool-call space)" in grammar["gbnf"].splitlines()
     parser = ChatParser(r["format"], r["generation_prompt"], r["parser"])
     prompt = tools_engine.tokenize(r["prompt"], add_special=True, parse_special=True)
     for seed in (1, 2, 3, 4):
         seq = tools_engine.submit(prompt, max_tokens=200, temperature=1.0, seed=seed, grammar=grammar)
         run = drain(tools_engine, [seq])[seq]
         assert run.finish == "stop" and len(parser.parse(run.text, False)["tool_calls"]) == 1, run.text
+
+
+def test_at_most_max_tool_calls(tools_engine: Engine) -> None:
+    t = tools_engine.chat_template()
+    # as the runtime renders a bound: blocks of one call each, at most so many blocks
+    r = t.render(ASK, tools=json.dumps([WEATHER]), tool_choice="required", parallel_tool_calls=False)
+    grammar = single_call(require_call(r["grammar"]), 2)
+    assert "tool-calls ::= (tool-call space){1,2}" in grammar["gbnf"].splitlines()
+    parser = ChatParser(r["format"], r["generation_prompt"], r["parser"])
+    prompt = tools_engine.tokenize(r["prompt"], add_special=True, parse_special=True)
+    counts = set()
+    for seed in range(1, 9):
+        seq = tools_engine.submit(prompt, max_tokens=300, temperature=1.0, seed=seed, grammar=grammar)
+        run = drain(tools_engine, [seq])[seq]
+        assert run.finish == "stop", run.text
+        counts.add(len(parser.parse(run.text, False)["tool_calls"]))
+    assert counts <= {1, 2}
 
 
 def test_none_and_no_tools_make_no_grammar(tools_engine: Engine) -> None:

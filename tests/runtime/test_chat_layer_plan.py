@@ -133,3 +133,13 @@ def test_the_earlier_turns_a_request_continues_come_before_its_input():
                "input": "Weather?"}  # fmt: skip
     roles = [(m["role"], m["content"]) for m in chat_layer.chat_messages(request)]
     assert roles == [("system", "Be brief."), ("user", "Hi"), ("assistant", "Hello."), ("user", "Weather?")]
+
+
+def test_max_tool_calls_bounds_the_calls(tools_engine):
+    def rule(**body) -> str:
+        found = chat_layer.plan(tools_engine, kept(input="Weather?", tools=[WEATHER], tool_choice="required", **body))
+        return next(line for line in found.grammar["gbnf"].splitlines() if line.startswith("tool-calls ::="))
+
+    assert rule() == "tool-calls ::= (tool-call space)+"
+    assert rule(max_tool_calls=3) == "tool-calls ::= (tool-call space){1,3}"
+    assert rule(parallel_tool_calls=False, max_tool_calls=3) == "tool-calls ::= (tool-call space)"

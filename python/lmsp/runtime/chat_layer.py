@@ -178,7 +178,8 @@ _plans = _Plans()
 def _options(request: dict[str, Any]) -> list[Any]:
     mode = calls.mode(request)
     schema = constraints.output_schema(request) if mode is None else None
-    return [mode, bool(request.get("parallel_tool_calls", True)), schema, thinking_switch(request), _effort(request)]
+    parallel = bool(request.get("parallel_tool_calls", True))
+    return [mode, parallel, schema, thinking_switch(request), _effort(request), most_calls(request)]
 
 
 def require_call(grammar: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -201,31 +202,44 @@ def require_call(grammar: dict[str, Any] | None) -> dict[str, Any] | None:
 MANY_CALLS = re.compile(r"^tool-calls ::= \((.*)\)\+$", re.MULTILINE)
 
 
-def single_call(grammar: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A chat-layer grammar that admits one call only, for ``parallel_tool_calls``
-    false: the chat layer admits several in a format whose calls each have their own
-    markers (``<tool_call>...</tool_call>``)."""
+def single_call(grammar: dict[str, Any] | None, most: int = 1) -> dict[str, Any] | None:
+    """A chat-layer grammar that admits ``most`` calls at most (one for
+    ``parallel_tool_calls`` false, ``max_tool_calls``): the chat layer admits any
+    number in a format whose calls each have their own markers
+    (``<tool_call>...</tool_call>``)."""
     if grammar is None:
         return None
-    return {**grammar, "gbnf": MANY_CALLS.sub(r"tool-calls ::= \1", grammar["gbnf"])}
+    times = "" if most == 1 else f"{{1,{most}}}"
+    return {**grammar, "gbnf": MANY_CALLS.sub(rf"tool-calls ::= (\1){times}", grammar["gbnf"])}
+
+
+def most_calls(request: dict[str, Any]) -> int | None:
+    """The most calls an output may make: one without ``parallel_tool_calls``, else
+    ``max_tool_calls`` (None: no bound)."""
+    if not request.get("parallel_tool_calls", True):
+        return 1
+    most = request.get("max_tool_calls")
+    return int(most) if most else None
 
 
 def _render(engine: Any, request: dict[str, Any]) -> ChatPlan:
-    mode, parallel, schema, thinking, _ = _options(request)
+    mode, parallel, schema, thinking, _, most = _options(request)
     tools = chat_tools(request)
     rendered = template_of(engine).render(
         json.dumps(chat_messages(request)),
         tools=json.dumps(tools) if tools else "",
         tool_choice="required" if mode == "required" else "auto",
-        parallel_tool_calls=parallel and mode is not None,
+        # a bound holds by blocks of one call each (the chat layer's parallel calls in a
+        # block know none)
+        parallel_tool_calls=parallel and mode is not None and most is None,
         json_schema="" if schema is None else json.dumps(schema),
         enable_thinking=thinking,
         reasoning_effort=_effort(request),
     )
     tokens = list(engine.tokenize(rendered["prompt"], add_special=True, parse_special=True))
     grammar = require_call(rendered["grammar"]) if mode == "required" else rendered["grammar"]
-    if mode is not None and not parallel:
-        grammar = single_call(grammar)
+    if mode is not None and most is not None:
+        grammar = single_call(grammar, most)
     return ChatPlan(
         tokens=tokens,
         grammar=grammar,
