@@ -17,6 +17,8 @@
 #include "quantize.h"
 #include "text.h"
 
+#include "chat_template_py.h"  // the chat layer's part of the module
+
 namespace py = pybind11;
 using namespace pybind11::literals;
 
@@ -436,6 +438,8 @@ PYBIND11_MODULE(_native, m) {
     m.def("schema_grammar", &lmsp::schema_grammar, "schema"_a,
           "The GBNF grammar (root rule 'root') of the texts a JSON schema (given as JSON text) admits.");
 
+    bind_chat(m);
+
     py::class_<lmsp::TextStream>(m, "TextStream",
                                  "Streaming-safe UTF-8 text with stop strings (the engine's text module).")
         .def(py::init([](const py::object & stop) {
@@ -496,6 +500,14 @@ PYBIND11_MODULE(_native, m) {
                 return py::str(out);
             },
             "messages"_a, "add_generation_prompt"_a = true)
+        .def(
+            "chat_template",
+            [](PyEngine & s) -> py::object {
+                const lmsp::ChatTemplate * t = s.e().chat_template();
+                if (t == nullptr) return py::none();
+                return py::cast(t, py::return_value_policy::reference);
+            },
+            py::keep_alive<0, 1>(), "The model's chat template (None: it has none), kept alive with the engine.")
         .def(
             "chat_prompt",
             [](PyEngine & s, const py::object & messages, bool add_generation_prompt) {

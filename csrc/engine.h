@@ -152,6 +152,7 @@ public:
     // the vocabulary asks for it) and special-token text parsed.
     std::vector<int32_t> chat_prompt(const std::vector<ChatMessage> & messages, bool add_generation_prompt) const;
     bool has_chat_template() const { return chat_template_ != nullptr; }
+    const ChatTemplate * chat_template() const { return chat_template_.get(); }  // null: none
 
     int64_t submit(SubmitRequest request);
     bool cancel(int64_t seq_id);

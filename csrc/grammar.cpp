@@ -47,6 +47,36 @@ void lazy_triggers(const llama_vocab * vocab, const GrammarSpec & spec, const st
     }
 }
 
+std::string pieces(const llama_vocab * vocab, const std::vector<int32_t> & tokens, size_t from = 0) {
+    std::string out;
+    for (size_t i = from; i < tokens.size(); ++i) out += common_token_to_piece(vocab, tokens[i], true);
+    return out;
+}
+
+// The tokens of a prefill, as the prompt holds it. A tokenizer that puts a
+// space before a text (SentencePiece) may glue it to the first piece (" <"):
+// after a newline, the text starts a piece of its own, and the tokens of the
+// newline are left out. Otherwise, as llama.cpp's common sampler does, a
+// first token that is a space the text does not have is left out.
+std::vector<int32_t> prefill_tokens(const llama_vocab * vocab, const std::string & text) {
+    std::vector<int32_t> tokens = special_tokens(vocab, text);
+    if (tokens.empty() || std::isspace(static_cast<unsigned char>(text[0]))) return tokens;
+    const std::string first = common_token_to_piece(vocab, tokens[0], true);
+    if (first.empty() || !std::isspace(static_cast<unsigned char>(first[0]))) return tokens;
+    if (first.size() > 1) {
+        const std::vector<int32_t> after = special_tokens(vocab, "\n" + text);
+        std::string lead;
+        for (size_t i = 0; i < after.size() && lead.size() < 2; ++i) {
+            lead += common_token_to_piece(vocab, after[i], true);
+            if ((lead == "\n" || lead == " \n") && pieces(vocab, after, i + 1) == text) {
+                return std::vector<int32_t>(after.begin() + long(i) + 1, after.end());
+            }
+        }
+    }
+    tokens.erase(tokens.begin());
+    return tokens;
+}
+
 }  // namespace
 
 Grammar::Grammar(const llama_vocab * vocab, const GrammarSpec & spec) {
@@ -73,17 +103,8 @@ Grammar::Grammar(const llama_vocab * vocab, const GrammarSpec & spec) {
     }
     if (sampler_ == nullptr) throw InvalidArgument("the grammar does not parse (GBNF with a 'root' rule)");
     if (!spec.lazy && !spec.prefill.empty()) {
-        const auto tokens = special_tokens(vocab, spec.prefill);
-        for (size_t i = 0; i < tokens.size(); ++i) {
-            // as llama.cpp's common sampler: a space some tokenizers put before the text is not its
-            const std::string piece = common_token_to_piece(vocab, tokens[i], true);
-            if (i == 0 && !piece.empty() && std::isspace(static_cast<unsigned char>(piece[0])) &&
-                !std::isspace(static_cast<unsigned char>(spec.prefill[0]))) {
-                continue;
-            }
-            if (!accept(tokens[i])) {
-                throw InvalidArgument("the grammar does not take the prompt's opening of the output");
-            }
+        for (const int32_t token : prefill_tokens(vocab, spec.prefill)) {
+            if (!accept(token)) throw InvalidArgument("the grammar does not take the prompt's opening of the output");
         }
     }
 }

@@ -8,6 +8,8 @@ signatures and ``Engine``'s docstring below for the behaviour.
 from __future__ import annotations
 
 from ._native import (
+    ChatParser,
+    ChatTemplate,
     ContextLengthError,
     Engine,
     EngineClosedError,
@@ -23,6 +25,8 @@ from ._native import (
 )
 
 __all__ = [
+    "ChatParser",
+    "ChatTemplate",
     "ContextLengthError",
     "Engine",
     "EngineClosedError",
@@ -127,4 +131,20 @@ that does not parse makes the model fail to load. ``info["has_chat_template"]``
 says whether the model has a template; a model without one is formatted as
 "System: ...\\n\\nUser: ...\\n\\n" and so on, ending with "Assistant:" when
 ``add_generation_prompt`` is true.
+
+``chat_template()`` is the model's template (None without one) as llama.cpp's
+chat layer uses it for tools: ``render(messages_json, tools=..., tool_choice=...,
+parallel_tool_calls=..., json_schema=..., enable_thinking=...,
+reasoning_effort=...)`` takes
+OpenAI-style messages and function tools as JSON text and returns what
+llama-server makes of them with ``--jinja``: ``prompt``, ``format`` (and
+``format_name``), ``grammar`` (``submit``'s form, None without one, its
+``prefill`` the generation prompt), ``additional_stops``,
+``generation_prompt``, ``parser`` (serialized), ``supports_thinking``,
+``thinking_start`` and ``thinking_end``; ``caps`` says what the template does
+(``supports_tools``, ``supports_tool_calls``, ...). ``ChatParser(format,
+generation_prompt, parser).parse(text, partial)`` reads an output as
+``{"content", "reasoning", "tool_calls": [{"name", "arguments", "id"}]}``
+(``partial``: the output so far; a whole output that does not match raises
+ValueError).
 """

@@ -17,6 +17,9 @@ Row = Mapping[str, Any] | sqlite3.Row
 
 COMPLETED, FAILED, CANCELLED = "completed", "failed", "cancelled"
 FINISHED = (COMPLETED, FAILED, CANCELLED)
+#: a task's ``item_open`` once its output is on the chat layer (lmsp.chat_items), kept
+#: after its items end; CHAT_THINK for a model that thinks
+CHAT_OPEN, CHAT_THINK = 3, 4
 DELTA = "response.output_text.delta"  # the event stored compactly: its text (and log probabilities)
 LOGPROBS = "message.output_text.logprobs"  # the include value that asks for log probabilities
 
@@ -103,11 +106,12 @@ ECHOED: dict[str, Any] = {
 }
 
 
-def echoed(request: Mapping[str, Any]) -> dict:
-    """The request's echoed fields, each as asked or at its default."""
+def echoed(request: Mapping[str, Any], thinks: bool = False) -> dict:
+    """The request's echoed fields, each as asked or at its default; ``reasoning`` as
+    asked only where a model that thinks made the output (``thinks``)."""
     out = {}
     for name, default in ECHOED.items():
-        value = request.get(name)
+        value = request.get(name) if name != "reasoning" or thinks else None
         out[name] = json.loads(json.dumps(default)) if value is None else value
     fmt = out["text"].get("format") or {}
     if fmt.get("type") == "json_schema":  # Open Responses echoes the format without its schema
@@ -132,7 +136,7 @@ def response_object(response: Row, task: Row, text: str | None, logprobs: list |
             "input_tokens": int(usage.get("input_tokens", 0)),
             "input_tokens_details": {"cached_tokens": int(usage.get("cached_tokens", 0))},
             "output_tokens": int(usage.get("output_tokens", 0)),
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": int(usage.get("reasoning_tokens", 0))},
         }
         usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
     status = response_status(task["status"], reason)
@@ -154,7 +158,7 @@ def response_object(response: Row, task: Row, text: str | None, logprobs: list |
         "seed": request.get("seed"),
         "metadata": request.get("metadata") or {},
         "store": bool(request.get("store", True)),
-        **echoed(request),
+        **echoed(request, task["item_open"] == CHAT_THINK),
         "task": {"id": task["id"], "status": task["status"], "on_restart": task["on_restart"]},
     }
 
@@ -162,8 +166,10 @@ def response_object(response: Row, task: Row, text: str | None, logprobs: list |
 def event_object(event: Row, item_id: str) -> dict:
     """One task event: ``{"type", "sequence_number", "created_at", ...payload}``."""
     out = {"type": event["type"], "sequence_number": event["seq"], "created_at": ts(event["created_at"])}
-    if event["type"] == DELTA:  # stored compactly: its text, and its log probabilities in data
-        data = event["data"]
+    data = event["data"]
+    # stored compactly: its text, and its log probabilities in data (an output on the
+    # chat layer keeps the whole payload in data, lmsp.chat_items)
+    if event["type"] == DELTA and (data is None or data.startswith('{"logprobs"')):
         logprobs = json.loads(data).get("logprobs", []) if data is not None else []
         out.update(item_id=item_id, output_index=0, content_index=0, delta=event["text"] or "", logprobs=logprobs)
     else:

@@ -79,12 +79,27 @@ def usage(response: dict[str, Any]) -> dict[str, Any] | None:
             "audio_tokens": 0,
         },
         "completion_tokens_details": {
-            "reasoning_tokens": 0,
+            "reasoning_tokens": int((given.get("output_tokens_details") or {}).get("reasoning_tokens") or 0),
             "audio_tokens": 0,
             "accepted_prediction_tokens": 0,
             "rejected_prediction_tokens": 0,
         },
     }
+
+
+def reasoning_text(response: dict[str, Any]) -> str:
+    """The text of a Response object's reasoning item ('' when there is none)."""
+    for item in response.get("output") or []:
+        if item.get("type") == "reasoning":
+            return "".join(str(part.get("text") or "") for part in item.get("content") or [])
+    return ""
+
+
+def with_reasoning(message: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
+    """A chat message with the reasoning of a thinking model's answer, as llama-server
+    sends it (``reasoning_content``); as it is without one."""
+    reasoning = reasoning_text(response)
+    return {**message, "reasoning_content": reasoning} if reasoning else message
 
 
 def _extras(response: dict[str, Any]) -> dict[str, Any]:
@@ -117,7 +132,7 @@ def chat_completion(response: dict[str, Any], logprobs: bool = False) -> dict[st
         "choices": [
             {
                 "index": 0,
-                "message": message,
+                "message": with_reasoning(message, response),
                 "logprobs": chat_logprobs(response_logprobs(response)) if logprobs else None,
                 "finish_reason": finish_reason(response),
             }
@@ -246,6 +261,10 @@ class ChunkFraming(Framing):
             return data_frame(self._chunk(event.get("delta") or "", None, logprobs=self._logprobs(entries)))
         if self.kind == "chat.completion" and kind in CALL_EVENTS:
             return self._call_chunk(event)
+        if self.kind == "chat.completion" and kind == "response.reasoning.delta" and event.get("delta"):
+            chunk = self._chunk(None, None)
+            chunk["choices"][0]["delta"] = {"reasoning_content": event["delta"]}
+            return data_frame(chunk)
         if kind in ("response.completed", "response.incomplete"):
             response = event.get("response") or {}
             finish = finish_reason(response) or ("length" if kind == "response.incomplete" else "stop")

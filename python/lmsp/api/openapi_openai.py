@@ -165,6 +165,7 @@ SCHEMAS: JSON = {
                                 "content": nullable(STR),
                                 "refusal": NULL,
                                 "tool_calls": ANSWER_TOOL_CALLS,
+                                "reasoning_content": STR,  # a thinking model's, as llama-server sends it
                             },
                             ["role"],
                         ),

@@ -28,6 +28,8 @@ EVENT_TYPES = [
     "response.output_item.done",
     "response.function_call_arguments.delta",
     "response.function_call_arguments.done",
+    "response.reasoning.delta",
+    "response.reasoning.done",
     "response.completed",
     "response.incomplete",
     "response.failed",
@@ -331,7 +333,19 @@ SCHEMAS: JSON = {
             "status": {"enum": ["in_progress", "completed", "incomplete"]},
         }
     ),
-    "OutputItem": {"anyOf": [ref("OutputMessage"), ref("FunctionCall")]},
+    "Reasoning": obj(
+        {
+            "type": {"const": "reasoning"},
+            "id": {"type": "string", "pattern": "^rs_"},
+            "summary": {"type": "array", "maxItems": 0},
+            "content": {
+                "type": "array",
+                "items": obj({"type": {"const": "reasoning_text"}, "text": STR}),
+            },
+        },
+        ["type", "id", "summary"],
+    ),
+    "OutputItem": {"anyOf": [ref("OutputMessage"), ref("FunctionCall"), ref("Reasoning")]},
     "TaskError": nullable(obj({"code": STR, "message": STR})),
     "Response": obj(
         {

@@ -34,7 +34,7 @@ FIELDS = (
     "conversation",
     "prompt",
 )
-# include values the service produces (there is no reasoning item to encrypt: nothing to add)
+# include values the service produces (a reasoning item is never encrypted: nothing to add)
 INCLUDE = ("message.output_text.logprobs", "reasoning.encrypted_content")
 MAX_TOP_LOGPROBS = 20
 TRUNCATIONS = ("auto", "disabled")
@@ -84,11 +84,12 @@ def parse_stream_options(value: Any) -> None:
     get_bool(value, "include_obfuscation", param="stream_options.include_obfuscation")
 
 
-def parse_reasoning(value: Any) -> None:
-    """``reasoning``: checked; no model of this service reasons, which the echoed
-    object says (``effort`` and ``summary`` null)."""
+def parse_reasoning(value: Any) -> dict[str, Any] | None:
+    """``reasoning`` as the task keeps it (``effort``, ``summary``): the effort is the
+    template's thinking switch for a model that thinks; a Response echoes it once
+    its output is made by such a model, ``effort`` null otherwise (nothing used it)."""
     if value is None:
-        return
+        return None
     if not isinstance(value, dict):
         raise InvalidRequest("'reasoning' must be an object", param="reasoning")
     reject_unknown(value, ("effort", "summary", "generate_summary"), where="reasoning.")
@@ -102,6 +103,7 @@ def parse_reasoning(value: Any) -> None:
             f"'reasoning.generate_summary' must be one of {', '.join(REASONING_SUMMARIES)}",
             param="reasoning.generate_summary",
         )
+    return {"effort": value.get("effort"), "summary": value.get("summary") or summary}
 
 
 def _not_yet(body: dict[str, Any], name: str, what: str) -> None:
@@ -113,7 +115,7 @@ def parse_options(body: dict[str, Any]) -> dict[str, Any]:
     """The request's options as the task keeps them; raises InvalidRequest."""
     _not_yet(body, "prompt", "this service has no stored prompt templates")
     parse_stream_options(body.get("stream_options"))
-    parse_reasoning(body.get("reasoning"))
+    reasoning = parse_reasoning(body.get("reasoning"))
     tier = get_str(body, "service_tier", default="auto", max_len=64)
     if tier not in SERVICE_TIERS:
         raise InvalidRequest(
@@ -132,4 +134,5 @@ def parse_options(body: dict[str, Any]) -> dict[str, Any]:
         "service_tier": "default",  # the one tier this service has, which "auto" picks
         "presence_penalty": _zero_penalty(body, "presence_penalty"),
         "frequency_penalty": _zero_penalty(body, "frequency_penalty"),
+        "reasoning": reasoning,
     }

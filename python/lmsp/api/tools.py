@@ -208,7 +208,9 @@ def call_message(item: dict[str, Any], where: str, calls: dict[str, str]) -> dic
         if not isinstance(arguments, str):
             raise InvalidRequest(f"'{where}.arguments' must be a string", param=f"{where}.arguments")
         calls[call_id] = name
-        return {"role": "assistant", "content": call_format.as_text(name, arguments)}
+        # the call's parts too, for a template that shows calls itself (runtime.chat_layer)
+        text = call_format.as_text(name, arguments)
+        return {"role": "assistant", "content": text, "call_id": call_id, "name": name, "arguments": arguments}
     reject_unknown(item, ("type", "id", "call_id", "output", "status"), where=f"{where}.")
     if call_id not in calls:
         raise InvalidRequest(
@@ -222,4 +224,5 @@ def call_message(item: dict[str, Any], where: str, calls: dict[str, str]) -> dic
         output = "".join(parts)  # type: ignore[arg-type]
     if not isinstance(output, str):
         raise InvalidRequest(f"'{where}.output' must be a string or text parts", param=f"{where}.output")
-    return {"role": "user", "content": call_format.output_text(calls[call_id], call_id, output)}
+    text = call_format.output_text(calls[call_id], call_id, output)
+    return {"role": "user", "content": text, "call_id": call_id, "output": output}

@@ -21,7 +21,8 @@ from typing import Any
 from ..contracts import ClaimRecord, CreatedTask, NewTask
 from ..errors import ContextLengthExceeded, InvalidRequest
 from ..hubsafe import offload
-from . import constraints
+from ..objects import wants_logprobs
+from . import chat_layer, constraints
 from . import prompt as prompting
 from .state import Run, WorkerState
 from .toolcalls import CallShaper
@@ -39,6 +40,7 @@ class Admission:
         """Check the request, create its task (claimed here when a slot is free), and
         start it or have it claimed; what ``Store.create_task`` returns."""
         state = self.state
+        self.check_chat_layer(new)
         constraints.check(new.request)
         tokens = self.check_request(new.model, prompting.with_tools(new.messages, new.request), new.request)
         slot = self.reserve(new.model)
@@ -58,6 +60,36 @@ class Admission:
         if created["replay"] is None and created.get("claim") is None:
             state.wake_scheduler()
         return created
+
+    def check_chat_layer(self, new: NewTask) -> None:
+        """A request on the chat layer of a model loaded here (:mod:`.chat_layer`): its
+        prompt rendered as the run will (InvalidRequest where the template refuses it,
+        ContextLengthExceeded where it does not fit), and no log probabilities, which
+        its items do not carry (InvalidRequest). A model not loaded here yet is
+        checked when the task starts (its output has none)."""
+        engine = self.state.registry.engine(new.model)
+        try:
+            if engine is None or not chat_layer.applies(engine, new.request):
+                return
+            found = chat_layer.plan(engine, new.request)
+        except ValueError as exc:
+            raise InvalidRequest(f"the request cannot be rendered: {exc}", param="input") from None
+        except Exception as exc:  # a closed engine (unloaded meanwhile): checked at run time
+            log.debug("check_chat_layer: %s", exc)
+            return
+        if wants_logprobs(new.request):
+            param = "top_logprobs" if new.request.get("top_logprobs") else "include"
+            raise InvalidRequest(
+                f"'{param}': log probabilities are not supported on model {new.model}, whose output is split"
+                " into items by its chat format (reasoning, function calls)",
+                param=param,
+            )
+        if found is not None and len(found.tokens) >= engine.n_ctx:
+            raise ContextLengthExceeded(
+                f"the prompt is {len(found.tokens)} tokens; model {new.model} takes at most {engine.n_ctx - 1} "
+                "with room for one output token",
+                param="input",
+            )
 
     def check_request(
         self, model_id: str, prompt_messages: list[dict[str, str]], request: dict[str, Any] | None = None
@@ -118,8 +150,8 @@ class Admission:
         the scope of the engine's prefix cache."""
         state = self.state
         engine = state.registry.engine(model_id)
-        if engine is None or not tokens or state.stopping:
-            return None
+        if engine is None or not tokens or state.stopping or chat_layer.applies(engine, request):
+            return None  # a chat-layer task's output needs its item id: started as usual
         try:
             kwargs = prompting.sampling(request, state.config)
         except (ValueError, TypeError):

@@ -227,6 +227,10 @@ class Committer:
         if not self.pending:
             self.pending_since = now
         item = self.pending[run.task_id] = merge(self.pending.get(run.task_id), run, result)
+        made = getattr(run.calls, "made", None)
+        if made is not None:  # an output on the chat layer: its events (runtime.chat_shaper)
+            item.setdefault("rows", []).extend(made())
+            item["mark"] = run.calls.mark
         held = self.held_logprobs.pop(run.task_id, None)
         if held is not None and held[0] == run.attempt:
             item["logprobs"] = held[1] + item.get("logprobs", [])

@@ -127,9 +127,15 @@ def render_request(engine: ChatEngine, messages: list[dict], request: dict, max_
 
 def prompt_tokens(engine, request: dict, max_tokens: int) -> list[int]:
     """The prompt's token ids of a request: a completion's raw ``prompt`` (no chat
-    template), else its messages through the chat template (:func:`render_request`)."""
+    template), else the chat layer's prompt where it applies (:mod:`.chat_layer`), else
+    its messages through the chat template (:func:`render_request`)."""
     raw = request.get("prompt")
     if raw is None:
+        from .chat_layer import plan
+
+        found = plan(engine, request)
+        if found is not None:  # the model's own chat layer (tools, thinking): no truncation
+            return list(found.tokens)
         return render_request(engine, messages_for(request), request, max_tokens)
     suffix = request.get("suffix")
     if suffix is not None:
@@ -163,9 +169,10 @@ def fill_in_the_middle(engine, prefix: str | list[int], suffix: str) -> list[int
     return bos + [pre, *head, suf, *tail, mid]
 
 
-def sampling(request: dict, config) -> dict:
+def sampling(request: dict, config, engine=None) -> dict:
     """The engine's ``submit`` keywords from a request (service defaults and caps applied;
-    the grammar of its output's form, :mod:`.constraints`)."""
+    the grammar of its output's form, :mod:`.constraints`, or with ``engine`` that of
+    the model's own chat layer where it applies, :mod:`.chat_layer`)."""
 
     def pick(name, default):
         value = request.get(name)
@@ -186,7 +193,13 @@ def sampling(request: dict, config) -> dict:
         "stop": [s for s in stop if isinstance(s, str) and s],
         "grammar": constraints.grammar(request),
     }
-    if wants_logprobs(request):
+    from .chat_layer import plan
+
+    found = None if engine is None else plan(engine, request)
+    if found is not None:
+        out["grammar"] = found.grammar
+        out["stop"] += [s for s in found.stops if s not in out["stop"]]
+    if wants_logprobs(request) and found is None:  # a chat-layer output's items carry none
         out["logprobs"] = True
         if request.get("top_logprobs"):
             out["top_logprobs"] = int(request["top_logprobs"])

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..contracts import ClaimRecord
 from ..errors import IllegalTransition, LMSPError, NotFound, Unavailable
+from . import chat_layer
 from . import prompt as prompting
 from .state import IDLE_WAIT, MAX_BACKOFF, Run, WorkerState
 from .toolcalls import CallShaper
@@ -184,8 +185,10 @@ class Scheduler:
             return  # the task failed
         request = claim.get("request") or {}
         try:
-            kwargs = prompting.sampling(request, self.state.config)
-            tokens = run.tokens or prompting.prompt_tokens(engine, request, kwargs["max_tokens"])
+            kwargs = prompting.sampling(request, self.state.config, engine)
+            # the chat layer's prompt is its own (a create's check rendered the service's)
+            given = None if chat_layer.applies(engine, request) else run.tokens
+            tokens = given or prompting.prompt_tokens(engine, request, kwargs["max_tokens"])
         except (ValueError, TypeError) as exc:
             return self.fail(run, "invalid_request", f"the request cannot be rendered: {exc}")
         resume = self.resume_of(claim)
@@ -197,7 +200,9 @@ class Scheduler:
                 f"the prompt is {len(tokens)} tokens; the model's context holds {engine.n_ctx}",
             )
         self.set_state(run, "running")
-        run.calls = CallShaper.for_request(request, resume["emitted"] if resume else "")
+        emitted = resume["emitted"] if resume else ""
+        shaper = chat_layer.shaper(engine, request, claim.get("item_id") or "", emitted)
+        run.calls = shaper if shaper is not None else CallShaper.for_request(request, emitted)
         self.submit(run, engine, tokens, kwargs, resume, claim.get("client_id") or "")
 
     def engine_for(self, run: Run) -> Engine | None:

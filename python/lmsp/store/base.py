@@ -13,6 +13,7 @@ import sqlite3
 from typing import Any, Callable
 
 from .. import calls
+from .. import chat_items
 from .. import objects as obj
 from ..contracts import StepState
 from ..errors import NotFound
@@ -22,6 +23,11 @@ from .db import Database
 
 #: a task's ``item_open`` while its open output item is a function call (1: a message)
 CALL_OPEN = 2
+#: a task's ``item_open`` once its output is on the chat layer (:mod:`lmsp.chat_items`),
+#: kept after its items end: its Response's items are made from its events
+CHAT_OPEN = obj.CHAT_OPEN
+#: the same, for a model that thinks (its Response echoes the ``reasoning`` asked)
+CHAT_THINK = obj.CHAT_THINK
 
 UNFINISHED_SQL = "('queued','loading','running','cancelling')"
 # a task a worker may claim: word for word the WHERE of the tasks_claimable
@@ -101,7 +107,20 @@ class StoreBase:
         ).fetchall()
         return [entry for r in rows for entry in json.loads(r[0]).get("logprobs", ())]
 
+    @staticmethod
+    def _attempt_events(conn: sqlite3.Connection, task: dict) -> list[tuple[str, str | None]]:
+        """The ``(type, data)`` of the current attempt's events, in order."""
+        return conn.execute(
+            "SELECT type, data FROM task_events WHERE task_id = ? AND seq > ? ORDER BY seq",
+            (task["id"], task["attempt_seq"]),
+        ).fetchall()
+
     def _render_response(self, conn: sqlite3.Connection, response: sqlite3.Row, task: dict) -> dict:
+        if task["item_open"] in (CHAT_OPEN, CHAT_THINK):  # its items are made from its events
+            out = obj.response_object(response, task, None)
+            status = chat_items.ITEM_STATUS.get(out["status"], "in_progress")
+            out["output"] = chat_items.fold(self._attempt_events(conn, task), status)
+            return out
         if task["status"] in st.FINISHED and response["output_text"] is not None:
             text = response["output_text"]
         else:
@@ -148,6 +167,11 @@ class StoreBase:
             response = self._response_row(conn, task["response_id"])
         if task["item_open"] == CALL_OPEN:
             self._close_call(conn, task, now, status, "", response)
+            return
+        if task["item_open"] in (CHAT_OPEN, CHAT_THINK):  # every item still open; the mark stays
+            for index, item, body in chat_items.open_items(self._attempt_events(conn, task)):
+                for etype, payload in chat_items.closing_events(item, index, body, status):
+                    self._emit(conn, task, etype, now, payload)
             return
         base = {"item_id": response["item_id"], "output_index": 0, "content_index": 0}
         logprobs = self._attempt_logprobs(conn, task, response) or []

@@ -22,7 +22,7 @@ from typing import Iterable, NamedTuple
 from .. import calls
 from .. import objects as obj
 from ..contracts import EventRow, StepItem, StepState
-from .base import CALL_OPEN, dumps
+from .base import CALL_OPEN, CHAT_OPEN, dumps
 
 DELTA = "response.output_text.delta"
 ARGS_DELTA = "response.function_call_arguments.delta"
@@ -216,7 +216,11 @@ def _text_rows(
     item_id: str,
 ) -> tuple[int, int, str]:
     """A message item's rows of one step: its opening, its text delta (with the tokens
-    held back before it); ``(seq, item_open, pending)``."""
+    held back before it); ``(seq, item_open, pending)``. An output on the chat layer
+    has its own (:func:`_chat_rows`)."""
+    if "rows" in item:
+        seq, pending = _chat_rows(events, tid, item, seq, pending, toks, now)
+        return seq, item.get("mark") or CHAT_OPEN, pending
     delta = item.get("delta")
     finish = item.get("finish")
     if not item_open and (delta or finish == "stop" or finish == "length"):
@@ -231,6 +235,27 @@ def _text_rows(
     elif toks:
         pending = pending + "," + toks if pending else toks
     return seq, item_open, pending
+
+
+def _chat_rows(
+    events: list[EventInsert], tid: str, item: StepItem, seq: int, pending: str, toks: str, now: float
+) -> tuple[int, str]:
+    """The chat layer's rows of one step (:mod:`lmsp.chat_items`): each event with its
+    whole payload, the raw text on the rows that consumed it, the step's tokens (with
+    those held back) on the last of those; ``(seq, pending)``."""
+    toks = pending + "," + toks if pending and toks else pending or toks
+    last_text = None
+    for etype, raw, payload in item.get("rows") or ():
+        seq += 1
+        if raw is not None:
+            last_text = len(events)
+        events.append((tid, seq, etype, now, raw, None, dumps(payload)))
+    if last_text is None:
+        return seq, toks
+    if toks:
+        row = events[last_text]
+        events[last_text] = (*row[:5], toks, row[6])
+    return seq, ""
 
 
 def step_rows(

@@ -19,10 +19,11 @@ from __future__ import annotations
 import sqlite3
 from typing import NamedTuple
 
+from .. import chat_items
 from ..contracts import EVENT_ROW_FIELDS, StepItem, StepOutcome, StepState
 from ..errors import NotFound
 from . import states as st
-from .base import CALL_OPEN, StoreBase, dumps, last_seq_sql
+from .base import CALL_OPEN, CHAT_OPEN, CHAT_THINK, StoreBase, dumps, last_seq_sql
 from .steprows import EventInsert, StepEnd, StepPlan, events_by_task, known_step, split_known, step_rows, usual_step
 
 _EVENT_INSERT = "INSERT INTO task_events (task_id, seq, type, created_at, text, tokens, data) VALUES (?,?,?,?,?,?,?)"
@@ -230,6 +231,8 @@ class StepsArea(StoreBase):
         if task["item_open"]:
             self._close_item(conn, task, now, status, text, response)
         usage = item.get("usage")
+        if usage is not None and task["item_open"] in (CHAT_OPEN, CHAT_THINK):
+            usage = {**usage, "reasoning_tokens": self._reasoning_tokens(conn, task)}
         conn.execute(
             "UPDATE responses SET output_text = ?, usage = ?, incomplete_reason = ? WHERE id = ?",
             (text, None if usage is None else dumps(usage), reason, response["id"]),
@@ -238,6 +241,17 @@ class StepsArea(StoreBase):
         self._emit_response(conn, task, etype, now)
         self._save(conn, task)
         return target
+
+    @staticmethod
+    def _reasoning_tokens(conn: sqlite3.Connection, task: dict) -> int:
+        """The tokens of the current attempt's reasoning: those its reasoning rows carry."""
+        n = 0
+        for (tokens,) in conn.execute(
+            "SELECT tokens FROM task_events WHERE task_id = ? AND seq > ? AND type = ? AND tokens IS NOT NULL",
+            (task["id"], task["attempt_seq"], chat_items.REASONING_DELTA),
+        ):
+            n += len(tokens.split(",")) if tokens else 0
+        return n
 
     def step_state(self, task_id: str) -> StepState:
         """The state :meth:`append_step` continues a task from (for the serving

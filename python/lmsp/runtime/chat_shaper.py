@@ -1,0 +1,151 @@
+"""A task's output split by the model's own chat format, while it is generated.
+
+For a task on llama.cpp's chat layer (:mod:`.chat_layer`), the engine's text
+goes through a :class:`ChatShaper`: the output so far is read by the chat
+layer's parser (partial while it grows), and what the reading gained since
+the last one becomes events (:mod:`lmsp.chat_items`): a ``reasoning`` item
+with ``response.reasoning.delta``, a ``message`` with
+``response.output_text.delta``, ``function_call`` items with
+``response.function_call_arguments.delta``, each item opened when the reading
+first shows it and ended when the next one opens (the last one ends with the
+task: the store writes its end with the task's own status). The committer
+takes them from :meth:`ChatShaper.made` after each push.
+
+The events are a function of the reading of the output so far alone, and the
+raw text a push consumed goes with its first event; a push that gains nothing
+consumes nothing (the engine gives that text again after a resume, its
+snapshot holding only what was committed). So a shaper made from the
+committed text (:meth:`ChatShaper.__init__` with ``emitted``) is where the
+last one was, and continues exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .. import chat_items as ci
+from ..objects import CHAT_OPEN, CHAT_THINK
+
+Parse = Callable[[str, bool], dict[str, Any]]
+
+
+@dataclass
+class _Item:
+    kind: str  # reasoning, message or function_call
+    index: int  # output index
+    item: dict[str, Any]  # as output_item.added shows it
+    body: str = ""  # reasoning text, message text or arguments handed on so far
+    source: int = -1  # the parsed call it shows (function_call)
+    done: bool = False
+
+
+Event = tuple[str, dict[str, Any]]
+
+
+class ChatShaper:
+    """One task's output on the chat layer (see the module docstring)."""
+
+    def __init__(self, parse: Parse, item_id: str, emitted: str = "", thinks: bool = False) -> None:
+        self.parse = parse
+        self.mark = CHAT_THINK if thinks else CHAT_OPEN  # the task's item_open in the store
+        self.item_id = item_id
+        self.text = emitted
+        self.items: list[_Item] = []
+        self.calls = 0
+        if emitted:  # where the committed output left it
+            self._gain(self.parse(emitted, True), final=False)
+        self.consumed = len(emitted)  # raw text handed on up to here
+        self.rows: list[tuple[str, str | None, dict[str, Any]]] = []
+
+    def push(self, text: str, final: bool) -> dict[str, Any]:
+        """The engine's next text, as the committer merges a shaper's: no ``delta`` (the
+        events of the text are :meth:`made`'s)."""
+        self.text += text
+        parsed: dict[str, Any] | None
+        try:
+            parsed = self.parse(self.text, not final)
+        except ValueError:
+            parsed = self._cut_short() if final else None
+        if parsed is not None:
+            events = self._gain(parsed, final)  # the last item ends with the task, in the store
+            rows: list[tuple[str, str | None, dict[str, Any]]] = [(etype, None, p) for etype, p in events]
+            if rows:
+                rows[0] = (rows[0][0], self.text[self.consumed :], rows[0][2])
+                self.consumed = len(self.text)
+            self.rows += rows
+        return {"delta": ""}
+
+    def made(self) -> list[tuple[str, str | None, dict[str, Any]]]:
+        """The events the pushes since the last call made: ``(type, raw text or None,
+        payload)``, the raw text a push consumed on its first event."""
+        rows, self.rows = self.rows, []
+        return rows
+
+    def _cut_short(self) -> dict[str, Any]:
+        """The reading of a whole output that does not end as the format does (cut short
+        by ``max_output_tokens``, say): as the output so far; else all of it text."""
+        try:
+            return self.parse(self.text, True)
+        except ValueError:
+            return {"content": self.text, "reasoning": "", "tool_calls": []}
+
+    # ---------------------------------------------------------------- the reading
+    def _gain(self, parsed: dict[str, Any], final: bool) -> list[Event]:
+        """The events of what ``parsed`` shows beyond the items so far."""
+        events: list[Event] = []
+        reasoning = parsed.get("reasoning") or ""
+        if reasoning:
+            events += self._grow("reasoning", reasoning)
+        content = parsed.get("content") or ""
+        if content:
+            events += self._grow("message", content)
+        calls = parsed.get("tool_calls") or []
+        for i, call in enumerate(calls):
+            args = call.get("arguments") or ""
+            if not (args or i + 1 < len(calls)):
+                continue  # its name may still grow (or was cut short): opened once its arguments begin
+            events += self._grow("function_call", args, source=i, name=call.get("name") or "")
+        return events
+
+    def _grow(self, kind: str, body: str, source: int = -1, name: str = "") -> list[Event]:
+        """The events that bring the item of ``kind`` (the ``source``-th call) to ``body``."""
+        item = next((i for i in self.items if i.kind == kind and i.source == source), None)
+        events: list[Event] = []
+        if item is None:
+            events += self._close_last()
+            item = self._open(kind, source, name, events)
+        if item.done or body == item.body or not body.startswith(item.body):
+            return events  # ended (what comes later is in the raw text only), or nothing new
+        delta, item.body = body[len(item.body) :], body
+        etype = {"reasoning": ci.REASONING_DELTA, "message": ci.TEXT_DELTA}.get(kind, ci.ARGS_DELTA)
+        payload: dict[str, Any] = {"item_id": item.item["id"], "output_index": item.index}
+        if kind != "function_call":
+            payload["content_index"] = 0
+        payload["delta"] = delta
+        if kind == "message":
+            payload["logprobs"] = []
+        events.append((etype, payload))
+        return events
+
+    def _open(self, kind: str, source: int, name: str, events: list[Event]) -> _Item:
+        index = len(self.items)
+        first = not any(i.kind == kind for i in self.items)
+        item_id, call_id = ci.item_ids(self.item_id, kind, 0 if first else index, self.calls)
+        if kind == "function_call":
+            self.calls += 1
+        new = _Item(kind, index, ci.new_item(kind, item_id, call_id, name), source=source)
+        self.items.append(new)
+        events.append((ci.ADDED, {"output_index": index, "item": new.item}))
+        if kind == "message":
+            part = {"item_id": item_id, "output_index": index, "content_index": 0, "part": ci.text_part("")}
+            events.append((ci.PART_ADDED, part))
+        return new
+
+    def _close_last(self) -> list[Event]:
+        """The events that end the last item, if it is open."""
+        if not self.items or self.items[-1].done:
+            return []
+        last = self.items[-1]
+        last.done = True
+        return ci.closing_events(last.item, last.index, last.body, "completed")

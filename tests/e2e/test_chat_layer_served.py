@@ -1,0 +1,125 @@
+"""The chat layer through the served API, on demo models whose templates know
+tools or think (tests/chat_templates.py): streamed calls and reasoning are
+committed events, the same on replay, and pass the Open Responses schemas; the
+tool loop by resent history reaches the template as tool calls and outputs."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from e2e_helpers import Server, sse_events
+
+from lmsp.demo_model import write_demo_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from chat_templates import THINK_TEMPLATE, TOOLS_TEMPLATE  # noqa: E402
+from open_responses import Conformance  # noqa: E402
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "The weather", "parameters": {
+    "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
+    "additionalProperties": False}}  # fmt: skip
+
+
+def _serve(tmp_path_factory, name: str, template: str):
+    root = tmp_path_factory.mktemp(name)
+    model = write_demo_model(root / f"{name}.gguf", chat_template=template)
+    server = Server(root / "data", root, model, {"LMSP_N_PARALLEL": "2"})
+    server.start()
+    token = server.pair()
+    [listed] = server.call("GET", "/v1/models", token=token)["data"]
+    yield server, token, listed["id"]
+    server.stop(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def tools_served(tmp_path_factory):
+    yield from _serve(tmp_path_factory, "tools", TOOLS_TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def think_served(tmp_path_factory):
+    yield from _serve(tmp_path_factory, "think", THINK_TEMPLATE)
+
+
+def stream_and_replay(server, token, body):
+    events = list(sse_events("127.0.0.1", server.port, "POST", "/v1/responses", token=token,
+                             body={**body, "stream": True}, timeout=60))
+    final = events[-1]["response"]
+    replay = list(sse_events("127.0.0.1", server.port, "GET", f"/v1/responses/{final['id']}?stream=true",
+                             token=token, timeout=60))
+    assert replay == events[1:] or replay == events
+    check = Conformance()
+    for event in events:
+        check.check_event(event)
+    stored = server.call("GET", f"/v1/responses/{final['id']}", token=token)
+    check.check_response(stored)
+    assert stored["output"] == final["output"]
+    return events, final
+
+
+def test_streamed_calls_in_the_models_format(tools_served):
+    server, token, model = tools_served
+    events, final = stream_and_replay(server, token, {"model": model, "input": "Weather?", "tools": [WEATHER],
+                                                      "tool_choice": "required", "max_output_tokens": 80,
+                                                      "seed": 11})
+    calls = final["output"]
+    assert calls and all(c["type"] == "function_call" and c["name"] == "get_weather" for c in calls)
+    for call in calls:  # several where parallel_tool_calls lets the model make them
+        args = "".join(e["delta"] for e in events
+                       if e["type"] == "response.function_call_arguments.delta" and e["item_id"] == call["id"])
+        assert args == call["arguments"]
+        assert '"city"' in args or call["status"] == "incomplete"  # the last may be cut by max_output_tokens
+    assert len({c["call_id"] for c in calls}) == len(calls)
+    assert all(c["status"] == "completed" for c in calls[:-1])
+
+
+def test_one_call_without_parallel_calls(tools_served):
+    server, token, model = tools_served
+    one = server.call("POST", "/v1/responses", {"model": model, "input": "Weather?", "tools": [WEATHER],
+                                                "tool_choice": "required", "parallel_tool_calls": False,
+                                                "max_output_tokens": 80}, token=token)
+    assert [item["type"] for item in one["output"]] == ["function_call"]
+
+
+def test_the_tool_loop_reaches_the_template_as_calls(tools_served):
+    server, token, model = tools_served
+    first = server.call("POST", "/v1/responses", {"model": model, "input": "Weather?", "tools": [WEATHER],
+                                                  "tool_choice": "required", "parallel_tool_calls": False,
+                                                  "max_output_tokens": 80}, token=token)
+    [call] = first["output"]
+    history = [{"role": "user", "content": "Weather?"}, call,
+               {"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"}]
+    second = server.call("POST", "/v1/responses", {"model": model, "input": history, "tools": [WEATHER],
+                                                   "max_output_tokens": 4}, token=token)
+    assert second["status"] in ("completed", "incomplete")
+    assert second["usage"]["input_tokens"] > first["usage"]["input_tokens"]
+
+
+def test_streamed_reasoning(think_served):
+    server, token, model = think_served
+    events, final = stream_and_replay(server, token, {"model": model, "input": "Hi", "max_output_tokens": 10,
+                                                      "reasoning": {"effort": "low"}})
+    [item] = final["output"]
+    text = "".join(e["delta"] for e in events if e["type"] == "response.reasoning.delta")
+    assert item["type"] == "reasoning" and item["content"] == [{"type": "reasoning_text", "text": text}]
+    assert final["usage"]["output_tokens_details"]["reasoning_tokens"] > 0
+    assert final["reasoning"]["effort"] == "low"
+
+
+def test_chat_completions_on_the_chat_layer(tools_served, think_served):
+    server, token, model = tools_served
+    tool = {"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}
+    answer = server.call("POST", "/v1/chat/completions", {
+        "model": model, "messages": [{"role": "user", "content": "Weather?"}], "tools": [tool],
+        "tool_choice": "required", "parallel_tool_calls": False, "max_tokens": 80}, token=token)
+    choice = answer["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    [call] = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather" and '"city"' in call["function"]["arguments"]
+    server, token, model = think_served
+    answer = server.call("POST", "/v1/chat/completions", {
+        "model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6}, token=token)
+    message = answer["choices"][0]["message"]
+    assert message["reasoning_content"] and message["content"] == ""
+    assert answer["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
