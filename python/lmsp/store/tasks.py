@@ -10,6 +10,7 @@ import sqlite3
 from .. import objects as obj
 from ..contracts import ClaimRecord, CreatedTask, StepState
 from ..errors import InvalidRequest, NotFound, RateLimited, TaskFinished, TaskUnfinished
+from . import chains
 from . import states as st
 from .base import CLAIMABLE_SQL, TASK_SELECT, UNFINISHED_SQL, dumps
 from .idempotency import IdempotencyArea, answer_keys
@@ -61,6 +62,7 @@ class TasksArea(IdempotencyArea):
         new task was claimed, else None; ``response``: as created (``queued``). ``kind``
         names the response's id (:data:`ID_PREFIXES`); one of :data:`HELD_KINDS` is always claimed.
         """
+        request, turn = chains.stored_request(request)
         request_text = self._request_text(model, request, on_restart, kind, claim)
         with self._db.write() as conn:
             now = self._clock()
@@ -74,6 +76,8 @@ class TasksArea(IdempotencyArea):
                 conn, client_id, model, request_text, on_restart, background, stream, now, kind
             )
             self._keep_context(conn, response["id"], task["id"], client_id, items, conversation)
+            if turn is not None:
+                chains.link(conn, task["id"], turn, now)
             body = self._render_response(conn, response, task)
             first = kind not in HELD_KINDS  # else claimed whatever waits
             taken = None if claim is None else self._claim_new(conn, task, response, claim, now, after_older=first)
@@ -184,7 +188,7 @@ class TasksArea(IdempotencyArea):
         ):
             return None
         owner, lease = claim
-        claimed = claim_record(task, response, None)
+        claimed = claim_record(conn, task, response, None)
         self._move(task, st.RUNNING)
         task.update(owner=owner, lease_expires=now + lease, started_at=now)
         self._emit_task(conn, task, "task.running", now)
