@@ -121,9 +121,11 @@ def _previous(store: Any, client_id: str, value: Any) -> Context:
     if found is not None:
         return Context(found[0], found[1], previous_response_id=rid, turn={"response_id": rid})
     parent = None if "context" in request else request.get("previous_response_id")
-    messages, calls = ([], {}) if parent is None else (store.chain_context(parent) or (None, {}))
-    if messages is None:  # retention took the chain since the response was read
+    earlier = ([], {}) if parent is None else store.chain_context(parent)
+    if earlier is None:  # retention took the chain since the response was read
         raise NotFound(f"no response {rid}", param=param)
+    messages: list[dict[str, str]] = list(earlier[0])
+    calls: dict[str, str] = dict(earlier[1])
     own = list(request.get("context") or ())  # a context kept by value (a conversation's)
     given = request.get("input")
     own += [{"role": "user", "content": given}] if isinstance(given, str) else list(given or ())

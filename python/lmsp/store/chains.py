@@ -33,6 +33,7 @@ TURN_KEY = "chain_turn"
 def dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
+
 _EXPAND = """
 WITH RECURSIVE up(id, parent, messages, calls, depth) AS (
     SELECT response_id, parent_id, messages, calls, 0 FROM chain_turns WHERE response_id = ?
@@ -121,4 +122,3 @@ def expired(conn: sqlite3.Connection, chain: str, cutoff: float) -> bool:
     """Whether a chain's newest time is before ``cutoff``."""
     row = conn.execute("SELECT newest_at FROM chains WHERE id = ?", (chain,)).fetchone()
     return row is not None and row[0] < cutoff
-

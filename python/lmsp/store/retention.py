@@ -78,9 +78,10 @@ class RetentionArea(StoreBase):
                     continue
                 self._gc_rows([row[:3] for row in rows], cutoff, batch, counts, chain)
                 with self._db.write() as conn:  # its turns last: a chain taken up again keeps them
-                    if chains.expired(conn, chain, cutoff) and not conn.execute(
-                        "SELECT 1 FROM tasks WHERE chain_id = ? LIMIT 1", (chain,)
-                    ).fetchone():
+                    if (
+                        chains.expired(conn, chain, cutoff)
+                        and not conn.execute("SELECT 1 FROM tasks WHERE chain_id = ? LIMIT 1", (chain,)).fetchone()
+                    ):
                         conn.execute("DELETE FROM chain_turns WHERE chain_id = ?", (chain,))
                         conn.execute("DELETE FROM chains WHERE id = ?", (chain,))
 

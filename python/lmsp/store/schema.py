@@ -176,7 +176,7 @@ CREATE TABLE chain_turns (
     calls        TEXT NOT NULL        -- JSON: call id -> name of the calls they make
 ) WITHOUT ROWID"""
 
-MIGRATION_V7 = [
+MIGRATION_V7: list[str | Callable[[sqlite3.Connection], None]] = [
     "ALTER TABLE tasks ADD COLUMN chain_id TEXT",
     CHAINS,
     CHAIN_TURNS,

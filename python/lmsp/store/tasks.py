@@ -62,8 +62,7 @@ class TasksArea(IdempotencyArea):
         new task was claimed, else None; ``response``: as created (``queued``). ``kind``
         names the response's id (:data:`ID_PREFIXES`); one of :data:`HELD_KINDS` is always claimed.
         """
-        request, turn = chains.stored_request(request)
-        request_text = self._request_text(model, request, on_restart, kind, claim)
+        request_text, turn = self._request_text(model, request, on_restart, kind, claim)
         with self._db.write() as conn:
             now = self._clock()
             if idempotency is not None:
@@ -76,7 +75,7 @@ class TasksArea(IdempotencyArea):
                 conn, client_id, model, request_text, on_restart, background, stream, now, kind
             )
             self._keep_context(conn, response["id"], task["id"], client_id, items, conversation)
-            if turn is not None:
+            if turn is not None:  # it continues a response: it joins that one's chain
                 chains.link(conn, task["id"], turn, now)
             body = self._render_response(conn, response, task)
             first = kind not in HELD_KINDS  # else claimed whatever waits
@@ -107,8 +106,11 @@ class TasksArea(IdempotencyArea):
             take(conn, conversation, client_id, task_id)
 
     @staticmethod
-    def _request_text(model: str, request: dict, on_restart: str, kind: str, claim: tuple | None) -> str:
-        """The request as stored, once its model and restart policy are checked."""
+    def _request_text(
+        model: str, request: dict, on_restart: str, kind: str, claim: tuple | None
+    ) -> tuple[str, dict | None]:
+        """The request as stored, once its model and restart policy are checked, and the
+        turn of the response it continues (:func:`.chains.stored_request`)."""
         if kind in HELD_KINDS and claim is None:
             raise ValueError(f"a task of kind {kind} is created claimed by the worker that runs it")
         if on_restart not in st.POLICIES:
@@ -117,8 +119,9 @@ class TasksArea(IdempotencyArea):
             raise InvalidRequest("the request must be a JSON object")
         if not isinstance(model, str) or not model:
             raise InvalidRequest("model is required", param="model")
+        request, turn = chains.stored_request(request)
         try:
-            return dumps(request)
+            return dumps(request), turn
         except (TypeError, ValueError) as exc:
             raise InvalidRequest(f"the request is not JSON: {exc}") from exc
 
