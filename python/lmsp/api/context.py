@@ -15,15 +15,19 @@ newest response exists, whatever becomes of the older ones. ``calls`` (call id
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lmsp.contracts import CreatedTask
-from lmsp.errors import InvalidRequest, LMSPError, NotFound, TaskUnfinished
+from lmsp.errors import ContextLengthExceeded, InvalidRequest, LMSPError, NotFound, TaskUnfinished
 
 from . import tools
 
 MAX_ID = 100
+#: a bound on the characters of one token, above the longest token of the vocabularies
+#: served: text of more than ``n_ctx * CHARS_PER_TOKEN`` characters never fits a context
+#: of ``n_ctx`` tokens
+CHARS_PER_TOKEN = 256
 TURN_KEY = "chain_turn"  # lmsp.store.chains.TURN_KEY: the previous turn, for the store
 
 
@@ -71,12 +75,22 @@ class Context:
 NO_CONTEXT = Context()
 
 
-def load(store: Any, client_id: str, body: dict[str, Any], idempotency: tuple[str, str] | None = None) -> Context:
-    """The context of a create request's body. An error reading it (the previous
-    response or the conversation gone) gives way to the stored answer of a request
-    made again with the same ``idempotency`` key."""
+def load(
+    store: Any,
+    client_id: str,
+    body: dict[str, Any],
+    idempotency: tuple[str, str] | None = None,
+    n_ctx: int | None = None,
+) -> Context:
+    """The context of a create request's body (``n_ctx``: the context of a sequence, which
+    bounds what a response keeps of a conversation, :func:`bounded`). An error reading
+    it (the previous response or the conversation gone) gives way to the stored answer
+    of a request made again with the same ``idempotency`` key."""
     try:
-        return _load(store, client_id, body)
+        found = _load(store, client_id, body)
+        if n_ctx is not None and found.conversation is not None:
+            return replace(found, messages=bounded(found.messages, body.get("truncation") == "auto", n_ctx))
+        return found
     except LMSPError:
         replay = None if idempotency is None else store.replay_of(client_id, idempotency)
         if replay is None:
@@ -181,3 +195,26 @@ def item_messages(items: list[dict[str, Any]]) -> tuple[list[dict[str, str]], di
         if message is not None:
             messages.append(message)
     return messages, calls
+
+
+def bounded(messages: list[dict[str, str]], truncate: bool, n_ctx: int) -> list[dict[str, str]]:
+    """A conversation's messages as a response keeps them: at most what the model could
+    still see. When its newest messages alone are longer than ``n_ctx`` contexts can be
+    (:data:`CHARS_PER_TOKEN`), the older ones could never be in the prompt: with
+    ``truncate`` (``truncation: "auto"``, which drops the oldest messages but the system
+    ones first) they are left out, its system messages kept, and the prompt is the same;
+    without it the prompt could never fit, and the request is refused."""
+    limit, total = n_ctx * CHARS_PER_TOKEN, 0
+    for i in range(len(messages) - 1, -1, -1):
+        total += len(messages[i]["content"])
+        if total > limit:
+            break
+    else:
+        return messages
+    if not truncate:
+        raise ContextLengthExceeded(
+            f"the conversation's items are longer than a context of {n_ctx} tokens can hold; "
+            "use 'truncation': 'auto' or delete some of them",
+            param="conversation",
+        )
+    return [m for m in messages[: i + 1] if m["role"] in ("system", "developer")] + messages[i + 1 :]
