@@ -127,3 +127,16 @@ def test_the_expiry_queries_read_indexes(store, db_path):
     assert "INDEX tasks_finished" in plans[0] and "TEMP B-TREE" not in plans[0]
     assert "INDEX chains_newest" in plans[1] and "TEMP B-TREE" not in plans[1]
     assert "INDEX tasks_chain" in plans[2]
+
+
+def test_deleting_every_response_of_a_chain_deletes_its_turns(store, chain, db_path):
+    first = chain("one")
+    second = chain("two", first)
+    third = chain("three", second)
+    for rid in (second, first):
+        store.delete_response(rid)
+        assert store.chain_context(second) is not None  # the newest still needs them
+    store.delete_response(third)
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("SELECT count(*) FROM chain_turns").fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM chains").fetchone()[0] == 0

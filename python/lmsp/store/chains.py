@@ -122,3 +122,13 @@ def expired(conn: sqlite3.Connection, chain: str, cutoff: float) -> bool:
     """Whether a chain's newest time is before ``cutoff``."""
     row = conn.execute("SELECT newest_at FROM chains WHERE id = ?", (chain,)).fetchone()
     return row is not None and row[0] < cutoff
+
+
+def drop_if_empty(conn: sqlite3.Connection, chain: str | None) -> None:
+    """A chain none of whose responses is left (all deleted) goes with its turns."""
+    if (
+        chain is not None
+        and conn.execute("SELECT 1 FROM tasks WHERE chain_id = ? LIMIT 1", (chain,)).fetchone() is None
+    ):
+        conn.execute("DELETE FROM chain_turns WHERE chain_id = ?", (chain,))
+        conn.execute("DELETE FROM chains WHERE id = ?", (chain,))

@@ -78,12 +78,8 @@ class RetentionArea(StoreBase):
                     continue
                 self._gc_rows([row[:3] for row in rows], cutoff, batch, counts, chain)
                 with self._db.write() as conn:  # its turns last: a chain taken up again keeps them
-                    if (
-                        chains.expired(conn, chain, cutoff)
-                        and not conn.execute("SELECT 1 FROM tasks WHERE chain_id = ? LIMIT 1", (chain,)).fetchone()
-                    ):
-                        conn.execute("DELETE FROM chain_turns WHERE chain_id = ?", (chain,))
-                        conn.execute("DELETE FROM chains WHERE id = ?", (chain,))
+                    if chains.expired(conn, chain, cutoff):
+                        chains.drop_if_empty(conn, chain)
 
     def _gc_rows(self, rows: list, cutoff: float, batch: int, counts: dict, chain: str | None) -> None:
         """Delete the tasks of ``rows`` (id, response id, last event number) with their

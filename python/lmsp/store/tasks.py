@@ -242,7 +242,9 @@ class TasksArea(IdempotencyArea):
         received it) with the final Response object, until the key expires."""
         with self._db.write() as conn:
             response = self._response_row(conn, response_id, client_id)
-            task = conn.execute("SELECT id, status FROM tasks WHERE response_id = ?", (response_id,)).fetchone()
+            task = conn.execute(
+                "SELECT id, status, chain_id FROM tasks WHERE response_id = ?", (response_id,)
+            ).fetchone()
             if task is not None and task["status"] in st.UNFINISHED:
                 raise TaskUnfinished(f"response {response_id} is still {task['status']}; cancel it first")
             if task is not None:
@@ -252,4 +254,5 @@ class TasksArea(IdempotencyArea):
                     final = self._render_response(conn, response, full)
                 answer_keys(conn, task["id"], final)
             conn.execute("DELETE FROM responses WHERE id = ?", (response_id,))  # cascades to task and events
+            chains.drop_if_empty(conn, None if task is None else task["chain_id"])
         return obj.deleted_response(response_id)
