@@ -154,3 +154,14 @@ def test_a_response_stores_its_own_turn_only_however_long_its_chain(user, script
             sizes.append(conn.execute("SELECT length(request) FROM responses WHERE id = ?", (previous,)).fetchone()[0])
     assert len(set(sizes[1:])) == 1  # each continuation stores the same bytes, whatever came before
     assert len(scripted.checked) == 59  # and the model still sees every earlier turn
+
+
+def test_a_response_that_kept_its_history_by_value_is_continued(user, scripted, config):
+    first = turn(user, "three")
+    with sqlite3.connect(config.db_path) as conn:  # as a response stored before chains kept their turns
+        request = json.loads(conn.execute("SELECT request FROM responses WHERE id = ?", (first["id"],)).fetchone()[0])
+        request["context"] = [{"role": "user", "content": "one"}, {"role": "assistant", "content": "two"}]
+        conn.execute("UPDATE responses SET request = ? WHERE id = ?", (json.dumps(request), first["id"]))
+    second = turn(user, "four", first["id"])
+    turn(user, "five", second["id"])
+    assert [m["content"] for m in scripted.checked] == ["one", "two", "three", SAID, "four", SAID, "five"]
