@@ -140,3 +140,21 @@ def test_deleting_every_response_of_a_chain_deletes_its_turns(store, chain, db_p
     with sqlite3.connect(db_path) as conn:
         assert conn.execute("SELECT count(*) FROM chain_turns").fetchone()[0] == 0
         assert conn.execute("SELECT count(*) FROM chains").fetchone()[0] == 0
+
+
+def test_a_response_continued_while_retention_reads_it_is_kept_whole(store, chain, clock, monkeypatch):
+    first = chain("one")
+    task_id = store.get_response(first)["task"]["id"]
+    logged = len(store.events(task_id)["data"])
+    clock.advance(3600)
+    read = store._gc_rows
+
+    def continued_meanwhile(rows, *args):  # between the read of the expired rows and their deletion
+        chain("two", first)
+        monkeypatch.setattr(store, "_gc_rows", read)
+        return read(rows, *args)
+
+    monkeypatch.setattr(store, "_gc_rows", continued_meanwhile)
+    assert store.gc(retention=1800, batch=2)["tasks"] == 0  # a small batch: its log in slices
+    assert len(store.events(task_id)["data"]) == logged
+    assert store.get_response(first)["status"] == "completed"

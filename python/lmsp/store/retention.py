@@ -9,6 +9,8 @@ by ``tasks_chain``, so that a round reads only what is past its time."""
 
 from __future__ import annotations
 
+import sqlite3
+
 from . import chains
 from . import states as st
 from .base import FINISHED_SQL, StoreBase, last_seq_sql
@@ -90,6 +92,8 @@ class RetentionArea(StoreBase):
             while last_seq - low + 1 > batch - budget:  # a long log: delete it in slices
                 high = low + (batch - budget) - 1
                 with self._db.write() as conn:
+                    if not _doomed(conn, tid, cutoff, chain):  # continued since it was read: kept whole
+                        break
                     counts["events"] += conn.execute(
                         "DELETE FROM task_events WHERE task_id = ? AND seq BETWEEN ? AND ?", (tid, low, high)
                     ).rowcount
@@ -138,15 +142,22 @@ class RetentionArea(StoreBase):
         """Delete tasks still past ``cutoff`` in this transaction: finished, and in no
         chain, or in ``chain`` while it is expired."""
         with self._db.write() as conn:
-            if chain is not None and not chains.expired(conn, chain, cutoff):
-                return  # continued since it was read
             for tid, rid, _ in doomed:
-                row = conn.execute("SELECT status, finished_at, chain_id FROM tasks WHERE id = ?", (tid,)).fetchone()
-                if row is None or row["status"] not in st.FINISHED or not row["finished_at"] < cutoff:
-                    continue
-                if row["chain_id"] != chain:
+                if not _doomed(conn, tid, cutoff, chain):
                     continue
                 counts["events"] += conn.execute("DELETE FROM task_events WHERE task_id = ?", (tid,)).rowcount
                 answer_keys(conn, tid, None)
                 conn.execute("DELETE FROM responses WHERE id = ?", (rid,))  # cascades to the task
                 counts["tasks"] += 1
+
+
+def _doomed(conn: sqlite3.Connection, task_id: str, cutoff: float, chain: str | None) -> bool:
+    """Whether a task is still past ``cutoff`` in this transaction: finished before it,
+    and in no chain (``chain`` None), or in ``chain`` while that one is expired (a
+    response that joined a chain, or a chain continued since, is kept)."""
+    row = conn.execute("SELECT status, finished_at, chain_id FROM tasks WHERE id = ?", (task_id,)).fetchone()
+    if row is None or row["status"] not in st.FINISHED or not row["finished_at"] < cutoff:
+        return False
+    if row["chain_id"] != chain:
+        return False
+    return chain is None or chains.expired(conn, chain, cutoff)
