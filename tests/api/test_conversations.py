@@ -193,3 +193,20 @@ def test_a_call_without_a_name_does_not_stop_the_conversation(user, scripted):
     scripted.auto = True
     assert say(user, cid, "two").status_code == 200
     assert [m["content"] for m in scripted.checked] == ["one", "two"]
+
+
+def test_a_response_keeps_at_most_what_the_model_could_see_of_a_long_conversation(user, scripted, config):
+    cid = conversation(user, items=[{"role": "developer", "content": "Be brief."}])["id"]
+    long = "x" * 2000
+    for n in range(4):  # 80,000 characters: more than a context of 256 tokens can ever hold
+        added = user.post(f"/v1/conversations/{cid}/items", json={"items": [
+            {"role": "user", "content": f"{n}.{i} {long}"} for i in range(10)]})
+        assert added.status_code == 200, added.text
+    assert_error(say(user, cid, "and?"), 400, "context_length_exceeded", "conversation")
+    assert len(items(user, cid)) == 41  # refused: nothing appended
+    answered = say(user, cid, "and?", truncation="auto")
+    assert answered.status_code == 200, answered.text
+    kept = [m["content"] for m in scripted.checked]
+    assert kept[0] == "Be brief." and kept[-1] == "and?"  # the system message stays, the oldest turns go
+    assert sum(map(len, kept[1:-1])) <= config.n_ctx * 256 < sum(map(len, kept)) + len(long) + 10
+    assert kept[1:-1] == [f"{n}.{i} {long}" for n in range(4) for i in range(10)][-len(kept[1:-1]):]

@@ -126,12 +126,42 @@ def test_an_idempotent_replay_is_answered_after_the_previous_response_is_gone(us
     assert again.json["id"] == made.json["id"]
 
 
-def test_retention_of_older_responses_keeps_the_chain(user, scripted, store, clock):
+def test_retention_counts_from_the_newest_response_of_a_chain(user, scripted, store, clock):
     first = turn(user, "one")
     second = turn(user, "two", first["id"])
+    lone = turn(user, "alone")
     clock.advance(3600)
     third = turn(user, "three", second["id"])
-    assert store.gc(retention=1800)["tasks"] == 2  # the older two are past their time
-    assert_error(user.get(f"/v1/responses/{second['id']}"), 404, "not_found")
-    turn(user, "four", third["id"])
-    assert [m["content"] for m in scripted.checked] == ["one", SAID, "two", SAID, "three", SAID, "four"]
+    assert store.gc(retention=1800)["tasks"] == 1  # only the response in no chain is past its time
+    assert_error(user.get(f"/v1/responses/{lone['id']}"), 404, "not_found")
+    for kept in (first, second):  # a newer response continues them: they are kept, items too
+        assert user.get(f"/v1/responses/{kept['id']}").status_code == 200
+        assert user.get(f"/v1/responses/{kept['id']}/input_items").json["data"]
+    turn(user, "four", second["id"])  # a branch of an older turn
+    assert [m["content"] for m in scripted.checked] == ["one", SAID, "two", SAID, "four"]
+    clock.advance(3600)
+    assert store.gc(retention=1800)["tasks"] == 4  # the chain's newest is past its time: all of it goes
+    for gone in (first, second, third):
+        assert_error(user.get(f"/v1/responses/{gone['id']}"), 404, "not_found")
+        assert_error(create(user, previous_response_id=gone["id"]), 404, "not_found", "previous_response_id")
+
+
+def test_a_response_stores_its_own_turn_only_however_long_its_chain(user, scripted, config):
+    previous, sizes = None, []
+    for i in range(30):
+        previous = turn(user, f"turn {i:02d} " + "x" * 200, previous, truncation="auto")["id"]
+        with sqlite3.connect(config.db_path) as conn:
+            sizes.append(conn.execute("SELECT length(request) FROM responses WHERE id = ?", (previous,)).fetchone()[0])
+    assert len(set(sizes[1:])) == 1  # each continuation stores the same bytes, whatever came before
+    assert len(scripted.checked) == 59  # and the model still sees every earlier turn
+
+
+def test_a_response_that_kept_its_history_by_value_is_continued(user, scripted, config):
+    first = turn(user, "three")
+    with sqlite3.connect(config.db_path) as conn:  # as a response stored before chains kept their turns
+        request = json.loads(conn.execute("SELECT request FROM responses WHERE id = ?", (first["id"],)).fetchone()[0])
+        request["context"] = [{"role": "user", "content": "one"}, {"role": "assistant", "content": "two"}]
+        conn.execute("UPDATE responses SET request = ? WHERE id = ?", (json.dumps(request), first["id"]))
+    second = turn(user, "four", first["id"])
+    turn(user, "five", second["id"])
+    assert [m["content"] for m in scripted.checked] == ["one", "two", "three", SAID, "four", SAID, "five"]

@@ -128,3 +128,18 @@ def test_token_ids_outside_the_vocabulary_are_refused() -> None:
         prompt_tokens(RawEngine(), {"prompt": [5, 1000]}, 64)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         prompt_tokens(RawEngine(), {"prompt": [-1]}, 64)
+
+
+def test_truncation_counts_the_turns_it_drops_and_the_context_keeps_the_rest() -> None:
+    from lmsp.runtime.prompt import seen_context, truncated
+
+    engine = WordEngine(n_ctx=10)
+    request = {"truncation": "auto", "instructions": "be brief", "input": "nine ten",
+               "context": [{"role": "user", "content": "one two three four"}, {"role": "system", "content": "x"},
+                           {"role": "assistant", "content": "five six seven eight"}]}
+    tokens, dropped = truncated(engine, messages_for(request), request, max_tokens=5)
+    assert (len(tokens), dropped) == (5, 2)
+    seen = seen_context(request, dropped)
+    assert seen == [{"role": "system", "content": "x"}]  # the system message stays
+    assert render_request(engine, messages_for({**request, "context": seen}), request, 5) == tokens
+    assert seen_context(request, 0) is None and truncated(engine, messages_for(request), {}, 5)[1] == 0

@@ -2,25 +2,33 @@
 (``previous_response_id``: its context, input and output, not its
 ``instructions``) or a conversation's items (``conversation``).
 
-They are read when the response is created and kept in its request as the
-prompt's messages (``context``) with the function calls made so far
-(``calls``: call id -> name), so that the prompt of a task never changes
-after its creation (a resumed or retried task reads the same one) and a chain
-never breaks while its newest response exists: that response holds all it
-continues from, whatever becomes of the older ones.
+A conversation's items are read when the response is created and kept in its
+request as the prompt's messages (``context``). A previous response's turns are
+kept by reference instead: the store keeps each turn of a chain once, when it
+is first continued (``chain_turn``, :mod:`lmsp.store.chains`), and reads them
+back whenever the task is claimed, so the prompt of a task never changes after
+its creation (a resumed or retried task reads the same one), a response stores
+only its own turn however long its chain, and a chain never breaks while its
+newest response exists, whatever becomes of the older ones. ``calls`` (call id
+-> name) holds the function calls of the request's own input.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lmsp.contracts import CreatedTask
-from lmsp.errors import InvalidRequest, LMSPError, NotFound, TaskUnfinished
+from lmsp.errors import ContextLengthExceeded, InvalidRequest, LMSPError, NotFound, TaskUnfinished
 
 from . import tools
 
 MAX_ID = 100
+#: a bound on the characters of one token, above the longest token of the vocabularies
+#: served: text of more than ``n_ctx * CHARS_PER_TOKEN`` characters never fits a context
+#: of ``n_ctx`` tokens
+CHARS_PER_TOKEN = 256
+TURN_KEY = "chain_turn"  # lmsp.store.chains.TURN_KEY: the previous turn, for the store
 
 
 class _AnyCall(dict[str, str]):
@@ -44,9 +52,11 @@ class Context:
     previous_response_id: str | None = None
     conversation: tuple[str, int] | None = None
     replay: CreatedTask | None = None
+    turn: dict[str, Any] | None = None
 
     def fields(self, calls: dict[str, str]) -> dict[str, Any]:
-        """What the request keeps of it; ``calls``: those of the new input too."""
+        """What the request keeps of it (``context`` by reference when ``turn`` names the
+        previous response's turn); ``calls``: those of the new input too."""
         out: dict[str, Any] = {}
         if self.previous_response_id is not None:
             out["previous_response_id"] = self.previous_response_id
@@ -54,20 +64,33 @@ class Context:
             out["conversation"] = {"id": self.conversation[0]}
         if self.messages:
             out["context"] = list(self.messages)
-        if calls:
-            out["calls"] = dict(calls)
+        if self.turn is not None:
+            out[TURN_KEY] = self.turn
+        own = {k: v for k, v in calls.items() if k not in self.calls} if self.turn is not None else calls
+        if own:
+            out["calls"] = dict(own)
         return out
 
 
 NO_CONTEXT = Context()
 
 
-def load(store: Any, client_id: str, body: dict[str, Any], idempotency: tuple[str, str] | None = None) -> Context:
-    """The context of a create request's body. An error reading it (the previous
-    response or the conversation gone) gives way to the stored answer of a request
-    made again with the same ``idempotency`` key."""
+def load(
+    store: Any,
+    client_id: str,
+    body: dict[str, Any],
+    idempotency: tuple[str, str] | None = None,
+    n_ctx: int | None = None,
+) -> Context:
+    """The context of a create request's body (``n_ctx``: the context of a sequence, which
+    bounds what a response keeps of a conversation, :func:`bounded`). An error reading
+    it (the previous response or the conversation gone) gives way to the stored answer
+    of a request made again with the same ``idempotency`` key."""
     try:
-        return _load(store, client_id, body)
+        found = _load(store, client_id, body)
+        if n_ctx is not None and found.conversation is not None:
+            return replace(found, messages=bounded(found.messages, body.get("truncation") == "auto", n_ctx))
+        return found
     except LMSPError:
         replay = None if idempotency is None else store.replay_of(client_id, idempotency)
         if replay is None:
@@ -108,15 +131,25 @@ def _previous(store: Any, client_id: str, value: Any) -> Context:
         raise InvalidRequest(f"response {rid} was not stored ('store': false): it cannot be continued", param=param)
     if response["status"] in ("queued", "in_progress"):
         raise TaskUnfinished(f"response {rid} is still {response['status']}; wait for it to finish", param=param)
-    calls = dict(request.get("calls") or {})
-    messages = list(request.get("context") or ())
+    found = store.chain_context(rid)  # its turn is kept already: it was continued before
+    if found is not None:
+        return Context(found[0], found[1], previous_response_id=rid, turn={"response_id": rid})
+    parent = None if "context" in request else request.get("previous_response_id")
+    earlier = ([], {}) if parent is None else store.chain_context(parent)
+    if earlier is None:  # retention took the chain since the response was read
+        raise NotFound(f"no response {rid}", param=param)
+    messages: list[dict[str, str]] = list(earlier[0])
+    calls: dict[str, str] = dict(earlier[1])
+    own = list(request.get("context") or ())  # a context kept by value (a conversation's)
     given = request.get("input")
-    messages += [{"role": "user", "content": given}] if isinstance(given, str) else list(given or ())
+    own += [{"role": "user", "content": given}] if isinstance(given, str) else list(given or ())
+    own_calls = dict(request.get("calls") or {})
     for item in response.get("output") or ():
-        message = _output_message(item, calls)
+        message = _output_message(item, own_calls)
         if message is not None:
-            messages.append(message)
-    return Context(messages, calls, previous_response_id=rid)
+            own.append(message)
+    turn = {"response_id": rid, "parent": parent, "messages": own, "calls": own_calls}
+    return Context(messages + own, {**calls, **own_calls}, previous_response_id=rid, turn=turn)
 
 
 def _output_message(item: dict[str, Any], calls: dict[str, str]) -> dict[str, str] | None:
@@ -162,3 +195,26 @@ def item_messages(items: list[dict[str, Any]]) -> tuple[list[dict[str, str]], di
         if message is not None:
             messages.append(message)
     return messages, calls
+
+
+def bounded(messages: list[dict[str, str]], truncate: bool, n_ctx: int) -> list[dict[str, str]]:
+    """A conversation's messages as a response keeps them: at most what the model could
+    still see. When its newest messages alone are longer than ``n_ctx`` contexts can be
+    (:data:`CHARS_PER_TOKEN`), the older ones could never be in the prompt: with
+    ``truncate`` (``truncation: "auto"``, which drops the oldest messages but the system
+    ones first) they are left out, its system messages kept, and the prompt is the same;
+    without it the prompt could never fit, and the request is refused."""
+    limit, total = n_ctx * CHARS_PER_TOKEN, 0
+    for i in range(len(messages) - 1, -1, -1):
+        total += len(messages[i]["content"])
+        if total > limit:
+            break
+    else:
+        return messages
+    if not truncate:
+        raise ContextLengthExceeded(
+            f"the conversation's items are longer than a context of {n_ctx} tokens can hold; "
+            "use 'truncation': 'auto' or delete some of them",
+            param="conversation",
+        )
+    return [m for m in messages[: i + 1] if m["role"] in ("system", "developer")] + messages[i + 1 :]

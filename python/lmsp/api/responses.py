@@ -467,7 +467,7 @@ class ResponsesResource:
         idem = None
         if key is not None:
             idem = (key, idempotency.fingerprint(client_id, req.method, req.path, body))
-        earlier = context.load(deps.store, client_id, body, idem)
+        earlier = context.load(deps.store, client_id, body, idem, deps.config.n_ctx)
         parsed = parse_create(body, deps.config, deps.random_seed, earlier)
         result = earlier.replay or self.service.create(client_id, parsed, idem, limited=not is_admin(caller(req)))
         replay = result.get("replay")

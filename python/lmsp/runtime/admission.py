@@ -15,6 +15,7 @@ to claim it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -30,6 +31,18 @@ from .toolcalls import CallShaper
 log = logging.getLogger("lmsp.runtime")
 
 
+def keep_seen(new: NewTask, dropped: int) -> NewTask:
+    """The task with the context it keeps by value (a conversation's items) cut to the
+    turns its prompt holds once truncated (``dropped``: how many went): a response
+    stores no more of a long conversation than the model could see, and its prompt,
+    rendered again on a resume or a retry, is the same. A context kept by reference
+    (a chain's) is the store's."""
+    if not dropped or "chain_turn" in new.request:
+        return new
+    seen = prompting.seen_context(new.request, dropped)
+    return new if seen is None else dataclasses.replace(new, request={**new.request, "context": seen})
+
+
 class Admission:
     """The creation of tasks for this worker (see the module docstring)."""
 
@@ -42,7 +55,8 @@ class Admission:
         state = self.state
         self.check_chat_layer(new)
         constraints.check(new.request)
-        tokens = self.check_request(new.model, prompting.with_tools(new.messages, new.request), new.request)
+        tokens, dropped = self.prompt_of(new.model, prompting.with_tools(new.messages, new.request), new.request)
+        new = keep_seen(new, dropped)
         slot = self.reserve(new.model)
         early = None
         try:
@@ -97,9 +111,16 @@ class Admission:
         """The prompt's tokens when the model is loaded here (None: checked at run time),
         truncated as ``request`` asks; ContextLengthExceeded when it cannot fit with one
         output token. A completion's raw ``prompt`` is the prompt (no chat template)."""
+        return self.prompt_of(model_id, prompt_messages, request)[0]
+
+    def prompt_of(
+        self, model_id: str, prompt_messages: list[dict[str, str]], request: dict[str, Any] | None = None
+    ) -> tuple[list[int] | None, int]:
+        """:meth:`check_request`'s tokens, and how many turns truncation dropped."""
         engine = self.state.registry.engine(model_id)
         if engine is None:
-            return None
+            return None, 0
+        dropped = 0
         raw = request is not None and request.get("prompt") is not None
         param = "prompt" if raw else "input"
         try:
@@ -108,13 +129,13 @@ class Admission:
                 assert request is not None
                 tokens = prompting.prompt_tokens(engine, request, max_tokens)
             else:
-                tokens = prompting.render_request(engine, prompt_messages, request or {}, max_tokens)
+                tokens, dropped = prompting.truncated(engine, prompt_messages, request or {}, max_tokens)
         except ValueError as exc:  # what the chat template or the tokenizer refuses: so would the run
             where = "suffix" if raw and "suffix" in str(exc) else param
             raise InvalidRequest(f"the request cannot be rendered: {exc}", param=where) from None
         except Exception as exc:  # a closed engine (unloaded meanwhile): check at run time
             log.debug("check_request: %s", exc)
-            return None
+            return None, 0
         n = len(tokens)
         if n >= engine.n_ctx:
             raise ContextLengthExceeded(
@@ -122,7 +143,7 @@ class Admission:
                 "with room for one output token",
                 param=param,
             )
-        return tokens
+        return tokens, dropped
 
     def reserve(self, model_id: str) -> tuple[str, float] | None:
         """A free engine slot of this worker for a task about to be created, as the

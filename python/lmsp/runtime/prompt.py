@@ -111,18 +111,42 @@ def render_request(engine: ChatEngine, messages: list[dict], request: dict, max_
     prompt leaves room for ``max_tokens`` of output (at most half the context), as
     OpenAI truncates. Otherwise, and when even the last turn does not fit, the whole
     prompt: the caller's context check refuses it."""
+    return truncated(engine, messages, request, max_tokens)[0]
+
+
+def truncated(engine: ChatEngine, messages: list[dict], request: dict, max_tokens: int) -> tuple[list[int], int]:
+    """:func:`render_request`'s prompt, and how many of the oldest turns it dropped."""
     tokens = render(engine, messages)
     if request.get("truncation") != "auto":
-        return tokens
+        return tokens, 0
     budget = engine.n_ctx - max(1, min(max_tokens, engine.n_ctx // 2))
-    kept = list(messages)
+    kept, dropped = list(messages), 0
     while len(tokens) > budget:
         turns = [i for i, m in enumerate(kept) if m.get("role") != "system"]
         if len(turns) <= 1:
             break
         del kept[turns[0]]
+        dropped += 1
         tokens = render(engine, kept)
-    return tokens
+    return tokens, dropped
+
+
+def seen_context(request: dict, dropped: int) -> list[dict] | None:
+    """The ``context`` of a request less the turns truncation dropped from its prompt
+    (``dropped``: :func:`truncated`'s count; they are its oldest turns, as only system
+    messages come before it), so that rendering it again gives the same prompt; None
+    when it loses nothing."""
+    context = list(request.get("context") or ())
+    lose = min(dropped, sum(1 for m in context if ROLES.get(m.get("role") or "user", "user") != "system"))
+    if lose <= 0:
+        return None
+    out = []
+    for message in context:
+        if lose and ROLES.get(message.get("role") or "user", "user") != "system":
+            lose -= 1
+            continue
+        out.append(message)
+    return out
 
 
 def prompt_tokens(engine, request: dict, max_tokens: int) -> list[int]:

@@ -18,6 +18,7 @@ from .. import objects as obj
 from ..contracts import StepState
 from ..errors import NotFound
 from . import states as st
+from .chains import finished as chain_finished
 from .turns import append_turn
 from .db import Database
 
@@ -252,6 +253,7 @@ class StoreBase:
             kv_path=None,
             error=None if error is None else dumps(error),
         )
+        chain_finished(conn, task["id"], now)
         # a response of a conversation appends its turn with its terminal event
         append_turn(
             conn, task, now, lambda: self._render_response(conn, self._response_row(conn, task["response_id"]), task)

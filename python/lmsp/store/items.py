@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import InvalidRequest
 from .base import StoreBase, dumps
+from .chains import expand
 
 #: the tables of item lists: (table, the column naming the list)
 RESPONSE_LIST = ("response_items", "response_id")
@@ -69,7 +70,13 @@ def item_page(
 
 
 class ItemsArea(StoreBase):
-    """A response's input items."""
+    """A response's input items, and the turns a continuation of it sees."""
+
+    def chain_context(self, response_id: str) -> tuple[list[dict[str, Any]], dict[str, str]] | None:
+        """The messages and calls a continuation of ``response_id`` sees, when its turn
+        is kept in its chain already (:func:`.chains.expand`); None otherwise."""
+        with self._db.read() as conn:
+            return expand(conn, response_id)
 
     def list_input_items(
         self,

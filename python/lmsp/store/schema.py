@@ -161,6 +161,33 @@ INDEXES_V6 = [
     "CREATE INDEX conversations_busy ON conversations(busy_task) WHERE busy_task IS NOT NULL",
 ]
 
+CHAINS = """
+CREATE TABLE chains (
+    id         TEXT PRIMARY KEY,      -- the id of the chain's first response
+    newest_at  REAL NOT NULL          -- its newest response's creation or end
+)"""
+
+CHAIN_TURNS = """
+CREATE TABLE chain_turns (
+    response_id  TEXT PRIMARY KEY,    -- the response continued (it may be deleted since)
+    chain_id     TEXT NOT NULL,
+    parent_id    TEXT,                -- the turn before it; NULL for the first
+    messages     TEXT NOT NULL,       -- JSON: its messages as a later prompt reads them
+    calls        TEXT NOT NULL        -- JSON: call id -> name of the calls they make
+) WITHOUT ROWID"""
+
+MIGRATION_V7: list[str | Callable[[sqlite3.Connection], None]] = [
+    "ALTER TABLE tasks ADD COLUMN chain_id TEXT",
+    CHAINS,
+    CHAIN_TURNS,
+    # gc(): finished tasks in no chain by age; a chain goes by its newest time
+    "DROP INDEX tasks_finished",
+    "CREATE INDEX tasks_finished ON tasks(finished_at) WHERE finished_at IS NOT NULL AND chain_id IS NULL",
+    "CREATE INDEX tasks_chain ON tasks(chain_id) WHERE chain_id IS NOT NULL",
+    "CREATE INDEX chains_newest ON chains(newest_at, id)",
+    "CREATE INDEX chain_turns_chain ON chain_turns(chain_id)",
+]
+
 INDEXES_V1 = [
     # claim(): unowned queued tasks and resumable running ones, oldest first
     "CREATE INDEX tasks_claimable ON tasks(created_at, id) WHERE owner IS NULL AND status IN ('queued','running')",
@@ -210,6 +237,8 @@ MIGRATIONS: list[list[str | Callable[[sqlite3.Connection], None]]] = [
     ["ALTER TABLE models ADD COLUMN chat_template INTEGER"],
     # 6: a response's input items, conversations and their items
     [RESPONSE_ITEMS, CONVERSATIONS, CONVERSATION_ITEMS, *INDEXES_V6],
+    # 7: chains of responses: their turns kept once, and retention by a chain's newest time
+    MIGRATION_V7,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

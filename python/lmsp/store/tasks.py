@@ -10,6 +10,7 @@ import sqlite3
 from .. import objects as obj
 from ..contracts import ClaimRecord, CreatedTask, StepState
 from ..errors import InvalidRequest, NotFound, RateLimited, TaskFinished, TaskUnfinished
+from . import chains
 from . import states as st
 from .base import CLAIMABLE_SQL, TASK_SELECT, UNFINISHED_SQL, dumps
 from .idempotency import IdempotencyArea, answer_keys
@@ -61,7 +62,7 @@ class TasksArea(IdempotencyArea):
         new task was claimed, else None; ``response``: as created (``queued``). ``kind``
         names the response's id (:data:`ID_PREFIXES`); one of :data:`HELD_KINDS` is always claimed.
         """
-        request_text = self._request_text(model, request, on_restart, kind, claim)
+        request_text, turn = self._request_text(model, request, on_restart, kind, claim)
         with self._db.write() as conn:
             now = self._clock()
             if idempotency is not None:
@@ -74,6 +75,8 @@ class TasksArea(IdempotencyArea):
                 conn, client_id, model, request_text, on_restart, background, stream, now, kind
             )
             self._keep_context(conn, response["id"], task["id"], client_id, items, conversation)
+            if turn is not None:  # it continues a response: it joins that one's chain
+                chains.link(conn, task["id"], turn, now)
             body = self._render_response(conn, response, task)
             first = kind not in HELD_KINDS  # else claimed whatever waits
             taken = None if claim is None else self._claim_new(conn, task, response, claim, now, after_older=first)
@@ -103,8 +106,11 @@ class TasksArea(IdempotencyArea):
             take(conn, conversation, client_id, task_id)
 
     @staticmethod
-    def _request_text(model: str, request: dict, on_restart: str, kind: str, claim: tuple | None) -> str:
-        """The request as stored, once its model and restart policy are checked."""
+    def _request_text(
+        model: str, request: dict, on_restart: str, kind: str, claim: tuple | None
+    ) -> tuple[str, dict | None]:
+        """The request as stored, once its model and restart policy are checked, and the
+        turn of the response it continues (:func:`.chains.stored_request`)."""
         if kind in HELD_KINDS and claim is None:
             raise ValueError(f"a task of kind {kind} is created claimed by the worker that runs it")
         if on_restart not in st.POLICIES:
@@ -113,8 +119,9 @@ class TasksArea(IdempotencyArea):
             raise InvalidRequest("the request must be a JSON object")
         if not isinstance(model, str) or not model:
             raise InvalidRequest("model is required", param="model")
+        request, turn = chains.stored_request(request)
         try:
-            return dumps(request)
+            return dumps(request), turn
         except (TypeError, ValueError) as exc:
             raise InvalidRequest(f"the request is not JSON: {exc}") from exc
 
@@ -184,7 +191,7 @@ class TasksArea(IdempotencyArea):
         ):
             return None
         owner, lease = claim
-        claimed = claim_record(task, response, None)
+        claimed = claim_record(conn, task, response, None)
         self._move(task, st.RUNNING)
         task.update(owner=owner, lease_expires=now + lease, started_at=now)
         self._emit_task(conn, task, "task.running", now)
@@ -235,7 +242,9 @@ class TasksArea(IdempotencyArea):
         received it) with the final Response object, until the key expires."""
         with self._db.write() as conn:
             response = self._response_row(conn, response_id, client_id)
-            task = conn.execute("SELECT id, status FROM tasks WHERE response_id = ?", (response_id,)).fetchone()
+            task = conn.execute(
+                "SELECT id, status, chain_id FROM tasks WHERE response_id = ?", (response_id,)
+            ).fetchone()
             if task is not None and task["status"] in st.UNFINISHED:
                 raise TaskUnfinished(f"response {response_id} is still {task['status']}; cancel it first")
             if task is not None:
@@ -245,4 +254,5 @@ class TasksArea(IdempotencyArea):
                     final = self._render_response(conn, response, full)
                 answer_keys(conn, task["id"], final)
             conn.execute("DELETE FROM responses WHERE id = ?", (response_id,))  # cascades to task and events
+            chains.drop_if_empty(conn, None if task is None else task["chain_id"])
         return obj.deleted_response(response_id)

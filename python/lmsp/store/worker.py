@@ -11,16 +11,18 @@ from typing import Iterable
 
 from ..contracts import ClaimRecord, Resume
 from . import states as st
+from .chains import with_context
 from .base import CLAIMABLE_SQL, TASK_SELECT, UNFINISHED_SQL, StoreBase
 
 
-def claim_record(task: dict, response: sqlite3.Row, resume: Resume | None) -> ClaimRecord:
-    """What a worker needs to run a task it claimed (``status``: the state it was claimed in)."""
+def claim_record(conn: sqlite3.Connection, task: dict, response: sqlite3.Row, resume: Resume | None) -> ClaimRecord:
+    """What a worker needs to run a task it claimed (``status``: the state it was claimed in;
+    ``request``: with the context it continues read back, :func:`.chains.with_context`)."""
     return {
         "task_id": task["id"],
         "response_id": task["response_id"],
         "model": task["model"],
-        "request": json.loads(response["request"]),
+        "request": with_context(conn, json.loads(response["request"])),
         "status": task["status"],
         "on_restart": task["on_restart"],
         "attempts": task["attempts"],
@@ -65,7 +67,7 @@ class WorkerArea(StoreBase):
                 )
                 response = self._response_row(conn, task["response_id"])
                 resume = self._resume(conn, task) if task["status"] == st.RUNNING else None
-                claims.append(claim_record(task, response, resume))
+                claims.append(claim_record(conn, task, response, resume))
             return claims
 
     @staticmethod
