@@ -73,6 +73,31 @@ def test_auto_truncation_drops_the_oldest_turns_until_the_output_fits() -> None:
     assert len(render_request(WordEngine(n_ctx=10), HISTORY, {"truncation": "auto"}, max_tokens=5)) == 4
 
 
+class CountingWordEngine(WordEngine):
+    renders = 0
+
+    def chat_prompt(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+        self.renders += 1
+        return super().chat_prompt(messages, add_generation_prompt)
+
+
+def test_auto_truncation_of_a_long_history_renders_a_logarithmic_number_of_prompts() -> None:
+    from lmsp.runtime.prompt import truncated
+
+    # 400 turns of 3 words and the system message: 1,202 tokens in a context of 64
+    history = [{"role": "system", "content": "be brief"}]
+    history += [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} words"} for i in range(400)]
+    engine = CountingWordEngine(n_ctx=64)
+    tokens, dropped = truncated(engine, history, {"truncation": "auto"}, max_tokens=32)
+    # the fewest turns to drop for 32 tokens: 2 of the system message and 10 turns of 3
+    assert (len(tokens), dropped) == (32, 390)
+    assert engine.renders <= 2 + 9  # the whole prompt, the shortest, then halving 399 candidates
+    engine = CountingWordEngine(n_ctx=64)  # the last turn alone does not fit: it is kept all the same
+    tokens, dropped = truncated(engine, [*history[:-1], {"role": "user", "content": "x " * 60}], {"truncation": "auto"},
+                                max_tokens=32)
+    assert (len(tokens), dropped) == (62, 399)
+
+
 def test_without_auto_truncation_the_prompt_is_whole_even_when_too_long() -> None:
     engine = WordEngine(n_ctx=8)
     for request in ({}, {"truncation": "disabled"}):

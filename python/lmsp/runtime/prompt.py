@@ -120,15 +120,28 @@ def truncated(engine: ChatEngine, messages: list[dict], request: dict, max_token
     if request.get("truncation") != "auto":
         return tokens, 0
     budget = engine.n_ctx - max(1, min(max_tokens, engine.n_ctx // 2))
-    kept, dropped = list(messages), 0
-    while len(tokens) > budget:
-        turns = [i for i, m in enumerate(kept) if m.get("role") != "system"]
-        if len(turns) <= 1:
-            break
-        del kept[turns[0]]
-        dropped += 1
-        tokens = render(engine, kept)
-    return tokens, dropped
+    if len(tokens) <= budget:
+        return tokens, 0
+    turns = [i for i, m in enumerate(messages) if m.get("role") != "system"]
+
+    def without(n: int) -> list[int]:  # the prompt less its ``n`` oldest turns
+        gone = set(turns[:n])
+        return render(engine, [m for i, m in enumerate(messages) if i not in gone])
+
+    # the fewest oldest turns to drop, found in a logarithmic number of renders (a
+    # prompt never grows when a turn goes); the last turn always stays
+    low, high = 1, len(turns) - 1
+    if high < low:
+        return tokens, 0
+    best = without(high)
+    while low < high:
+        middle = (low + high) // 2
+        attempt = without(middle)
+        if len(attempt) <= budget:
+            high, best = middle, attempt
+        else:
+            low = middle + 1
+    return best, high  # best is without(high): the one that fits, or the shortest there is
 
 
 def seen_context(request: dict, dropped: int) -> list[dict] | None:
