@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <optional>
 
 #include "engine.h"
 #include "errors.h"
@@ -190,8 +191,38 @@ py::dict result_dict(lmsp::StepResult & r) {
     d["n_prompt"] = r.n_prompt;
     d["n_generated"] = r.n_generated;
     d["n_cached"] = r.n_cached;
+    d["n_loaded"] = r.n_loaded;
+    d["prefix_refused"] = r.prefix_refused;
     d["timings"] = r.timings ? timings_dict(*r.timings) : py::dict();
     return d;
+}
+
+// A KvPrefix from {"tokens": [int], "tiled_rows": int, "tiled_min": int,
+// "state": bytes}; the state copied without the GIL.
+lmsp::KvPrefix as_prefix(const py::handle & value) {
+    if (!py::isinstance<py::dict>(value)) throw py::type_error("prefix must be a dict or None");
+    py::dict d = py::reinterpret_borrow<py::dict>(value);
+    if (!d.contains("tokens") || !d.contains("state")) throw lmsp::InvalidArgument("prefix needs 'tokens' and 'state'");
+    lmsp::KvPrefix p;
+    p.tokens = as_tokens(d["tokens"], "prefix.tokens");
+    const int32_t rows = d.contains("tiled_rows") ? as_int32(d["tiled_rows"], "prefix.tiled_rows") : 0;
+    const int32_t min = d.contains("tiled_min") ? as_int32(d["tiled_min"], "prefix.tiled_min") : 0;
+    if (rows < 0 || min < 0) throw lmsp::InvalidArgument("prefix.tiled_rows and tiled_min must be >= 0");
+    p.tiled_rows = size_t(rows);
+    p.tiled_min = size_t(min);
+    py::object state = d["state"];
+    if (!py::isinstance<py::bytes>(state)) throw py::type_error("prefix.state must be bytes");
+    const char * data = PyBytes_AS_STRING(state.ptr());
+    const size_t size = size_t(PyBytes_GET_SIZE(state.ptr()));
+    py::gil_scoped_release nogil;
+    p.state.assign(data, data + size);
+    return p;
+}
+
+py::object prefix_dict(std::optional<lmsp::KvPrefix> p) {
+    if (!p) return py::none();
+    return py::dict("tokens"_a = py::cast(p->tokens), "tiled_rows"_a = p->tiled_rows, "tiled_min"_a = p->tiled_min,
+                    "state"_a = py::bytes(reinterpret_cast<const char *>(p->state.data()), p->state.size()));
 }
 
 // The Python-facing engine: holds the C++ engine, owns nothing else.
@@ -226,14 +257,17 @@ public:
         d["reference_kernels"] = engine_->reference_kernels();
         d["has_chat_template"] = engine_->has_chat_template();
         d["fim_tokens"] = engine_->fim_tokens();
+        d["kv_format"] = engine_->kv_format();
         return d;
     }
 
     int64_t submit(const py::object & prompt, const py::object & max_tokens, double temperature, double top_p,
                    const py::object & top_k, const py::object & seed, const py::object & stop,
                    const py::object & resume, const std::string & cache_key, bool logprobs, int32_t top_logprobs,
-                   const py::object & grammar) {
+                   const py::object & grammar, const py::object & prefix, bool persist) {
         lmsp::SubmitRequest req;
+        req.persist = persist;
+        if (!prefix.is_none()) req.prefix = as_prefix(prefix);
         req.logprobs = logprobs;
         req.top_logprobs = top_logprobs;
         if (!grammar.is_none()) req.grammar = as_grammar(grammar);
@@ -291,6 +325,15 @@ public:
                                                           s.kv_state->size()))
                                    : py::object(py::none());
         return d;
+    }
+
+    py::object saved_prefix(int64_t seq) {
+        std::optional<lmsp::KvPrefix> p;
+        {
+            py::gil_scoped_release nogil;
+            p = engine_->saved_prefix(seq);
+        }
+        return prefix_dict(std::move(p));
     }
 
     py::list poll() {
@@ -507,7 +550,21 @@ PYBIND11_MODULE(_native, m) {
             "messages"_a, "add_generation_prompt"_a = true)
         .def("submit", &PyEngine::submit, "prompt"_a, py::kw_only(), "max_tokens"_a, "temperature"_a = 1.0,
              "top_p"_a = 1.0, "top_k"_a = 0, "seed"_a = 0, "stop"_a = py::tuple(), "resume"_a = py::none(),
-             "cache_key"_a = "", "logprobs"_a = false, "top_logprobs"_a = 0, "grammar"_a = py::none())
+             "cache_key"_a = "", "logprobs"_a = false, "top_logprobs"_a = 0, "grammar"_a = py::none(),
+             "prefix"_a = py::none(), "persist"_a = false)
+        .def("saved_prefix", &PyEngine::saved_prefix, "seq_id"_a)
+        .def(
+            "cached_prefix",
+            [](PyEngine & s, const py::object & tokens, const std::string & key) {
+                return s.e().cached_prefix(as_tokens(tokens, "tokens"), key);
+            },
+            "tokens"_a, "cache_key"_a = "")
+        .def(
+            "usable_prefix",
+            [](PyEngine & s, size_t n_prompt, size_t n_held, size_t tiled_rows, size_t tiled_min) {
+                return s.e().usable_prefix(n_prompt, n_held, tiled_rows, tiled_min);
+            },
+            "n_prompt"_a, "n_held"_a, "tiled_rows"_a = 0, "tiled_min"_a = 0)
         .def(
             "cancel",
             [](PyEngine & s, int64_t seq) {
