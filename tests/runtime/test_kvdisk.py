@@ -7,6 +7,7 @@ import time
 from runtime_helpers import submit, wait_finished
 
 from lmsp import kvfiles
+from lmsp.api.metrics import render
 
 PROMPT = "A story about a lighthouse"
 
@@ -59,6 +60,10 @@ def test_a_turn_leaves_a_kv_file_that_the_next_prompt_loads_after_a_restart(stor
     figures = rt.metrics()
     assert (figures["kv_file_hits"], figures["kv_file_misses"]) == (1, 0)
     assert figures["kv_file_bytes_read"] == entry.size
+    shown = render(task_counts=None, runtime_metrics=figures, http=None, ready=True)
+    assert "lmsp_kv_file_hits_total 1\n" in shown and "lmsp_kv_file_misses_total 0\n" in shown
+    assert f"lmsp_kv_file_read_bytes_total {entry.size}\n" in shown
+    assert "# TYPE lmsp_kv_file_written_bytes_total counter" in shown
     plain = _restarted(make_runtime, store, rt, kv_cache_bytes=0)
     want, usage = _turn(store, plain, prompt=prompt)
     assert usage["input_tokens_details"]["cached_tokens"] == 0
