@@ -10,6 +10,7 @@
 #include <new>
 #include <optional>
 
+#include "bindings_kv.h"
 #include "engine.h"
 #include "errors.h"
 #include "gguf_info.h"
@@ -197,34 +198,6 @@ py::dict result_dict(lmsp::StepResult & r) {
     return d;
 }
 
-// A KvPrefix from {"tokens": [int], "tiled_rows": int, "tiled_min": int,
-// "state": bytes}; the state copied without the GIL.
-lmsp::KvPrefix as_prefix(const py::handle & value) {
-    if (!py::isinstance<py::dict>(value)) throw py::type_error("prefix must be a dict or None");
-    py::dict d = py::reinterpret_borrow<py::dict>(value);
-    if (!d.contains("tokens") || !d.contains("state")) throw lmsp::InvalidArgument("prefix needs 'tokens' and 'state'");
-    lmsp::KvPrefix p;
-    p.tokens = as_tokens(d["tokens"], "prefix.tokens");
-    const int32_t rows = d.contains("tiled_rows") ? as_int32(d["tiled_rows"], "prefix.tiled_rows") : 0;
-    const int32_t min = d.contains("tiled_min") ? as_int32(d["tiled_min"], "prefix.tiled_min") : 0;
-    if (rows < 0 || min < 0) throw lmsp::InvalidArgument("prefix.tiled_rows and tiled_min must be >= 0");
-    p.tiled_rows = size_t(rows);
-    p.tiled_min = size_t(min);
-    py::object state = d["state"];
-    if (!py::isinstance<py::bytes>(state)) throw py::type_error("prefix.state must be bytes");
-    const char * data = PyBytes_AS_STRING(state.ptr());
-    const size_t size = size_t(PyBytes_GET_SIZE(state.ptr()));
-    py::gil_scoped_release nogil;
-    p.state.assign(data, data + size);
-    return p;
-}
-
-py::object prefix_dict(std::optional<lmsp::KvPrefix> p) {
-    if (!p) return py::none();
-    return py::dict("tokens"_a = py::cast(p->tokens), "tiled_rows"_a = p->tiled_rows, "tiled_min"_a = p->tiled_min,
-                    "state"_a = py::bytes(reinterpret_cast<const char *>(p->state.data()), p->state.size()));
-}
-
 // The Python-facing engine: holds the C++ engine, owns nothing else.
 class PyEngine {
 public:
@@ -267,7 +240,7 @@ public:
                    const py::object & grammar, const py::object & prefix, bool persist) {
         lmsp::SubmitRequest req;
         req.persist = persist;
-        if (!prefix.is_none()) req.prefix = as_prefix(prefix);
+        if (!prefix.is_none()) req.prefix = lmsp_py::as_prefix(prefix);
         req.logprobs = logprobs;
         req.top_logprobs = top_logprobs;
         if (!grammar.is_none()) req.grammar = as_grammar(grammar);
@@ -327,14 +300,7 @@ public:
         return d;
     }
 
-    py::object saved_prefix(int64_t seq) {
-        std::optional<lmsp::KvPrefix> p;
-        {
-            py::gil_scoped_release nogil;
-            p = engine_->saved_prefix(seq);
-        }
-        return prefix_dict(std::move(p));
-    }
+    py::object saved_prefix(int64_t seq) { return lmsp_py::saved_prefix(*engine_, seq); }
 
     py::list poll() {
         std::vector<lmsp::StepResult> results;
@@ -397,7 +363,8 @@ public:
         const lmsp::EngineStats s = engine_->stats();
         return py::dict("active"_a = s.active, "waiting"_a = s.waiting, "steps"_a = s.steps, "ubatches"_a = s.ubatches,
                         "tokens_decoded"_a = s.tokens_decoded, "tokens_generated"_a = s.tokens_generated,
-                        "submitted"_a = s.submitted, "finished"_a = s.finished);
+                        "submitted"_a = s.submitted, "finished"_a = s.finished, "kv_copies"_a = s.kv_copies,
+                        "kv_copy_us"_a = s.kv_copy_us);
     }
 
     void close() {

@@ -134,6 +134,7 @@ void Engine::release_slot(Sequence & seq, Finish why) {
             forget_slot(seq.slot);
         } else if (seq.persist && (why == Finish::stop || why == Finish::length) && !held.empty()) {
             slot.save_seq = seq.id;
+            slot.state_size = llama_state_seq_get_size(ctx_.get(), seq.slot);  // counts, copies nothing
         }
     } else {
         forget_slot(seq.slot);

@@ -93,6 +93,7 @@ struct KvPrefix {
     size_t tiled_rows = 0;
     size_t tiled_min = 0;
     std::vector<uint8_t> state;
+    size_t state_size = 0;  // saved_prefix() into the caller's buffer: the bytes written there (state empty)
 };
 
 struct SubmitRequest {
@@ -135,6 +136,8 @@ struct EngineStats {
     int64_t tokens_generated = 0;  // tokens sampled
     int64_t submitted = 0;
     int64_t finished = 0;
+    int64_t kv_copies = 0;   // KvPrefix states copied out of the KV cache (saved_prefix, a slot reused first)
+    int64_t kv_copy_us = 0;  // ... the engine thread's time in those copies
 };
 
 // Unknown or finished sequence id (maps to KeyError).
@@ -179,7 +182,11 @@ public:
     // rows a later prompt can take over), taken between two steps; none when
     // the slot was given to another sequence first, or the sequence ended
     // cancelled or on an error. Once per sequence.
-    std::optional<KvPrefix> saved_prefix(int64_t seq_id);
+    // `buffer`: where the state goes when it fits (`capacity` bytes, its pages
+    // touched by the caller, so that the engine thread only copies).
+    std::optional<KvPrefix> saved_prefix(int64_t seq_id, uint8_t * buffer = nullptr, size_t capacity = 0);
+    // The state's size saved_prefix() would give now (0: unknown, or none waits).
+    size_t saved_prefix_size(int64_t seq_id) const;
     // How many leading tokens of `tokens` a free slot's cache would give a
     // sequence submitted now with `cache_key` (as admission would pick it).
     size_t cached_prefix(const std::vector<int32_t> & tokens, const std::string & cache_key) const;
@@ -220,6 +227,8 @@ private:
         int64_t seq = 0;
         bool with_kv = false;
         std::vector<int32_t> tokens;
+        uint8_t * buffer = nullptr;  // saved_prefix: the caller's
+        size_t capacity = 0;
         std::promise<Snapshot> snapshot;
         std::promise<std::vector<float>> logits;
         std::promise<std::optional<KvPrefix>> saved;
@@ -244,8 +253,9 @@ private:
     void answer_logits(Request & req);
     bool decode_positions(Request & req, size_t done, size_t n, std::vector<float> & out);
     void answer_saved_prefix(Request & req);
-    std::optional<KvPrefix> slot_prefix(int slot);  // the slot's KV as a KvPrefix
-    void keep_for_saving(int slot);                 // before the slot is reused: its awaited KV into saved_
+    // the slot's KV as a KvPrefix (its state into `buffer` when it fits)
+    std::optional<KvPrefix> slot_prefix(int slot, uint8_t * buffer = nullptr, size_t capacity = 0);
+    void keep_for_saving(int slot);  // before the slot is reused: its awaited KV into saved_
 
     // engine thread: the loop (engine.cpp)
     struct Round;
@@ -341,6 +351,7 @@ private:
     std::deque<std::pair<int64_t, KvPrefix>> saved_;
 
     std::atomic<int64_t> steps_{0}, ubatches_{0}, tokens_decoded_{0}, tokens_generated_{0}, submitted_{0}, finished_{0};
+    std::atomic<int64_t> kv_copies_{0}, kv_copy_us_{0};
     std::atomic<int64_t> n_active_{0};
 
     std::atomic<bool> closed_{false};

@@ -306,6 +306,8 @@ EngineStats Engine::stats() const {
     s.tokens_generated = tokens_generated_.load();
     s.submitted = submitted_.load();
     s.finished = finished_.load();
+    s.kv_copies = kv_copies_.load();
+    s.kv_copy_us = kv_copy_us_.load();
     return s;
 }
 

@@ -5,6 +5,7 @@
 // a request, or reads the slots as the last round left them. A resumed
 // sequence's own KV state (a snapshot's) is restored here too.
 #include <algorithm>
+#include <chrono>
 #include <mutex>
 #include <string>
 
@@ -22,11 +23,13 @@ constexpr size_t kMaxSaved = 64;
 
 // ---------------------------------------------------------------- caller side
 
-std::optional<KvPrefix> Engine::saved_prefix(int64_t seq_id) {
+std::optional<KvPrefix> Engine::saved_prefix(int64_t seq_id, uint8_t * buffer, size_t capacity) {
     check_open();
     auto req = std::make_unique<Request>();
     req->kind = Request::Kind::saved_prefix;
     req->seq = seq_id;
+    req->buffer = buffer;
+    req->capacity = buffer != nullptr ? capacity : 0;
     auto fut = req->saved.get_future();
     {
         std::lock_guard<std::mutex> lk(mu_);
@@ -35,6 +38,15 @@ std::optional<KvPrefix> Engine::saved_prefix(int64_t seq_id) {
     }
     cv_.notify_all();
     return fut.get();
+}
+
+size_t Engine::saved_prefix_size(int64_t seq_id) const {
+    check_open();
+    std::lock_guard<std::mutex> lk(mu_);
+    for (const Slot & s : slot_view_) {
+        if (s.save_seq == seq_id && !s.used) return s.state_size;
+    }
+    return 0;
 }
 
 size_t Engine::cached_prefix(const std::vector<int32_t> & tokens, const std::string & cache_key) const {
@@ -76,13 +88,30 @@ void Engine::publish_slots() {
     slot_view_ = slots_;
 }
 
-std::optional<KvPrefix> Engine::slot_prefix(int slot) {
+std::optional<KvPrefix> Engine::slot_prefix(int slot, uint8_t * buffer, size_t capacity) {
+    const auto t0 = std::chrono::steady_clock::now();
+    struct Timed {  // the copy's time into the stats, however it ends
+        Engine & e;
+        std::chrono::steady_clock::time_point t0;
+        ~Timed() {
+            e.kv_copies_++;
+            e.kv_copy_us_ +=
+                std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
+        }
+    } timed{*this, t0};
     const Slot & s = slots_[size_t(slot)];
     KvPrefix p;
     p.tokens = s.tokens;
     p.tiled_rows = s.tiled_rows;
     p.tiled_min = s.tiled_min;
-    p.state.resize(llama_state_seq_get_size(ctx_.get(), slot));
+    const size_t size = llama_state_seq_get_size(ctx_.get(), slot);
+    if (buffer != nullptr && size <= capacity) {
+        // the caller's pages: a copy only (fresh pages would fault here, on the engine thread)
+        p.state_size = llama_state_seq_get_data(ctx_.get(), buffer, capacity, slot);
+        if (p.state_size == 0) return std::nullopt;
+        return p;
+    }
+    p.state.resize(size);
     const size_t n = llama_state_seq_get_data(ctx_.get(), p.state.data(), p.state.size(), slot);
     if (n == 0) return std::nullopt;
     p.state.resize(n);
@@ -115,7 +144,8 @@ void Engine::answer_saved_prefix(Request & req) {
         Slot & s = slots_[i];
         if (s.save_seq != req.seq || s.used) continue;
         s.save_seq = 0;
-        req.saved.set_value(slot_prefix(int(i)));
+        slots_changed_ = true;
+        req.saved.set_value(slot_prefix(int(i), req.buffer, req.capacity));
         return;
     }
     req.saved.set_value(std::nullopt);

@@ -18,6 +18,7 @@ struct Slot {
     size_t tiled_rows = 0;        // leading positions computed by a tiled prefill
     size_t tiled_min = 0;         // ... in chunks of at least this many rows
     int64_t save_seq = 0;         // a persisted sequence whose KV it holds, not saved yet (0: none)
+    size_t state_size = 0;        // ... the size of its state
 };
 
 // The slot a new sequence takes (see slot_choice.cpp); `common` is set to the
