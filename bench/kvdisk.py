@@ -100,7 +100,9 @@ def kill(srv: serve.Server) -> None:
 def lmsp_round(model: Path, s: serve.ServeSettings, work: Path, index: int, kv: bool) -> dict:
     """The first turn, a SIGKILL and a restart, then the next turn (see the module docstring)."""
     variant = "lmsp" if kv else "lmsp-nokv"
-    env = {} if kv else {"LMSP_KV_CACHE_BYTES": "0"}
+    env = {"LMSP_LOG_LEVEL": os.environ.get("KVDISK_LOG_LEVEL", "warning")}
+    if not kv:
+        env["LMSP_KV_CACHE_BYTES"] = "0"
     srv = serve.LmspServer.create(serve.lmsp_command(None), model, s, work / variant, "lmsp", env)
     srv.start()
     try:
@@ -182,14 +184,25 @@ def engine_costs(model: Path, threads: int) -> dict:
                                        cache_key="", tokens=saved["tokens"], tiled_rows=saved["tiled_rows"],
                                        tiled_min=saved["tiled_min"], state=saved["state"])
             t_write = time.perf_counter() - t0
+            turn = [*history(7), {"role": "assistant", "content": "Yes."}, {"role": "user", "content": NEXT * 3}]
+            next_prompt = engine.chat_prompt(turn)
             t0 = time.perf_counter()
-            kvfiles.read(path, digest="sha256:" + "0" * 64, kv_format=engine.info["kv_format"], cache_key="",
-                         tokens=saved["tokens"] + [1])
+            prefix = kvfiles.read(path, digest="sha256:" + "0" * 64, kv_format=engine.info["kv_format"],
+                                  cache_key="", tokens=next_prompt)
             t_read = time.perf_counter() - t0
+        fresh = Engine(str(model), n_ctx=4096, n_parallel=2, n_threads=threads)  # a restart
+        try:
+            fresh.submit(next_prompt, max_tokens=1, temperature=0, prefix=prefix)
+            while not any(r["finish"] for r in _results(fresh)):
+                pass
+            loaded = fresh.stats()
+        finally:
+            fresh.close()
         around = [b - a for a, b in zip(arrivals, arrivals[1:]) if b >= copy[0] and a <= copy[1]]
         return {"history_tokens": len(prompt), "file_tokens": len(saved["tokens"]), "file_bytes": size,
                 "bytes_per_token": size / len(saved["tokens"]), "saved_prefix_s": copy[1] - copy[0],
                 "engine_thread_copy_s": stats["kv_copy_us"] / 1e6 / max(1, stats["kv_copies"]),
+                "engine_thread_load_s": loaded["kv_load_us"] / 1e6 / max(1, loaded["kv_loads"]),
                 "write_fsync_s": t_write, "read_check_s": t_read, "median_token_gap_s": statistics.median(gaps),
                 "gap_during_copy_s": max(around) if around else None}
     finally:
@@ -248,18 +261,22 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     s = serve.ServeSettings(threads=args.threads, parallel=2, ctx_per_seq=4096, n_gpu_layers=0)
     names = [n for n in args.models.split(",") if n]
-    started = time.strftime("%Y-%m-%dT%H%M", time.gmtime())
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="kvdisk-") as tmp:
         work = Path(tmp)
         paths = serve.make_models(names, [], work)
         models = [run_model(name, path, args, s, work) for name, path in zip(names, paths)]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).resolve().parent).stdout.strip()
-    result = {"bench": "kvdisk", "started": started, "commit": commit, "machine": serve.machine_line(),
+    here = Path(__file__).resolve().parent
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=here).stdout.strip()
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                text=True, cwd=here).stdout.strip())
+    result = {"benchmark": "kvdisk", "time": started, "commit": commit, "dirty": dirty,
+              "machine": serve.machine_line(),
               "load_average_before": load_before, "load_average_after": os.getloadavg(),
               "command": shlex.join([sys.executable, *sys.argv]), "settings": vars(s), "models": models}
-    out = args.out or Path(__file__).resolve().parent / "results" / "history" / f"{started}-kvdisk.json"
+    stamp = started[:13].replace(":", "") + started[14:16]  # 2026-12-01T2214
+    out = args.out or here / "results" / "history" / f"{stamp}-kvdisk.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1, default=str) + "\n")
     print(f"wrote {out}", flush=True)

@@ -138,6 +138,8 @@ struct EngineStats {
     int64_t finished = 0;
     int64_t kv_copies = 0;   // KvPrefix states copied out of the KV cache (saved_prefix, a slot reused first)
     int64_t kv_copy_us = 0;  // ... the engine thread's time in those copies
+    int64_t kv_loads = 0;    // KvPrefix states loaded into a slot (or refused)
+    int64_t kv_load_us = 0;  // ... the engine thread's time in those loads
 };
 
 // Unknown or finished sequence id (maps to KeyError).
@@ -351,7 +353,7 @@ private:
     std::deque<std::pair<int64_t, KvPrefix>> saved_;
 
     std::atomic<int64_t> steps_{0}, ubatches_{0}, tokens_decoded_{0}, tokens_generated_{0}, submitted_{0}, finished_{0};
-    std::atomic<int64_t> kv_copies_{0}, kv_copy_us_{0};
+    std::atomic<int64_t> kv_copies_{0}, kv_copy_us_{0}, kv_loads_{0}, kv_load_us_{0};
     std::atomic<int64_t> n_active_{0};
 
     std::atomic<bool> closed_{false};

@@ -308,6 +308,8 @@ EngineStats Engine::stats() const {
     s.finished = finished_.load();
     s.kv_copies = kv_copies_.load();
     s.kv_copy_us = kv_copy_us_.load();
+    s.kv_loads = kv_loads_.load();
+    s.kv_load_us = kv_load_us_.load();
     return s;
 }
 

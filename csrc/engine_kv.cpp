@@ -5,6 +5,7 @@
 // a request, or reads the slots as the last round left them. A resumed
 // sequence's own KV state (a snapshot's) is restored here too.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <mutex>
 #include <string>
@@ -19,6 +20,18 @@ namespace lmsp {
 namespace {
 // at most this many saved states wait for saved_prefix() (a caller that never asks)
 constexpr size_t kMaxSaved = 64;
+
+// A copy's or a load's time into the stats, however it ends.
+struct Timed {
+    std::atomic<int64_t> & n;
+    std::atomic<int64_t> & us;
+    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+    Timed(std::atomic<int64_t> & count, std::atomic<int64_t> & micros) : n(count), us(micros) {}
+    ~Timed() {
+        n++;
+        us += std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
+    }
+};
 }  // namespace
 
 // ---------------------------------------------------------------- caller side
@@ -89,16 +102,7 @@ void Engine::publish_slots() {
 }
 
 std::optional<KvPrefix> Engine::slot_prefix(int slot, uint8_t * buffer, size_t capacity) {
-    const auto t0 = std::chrono::steady_clock::now();
-    struct Timed {  // the copy's time into the stats, however it ends
-        Engine & e;
-        std::chrono::steady_clock::time_point t0;
-        ~Timed() {
-            e.kv_copies_++;
-            e.kv_copy_us_ +=
-                std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
-        }
-    } timed{*this, t0};
+    const Timed timed(kv_copies_, kv_copy_us_);
     const Slot & s = slots_[size_t(slot)];
     KvPrefix p;
     p.tokens = s.tokens;
@@ -183,6 +187,7 @@ size_t Engine::load_prefix(Sequence & seq, int slot, size_t common) {
     const size_t usable = usable_rows(n, seq.feed.size(), plan_.two_kinds(), p.tiled_rows, p.tiled_min, seq.t_end,
                                       seq.t_min);
     if (usable <= common) return common;
+    const Timed timed(kv_loads_, kv_load_us_);
     llama_memory_t mem = llama_get_memory(ctx_.get());
     forget_slot(slot);
     const size_t read = llama_state_seq_set_data(ctx_.get(), p.state.data(), p.state.size(), slot);

@@ -20,6 +20,7 @@ is prefilled.
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
@@ -63,13 +64,18 @@ class KvDisk:
         self.held = 0  # bytes in the directory after this worker's last write or round
 
     # ---------------------------------------------------------------- submissions
-    def prepare(self, engine: Any, model_id: str, tokens: list[int], cache_key: str) -> Ticket | None:
+    def prepare(
+        self, engine: Any, model_id: str, tokens: list[int], cache_key: str, *, look: bool = True
+    ) -> Ticket | None:
         """The lookup before ``engine.submit``: None when the files are off, else a
         ticket whose ``prefix`` (maybe None) goes to the engine (see :meth:`submit_kwargs`).
-        Reads a file: call it off the gevent hub."""
+        ``look=False``: no lookup (a resumed task continues from its own snapshot), only
+        the file after its end. Reads a file: call it off the gevent hub."""
         if not self.enabled or not tokens:
             return None
         ticket = Ticket(model_id, cache_key)
+        if not look:
+            return ticket
         digest = self.state.registry.files.loaded_digest(model_id)
         if digest is None:
             return ticket
@@ -82,6 +88,7 @@ class KvDisk:
         if entry is None:
             self._count("misses")
             return ticket
+        started = time.perf_counter()
         try:
             # the rows a prefill of this prompt would compute alike (the header only): read it once it pays
             usable = engine.usable_prefix(len(tokens), entry.n_tokens, *self._tiling(entry.path))
@@ -98,6 +105,9 @@ class KvDisk:
         ticket.path = entry.path
         kvfiles.touch(entry.path)
         self._count("bytes_read", entry.size)
+        log.debug(
+            "KV file %s: %d tokens, read and checked in %.3f s", entry.path.name, usable, time.perf_counter() - started
+        )
         return ticket
 
     @staticmethod
@@ -136,6 +146,12 @@ class KvDisk:
                 self._refuse(ticket.path, "the engine could not load its state")
             elif result.get("n_loaded"):
                 self._count("hits")
+                log.debug(
+                    "KV file %s used: %s tokens loaded, engine timings %s",
+                    ticket.path.name,
+                    result.get("n_loaded"),
+                    result.get("timings"),
+                )
         if result.get("finish") in ("stop", "length"):
             with self._lock:
                 self._jobs.append((engine, int(result["seq"]), ticket))

@@ -260,7 +260,7 @@ class Scheduler:
 
         state = self.state
         # a KV file of the prompt's start, read before the lock (a resumed task has its own state)
-        ticket = None if resume else state.kvdisk.prepare(engine, run.model, tokens, cache_key)
+        ticket = state.kvdisk.prepare(engine, run.model, tokens, cache_key, look=resume is None)
         try:
             with state.lock:
                 if state.registry.engine(run.model) is not engine:  # unloaded since: load it again
