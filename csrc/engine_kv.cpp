@@ -102,6 +102,11 @@ void Engine::publish_slots() {
 }
 
 std::optional<KvPrefix> Engine::slot_prefix(int slot, uint8_t * buffer, size_t capacity) {
+    // sliding-window layers keep (and llama.cpp writes) only their window's last
+    // positions: a state past the window cannot start a later prompt
+    const int32_t window = llama_model_n_swa(model_.get());
+    if (window > 0 && slots_[size_t(slot)].tokens.size() > size_t(window)) return std::nullopt;
+    if (llama_memory_seq_pos_min(llama_get_memory(ctx_.get()), slot) != 0) return std::nullopt;
     const Timed timed(kv_copies_, kv_copy_us_);
     const Slot & s = slots_[size_t(slot)];
     KvPrefix p;

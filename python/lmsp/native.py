@@ -68,7 +68,8 @@ service's KV files, ``lmsp.kvfiles``). A sequence submitted with
 ``length``) for ``saved_prefix(seq)``: ``{"tokens", "tiled_rows",
 "tiled_min", "state"}`` (llama.cpp's sequence state of exactly those
 positions), copied between two engine steps, once; None when the slot went
-to another sequence first. Where prompts are prefilled tiled (batch
+to another sequence first, or the sequence outgrew a sliding window (its
+state would not hold the first positions). Where prompts are prefilled tiled (batch
 invariance on the CPU), only a prompt's rows are kept: its answer's were
 decoded one row at a time, and a prefill of the next turn computes them
 tiled. ``submit(..., prefix=that)`` with a prompt that starts with its

@@ -130,3 +130,18 @@ def test_a_damaged_kv_file_fails_its_check(make, tmp_path: Path) -> None:
     path.write_bytes(bytes(data))
     with pytest.raises(kvfiles.Refused, match="checksum"):
         load(engine, path, prompt)
+
+
+def test_a_sequence_past_a_sliding_window_leaves_no_prefix_to_save(make, catalog_model) -> None:
+    # Gemma 3's sliding-window layers keep the last 512 positions only: past them the
+    # slot's KV cannot start a later prompt, so there is nothing to write to a file
+    gemma = make(catalog_model("gemma-3-270m"))
+    long_prompt = gemma.tokenize("word " * 700, add_special=True)
+    short_prompt = gemma.tokenize("word " * 100, add_special=True)
+    for prompt, kept in ((long_prompt, False), (short_prompt, True)):
+        seq = gemma.submit(prompt, max_tokens=1, temperature=0, persist=True)
+        generate_from(gemma, seq)
+        saved = gemma.saved_prefix(seq)
+        assert (saved is not None) == kept
+        if kept:
+            assert saved["tokens"] == prompt
