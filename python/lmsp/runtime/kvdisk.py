@@ -23,6 +23,7 @@ import logging
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .. import kvfiles
@@ -50,9 +51,10 @@ class KvDisk:
     def __init__(self, state: WorkerState) -> None:
         self.state = state
         config = state.config
-        self.directory = config.kv_dir
+        data_dir = Path(config.data_dir)  # (a Config made by hand may hold a str)
+        self.directory = data_dir / "kv"
         on = bool(config.prefix_cache) and config.kv_cache_bytes != 0
-        self.budget = kvfiles.resolve_budget(int(config.kv_cache_bytes), config.data_dir) if on else 0
+        self.budget = kvfiles.resolve_budget(int(config.kv_cache_bytes), data_dir) if on else 0
         self.enabled = self.budget > 0
         self.wake = Wakeup()
         self._lock = allocate_lock()
