@@ -8,7 +8,9 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <optional>
 
+#include "bindings_kv.h"
 #include "engine.h"
 #include "errors.h"
 #include "gguf_info.h"
@@ -192,6 +194,8 @@ py::dict result_dict(lmsp::StepResult & r) {
     d["n_prompt"] = r.n_prompt;
     d["n_generated"] = r.n_generated;
     d["n_cached"] = r.n_cached;
+    d["n_loaded"] = r.n_loaded;
+    d["prefix_refused"] = r.prefix_refused;
     d["timings"] = r.timings ? timings_dict(*r.timings) : py::dict();
     return d;
 }
@@ -228,14 +232,17 @@ public:
         d["reference_kernels"] = engine_->reference_kernels();
         d["has_chat_template"] = engine_->has_chat_template();
         d["fim_tokens"] = engine_->fim_tokens();
+        d["kv_format"] = engine_->kv_format();
         return d;
     }
 
     int64_t submit(const py::object & prompt, const py::object & max_tokens, double temperature, double top_p,
                    const py::object & top_k, const py::object & seed, const py::object & stop,
                    const py::object & resume, const std::string & cache_key, bool logprobs, int32_t top_logprobs,
-                   const py::object & grammar) {
+                   const py::object & grammar, const py::object & prefix, bool persist) {
         lmsp::SubmitRequest req;
+        req.persist = persist;
+        if (!prefix.is_none()) req.prefix = lmsp_py::as_prefix(prefix);
         req.logprobs = logprobs;
         req.top_logprobs = top_logprobs;
         if (!grammar.is_none()) req.grammar = as_grammar(grammar);
@@ -294,6 +301,8 @@ public:
                                    : py::object(py::none());
         return d;
     }
+
+    py::object saved_prefix(int64_t seq) { return lmsp_py::saved_prefix(*engine_, seq); }
 
     py::list poll() {
         std::vector<lmsp::StepResult> results;
@@ -356,7 +365,8 @@ public:
         const lmsp::EngineStats s = engine_->stats();
         return py::dict("active"_a = s.active, "waiting"_a = s.waiting, "steps"_a = s.steps, "ubatches"_a = s.ubatches,
                         "tokens_decoded"_a = s.tokens_decoded, "tokens_generated"_a = s.tokens_generated,
-                        "submitted"_a = s.submitted, "finished"_a = s.finished);
+                        "submitted"_a = s.submitted, "finished"_a = s.finished, "kv_copies"_a = s.kv_copies,
+                        "kv_copy_us"_a = s.kv_copy_us, "kv_loads"_a = s.kv_loads, "kv_load_us"_a = s.kv_load_us);
     }
 
     void close() {
@@ -519,7 +529,21 @@ PYBIND11_MODULE(_native, m) {
             "messages"_a, "add_generation_prompt"_a = true)
         .def("submit", &PyEngine::submit, "prompt"_a, py::kw_only(), "max_tokens"_a, "temperature"_a = 1.0,
              "top_p"_a = 1.0, "top_k"_a = 0, "seed"_a = 0, "stop"_a = py::tuple(), "resume"_a = py::none(),
-             "cache_key"_a = "", "logprobs"_a = false, "top_logprobs"_a = 0, "grammar"_a = py::none())
+             "cache_key"_a = "", "logprobs"_a = false, "top_logprobs"_a = 0, "grammar"_a = py::none(),
+             "prefix"_a = py::none(), "persist"_a = false)
+        .def("saved_prefix", &PyEngine::saved_prefix, "seq_id"_a)
+        .def(
+            "cached_prefix",
+            [](PyEngine & s, const py::object & tokens, const std::string & key) {
+                return s.e().cached_prefix(as_tokens(tokens, "tokens"), key);
+            },
+            "tokens"_a, "cache_key"_a = "")
+        .def(
+            "usable_prefix",
+            [](PyEngine & s, size_t n_prompt, size_t n_held, size_t tiled_rows, size_t tiled_min) {
+                return s.e().usable_prefix(n_prompt, n_held, tiled_rows, tiled_min);
+            },
+            "n_prompt"_a, "n_held"_a, "tiled_rows"_a = 0, "tiled_min"_a = 0)
         .def(
             "cancel",
             [](PyEngine & s, int64_t seq) {

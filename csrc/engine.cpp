@@ -100,6 +100,8 @@ void Engine::finish(Sequence & seq, Finish why, const std::string & error, std::
     r.n_prompt = seq.n_prompt;
     r.n_generated = int32_t(seq.generated.size());
     r.n_cached = seq.n_cached;
+    r.n_loaded = seq.n_loaded;
+    r.prefix_refused = seq.prefix_refused;
     r.timings = timings_of(seq, r.n_generated, now);
     if (seq.slot >= 0) release_slot(seq, why);
     seq.state = SeqState::finished;
@@ -125,14 +127,21 @@ void Engine::release_slot(Sequence & seq, Finish why) {
         slot.tiled_rows = std::min(seq.t_end, held.size());
         slot.tiled_min = seq.t_min;
         slot.key = seq.cache_key;
+        // with two kinds of rows, the rows after a tiled prompt (its answer, decoded
+        // one row at a time) are never taken over: a prefill computes them tiled
+        if (plan_.two_kinds() && slot.tiled_rows > 0) held.resize(slot.tiled_rows);
         if (!llama_memory_seq_rm(llama_get_memory(ctx_.get()), seq.slot, int32_t(held.size()), -1)) {
             forget_slot(seq.slot);
+        } else if (seq.persist && (why == Finish::stop || why == Finish::length) && !held.empty()) {
+            slot.save_seq = seq.id;
+            slot.state_size = llama_state_seq_get_size(ctx_.get(), seq.slot);  // counts, copies nothing
         }
     } else {
         forget_slot(seq.slot);
     }
     slot.freed_at = ++slot_clock_;
     slot.used = false;
+    slots_changed_ = true;
     seq.slot = -1;
     n_active_--;
 }
@@ -142,6 +151,8 @@ void Engine::forget_slot(int slot) {
     slots_[size_t(slot)].tokens.clear();
     slots_[size_t(slot)].tiled_rows = 0;
     slots_[size_t(slot)].tiled_min = 0;
+    slots_[size_t(slot)].save_seq = 0;
+    slots_changed_ = true;
 }
 
 void Engine::set_reference_kernels(bool on) {
@@ -163,13 +174,16 @@ void Engine::admit(std::unique_ptr<Sequence> seq) {
     const bool reuse = options_.prefix_cache && !seq->kv_state;
     const int slot = pick_slot(slots_, reuse ? &seq->feed : nullptr, seq->cache_key, common);
     seq->slot = slot;
+    if (slots_[size_t(slot)].save_seq != 0) keep_for_saving(slot);
     slots_[size_t(slot)].used = true;
+    slots_changed_ = true;
     n_active_++;
     seq->t_admit = Clock::now();
     // a long enough prompt is prefilled tiled (two kinds of steps)
     seq->t_min = plan_.tiled_min(size_t(seq->n_prompt));
     seq->t_end = seq->t_min > 0 ? size_t(seq->n_prompt) : 0;
     common = take_prefix(*seq, slot, common);
+    if (seq->prefix) common = load_prefix(*seq, slot, common);
 
     const bool restored = seq->kv_state && restore_kv(*seq, slot);
     if (!restored) {
@@ -202,14 +216,9 @@ void Engine::admit(std::unique_ptr<Sequence> seq) {
 // of the KV is dropped, or all of it when none is kept.
 size_t Engine::take_prefix(Sequence & seq, int slot, size_t common) {
     llama_memory_t mem = llama_get_memory(ctx_.get());
-    if (common > 0) {
-        // the last token is fed again in any case: its logits give the next one
-        common = std::min(common, seq.feed.size() - 1);
-        if (plan_.two_kinds()) {
-            const Slot & held = slots_[size_t(slot)];
-            common = same_kind_prefix(common, held.tiled_rows, held.tiled_min, seq.t_end, seq.t_min);
-        }
-    }
+    const Slot & held = slots_[size_t(slot)];
+    common = usable_rows(common, seq.feed.size(), plan_.two_kinds(), held.tiled_rows, held.tiled_min, seq.t_end,
+                         seq.t_min);
     if (common > 0) {
         // a cache that cannot drop a sequence's tail (recurrent models), or that
         // no longer holds its first positions (sliding-window layers), is not reused
@@ -224,26 +233,6 @@ size_t Engine::take_prefix(Sequence & seq, int slot, size_t common) {
         forget_slot(slot);
     }
     return common;
-}
-
-// A resumed sequence's KV state into its slot; false (the slot left empty)
-// when it is not this model's or this sequence's, which is then prefilled.
-bool Engine::restore_kv(Sequence & seq, int slot) {
-    llama_memory_t mem = llama_get_memory(ctx_.get());
-    bool restored = false;
-    const auto & kv = *seq.kv_state;
-    const size_t n = llama_state_seq_set_data(ctx_.get(), kv.data(), kv.size(), slot);
-    const int32_t expect = seq.n_prompt + int32_t(seq.generated.size()) - 1;
-    if (n > 0 && llama_memory_seq_pos_min(mem, slot) == 0 && llama_memory_seq_pos_max(mem, slot) == expect - 1) {
-        restored = true;
-        seq.n_past = expect;
-        seq.state = SeqState::generating;
-    } else {
-        // not this model's state, or not this sequence's: prefill instead
-        llama_memory_seq_rm(mem, slot, -1, -1);
-    }
-    seq.kv_state.reset();
-    return restored;
 }
 
 void Engine::order_batch_by_slot() {
@@ -511,11 +500,7 @@ void Engine::run() {
     }
     for (auto & r : requests) {
         auto err = std::make_exception_ptr(EngineClosedError("the engine is closed"));
-        if (r->kind == Request::Kind::snapshot) {
-            r->snapshot.set_exception(err);
-        } else {
-            r->logits.set_exception(err);
-        }
+        fail_request(*r, err);
     }
 }
 
@@ -563,7 +548,18 @@ void Engine::serve(Round & round) {
                                  [](const std::unique_ptr<Sequence> & s) { return s->state == SeqState::finished; }),
                   active_.end());
     for (auto & s : round.admitted) admit(std::move(s));
+    // one slot's KV copied out per round at most, so that a running sequence
+    // waits for one copy between two steps; the others go to the next rounds
+    bool copied = false;
+    std::deque<std::unique_ptr<Request>> later;
     for (auto & r : round.requests) {
+        if (r->kind == Request::Kind::saved_prefix) {
+            if (copied) {
+                later.push_back(std::move(r));
+                continue;
+            }
+            copied = true;
+        }
         try {
             handle_request(*r);
         } catch (...) {
@@ -571,7 +567,12 @@ void Engine::serve(Round & round) {
             fail_request(*r, std::current_exception());
         }
     }
+    if (!later.empty()) {
+        std::lock_guard<std::mutex> lk(mu_);
+        for (auto it = later.rbegin(); it != later.rend(); ++it) requests_.push_front(std::move(*it));
+    }
     if (!active_.empty()) step();
+    publish_slots();
 }
 
 }  // namespace lmsp

@@ -71,7 +71,9 @@ struct StepResult {
     std::string error;
     int32_t n_prompt = 0;
     int32_t n_generated = 0;
-    int32_t n_cached = 0;            // leading prompt tokens whose KV a free slot already held
+    int32_t n_cached = 0;            // leading prompt tokens whose KV a free slot already held (or a given prefix)
+    int32_t n_loaded = 0;            // ... of which the submission's KvPrefix gave (0: not used)
+    bool prefix_refused = false;     // the submission's KvPrefix did not load (not this engine's, or damaged)
     std::optional<Timings> timings;  // on finish
     bool urgent = false;             // the sequence's first text, or its end
 };
@@ -80,6 +82,18 @@ struct ResumeState {
     std::vector<int32_t> generated;
     std::string emitted;
     std::optional<std::vector<uint8_t>> kv_state;
+};
+
+// The KV of a sequence's first positions, out of the engine and back (the
+// service's KV files): the tokens at positions 0.., which leading ones a
+// tiled prefill computed (in chunks of at least tiled_min rows), and
+// llama.cpp's sequence state of exactly those positions.
+struct KvPrefix {
+    std::vector<int32_t> tokens;
+    size_t tiled_rows = 0;
+    size_t tiled_min = 0;
+    std::vector<uint8_t> state;
+    size_t state_size = 0;  // saved_prefix() into the caller's buffer: the bytes written there (state empty)
 };
 
 struct SubmitRequest {
@@ -98,6 +112,12 @@ struct SubmitRequest {
     // constrain the output to a grammar (grammar.h); a resumed sequence's
     // grammar takes its generated tokens first
     std::optional<GrammarSpec> grammar;
+    // the KV of the prompt's first tokens (tokens must be its start): loaded on
+    // admission in place of prefilling them, when it holds more usable rows
+    // than a slot's cache; a state that does not load is reported, then prefilled
+    std::optional<KvPrefix> prefix;
+    // keep the KV the sequence leaves for saved_prefix() (until it is asked for)
+    bool persist = false;
 };
 
 struct Snapshot {
@@ -116,6 +136,10 @@ struct EngineStats {
     int64_t tokens_generated = 0;  // tokens sampled
     int64_t submitted = 0;
     int64_t finished = 0;
+    int64_t kv_copies = 0;   // KvPrefix states copied out of the KV cache (saved_prefix, a slot reused first)
+    int64_t kv_copy_us = 0;  // ... the engine thread's time in those copies
+    int64_t kv_loads = 0;    // KvPrefix states loaded into a slot (or refused)
+    int64_t kv_load_us = 0;  // ... the engine thread's time in those loads
 };
 
 // Unknown or finished sequence id (maps to KeyError).
@@ -157,6 +181,24 @@ public:
     int64_t submit(SubmitRequest request);
     bool cancel(int64_t seq_id);
     Snapshot snapshot(int64_t seq_id, bool with_kv);
+    // The KV a finished sequence submitted with `persist` left in its slot (the
+    // rows a later prompt can take over), taken between two steps; none when
+    // the slot was given to another sequence first, or the sequence ended
+    // cancelled or on an error. Once per sequence.
+    // `buffer`: where the state goes when it fits (`capacity` bytes, its pages
+    // touched by the caller, so that the engine thread only copies).
+    std::optional<KvPrefix> saved_prefix(int64_t seq_id, uint8_t * buffer = nullptr, size_t capacity = 0);
+    // The state's size saved_prefix() would give now (0: unknown, or none waits).
+    size_t saved_prefix_size(int64_t seq_id) const;
+    // How many leading tokens of `tokens` a free slot's cache would give a
+    // sequence submitted now with `cache_key` (as admission would pick it).
+    size_t cached_prefix(const std::vector<int32_t> & tokens, const std::string & cache_key) const;
+    // How many of the `n_held` leading rows of a KvPrefix a prompt of
+    // `n_prompt` tokens that starts with them may continue from.
+    size_t usable_prefix(size_t n_prompt, size_t n_held, size_t tiled_rows, size_t tiled_min) const;
+    // What a KvPrefix's numbers depend on besides the weights: the backend,
+    // batch invariance and the kinds of rows, the K and V types.
+    std::string kv_format() const;
     std::vector<StepResult> poll();
     // timeout_s < 0: no timeout. urgent: return only once an urgent result
     // (a sequence's first text or its end) is waiting, not for any result
@@ -184,12 +226,15 @@ private:
     };
 
     struct Request {
-        enum class Kind { snapshot, eval_logits } kind;
+        enum class Kind { snapshot, eval_logits, saved_prefix } kind;
         int64_t seq = 0;
         bool with_kv = false;
         std::vector<int32_t> tokens;
+        uint8_t * buffer = nullptr;  // saved_prefix: the caller's
+        size_t capacity = 0;
         std::promise<Snapshot> snapshot;
         std::promise<std::vector<float>> logits;
+        std::promise<std::optional<KvPrefix>> saved;
     };
 
     // construction (engine_setup.cpp)
@@ -210,6 +255,10 @@ private:
     void answer_snapshot(Request & req);
     void answer_logits(Request & req);
     bool decode_positions(Request & req, size_t done, size_t n, std::vector<float> & out);
+    void answer_saved_prefix(Request & req);
+    // the slot's KV as a KvPrefix (its state into `buffer` when it fits)
+    std::optional<KvPrefix> slot_prefix(int slot, uint8_t * buffer = nullptr, size_t capacity = 0);
+    void keep_for_saving(int slot);  // before the slot is reused: its awaited KV into saved_
 
     // engine thread: the loop (engine.cpp)
     struct Round;
@@ -219,6 +268,8 @@ private:
     void admit(std::unique_ptr<Sequence> seq);
     size_t take_prefix(Sequence & seq, int slot, size_t common);
     bool restore_kv(Sequence & seq, int slot);
+    size_t load_prefix(Sequence & seq, int slot, size_t common);
+    void publish_slots();  // slots_ -> slot_view_, when they changed
     void forget_slot(int slot);
     void forget_free_slots();
     // one step
@@ -279,6 +330,7 @@ private:
     std::deque<std::unique_ptr<Request>> requests_;
     bool stop_ = false;
     int64_t next_id_ = 1;
+    std::vector<Slot> slot_view_;  // the slots as of the last round, for cached_prefix()
 
     // results, guarded by results_mu_
     mutable std::mutex results_mu_;
@@ -297,8 +349,12 @@ private:
     // one KV stream each; a free one keeps its last sequence's KV (the prefix cache)
     std::vector<Slot> slots_;
     uint64_t slot_clock_ = 0;
+    bool slots_changed_ = true;
+    // KV of persisted sequences whose slot was reused before saved_prefix() asked
+    std::deque<std::pair<int64_t, KvPrefix>> saved_;
 
     std::atomic<int64_t> steps_{0}, ubatches_{0}, tokens_decoded_{0}, tokens_generated_{0}, submitted_{0}, finished_{0};
+    std::atomic<int64_t> kv_copies_{0}, kv_copy_us_{0}, kv_loads_{0}, kv_load_us_{0};
     std::atomic<int64_t> n_active_{0};
 
     std::atomic<bool> closed_{false};

@@ -3,6 +3,7 @@
 // context (snapshots, logits) goes to the engine thread as a request.
 #include "engine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <mutex>
@@ -145,6 +146,14 @@ int64_t Engine::submit(SubmitRequest req) {
     }
     seq->top_logprobs = req.logprobs ? req.top_logprobs : 0;
     if (req.grammar) seq->grammar = std::make_unique<Grammar>(vocab_, *req.grammar);
+    seq->persist = req.persist;
+    if (req.prefix && !req.prefix->tokens.empty()) {
+        const auto & held = req.prefix->tokens;
+        if (held.size() > seq->feed.size() || !std::equal(held.begin(), held.end(), seq->feed.begin())) {
+            throw InvalidArgument("prefix.tokens must be the start of the prompt");
+        }
+        seq->prefix = std::move(req.prefix);
+    }
 
     const size_t n_resumed = req.resume ? resume(*seq, *req.resume) : 0;
     const size_t needed = seq->feed.size() + n_resumed;
@@ -297,6 +306,10 @@ EngineStats Engine::stats() const {
     s.tokens_generated = tokens_generated_.load();
     s.submitted = submitted_.load();
     s.finished = finished_.load();
+    s.kv_copies = kv_copies_.load();
+    s.kv_copy_us = kv_copy_us_.load();
+    s.kv_loads = kv_loads_.load();
+    s.kv_load_us = kv_load_us_.load();
     return s;
 }
 

@@ -29,6 +29,8 @@ Snapshot text_of(const Sequence & seq) {
 void Engine::handle_request(Request & req) {
     if (req.kind == Request::Kind::snapshot) {
         answer_snapshot(req);
+    } else if (req.kind == Request::Kind::saved_prefix) {
+        answer_saved_prefix(req);
     } else {
         answer_logits(req);
     }
@@ -38,6 +40,8 @@ void Engine::fail_request(Request & req, std::exception_ptr error) {
     try {
         if (req.kind == Request::Kind::snapshot) {
             req.snapshot.set_exception(error);
+        } else if (req.kind == Request::Kind::saved_prefix) {
+            req.saved.set_exception(error);
         } else {
             req.logits.set_exception(error);
         }

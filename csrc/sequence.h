@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "engine.h"
 #include "grammar.h"
 #include "logprobs.h"
 #include "sampler.h"
@@ -50,6 +51,10 @@ struct Sequence {
     std::vector<float> masked;         // the logits the grammar allows (scratch)
     TextStream text;
     std::optional<std::vector<uint8_t>> kv_state;  // applied on admission
+    std::optional<KvPrefix> prefix;                // loaded on admission when it gives more than a slot
+    int32_t n_loaded = 0;                          // leading tokens the prefix gave
+    bool prefix_refused = false;
+    bool persist = false;  // its KV is kept for saved_prefix()
 
     int batch_index = -1;  // row of its logits in the current batch, -1 if none
     Clock::time_point t_submit, t_admit, t_first;

@@ -61,4 +61,12 @@ size_t same_kind_prefix(size_t common, size_t t_slot, size_t m_slot, size_t t_ne
     return common;
 }
 
+size_t usable_rows(size_t common, size_t n_feed, bool two_kinds, size_t t_held, size_t m_held, size_t t_new,
+                   size_t m_new) {
+    if (common == 0 || n_feed == 0) return 0;
+    common = std::min(common, n_feed - 1);
+    if (two_kinds) common = same_kind_prefix(common, t_held, m_held, t_new, m_new);
+    return common;
+}
+
 }  // namespace lmsp

@@ -17,6 +17,8 @@ struct Slot {
     uint64_t freed_at = 0;        // the engine's slot clock when it was last given up
     size_t tiled_rows = 0;        // leading positions computed by a tiled prefill
     size_t tiled_min = 0;         // ... in chunks of at least this many rows
+    int64_t save_seq = 0;         // a persisted sequence whose KV it holds, not saved yet (0: none)
+    size_t state_size = 0;        // ... the size of its state
 };
 
 // The slot a new sequence takes (see slot_choice.cpp); `common` is set to the
@@ -28,5 +30,13 @@ int pick_slot(const std::vector<Slot> & slots, const std::vector<int32_t> * toke
 // How many of the `common` leading positions a new sequence may take over
 // when rows are computed in two ways (tiled prefill, one-row decode).
 size_t same_kind_prefix(size_t common, size_t t_slot, size_t m_slot, size_t t_new, size_t m_new);
+
+// How many of `common` leading rows of a KV (a slot's, or a KvPrefix's: the
+// first `t_held` of them tiled in chunks of at least `m_held`) a sequence
+// fed `n_feed` tokens (the first `t_new` tiled, chunks of `m_new`) continues
+// from: its last token is fed again in any case, and with two kinds of rows
+// only rows computed as its own prefill would compute them are taken.
+size_t usable_rows(size_t common, size_t n_feed, bool two_kinds, size_t t_held, size_t m_held, size_t t_new,
+                   size_t m_new);
 
 }  // namespace lmsp

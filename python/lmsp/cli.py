@@ -287,7 +287,9 @@ def _add_data_commands(sub: _Subcommands, common: _CommandParser) -> None:
     p.add_argument("--limit", type=int, default=20, help="list: how many, 1 to 100 (default 20)")
     p.set_defaults(func=cmd_tasks)
 
-    p = sub.add_parser("gc", parents=[common], help="delete finished tasks past retention now")
+    p = sub.add_parser(
+        "gc", parents=[common], help="delete finished tasks past retention now, and KV files beyond their budget"
+    )
     p.add_argument(
         "--retention-days",
         type=float,

@@ -45,6 +45,7 @@ class Config:
     batch_invariant: bool = True  # CPU: a sequence's tokens do not depend on its batch (false: faster batching)
     prefix_cache: bool = True  # a free slot keeps its KV; a prompt starting the same prefills the rest only
     mmap: bool = False  # map model files instead of reading them (overwriting the file kills the worker)
+    kv_cache_bytes: int = -1  # KV files of finished turns (DATA_DIR/kv): -1 a tenth of the free disk, 0 off
     # requests
     max_output_tokens: int = 256  # default for a request that gives none
     max_output_tokens_cap: int = 4096
@@ -78,6 +79,10 @@ class Config:
         return self.data_dir / "snapshots"
 
     @property
+    def kv_dir(self) -> Path:
+        return self.data_dir / "kv"
+
+    @property
     def admin_token_path(self) -> Path:
         return self.data_dir / "admin.token"
 
@@ -101,6 +106,8 @@ class Config:
                 raise ValueError(f"{name} must be true or false, not {getattr(self, name)!r}")
 
     def _check_numbers(self) -> None:
+        if self.kv_cache_bytes < -1:
+            raise ValueError("kv_cache_bytes must be -1 (a share of the free disk), 0 (off) or a number of bytes")
         if self.max_unfinished_per_client < 0:
             raise ValueError("max_unfinished_per_client must be 0 (no limit) or more")
         for name in ("retention_days", "idempotency_ttl_hours"):

@@ -284,7 +284,9 @@ class EngineResult(TypedDict):
     """One result of ``Engine.poll()``: a sequence's next tokens and their text, in
     order per sequence. ``finish`` is None until the sequence's last result, then
     ``stop``, ``length``, ``cancelled`` or ``error`` (with ``error``, the message).
-    ``n_cached``: the leading prompt tokens taken from the prefix cache.
+    ``n_cached``: the leading prompt tokens taken from the prefix cache (a free
+    slot's KV or a KV file's); ``n_loaded``: those a KV file gave;
+    ``prefix_refused``: the KV file handed with the prompt did not load.
     ``logprobs``: one per token, for a sequence submitted with ``logprobs=True``;
     ``top_logprobs``: per token, the ``(token, logprob)`` pairs of its position's
     most likely tokens, for one submitted with ``top_logprobs`` too.
@@ -300,6 +302,8 @@ class EngineResult(TypedDict):
     n_generated: int
     n_cached: int
     timings: EngineTimings
+    n_loaded: NotRequired[int]
+    prefix_refused: NotRequired[bool]
     logprobs: NotRequired[list[float]]
     top_logprobs: NotRequired[list[list[tuple[int, float]]]]
     code: NotRequired[str]

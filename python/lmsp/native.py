@@ -66,9 +66,29 @@ passes the client, so that no client finds, or times, another's prompts).
 Where the engine is batch invariant this gives the same output as a full
 prefill.
 
+The KV of a prompt's start can leave the engine and come back (the
+service's KV files, ``lmsp.kvfiles``). A sequence submitted with
+``persist=True`` keeps what its slot holds after its end (``stop`` or
+``length``) for ``saved_prefix(seq)``: ``{"tokens", "tiled_rows",
+"tiled_min", "state"}`` (llama.cpp's sequence state of exactly those
+positions), copied between two engine steps, once; None when the slot went
+to another sequence first, or the sequence outgrew a sliding window (its
+state would not hold the first positions). Where prompts are prefilled tiled (batch
+invariance on the CPU), only a prompt's rows are kept: its answer's were
+decoded one row at a time, and a prefill of the next turn computes them
+tiled. ``submit(..., prefix=that)`` with a prompt that starts with its
+tokens loads it on admission in place of prefilling them, when it gives more
+usable rows than a free slot's cache (``usable_prefix(n_prompt, n_held,
+tiled_rows, tiled_min)``, ``cached_prefix(tokens, cache_key)``); the last
+result's ``n_loaded`` counts them (they count in ``n_cached`` too), and
+``prefix_refused`` is true when the state did not load (another model's or
+engine's, damaged, another length): the prompt is then prefilled.
+``info["kv_format"]`` names what such a state depends on besides the
+weights.
+
 Results come from ``poll()`` (non-blocking), in order per sequence, as dicts
 ``{"seq", "tokens", "text", "finish", "error", "n_prompt", "n_generated",
-"n_cached", "timings"}`` (``n_cached``, on the last result: the leading prompt
+"n_cached", "n_loaded", "prefix_refused", "timings"}`` (``n_cached``, on the last result: the leading prompt
 tokens taken from the cache); ``finish`` is None until the sequence's last result, then
 "stop" (end-of-generation token, not included in ``tokens``, or a stop string,
 not included in ``text``), "length" (max_tokens, or the context is full),

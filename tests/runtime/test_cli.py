@@ -268,3 +268,27 @@ def test_dev_serve_help_answers_without_setting_anything_up(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: lmsp serve") and "--bind" in done.stdout
     assert not (tmp_path / "venv").exists()
+
+
+def test_gc_keeps_the_kv_files_within_their_budget(run, config, monkeypatch):
+    from lmsp import kvfiles
+
+    def put(tokens, age, digest="sha256:" + "ab" * 32):
+        path, _ = kvfiles.write(config.kv_dir, digest=digest, kv_format="f", cache_key="", tokens=tokens,
+                                tiled_rows=0, tiled_min=0, state=b"s" * 1000)
+        os.utime(path, (path.stat().st_mtime - age,) * 2)
+        return path
+
+    old, new = put([1], 100), put([2], 0)
+    monkeypatch.setenv("LMSP_KV_CACHE_BYTES", str(new.stat().st_size))
+    deleted = run("gc")["deleted"]
+    # no model is registered: the files of none are kept, whatever the budget
+    assert deleted["kv_other_models"] == 2 and not old.exists() and not new.exists()
+    store = open_store(config)
+    try:
+        store.put_model({"id": "m", "path": "m.gguf", "digest": "sha256:" + "ab" * 32, "size_bytes": 1})
+    finally:
+        store.close()
+    old, new = put([1], 100), put([2], 0)
+    assert run("gc")["deleted"]["kv_over_budget"] == 1
+    assert new.exists() and not old.exists()

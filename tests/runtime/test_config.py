@@ -27,6 +27,16 @@ def test_batch_invariance_is_on_unless_turned_off(tmp_path):
     assert config_mod.load(env={"LMSP_PREFIX_CACHE": "off"}, data_dir=str(tmp_path)).prefix_cache is False
 
 
+def test_the_kv_files_budget_defaults_to_a_share_of_the_disk_and_is_checked(tmp_path):
+    assert config_mod.load(env={}, data_dir=str(tmp_path)).kv_cache_bytes == -1
+    assert config_mod.load(env={"LMSP_KV_CACHE_BYTES": "0"}, data_dir=str(tmp_path)).kv_cache_bytes == 0
+    cfg = config_mod.load(env={"LMSP_KV_CACHE_BYTES": "1048576"}, data_dir=str(tmp_path))
+    assert (cfg.kv_cache_bytes, cfg.kv_dir) == (1 << 20, tmp_path / "kv")
+    for bad in ("-2", "1.5", "lots"):
+        with pytest.raises(ValueError, match="kv_cache_bytes"):
+            config_mod.load(env={"LMSP_KV_CACHE_BYTES": bad}, data_dir=str(tmp_path))
+
+
 def test_model_files_are_read_into_memory_unless_mmap_is_set(tmp_path):
     assert config_mod.load(env={}, data_dir=str(tmp_path)).mmap is False
     assert config_mod.load(env={"LMSP_MMAP": "1"}, data_dir=str(tmp_path)).mmap is True

@@ -179,11 +179,17 @@ class Admission:
             return None
         run = Run("", model_id, state="running", held=[], calls=CallShaper.for_request(request))
         try:
+            # a KV file of the prompt's start: read off the hub
+            ticket = offload(state.kvdisk.prepare, engine, model_id, tokens, client_id or "")
             with state.lock:
                 if state.registry.engine(model_id) is not engine:
                     return None  # unloaded meanwhile: the scheduler loads it
-                run.engine, run.seq = engine, engine.submit(tokens, cache_key=client_id or "", **kwargs)
+                run.engine, run.seq = (
+                    engine,
+                    engine.submit(tokens, cache_key=client_id or "", **kwargs, **state.kvdisk.submit_kwargs(ticket)),
+                )
                 state.by_seq[run.key()] = run
+                state.kvdisk.submitted(engine, run.seq, ticket)
                 state.early.append(run)
         except Exception as exc:  # the usual start reports it on the task
             log.debug("early start refused: %s", exc)

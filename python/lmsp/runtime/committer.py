@@ -245,6 +245,7 @@ class Committer:
         if result.get("finish"):
             run.final = result
             self.urgent = True
+            self.state.kvdisk.finished(run.engine, result)
 
     # ---------------------------------------------------------------- commits
     def commit(self) -> bool:

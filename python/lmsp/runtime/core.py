@@ -1,6 +1,6 @@
 """The worker runtime: the facade over the rooms between the store and the engine.
 
-Per worker process, four real OS threads (also under gevent), each the loop of
+Per worker process, five real OS threads (also under gevent), each the loop of
 a room of its own:
 
 * the **scheduler thread** (:mod:`.scheduler`) claims queued tasks up to the
@@ -15,7 +15,9 @@ a room of its own:
   worker): one read of every such task's sequence counter per round, instead
   of one per waiting request, and it wakes those whose task moved;
 * the **janitor thread** (:mod:`.janitor`) applies retention and checks the
-  loaded models' files.
+  loaded models' files;
+* the **KV thread** (:mod:`.kvdisk`) writes the KV files of finished turns,
+  which later prompts load instead of prefilling them.
 
 A request's task comes in through :mod:`.admission` (claimed at its creation
 when a slot is free); the model operations are :mod:`.models`'. The rooms share
@@ -40,6 +42,7 @@ from .committer import Committer
 from .models import Models
 from .registry import ModelRegistry
 from .janitor import Janitor
+from .kvdisk import KvDisk
 from .scheduler import Scheduler
 from .state import WorkerState
 from .watcher import Watcher
@@ -80,6 +83,7 @@ class Runtime:
         self.waiters = self.state.waiters
         self.stats = self.state.stats
         self.models = Models(self.state)
+        self.kvdisk = self.state.kvdisk = KvDisk(self.state)
         self.committer = (committer or Committer)(self.state, self.models.close_deleted)
         self.scheduler = Scheduler(self.state, self.models.retire_changed)
         self.admission = Admission(self.state)
@@ -140,6 +144,7 @@ class Runtime:
             RealThread(self.committer.run, "lmsp-commit"),
             RealThread(self.watcher.run, "lmsp-watch"),
             RealThread(self.janitor.run, "lmsp-janitor"),
+            RealThread(self.kvdisk.run, "lmsp-kv"),
         ]
         for thread in self._threads:
             thread.start()
@@ -226,7 +231,7 @@ class Runtime:
         self.registry.close()
 
     def _wakeups(self) -> list[Wakeup]:
-        return [self.state.sched_wake, self.state.commit_wake, self.watcher.wake, self.janitor.wake]
+        return [self.state.sched_wake, self.state.commit_wake, self.watcher.wake, self.janitor.wake, self.kvdisk.wake]
 
     def _wake_threads(self) -> None:
         for wakeup in self._wakeups():
@@ -271,6 +276,7 @@ class Runtime:
             passes[model_id] = counts.get("ubatches", counts.get("steps", 0))
         figures["engine_steps"] = steps
         figures["engine_ubatches"] = passes
+        figures.update(self.kvdisk.metrics())
         figures["waiting_requests"] = self.waiters.waiting()
         figures["ready"] = self.state.ready
         return figures

@@ -60,6 +60,8 @@ class Janitor:
     def round(self) -> dict[str, int]:
         """One retention round; what it deleted, by kind."""
         counts: dict[str, int] = self.state.store.gc(retention=float(self.state.config.retention_days) * 86400.0)
+        if self.state.kvdisk is not None:
+            counts.update(self.state.kvdisk.gc())
         if any(counts.values()):
             log.info("retention: deleted %s", ", ".join(f"{n} {what}" for what, n in counts.items() if n))
         return counts

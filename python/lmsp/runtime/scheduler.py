@@ -264,12 +264,20 @@ class Scheduler:
         from .. import native  # the extension loads in the workers only
 
         state = self.state
+        # a KV file of the prompt's start, read before the lock (a resumed task has its own state)
+        ticket = state.kvdisk.prepare(engine, run.model, tokens, cache_key, look=resume is None)
         try:
             with state.lock:
                 if state.registry.engine(run.model) is not engine:  # unloaded since: load it again
                     raise EngineGone(f"model {run.model} was unloaded as the task started")
-                run.engine, run.seq = engine, engine.submit(tokens, resume=resume, cache_key=cache_key, **kwargs)
+                run.engine, run.seq = (
+                    engine,
+                    engine.submit(
+                        tokens, resume=resume, cache_key=cache_key, **kwargs, **state.kvdisk.submit_kwargs(ticket)
+                    ),
+                )
                 state.by_seq[run.key()] = run
+                state.kvdisk.submitted(engine, run.seq, ticket)
                 cancel = run.cancel
         except native.ContextLengthError as exc:
             return self.fail(run, "context_length_exceeded", str(exc))

@@ -103,6 +103,7 @@ class WorkerState:
         self.orphans_due = False  # an engine was closed under its runs: the committer ends them now
         self.sched_wake = Wakeup()
         self.commit_wake = Wakeup()
+        self.kvdisk: Any = None  # the KV files (.kvdisk.KvDisk), set by the runtime
 
     def wake_scheduler(self) -> None:
         """Wake the scheduler to claim from the store (a task was queued or a slot came free)."""

@@ -1,0 +1,287 @@
+#!/usr/bin/env python3
+"""The KV files (``DATA_DIR/kv``): the next turn of a conversation after a restart.
+
+A conversation with about 2,000 tokens of history (a system message, a long
+user message, the model's greedy answer) and a next question. Each round:
+
+    lmsp       ``lmsp serve``: the first turn, its KV file written, the whole
+               service SIGKILLed and started again, then the next turn (TTFT)
+    lmsp-nokv  the same with ``kv_cache_bytes = 0``: the next turn prefills
+               the whole history again
+    llama      llama-server, started fresh, asked the same next turn: it
+               prefills the history again (no prompt cache survives it)
+
+Before the measured turn each server answers a short request of another
+client, so that the model is loaded and nothing of the conversation is in
+memory. The figure is the median TTFT over the rounds, and its ratio.
+
+The engine part (``--engine``, in this process) measures what a turn costs
+the engine and the disk: the bytes of the file, the time of
+``Engine.saved_prefix`` (a copy taken between two engine steps; the engine thread's part
+alone too), of the write (temporary file, fsync, rename), of the read and its
+check, and the longest gap between two tokens of a sequence decoding while
+the copy is taken, against its median gap (one engine step), both as this
+process sees them.
+
+    python bench/kvdisk.py --llama-server /path/to/llama-server        # SmolLM2, 3 rounds
+    python bench/kvdisk.py --models smollm2-135m-instruct,gemma-3-270m --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import serve  # noqa: E402  (bench/serve.py: server launchers, SSE reader, machine line)
+
+from lmsp import kvfiles  # noqa: E402
+
+SYSTEM = "You are a patient teacher. Answer in plain words and short sentences."
+NEXT = "Now tell me in one sentence what all of this was about."
+HISTORY_WORDS = 1650  # about 2,000 tokens of history with the template and the answer
+
+
+def history(index: int) -> list[dict]:
+    return [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": serve.make_prompt(index, HISTORY_WORDS)}]
+
+
+def stream_chat(port: int, model: str, messages: list[dict], headers: dict, max_tokens: int,
+                llama: bool = False) -> dict:
+    """One streamed chat completion: its TTFT (to the first text), text and usage."""
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    if llama:
+        body["cache_prompt"] = False
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    out: dict = {"text": "", "ttft": None, "usage": {}}
+    started = time.perf_counter()
+    try:
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(),
+                     headers={"Content-Type": "application/json", "Accept": "text/event-stream", **headers})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {resp.read(300)!r}")
+        for _, data in serve.iter_sse(resp):
+            if data.strip() == "[DONE]":
+                break
+            msg = json.loads(data)
+            out["usage"] = msg.get("usage") or out["usage"]
+            for choice in msg.get("choices") or ():
+                text = (choice.get("delta") or {}).get("content")
+                if text:
+                    if out["ttft"] is None:
+                        out["ttft"] = time.perf_counter() - started
+                    out["text"] += text
+    finally:
+        conn.close()
+    return out
+
+
+def kill(srv: serve.Server) -> None:
+    """SIGKILL the whole service at once (a crash, a power cut)."""
+    if srv.proc is not None and srv.proc.poll() is None:
+        os.killpg(srv.proc.pid, signal.SIGKILL)
+        srv.proc.wait()
+
+
+def lmsp_round(model: Path, s: serve.ServeSettings, work: Path, index: int, kv: bool) -> dict:
+    """The first turn, a SIGKILL and a restart, then the next turn (see the module docstring)."""
+    variant = "lmsp" if kv else "lmsp-nokv"
+    env = {"LMSP_LOG_LEVEL": os.environ.get("KVDISK_LOG_LEVEL", "warning")}
+    if not kv:
+        env["LMSP_KV_CACHE_BYTES"] = "0"
+    srv = serve.LmspServer.create(serve.lmsp_command(None), model, s, work / variant, "lmsp", env)
+    srv.start()
+    try:
+        srv.ready(s)
+        token, other = srv.pair(), srv.pair()
+        first = stream_chat(srv.port, model.stem, history(index), {"Authorization": f"Bearer {token}"}, 32)
+        kv_dir = srv.data_dir / "kv"
+        deadline = time.monotonic() + 60
+        while kv and not kvfiles.entries(kv_dir) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        files = kvfiles.entries(kv_dir)
+        kill(srv)
+        srv.start()
+        srv.ready(s)
+        stream_chat(srv.port, model.stem, [{"role": "user", "content": "Hello"}], {"Authorization": f"Bearer {other}"},
+                    4)
+        turn = [*history(index), {"role": "assistant", "content": first["text"]}, {"role": "user", "content": NEXT}]
+        second = stream_chat(srv.port, model.stem, turn, {"Authorization": f"Bearer {token}"}, 16)
+    finally:
+        srv.stop()
+    usage = second["usage"]
+    return {"server": variant, "ttft_s": second["ttft"], "prompt_tokens": usage.get("prompt_tokens"),
+            "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
+            "kv_file_bytes": sum(e.size for e in files), "first_answer": first["text"], "answer": second["text"],
+            "turn": turn}
+
+
+def llama_round(binary: Path, model: Path, s: serve.ServeSettings, work: Path, turn: list[dict]) -> dict:
+    srv = serve.LlamaServer.create(binary, model, s, work, [])
+    srv.start()
+    try:
+        srv.ready(s)
+        stream_chat(srv.port, model.stem, [{"role": "user", "content": "Hello"}], {}, 4, llama=True)
+        second = stream_chat(srv.port, model.stem, turn, {}, 16, llama=True)
+    finally:
+        srv.stop()
+    return {"server": "llama", "ttft_s": second["ttft"], "prompt_tokens": second["usage"].get("prompt_tokens"),
+            "answer": second["text"], "argv": shlex.join(srv.argv)}
+
+
+def engine_costs(model: Path, threads: int) -> dict:
+    """What one turn's KV file costs (see the module docstring)."""
+    from lmsp.native import Engine
+
+    engine = Engine(str(model), n_ctx=4096, n_parallel=2, n_threads=threads)
+    try:
+        prompt = engine.chat_prompt(history(7))
+        seq = engine.submit(prompt, max_tokens=16, temperature=0, persist=True)
+        while not any(r["finish"] for r in _results(engine)):
+            pass
+        # a sequence decoding in the other slot while another thread takes the copy
+        running = engine.submit(engine.chat_prompt([{"role": "user", "content": "Write a long story."}]),
+                                max_tokens=120, temperature=0)
+        arrivals: list[float] = []
+        taken: dict = {}
+
+        def take() -> None:
+            t0 = time.perf_counter()
+            taken["saved"] = engine.saved_prefix(seq)
+            taken["copy"] = (t0, time.perf_counter())
+
+        copier = threading.Thread(target=take)
+        while True:
+            results = _results(engine)
+            now = time.perf_counter()
+            arrivals += [now for r in results if r["seq"] == running and r["tokens"]]
+            ended = any(r["finish"] for r in results if r["seq"] == running)
+            if not copier.is_alive() and "copy" not in taken and len(arrivals) >= 30:
+                copier.start()
+            if ended:
+                break
+        copier.join()
+        saved, copy = taken["saved"], taken["copy"]
+        stats = engine.stats()
+        gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.perf_counter()
+            path, size = kvfiles.write(Path(tmp), digest="sha256:" + "0" * 64, kv_format=engine.info["kv_format"],
+                                       cache_key="", tokens=saved["tokens"], tiled_rows=saved["tiled_rows"],
+                                       tiled_min=saved["tiled_min"], state=saved["state"])
+            t_write = time.perf_counter() - t0
+            turn = [*history(7), {"role": "assistant", "content": "Yes."}, {"role": "user", "content": NEXT * 3}]
+            next_prompt = engine.chat_prompt(turn)
+            t0 = time.perf_counter()
+            prefix = kvfiles.read(path, digest="sha256:" + "0" * 64, kv_format=engine.info["kv_format"],
+                                  cache_key="", tokens=next_prompt)
+            t_read = time.perf_counter() - t0
+        fresh = Engine(str(model), n_ctx=4096, n_parallel=2, n_threads=threads)  # a restart
+        try:
+            fresh.submit(next_prompt, max_tokens=1, temperature=0, prefix=prefix)
+            while not any(r["finish"] for r in _results(fresh)):
+                pass
+            loaded = fresh.stats()
+        finally:
+            fresh.close()
+        around = [b - a for a, b in zip(arrivals, arrivals[1:]) if b >= copy[0] and a <= copy[1]]
+        return {"history_tokens": len(prompt), "file_tokens": len(saved["tokens"]), "file_bytes": size,
+                "bytes_per_token": size / len(saved["tokens"]), "saved_prefix_s": copy[1] - copy[0],
+                "engine_thread_copy_s": stats["kv_copy_us"] / 1e6 / max(1, stats["kv_copies"]),
+                "engine_thread_load_s": loaded["kv_load_us"] / 1e6 / max(1, loaded["kv_loads"]),
+                "write_fsync_s": t_write, "read_check_s": t_read, "median_token_gap_s": statistics.median(gaps),
+                "gap_during_copy_s": max(around) if around else None}
+    finally:
+        engine.close()
+
+
+def _results(engine) -> list[dict]:
+    engine.wait(60)
+    return engine.poll()
+
+
+def run_model(name: str, model: Path, args, s: serve.ServeSettings, work: Path) -> dict:
+    rounds = []
+    for r in range(args.rounds):
+        print(f"{name}: round {r + 1}/{args.rounds}", flush=True)
+        kv = lmsp_round(model, s, work, 100 + r, kv=True)
+        plain = lmsp_round(model, s, work, 100 + r, kv=False)
+        row = {"round": r + 1, "lmsp": kv, "lmsp-nokv": plain, "load_average": os.getloadavg()}
+        if args.llama_server.exists():
+            row["llama"] = llama_round(args.llama_server, model, s, work, kv["turn"])
+        for part in ("lmsp", "lmsp-nokv"):
+            row[part].pop("turn", None)
+        print("  " + ", ".join(f"{k} TTFT {row[k]['ttft_s']:.3f} s" for k in ("lmsp", "lmsp-nokv", "llama")
+                               if k in row) + f", cached {kv['cached_tokens']} of {kv['prompt_tokens']}",
+              flush=True)
+        rounds.append(row)
+    out: dict = {"model": name, "rounds": rounds}
+    if rounds:
+        out["summary"] = summarize(name, rounds)
+    if args.engine:
+        out["engine"] = engine_costs(model, args.threads)
+        print(f"{name} engine: {json.dumps(out['engine'])}", flush=True)
+    return out
+
+
+def summarize(name: str, rounds: list[dict]) -> dict:
+    med = {k: statistics.median(row[k]["ttft_s"] for row in rounds) for k in ("lmsp", "lmsp-nokv", "llama")
+           if all(k in row for row in rounds)}
+    summary = {"median_ttft_s": med,
+               "speedup_over_nokv": med["lmsp-nokv"] / med["lmsp"],
+               "same_answer_as_nokv": all(row["lmsp"]["answer"] == row["lmsp-nokv"]["answer"] for row in rounds)}
+    if "llama" in med:
+        summary["speedup_over_llama"] = med["llama"] / med["lmsp"]
+    print(f"{name}: {json.dumps(summary)}", flush=True)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="smollm2-135m-instruct")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--llama-server", type=Path, default=serve.DEFAULT_LLAMA)
+    p.add_argument("--no-engine", dest="engine", action="store_false", help="skip the in-process engine part")
+    p.add_argument("--out", type=Path, default=None, help="the result file (default: bench/results/history/...)")
+    args = p.parse_args(argv)
+    s = serve.ServeSettings(threads=args.threads, parallel=2, ctx_per_seq=4096, n_gpu_layers=0)
+    names = [n for n in args.models.split(",") if n]
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="kvdisk-") as tmp:
+        work = Path(tmp)
+        paths = serve.make_models(names, [], work)
+        models = [run_model(name, path, args, s, work) for name, path in zip(names, paths)]
+    here = Path(__file__).resolve().parent
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=here).stdout.strip()
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                text=True, cwd=here).stdout.strip())
+    result = {"benchmark": "kvdisk", "time": started, "commit": commit, "dirty": dirty,
+              "machine": serve.machine_line(),
+              "load_average_before": load_before, "load_average_after": os.getloadavg(),
+              "command": shlex.join([sys.executable, *sys.argv]), "settings": vars(s), "models": models}
+    stamp = started[:13].replace(":", "") + started[14:16]  # 2026-12-01T2214
+    out = args.out or here / "results" / "history" / f"{stamp}-kvdisk.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    print(f"wrote {out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

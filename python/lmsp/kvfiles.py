@@ -1,0 +1,406 @@
+"""KV files: the KV of a prompt's first tokens on disk (``DATA_DIR/kv/``).
+
+The persistent side of the engine's prefix cache. After a turn the worker
+writes what its slot kept (``Engine.saved_prefix``) to one file; a later prompt
+that starts with the same tokens, for the same model file, engine format and
+client, loads it instead of prefilling those tokens (``runtime/kvdisk.py``).
+
+A file's name says what it holds, so that a lookup reads no file it will not
+use: ``{model}-{format}-{key}-{n_tokens}-{tokens_hash}.kv``, where ``model``
+is the start of the model file's sha256, ``format`` a hash of the engine's
+``kv_format`` (backend, batch invariance, the kinds of rows, K and V types),
+``key`` a hash of the cache key (the client) and ``tokens_hash`` a BLAKE2b of
+the tokens. Its content::
+
+    b"LMSPKV\\x00\\x01"   magic
+    u32 (little-endian)  length of the header
+    header               JSON: model digest, kv_format, key hash, n_tokens,
+                         tiled_rows, tiled_min, state_bytes, state_crc32
+    tokens               n_tokens int32, little-endian
+    state                llama.cpp's sequence state of those positions
+
+A file is written under a temporary name (``.tmp-*``), synced and renamed, so
+no partial file ever has a final name. Only the newest file of a chain is kept:
+a file whose tokens the new one's extend is deleted. The directory is kept
+within a byte budget, least recently used first (a file used is touched).
+:func:`delete_chain` deletes the files of a token chain (a deleted
+conversation's or response's).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import struct
+import sys
+import time
+import uuid
+import zlib
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+log = logging.getLogger("lmsp.kvfiles")
+
+MAGIC = b"LMSPKV\x00\x01"
+SUFFIX = ".kv"
+TMP_PREFIX = ".tmp-"
+STALE_TMP_SECONDS = 3600.0  # a temporary file this old was left by a killed writer
+AUTO_SHARE = 10  # kv_cache_bytes = -1: a tenth of the data directory's free space ...
+AUTO_CAP = 32 << 30  # ... at most 32 GiB
+_HEAD = struct.Struct("<I")
+
+
+class Refused(Exception):
+    """A KV file that fails its check (truncated, damaged, not the expected one)."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A KV file as its name and ``stat`` describe it."""
+
+    path: Path
+    model: str
+    fmt: str
+    key: str
+    n_tokens: int
+    tokens_hash: str
+    size: int
+    mtime: float
+
+
+def _tag(text: str, n: int = 16) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=n // 2).hexdigest()
+
+
+def model_tag(digest: str) -> str:
+    """The name's part for a model file's digest (``sha256:HEX``)."""
+    return digest.rsplit(":", 1)[-1][:16].lower()
+
+
+def format_tag(kv_format: str) -> str:
+    return _tag(kv_format, 8)
+
+
+def key_tag(cache_key: str) -> str:
+    return _tag("key:" + cache_key, 16)
+
+
+def _token_bytes(tokens: Sequence[int]) -> bytes:
+    a = array("i", tokens)
+    if sys.byteorder != "little":  # pragma: no cover - the files are little-endian everywhere
+        a.byteswap()
+    return a.tobytes()
+
+
+def tokens_hash(tokens: Sequence[int]) -> str:
+    return hashlib.blake2b(_token_bytes(tokens), digest_size=16).hexdigest()
+
+
+def file_name(digest: str, kv_format: str, cache_key: str, tokens: Sequence[int]) -> str:
+    return (
+        f"{model_tag(digest)}-{format_tag(kv_format)}-{key_tag(cache_key)}-{len(tokens):07d}-{tokens_hash(tokens)}"
+        + SUFFIX
+    )
+
+
+def _parse(path: Path, st: os.stat_result) -> Entry | None:
+    parts = path.name[: -len(SUFFIX)].split("-")
+    if len(parts) != 5 or not parts[3].isdigit():
+        return None
+    return Entry(path, parts[0], parts[1], parts[2], int(parts[3]), parts[4], st.st_size, st.st_mtime)
+
+
+def entries(directory: Path) -> list[Entry]:
+    """The KV files of ``directory`` (none when it does not exist)."""
+    out = []
+    try:
+        with os.scandir(directory) as it:
+            for d in it:
+                if not d.name.endswith(SUFFIX) or d.name.startswith("."):
+                    continue
+                try:
+                    entry = _parse(Path(d.path), d.stat())
+                except OSError:  # deleted meanwhile
+                    continue
+                if entry is not None:
+                    out.append(entry)
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def prefix_hashes(tokens: Sequence[int], lengths: Iterable[int]) -> dict[int, str]:
+    """``tokens_hash(tokens[:n])`` for each n of ``lengths`` (one pass over the tokens)."""
+    out: dict[int, str] = {}
+    h = hashlib.blake2b(digest_size=16)
+    done = 0
+    for n in sorted(set(lengths)):
+        if n > len(tokens):
+            break
+        h.update(_token_bytes(tokens[done:n]))
+        done = n
+        out[n] = h.copy().hexdigest()
+    return out
+
+
+def find(directory: Path, digest: str, kv_format: str, cache_key: str, tokens: Sequence[int]) -> Entry | None:
+    """The longest file of this model, format and key whose tokens start ``tokens``
+    (by their hash: :func:`read` checks them one by one)."""
+    mine = [
+        e
+        for e in entries(directory)
+        if e.model == model_tag(digest) and e.fmt == format_tag(kv_format) and e.key == key_tag(cache_key)
+    ]
+    hashes = prefix_hashes(tokens, (e.n_tokens for e in mine))
+    matching = [e for e in mine if hashes.get(e.n_tokens) == e.tokens_hash]
+    return max(matching, key=lambda e: e.n_tokens, default=None)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write(
+    directory: Path,
+    *,
+    digest: str,
+    kv_format: str,
+    cache_key: str,
+    tokens: Sequence[int],
+    tiled_rows: int,
+    tiled_min: int,
+    state: bytes,
+) -> tuple[Path, int]:
+    """Write a KV file (temporary name, synced, renamed, directory synced); its path and size."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    header = json.dumps(
+        {
+            "model": digest,
+            "kv_format": kv_format,
+            "key": key_tag(cache_key),
+            "n_tokens": len(tokens),
+            "tiled_rows": int(tiled_rows),
+            "tiled_min": int(tiled_min),
+            "state_bytes": len(state),
+            "state_crc32": zlib.crc32(state),
+        },
+        sort_keys=True,
+    ).encode()
+    final = directory / file_name(digest, kv_format, cache_key, tokens)
+    tmp = directory / f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex}{SUFFIX}"
+    try:
+        with open(tmp, "xb") as fh:
+            fh.write(MAGIC + _HEAD.pack(len(header)) + header)
+            fh.write(_token_bytes(tokens))
+            fh.write(state)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(directory)
+    return final, final.stat().st_size
+
+
+def read(path: Path, *, digest: str, kv_format: str, cache_key: str, tokens: Sequence[int]) -> dict[str, Any]:
+    """A KV file's ``{"tokens", "tiled_rows", "tiled_min", "state"}`` (what
+    ``Engine.submit(prefix=...)`` takes), checked against what the caller expects:
+    the model's digest, the engine's format, the key, tokens that start ``tokens``,
+    the file's length and the state's checksum. :class:`Refused` otherwise."""
+    with open(path, "rb") as fh:
+        data = fh.read()
+    if len(data) < len(MAGIC) + _HEAD.size or not data.startswith(MAGIC):
+        raise Refused("not a KV file")
+    (n_head,) = _HEAD.unpack_from(data, len(MAGIC))
+    start = len(MAGIC) + _HEAD.size
+    try:
+        head = json.loads(data[start : start + n_head])
+        n, n_state = int(head["n_tokens"]), int(head["state_bytes"])
+    except (ValueError, KeyError, TypeError):
+        raise Refused("its header does not parse") from None
+    body = start + n_head
+    if len(data) != body + 4 * n + n_state:
+        raise Refused(f"{len(data)} bytes where its header says {body + 4 * n + n_state}")
+    if head.get("model") != digest or head.get("kv_format") != kv_format or head.get("key") != key_tag(cache_key):
+        raise Refused("another model's, engine's or client's")
+    held = array("i")
+    held.frombytes(data[body : body + 4 * n])
+    if sys.byteorder != "little":  # pragma: no cover
+        held.byteswap()
+    if n == 0 or n > len(tokens) or held.tolist() != list(tokens[:n]):
+        raise Refused("its tokens are not the start of the prompt")
+    state = data[body + 4 * n :]
+    if zlib.crc32(state) != head.get("state_crc32"):
+        raise Refused("its state fails its checksum")
+    return {
+        "tokens": held.tolist(),
+        "tiled_rows": int(head.get("tiled_rows", 0)),
+        "tiled_min": int(head.get("tiled_min", 0)),
+        "state": state,
+    }
+
+
+def remove(path: Path) -> bool:
+    try:
+        path.unlink()
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def touch(path: Path) -> None:
+    """Mark a file used (the budget evicts the least recently used first)."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def supersede(directory: Path, written: Path) -> int:
+    """Delete the files of the same model, format and key whose tokens the written
+    file's extend (the older turns of its chain); how many."""
+    new = next((e for e in entries(directory) if e.path.name == written.name), None)
+    if new is None:
+        return 0
+    older = [
+        e
+        for e in entries(directory)
+        if (e.model, e.fmt, e.key) == (new.model, new.fmt, new.key) and e.n_tokens < new.n_tokens
+    ]
+    if not older:
+        return 0
+    tokens = read_tokens(written)
+    if tokens is None:
+        return 0
+    hashes = prefix_hashes(tokens, (e.n_tokens for e in older))
+    return sum(remove(e.path) for e in older if hashes.get(e.n_tokens) == e.tokens_hash)
+
+
+def read_header(path: Path) -> dict[str, Any]:
+    """A KV file's header (:class:`Refused` when it has none that parses)."""
+    with open(path, "rb") as fh:
+        return _header(fh)
+
+
+def _header(fh) -> dict[str, Any]:
+    lead = fh.read(len(MAGIC) + _HEAD.size)
+    if len(lead) < len(MAGIC) + _HEAD.size or not lead.startswith(MAGIC):
+        raise Refused("not a KV file")
+    (n_head,) = _HEAD.unpack_from(lead, len(MAGIC))
+    try:
+        head = json.loads(fh.read(n_head))
+        int(head["n_tokens"])
+    except (ValueError, KeyError, TypeError):
+        raise Refused("its header does not parse") from None
+    return head
+
+
+def read_tokens(path: Path) -> list[int] | None:
+    """The tokens a KV file holds, read without its state (None: unreadable)."""
+    try:
+        with open(path, "rb") as fh:
+            n = int(_header(fh)["n_tokens"])
+            held = array("i")
+            held.frombytes(fh.read(4 * n))
+    except (OSError, ValueError, Refused):
+        return None
+    if sys.byteorder != "little":  # pragma: no cover
+        held.byteswap()
+    return held.tolist()
+
+
+def delete_chain(
+    directory: Path, tokens: Sequence[int], *, cache_key: str | None = None, digest: str | None = None
+) -> int:
+    """Delete the KV files of a token chain: every file whose tokens start ``tokens``
+    or are started by them (a later turn of the same chain), of one client
+    (``cache_key``) and one model file (``digest``) when given; how many.
+    ``tokens``: a prompt of the chain as the engine saw it (for a conversation,
+    its last turn's)."""
+    tokens = list(tokens)
+    picked = [
+        e
+        for e in entries(directory)
+        if (cache_key is None or e.key == key_tag(cache_key)) and (digest is None or e.model == model_tag(digest))
+    ]
+    hashes = prefix_hashes(tokens, (e.n_tokens for e in picked))
+    gone = 0
+    for e in picked:
+        if e.n_tokens <= len(tokens):
+            hit = hashes.get(e.n_tokens) == e.tokens_hash
+        else:
+            held = read_tokens(e.path)
+            hit = held is not None and held[: len(tokens)] == tokens
+        gone += hit and remove(e.path)
+    return gone
+
+
+def usage(directory: Path) -> int:
+    return sum(e.size for e in entries(directory))
+
+
+def enforce_budget(directory: Path, budget: int) -> tuple[int, int]:
+    """Delete the least recently used files until the directory holds at most
+    ``budget`` bytes of them; (files, bytes) deleted."""
+    files = sorted(entries(directory), key=lambda e: e.mtime)
+    total = sum(e.size for e in files)
+    n = freed = 0
+    for e in files:
+        if total <= budget:
+            break
+        if remove(e.path):
+            n, freed = n + 1, freed + e.size
+        total -= e.size
+    return n, freed
+
+
+def sweep_temp(directory: Path, older_than: float = STALE_TMP_SECONDS) -> int:
+    """Delete temporary files left by writers that died (older than ``older_than`` s)."""
+    gone = 0
+    try:
+        with os.scandir(directory) as it:
+            for d in it:
+                if d.name.startswith(TMP_PREFIX):
+                    try:
+                        if time.time() - d.stat().st_mtime > older_than:
+                            gone += remove(Path(d.path))
+                    except OSError:
+                        pass
+    except FileNotFoundError:
+        pass
+    return gone
+
+
+def gc(directory: Path, budget: int, models: set[str] | None = None) -> dict[str, int]:
+    """Keep the directory within ``budget``: stale temporary files, the files of
+    models not in ``models`` (digests; None keeps every model's), then the least
+    recently used files beyond the budget."""
+    counts = {"kv_temporary": sweep_temp(directory), "kv_other_models": 0, "kv_over_budget": 0}
+    if models is not None:
+        tags = {model_tag(d) for d in models}
+        counts["kv_other_models"] = sum(remove(e.path) for e in entries(directory) if e.model not in tags)
+    counts["kv_over_budget"] = enforce_budget(directory, max(0, budget))[0]
+    return counts
+
+
+def resolve_budget(kv_cache_bytes: int, data_dir: Path) -> int:
+    """The byte budget: ``kv_cache_bytes``, or for -1 a tenth of the free space of the
+    data directory's file system (what the KV files hold counted as free), at most
+    32 GiB."""
+    if kv_cache_bytes >= 0:
+        return kv_cache_bytes
+    try:
+        free = shutil.disk_usage(data_dir).free
+    except OSError:
+        return 0
+    return min(AUTO_CAP, (free + usage(data_dir / "kv")) // AUTO_SHARE)

@@ -1,0 +1,235 @@
+"""The KV files of one worker (:mod:`lmsp.kvfiles`): written after turns, loaded by the next.
+
+Every sequence is submitted with ``persist`` while the files are on
+(``kv_cache_bytes`` not 0, ``prefix_cache`` on). When one ends (``stop`` or
+``length``), the commit thread queues it here; this room's own thread (never
+the engine thread nor a gevent hub) asks the engine for what its slot kept
+(``Engine.saved_prefix``, a copy taken between two engine steps), writes the
+file, deletes the older file of its chain and keeps the directory within its
+budget.
+
+At a submission, :meth:`KvDisk.prepare` looks for the longest file of the same
+model file, engine format and client whose tokens start the prompt. When it
+gives more usable rows than the engine's free slots already hold
+(``Engine.cached_prefix``), the file is read, checked and handed to the engine
+with the prompt; the engine loads it instead of prefilling those tokens. A file
+that fails a check, here or in the engine, is deleted and logged, and the turn
+is prefilled.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import kvfiles
+from ._threads import Wakeup, allocate_lock
+from .state import IDLE_WAIT, WorkerState
+
+log = logging.getLogger("lmsp.runtime")
+
+MAX_TRACKED = 4096  # submitted sequences remembered until their end (older ones are dropped)
+
+
+@dataclass
+class Ticket:
+    """What a submission's lookup found, kept until its sequence ends."""
+
+    model_id: str
+    cache_key: str
+    path: Any = None  # the file handed to the engine
+    prefix: dict[str, Any] | None = None  # ... as Engine.submit(prefix=...) takes it
+
+
+class KvDisk:
+    """This worker's KV files (see the module docstring)."""
+
+    def __init__(self, state: WorkerState) -> None:
+        self.state = state
+        config = state.config
+        data_dir = Path(config.data_dir)  # (a Config made by hand may hold a str)
+        self.directory = data_dir / "kv"
+        on = bool(config.prefix_cache) and config.kv_cache_bytes != 0
+        self.budget = kvfiles.resolve_budget(int(config.kv_cache_bytes), data_dir) if on else 0
+        self.enabled = self.budget > 0
+        self.wake = Wakeup()
+        self._lock = allocate_lock()
+        self._jobs: deque[tuple[Any, int, Ticket]] = deque()
+        self._tickets: OrderedDict[tuple[int, int], Ticket] = OrderedDict()
+        self.counts = dict.fromkeys(
+            ("hits", "misses", "refused", "bytes_read", "bytes_written", "files_written", "evicted"), 0
+        )
+        self.held = 0  # bytes in the directory after this worker's last write or round
+
+    # ---------------------------------------------------------------- submissions
+    def prepare(
+        self, engine: Any, model_id: str, tokens: list[int], cache_key: str, *, look: bool = True
+    ) -> Ticket | None:
+        """The lookup before ``engine.submit``: None when the files are off, else a
+        ticket whose ``prefix`` (maybe None) goes to the engine (see :meth:`submit_kwargs`).
+        ``look=False``: no lookup (a resumed task continues from its own snapshot), only
+        the file after its end. Reads a file: call it off the gevent hub."""
+        if not self.enabled or not tokens:
+            return None
+        ticket = Ticket(model_id, cache_key)
+        if not look:
+            return ticket
+        digest = self.state.registry.files.loaded_digest(model_id)
+        if digest is None:
+            return ticket
+        kv_format = str(engine.info.get("kv_format") or "")
+        try:
+            entry = kvfiles.find(self.directory, digest, kv_format, cache_key, tokens)
+        except OSError as exc:
+            log.warning("KV file lookup failed: %s", exc)
+            return ticket
+        if entry is None:
+            self._count("misses")
+            return ticket
+        started = time.perf_counter()
+        try:
+            # the rows a prefill of this prompt would compute alike (the header only): read it once it pays
+            usable = engine.usable_prefix(len(tokens), entry.n_tokens, *self._tiling(entry.path))
+            if usable <= engine.cached_prefix(tokens, cache_key):
+                return ticket  # a free slot holds as much: nothing to read
+            expect = {"digest": digest, "kv_format": kv_format, "cache_key": cache_key}
+            ticket.prefix = kvfiles.read(entry.path, tokens=tokens, **expect)
+        except kvfiles.Refused as exc:
+            self._refuse(entry.path, str(exc))
+            return ticket
+        except OSError as exc:  # a file deleted meanwhile, a disk error: prefill
+            log.warning("KV file %s could not be read: %s", entry.path.name, exc)
+            return ticket
+        ticket.path = entry.path
+        kvfiles.touch(entry.path)
+        self._count("bytes_read", entry.size)
+        log.debug(
+            "KV file %s: %d tokens, read and checked in %.3f s", entry.path.name, usable, time.perf_counter() - started
+        )
+        return ticket
+
+    @staticmethod
+    def _tiling(path: Any) -> tuple[int, int]:
+        """A file's tiled rows and their chunk length, from its header."""
+        head = kvfiles.read_header(path)
+        return int(head.get("tiled_rows", 0)), int(head.get("tiled_min", 0))
+
+    @staticmethod
+    def submit_kwargs(ticket: Ticket | None) -> dict[str, Any]:
+        """What ``engine.submit`` takes from a ticket."""
+        if ticket is None:
+            return {}
+        return {"persist": True, "prefix": ticket.prefix}
+
+    def submitted(self, engine: Any, seq: int, ticket: Ticket | None) -> None:
+        """The sequence a ticket's submission started."""
+        if ticket is None:
+            return
+        ticket.prefix = None  # the engine has its copy
+        with self._lock:
+            self._tickets[(id(engine), seq)] = ticket
+            while len(self._tickets) > MAX_TRACKED:
+                self._tickets.popitem(last=False)
+
+    # ---------------------------------------------------------------- ends (commit thread)
+    def finished(self, engine: Any, result: dict[str, Any]) -> None:
+        """A sequence's last result: count what its file did, delete a file the engine
+        refused, and queue the save of a turn that ended well."""
+        with self._lock:
+            ticket = self._tickets.pop((id(engine), int(result.get("seq") or 0)), None)
+        if ticket is None:
+            return
+        if ticket.path is not None:
+            if result.get("prefix_refused"):
+                self._refuse(ticket.path, "the engine could not load its state")
+            elif result.get("n_loaded"):
+                self._count("hits")
+                log.debug(
+                    "KV file %s used: %s tokens loaded, engine timings %s",
+                    ticket.path.name,
+                    result.get("n_loaded"),
+                    result.get("timings"),
+                )
+        if result.get("finish") in ("stop", "length"):
+            with self._lock:
+                self._jobs.append((engine, int(result["seq"]), ticket))
+            self.wake.set()
+
+    def _refuse(self, path: Any, why: str) -> None:
+        kvfiles.remove(path)
+        self._count("refused")
+        self._count("misses")
+        log.warning("KV file %s refused and deleted: %s", path.name, why)
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self.counts[name] += n
+
+    # ---------------------------------------------------------------- the thread
+    def run(self) -> None:
+        """The thread's loop: save the queued sequences' KV; on a graceful stop, those
+        still queued too (the engines close after this thread ends)."""
+        while not self.state.stopping:
+            self.wake.wait(IDLE_WAIT)
+            self.save_queued()
+        if not self.state.aborted:
+            self.save_queued()
+
+    def save_queued(self) -> None:
+        while not self.state.aborted:
+            with self._lock:
+                job = self._jobs.popleft() if self._jobs else None
+            if job is None:
+                return
+            try:
+                self.save(*job)
+            except Exception:  # a full disk, a closed engine: that turn has no file
+                log.exception("writing a KV file failed")
+
+    def save(self, engine: Any, seq: int, ticket: Ticket) -> None:
+        """One finished sequence's KV into its file (nothing when its slot was reused)."""
+        digest = self.state.registry.files.loaded_digest(ticket.model_id)
+        if digest is None or engine.closed:
+            return
+        saved = engine.saved_prefix(seq)
+        if not saved or not saved["tokens"] or len(saved["state"]) > self.budget:
+            return
+        path, size = kvfiles.write(
+            self.directory,
+            digest=digest,
+            kv_format=str(engine.info.get("kv_format") or ""),
+            cache_key=ticket.cache_key,
+            tokens=saved["tokens"],
+            tiled_rows=saved["tiled_rows"],
+            tiled_min=saved["tiled_min"],
+            state=saved["state"],
+        )
+        kvfiles.supersede(self.directory, path)
+        evicted, _ = kvfiles.enforce_budget(self.directory, self.budget)
+        with self._lock:
+            self.counts["bytes_written"] += size
+            self.counts["files_written"] += 1
+            self.counts["evicted"] += evicted
+        self.held = kvfiles.usage(self.directory)
+
+    # ---------------------------------------------------------------- janitor, metrics
+    def gc(self) -> dict[str, int]:
+        """The janitor's round: stale temporary files, then the budget."""
+        if not self.enabled:
+            return {}
+        counts = kvfiles.gc(self.directory, self.budget)
+        self._count("evicted", counts["kv_over_budget"])
+        self.held = kvfiles.usage(self.directory)
+        return counts
+
+    def metrics(self) -> dict[str, Any]:
+        with self._lock:
+            counts = dict(self.counts)
+        out: dict[str, Any] = {f"kv_file_{name}": n for name, n in counts.items()}
+        out["kv_cache_bytes"] = self.held
+        out["kv_cache_budget_bytes"] = self.budget
+        return out

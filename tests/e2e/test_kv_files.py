@@ -1,0 +1,77 @@
+"""A conversation's KV file across a crash, on the real service and SmolLM2: a first
+turn, SIGKILL, a restart, and a second turn whose prompt extends the first one's
+loads the file (its ``cached_tokens`` cover the history) and answers as a
+service without KV files (``kv_cache_bytes = 0``) does."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from e2e_helpers import Server
+
+from lmsp import kvfiles, pinned
+
+pytestmark = pytest.mark.real_model
+
+MODEL = "smollm2-135m-instruct"
+INSTRUCTIONS = "You are a patient teacher. Answer in plain words and short sentences."
+FIRST = "Tell me about rivers. " + "The river runs to the sea, and the sea is wide. " * 20
+NEXT = ("Now say it again in one short sentence, for a child of six who has never seen the sea, "
+        "and then tell me what a delta is, where rivers end, and why the sea is salty.")
+
+
+def service(root: Path, **env: str) -> Server:
+    root.mkdir()
+    return Server(root / "data", root, Path(MODEL), {"LMSP_CACHE_DIR": str(pinned.default_cache()),
+                                                     "LMSP_N_PARALLEL": "2", **env})
+
+
+def ask(server: Server, token: str, messages: list[dict]) -> dict:
+    response = server.call("POST", "/v1/responses", {"model": MODEL, "instructions": INSTRUCTIONS, "input": messages,
+                                                      "temperature": 0, "max_output_tokens": 16}, token=token)
+    assert response["status"] in ("completed", "incomplete"), response  # incomplete: max_output_tokens
+    return response
+
+
+def text_of(response: dict) -> str:
+    return "".join(part["text"] for item in response["output"] for part in item["content"])
+
+
+def wait_for_file(kv_dir: Path, timeout: float = 30.0) -> kvfiles.Entry:
+    deadline = time.monotonic() + timeout
+    while not kvfiles.entries(kv_dir):
+        assert time.monotonic() < deadline, f"no KV file in {kv_dir} after {timeout} s"
+        time.sleep(0.1)
+    (entry,) = kvfiles.entries(kv_dir)
+    return entry
+
+
+def test_the_next_turn_after_a_crash_loads_the_kv_file_and_answers_as_a_full_prefill(tmp_path, smollm2_path):
+    server = service(tmp_path / "kv")
+    server.start(timeout=180)
+    try:
+        token = server.pair()
+        history = [{"role": "user", "content": FIRST}]
+        first = ask(server, token, history)
+        entry = wait_for_file(server.data_dir / "kv")
+        assert entry.n_tokens == first["usage"]["input_tokens"]  # the prompt's rows (tiled)
+        server.kill()
+        server.start(timeout=180)
+        turn = history + [{"role": "assistant", "content": text_of(first)}, {"role": "user", "content": NEXT}]
+        second = ask(server, token, turn)
+        cached = second["usage"]["input_tokens_details"]["cached_tokens"]
+        assert cached == entry.n_tokens  # the whole history's prompt, not prefilled again
+        metrics = server.request("GET", "/metrics")[1]
+        assert "lmsp_kv_file_hits_total 1" in metrics
+    finally:
+        server.stop(timeout=10)
+    reference = service(tmp_path / "plain", LMSP_KV_CACHE_BYTES="0")
+    reference.start(timeout=180)
+    try:
+        want = ask(reference, reference.pair(), turn)
+    finally:
+        reference.stop(timeout=10)
+    assert want["usage"]["input_tokens_details"]["cached_tokens"] == 0
+    assert text_of(second) == text_of(want)
+    assert not (reference.data_dir / "kv").exists()

@@ -1,0 +1,147 @@
+"""A sequence's KV out of the engine, into a KV file, and back into a new engine
+(a restart) on SmolLM2: the next turn loads it instead of prefilling the
+history and answers as a full prefill does, token for token; a damaged,
+truncated or other model's state is refused and the turn is still right."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from native_helpers import N_GPU_LAYERS, drain, generate
+
+from lmsp import kvfiles
+from lmsp.native import Engine
+
+pytestmark = [
+    pytest.mark.real_model,
+    pytest.mark.skipif(N_GPU_LAYERS != 0, reason="exactness needs the batch-invariant CPU backend"),
+]
+
+DIGEST = "sha256:" + "5a" * 32  # the tests name the model file themselves
+HISTORY = [
+    {"role": "system", "content": "You are a patient teacher. Answer in plain words and short sentences."},
+    {"role": "user", "content": "Tell me about rivers. " + "The river runs to the sea, and the sea is wide. " * 20},
+]
+
+# 64 tokens or more with the answer: a prefill of the next turn ends with a whole tiled chunk
+NEXT = ("Now say it again in one short sentence, for a child of six who has never seen the sea, "
+        "and then tell me what a delta is, where rivers end, and why the sea is salty.")
+
+
+@pytest.fixture
+def make(smollm2_path: Path):
+    made: list[Engine] = []
+
+    def build(path: Path = smollm2_path, **kwargs) -> Engine:
+        kwargs.setdefault("n_ctx", 2048)
+        kwargs.setdefault("n_parallel", 2)
+        kwargs.setdefault("n_threads", 1)
+        engine = Engine(str(path), **kwargs)
+        made.append(engine)
+        return engine
+
+    yield build
+    for engine in made:
+        engine.close()
+
+
+def first_turn(engine: Engine, directory: Path) -> tuple[Path, list[int]]:
+    """A turn whose KV goes to a file; the file and the next turn's prompt."""
+    prompt = engine.chat_prompt(HISTORY)
+    seq = engine.submit(prompt, max_tokens=16, temperature=0, persist=True)
+    answer = generate_from(engine, seq)
+    saved = engine.saved_prefix(seq)
+    assert saved is not None and engine.saved_prefix(seq) is None  # once
+    # the prompt's rows only: its answer was decoded one row at a time, a prefill computes it tiled
+    assert saved["tokens"] == prompt and saved["tiled_rows"] == len(prompt) and saved["tiled_min"] == 64
+    path, size = kvfiles.write(directory, digest=DIGEST, kv_format=engine.info["kv_format"], cache_key="",
+                               tokens=saved["tokens"], tiled_rows=saved["tiled_rows"],
+                               tiled_min=saved["tiled_min"], state=saved["state"])
+    assert size > len(saved["state"])
+    turn = HISTORY + [{"role": "assistant", "content": answer},
+                      {"role": "user", "content": NEXT}]
+    return path, engine.chat_prompt(turn)
+
+
+def generate_from(engine: Engine, seq: int) -> str:
+    return drain(engine, [seq])[seq].text
+
+
+def load(engine: Engine, path: Path, prompt: list[int]) -> dict:
+    return kvfiles.read(path, digest=DIGEST, kv_format=engine.info["kv_format"], cache_key="", tokens=prompt)
+
+
+def test_a_kv_file_in_a_new_engine_answers_as_a_full_prefill(make, tmp_path: Path) -> None:
+    first = make()
+    path, prompt = first_turn(first, tmp_path)
+    first.close()
+    restarted = make()
+    assert restarted.cached_prefix(prompt) == 0  # nothing in its slots
+    prefix = load(restarted, path, prompt)
+    n_held = len(prefix["tokens"])
+    usable = restarted.usable_prefix(len(prompt), n_held, prefix["tiled_rows"], prefix["tiled_min"])
+    assert usable == n_held  # the history, all of it: the new turn leaves a whole tiled chunk to prefill
+    got = generate(restarted, prompt, max_tokens=24, temperature=0, prefix=prefix)
+    assert got.last["n_cached"] == got.last["n_loaded"] == n_held
+    assert not got.last["prefix_refused"]
+    want = generate(make(prefix_cache=False), prompt, max_tokens=24, temperature=0)
+    assert want.last["n_cached"] == 0
+    assert got.tokens == want.tokens and got.text == want.text
+
+
+def test_a_prefix_that_is_not_the_prompts_start_is_an_error(make, tmp_path: Path) -> None:
+    engine = make()
+    path, prompt = first_turn(engine, tmp_path)
+    prefix = load(engine, path, prompt)
+    with pytest.raises(ValueError, match="start of the prompt"):
+        engine.submit(prompt[1:], max_tokens=4, prefix=prefix)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "other model", "shorter than it says"])
+def test_a_state_the_engine_cannot_load_is_refused_and_the_turn_prefilled(make, tmp_path: Path, damage: str,
+                                                                         catalog_model) -> None:
+    engine = make()
+    path, prompt = first_turn(engine, tmp_path)
+    prefix = load(engine, path, prompt)
+    if damage == "truncated":
+        prefix["state"] = prefix["state"][: len(prefix["state"]) // 2]
+    elif damage == "other model":  # Gemma's state of the same number of tokens
+        gemma = make(catalog_model("gemma-3-270m"))
+        tokens = gemma.tokenize("word " * len(prefix["tokens"]), add_special=False)[: len(prefix["tokens"])]
+        seq = gemma.submit(tokens, max_tokens=1, temperature=0, persist=True)
+        generate_from(gemma, seq)
+        prefix["state"] = gemma.saved_prefix(seq)["state"]
+    else:  # the state of fewer positions than its tokens
+        seq = engine.submit(prompt[: len(prefix["tokens"]) - 70], max_tokens=1, temperature=0, persist=True)
+        generate_from(engine, seq)
+        prefix["state"] = engine.saved_prefix(seq)["state"]
+    fresh = make()
+    got = generate(fresh, prompt, max_tokens=24, temperature=0, prefix=prefix)
+    assert got.last["prefix_refused"] and got.last["n_loaded"] == 0 and got.last["n_cached"] == 0
+    want = generate(make(prefix_cache=False), prompt, max_tokens=24, temperature=0)
+    assert got.tokens == want.tokens
+
+
+def test_a_damaged_kv_file_fails_its_check(make, tmp_path: Path) -> None:
+    engine = make()
+    path, prompt = first_turn(engine, tmp_path)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+    with pytest.raises(kvfiles.Refused, match="checksum"):
+        load(engine, path, prompt)
+
+
+def test_a_sequence_past_a_sliding_window_leaves_no_prefix_to_save(make, catalog_model) -> None:
+    # Gemma 3's sliding-window layers keep the last 512 positions only: past them the
+    # slot's KV cannot start a later prompt, so there is nothing to write to a file
+    gemma = make(catalog_model("gemma-3-270m"))
+    long_prompt = gemma.tokenize("word " * 700, add_special=True)
+    short_prompt = gemma.tokenize("word " * 100, add_special=True)
+    for prompt, kept in ((long_prompt, False), (short_prompt, True)):
+        seq = gemma.submit(prompt, max_tokens=1, temperature=0, persist=True)
+        generate_from(gemma, seq)
+        saved = gemma.saved_prefix(seq)
+        assert (saved is not None) == kept
+        if kept:
+            assert saved["tokens"] == prompt
