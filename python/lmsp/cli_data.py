@@ -172,11 +172,12 @@ def cmd_gc(args) -> int:
     try:
         counts = store.gc(retention=days * 86400.0)
         models = {row["digest"] for row in store.list_models()}
+        # the KV files: those of models no longer registered, of deleted conversations
+        # and chains, and beyond the budget
+        budget = kvfiles.resolve_budget(cfg.kv_cache_bytes, cfg.data_dir) if cfg.prefix_cache else 0
+        counts.update(kvfiles.gc(cfg.kv_dir, budget, models, store.kv_owners_existing))
     finally:
         store.close()
-    # the KV files: those of models no longer registered, and beyond the budget
-    budget = kvfiles.resolve_budget(cfg.kv_cache_bytes, cfg.data_dir) if cfg.prefix_cache else 0
-    counts.update(kvfiles.gc(cfg.kv_dir, budget, models))
     out = {"retention_days": days, "deleted": counts}
     _print(args, out, "deleted: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     return EXIT_OK

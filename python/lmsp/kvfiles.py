@@ -6,25 +6,27 @@ that starts with the same tokens, for the same model file, engine format and
 client, loads it instead of prefilling those tokens (``runtime/kvdisk.py``).
 
 A file's name says what it holds, so that a lookup reads no file it will not
-use: ``{model}-{format}-{key}-{n_tokens}-{tokens_hash}.kv``, where ``model``
+use: ``{model}-{format}-{key}-{n_tokens}-{tokens_hash}[-{owner}].kv``, where ``model``
 is the start of the model file's sha256, ``format`` a hash of the engine's
 ``kv_format`` (backend, batch invariance, the kinds of rows, K and V types),
-``key`` a hash of the cache key (the client) and ``tokens_hash`` a BLAKE2b of
-the tokens. Its content::
+``key`` a hash of the cache key (the client), ``tokens_hash`` a BLAKE2b of
+the tokens and ``owner`` the id of the conversation or chain of responses whose
+turn wrote it (none for a task in neither). Its content::
 
     b"LMSPKV\\x00\\x01"   magic
     u32 (little-endian)  length of the header
     header               JSON: model digest, kv_format, key hash, n_tokens,
-                         tiled_rows, tiled_min, state_bytes, state_crc32
+                         tiled_rows, tiled_min, state_bytes, state_crc32, owner
     tokens               n_tokens int32, little-endian
     state                llama.cpp's sequence state of those positions
 
 A file is written under a temporary name (``.tmp-*``), synced and renamed, so
 no partial file ever has a final name. Only the newest file of a chain is kept:
-a file whose tokens the new one's extend is deleted. The directory is kept
-within a byte budget, least recently used first (a file used is touched).
-:func:`delete_chain` deletes the files of a token chain (a deleted
-conversation's or response's).
+a file of the same owner, or of none, whose tokens the new one's extend is
+deleted. A file whose owner is gone from the store (a deleted conversation, a
+chain deleted or taken by retention) is deleted by the next :func:`gc`. The
+directory is kept within a byte budget, least recently used first (a file used
+is touched). :func:`delete_chain` deletes the files of a token chain.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import struct
 import sys
@@ -42,7 +45,7 @@ import zlib
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 log = logging.getLogger("lmsp.kvfiles")
 
@@ -53,6 +56,7 @@ STALE_TMP_SECONDS = 3600.0  # a temporary file this old was left by a killed wri
 AUTO_SHARE = 10  # kv_cache_bytes = -1: a tenth of the data directory's free space ...
 AUTO_CAP = 32 << 30  # ... at most 32 GiB
 _HEAD = struct.Struct("<I")
+_OWNER = re.compile(r"[A-Za-z0-9_]{1,100}")  # an id of the store (``conv_...``, ``resp_...``)
 
 
 class Refused(Exception):
@@ -71,6 +75,7 @@ class Entry:
     tokens_hash: str
     size: int
     mtime: float
+    owner: str | None = None  # the conversation's or chain's id
 
 
 def _tag(text: str, n: int = 16) -> str:
@@ -101,18 +106,28 @@ def tokens_hash(tokens: Sequence[int]) -> str:
     return hashlib.blake2b(_token_bytes(tokens), digest_size=16).hexdigest()
 
 
-def file_name(digest: str, kv_format: str, cache_key: str, tokens: Sequence[int]) -> str:
+def valid_owner(owner: str | None) -> bool:
+    """Whether ``owner`` can tag a file (an id of the store's alphabet)."""
+    return owner is None or _OWNER.fullmatch(owner) is not None
+
+
+def file_name(digest: str, kv_format: str, cache_key: str, tokens: Sequence[int], owner: str | None = None) -> str:
+    if not valid_owner(owner):
+        raise ValueError(f"{owner!r} cannot tag a KV file")
+    tag = "" if owner is None else "-" + owner
     return (
         f"{model_tag(digest)}-{format_tag(kv_format)}-{key_tag(cache_key)}-{len(tokens):07d}-{tokens_hash(tokens)}"
+        + tag
         + SUFFIX
     )
 
 
 def _parse(path: Path, st: os.stat_result) -> Entry | None:
     parts = path.name[: -len(SUFFIX)].split("-")
-    if len(parts) != 5 or not parts[3].isdigit():
+    if len(parts) not in (5, 6) or not parts[3].isdigit():
         return None
-    return Entry(path, parts[0], parts[1], parts[2], int(parts[3]), parts[4], st.st_size, st.st_mtime)
+    owner = parts[5] if len(parts) == 6 else None
+    return Entry(path, parts[0], parts[1], parts[2], int(parts[3]), parts[4], st.st_size, st.st_mtime, owner)
 
 
 def entries(directory: Path) -> list[Entry]:
@@ -179,8 +194,10 @@ def write(
     tiled_rows: int,
     tiled_min: int,
     state: bytes,
+    owner: str | None = None,
 ) -> tuple[Path, int]:
-    """Write a KV file (temporary name, synced, renamed, directory synced); its path and size."""
+    """Write a KV file (temporary name, synced, renamed, directory synced); its path and
+    size. ``owner``: the conversation's or chain's id, in its name and header."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     header = json.dumps(
         {
@@ -192,10 +209,11 @@ def write(
             "tiled_min": int(tiled_min),
             "state_bytes": len(state),
             "state_crc32": zlib.crc32(state),
+            "owner": owner,
         },
         sort_keys=True,
     ).encode()
-    final = directory / file_name(digest, kv_format, cache_key, tokens)
+    final = directory / file_name(digest, kv_format, cache_key, tokens, owner)
     tmp = directory / f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex}{SUFFIX}"
     try:
         with open(tmp, "xb") as fh:
@@ -267,15 +285,18 @@ def touch(path: Path) -> None:
 
 
 def supersede(directory: Path, written: Path) -> int:
-    """Delete the files of the same model, format and key whose tokens the written
-    file's extend (the older turns of its chain); how many."""
+    """Delete the files of the same model, format and key, and of the written file's
+    owner or of none, whose tokens the written file's extend (the older turns of its
+    chain; another conversation's file stays); how many."""
     new = next((e for e in entries(directory) if e.path.name == written.name), None)
     if new is None:
         return 0
     older = [
         e
         for e in entries(directory)
-        if (e.model, e.fmt, e.key) == (new.model, new.fmt, new.key) and e.n_tokens < new.n_tokens
+        if (e.model, e.fmt, e.key) == (new.model, new.fmt, new.key)
+        and e.n_tokens < new.n_tokens
+        and e.owner in (None, new.owner)
     ]
     if not older:
         return 0
@@ -381,11 +402,30 @@ def sweep_temp(directory: Path, older_than: float = STALE_TMP_SECONDS) -> int:
     return gone
 
 
-def gc(directory: Path, budget: int, models: set[str] | None = None) -> dict[str, int]:
+def drop_orphans(directory: Path, existing: Callable[[set[str]], set[str]]) -> int:
+    """Delete the files whose owner is gone: ``existing(owners)`` answers which of the
+    owners named by the files the store still holds (asked after the directory is
+    read, so that a file written meanwhile is left for the next round); how many."""
+    owned = [e for e in entries(directory) if e.owner is not None]
+    if not owned:
+        return 0
+    alive = existing({e.owner for e in owned if e.owner is not None})
+    return sum(remove(e.path) for e in owned if e.owner not in alive)
+
+
+def gc(
+    directory: Path,
+    budget: int,
+    models: set[str] | None = None,
+    existing: Callable[[set[str]], set[str]] | None = None,
+) -> dict[str, int]:
     """Keep the directory within ``budget``: stale temporary files, the files of
-    models not in ``models`` (digests; None keeps every model's), then the least
-    recently used files beyond the budget."""
-    counts = {"kv_temporary": sweep_temp(directory), "kv_other_models": 0, "kv_over_budget": 0}
+    models not in ``models`` (digests; None keeps every model's), the files whose
+    owner is gone (:func:`drop_orphans`, when ``existing`` is given), then the
+    least recently used files beyond the budget."""
+    counts = {"kv_temporary": sweep_temp(directory), "kv_other_models": 0, "kv_orphans": 0, "kv_over_budget": 0}
+    if existing is not None:
+        counts["kv_orphans"] = drop_orphans(directory, existing)
     if models is not None:
         tags = {model_tag(d) for d in models}
         counts["kv_other_models"] = sum(remove(e.path) for e in entries(directory) if e.model not in tags)

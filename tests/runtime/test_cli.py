@@ -292,3 +292,23 @@ def test_gc_keeps_the_kv_files_within_their_budget(run, config, monkeypatch):
     old, new = put([1], 100), put([2], 0)
     assert run("gc")["deleted"]["kv_over_budget"] == 1
     assert new.exists() and not old.exists()
+
+
+def test_gc_deletes_the_kv_files_of_deleted_conversations(run, config):
+    from lmsp import kvfiles
+
+    digest = "sha256:" + "ab" * 32
+    store = open_store(config)
+    try:
+        store.put_model({"id": "m", "path": "m.gguf", "digest": digest, "size_bytes": 1})
+        kept, gone = (store.create_conversation(None, {}, [])["id"] for _ in range(2))
+        store.delete_conversation(gone)
+    finally:
+        store.close()
+    paths = [
+        kvfiles.write(config.kv_dir, digest=digest, kv_format="f", cache_key="", tokens=[i], tiled_rows=0,
+                      tiled_min=0, state=b"s", owner=owner)[0]
+        for i, owner in enumerate((kept, gone, None))
+    ]
+    assert run("gc")["deleted"]["kv_orphans"] == 1
+    assert [p.exists() for p in paths] == [True, False, True]

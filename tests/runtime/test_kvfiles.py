@@ -15,9 +15,9 @@ FORMAT = "cpu/invariant/test"
 EXPECT = {"digest": DIGEST, "kv_format": FORMAT, "cache_key": "cli_a"}
 
 
-def put(directory, tokens, *, state=b"\x01\x02" * 50, digest=DIGEST, key="cli_a", age=0.0):
+def put(directory, tokens, *, state=b"\x01\x02" * 50, digest=DIGEST, key="cli_a", age=0.0, owner=None):
     path, size = kvfiles.write(directory, digest=digest, kv_format=FORMAT, cache_key=key, tokens=tokens,
-                               tiled_rows=len(tokens), tiled_min=64, state=state)
+                               tiled_rows=len(tokens), tiled_min=64, state=state, owner=owner)
     if age:
         then = time.time() - age
         os.utime(path, (then, then))
@@ -114,8 +114,44 @@ def test_gc_removes_stale_temporary_files_unregistered_models_and_what_is_over_b
     _, size = put(tmp_path, [2], age=100)
     kept, _ = put(tmp_path, [3])
     counts = kvfiles.gc(tmp_path, size, models={DIGEST})
-    assert counts == {"kv_temporary": 1, "kv_other_models": 1, "kv_over_budget": 1}
+    assert counts == {"kv_temporary": 1, "kv_other_models": 1, "kv_orphans": 0, "kv_over_budget": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([fresh.name, kept.name])
+
+
+def test_an_owned_file_is_found_as_any_other_and_names_its_owner(tmp_path):
+    path, _ = put(tmp_path, [1, 2, 3], owner="conv_01ABC")
+    (entry,) = kvfiles.entries(tmp_path)
+    assert entry.owner == "conv_01ABC" and path.name.endswith("-conv_01ABC.kv")
+    assert kvfiles.read_header(path)["owner"] == "conv_01ABC"
+    assert kvfiles.find(tmp_path, DIGEST, FORMAT, "cli_a", [1, 2, 3, 4]) == entry
+    assert kvfiles.read(path, tokens=[1, 2, 3, 4], **EXPECT)["tokens"] == [1, 2, 3]
+    with pytest.raises(ValueError):
+        put(tmp_path, [1], owner="conv-1/..")
+
+
+def test_a_turn_supersedes_the_files_of_its_own_owner_or_none_only(tmp_path):
+    unowned, _ = put(tmp_path, [1, 2])
+    theirs, _ = put(tmp_path, [1, 2, 3], owner="conv_B")
+    mine, _ = put(tmp_path, [1, 2, 3, 4], owner="conv_A")
+    newest, _ = put(tmp_path, [1, 2, 3, 4, 5, 6], owner="conv_A")
+    assert kvfiles.supersede(tmp_path, newest) == 2
+    assert not unowned.exists() and not mine.exists() and theirs.exists() and newest.exists()
+
+
+def test_gc_deletes_the_files_whose_owner_is_gone(tmp_path):
+    gone, _ = put(tmp_path, [1], owner="conv_gone")
+    kept, _ = put(tmp_path, [2], owner="conv_kept")
+    chain_gone, _ = put(tmp_path, [3], owner="resp_gone")
+    unowned, _ = put(tmp_path, [4])
+    asked = []
+
+    def existing(owners):
+        asked.append(owners)
+        return {"conv_kept"}
+
+    counts = kvfiles.gc(tmp_path, 1 << 30, existing=existing)
+    assert counts["kv_orphans"] == 2 and asked == [{"conv_gone", "conv_kept", "resp_gone"}]
+    assert kept.exists() and unowned.exists() and not gone.exists() and not chain_gone.exists()
 
 
 def test_delete_chain_deletes_the_files_of_a_token_chain(tmp_path):

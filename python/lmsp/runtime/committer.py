@@ -245,7 +245,7 @@ class Committer:
         if result.get("finish"):
             run.final = result
             self.urgent = True
-            self.state.kvdisk.finished(run.engine, result)
+            self.state.kvdisk.finished(run.engine, result, run.task_id)
 
     # ---------------------------------------------------------------- commits
     def commit(self) -> bool:

@@ -6,7 +6,9 @@ Every sequence is submitted with ``persist`` while the files are on
 the engine thread nor a gevent hub) asks the engine for what its slot kept
 (``Engine.saved_prefix``, a copy taken between two engine steps), writes the
 file, deletes the older file of its chain and keeps the directory within its
-budget.
+budget. A turn of a conversation or of a chain of responses tags its file with
+that owner's id (``Store.kv_owner``); the janitor's round deletes the files
+whose owner the store no longer holds.
 
 At a submission, :meth:`KvDisk.prepare` looks for the longest file of the same
 model file, engine format and client whose tokens start the prompt. When it
@@ -41,6 +43,7 @@ class Ticket:
 
     model_id: str
     cache_key: str
+    task_id: str = ""  # set at the sequence's end (an early start has none before)
     path: Any = None  # the file handed to the engine
     prefix: dict[str, Any] | None = None  # ... as Engine.submit(prefix=...) takes it
 
@@ -136,13 +139,14 @@ class KvDisk:
                 self._tickets.popitem(last=False)
 
     # ---------------------------------------------------------------- ends (commit thread)
-    def finished(self, engine: Any, result: dict[str, Any]) -> None:
-        """A sequence's last result: count what its file did, delete a file the engine
-        refused, and queue the save of a turn that ended well."""
+    def finished(self, engine: Any, result: dict[str, Any], task_id: str = "") -> None:
+        """A sequence's last result (of task ``task_id``): count what its file did, delete
+        a file the engine refused, and queue the save of a turn that ended well."""
         with self._lock:
             ticket = self._tickets.pop((id(engine), int(result.get("seq") or 0)), None)
         if ticket is None:
             return
+        ticket.task_id = task_id
         if ticket.path is not None:
             if result.get("prefix_refused"):
                 self._refuse(ticket.path, "the engine could not load its state")
@@ -198,6 +202,10 @@ class KvDisk:
         saved = engine.saved_prefix(seq)
         if not saved or not saved["tokens"] or len(saved["state"]) > self.budget:
             return
+        # its owner, read before the file exists: a file named for a deleted owner is orphaned, never kept
+        owner = self.state.store.kv_owner(ticket.task_id) if ticket.task_id else None
+        if not kvfiles.valid_owner(owner):
+            owner = None  # an id no name can hold: the budget governs its file
         path, size = kvfiles.write(
             self.directory,
             digest=digest,
@@ -207,6 +215,7 @@ class KvDisk:
             tiled_rows=saved["tiled_rows"],
             tiled_min=saved["tiled_min"],
             state=saved["state"],
+            owner=owner,
         )
         kvfiles.supersede(self.directory, path)
         evicted, _ = kvfiles.enforce_budget(self.directory, self.budget)
@@ -218,10 +227,11 @@ class KvDisk:
 
     # ---------------------------------------------------------------- janitor, metrics
     def gc(self) -> dict[str, int]:
-        """The janitor's round: stale temporary files, then the budget."""
+        """The janitor's round: stale temporary files, the files whose owner is gone,
+        then the budget."""
         if not self.enabled:
             return {}
-        counts = kvfiles.gc(self.directory, self.budget)
+        counts = kvfiles.gc(self.directory, self.budget, existing=self.state.store.kv_owners_existing)
         self._count("evicted", counts["kv_over_budget"])
         self.held = kvfiles.usage(self.directory)
         return counts

@@ -44,6 +44,7 @@ from .conversations import ConversationsArea
 from .db import Database, translate
 from .idempotency import IdempotencyArea
 from .items import ItemsArea
+from .kvowners import KvOwnersArea
 from .models import ModelsArea
 from .reads import ReadsArea
 from .recovery import RecoveryArea
@@ -66,6 +67,7 @@ class Store(
     RetentionArea,
     ItemsArea,
     ConversationsArea,
+    KvOwnersArea,
 ):
     """The service's state in one SQLite file (see the module docstring of :mod:`lmsp.store.db`
     for what each ``durability`` level risks)."""
