@@ -26,7 +26,7 @@ a file of the same owner, or of none, whose tokens the new one's extend is
 deleted. A file whose owner is gone from the store (a deleted conversation, a
 chain deleted or taken by retention) is deleted by the next :func:`gc`. The
 directory is kept within a byte budget, least recently used first (a file used
-is touched). :func:`delete_chain` deletes the files of a token chain.
+is touched).
 """
 
 from __future__ import annotations
@@ -338,32 +338,6 @@ def read_tokens(path: Path) -> list[int] | None:
     if sys.byteorder != "little":  # pragma: no cover
         held.byteswap()
     return held.tolist()
-
-
-def delete_chain(
-    directory: Path, tokens: Sequence[int], *, cache_key: str | None = None, digest: str | None = None
-) -> int:
-    """Delete the KV files of a token chain: every file whose tokens start ``tokens``
-    or are started by them (a later turn of the same chain), of one client
-    (``cache_key``) and one model file (``digest``) when given; how many.
-    ``tokens``: a prompt of the chain as the engine saw it (for a conversation,
-    its last turn's)."""
-    tokens = list(tokens)
-    picked = [
-        e
-        for e in entries(directory)
-        if (cache_key is None or e.key == key_tag(cache_key)) and (digest is None or e.model == model_tag(digest))
-    ]
-    hashes = prefix_hashes(tokens, (e.n_tokens for e in picked))
-    gone = 0
-    for e in picked:
-        if e.n_tokens <= len(tokens):
-            hit = hashes.get(e.n_tokens) == e.tokens_hash
-        else:
-            held = read_tokens(e.path)
-            hit = held is not None and held[: len(tokens)] == tokens
-        gone += hit and remove(e.path)
-    return gone
 
 
 def usage(directory: Path) -> int:

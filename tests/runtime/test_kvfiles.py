@@ -154,17 +154,6 @@ def test_gc_deletes_the_files_whose_owner_is_gone(tmp_path):
     assert kept.exists() and unowned.exists() and not gone.exists() and not chain_gone.exists()
 
 
-def test_delete_chain_deletes_the_files_of_a_token_chain(tmp_path):
-    start, _ = put(tmp_path, [1, 2])
-    later, _ = put(tmp_path, [1, 2, 3, 4, 5])  # a later turn of the same chain
-    other, _ = put(tmp_path, [1, 9])
-    theirs, _ = put(tmp_path, [1, 2], key="cli_b")
-    assert kvfiles.delete_chain(tmp_path, [1, 2, 3], cache_key="cli_a", digest=DIGEST) == 2
-    assert not start.exists() and not later.exists() and other.exists() and theirs.exists()
-    assert kvfiles.delete_chain(tmp_path, [1, 2, 3]) == 1  # any client's
-    assert not theirs.exists()
-
-
 def test_the_default_budget_is_a_share_of_the_free_space(tmp_path):
     assert kvfiles.resolve_budget(0, tmp_path) == 0
     assert kvfiles.resolve_budget(12345, tmp_path) == 12345
