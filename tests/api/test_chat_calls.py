@@ -112,3 +112,65 @@ def test_a_stored_completions_messages_show_calls_and_tool_messages_as_openai(us
     ]
     answer = user.get(f"/v1/chat/completions/{made['id']}").json["choices"][0]["message"]
     assert answer["content"] is None and answer["tool_calls"][0]["function"]["name"] == "get_weather"
+
+
+# -- parallel calls ------------------------------------------------------------------
+
+TWO_CALLS = CALL_TEXT + '\n{"name": "get_weather", "arguments": {"city": "Rome"}}'
+
+
+def test_parallel_calls_are_tool_calls_of_their_own(user, calling):
+    calling.call_text = TWO_CALLS
+    body = chat(user, tools=[TOOL], tool_choice="required", store=True).json
+    [choice] = body["choices"]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    made = choice["message"]["tool_calls"]
+    assert [c["function"] for c in made] == [{"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                                             {"name": "get_weather", "arguments": '{"city": "Rome"}'}]
+    assert len({c["id"] for c in made}) == 2 and all(c["id"].startswith("call_") for c in made)
+    assert user.get(f"/v1/chat/completions/{body['id']}").json["choices"][0]["message"]["tool_calls"] == made
+    history = [ASK, choice["message"], *({"role": "tool", "tool_call_id": c["id"], "content": "Sunny"} for c in made)]
+    assert chat(user, messages=history, tools=[TOOL]).status_code == 200
+
+
+def test_parallel_calls_stream_with_their_index_identical_on_replay(user, calling):
+    calling.call_text = TWO_CALLS
+    headers = {"Idempotency-Key": "two-calls"}
+    fields = {"tools": [TOOL], "tool_choice": "required", "stream": True, "store": True}
+    result = user.post("/v1/chat/completions", json={"model": "tiny", "messages": [ASK], **fields}, headers=headers)
+    frames = parse_sse(result.text)
+    deltas = [d for f in frames[:-1] if f["data"]["choices"] for d in f["data"]["choices"][0]["delta"].get(
+        "tool_calls") or ()]
+    opened = [d for d in deltas if "id" in d]
+    assert [d["index"] for d in opened] == [0, 1] and opened[0]["id"] != opened[1]["id"]
+    assert ["".join(d["function"]["arguments"] for d in deltas if d["index"] == i) for i in (0, 1)] == [
+        '{"city": "Paris"}', '{"city": "Rome"}']
+    again = user.post("/v1/chat/completions", json={"model": "tiny", "messages": [ASK], **fields}, headers=headers)
+    assert parse_sse(again.text) == frames
+
+
+def test_the_openai_stream_accumulates_parallel_calls(sdk, calling):
+    calling.call_text = TWO_CALLS
+    with sdk.chat.completions.stream(model="tiny", messages=[ASK], tools=[TOOL], tool_choice="required") as stream:
+        final = stream.get_final_completion()
+    made = final.choices[0].message.tool_calls
+    assert [c.function.arguments for c in made] == ['{"city": "Paris"}', '{"city": "Rome"}']
+    assert final.choices[0].message.content is None and made[0].id != made[1].id
+
+
+def test_parallel_calls_on_responses_are_items_with_their_output_index(user, calling):
+    calling.call_text = TWO_CALLS
+    body = {"model": "tiny", "input": "Weather in Paris and Rome?", "tools": [{"type": "function",
+                                                                             **TOOL["function"]}],
+            "tool_choice": "required"}
+    made = user.post("/v1/responses", json=body).json
+    assert [(i["type"], i["arguments"], i["status"]) for i in made["output"]] == [
+        ("function_call", '{"city": "Paris"}', "completed"), ("function_call", '{"city": "Rome"}', "completed")]
+    assert len({i["id"] for i in made["output"]} | {i["call_id"] for i in made["output"]}) == 4
+    events = [f["data"] for f in parse_sse(user.post("/v1/responses", json={**body, "stream": True}).text)]
+    added = [e for e in events if e["type"] == "response.output_item.added"]
+    done = [e for e in events if e["type"] == "response.output_item.done"]
+    assert [e["output_index"] for e in added] == [e["output_index"] for e in done] == [0, 1]
+    args = [e for e in events if e["type"] == "response.function_call_arguments.delta"]
+    assert {e["item_id"] for e in args if e["output_index"] == 1} == {added[1]["item"]["id"]}
+    assert events[-1]["response"]["output"] == [e["item"] for e in done]
