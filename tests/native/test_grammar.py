@@ -156,7 +156,7 @@ def test_parallel_calls_are_valid_calls_up_to_the_limit(engine: Engine, most: in
         made = calls.split_all(run.text)
         made_again = "".join(calls.as_text(name, args) for name, args in made)
         assert made and re.sub(r"\s", "", made_again) == re.sub(r"\s", "", run.text)
-        for name, args in made:
+        for _, args in made:
             jsonschema.validate(json.loads(args), city)
         counts.add(len(made))
     if most == 1:

@@ -26,7 +26,8 @@ def test_a_call_is_written_and_read_back(store: Store, running_task):
     assert (item["type"], item["name"], item["arguments"], item["status"]) == ("function_call", "f", '{"a"',
                                                                              "in_progress")
     store.append_step("w1", [{"task_id": tid, "delta": "", "tokens": [4, 5], "calls": [
-        {"index": 0, "args": ": 1}", "tail": "}"}], "finish": "stop", "usage": {"input_tokens": 3, "output_tokens": 5}}])
+        {"index": 0, "args": ": 1}", "tail": "}"}], "finish": "stop",
+        "usage": {"input_tokens": 3, "output_tokens": 5}}])
     assert_consistent(store, tid)
     events = store.events(tid, after=0)["data"]
     types = event_types(store, tid)
@@ -60,7 +61,8 @@ def test_parallel_calls_are_items_of_their_own(store: Store, running_task):
         resume = store._resume(conn, store._task(conn, tid))
     assert resume["emitted"] == HEAD + '{"a": 1}}' + second + '{"b"' and resume["generated"] == [1, 2, 3, 4]
     store.append_step("w1", [{"task_id": tid, "delta": "", "tokens": [5], "calls": [
-        {"index": 1, "args": ": 2}", "tail": "}"}], "finish": "stop", "usage": {"input_tokens": 3, "output_tokens": 5}}])
+        {"index": 1, "args": ": 2}", "tail": "}"}], "finish": "stop",
+        "usage": {"input_tokens": 3, "output_tokens": 5}}])
     assert_consistent(store, tid)
     events = store.events(tid, after=0)["data"]
     added = [e for e in events if e["type"] == "response.output_item.added"]

@@ -149,7 +149,7 @@ def _message(
         said = [{"role": ROLES[role], "content": text}] if text or not calls else []
         made = said + list(chat_tools.tool_call_messages(calls, f"{where}.tool_calls", seen))
     if shown is not None:
-        shown.append(chat_tools.stored_message(message, ROLES.get(role, role), text))
+        shown.append(chat_tools.stored_message(message, ROLES.get(role, "tool"), text))
     return made
 
 

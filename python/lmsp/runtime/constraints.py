@@ -178,8 +178,7 @@ def calls_grammar(request: dict[str, Any], answer: dict[str, Any] | None = None)
         return schema_grammar(one)
     if most == 1:
         return schema_grammar({"anyOf": [*one["anyOf"], answer]})
-    unbounded = most is None or most >= int(request.get("max_output_tokens") or 0)
-    more = "*" if unbounded else f"{{0,{most - 1}}}"
+    more = "*" if most is None or most >= int(request.get("max_output_tokens") or 0) else f"{{0,{most - 1}}}"
     rules = [f'root ::= call-root ("\\n" call-root){more}' + (" | answer-root" if answer is not None else "")]
     rules.append(prefixed(schema_grammar(one), "call-"))
     if answer is not None:
