@@ -53,7 +53,9 @@ def calling(scripted, store):
 
 @pytest.fixture
 def sdk(app, user):
-    """The ``openai`` package, unmodified, over the app."""
+    """The ``openai`` package, unmodified, over the app. It closes a stream once it has
+    read ``[DONE]``, which the service takes for a client that left: its streams are of
+    stored completions, which nothing deletes after the test."""
     with httpx.Client(transport=httpx.WSGITransport(app=app), base_url="http://lmsp.test") as http:
         yield openai.OpenAI(base_url="http://lmsp.test/v1", api_key=user.token, http_client=http, max_retries=0)
 
@@ -71,7 +73,8 @@ def test_the_role_chunk_of_an_answer_that_may_be_a_call_has_null_content(user, c
 
 
 def test_the_openai_stream_accumulates_a_call_with_null_content(sdk, calling):
-    with sdk.chat.completions.stream(model="tiny", messages=[ASK], tools=[TOOL], tool_choice="required") as stream:
+    with sdk.chat.completions.stream(model="tiny", messages=[ASK], tools=[TOOL], tool_choice="required",
+                                     store=True) as stream:
         final = stream.get_final_completion()
     [choice] = final.choices
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
@@ -82,7 +85,7 @@ def test_the_openai_stream_accumulates_a_call_with_null_content(sdk, calling):
 
 def test_the_openai_stream_accumulates_text_after_a_null_role_chunk(sdk, calling):
     calling.call_text = "It is sunny."
-    with sdk.chat.completions.stream(model="tiny", messages=[ASK], tools=[TOOL]) as stream:
+    with sdk.chat.completions.stream(model="tiny", messages=[ASK], tools=[TOOL], store=True) as stream:
         final = stream.get_final_completion()
     [choice] = final.choices
     assert choice.finish_reason == "stop" and choice.message.content == "It is sunny."
@@ -151,7 +154,8 @@ def test_parallel_calls_stream_with_their_index_identical_on_replay(user, callin
 
 def test_the_openai_stream_accumulates_parallel_calls(sdk, calling):
     calling.call_text = TWO_CALLS
-    with sdk.chat.completions.stream(model="tiny", messages=[ASK], tools=[TOOL], tool_choice="required") as stream:
+    with sdk.chat.completions.stream(model="tiny", messages=[ASK], tools=[TOOL], tool_choice="required",
+                                     store=True) as stream:
         final = stream.get_final_completion()
     made = final.choices[0].message.tool_calls
     assert [c.function.arguments for c in made] == ['{"city": "Paris"}', '{"city": "Rome"}']
