@@ -11,7 +11,10 @@ so that both servers embed exactly the same tokens, sent as requests of
 in turn, the order alternating from round to round so that a change in the
 machine's background load does not land on one server only; the figure is the
 median round's inputs/s, and the ratio the median of the rounds' ratios. The
-vectors of both servers are compared once (cosine similarity).
+CPU time each server's process tree spends on a round is counted too (CPU
+milliseconds per input): on a shared machine it moves less with the other
+load than the wall time does. The vectors of both servers are compared once
+(cosine similarity).
 
     python bench/embeddings.py --model ~/.cache/lmsp/models/smollm2-135m-instruct.gguf \\
         --llama-server /work/ref/bin/llama-server --rounds 5
@@ -25,6 +28,7 @@ import datetime
 import json
 import math
 import os
+import signal
 import statistics
 import sys
 import threading
@@ -33,7 +37,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from serve import LlamaServer, LmspServer, ServeSettings, free_port, http_json, lmsp_command  # noqa: E402
+from serve import (  # noqa: E402
+    LlamaServer,
+    LmspServer,
+    ServeSettings,
+    free_port,
+    http_json,
+    lmsp_command,
+    tree_cpu_seconds,
+)
 from serve_results import git_state, machine  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,18 +147,27 @@ def run(args) -> dict:
                 order.reverse()
             row: dict = {"load_before": round(os.getloadavg()[0], 2)}
             for name, port, key in order:
+                pid = (lmsp if key else llama).proc.pid
+                cpu = tree_cpu_seconds(pid)
                 row[name] = one_round(port, inputs, key, model.stem, args.per_request, args.clients)
+                row[f"{name}_cpu_ms_per_input"] = (tree_cpu_seconds(pid) - cpu) * 1000 / len(inputs)
             row["load_after"] = round(os.getloadavg()[0], 2)
             row["ratio"] = row["lmsp"] / row["llama"]
+            row["cpu_ratio"] = row["lmsp_cpu_ms_per_input"] / row["llama_cpu_ms_per_input"]
             rounds.append(row)
-            print(f"round {r + 1}: llama-server {row['llama']:.1f}, lmsp {row['lmsp']:.1f} inputs/s "
-                  f"({row['ratio']:.3f}x; load {row['load_before']}-{row['load_after']})", flush=True)
+            print(f"round {r + 1}: llama-server {row['llama']:.2f}, lmsp {row['lmsp']:.2f} inputs/s "
+                  f"({row['ratio']:.3f}x; load {row['load_before']}-{row['load_after']}); CPU ms per input "
+                  f"{row['llama_cpu_ms_per_input']:.0f} and {row['lmsp_cpu_ms_per_input']:.0f} "
+                  f"({row['cpu_ratio']:.3f}x)", flush=True)
     finally:
         lmsp.stop()
         llama.stop()
     return {
         "inputs_per_s": {who: statistics.median(r[who] for r in rounds) for who in ("lmsp", "llama")},
         "ratio": statistics.median(r["ratio"] for r in rounds),
+        "cpu_ms_per_input": {who: statistics.median(r[f"{who}_cpu_ms_per_input"] for r in rounds)
+                             for who in ("lmsp", "llama")},
+        "cpu_ratio": statistics.median(r["cpu_ratio"] for r in rounds),
         "min_cosine_similarity": similarity,
         "rounds": rounds,
         "settings": {"threads": s.threads, "parallel": s.parallel, "ctx_per_seq": s.ctx_per_seq, "batch": 512,
@@ -171,6 +192,7 @@ def main(argv=None) -> int:
     p.add_argument("--work", default=str(ROOT / "bench" / "out" / "embeddings"))
     p.add_argument("--out", default=None, help="result JSON (default: bench/results/history/<date>-embeddings-<model>.json)")
     args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the servers stopped on the way out
     source = git_state()
     result = run(args)
     now = datetime.datetime.now(datetime.timezone.utc)
@@ -183,7 +205,8 @@ def main(argv=None) -> int:
     out.write_text(json.dumps(record, indent=1) + "\n")
     rate = result["inputs_per_s"]
     print(f"lmsp {rate['lmsp']:.1f} inputs/s, llama-server {rate['llama']:.1f}: {result['ratio']:.3f}x "
-          f"(goal >= {GOAL}); vectors' cosine similarity >= {result['min_cosine_similarity']:.6f}")
+          f"(goal >= {GOAL}); CPU per input {result['cpu_ratio']:.3f}x llama-server's; vectors' cosine "
+          f"similarity >= {result['min_cosine_similarity']:.6f}")
     print(f"written {out}")
     return 0
 
