@@ -190,7 +190,8 @@ def main(argv=None) -> int:
     p.add_argument("--clients", type=int, default=1)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--work", default=str(ROOT / "bench" / "out" / "embeddings"))
-    p.add_argument("--out", default=None, help="result JSON (default: bench/results/history/<date>-embeddings-<model>.json)")
+    p.add_argument("--out", default=None,
+                   help="result JSON (default: bench/results/history/<date>-embeddings-<model>.json)")
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the servers stopped on the way out
     source = git_state()
