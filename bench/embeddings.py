@@ -128,7 +128,7 @@ def run(args) -> dict:
     work = Path(args.work)
     model = Path(args.model).expanduser()
     llama = llama_server(Path(args.llama_server), model, s, work, args.llama_arg)
-    lmsp = LmspServer.create(lmsp_command(args.lmsp), model, s, work, "lmsp", {})
+    lmsp = LmspServer.create(lmsp_command(args.lmsp), model, s, work, args.variant, {})
     rounds: list[dict] = []
     try:
         for srv in (llama, lmsp):
@@ -181,6 +181,8 @@ def main(argv=None) -> int:
     p.add_argument("--llama-server", required=True)
     p.add_argument("--llama-arg", action="append", default=[], help="extra llama-server argument (repeatable)")
     p.add_argument("--lmsp", default=None, help="the lmsp command (default: the virtualenv's)")
+    p.add_argument("--variant", choices=("lmsp", "lmsp-fast"), default="lmsp",
+                   help="lmsp as shipped, or with batch_invariant=false (bench/serve.py's variants)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--parallel", type=int, default=8, help="sequences (llama-server's slots; lmsp's engine)")
     p.add_argument("--ctx", type=int, default=512, help="context per sequence")
@@ -201,8 +203,9 @@ def main(argv=None) -> int:
     record = {"bench": "embeddings", "date": now.strftime("%Y-%m-%d %H:%M"), **source, "machine": machine(),
               "model": model, "command": " ".join(["python", "bench/embeddings.py", *(argv or sys.argv[1:])]),
               "inputs": args.inputs, "tokens": args.tokens, "per_request": args.per_request,
-              "clients": args.clients, "goal": GOAL, **result}
-    out = Path(args.out or ROOT / "bench" / "results" / "history" / f"{now:%Y-%m-%dT%H%M}-embeddings-{model}.json")
+              "clients": args.clients, "variant": args.variant, "goal": GOAL, **result}
+    name = f"{now:%Y-%m-%dT%H%M}-embeddings-{model}{'' if args.variant == 'lmsp' else '-' + args.variant}.json"
+    out = Path(args.out or ROOT / "bench" / "results" / "history" / name)
     out.write_text(json.dumps(record, indent=1) + "\n")
     rate = result["inputs_per_s"]
     print(f"lmsp {rate['lmsp']:.1f} inputs/s, llama-server {rate['llama']:.1f}: {result['ratio']:.3f}x "
