@@ -3,11 +3,16 @@ knows no tools (docs/API.md, "Function tools").
 
 The model answers a call as one JSON object, ``{"name": "<tool>",
 "arguments": {...}}``, which a grammar made from the tools' schemas holds it
-to: the name first, then the arguments, then the closing brace. So the
-output splits without a parser: the *head* (everything up to the arguments'
-value), the arguments, and the *tail* (the closing brace, with any space
-before it). This module knows that split, the ids of a call item, and how a
-call and its output are shown to the model again in a later turn.
+to: the name first, then the arguments, then the closing brace. Where the
+request allows parallel calls (:func:`most_calls`), more such objects may
+follow, each after the one before it (space between them), up to
+``max_tool_calls``; otherwise the output is at most one call. So the output
+splits without a parser: per call, the *head* (everything up to the
+arguments' value, space before the brace included), the arguments (a JSON
+object, whose end a count of its brackets finds), and the *tail* (the
+closing brace, with any space around it). This module knows that split, the
+ids of a call item, and how a call and its output are shown to the model
+again in a later turn.
 
 It imports nothing of the service: the API, the runtime and the store use it.
 """
@@ -20,8 +25,6 @@ from typing import Any, NamedTuple
 
 # the head of a call: the opening brace, the name, up to the arguments' value
 HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
-# what may still be the tail: space, the closing brace, space
-TAIL = re.compile(r"\s*\}?\s*\Z")
 OPENS_CALL = re.compile(r"\s*\{")
 UNDECIDED = re.compile(r"\s*\Z")
 
@@ -83,10 +86,69 @@ def may_open(text: str) -> bool:
     return True
 
 
-def tail_start(text: str) -> int:
-    """Where what may be the call's tail begins in ``text`` (the arguments so far, the rest)."""
-    m = TAIL.search(text)
-    return m.start() if m else len(text)
+def most_calls(request: dict[str, Any]) -> int | None:
+    """How many calls one output may make: 1 with ``parallel_tool_calls`` false, else
+    ``max_tool_calls`` (None: any number)."""
+    if request.get("parallel_tool_calls") is False:
+        return 1
+    most = request.get("max_tool_calls")
+    return None if most is None else int(most)
+
+
+class Scanner:
+    """Where a JSON object or array ends, fed piece by piece: the depth of its braces
+    and brackets outside strings."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.string = False
+        self.escape = False
+
+    def feed(self, text: str) -> int | None:
+        """The length of ``text`` up to the value's end (None: the value goes on)."""
+        for i, c in enumerate(text):
+            if self.string:
+                if self.escape:
+                    self.escape = False
+                elif c == "\\":
+                    self.escape = True
+                elif c == '"':
+                    self.string = False
+            elif c == '"':
+                self.string = True
+            elif c in "{[":
+                self.depth += 1
+            elif c in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    return i + 1
+        return None
+
+
+# what closes a call after its arguments: its brace (space before it)
+CLOSE = re.compile(r"\s*\}")
+
+
+def split_all(text: str) -> list[tuple[str, str]]:
+    """Each call's ``(name, arguments)`` in the output's text, in order (empty: not a
+    call); a call whose head is not whole yet is not there. Arguments cut short (the
+    output ended inside them, or it is still coming) are all the text after the head."""
+    out: list[tuple[str, str]] = []
+    at = 0
+    while True:
+        h = head(text[at:])
+        if h is None:
+            return out
+        start = at + h.length
+        n = Scanner().feed(text[start:])
+        if n is None:
+            out.append((h.name, text[start:]))
+            return out
+        out.append((h.name, text[start : start + n]))
+        closed = CLOSE.match(text, start + n)
+        if closed is None:
+            return out
+        at = closed.end()
 
 
 def kind(text: str) -> str | None:
@@ -97,26 +159,21 @@ def kind(text: str) -> str | None:
     return "call" if OPENS_CALL.match(text) else "text"
 
 
-def split(text: str, finished: bool) -> tuple[str, str] | None:
-    """A call's ``(name, arguments)`` from the output's text (None: not a call); the
-    tail is cut off a finished output's arguments only."""
-    h = head(text)
-    if h is None:
-        return None
-    args = text[h.length :]
-    if finished:
-        args = args[: tail_start(args)]
-    return h.name, args
+def split(text: str) -> tuple[str, str] | None:
+    """The first call's ``(name, arguments)`` (None: the output is not a call)."""
+    found = split_all(text)
+    return found[0] if found else None
 
 
-def ids(item_id: str) -> tuple[str, str]:
-    """The call item's id and its ``call_id``, from the response's output item id."""
-    suffix = item_id.split("_", 1)[-1]
+def ids(item_id: str, index: int = 0) -> tuple[str, str]:
+    """The id and the ``call_id`` of the output's call ``index``, from the response's
+    output item id (the first call's bare, the next ones' with their index)."""
+    suffix = item_id.split("_", 1)[-1] + (f"_{index}" if index else "")
     return f"fc_{suffix}", f"call_{suffix}"
 
 
-def call_item(item_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
-    fc_id, call_id = ids(item_id)
+def call_item(item_id: str, name: str, arguments: str, status: str, index: int = 0) -> dict[str, Any]:
+    fc_id, call_id = ids(item_id, index)
     return {
         "type": "function_call",
         "id": fc_id,

@@ -48,10 +48,12 @@ class StepItem(TypedDict, total=False):
     entries (OpenAI's ``token``, ``logprob``, ``bytes``, ``top_logprobs``) of
     the tokens whose text is ``delta``.
 
-    A function call's output (:mod:`lmsp.calls`) has ``args`` (the text of
-    its arguments in the step) instead of ``delta``; ``call``
-    (``{"name", "head"}``) in the step that opens it, and ``tail`` (its
-    closing text) in the step that ends it.
+    An output of function calls (:mod:`lmsp.calls`) has ``calls`` instead of
+    ``delta``: the step's segments, in order, each ``{"index", "args"}`` (call
+    ``index``'s arguments in the step) with ``call`` (``{"name", "head"}``)
+    where the call opens, ``done`` (``{"tail", "name", "arguments"}``) where
+    it ends before the next one, and ``tail`` (its closing text) in the step
+    that ends the output.
     """
 
     task_id: Required[str]
@@ -67,9 +69,7 @@ class StepItem(TypedDict, total=False):
     usage: dict[str, Any] | None
     kv_path: str | None
     attempt: int
-    call: dict[str, str]
-    args: str
-    tail: str
+    calls: list[dict[str, Any]]
     logprobs: list[dict[str, Any]]
 
 

@@ -125,10 +125,11 @@ def response_object(response: Row, task: Row, text: str | None, logprobs: list |
     request = _json(response["request"], {})
     reason = response["incomplete_reason"]
     output = []
-    call = calls.split(text or "", task["status"] in FINISHED) if calls.mode(request) else None
-    if call is not None:
-        output.append(calls.call_item(response["item_id"], call[0], call[1], _item_status(task, reason)))
-    elif text or task["item_open"] or task["status"] == COMPLETED:
+    made = calls.split_all(text or "") if calls.mode(request) else []
+    for index, (name, arguments) in enumerate(made):  # each call done but the last
+        status = _item_status(task, reason) if index == len(made) - 1 else "completed"
+        output.append(calls.call_item(response["item_id"], name, arguments, status, index))
+    if not made and (text or task["item_open"] or task["status"] == COMPLETED):
         output.append(output_item(response["item_id"], _item_status(task, reason), text or "", logprobs))
     usage = _json(response["usage"])
     if usage is not None:

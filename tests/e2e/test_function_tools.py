@@ -54,6 +54,11 @@ def create(server, token, expect=200, **body) -> dict:
                        token=token, expect=expect)
 
 
+def create_one(server, token, **body) -> dict:
+    """A response that makes at most one call (``parallel_tool_calls`` false)."""
+    return create(server, token, parallel_tool_calls=False, **body)
+
+
 def the_call(response: dict) -> dict:
     [item] = response["output"]
     assert item["type"] == "function_call", response["output"]
@@ -62,20 +67,26 @@ def the_call(response: dict) -> dict:
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])
-def test_required_gives_a_call_with_valid_arguments(server, token, seed):
+def test_required_gives_calls_with_valid_arguments(server, token, seed):
     response = create(server, token, input=ASK, tools=[WEATHER, TIME], tool_choice="required", seed=seed,
-                      temperature=1.0, max_output_tokens=120)
-    assert response["status"] == "completed"
-    call = the_call(response)
-    tool = {"get_weather": WEATHER, "get_time": TIME}[call["name"]]
-    jsonschema.validate(json.loads(call["arguments"]), tool["parameters"])
+                      temperature=1.0, max_output_tokens=200, max_tool_calls=3)
+    assert response["status"] == "completed" and 1 <= len(response["output"]) <= 3
+    for call in response["output"]:  # parallel calls (the default): each a valid one
+        assert call["type"] == "function_call" and call["status"] == "completed"
+        tool = {"get_weather": WEATHER, "get_time": TIME}[call["name"]]
+        jsonschema.validate(json.loads(call["arguments"]), tool["parameters"])
+    assert len({c["call_id"] for c in response["output"]} | {c["id"] for c in response["output"]}) == 2 * len(
+        response["output"])
+    one = create_one(server, token, input=ASK, tools=[WEATHER, TIME], tool_choice="required", seed=seed,
+                     temperature=1.0, max_output_tokens=200)
+    the_call(one)
     assert response["tool_choice"] == "required" and [t["name"] for t in response["tools"]] == ["get_weather",
                                                                                                "get_time"]
 
 
 def test_a_named_tool_is_the_one_called(server, token):
-    response = create(server, token, input=ASK, tools=[WEATHER, TIME], temperature=0, max_output_tokens=120,
-                      tool_choice={"type": "function", "name": "get_time"})
+    response = create_one(server, token, input=ASK, tools=[WEATHER, TIME], temperature=0, max_output_tokens=120,
+                          tool_choice={"type": "function", "name": "get_time"})
     call = the_call(response)
     assert call["name"] == "get_time"
     jsonschema.validate(json.loads(call["arguments"]), TIME["parameters"])
@@ -96,8 +107,8 @@ def test_auto_and_none(server, token):
 
 
 def test_the_tool_loop_by_resent_history(server, token):
-    first = create(server, token, input=ASK, tools=[WEATHER], tool_choice="required", temperature=0,
-                   max_output_tokens=120)
+    first = create_one(server, token, input=ASK, tools=[WEATHER], tool_choice="required", temperature=0,
+                       max_output_tokens=120)
     call = the_call(first)
     history = [{"role": "user", "content": ASK}, call,
                {"type": "function_call_output", "call_id": call["call_id"], "output": "Sunny, 24 degrees."}]
@@ -108,7 +119,7 @@ def test_the_tool_loop_by_resent_history(server, token):
 
 def test_a_streamed_call_is_committed_events_identical_on_replay(server, token):
     body = {"model": MODEL, "instructions": INSTRUCTIONS, "input": ASK, "tools": [WEATHER],
-            "tool_choice": "required", "temperature": 0, "max_output_tokens": 120}
+            "tool_choice": "required", "temperature": 0, "max_output_tokens": 120, "parallel_tool_calls": False}
     plain = the_call(create(server, token, **{k: v for k, v in body.items() if k != "model"}))
     events = list(sse_events("127.0.0.1", server.port, "POST", "/v1/responses", token=token,
                              body={**body, "stream": True}, timeout=60))
@@ -154,7 +165,7 @@ SAVE = {
 }
 STORY = {"model": MODEL, "instructions": INSTRUCTIONS, "tools": [SAVE], "tool_choice": "required",
          "input": "Write a long story about a lighthouse keeper and save it.", "temperature": 0,
-         "max_output_tokens": 200}
+         "max_output_tokens": 200, "parallel_tool_calls": False}
 
 
 def arguments_of(events) -> str:

@@ -13,6 +13,7 @@ import asyncio
 import json
 
 import httpx
+import jsonschema
 import openai
 import pytest
 from pydantic import BaseModel, Field
@@ -66,7 +67,8 @@ def get_weather(city: str) -> str:
 
 def test_openai_forced_call_and_the_tool_loop(client):
     first = client.responses.create(model=MODEL, instructions=INSTRUCTIONS, input=ASK, tools=[WEATHER_TOOL],
-                                    tool_choice="required", temperature=0, max_output_tokens=100)
+                                    tool_choice="required", temperature=0, max_output_tokens=100,
+                                    parallel_tool_calls=False)
     [call] = first.output
     assert call.type == "function_call" and call.name == "get_weather"
     args = json.loads(call.arguments)
@@ -79,7 +81,8 @@ def test_openai_forced_call_and_the_tool_loop(client):
 
 def test_openai_streamed_call(client):
     stream = client.responses.create(model=MODEL, instructions=INSTRUCTIONS, input=ASK, tools=[WEATHER_TOOL],
-                                     tool_choice="required", temperature=0, max_output_tokens=100, stream=True)
+                                     tool_choice="required", temperature=0, max_output_tokens=100, stream=True,
+                                     parallel_tool_calls=False)
     events = list(stream)
     deltas = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
     [done] = [e for e in events if e.type == "response.function_call_arguments.done"]
@@ -128,7 +131,7 @@ CHAT_ASK = [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "conte
 
 def test_chat_forced_call_and_the_tool_loop(client):
     first = client.chat.completions.create(model=MODEL, messages=CHAT_ASK, tools=[CHAT_TOOL], tool_choice="required",
-                                           temperature=0, max_tokens=100)
+                                           temperature=0, max_tokens=100, parallel_tool_calls=False)
     [choice] = first.choices
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     [call] = choice.message.tool_calls
@@ -142,7 +145,8 @@ def test_chat_forced_call_and_the_tool_loop(client):
 
 def test_chat_streamed_call(client):
     stream = client.chat.completions.create(model=MODEL, messages=CHAT_ASK, tools=[CHAT_TOOL],
-                                            tool_choice="required", temperature=0, max_tokens=100, stream=True)
+                                            tool_choice="required", temperature=0, max_tokens=100, stream=True,
+                                            parallel_tool_calls=False)
     chunks = [c for c in stream if c.choices]
     calls = [d for c in chunks for d in c.choices[0].delta.tool_calls or ()]
     [opened] = [d for d in calls if d.id]
@@ -184,3 +188,47 @@ def test_langchain_chat_completions_bind_tools_and_structured_output(server, tok
         assert call["name"] == "get_weather" and isinstance(call["args"]["city"], str)
         weather = llm.with_structured_output(Weather).invoke("Describe the weather in Paris.")
     assert isinstance(weather, Weather)
+
+
+# -- parallel calls -------------------------------------------------------------------------
+
+TWO_ASK = [{"role": "system", "content": INSTRUCTIONS},
+           {"role": "user", "content": "What is the weather like in Paris and in Rome today?"}]
+
+
+def assert_valid_calls(made) -> None:
+    assert made and len({c.id for c in made}) == len(made)
+    for call in made:
+        assert call.type == "function" and call.function.name == "get_weather"
+        jsonschema.validate(json.loads(call.function.arguments), WEATHER_TOOL["parameters"])
+
+
+def test_chat_parallel_calls_are_valid_calls_each_with_its_id(client):
+    plain = client.chat.completions.create(model=MODEL, messages=TWO_ASK, tools=[CHAT_TOOL], tool_choice="required",
+                                           temperature=0, max_tokens=200)
+    assert plain.choices[0].finish_reason == "tool_calls" and plain.choices[0].message.content is None
+    assert_valid_calls(plain.choices[0].message.tool_calls)
+    with client.chat.completions.stream(model=MODEL, messages=TWO_ASK, tools=[CHAT_TOOL], tool_choice="required",
+                                        temperature=0, max_tokens=200) as stream:
+        streamed = stream.get_final_completion().choices[0].message
+    assert streamed.content is None  # the role chunk's null content, accumulated as OpenAI's
+    assert [c.function.arguments for c in streamed.tool_calls] == [
+        c.function.arguments for c in plain.choices[0].message.tool_calls]
+    one = client.chat.completions.create(model=MODEL, messages=TWO_ASK, tools=[CHAT_TOOL], tool_choice="required",
+                                         temperature=0, max_tokens=200, parallel_tool_calls=False)
+    assert len(one.choices[0].message.tool_calls) == 1
+    assert_valid_calls(one.choices[0].message.tool_calls)
+
+
+def test_responses_parallel_calls_are_items_each_with_its_ids(client):
+    ask = TWO_ASK[1]["content"]
+    made = client.responses.create(model=MODEL, instructions=INSTRUCTIONS, input=ask, tools=[WEATHER_TOOL],
+                                   tool_choice="required", temperature=0, max_output_tokens=200)
+    assert made.output and all(i.type == "function_call" for i in made.output)
+    assert len({i.call_id for i in made.output} | {i.id for i in made.output}) == 2 * len(made.output)
+    for item in made.output:
+        jsonschema.validate(json.loads(item.arguments), WEATHER_TOOL["parameters"])
+    one = client.responses.create(model=MODEL, instructions=INSTRUCTIONS, input=ask, tools=[WEATHER_TOOL],
+                                  tool_choice="required", temperature=0, max_output_tokens=200,
+                                  parallel_tool_calls=False)
+    assert [i.type for i in one.output] == ["function_call"]

@@ -133,3 +133,33 @@ def test_bad_grammars_are_refused(engine: Engine) -> None:
 def test_a_prefill_the_grammar_does_not_take_is_refused(engine: Engine) -> None:
     with pytest.raises(ValueError, match="opening of the output"):
         engine.submit(PROMPT, max_tokens=4, grammar={"gbnf": 'root ::= "no"', "prefill": "yes, yes"})
+
+
+@pytest.mark.parametrize("most", [1, 3, None])
+def test_parallel_calls_are_valid_calls_up_to_the_limit(engine: Engine, most: int | None) -> None:
+    """The service's calls grammar (lmsp.runtime.constraints) on the random model: one
+    call per line, each valid against its tool's schema, never more than allowed."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from lmsp import calls
+    from lmsp.runtime import constraints
+
+    city = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
+            "additionalProperties": False}
+    request = {"tools": [{"type": "function", "name": "get_weather", "parameters": city}],
+               "tool_choice": "required", "max_output_tokens": 400,
+               "parallel_tool_calls": most != 1, "max_tool_calls": most if most != 1 else None}
+    counts = set()
+    for seed in range(6):
+        run = generate(engine, PROMPT, max_tokens=400, grammar=constraints.grammar(request), temperature=1.5,
+                       seed=seed)
+        assert run.finish == "stop", run.text
+        made = calls.split_all(run.text)
+        made_again = "".join(calls.as_text(name, args) for name, args in made)
+        assert made and re.sub(r"\s", "", made_again) == re.sub(r"\s", "", run.text)
+        for _, args in made:
+            jsonschema.validate(json.loads(args), city)
+        counts.add(len(made))
+    if most == 1:
+        assert counts == {1}
+    else:  # this random model makes several calls for some of these seeds
+        assert 1 < max(counts) <= (most or 400)

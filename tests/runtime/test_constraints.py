@@ -58,3 +58,29 @@ def test_tools_make_a_grammar_of_calls():
     assert not required.get("lazy") and '"\\"f\\""' in required["gbnf"] and '"\\"g\\""' in required["gbnf"]
     named = constraints.grammar({"tools": tools, "tool_choice": {"type": "function", "name": "g"}})
     assert '"\\"g\\""' in named["gbnf"] and '"\\"f\\""' not in named["gbnf"]
+
+
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+ROOT = "root ::= "
+
+
+def test_parallel_calls_are_one_per_line_up_to_the_limit():
+    tools = {"tools": [{"type": "function", "name": "root", "parameters": CITY}], "tool_choice": "required",
+             "max_output_tokens": 100}
+    one = constraints.grammar({**tools, "parallel_tool_calls": False})["gbnf"]
+    assert "call-root" not in one
+    assert constraints.grammar(tools)["gbnf"].startswith(ROOT + 'call-root ("\\n" call-root)*\n')
+    three = constraints.grammar({**tools, "max_tool_calls": 3})["gbnf"]
+    assert three.startswith(ROOT + 'call-root ("\\n" call-root){0,2}\n')
+    assert '"\\"root\\""' in three  # a literal that reads like a rule's name is left as it is
+    # a limit the output's tokens could not reach is no limit
+    assert "*" in constraints.grammar({**tools, "max_tool_calls": 100})["gbnf"].splitlines()[0]
+    answer = constraints.grammar({**tools, "tool_choice": "auto", "text": {"format": {"type": "json_object"}}})
+    assert answer["gbnf"].startswith(ROOT + 'call-root ("\\n" call-root)* | answer-root\n')
+    assert "answer-space ::=" in answer["gbnf"] and "call-space ::=" in answer["gbnf"]
+
+
+def test_prefixed_names_every_rule_and_reference_and_nothing_else():
+    gbnf = 'root ::= item ("," item)*\nitem ::= "item" [a-z\\]item] space\nspace ::= " "?'
+    assert constraints.prefixed(gbnf, "x-") == (
+        'x-root ::= x-item ("," x-item)*\nx-item ::= "item" [a-z\\]item] x-space\nx-space ::= " "?')

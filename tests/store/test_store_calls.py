@@ -1,7 +1,8 @@
 """A function call's output in the store: its item opened with the call's head, its
 arguments' deltas, its tail on the arguments' done event, so that the attempt's text
-(and a resume's snapshot) is the output's text whole; the Response shows the call. Text
-deltas that keep log probabilities are read back the same."""
+(and a resume's snapshot) is the output's text whole; the Response shows the call.
+Parallel calls: each its own item, output index and ids, the one before done when the
+next opens. Text deltas that keep log probabilities are read back the same."""
 from __future__ import annotations
 
 from store_checks import assert_consistent, event_types
@@ -17,15 +18,16 @@ HEAD = '{"name": "f", "arguments": '
 def test_a_call_is_written_and_read_back(store: Store, running_task):
     tid = running_task(request=REQUEST)
     store.append_step("w1", [{"task_id": tid, "delta": "", "tokens": [1, 2]}])  # the head held back
-    store.append_step("w1", [{"task_id": tid, "delta": "", "tokens": [3], "call": {"name": "f", "head": HEAD},
-                              "args": '{"a"'}])
+    store.append_step("w1", [{"task_id": tid, "delta": "", "tokens": [3], "calls": [
+        {"index": 0, "call": {"name": "f", "head": HEAD}, "args": '{"a"'}]}])
     assert store.output_text(tid) == HEAD + '{"a"'
     running = store.get_response(store.get_task(tid)["response_id"])
     [item] = running["output"]
     assert (item["type"], item["name"], item["arguments"], item["status"]) == ("function_call", "f", '{"a"',
                                                                              "in_progress")
-    store.append_step("w1", [{"task_id": tid, "delta": "", "tokens": [4, 5], "args": ": 1}", "tail": "}",
-                              "finish": "stop", "usage": {"input_tokens": 3, "output_tokens": 5}}])
+    store.append_step("w1", [{"task_id": tid, "delta": "", "tokens": [4, 5], "calls": [
+        {"index": 0, "args": ": 1}", "tail": "}"}], "finish": "stop",
+        "usage": {"input_tokens": 3, "output_tokens": 5}}])
     assert_consistent(store, tid)
     events = store.events(tid, after=0)["data"]
     types = event_types(store, tid)
@@ -44,11 +46,46 @@ def test_a_call_is_written_and_read_back(store: Store, running_task):
     assert store.output_text(tid) == HEAD + '{"a": 1}}'
 
 
+def test_parallel_calls_are_items_of_their_own(store: Store, running_task):
+    tid = running_task(on_restart="resume", request=REQUEST)
+    second = '\n{"name": "f", "arguments": '
+    store.append_step("w1", [{"task_id": tid, "delta": "", "tokens": [1, 2, 3], "calls": [
+        {"index": 0, "call": {"name": "f", "head": HEAD}, "args": '{"a": 1}'}]}])
+    store.append_step("w1", [{"task_id": tid, "delta": "", "tokens": [4], "calls": [
+        {"index": 0, "args": "", "done": {"tail": "}", "name": "f", "arguments": '{"a": 1}'}},
+        {"index": 1, "call": {"name": "f", "head": second}, "args": '{"b"'}]}])
+    running = store.get_response(store.get_task(tid)["response_id"])
+    assert [(i["arguments"], i["status"]) for i in running["output"]] == [('{"a": 1}', "completed"),
+                                                                           ('{"b"', "in_progress")]
+    with store._db.read() as conn:
+        resume = store._resume(conn, store._task(conn, tid))
+    assert resume["emitted"] == HEAD + '{"a": 1}}' + second + '{"b"' and resume["generated"] == [1, 2, 3, 4]
+    store.append_step("w1", [{"task_id": tid, "delta": "", "tokens": [5], "calls": [
+        {"index": 1, "args": ": 2}", "tail": "}"}], "finish": "stop",
+        "usage": {"input_tokens": 3, "output_tokens": 5}}])
+    assert_consistent(store, tid)
+    events = store.events(tid, after=0)["data"]
+    added = [e for e in events if e["type"] == "response.output_item.added"]
+    assert [e["output_index"] for e in added] == [0, 1]
+    ids = [(e["item"]["id"], e["item"]["call_id"]) for e in added]
+    assert len({i for pair in ids for i in pair}) == 4
+    dones = [e for e in events if e["type"] == "response.function_call_arguments.done"]
+    assert [(d["output_index"], d["item_id"], d["arguments"]) for d in dones] == [
+        (0, ids[0][0], '{"a": 1}'), (1, ids[1][0], '{"b": 2}')]
+    deltas = [e for e in events if e["type"] == "response.function_call_arguments.delta"]
+    assert [(d["output_index"], d["delta"]) for d in deltas] == [(0, '{"a": 1}'), (1, '{"b"'), (1, ": 2}")]
+    items = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    final = store.get_response(store.get_task(tid)["response_id"])
+    assert final["output"] == items and [i["id"] for i in items] == [i[0] for i in ids]
+    assert all(i["status"] == "completed" for i in items)
+    assert store.output_text(tid) == HEAD + '{"a": 1}}' + second + '{"b": 2}}'
+
+
 def test_a_running_calls_snapshot_is_its_committed_text_and_tokens(store: Store, running_task):
     tid = running_task(on_restart="resume", request=REQUEST)
     store.append_step("w1", [{"task_id": tid, "delta": "", "tokens": [1, 2]}])
-    store.append_step("w1", [{"task_id": tid, "delta": "", "tokens": [3], "call": {"name": "f", "head": HEAD},
-                              "args": "{"}])
+    store.append_step("w1", [{"task_id": tid, "delta": "", "tokens": [3], "calls": [
+        {"index": 0, "call": {"name": "f", "head": HEAD}, "args": "{"}]}])
     store.append_step("w1", [{"task_id": tid, "delta": "", "tokens": [4]}])  # a possible tail, held back
     with store._db.read() as conn:
         resume = store._resume(conn, store._task(conn, tid))

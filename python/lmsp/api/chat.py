@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import falcon
 
+from lmsp import calls as call_format
 from lmsp.errors import InvalidRequest, NotFound
 from lmsp.objects import LOGPROBS
 
@@ -105,10 +106,11 @@ def _content(content: Any, where: str) -> str:
     return "".join(texts)
 
 
-def parse_messages(value: Any) -> list[dict[str, str]]:
+def parse_messages(value: Any, shown: list[dict[str, Any]] | None = None) -> list[dict[str, str]]:
     """``messages``: a non-empty array of system, developer, user, assistant (with text
     content, tool calls or both) and tool messages, as the prompt takes them (calls
-    and their outputs as :mod:`lmsp.api.chat_tools` shows them to the model)."""
+    and their outputs as :mod:`lmsp.api.chat_tools` shows them to the model). Each
+    message as the stored completion lists it is appended to ``shown``."""
     if not isinstance(value, list) or not value:
         raise InvalidRequest("'messages' must be a non-empty array of messages", param="messages")
     if len(value) > MAX_MESSAGES:
@@ -116,11 +118,13 @@ def parse_messages(value: Any) -> list[dict[str, str]]:
     out: list[dict[str, str]] = []
     seen: dict[str, str] = {}  # call id -> name, of the tool calls so far
     for i, message in enumerate(value):
-        out.extend(_message(message, f"messages[{i}]", seen))
+        out.extend(_message(message, f"messages[{i}]", seen, shown))
     return out
 
 
-def _message(message: Any, where: str, seen: dict[str, str]) -> list[dict[str, str]]:
+def _message(
+    message: Any, where: str, seen: dict[str, str], shown: list[dict[str, Any]] | None = None
+) -> list[dict[str, str]]:
     """One message as the prompt's messages (an assistant message with tool calls: one
     per call after its text, if any)."""
     if not isinstance(message, dict):
@@ -140,9 +144,13 @@ def _message(message: Any, where: str, seen: dict[str, str]) -> list[dict[str, s
     if "\x00" in text:
         raise InvalidRequest(f"{where}.content must not contain NUL characters", param=f"{where}.content")
     if role == "tool":
-        return [chat_tools.tool_message(message, where, text, seen)]
-    said = [{"role": ROLES[role], "content": text}] if text or not calls else []
-    return said + list(chat_tools.tool_call_messages(calls, f"{where}.tool_calls", seen))
+        made = [chat_tools.tool_message(message, where, text, seen)]
+    else:
+        said = [{"role": ROLES[role], "content": text}] if text or not calls else []
+        made = said + list(chat_tools.tool_call_messages(calls, f"{where}.tool_calls", seen))
+    if shown is not None:
+        shown.append(chat_tools.stored_message(message, ROLES.get(role, "tool"), text))
+    return made
 
 
 def _max_tokens(body: dict[str, Any], config: Any) -> int:
@@ -207,7 +215,8 @@ def parse_chat(body: dict[str, Any], config: Any, random_seed: Callable[[], int]
     model = get_str(body, "model", required=True, max_len=256)
     if "messages" not in body:
         raise InvalidRequest("'messages' is required", param="messages")
-    messages = parse_messages(body["messages"])
+    shown: list[dict[str, Any]] = []
+    messages = parse_messages(body["messages"], shown)
     stream = get_bool(body, "stream")
     store = get_bool(body, "store")  # OpenAI's default: not stored
     for name in ("user", "safety_identifier", "prompt_cache_key", "service_tier"):
@@ -215,6 +224,7 @@ def parse_chat(body: dict[str, Any], config: Any, random_seed: Callable[[], int]
     request = {
         "model": model,
         "input": [dict(m) for m in messages],
+        "chat_messages": shown,  # as the stored completion's messages list them
         "instructions": None,
         **sampling_fields(body, config, random_seed),
         **parse_logprobs(body),
@@ -292,6 +302,7 @@ class ChatCompletionsResource:
         parsed = parse_chat(body, deps.config, deps.random_seed)
         usage = bool(parsed.request["include_usage"])
         logprobs = asked_logprobs(parsed.request)
+        calls = call_format.mode(parsed.request) is not None
         try:
             post_task(
                 deps,
@@ -301,7 +312,9 @@ class ChatCompletionsResource:
                 body,
                 parsed,
                 lambda response: chat_completion(response, logprobs),
-                lambda created: ChunkFraming("chat.completion", created, include_usage=usage, logprobs=logprobs),
+                lambda created: ChunkFraming(
+                    "chat.completion", created, include_usage=usage, logprobs=logprobs, calls=calls
+                ),
             )
         except InvalidRequest as exc:  # the runtime's refusal of a schema, named as this request names it
             raise chat_tools.chat_param(exc) from None
@@ -360,8 +373,9 @@ class ChatCompletionResource:
 
 
 class ChatCompletionMessagesResource:
-    """``GET /v1/chat/completions/{id}/messages``: a stored completion's messages, as the
-    task keeps them (each content one text), oldest first unless ``order=desc``."""
+    """``GET /v1/chat/completions/{id}/messages``: a stored completion's messages as
+    OpenAI lists them (each content one text, an assistant's ``tool_calls``, a tool
+    message's ``tool_call_id``), oldest first unless ``order=desc``."""
 
     scopes = {"GET": "responses:read"}
 
@@ -374,10 +388,8 @@ class ChatCompletionMessagesResource:
         order = query_str(req, "order", choices=("asc", "desc")) or "asc"
         after = query_str(req, "after")
         request = self.deps.store.get_request(completion_id, owner_filter(req))
-        messages = [
-            {"id": f"{completion_id}-{i}", "role": m["role"], "content": m["content"], "content_parts": None}
-            for i, m in enumerate(request.get("input") or [])
-        ]
+        given = request.get("chat_messages") or request.get("input") or []  # input: kept before calls were
+        messages = [{"id": f"{completion_id}-{i}", **m, "content_parts": None} for i, m in enumerate(given)]
         if order == "desc":
             messages.reverse()
         ids = [m["id"] for m in messages]

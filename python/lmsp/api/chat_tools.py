@@ -167,3 +167,23 @@ def tool_message(message: dict[str, Any], where: str, text: str, seen: dict[str,
             param=f"{where}.tool_call_id",
         )
     return {"role": "user", "content": call_format.output_text(seen[call_id], call_id, text)}
+
+
+def stored_message(message: dict[str, Any], role: str, text: str) -> dict[str, Any]:
+    """A checked message as a stored completion lists it, as OpenAI does: ``role``, its
+    content as one text (null for an assistant's calls without text), an assistant's
+    ``tool_calls`` and a tool message's ``tool_call_id`` as the client sent them."""
+    calls_given = message.get("tool_calls") or []
+    out: dict[str, Any] = {"role": role, "content": None if calls_given and not text else text}
+    if calls_given:
+        out["tool_calls"] = [
+            {
+                "id": call["id"],
+                "type": "function",
+                "function": {"name": call["function"]["name"], "arguments": call["function"]["arguments"]},
+            }
+            for call in calls_given
+        ]
+    if role == "tool":
+        out["tool_call_id"] = message["tool_call_id"]
+    return out

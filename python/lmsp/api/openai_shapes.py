@@ -39,12 +39,10 @@ def output_text(response: dict[str, Any]) -> str:
     return ""
 
 
-def function_call(response: dict[str, Any]) -> dict[str, Any] | None:
-    """The function call item of a Response object's output (None: its output is text)."""
-    for item in response.get("output") or []:
-        if item.get("type") == "function_call":
-            return dict(item)
-    return None
+def function_calls(response: dict[str, Any]) -> list[dict[str, Any]]:
+    """The function call items of a Response object's output, in order (none: its
+    output is text)."""
+    return [dict(item) for item in response.get("output") or [] if item.get("type") == "function_call"]
 
 
 def tool_call(item: dict[str, Any], arguments: str | None = None) -> dict[str, Any]:
@@ -58,7 +56,7 @@ def finish_reason(response: dict[str, Any]) -> str | None:
     (or when it failed or was cancelled)."""
     status = response.get("status")
     if status == "completed":
-        return "tool_calls" if function_call(response) else "stop"
+        return "tool_calls" if function_calls(response) else "stop"
     if status == "incomplete":
         return "length"
     return None
@@ -115,15 +113,15 @@ def _extras(response: dict[str, Any]) -> dict[str, Any]:
 def chat_completion(response: dict[str, Any], logprobs: bool = False) -> dict[str, Any]:
     """The ``chat.completion`` of a response of the store; ``logprobs``: its request
     asked for them."""
-    call = function_call(response)
+    made = function_calls(response)
     message: dict[str, Any] = {
         "role": "assistant",
-        "content": None if call else output_text(response),
+        "content": None if made else output_text(response),
         "refusal": None,
         "annotations": [],
     }
-    if call:
-        message["tool_calls"] = [tool_call(call)]
+    if made:
+        message["tool_calls"] = [tool_call(call) for call in made]
     return {
         "id": response["id"],
         "object": "chat.completion",
@@ -199,6 +197,7 @@ class ChunkFraming(Framing):
         echo: str = "",
         logprobs: bool = False,
         echo_pieces: tuple[bytes, ...] = (),
+        calls: bool = False,
     ) -> None:
         self.kind = kind
         self.head = {
@@ -212,6 +211,9 @@ class ChunkFraming(Framing):
         self.echo = echo
         self.logprobs = logprobs
         self.echo_pieces = echo_pieces
+        # the model may answer with calls: the role chunk's content is null, as OpenAI's is
+        # for a call (the answer's kind is not known yet; a text answer's deltas follow)
+        self.calls = calls
         self.offsets = LegacyLogprobs()  # a text completion's text offsets so far
 
     def _logprobs(self, entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
@@ -234,9 +236,9 @@ class ChunkFraming(Framing):
         if self.kind == "chat.completion":
             body: dict[str, Any] = {} if delta is None else {"content": delta}
             if call is not None:
-                body = {"tool_calls": [{"index": 0, **call}]}
+                body = {"tool_calls": [call]}
             if role:
-                body = {"role": "assistant", "content": "", "refusal": None}
+                body = {"role": "assistant", "content": None if self.calls else "", "refusal": None}
             choice = {"index": 0, "delta": body, "logprobs": logprobs, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": delta or "", "logprobs": logprobs, "finish_reason": finish}
@@ -283,15 +285,17 @@ class ChunkFraming(Framing):
 
     def _call_chunk(self, event: dict[str, Any]) -> bytes:
         """A function call's opening (its id and name) or a piece of its arguments, as
-        the chunk of a tool call's delta."""
+        the chunk of a tool call's delta (its ``index``: the call's, in the output)."""
+        index = int(event.get("output_index") or 0)
         if event["type"] == "response.function_call_arguments.delta":
             if not event.get("delta"):
                 return b""
-            return data_frame(self._chunk(None, None, call={"function": {"arguments": event["delta"]}}))
+            call = {"index": index, "function": {"arguments": event["delta"]}}
+            return data_frame(self._chunk(None, None, call=call))
         item = event.get("item") or {}
         if item.get("type") != "function_call":
             return b""
-        return data_frame(self._chunk(None, None, call=tool_call(item, "")))
+        return data_frame(self._chunk(None, None, call={"index": index, **tool_call(item, "")}))
 
     def error(self, code: str, message: str, param: str | None = None, sequence_number: int = 0) -> bytes:
         return data_frame({"error": {"code": code, "message": message, "param": param, "type": code}})

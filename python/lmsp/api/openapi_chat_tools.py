@@ -112,3 +112,15 @@ CHAT_MESSAGE = obj(
         },
     ]
 }
+# a stored completion's message as GET /v1/chat/completions/{id}/messages lists it
+STORED_MESSAGE = obj(
+    {
+        "id": STR,
+        "role": {"enum": ["system", "user", "assistant", "tool"]},
+        "content": nullable(STR),
+        "content_parts": {"type": "null"},
+        "tool_calls": ANSWER_TOOL_CALLS,
+        **TOOL_MESSAGE_FIELDS,
+    },
+    ["id", "role", "content"],
+)

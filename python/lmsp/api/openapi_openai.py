@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .openapi_chat_tools import ANSWER_TOOL_CALLS, CHAT_MESSAGE, RESPONSE_FORMAT, TOOL_CHOICE, TOOLS
+from .openapi_chat_tools import ANSWER_TOOL_CALLS, CHAT_MESSAGE, RESPONSE_FORMAT, STORED_MESSAGE, TOOL_CHOICE, TOOLS
 from .openapi_schemas import JSON, MAX_TEXT, NO_NUL, STR, TIME, nullable, obj, ref, text
 
 NULL = {"type": "null"}
@@ -193,7 +193,7 @@ SCHEMAS: JSON = {
             "object": {"const": "list"},
             "data": {
                 "type": "array",
-                "items": obj({"id": STR, "role": {"enum": ["system", "user", "assistant"]}, "content": STR}),
+                "items": STORED_MESSAGE,
             },
             "has_more": {"type": "boolean"},
             "first_id": nullable(STR),

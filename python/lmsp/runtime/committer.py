@@ -32,6 +32,7 @@ from ..contracts import EngineResult, StepItem, StepOutcome
 from ..objects import event_object
 from .logprobs import result_logprobs
 from .state import IDLE_WAIT, MAX_BACKOFF, Run, WorkerState
+from .toolcalls import add as add_segment
 
 log = logging.getLogger("lmsp.runtime")
 
@@ -56,12 +57,10 @@ def merge(item: StepItem | None, run: Run, result: EngineResult) -> StepItem:
         item["delta"] += text
     else:
         shaped = run.calls.push(text, bool(finish))
-        if "args" in shaped:  # a function call's
-            item["args"] = item.get("args", "") + shaped["args"]
-            if "call" in shaped:
-                item["call"] = shaped["call"]
-            if "tail" in shaped:
-                item["tail"] = shaped["tail"]
+        if "calls" in shaped:  # function calls'
+            segments = item.setdefault("calls", [])
+            for segment in shaped["calls"]:
+                add_segment(segments, segment)
         else:
             item["delta"] += shaped["delta"]
     item["tokens"].extend(result.get("tokens") or ())

@@ -5,10 +5,12 @@ converter makes of its schema, ``json_object`` to that of ``{"type":
 "object"}``; ``text`` (the default) to nothing. Function tools (with
 ``tool_choice`` other than ``none``) are held to the service's own call
 format (:mod:`lmsp.calls`): the grammar of ``{"name", "arguments"}`` objects,
-one alternative per tool with its parameters' schema; with ``required`` or a
-named tool the grammar holds from the first token, with ``auto`` it is lazy,
-triggered by an output that opens with ``{``; with ``auto`` and a JSON
-``text.format`` the output is a call or the answer in that form. A schema the
+one alternative per tool with its parameters' schema, as many one after the
+other as the request allows (:func:`lmsp.calls.most_calls`); with
+``required`` or a named tool the grammar holds from the first token, with
+``auto`` it is lazy, triggered by an output that opens with ``{``; with
+``auto`` and a JSON ``text.format`` the output is calls or the answer in that
+form. A schema the
 converter cannot
 express is refused when the task is created (:func:`check`), never run
 unconstrained.
@@ -17,6 +19,7 @@ unconstrained.
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 from typing import Any
 
@@ -153,16 +156,45 @@ def call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+# a token of a grammar's text: a literal, a character class, a name, or any other character
+GBNF_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|[A-Za-z0-9_-]+|.', re.S)
+RULE = re.compile(r"^([A-Za-z0-9_-]+) ::=", re.M)
+
+
+def prefixed(gbnf: str, prefix: str) -> str:
+    """A grammar with each of its rules named ``prefix`` + its name (so that two
+    grammars go in one without a clash)."""
+    names = set(RULE.findall(gbnf))
+    return GBNF_TOKEN.sub(lambda m: prefix + m.group(0) if m.group(0) in names else m.group(0), gbnf)
+
+
+def calls_grammar(request: dict[str, Any], answer: dict[str, Any] | None = None) -> str:
+    """The grammar of the output's calls, one per line up to the request's
+    limit (any number: :func:`lmsp.calls.most_calls` None, or more than the output's
+    tokens could hold), or the answer of schema ``answer``."""
+    one = call_schema(callable_tools(request))
+    most = calls.most_calls(request)
+    if most == 1 and answer is None:
+        return schema_grammar(one)
+    if most == 1:
+        return schema_grammar({"anyOf": [*one["anyOf"], answer]})
+    more = "*" if most is None or most >= int(request.get("max_output_tokens") or 0) else f"{{0,{most - 1}}}"
+    rules = [f'root ::= call-root ("\\n" call-root){more}' + (" | answer-root" if answer is not None else "")]
+    rules.append(prefixed(schema_grammar(one), "call-"))
+    if answer is not None:
+        rules.append(prefixed(schema_grammar(answer), "answer-"))
+    return "\n".join(rules)
+
+
 def grammar(request: dict[str, Any]) -> dict[str, Any] | None:
     """The engine's ``grammar`` argument for a request (None: unconstrained);
     ValueError for a schema the converter cannot express."""
     mode = tool_mode(request)
     schema = output_schema(request)
     if mode is not None:
-        calls_schema = call_schema(callable_tools(request))
-        if mode == "auto" and schema is not None:  # a call, or the answer in its form
-            return {"gbnf": schema_grammar({"anyOf": [*calls_schema["anyOf"], schema]})}
-        gbnf = schema_grammar(calls_schema)
+        if mode == "auto" and schema is not None:  # calls, or the answer in its form
+            return {"gbnf": calls_grammar(request, schema)}
+        gbnf = calls_grammar(request)
         if mode == "auto":
             return {"gbnf": gbnf, "lazy": True, "triggers": [CALL_TRIGGER]}
         return {"gbnf": gbnf}

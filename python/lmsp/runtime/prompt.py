@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Protocol, Sequence
 
+from .. import calls
 from ..objects import wants_logprobs
 from . import constraints
 
@@ -75,6 +76,8 @@ def tools_text(request: dict) -> str:
     lines.append(
         'To call a function, answer with only this JSON object: {"name": <function name>, "arguments": <its arguments>}'
     )
+    if calls.most_calls(request) != 1:
+        lines.append("To call several functions at once, write one such object per line.")
     if constraints.tool_mode(request) == "auto":
         answer = "as JSON" if constraints.output_schema(request) is not None else "in plain text"
         lines.append(f"Call a function only when it helps; otherwise answer {answer}.")

@@ -190,11 +190,13 @@ class StoreBase:
     def _close_call(
         self, conn: sqlite3.Connection, task: dict, now: float, status: str, tail: str, response: sqlite3.Row
     ) -> None:
-        """The events that close an open function call item: ``function_call_arguments.done``
-        (which keeps the call's ``tail``, the closing text of its output) and
-        ``output_item.done``."""
-        name, arguments = calls.split(self._attempt_text(conn, task), finished=False) or ("", "")
-        fc_id = calls.ids(response["item_id"])[0]
+        """The events that close the open function call item (the output's last call):
+        ``function_call_arguments.done`` (which keeps the call's ``tail``, the closing
+        text of the output) and ``output_item.done``."""
+        made = calls.split_all(self._attempt_text(conn, task)) or [("", "")]
+        index = len(made) - 1
+        name, arguments = made[index]
+        fc_id = calls.ids(response["item_id"], index)[0]
         task["last_seq"] += 1
         conn.execute(
             "INSERT INTO task_events (task_id, seq, type, created_at, text, data) VALUES (?,?,?,?,?,?)",
@@ -204,11 +206,11 @@ class StoreBase:
                 "response.function_call_arguments.done",
                 now,
                 tail,
-                dumps({"item_id": fc_id, "output_index": 0, "arguments": arguments}),
+                dumps({"item_id": fc_id, "output_index": index, "arguments": arguments}),
             ),
         )
-        item = calls.call_item(response["item_id"], name, arguments, status)
-        self._emit(conn, task, "response.output_item.done", now, {"output_index": 0, "item": item})
+        item = calls.call_item(response["item_id"], name, arguments, status, index)
+        self._emit(conn, task, "response.output_item.done", now, {"output_index": index, "item": item})
         task["item_open"] = 0
 
     @staticmethod

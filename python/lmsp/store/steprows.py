@@ -78,7 +78,7 @@ def usual_step(owner: str, items: list[StepItem], cache: dict[str, StepState], n
     for item in items:
         tid = item["task_id"]
         state = cache.get(tid)
-        if state is None or tid in states or item.get("finish") is not None or item.get("kv_path") or "args" in item:
+        if state is None or tid in states or item.get("finish") is not None or item.get("kv_path") or "calls" in item:
             return None
         held_by, last_seq, item_open, pending, kv_path, item_id = state
         delta = item.get("delta")
@@ -164,13 +164,31 @@ def _open_item(events: list[EventInsert], tid: str, seq: int, item_id: str, now:
     return seq + 2
 
 
-def _open_call(events: list[EventInsert], tid: str, seq: int, item_id: str, now: float, call: dict) -> int:
-    """The event that opens a task's function call item after event ``seq``: it keeps the
-    call's head (its output's text up to the arguments); returns its number."""
-    item = calls.call_item(item_id, call["name"], "", "in_progress")
-    data = dumps({"output_index": 0, "item": item})
-    events.append((tid, seq + 1, "response.output_item.added", now, call["head"], None, data))
-    return seq + 1
+def _call_row(tid: str, seq: int, item_id: str, now: float, segment: dict) -> list[EventInsert]:
+    """The rows of one segment of calls (:class:`~lmsp.contracts.StepItem`) after event
+    ``seq``: the call's opening (which keeps its head, the text up to the arguments),
+    its arguments' delta, and, where it is done before the next call, its arguments'
+    done event (which keeps its tail) and its item's done event."""
+    index = segment["index"]
+    fc_id = calls.ids(item_id, index)[0]
+    rows: list[EventInsert] = []
+    call = segment.get("call")
+    if call is not None:
+        item = calls.call_item(item_id, call["name"], "", "in_progress", index)
+        rows.append((tid, seq + 1, "response.output_item.added", now, call["head"], None,
+                     dumps({"output_index": index, "item": item})))  # fmt: skip
+    args = segment.get("args") or ""
+    if args:
+        data = dumps({"item_id": fc_id, "output_index": index, "delta": args})
+        rows.append((tid, seq + len(rows) + 1, ARGS_DELTA, now, args, None, data))
+    done = segment.get("done")
+    if done is not None:
+        data = dumps({"item_id": fc_id, "output_index": index, "arguments": done["arguments"]})
+        rows.append((tid, seq + len(rows) + 1, "response.function_call_arguments.done", now, done["tail"], None, data))
+        item = calls.call_item(item_id, done["name"], done["arguments"], "completed", index)
+        data = dumps({"output_index": index, "item": item})
+        rows.append((tid, seq + len(rows) + 1, "response.output_item.done", now, None, None, data))
+    return rows
 
 
 def _call_rows(
@@ -184,24 +202,22 @@ def _call_rows(
     now: float,
     item_id: str,
 ) -> tuple[int, int, str]:
-    """A function call item's rows of one step: its opening, its arguments' delta (the
-    step's tokens on the last row, with those held back); ``(seq, item_open, pending)``."""
+    """The function calls' rows of one step (:func:`_call_row`), the step's tokens (with
+    those held back) on its last row with text; ``(seq, item_open, pending)``."""
     toks = pending + "," + toks if pending and toks else pending or toks
-    call = item.get("call")
-    if call is not None and not item_open:
-        seq = _open_call(events, tid, seq, item_id, now, call)
+    last_text = -1
+    for segment in item.get("calls") or ():
+        for row in _call_row(tid, seq, item_id, now, segment):
+            events.append(row)
+            seq = row[1]
+            if row[4]:
+                last_text = len(events) - 1
         item_open = CALL_OPEN
-    args = item.get("args") or ""
-    if args:
-        seq += 1
-        data = dumps({"item_id": calls.ids(item_id)[0], "output_index": 0, "delta": args})
-        events.append((tid, seq, ARGS_DELTA, now, args, toks, data))
-        return seq, item_open, ""
-    if call is not None and toks:  # the tokens of the head, on its row
-        last = events[-1]
-        events[-1] = (*last[:5], toks, last[6])
-        return seq, item_open, ""
-    return seq, item_open, toks
+    if last_text < 0 or not toks:
+        return seq, item_open, toks
+    row = events[last_text]
+    events[last_text] = (*row[:5], toks, row[6])
+    return seq, item_open, ""
 
 
 def _text_rows(
@@ -285,7 +301,7 @@ def step_rows(
         tokens = item.get("tokens")
         # the usual step: one token per task
         toks = str(int(tokens[0])) if tokens and len(tokens) == 1 else tokens_text(tokens)
-        if "args" in item:  # a function call's output
+        if "calls" in item:  # function calls' output
             seq, item_open, pending = _call_rows(events, tid, item, seq, item_open, pending, toks, now, item_id)
         else:
             seq, item_open, pending = _text_rows(events, tid, item, seq, item_open, pending, toks, now, item_id)

@@ -221,7 +221,8 @@ class StepsArea(StoreBase):
             etype = "response.incomplete" if finish == "length" else "response.completed"
         status = "completed" if etype == "response.completed" else "incomplete"
         if task["item_open"] == CALL_OPEN:  # its tail first: part of the output's text
-            self._close_call(conn, task, now, status, item.get("tail") or "", response)
+            tail = "".join(segment.get("tail") or "" for segment in item.get("calls") or ())
+            self._close_call(conn, task, now, status, tail, response)
         text = self._attempt_text(conn, task)
         reason = "max_output_tokens" if target == st.COMPLETED and finish == "length" else None
         error = None
