@@ -73,7 +73,8 @@ def test_a_conversation_holds_the_turns(client):
 
 def test_the_tool_loop_by_previous_response_id(client):
     first = client.responses.create(model=MODEL, instructions=INSTRUCTIONS, input=ASK, tools=[WEATHER_TOOL],
-                                    tool_choice="required", temperature=0, max_output_tokens=100)
+                                    tool_choice="required", parallel_tool_calls=False, temperature=0,
+                                    max_output_tokens=100)
     [call] = first.output
     assert call.type == "function_call"
     answer = get_weather(**json.loads(call.arguments))

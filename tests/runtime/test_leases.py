@@ -107,11 +107,24 @@ def test_a_task_starting_as_its_model_unloads_loads_it_again(store, runtime):
 
 def test_a_task_whose_engine_closes_under_it_ends(store, runtime):
     """Nothing polls a closed engine: the run must not hold its slot and its lease for ever."""
+    wait_finished(runtime, store, submit(store, runtime, max_output_tokens=2))  # loads the model
+    closed = []
+    notify = runtime.waiters.notify
+
+    def close_at_first_commit(task_ids):
+        # in the commit thread, right after the first commit of the task's output: the
+        # engine goes while the task runs, however busy the machine (a wait from the
+        # test could find the task already at its end)
+        notify(task_ids)
+        run = next((runtime.state.runs.get(t) for t in task_ids if runtime.state.runs.get(t)), None)
+        if not closed and run is not None and run.seq is not None:
+            closed.append(runtime.registry.detach("tiny"))  # closed behind the runtime's back
+            closed[0].close()
+
+    runtime.waiters.notify = close_at_first_commit
     tid = submit(store, runtime, "Count on:", max_output_tokens=4000)
-    wait_until(runtime, store, tid, lambda t: t["last_sequence_number"] >= 4)
-    engine = runtime.registry.detach("tiny")  # closed behind the runtime's back
-    engine.close()
     task = wait_finished(runtime, store, tid)
+    assert closed  # the engine went while the task ran
     assert task["status"] == "failed" and task["error"]["code"] == "engine_error"
     assert runtime.metrics()["claimed_tasks"] == 0
 
