@@ -27,6 +27,7 @@ Server variants (``--servers``):
     lmsp-mmap        mmap=true: the model file mapped, as llama-server does by
                      default, instead of read into the worker's memory
     lmsp-nofsync     durability "off": commits without fsync
+    lmsp-nokv        kv_cache_bytes 0: no KV file after a finished turn
     lmsp-noevents    bench/variants.py's DeferredDeltas: delta events are not
                      written to the store, and streams get a task's text when
                      it ends (bench only; bounds what durability costs from
@@ -98,13 +99,14 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_WORK = ROOT / "bench" / "out" / "serve"
 DEFAULT_LLAMA = ROOT / "build" / "reference" / "bin" / "llama-server"
 LMSP_SCOPES = "responses:write,responses:read,models:read"
-VARIANTS = ("llama", "lmsp", "lmsp-fast", "lmsp-mmap", "lmsp-nofsync", "lmsp-noevents", "lmsp-memevents")
+VARIANTS = ("llama", "lmsp", "lmsp-fast", "lmsp-mmap", "lmsp-nofsync", "lmsp-nokv", "lmsp-noevents", "lmsp-memevents")
 VARIANTS_PATH = os.pathsep.join(filter(None, (str(ROOT / "bench"), os.environ.get("PYTHONPATH"))))
 LMSP_VARIANT_ENV = {
     "lmsp": {},
     "lmsp-fast": {"LMSP_BATCH_INVARIANT": "0"},
     "lmsp-mmap": {"LMSP_MMAP": "1"},
     "lmsp-nofsync": {"LMSP_DURABILITY": "off"},
+    "lmsp-nokv": {"LMSP_KV_CACHE_BYTES": "0"},  # no KV files of finished turns
     # the commit variants of bench/variants.py, through the service's hook for another app
     "lmsp-noevents": {"LMSP_GUNICORN_APP": "variants:get_app('noevents')", "PYTHONPATH": VARIANTS_PATH},
     "lmsp-memevents": {"LMSP_GUNICORN_APP": "variants:get_app('memevents')", "PYTHONPATH": VARIANTS_PATH},
