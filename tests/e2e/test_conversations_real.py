@@ -10,7 +10,7 @@ import json
 
 import openai
 import pytest
-from test_real_model import INSTRUCTIONS, MODEL, real_server
+from test_real_model import INSTRUCTIONS, MODEL, smollm2_fixtures
 from test_tool_clients import ASK, WEATHER_TOOL, get_weather
 
 pytestmark = pytest.mark.real_model
@@ -23,17 +23,7 @@ QUESTION = "What did I say my name was?"
 GREEDY = {"model": MODEL, "temperature": 0, "max_output_tokens": 30}
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, smollm2_path):
-    server = real_server(tmp_path_factory.mktemp("turns"))
-    server.start(timeout=180)
-    yield server
-    server.stop(timeout=10)
-
-
-@pytest.fixture(scope="module")
-def token(server):
-    return server.pair()
+server, token = smollm2_fixtures("turns")
 
 
 @pytest.fixture

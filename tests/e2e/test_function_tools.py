@@ -11,7 +11,7 @@ import json
 import jsonschema
 import pytest
 from e2e_helpers import sse_events, start_running
-from test_real_model import INSTRUCTIONS, MODEL, real_server
+from test_real_model import INSTRUCTIONS, MODEL, real_server, smollm2_fixtures
 
 pytestmark = pytest.mark.real_model
 
@@ -36,17 +36,7 @@ TIME = {
 ASK = "What is the weather like in Paris today?"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, smollm2_path):
-    server = real_server(tmp_path_factory.mktemp("tools"))
-    server.start(timeout=180)
-    yield server
-    server.stop(timeout=10)
-
-
-@pytest.fixture(scope="module")
-def token(server):
-    return server.pair()
+server, token = smollm2_fixtures("tools")
 
 
 def create(server, token, expect=200, **body) -> dict:

@@ -40,17 +40,25 @@ def real_server(root: Path, **env: str) -> Server:
                                                      "LMSP_N_PARALLEL": "2", **env})
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, smollm2_path):
-    server = real_server(tmp_path_factory.mktemp("real"))
-    server.start(timeout=180)
-    yield server
-    server.stop(timeout=10)
+def smollm2_fixtures(label: str):
+    """A module's ``server`` (SmolLM2 served for the whole module, its data under a
+    directory named ``label``) and ``token`` (a paired client's) fixtures."""
+
+    @pytest.fixture(scope="module")
+    def server(tmp_path_factory, smollm2_path):
+        served = real_server(tmp_path_factory.mktemp(label))
+        served.start(timeout=180)
+        yield served
+        served.stop(timeout=10)
+
+    @pytest.fixture(scope="module")
+    def token(server):
+        return server.pair()
+
+    return server, token
 
 
-@pytest.fixture(scope="module")
-def token(server):
-    return server.pair()
+server, token = smollm2_fixtures("real")
 
 
 def answer(server, token, **body) -> dict:

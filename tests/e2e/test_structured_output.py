@@ -12,7 +12,7 @@ import openai
 import pytest
 from e2e_helpers import deltas, sse_events
 from pydantic import BaseModel
-from test_real_model import INSTRUCTIONS, MODEL, real_server
+from test_real_model import INSTRUCTIONS, MODEL, smollm2_fixtures
 
 pytestmark = pytest.mark.real_model
 
@@ -30,17 +30,7 @@ class Person(BaseModel):
     age: int
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, smollm2_path):
-    server = real_server(tmp_path_factory.mktemp("structured"))
-    server.start(timeout=180)
-    yield server
-    server.stop(timeout=10)
-
-
-@pytest.fixture(scope="module")
-def token(server):
-    return server.pair()
+server, token = smollm2_fixtures("structured")
 
 
 def create(server, token, expect=200, **body) -> dict:

@@ -17,7 +17,7 @@ import jsonschema
 import openai
 import pytest
 from pydantic import BaseModel, Field
-from test_real_model import INSTRUCTIONS, MODEL, real_server
+from test_real_model import INSTRUCTIONS, MODEL, smollm2_fixtures
 
 pytestmark = pytest.mark.real_model
 
@@ -41,17 +41,7 @@ class Weather(BaseModel):
     summary: str = Field(max_length=60)  # a small model may repeat itself: its answer fits the cap
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, smollm2_path):
-    server = real_server(tmp_path_factory.mktemp("clients"))
-    server.start(timeout=180)
-    yield server
-    server.stop(timeout=10)
-
-
-@pytest.fixture(scope="module")
-def token(server):
-    return server.pair()
+server, token = smollm2_fixtures("clients")
 
 
 @pytest.fixture
