@@ -28,6 +28,8 @@ Server variants (``--servers``):
                      default, instead of read into the worker's memory
     lmsp-nofsync     durability "off": commits without fsync
     lmsp-nokv        kv_cache_bytes 0: no KV file after a finished turn
+    lmsp-window4     commit_window_ms 4: a commit (and an fsync) per token at
+                     one client, as before the 12 ms default
     lmsp-noevents    bench/variants.py's DeferredDeltas: delta events are not
                      written to the store, and streams get a task's text when
                      it ends (bench only; bounds what durability costs from
@@ -99,7 +101,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_WORK = ROOT / "bench" / "out" / "serve"
 DEFAULT_LLAMA = ROOT / "build" / "reference" / "bin" / "llama-server"
 LMSP_SCOPES = "responses:write,responses:read,models:read"
-VARIANTS = ("llama", "lmsp", "lmsp-fast", "lmsp-mmap", "lmsp-nofsync", "lmsp-nokv", "lmsp-noevents", "lmsp-memevents")
+VARIANTS = ("llama", "lmsp", "lmsp-fast", "lmsp-mmap", "lmsp-nofsync", "lmsp-nokv", "lmsp-window4", "lmsp-noevents", "lmsp-memevents")
 VARIANTS_PATH = os.pathsep.join(filter(None, (str(ROOT / "bench"), os.environ.get("PYTHONPATH"))))
 LMSP_VARIANT_ENV = {
     "lmsp": {},
@@ -107,6 +109,7 @@ LMSP_VARIANT_ENV = {
     "lmsp-mmap": {"LMSP_MMAP": "1"},
     "lmsp-nofsync": {"LMSP_DURABILITY": "off"},
     "lmsp-nokv": {"LMSP_KV_CACHE_BYTES": "0"},  # no KV files of finished turns
+    "lmsp-window4": {"LMSP_COMMIT_WINDOW_MS": "4"},  # the earlier commit window
     # the commit variants of bench/variants.py, through the service's hook for another app
     "lmsp-noevents": {"LMSP_GUNICORN_APP": "variants:get_app('noevents')", "PYTHONPATH": VARIANTS_PATH},
     "lmsp-memevents": {"LMSP_GUNICORN_APP": "variants:get_app('memevents')", "PYTHONPATH": VARIANTS_PATH},
