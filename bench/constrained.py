@@ -11,6 +11,14 @@ that a figure is of generation, not of a prefill (the tool form's prompt is
 longer: it describes the tool). A figure is output tokens over the request's
 wall time, the median of its requests.
 
+The forced call compares the same work on both servers. llama-server makes no
+call for a model whose template knows no tools (it answers in free text), so
+its request is the one lmsp's fallback makes of the call: the same messages,
+with the tool described in the system message by lmsp's own text, and a
+``response_format`` holding the output to the call's JSON schema (the grammar
+lmsp uses with ``parallel_tool_calls`` false). Both prompts are then the same
+tokens and both outputs the same form.
+
     python bench/constrained.py --model ~/.cache/lmsp/models/smollm2-135m-instruct.gguf \\
         --llama-server /work/ref/bin/llama-server --rounds 5
 
@@ -31,6 +39,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from serve import LlamaServer, LmspServer, ServeSettings, http_json, lmsp_command  # noqa: E402
+
+from lmsp.runtime.constraints import call_schema  # noqa: E402
+from lmsp.runtime.prompt import with_tools  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTRUCTIONS = "You are a helpful assistant."
@@ -75,8 +86,19 @@ def lmsp_body(mode: str, max_tokens: int) -> dict:
     if mode == "schema":
         body["text"] = {"format": {"type": "json_schema", "name": "customer", "schema": SCHEMA, "strict": True}}
     elif mode == "tool":
-        body.update(tools=[{"type": "function", **TOOL, "strict": True}], tool_choice="required")
+        body.update(tools=[{"type": "function", **TOOL, "strict": True}], tool_choice="required",
+                    parallel_tool_calls=False)
     return body
+
+
+def fallback_call_request(max_tokens: int) -> tuple[list[dict], dict]:
+    """The messages and the JSON schema of lmsp's fallback for the forced call: the
+    reference's request for the same work (see the module docstring)."""
+    request = {"tools": [TOOL], "tool_choice": "required", "parallel_tool_calls": False,
+               "max_output_tokens": max_tokens}
+    messages = with_tools([{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": PROMPT}],
+                          request)
+    return messages, call_schema([TOOL])
 
 
 def llama_body(mode: str, max_tokens: int) -> dict:
@@ -86,7 +108,9 @@ def llama_body(mode: str, max_tokens: int) -> dict:
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "customer", "schema": SCHEMA,
                                                                           "strict": True}}
     elif mode == "tool":
-        body.update(tools=[{"type": "function", "function": TOOL}], tool_choice="required")
+        body["messages"], schema = fallback_call_request(max_tokens)
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "call", "schema": schema,
+                                                                          "strict": True}}
     return body
 
 
@@ -100,7 +124,7 @@ def one(server, mode: str, max_tokens: int, token: str | None) -> dict:
         assert status == 200 and body, (status, body)
         message = body["choices"][0]["message"]
         out = message.get("content") or ""
-        calls = message.get("tool_calls") or []
+        calls = message.get("tool_calls") or ([out] if mode == "tool" and parses(out) else [])
         n = body["usage"]["completion_tokens"]
         cached = body.get("timings", {}).get("cache_n"), body["usage"]["prompt_tokens"]
     else:
