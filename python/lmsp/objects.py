@@ -16,7 +16,6 @@ from . import calls
 Row = Mapping[str, Any] | sqlite3.Row
 
 COMPLETED, FAILED, CANCELLED = "completed", "failed", "cancelled"
-FINISHED = (COMPLETED, FAILED, CANCELLED)
 #: a task's ``item_open`` once its output is on the chat layer (lmsp.chat_items), kept
 #: after its items end; CHAT_THINK for a model that thinks
 CHAT_OPEN, CHAT_THINK = 3, 4

@@ -18,6 +18,7 @@ import falcon
 
 from lmsp.contracts import RuntimeAPI
 from lmsp.errors import LMSPError, Unauthorized, Unavailable
+from lmsp.store.states import FINISHED
 
 from .common import SSE_TYPE, dumps
 from .middleware import error_frame
@@ -29,7 +30,6 @@ log = logging.getLogger("lmsp.api")
 
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed", "response.cancelled"})
 TASK_EVENT_PREFIX = "task."  # the task lifecycle events, which response streams leave out
-FINISHED_TASK_STATES = frozenset({"completed", "failed", "cancelled"})
 KEEP_ALIVE = b": keep-alive\n\n"
 PAGE = 500
 POLL_SECONDS = 0.25  # how often a stream polls the store when the runtime does not watch it
@@ -250,7 +250,7 @@ class _Stream:
             self.busy_since = _busy(exc, self.busy_since, self.monotonic, self.poll)
             return "busy"
         counter = task.get("last_sequence_number", self.last)
-        if task["status"] in FINISHED_TASK_STATES and counter <= self.last:
+        if task["status"] in FINISHED and counter <= self.last:
             return "done"
         # a stream that starts past the task's last event waits for the task's next
         # one (its end included), not for one past its own start

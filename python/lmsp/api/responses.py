@@ -19,6 +19,7 @@ import falcon
 from lmsp.auth import is_admin
 from lmsp.contracts import CreatedTask, NewTask
 from lmsp.errors import InvalidRequest, LMSPError, ModelChanged, NotFound, TaskFinished, Unavailable
+from lmsp.store.states import FINISHED
 
 from lmsp.ids import new_id
 from lmsp.items import input_items
@@ -42,7 +43,7 @@ from .common import (
     set_json,
 )
 from .metadata import parse_metadata as parse_metadata  # chat.py takes it from here
-from .events import FINISHED_TASK_STATES, POLL_SECONDS, SSE_FRAMES, Framing, event_stream, start_sse
+from .events import POLL_SECONDS, SSE_FRAMES, Framing, event_stream, start_sse
 
 log = logging.getLogger("lmsp.api")
 
@@ -327,7 +328,7 @@ class ResponsesService:
         store = self.deps.store
         while True:
             task = store.get_task(task_id, client_id)
-            if task["status"] in FINISHED_TASK_STATES:
+            if task["status"] in FINISHED:
                 return task
             if self.deps.runtime.streams_ending:
                 raise Unavailable(
@@ -411,7 +412,7 @@ class ResponsesService:
             self.forget_when_finished(task_id, response_id, client_id)
             raise
         task = self.deps.store.get_task(task_id, client_id)
-        if task["status"] in FINISHED_TASK_STATES:
+        if task["status"] in FINISHED:
             self.forget(response_id, client_id)
 
     def forget_when_finished(self, task_id: str, response_id: str, client_id: str | None) -> None:
@@ -435,7 +436,7 @@ class ResponsesService:
             except LMSPError as exc:  # deleted meanwhile: nothing to forget
                 log.info("response %s not deleted after its client left: %s", response_id, exc.message)
                 return
-            if task["status"] in FINISHED_TASK_STATES:
+            if task["status"] in FINISHED:
                 self.forget(response_id, client_id)
                 return
             if self.deps.runtime.streams_ending:
