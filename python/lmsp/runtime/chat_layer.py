@@ -22,7 +22,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from .. import calls
+from .. import calls, history
 from . import constraints
 from .chat_shaper import ChatShaper
 
@@ -102,34 +102,51 @@ def _text(content: Any) -> str:
 def chat_messages(request: dict[str, Any]) -> list[dict[str, Any]]:
     """The request's messages as OpenAI chat messages: ``instructions`` first as a system
     message, then its ``context`` (the earlier turns it continues, where it has one),
-    then ``input``; function calls as an assistant's ``tool_calls`` (those in a row
-    together), their outputs as ``tool`` messages."""
+    then ``input`` (:mod:`lmsp.history`): function calls as an assistant's
+    ``tool_calls``, those in a row, and any text right before them, one message as the
+    model made it; their outputs as ``tool`` messages; reasoning as the
+    ``reasoning_content`` of the assistant message after it."""
     out: list[dict[str, Any]] = []
     if request.get("instructions") is not None:
         out.append({"role": "system", "content": _text(request["instructions"])})
     given = request.get("input")
     items = list(request.get("context") or ())
     items += [{"role": "user", "content": given}] if isinstance(given, str) else list(given or ())
+    reasoning: list[str] = []  # that of the next assistant message
     for item in items:
-        if not isinstance(item, dict):
-            out.append({"role": "user", "content": str(item)})
-        elif "arguments" in item and "call_id" in item:
-            call = {
-                "id": item["call_id"],
-                "type": "function",
-                "function": {"name": item.get("name") or "", "arguments": item["arguments"]},
-            }
-            last = out[-1] if out else None
-            if last is not None and last["role"] == "assistant" and last.get("tool_calls") and not last["content"]:
-                last["tool_calls"].append(call)
-            else:
-                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        elif "output" in item and "call_id" in item:
-            out.append({"role": "tool", "tool_call_id": item["call_id"], "content": _text(item["output"])})
-        else:
-            role = {"developer": "system"}.get(item.get("role") or "user", item.get("role") or "user")
-            out.append({"role": role, "content": _text(item.get("content"))})
+        if history.is_reasoning(item):
+            reasoning.append(str(item["reasoning"]))
+            continue
+        message = _chat_message(item, None if reasoning or not out else out[-1])
+        if message is None:  # a call joined the assistant message before it
+            continue
+        if message["role"] == "assistant" and reasoning:
+            message["reasoning_content"] = "\n\n".join(reasoning)
+        if message["role"] != "system":
+            reasoning = []  # shown with the answer after it, else gone as the template would drop it
+        out.append(message)
     return out
+
+
+def _chat_message(item: Any, last: dict[str, Any] | None) -> dict[str, Any] | None:
+    """One kept message as an OpenAI chat message; None when it is a call that joins
+    ``last``, the message before it, an assistant's."""
+    if not isinstance(item, dict):
+        return {"role": "user", "content": str(item)}
+    if history.is_call(item):
+        call = {
+            "id": item["call_id"],
+            "type": "function",
+            "function": {"name": item.get("name") or "", "arguments": item["arguments"]},
+        }
+        if last is not None and last["role"] == "assistant":
+            last.setdefault("tool_calls", []).append(call)
+            return None
+        return {"role": "assistant", "content": "", "tool_calls": [call]}
+    if history.is_output(item):
+        return {"role": "tool", "tool_call_id": item["call_id"], "content": _text(item["output"])}
+    role = {"developer": "system"}.get(item.get("role") or "user", item.get("role") or "user")
+    return {"role": role, "content": _text(item.get("content"))}
 
 
 def chat_tools(request: dict[str, Any]) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Protocol, Sequence
 
-from .. import calls
+from .. import calls, history
 from ..objects import wants_logprobs
 from . import constraints
 
@@ -46,9 +46,7 @@ def messages_for(request: dict) -> list[dict]:
     if instructions is not None:
         messages.append({"role": "system", "content": _text(instructions)})
     for message in request.get("context") or ():
-        messages.append(
-            {"role": ROLES.get(message.get("role") or "user", "user"), "content": _text(message["content"])}
-        )
+        messages.append(_message(message))
     given = request.get("input")
     if isinstance(given, str):
         messages.append({"role": "user", "content": given})
@@ -57,9 +55,18 @@ def messages_for(request: dict) -> list[dict]:
             if isinstance(message, str):
                 messages.append({"role": "user", "content": message})
             elif isinstance(message, dict):
-                role = ROLES.get(message.get("role") or "user", "user")
-                messages.append({"role": role, "content": _text(message.get("content"))})
+                messages.append(_message(message))
     return with_tools(messages, request)
+
+
+def _message(message: dict) -> dict:
+    """A kept message with its role as the template takes it and its content one text;
+    the rest (a call's or an output's parts, :mod:`lmsp.history`) as it is."""
+    return {
+        **message,
+        "role": ROLES.get(message.get("role") or "user", "user"),
+        "content": _text(message.get("content")),
+    }
 
 
 def tools_text(request: dict) -> str:
@@ -102,10 +109,11 @@ def with_tools(messages: list[dict], request: dict) -> list[dict]:
 
 
 def render(engine: ChatEngine, messages: list[dict]) -> list[int]:
-    """Prompt token ids: the model's chat template with the assistant's turn opened,
+    """Prompt token ids: the model's chat template with the assistant's turn opened
+    over the messages as a template without tools takes them (:func:`lmsp.history.plain_turns`),
     tokenized with the model's special tokens (BOS where it asks for one) and
     special-token text parsed, as llama-server feeds a chat to the model."""
-    return list(engine.chat_prompt(messages, add_generation_prompt=True))
+    return list(engine.chat_prompt(history.plain_turns(messages), add_generation_prompt=True))
 
 
 def render_request(engine: ChatEngine, messages: list[dict], request: dict, max_tokens: int) -> list[int]:
