@@ -175,12 +175,14 @@ class _Plans:
         self.lock = threading.Lock()
         self.plans: weakref.WeakKeyDictionary[Any, dict[str, ChatPlan]] = weakref.WeakKeyDictionary()
 
-    def get(self, engine: Any, request: dict[str, Any]) -> ChatPlan:
-        key = json.dumps([chat_messages(request), chat_tools(request), _options(request)])
+    def get(self, engine: Any, request: dict[str, Any], messages: list[dict[str, Any]] | None = None) -> ChatPlan:
+        """The plan of ``request`` (with ``messages`` for its chat messages, when given)."""
+        messages = chat_messages(request) if messages is None else messages
+        key = json.dumps([messages, chat_tools(request), _options(request)])
         with self.lock:
             plan = self.plans.get(engine, {}).get(key)
         if plan is None:
-            plan = _render(engine, request)
+            plan = _render(engine, request, messages)
             with self.lock:
                 mine = self.plans.setdefault(engine, {})
                 if len(mine) >= _CACHE_SIZE:
@@ -239,11 +241,11 @@ def most_calls(request: dict[str, Any]) -> int | None:
     return int(most) if most else None
 
 
-def _render(engine: Any, request: dict[str, Any]) -> ChatPlan:
+def _render(engine: Any, request: dict[str, Any], messages: list[dict[str, Any]]) -> ChatPlan:
     mode, parallel, schema, thinking, _, most = _options(request)
     tools = chat_tools(request)
     rendered = template_of(engine).render(
-        json.dumps(chat_messages(request)),
+        json.dumps(messages),
         tools=json.dumps(tools) if tools else "",
         tool_choice="required" if mode == "required" else "auto",
         # a bound holds by blocks of one call each (the chat layer's parallel calls in a
@@ -274,6 +276,30 @@ def plan(engine: Any, request: dict[str, Any]) -> ChatPlan | None:
     if not applies(engine, request):
         return None
     return _plans.get(engine, request)
+
+
+def truncated_tokens(engine: Any, request: dict[str, Any], max_tokens: int) -> list[int]:
+    """The chat layer's prompt of the request (which it applies to); with
+    ``truncation: "auto"`` its oldest turns (every message but the system ones and the
+    last) dropped, oldest first, as :func:`.prompt.truncated` drops them from the
+    service's own (a ``tool`` message whose call went goes with it). Only the prompt
+    changes: the grammar, stops and parser of a plan do not depend on the earlier
+    turns."""
+    from .prompt import budget, fewest_dropped
+
+    messages = chat_messages(request)
+    tokens = _plans.get(engine, request, messages).tokens
+    if request.get("truncation") != "auto":
+        return list(tokens)
+    turns = [i for i, m in enumerate(messages) if m["role"] != "system"]
+
+    def without(n: int) -> list[int]:
+        while n < len(turns) - 1 and messages[turns[n]]["role"] == "tool":
+            n += 1  # an output whose call went
+        gone = set(turns[:n])
+        return _plans.get(engine, request, [m for i, m in enumerate(messages) if i not in gone]).tokens
+
+    return list(fewest_dropped(list(tokens), without, len(turns), budget(engine.n_ctx, max_tokens))[0])
 
 
 def shaper(engine: Any, request: dict[str, Any], item_id: str, emitted: str = "") -> ChatShaper | None:

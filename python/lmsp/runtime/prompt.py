@@ -8,7 +8,7 @@ without a template gets the plain format of ``docs/API.md``.
 from __future__ import annotations
 
 import json
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from .. import calls, history
 from ..objects import wants_logprobs
@@ -130,25 +130,36 @@ def truncated(engine: ChatEngine, messages: list[dict], request: dict, max_token
     tokens = render(engine, messages)
     if request.get("truncation") != "auto":
         return tokens, 0
-    budget = engine.n_ctx - max(1, min(max_tokens, engine.n_ctx // 2))
-    if len(tokens) <= budget:
-        return tokens, 0
     turns = [i for i, m in enumerate(messages) if m.get("role") != "system"]
 
     def without(n: int) -> list[int]:  # the prompt less its ``n`` oldest turns
         gone = set(turns[:n])
         return render(engine, [m for i, m in enumerate(messages) if i not in gone])
 
-    # the fewest oldest turns to drop, found in a logarithmic number of renders (a
-    # prompt never grows when a turn goes); the last turn always stays
-    low, high = 1, len(turns) - 1
-    if high < low:
+    return fewest_dropped(tokens, without, len(turns), budget(engine.n_ctx, max_tokens))
+
+
+def budget(n_ctx: int, max_tokens: int) -> int:
+    """The most prompt tokens ``truncation: "auto"`` leaves: room for ``max_tokens`` of
+    output, at most half the context."""
+    return n_ctx - max(1, min(max_tokens, n_ctx // 2))
+
+
+def fewest_dropped(
+    tokens: list[int], without: Callable[[int], list[int]], n_turns: int, most: int
+) -> tuple[list[int], int]:
+    """The prompt (``tokens``) less the fewest of its oldest turns (``without(n)``: less
+    ``n`` of its ``n_turns``) that fits in ``most`` tokens, and how many went; found in
+    a logarithmic number of renders (a prompt never grows when a turn goes). The last
+    turn always stays: the shortest there is when none fits."""
+    low, high = 1, n_turns - 1
+    if len(tokens) <= most or high < low:
         return tokens, 0
     best = without(high)
     while low < high:
         middle = (low + high) // 2
         attempt = without(middle)
-        if len(attempt) <= budget:
+        if len(attempt) <= most:
             high, best = middle, attempt
         else:
             low = middle + 1
@@ -179,11 +190,11 @@ def prompt_tokens(engine, request: dict, max_tokens: int) -> list[int]:
     its messages through the chat template (:func:`render_request`)."""
     raw = request.get("prompt")
     if raw is None:
-        from .chat_layer import plan
+        from . import chat_layer
 
-        found = plan(engine, request)
-        if found is not None:  # the model's own chat layer (tools, thinking): no truncation
-            return list(found.tokens)
+        found = chat_layer.plan(engine, request)
+        if found is not None:  # the model's own chat layer (tools, thinking)
+            return chat_layer.truncated_tokens(engine, request, max_tokens)
         return render_request(engine, messages_for(request), request, max_tokens)
     suffix = request.get("suffix")
     if suffix is not None:
