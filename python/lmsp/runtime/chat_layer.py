@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import calls, history
+from ..objects import wants_logprobs
 from . import constraints
 from .chat_shaper import ChatShaper
 
@@ -66,7 +67,9 @@ def thinks(engine: Any) -> bool:
 
 def applies(engine: Any, request: dict[str, Any]) -> bool:
     """Whether the request runs on the chat layer: a chat (not a raw prompt) for a model
-    whose template knows tools when the model may call them, or thinks when it may not."""
+    whose template knows tools when the model may call them, or when its earlier turns
+    hold calls (unless it asks for log probabilities, which the chat layer's items do
+    not carry), or thinks."""
     if request.get("prompt") is not None:
         return False
     template = template_of(engine)
@@ -74,7 +77,16 @@ def applies(engine: Any, request: dict[str, Any]) -> bool:
         return False
     if calls.mode(request) is not None:
         return knows_tools(template)
+    if knows_tools(template) and holds_calls(request) and not wants_logprobs(request):
+        return True
     return bool(template.supports_thinking)
+
+
+def holds_calls(request: dict[str, Any]) -> bool:
+    """Whether the request's earlier turns hold a function call or a call's output."""
+    given = request.get("input")
+    turns = [*(request.get("context") or ()), *(given if isinstance(given, list) else ())]
+    return any(history.is_call(m) or history.is_output(m) for m in turns)
 
 
 def thinking_switch(request: dict[str, Any]) -> bool | None:
