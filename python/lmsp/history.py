@@ -13,8 +13,9 @@ A request's messages (its ``input`` and ``context``) are chat messages
 
 A template that knows tools gets the calls, outputs and reasoning as such
 (:mod:`lmsp.runtime.chat_layer`). Any other gets :func:`plain_turns`: the
-reasoning dropped, calls in a row as one assistant turn with one call per
-line (as the model writes parallel calls), outputs in a row as one user turn.
+reasoning dropped, calls in a row (and the assistant text right before
+them) as one assistant turn with one call per line (as the model writes
+parallel calls), outputs in a row as one user turn.
 
 It imports nothing of the service but the call format.
 """
@@ -74,7 +75,7 @@ def plain_turns(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
         if is_reasoning(message):
             continue
         kind = "call" if is_call(message) else "output" if is_output(message) else ""
-        if kind and kind == last:
+        if kind and (kind == last or (kind == "call" and out and out[-1]["role"] == "assistant")):
             joint = "\n" if kind == "call" else "\n\n"
             out[-1] = {**out[-1], "content": out[-1]["content"] + joint + message["content"]}
             continue

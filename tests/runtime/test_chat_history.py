@@ -199,13 +199,17 @@ def test_reasoning_before_a_user_turn_is_dropped(think_engine):
     assert "far north" not in text_of(think_engine, tokens_of(think_engine, request))
 
 
+CITIES = ("Paris", "Rome", "Oslo")
+
+
 def test_the_services_own_format_has_parallel_calls_one_per_line(plain_engine):
     for request in (chat_request(), items_request()):
         prompt = text_of(plain_engine, tokens_of(plain_engine, request))
-        paris, rome = (f'{{"name": "get_weather", "arguments": {{"city": "{c}"}}}}' for c in ("Paris", "Rome"))
+        paris, rome, oslo = (f'{{"name": "get_weather", "arguments": {{"city": "{c}"}}}}' for c in CITIES)
         both = f"{paris}\n{rome}"
         assert f"<|im_start|>assistant\n{both}<|im_end|>" in prompt
         outputs = "Result of get_weather (call call_1):\nSunny\n\nResult of get_weather (call call_2):\nRain"
         assert f"<|im_start|>user\n{outputs}<|im_end|>" in prompt
         assert "far north" not in prompt  # no template without tools shows reasoning here
-        assert prompt.count("<|im_start|>assistant\n") == 5  # the two calls in one turn
+        assert f"<|im_start|>assistant\nLet me look.\n{oslo}<|im_end|>" in prompt  # the text and its call
+        assert prompt.count("<|im_start|>assistant\n") == 4  # one per answer, and the one opened
