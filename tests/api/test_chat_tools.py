@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from api_fakes import OWNER
 from api_helpers import assert_error, parse_sse
 
-from lmsp import calls
+from lmsp import history
 from lmsp.api.chat import parse_chat
 from lmsp.api.chat_tools import chat_param
 from lmsp.api.responses import parse_create
@@ -130,8 +130,8 @@ def test_calls_and_tool_messages_reach_the_model_as_call_items_do(user, scripted
     assert scripted.checked == [
         ASK,
         {"role": "assistant", "content": "Let me look."},
-        {"role": "assistant", "content": calls.as_text("get_weather", '{"city": "Paris"}')},
-        {"role": "user", "content": calls.output_text("get_weather", "call_1", "Sunny")},
+        history.call_message("get_weather", '{"city": "Paris"}', "call_1"),
+        history.output_message("get_weather", "call_1", "Sunny"),
     ]
 
 

@@ -1,7 +1,8 @@
 """The chat layer through the served API, on demo models whose templates know
 tools or think (tests/chat_templates.py): streamed calls and reasoning are
 committed events, the same on replay, and pass the Open Responses schemas; the
-tool loop by resent history reaches the template as tool calls and outputs."""
+tool loop by resent history reaches the template as tool calls and outputs, the
+same prompt from Chat Completions' messages; truncation fits a long history."""
 from __future__ import annotations
 
 import sys
@@ -123,3 +124,41 @@ def test_chat_completions_on_the_chat_layer(tools_served, think_served):
     message = answer["choices"][0]["message"]
     assert message["reasoning_content"] and message["content"] == ""
     assert answer["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
+
+
+def _call_item(i: int, city: str) -> dict:
+    arguments = f'{{"city": "{city}"}}'
+    return {"type": "function_call", "call_id": f"call_{i}", "name": "get_weather", "arguments": arguments}
+
+
+def test_a_chat_completions_history_is_the_prompt_of_the_same_items(tools_served):
+    server, token, model = tools_served
+    tool = {"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}
+    calls = [{"id": c["call_id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+             for c in (_call_item(1, "Paris"), _call_item(2, "Rome"))]  # fmt: skip
+    messages = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": None, "tool_calls": calls},
+                {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"},
+                {"role": "tool", "tool_call_id": "call_2", "content": "Rain"}]  # fmt: skip
+    chat = server.call("POST", "/v1/chat/completions", {"model": model, "messages": messages, "tools": [tool],
+                                                        "max_tokens": 2}, token=token)  # fmt: skip
+    items = [{"role": "user", "content": "Weather?"}, _call_item(1, "Paris"), _call_item(2, "Rome"),
+             {"type": "function_call_output", "call_id": "call_1", "output": "Sunny"},
+             {"type": "function_call_output", "call_id": "call_2", "output": "Rain"}]  # fmt: skip
+    response = server.call("POST", "/v1/responses", {"model": model, "input": items, "tools": [WEATHER],
+                                                     "max_output_tokens": 2}, token=token)  # fmt: skip
+    assert chat["usage"]["prompt_tokens"] == response["usage"]["input_tokens"]
+
+
+def test_auto_truncation_fits_a_long_history(tools_served):
+    server, token, model = tools_served
+    history: list[dict] = []
+    for i in range(40):  # about 110 tokens a turn: longer than the servers' context of 2048 (e2e_helpers)
+        history += [{"role": "user", "content": f"question {i} " + "word " * 100}, _call_item(i, "Paris"),
+                    {"type": "function_call_output", "call_id": f"call_{i}", "output": "Sunny"}]  # fmt: skip
+    body = {"model": model, "input": [*history, {"role": "user", "content": "And now?"}], "tools": [WEATHER],
+            "max_output_tokens": 4}  # fmt: skip
+    status, refused = server.request("POST", "/v1/responses", body, token=token, timeout=60)
+    assert status == 400 and refused["error"]["code"] == "context_length_exceeded"
+    fitted = server.call("POST", "/v1/responses", {**body, "truncation": "auto"}, token=token, timeout=120)
+    assert fitted["status"] in ("completed", "incomplete") and fitted["truncation"] == "auto"
+    assert 1500 < fitted["usage"]["input_tokens"] <= 2048 - 4

@@ -240,3 +240,18 @@ def test_a_prompt_longer_than_the_context_is_refused_at_creation(store, make_run
     rt.load_model("tools")
     with pytest.raises(ContextLengthExceeded):
         rt.create_task(new_task({"model": "tools", "input": "word " * 3000, "tools": [WEATHER]}))
+
+
+def test_a_history_with_calls_runs_on_the_chat_layer_without_tools(store, make_runtime, chat_models):
+    rt = start(make_runtime, store)
+    call = {"role": "assistant", "content": "", "call_id": "call_1", "name": "get_weather",
+            "arguments": '{"city": "Paris", "days": 1}'}  # fmt: skip
+    output = {"role": "user", "content": "", "call_id": "call_1", "output": "Sunny"}
+    task_id = submit(store, rt, [{"role": "user", "content": "Weather?"}, call, output], model="tools",
+                     max_output_tokens=8)  # fmt: skip
+    assert wait_finished(rt, store, task_id)["status"] in ("completed", "incomplete")
+    engine = rt.registry.engine("tools")
+    request = store.get_request(store.get_task(task_id)["response_id"])
+    expected = chat_layer.plan(engine, request)
+    assert expected is not None and response_of(store, task_id)["usage"]["input_tokens"] == len(expected.tokens)
+    assert [i["type"] for i in response_of(store, task_id)["output"]] == ["message"]

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import falcon
 
 from lmsp import calls as call_format
+from lmsp import history
 from lmsp.errors import InvalidRequest, NotFound
 from lmsp.objects import LOGPROBS
 
@@ -78,12 +79,13 @@ ACCEPTED = (
     "store",
 )
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-# a message's fields besides role and content (each but tool_calls and tool_call_id
-# asks for nothing only when null or empty)
+# a message's fields besides role and content (each but those of CARRIED asks for
+# nothing only when null or empty)
 EMPTY_FIELDS = {
-    "assistant": ("refusal", "tool_calls", "function_call", "audio", "annotations"),
+    "assistant": ("refusal", "tool_calls", "function_call", "audio", "annotations", "reasoning_content"),
     "tool": ("tool_call_id",),
 }
+CARRIED = ("tool_calls", "tool_call_id", "reasoning_content")
 
 
 def _content(content: Any, where: str) -> str:
@@ -125,8 +127,8 @@ def parse_messages(value: Any, shown: list[dict[str, Any]] | None = None) -> lis
 def _message(
     message: Any, where: str, seen: dict[str, str], shown: list[dict[str, Any]] | None = None
 ) -> list[dict[str, str]]:
-    """One message as the prompt's messages (an assistant message with tool calls: one
-    per call after its text, if any)."""
+    """One message as the prompt's messages (an assistant message: its reasoning, its
+    text, if any, and one per call)."""
     if not isinstance(message, dict):
         raise InvalidRequest(f"{where} must be an object with 'role' and 'content'", param=where)
     role = message.get("role")
@@ -135,7 +137,7 @@ def _message(
     extra = EMPTY_FIELDS.get(role, ())
     reject_unknown(message, ("role", "content", *extra), where=f"{where}.")
     for name in extra:
-        if name not in ("tool_calls", "tool_call_id") and message.get(name) not in (None, []):
+        if name not in CARRIED and message.get(name) not in (None, []):
             raise InvalidRequest(f"{where}.{name}: this endpoint does not support it", param=f"{where}.{name}")
     calls = message.get("tool_calls") or []
     if message.get("content") is None and not calls:
@@ -147,10 +149,23 @@ def _message(
         made = [chat_tools.tool_message(message, where, text, seen)]
     else:
         said = [{"role": ROLES[role], "content": text}] if text or not calls else []
-        made = said + list(chat_tools.tool_call_messages(calls, f"{where}.tool_calls", seen))
+        made = _reasoning(message, where) + said
+        made += chat_tools.tool_call_messages(calls, f"{where}.tool_calls", seen)
     if shown is not None:
         shown.append(chat_tools.stored_message(message, ROLES.get(role, "tool"), text))
     return made
+
+
+def _reasoning(message: dict[str, Any], where: str) -> list[dict[str, str]]:
+    """An assistant message's ``reasoning_content`` (as llama-server takes it) as a
+    reasoning message before it (:mod:`lmsp.history`); none when it has none."""
+    given = message.get("reasoning_content")
+    if given is None or given == "":
+        return []
+    at = f"{where}.reasoning_content"
+    if not isinstance(given, str) or "\x00" in given or len(given) > MAX_TEXT:
+        raise InvalidRequest(f"{at} must be a string of at most {MAX_TEXT} characters, without NUL", param=at)
+    return [history.reasoning_message(given)]
 
 
 def _max_tokens(body: dict[str, Any], config: Any) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from lmsp import calls as call_format
+from lmsp import history
 from lmsp.errors import InvalidRequest
 from lmsp.objects import LOGPROBS
 
@@ -129,9 +129,9 @@ def check_logprobs(request: dict[str, Any]) -> None:
 
 
 def tool_call_messages(calls_given: Any, where: str, seen: dict[str, str]) -> Iterator[dict[str, str]]:
-    """An assistant message's ``tool_calls``, each as the model wrote it (an assistant
-    turn, as the Responses API shows a ``function_call`` item); ``seen`` maps the call
-    ids so far to their names."""
+    """An assistant message's ``tool_calls``, each as a call message
+    (:mod:`lmsp.history`), as the Responses API keeps a ``function_call`` item;
+    ``seen`` maps the call ids so far to their names."""
     if not isinstance(calls_given, list):
         raise InvalidRequest(f"'{where}' must be an array", param=where)
     for j, call in enumerate(calls_given):
@@ -152,12 +152,12 @@ def tool_call_messages(calls_given: Any, where: str, seen: dict[str, str]) -> It
         if not isinstance(arguments, str):
             raise InvalidRequest(f"'{at}.function.arguments' must be a string", param=f"{at}.function.arguments")
         seen[str(call_id)] = name
-        yield {"role": "assistant", "content": call_format.as_text(name, arguments)}
+        yield history.call_message(name, arguments, str(call_id))
 
 
 def tool_message(message: dict[str, Any], where: str, text: str, seen: dict[str, str]) -> dict[str, str]:
-    """A ``tool`` message (``text``: its content) as the model reads a call's output, as
-    the Responses API shows a ``function_call_output`` item."""
+    """A ``tool`` message (``text``: its content) as a call's output (:mod:`lmsp.history`),
+    as the Responses API keeps a ``function_call_output`` item."""
     call_id = message.get("tool_call_id")
     if not isinstance(call_id, str) or not call_id:
         raise InvalidRequest(f"'{where}.tool_call_id' is required", param=f"{where}.tool_call_id")
@@ -166,7 +166,7 @@ def tool_message(message: dict[str, Any], where: str, text: str, seen: dict[str,
             f"'{where}.tool_call_id' {call_id[:100]!r} matches no tool call of an assistant message before it",
             param=f"{where}.tool_call_id",
         )
-    return {"role": "user", "content": call_format.output_text(seen[call_id], call_id, text)}
+    return history.output_message(seen[call_id], call_id, text)
 
 
 def stored_message(message: dict[str, Any], role: str, text: str) -> dict[str, Any]:

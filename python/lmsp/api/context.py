@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from lmsp import history
 from lmsp.contracts import CreatedTask
 from lmsp.errors import ContextLengthExceeded, InvalidRequest, LMSPError, NotFound, TaskUnfinished
 
@@ -160,6 +161,9 @@ def _output_message(item: dict[str, Any], calls: dict[str, str]) -> dict[str, st
             return tools.call_message(item, "output", calls)
         except InvalidRequest:
             return None
+    if item.get("type") == "reasoning":
+        text = history.reasoning_text(item)
+        return history.reasoning_message(text) if text else None
     if item.get("type") != "message":
         return None
     text = "".join(part.get("text") or part.get("refusal") or "" for part in item.get("content") or ())

@@ -84,6 +84,8 @@ CHAT_MESSAGE = obj(
         "function_call": {"type": "null"},
         "audio": {"type": "null"},
         "annotations": {"type": "array", "maxItems": 0},
+        "reasoning_content": nullable(text(0, MAX_TEXT, NO_NUL))
+        | {"description": "An assistant's earlier reasoning, for a template that shows it again."},
         **TOOL_MESSAGE_FIELDS,
     },
     ["role"],

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator
 
 import falcon
 
+from lmsp import history
 from lmsp.auth import is_admin
 from lmsp.contracts import CreatedTask, NewTask
 from lmsp.errors import InvalidRequest, LMSPError, ModelChanged, NotFound, TaskFinished, Unavailable
@@ -162,26 +163,27 @@ def parse_messages(value: Any, calls: dict[str, str] | None = None) -> list[dict
         message = input_item(item, f"input[{i}]", calls)
         if message is not None:
             messages.append(message)
-    if not messages:
+    if all(history.is_reasoning(m) for m in messages):
         raise InvalidRequest("'input' has no message", param="input")
     return messages
 
 
 def input_item(item: Any, where: str, calls: dict[str, str]) -> dict[str, str] | None:
     """One input item: a message as the prompt takes it, or None for an item that adds
-    nothing to the prompt (a reasoning item, as ``response.output`` carries it);
+    nothing to the prompt (a reasoning item without its text);
     ``calls`` maps the call ids of the function calls so far to their names."""
     if not isinstance(item, dict):
         raise InvalidRequest(f"{where} must be an object with 'role' and 'content'", param=where)
     kind = item.get("type", "message")
     if kind in tools.CALL_ITEMS:
         return tools.call_message(item, where, calls)
-    if kind == "reasoning":  # the model's earlier thinking: no chat template shows it again
+    if kind == "reasoning":  # the model's earlier thinking: for a template that shows it again
         reject_unknown(item, REASONING_FIELDS, where=f"{where}.")
         _check_types(
             item, {"id": str, "summary": list, "content": list, "encrypted_content": str, "status": str}, where
         )
-        return None
+        text = _check_nul(history.reasoning_text(item), f"{where}.content")
+        return history.reasoning_message(text) if text else None  # a summary only, or encrypted: nothing
     if kind != "message":
         raise InvalidRequest(
             f"{where}.type must be 'message', 'reasoning', 'function_call' or 'function_call_output';"

@@ -191,8 +191,9 @@ def parse_tool_choice(value: Any, tools: list[dict[str, Any]]) -> Any:
 
 def call_message(item: dict[str, Any], where: str, calls: dict[str, str]) -> dict[str, str]:
     """A ``function_call`` or ``function_call_output`` input item as the chat message the
-    model reads; ``calls`` maps the call ids of the calls so far to their names."""
-    from lmsp import calls as call_format
+    model reads (:mod:`lmsp.history`); ``calls`` maps the call ids of the calls so far
+    to their names."""
+    from lmsp import history
 
     kind = item["type"]
     call_id = item.get("call_id")
@@ -208,9 +209,7 @@ def call_message(item: dict[str, Any], where: str, calls: dict[str, str]) -> dic
         if not isinstance(arguments, str):
             raise InvalidRequest(f"'{where}.arguments' must be a string", param=f"{where}.arguments")
         calls[call_id] = name
-        # the call's parts too, for a template that shows calls itself (runtime.chat_layer)
-        text = call_format.as_text(name, arguments)
-        return {"role": "assistant", "content": text, "call_id": call_id, "name": name, "arguments": arguments}
+        return history.call_message(name, arguments, call_id)
     reject_unknown(item, ("type", "id", "call_id", "output", "status"), where=f"{where}.")
     if call_id not in calls:
         raise InvalidRequest(
@@ -224,5 +223,4 @@ def call_message(item: dict[str, Any], where: str, calls: dict[str, str]) -> dic
         output = "".join(parts)  # type: ignore[arg-type]
     if not isinstance(output, str):
         raise InvalidRequest(f"'{where}.output' must be a string or text parts", param=f"{where}.output")
-    text = call_format.output_text(calls[call_id], call_id, output)
-    return {"role": "user", "content": text, "call_id": call_id, "output": output}
+    return history.output_message(calls[call_id], call_id, output)

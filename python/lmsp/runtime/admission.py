@@ -53,9 +53,11 @@ class Admission:
         """Check the request, create its task (claimed here when a slot is free), and
         start it or have it claimed; what ``Store.create_task`` returns."""
         state = self.state
-        self.check_chat_layer(new)
+        on_chat_layer = self.check_chat_layer(new)
         constraints.check(new.request)
-        tokens, dropped = self.prompt_of(new.model, prompting.with_tools(new.messages, new.request), new.request)
+        tokens, dropped = None, 0  # a chat-layer task's prompt is rendered when it starts
+        if not on_chat_layer:
+            tokens, dropped = self.prompt_of(new.model, prompting.with_tools(new.messages, new.request), new.request)
         new = keep_seen(new, dropped)
         slot = self.reserve(new.model)
         early = None
@@ -75,22 +77,24 @@ class Admission:
             state.wake_scheduler()
         return created
 
-    def check_chat_layer(self, new: NewTask) -> None:
+    def check_chat_layer(self, new: NewTask) -> bool:
         """A request on the chat layer of a model loaded here (:mod:`.chat_layer`): its
-        prompt rendered as the run will (InvalidRequest where the template refuses it,
-        ContextLengthExceeded where it does not fit), and no log probabilities, which
-        its items do not carry (InvalidRequest). A model not loaded here yet is
-        checked when the task starts (its output has none)."""
+        prompt rendered as the run will, truncated as it asks (InvalidRequest where the
+        template refuses it, ContextLengthExceeded where it does not fit), and no log
+        probabilities, which its items do not carry (InvalidRequest). A model not
+        loaded here yet is checked when the task starts (its output has none). Whether
+        the request is on the chat layer (checked here)."""
         engine = self.state.registry.engine(new.model)
         try:
             if engine is None or not chat_layer.applies(engine, new.request):
-                return
-            found = chat_layer.plan(engine, new.request)
+                return False
+            max_tokens = prompting.sampling(new.request, self.state.config)["max_tokens"]
+            tokens = chat_layer.truncated_tokens(engine, new.request, max_tokens)
         except ValueError as exc:
             raise InvalidRequest(f"the request cannot be rendered: {exc}", param="input") from None
         except Exception as exc:  # a closed engine (unloaded meanwhile): checked at run time
             log.debug("check_chat_layer: %s", exc)
-            return
+            return False
         if wants_logprobs(new.request):
             param = "top_logprobs" if new.request.get("top_logprobs") else "include"
             raise InvalidRequest(
@@ -98,12 +102,13 @@ class Admission:
                 " into items by its chat format (reasoning, function calls)",
                 param=param,
             )
-        if found is not None and len(found.tokens) >= engine.n_ctx:
+        if len(tokens) >= engine.n_ctx:
             raise ContextLengthExceeded(
-                f"the prompt is {len(found.tokens)} tokens; model {new.model} takes at most {engine.n_ctx - 1} "
+                f"the prompt is {len(tokens)} tokens; model {new.model} takes at most {engine.n_ctx - 1} "
                 "with room for one output token",
                 param="input",
             )
+        return True
 
     def check_request(
         self, model_id: str, prompt_messages: list[dict[str, str]], request: dict[str, Any] | None = None

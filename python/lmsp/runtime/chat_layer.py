@@ -22,7 +22,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from .. import calls
+from .. import calls, history
+from ..objects import wants_logprobs
 from . import constraints
 from .chat_shaper import ChatShaper
 
@@ -66,7 +67,9 @@ def thinks(engine: Any) -> bool:
 
 def applies(engine: Any, request: dict[str, Any]) -> bool:
     """Whether the request runs on the chat layer: a chat (not a raw prompt) for a model
-    whose template knows tools when the model may call them, or thinks when it may not."""
+    whose template knows tools when the model may call them, or when its earlier turns
+    hold calls (unless it asks for log probabilities, which the chat layer's items do
+    not carry), or thinks."""
     if request.get("prompt") is not None:
         return False
     template = template_of(engine)
@@ -74,7 +77,16 @@ def applies(engine: Any, request: dict[str, Any]) -> bool:
         return False
     if calls.mode(request) is not None:
         return knows_tools(template)
+    if knows_tools(template) and holds_calls(request) and not wants_logprobs(request):
+        return True
     return bool(template.supports_thinking)
+
+
+def holds_calls(request: dict[str, Any]) -> bool:
+    """Whether the request's earlier turns hold a function call or a call's output."""
+    given = request.get("input")
+    turns = [*(request.get("context") or ()), *(given if isinstance(given, list) else ())]
+    return any(history.is_call(m) or history.is_output(m) for m in turns)
 
 
 def thinking_switch(request: dict[str, Any]) -> bool | None:
@@ -102,34 +114,51 @@ def _text(content: Any) -> str:
 def chat_messages(request: dict[str, Any]) -> list[dict[str, Any]]:
     """The request's messages as OpenAI chat messages: ``instructions`` first as a system
     message, then its ``context`` (the earlier turns it continues, where it has one),
-    then ``input``; function calls as an assistant's ``tool_calls`` (those in a row
-    together), their outputs as ``tool`` messages."""
+    then ``input`` (:mod:`lmsp.history`): function calls as an assistant's
+    ``tool_calls``, those in a row, and any text right before them, one message as the
+    model made it; their outputs as ``tool`` messages; reasoning as the
+    ``reasoning_content`` of the assistant message after it."""
     out: list[dict[str, Any]] = []
     if request.get("instructions") is not None:
         out.append({"role": "system", "content": _text(request["instructions"])})
     given = request.get("input")
     items = list(request.get("context") or ())
     items += [{"role": "user", "content": given}] if isinstance(given, str) else list(given or ())
+    reasoning: list[str] = []  # that of the next assistant message
     for item in items:
-        if not isinstance(item, dict):
-            out.append({"role": "user", "content": str(item)})
-        elif "arguments" in item and "call_id" in item:
-            call = {
-                "id": item["call_id"],
-                "type": "function",
-                "function": {"name": item.get("name") or "", "arguments": item["arguments"]},
-            }
-            last = out[-1] if out else None
-            if last is not None and last["role"] == "assistant" and last.get("tool_calls") and not last["content"]:
-                last["tool_calls"].append(call)
-            else:
-                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        elif "output" in item and "call_id" in item:
-            out.append({"role": "tool", "tool_call_id": item["call_id"], "content": _text(item["output"])})
-        else:
-            role = {"developer": "system"}.get(item.get("role") or "user", item.get("role") or "user")
-            out.append({"role": role, "content": _text(item.get("content"))})
+        if history.is_reasoning(item):
+            reasoning.append(str(item["reasoning"]))
+            continue
+        message = _chat_message(item, None if reasoning or not out else out[-1])
+        if message is None:  # a call joined the assistant message before it
+            continue
+        if message["role"] == "assistant" and reasoning:
+            message["reasoning_content"] = "\n\n".join(reasoning)
+        if message["role"] != "system":
+            reasoning = []  # shown with the answer after it, else gone as the template would drop it
+        out.append(message)
     return out
+
+
+def _chat_message(item: Any, last: dict[str, Any] | None) -> dict[str, Any] | None:
+    """One kept message as an OpenAI chat message; None when it is a call that joins
+    ``last``, the message before it, an assistant's."""
+    if not isinstance(item, dict):
+        return {"role": "user", "content": str(item)}
+    if history.is_call(item):
+        call = {
+            "id": item["call_id"],
+            "type": "function",
+            "function": {"name": item.get("name") or "", "arguments": item["arguments"]},
+        }
+        if last is not None and last["role"] == "assistant":
+            last.setdefault("tool_calls", []).append(call)
+            return None
+        return {"role": "assistant", "content": "", "tool_calls": [call]}
+    if history.is_output(item):
+        return {"role": "tool", "tool_call_id": item["call_id"], "content": _text(item["output"])}
+    role = {"developer": "system"}.get(item.get("role") or "user", item.get("role") or "user")
+    return {"role": role, "content": _text(item.get("content"))}
 
 
 def chat_tools(request: dict[str, Any]) -> list[dict[str, Any]]:
@@ -158,12 +187,14 @@ class _Plans:
         self.lock = threading.Lock()
         self.plans: weakref.WeakKeyDictionary[Any, dict[str, ChatPlan]] = weakref.WeakKeyDictionary()
 
-    def get(self, engine: Any, request: dict[str, Any]) -> ChatPlan:
-        key = json.dumps([chat_messages(request), chat_tools(request), _options(request)])
+    def get(self, engine: Any, request: dict[str, Any], messages: list[dict[str, Any]] | None = None) -> ChatPlan:
+        """The plan of ``request`` (with ``messages`` for its chat messages, when given)."""
+        messages = chat_messages(request) if messages is None else messages
+        key = json.dumps([messages, chat_tools(request), _options(request)])
         with self.lock:
             plan = self.plans.get(engine, {}).get(key)
         if plan is None:
-            plan = _render(engine, request)
+            plan = _render(engine, request, messages)
             with self.lock:
                 mine = self.plans.setdefault(engine, {})
                 if len(mine) >= _CACHE_SIZE:
@@ -222,11 +253,11 @@ def most_calls(request: dict[str, Any]) -> int | None:
     return int(most) if most else None
 
 
-def _render(engine: Any, request: dict[str, Any]) -> ChatPlan:
+def _render(engine: Any, request: dict[str, Any], messages: list[dict[str, Any]]) -> ChatPlan:
     mode, parallel, schema, thinking, _, most = _options(request)
     tools = chat_tools(request)
     rendered = template_of(engine).render(
-        json.dumps(chat_messages(request)),
+        json.dumps(messages),
         tools=json.dumps(tools) if tools else "",
         tool_choice="required" if mode == "required" else "auto",
         # a bound holds by blocks of one call each (the chat layer's parallel calls in a
@@ -257,6 +288,30 @@ def plan(engine: Any, request: dict[str, Any]) -> ChatPlan | None:
     if not applies(engine, request):
         return None
     return _plans.get(engine, request)
+
+
+def truncated_tokens(engine: Any, request: dict[str, Any], max_tokens: int) -> list[int]:
+    """The chat layer's prompt of the request (which it applies to); with
+    ``truncation: "auto"`` its oldest turns (every message but the system ones and the
+    last) dropped, oldest first, as :func:`.prompt.truncated` drops them from the
+    service's own (a ``tool`` message whose call went goes with it). Only the prompt
+    changes: the grammar, stops and parser of a plan do not depend on the earlier
+    turns."""
+    from .prompt import budget, fewest_dropped
+
+    messages = chat_messages(request)
+    tokens = _plans.get(engine, request, messages).tokens
+    if request.get("truncation") != "auto":
+        return list(tokens)
+    turns = [i for i, m in enumerate(messages) if m["role"] != "system"]
+
+    def without(n: int) -> list[int]:
+        while n < len(turns) - 1 and messages[turns[n]]["role"] == "tool":
+            n += 1  # an output whose call went
+        gone = set(turns[:n])
+        return _plans.get(engine, request, [m for i, m in enumerate(messages) if i not in gone]).tokens
+
+    return list(fewest_dropped(list(tokens), without, len(turns), budget(engine.n_ctx, max_tokens))[0])
 
 
 def shaper(engine: Any, request: dict[str, Any], item_id: str, emitted: str = "") -> ChatShaper | None:

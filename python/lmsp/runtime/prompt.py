@@ -8,9 +8,9 @@ without a template gets the plain format of ``docs/API.md``.
 from __future__ import annotations
 
 import json
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
-from .. import calls
+from .. import calls, history
 from ..objects import wants_logprobs
 from . import constraints
 
@@ -46,9 +46,7 @@ def messages_for(request: dict) -> list[dict]:
     if instructions is not None:
         messages.append({"role": "system", "content": _text(instructions)})
     for message in request.get("context") or ():
-        messages.append(
-            {"role": ROLES.get(message.get("role") or "user", "user"), "content": _text(message["content"])}
-        )
+        messages.append(_message(message))
     given = request.get("input")
     if isinstance(given, str):
         messages.append({"role": "user", "content": given})
@@ -57,9 +55,18 @@ def messages_for(request: dict) -> list[dict]:
             if isinstance(message, str):
                 messages.append({"role": "user", "content": message})
             elif isinstance(message, dict):
-                role = ROLES.get(message.get("role") or "user", "user")
-                messages.append({"role": role, "content": _text(message.get("content"))})
+                messages.append(_message(message))
     return with_tools(messages, request)
+
+
+def _message(message: dict) -> dict:
+    """A kept message with its role as the template takes it and its content one text;
+    the rest (a call's or an output's parts, :mod:`lmsp.history`) as it is."""
+    return {
+        **message,
+        "role": ROLES.get(message.get("role") or "user", "user"),
+        "content": _text(message.get("content")),
+    }
 
 
 def tools_text(request: dict) -> str:
@@ -102,10 +109,11 @@ def with_tools(messages: list[dict], request: dict) -> list[dict]:
 
 
 def render(engine: ChatEngine, messages: list[dict]) -> list[int]:
-    """Prompt token ids: the model's chat template with the assistant's turn opened,
+    """Prompt token ids: the model's chat template with the assistant's turn opened
+    over the messages as a template without tools takes them (:func:`lmsp.history.plain_turns`),
     tokenized with the model's special tokens (BOS where it asks for one) and
     special-token text parsed, as llama-server feeds a chat to the model."""
-    return list(engine.chat_prompt(messages, add_generation_prompt=True))
+    return list(engine.chat_prompt(history.plain_turns(messages), add_generation_prompt=True))
 
 
 def render_request(engine: ChatEngine, messages: list[dict], request: dict, max_tokens: int) -> list[int]:
@@ -122,25 +130,36 @@ def truncated(engine: ChatEngine, messages: list[dict], request: dict, max_token
     tokens = render(engine, messages)
     if request.get("truncation") != "auto":
         return tokens, 0
-    budget = engine.n_ctx - max(1, min(max_tokens, engine.n_ctx // 2))
-    if len(tokens) <= budget:
-        return tokens, 0
     turns = [i for i, m in enumerate(messages) if m.get("role") != "system"]
 
     def without(n: int) -> list[int]:  # the prompt less its ``n`` oldest turns
         gone = set(turns[:n])
         return render(engine, [m for i, m in enumerate(messages) if i not in gone])
 
-    # the fewest oldest turns to drop, found in a logarithmic number of renders (a
-    # prompt never grows when a turn goes); the last turn always stays
-    low, high = 1, len(turns) - 1
-    if high < low:
+    return fewest_dropped(tokens, without, len(turns), budget(engine.n_ctx, max_tokens))
+
+
+def budget(n_ctx: int, max_tokens: int) -> int:
+    """The most prompt tokens ``truncation: "auto"`` leaves: room for ``max_tokens`` of
+    output, at most half the context."""
+    return n_ctx - max(1, min(max_tokens, n_ctx // 2))
+
+
+def fewest_dropped(
+    tokens: list[int], without: Callable[[int], list[int]], n_turns: int, most: int
+) -> tuple[list[int], int]:
+    """The prompt (``tokens``) less the fewest of its oldest turns (``without(n)``: less
+    ``n`` of its ``n_turns``) that fits in ``most`` tokens, and how many went; found in
+    a logarithmic number of renders (a prompt never grows when a turn goes). The last
+    turn always stays: the shortest there is when none fits."""
+    low, high = 1, n_turns - 1
+    if len(tokens) <= most or high < low:
         return tokens, 0
     best = without(high)
     while low < high:
         middle = (low + high) // 2
         attempt = without(middle)
-        if len(attempt) <= budget:
+        if len(attempt) <= most:
             high, best = middle, attempt
         else:
             low = middle + 1
@@ -171,11 +190,11 @@ def prompt_tokens(engine, request: dict, max_tokens: int) -> list[int]:
     its messages through the chat template (:func:`render_request`)."""
     raw = request.get("prompt")
     if raw is None:
-        from .chat_layer import plan
+        from . import chat_layer
 
-        found = plan(engine, request)
-        if found is not None:  # the model's own chat layer (tools, thinking): no truncation
-            return list(found.tokens)
+        found = chat_layer.plan(engine, request)
+        if found is not None:  # the model's own chat layer (tools, thinking)
+            return chat_layer.truncated_tokens(engine, request, max_tokens)
         return render_request(engine, messages_for(request), request, max_tokens)
     suffix = request.get("suffix")
     if suffix is not None:
