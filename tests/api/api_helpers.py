@@ -125,6 +125,12 @@ def parse_sse(text: str) -> list[dict]:
     return frames
 
 
+def sse_events(text: str) -> list[dict]:
+    """The frames of :func:`parse_sse` without keep-alive comments, which a slow
+    machine may put anywhere in a stream (``heartbeat_seconds``)."""
+    return [f for f in parse_sse(text) if "comment" not in f]
+
+
 def assert_error(result, status: int, code: str, param=None) -> dict:
     assert result.status_code == status, result.text
     body = result.json

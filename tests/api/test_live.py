@@ -8,7 +8,7 @@ import httpx2
 import jsonschema
 import openai
 import pytest
-from api_helpers import Api, assert_error, make_client, parse_sse
+from api_helpers import Api, assert_error, make_client, sse_events
 
 from lmsp.api.openapi import document
 from lmsp.app import create_app
@@ -163,7 +163,7 @@ def test_stream_deltas_make_the_output(client):
     result = client.post("/v1/responses", json={"model": "tiny", "input": "Hello", "stream": True,
                                                 "max_output_tokens": 10})
     assert result.status_code == 200
-    frames = [f for f in parse_sse(result.text) if "comment" not in f]  # keep-alives carry no event
+    frames = sse_events(result.text)  # keep-alives carry no event
     ids = [int(f["id"]) for f in frames]
     assert ids == sorted(set(ids)) and ids[0] == 1
     assert frames[0]["event"] == "response.created" and frames[-1]["event"] in TERMINAL
@@ -182,11 +182,11 @@ def test_background_then_follow_and_replay(client):
                                                  "max_output_tokens": 6})
     assert created.status_code == 202
     rid, tid = created.json["id"], created.json["task"]["id"]
-    frames = parse_sse(client.get(f"/v1/tasks/{tid}/events", headers={"Accept": "text/event-stream"}).text)
+    frames = sse_events(client.get(f"/v1/tasks/{tid}/events", headers={"Accept": "text/event-stream"}).text)
     assert frames[-1]["event"] in TERMINAL
     final = client.get(f"/v1/responses/{rid}").json
     assert final["status"] in ("completed", "incomplete")
-    resumed = parse_sse(client.get(f"/v1/responses/{rid}", params={"stream": "true", "starting_after": "3"}).text)
+    resumed = sse_events(client.get(f"/v1/responses/{rid}", params={"stream": "true", "starting_after": "3"}).text)
     assert resumed == frames[3:]
     assert client.get(f"/v1/tasks/{tid}").json["status"] == "completed"
 
@@ -249,7 +249,7 @@ def test_the_openai_sdk_sees_a_failed_stream_as_its_failed_event(live):
 def test_logprobs_are_the_same_live_replayed_and_stored(client):
     body = {"model": "tiny", "input": "Hello", "stream": True, "max_output_tokens": 12, "temperature": 0,
             "include": ["message.output_text.logprobs"], "top_logprobs": 2}
-    frames = parse_sse(client.post("/v1/responses", json=body).text)
+    frames = sse_events(client.post("/v1/responses", json=body).text)
     streamed = [lp for f in frames if f["event"] == "response.output_text.delta" for lp in f["data"]["logprobs"]]
     final = frames[-1]["data"]["response"]
     part = final["output"][0]["content"][0]
@@ -259,7 +259,7 @@ def test_logprobs_are_the_same_live_replayed_and_stored(client):
     done = [f["data"] for f in frames if f["event"] == "response.output_text.done"]
     assert done[0]["logprobs"] == streamed
     assert client.get(f"/v1/responses/{final['id']}").json["output"][0]["content"][0]["logprobs"] == streamed
-    replay = parse_sse(client.get(f"/v1/responses/{final['id']}", params={"stream": "true"}).text)
+    replay = sse_events(client.get(f"/v1/responses/{final['id']}", params={"stream": "true"}).text)
     assert [f["data"] for f in replay] == [f["data"] for f in frames]
 
 

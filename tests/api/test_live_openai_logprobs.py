@@ -3,12 +3,12 @@ engine with the tiny demo model: the engine's entries in OpenAI's shapes, the sa
 streamed, replayed and stored."""
 from __future__ import annotations
 
-from api_helpers import parse_sse
+from api_helpers import sse_events
 from test_live import client, live  # noqa: F401  (the started runtime of test_live.py)
 
 
 def chunks_of(text: str) -> list[dict]:
-    frames = parse_sse(text)
+    frames = sse_events(text)
     assert frames[-1]["data"] == "[DONE]", frames
     return [f["data"] for f in frames[:-1]]
 
