@@ -259,12 +259,16 @@ def plan(engine: Any, request: dict[str, Any]) -> ChatPlan | None:
     return _plans.get(engine, request)
 
 
-def shaper(engine: Any, request: dict[str, Any], item_id: str, emitted: str = "") -> ChatShaper | None:
-    """The shaper of a task's output on the chat layer (None: not on it)."""
+def shaper(
+    engine: Any, request: dict[str, Any], item_id: str, emitted: str = "", resume: dict[str, Any] | None = None
+) -> ChatShaper | None:
+    """The shaper of a task's output on the chat layer (None: not on it); ``resume``:
+    the resumed task's snapshot (its message's log probabilities so far)."""
     found = plan(engine, request)
     if found is None:
         return None
     from .. import native  # the extension loads in the workers only
 
     parser = native.ChatParser(found.format, found.generation_prompt, found.parser)
-    return ChatShaper(parser.parse, item_id, emitted, thinks=found.thinking)
+    logprobs = (resume or {}).get("logprobs")
+    return ChatShaper(parser.parse, item_id, emitted, thinks=found.thinking, logprobs=logprobs)
