@@ -96,9 +96,11 @@ not included in ``text``), "length" (max_tokens, or the context is full),
 of a sequence's results concatenate to its output text. A sequence submitted
 with ``logprobs=True`` also has ``"logprobs"`` beside its results' tokens:
 each token's natural log probability under the model (a softmax of its
-logits, before temperature, top-k or top-p); with ``top_logprobs=N`` too
+logits, before temperature, top-k or top-p; with a grammar, over the tokens
+the grammar allows at that position only); with ``top_logprobs=N`` too
 (1 to 20), ``"top_logprobs"``: for each token the N most likely tokens of
-its position, ``(token, logprob)`` pairs, most likely first.
+its position, ``(token, logprob)`` pairs, most likely first (fewer where a
+grammar allows fewer).
 ``token_bytes(token)`` is a token's text as generation emits it (bytes: a
 token may hold part of a UTF-8 character). ``wait()`` blocks
 without the GIL; ``fileno()`` is readable while results are pending.
