@@ -123,3 +123,24 @@ def test_chat_completions_on_the_chat_layer(tools_served, think_served):
     message = answer["choices"][0]["message"]
     assert message["reasoning_content"] and message["content"] == ""
     assert answer["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
+
+
+def test_the_messages_log_probabilities_as_the_openai_sdk_types_them(tools_served):
+    from openai.types.chat import ChatCompletion
+    from openai.types.responses import ResponseOutputMessage
+
+    server, token, model = tools_served
+    body = {"model": model, "input": "Weather?", "tools": [WEATHER], "tool_choice": "auto", "max_output_tokens": 12,
+            "include": ["message.output_text.logprobs"], "top_logprobs": 2}
+    events, final = stream_and_replay(server, token, body)
+    [item] = final["output"]
+    [part] = ResponseOutputMessage.model_validate(item).content
+    deltas = [e for ev in events if ev["type"] == "response.output_text.delta" for e in ev["logprobs"]]
+    assert part.logprobs and [lp.model_dump() for lp in part.logprobs] == deltas
+    assert all(len(lp.top_logprobs) == 2 for lp in part.logprobs)
+    chat = server.call("POST", "/v1/chat/completions", {
+        "model": model, "messages": [{"role": "user", "content": "Weather?"}], "max_tokens": 12,
+        "tools": [{"type": "function", "function": {k: WEATHER[k] for k in ("name", "description", "parameters")}}],
+        "logprobs": True, "top_logprobs": 2}, token=token)
+    content = ChatCompletion.model_validate(chat).choices[0].logprobs.content
+    assert content and all(len(c.top_logprobs) == 2 for c in content)
