@@ -19,6 +19,10 @@
 namespace lmsp {
 
 namespace {
+// The counters of a constrained sequence's second draws (constrained_token):
+// apart from those of its first draws, the output positions.
+constexpr uint64_t kRedraw = uint64_t(1) << 63;
+
 double ms_between(Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double, std::milli>(b - a).count();
 }
@@ -451,8 +455,11 @@ void Engine::take_token(Sequence & s, const float * logits) {
 }
 
 // The token a constrained sequence takes: the sampler's pick when the grammar
-// allows it, else the same draw (the same counter) over the tokens the grammar
-// allows; -1 when it allows none. The grammar takes the token. A sequence with
+// allows it, else a draw of its own (a counter of its own: independent of the
+// first, so that the token is drawn from the sampler's distribution over the
+// allowed tokens, renormalized, where temperature alone shapes it) over the
+// tokens the grammar allows; -1 when it allows none. The grammar takes the
+// token. A sequence with
 // log probabilities has the whole vocabulary checked at every step (s.masked,
 // what they report); the others only when the pick is refused.
 int32_t Engine::constrained_token(Sequence & s, const float * logits, int32_t token) {
@@ -460,7 +467,7 @@ int32_t Engine::constrained_token(Sequence & s, const float * logits, int32_t to
     const bool allowed = g.allows(token);
     if (!allowed || s.logprobs) g.mask(logits, n_vocab_, s.masked);
     if (!allowed) {
-        token = s.sampler.sample(s.masked.data(), n_vocab_, s.generated.size());
+        token = s.sampler.sample(s.masked.data(), n_vocab_, s.generated.size() | kRedraw);
         if (!(s.masked[size_t(token)] > -INFINITY)) return -1;
     }
     // an end-of-generation token ends the sequence and is never fed to the model

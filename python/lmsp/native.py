@@ -129,8 +129,10 @@ has finished raises KeyError.
 "lazy": bool, "triggers": [{"type": "word" | "pattern" | "pattern_full" |
 "token", "value": str, "token": int}], "preserved": [str], "prefill": str}``,
 only ``gbnf`` required. The sampler's pick is kept when the grammar allows it;
-otherwise the same draw (the same counter) is made over the tokens the grammar
-allows, so a constrained sequence is as deterministic, batch invariant and
+otherwise a second draw (a counter of its own, independent of the first) is
+made over the tokens the grammar allows: the token is drawn from the
+sampler's distribution over the allowed tokens, renormalized, where
+temperature alone shapes it. A constrained sequence is as deterministic, batch invariant and
 resumable as any other (a resumed one's grammar takes its generated tokens
 first). End-of-generation is allowed only where the grammar is complete. A
 lazy grammar leaves the output free until a trigger appears (a word, a

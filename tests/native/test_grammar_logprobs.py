@@ -114,3 +114,28 @@ def test_a_resumed_sequence_gives_the_same_ones(make_engine) -> None:
     assert snap["generated"] + rest.tokens == full.tokens
     assert part.logprobs == full.logprobs[: len(part.logprobs)] and rest.logprobs == full.logprobs[n:]
     assert tops(part) == tops(full)[: len(part.tokens)] and tops(rest) == tops(full)[n:]
+
+
+def test_a_token_is_drawn_from_the_distribution_they_report(engine: Engine, pieces) -> None:
+    """At temperature 1, a constrained token's frequency over many seeds is its
+    probability among the allowed tokens, the one its entry reports. The grammar
+    forbids the likeliest tokens (" expected" here), so that the sampler's first
+    pick is often refused: a second draw on the same counter as the first would
+    give "reno" about 0.85 of the time and "riers" 0.14, instead of 0.81 and 0.19."""
+    grammar = {"gbnf": 'root ::= "r" [a-z]*'}
+    row = engine.eval_logits(PROMPT)[-1].astype(np.float64)
+    allowed = np.array([bool(p) and p[:1] == b"r" and all(97 <= c <= 122 for c in p) for p in pieces])
+    weights = np.where(allowed, np.exp(row - row.max()), 0.0)
+    wanted = weights / weights.sum()
+    n = 3000
+    seqs = [engine.submit(PROMPT, max_tokens=1, grammar=grammar, temperature=1.0, seed=s, logprobs=True,
+                          top_logprobs=TOP) for s in range(n)]
+    runs = drain(engine, seqs)
+    [reported] = tops(runs[seqs[0]])
+    assert [t for t, _ in reported] == list(np.argsort(-wanted, kind="stable")[: len(reported)])
+    assert all(math.exp(lp) == pytest.approx(wanted[t], abs=1e-3) for t, lp in reported)
+    counts = np.bincount([runs[s].tokens[0] for s in seqs], minlength=engine.n_vocab)
+    assert not counts[~allowed].any()
+    for token in np.argsort(-wanted)[:2]:  # "reno" and "riers"
+        p = wanted[token]
+        assert abs(counts[token] / n - p) < 4 * math.sqrt(p * (1 - p) / n), (pieces[token], counts[token] / n, p)

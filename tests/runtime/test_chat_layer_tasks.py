@@ -58,7 +58,7 @@ def conforms(store, task_id, events) -> None:
 def test_a_required_call_in_the_models_own_format(store, make_runtime, chat_models):
     rt = start(make_runtime, store)
     task_id = submit(store, rt, "Weather in Paris?", model="tools", tools=[WEATHER], tool_choice="required",
-                     max_output_tokens=200, temperature=1.0, seed=5)
+                     parallel_tool_calls=False, max_output_tokens=200, temperature=1.0, seed=5)
     assert wait_finished(rt, store, task_id)["status"] == "completed"
     events = all_events(store, task_id)
     types = check_log(events)
