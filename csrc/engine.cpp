@@ -19,6 +19,10 @@
 namespace lmsp {
 
 namespace {
+// The counters of a constrained sequence's second draws (constrained_token):
+// apart from those of its first draws, the output positions.
+constexpr uint64_t kRedraw = uint64_t(1) << 63;
+
 double ms_between(Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double, std::milli>(b - a).count();
 }
@@ -419,8 +423,11 @@ void Engine::take_token(Sequence & s, const float * logits) {
     }
     tokens_generated_++;
     if (s.logprobs) {
-        s.next_logprobs = {log_probability(logits, n_vocab_, token)};
-        if (s.top_logprobs > 0) s.next_top = {top_logprobs(logits, n_vocab_, s.top_logprobs)};
+        // the distribution the token was drawn from: with a grammar, the model's
+        // restricted to the tokens the grammar allowed (constrained_token's mask)
+        const float * dist = s.grammar ? s.masked.data() : logits;
+        s.next_logprobs = {log_probability(dist, n_vocab_, token)};
+        if (s.top_logprobs > 0) s.next_top = {top_logprobs(dist, n_vocab_, s.top_logprobs)};
     }
     if (llama_vocab_is_eog(vocab_, token)) {
         finish(s, Finish::stop, "", {}, s.text.flush());
@@ -448,13 +455,19 @@ void Engine::take_token(Sequence & s, const float * logits) {
 }
 
 // The token a constrained sequence takes: the sampler's pick when the grammar
-// allows it, else the same draw (the same counter) over the tokens the grammar
-// allows; -1 when it allows none. The grammar takes the token.
+// allows it, else a draw of its own (a counter of its own: independent of the
+// first, so that the token is drawn from the sampler's distribution over the
+// allowed tokens, renormalized, where temperature alone shapes it) over the
+// tokens the grammar allows; -1 when it allows none. The grammar takes the
+// token. A sequence with
+// log probabilities has the whole vocabulary checked at every step (s.masked,
+// what they report); the others only when the pick is refused.
 int32_t Engine::constrained_token(Sequence & s, const float * logits, int32_t token) {
     Grammar & g = *s.grammar;
-    if (!g.allows(token)) {
-        g.mask(logits, n_vocab_, s.masked);
-        token = s.sampler.sample(s.masked.data(), n_vocab_, s.generated.size());
+    const bool allowed = g.allows(token);
+    if (!allowed || s.logprobs) g.mask(logits, n_vocab_, s.masked);
+    if (!allowed) {
+        token = s.sampler.sample(s.masked.data(), n_vocab_, s.generated.size() | kRedraw);
         if (!(s.masked[size_t(token)] > -INFINITY)) return -1;
     }
     // an end-of-generation token ends the sequence and is never fed to the model

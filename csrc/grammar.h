@@ -1,9 +1,10 @@
 // Grammar-constrained sampling: llama.cpp's grammar sampler (GBNF, optionally
 // lazy) beside the service's counter-based Sampler. The sampler's own pick is
 // tried first; only when the grammar rejects it is the whole vocabulary
-// masked and the same draw made again on what the grammar allows, as
-// llama.cpp's common sampler does. End-of-generation tokens pass only where
-// the grammar is complete.
+// masked and a second, independent draw made on what the grammar allows, as
+// llama.cpp's common sampler does (a sequence with log probabilities has it
+// masked at every step: they are reported over the allowed tokens).
+// End-of-generation tokens pass only where the grammar is complete.
 #pragma once
 
 #include <cstdint>

@@ -33,6 +33,7 @@ std::vector<TopLogprob> top_logprobs(const float * logits, int32_t n, int32_t k)
     out.reserve(size_t(k));
     for (int32_t i = 0; i < k; ++i) {
         const int32_t id = ids[size_t(i)];
+        if (!(logits[id] > -INFINITY)) break;  // a token masked out (a grammar's) is no alternative
         out.push_back({id, float(double(logits[id]) - norm)});
     }
     return out;

@@ -19,7 +19,8 @@ struct TopLogprob {
 float log_probability(const float * logits, int32_t n, int32_t token);
 
 // The `k` most likely tokens of the distribution `logits` (a softmax over `n`),
-// most likely first; ties go to the lower token id.
+// most likely first; ties go to the lower token id. Tokens at -inf (masked out)
+// are left out, so fewer than `k` may come back.
 std::vector<TopLogprob> top_logprobs(const float * logits, int32_t n, int32_t k);
 
 }  // namespace lmsp

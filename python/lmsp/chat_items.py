@@ -47,8 +47,8 @@ def item_ids(response_item_id: str, kind: str, index: int, call_index: int) -> t
     return f"fc_{suffix}{tail}", f"call_{suffix}{tail}"
 
 
-def text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": list(logprobs or ())}
 
 
 def new_item(kind: str, item_id: str, call_id: str | None = None, name: str = "") -> dict[str, Any]:
@@ -67,15 +67,18 @@ def new_item(kind: str, item_id: str, call_id: str | None = None, name: str = ""
     }
 
 
-def done_item(item: dict[str, Any], body: str, status: str) -> dict[str, Any]:
-    """The item with its whole ``body`` (reasoning text, message text, arguments)."""
+def done_item(
+    item: dict[str, Any], body: str, status: str, logprobs: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The item with its whole ``body`` (reasoning text, message text, arguments) and,
+    for a message, the log probabilities of its text's tokens."""
     out = dict(item)
     if item["type"] == "reasoning":
         out["content"] = [{"type": "reasoning_text", "text": body}]
         return out
     out["status"] = status
     if item["type"] == "message":
-        out["content"] = [text_part(body)]
+        out["content"] = [text_part(body, logprobs)]
     else:
         out["arguments"] = body
     return out
@@ -86,6 +89,7 @@ def fold(events: Iterable[tuple[str, str | None]], status: str) -> list[dict[str
     not done yet gets ``status`` (a reasoning item none) and its body so far."""
     items: list[dict[str, Any]] = []
     bodies: list[str] = []
+    logprobs: list[list[dict[str, Any]]] = []
     closed: list[bool] = []
     for etype, data in events:
         if data is None:
@@ -95,47 +99,56 @@ def fold(events: Iterable[tuple[str, str | None]], status: str) -> list[dict[str
         if etype == ADDED and index == len(items):
             items.append(payload["item"])
             bodies.append("")
+            logprobs.append([])
             closed.append(False)
         elif not isinstance(index, int) or not 0 <= index < len(items):
             continue
         elif etype in (TEXT_DELTA, REASONING_DELTA, ARGS_DELTA):
             bodies[index] += payload.get("delta") or ""
+            logprobs[index] += payload.get("logprobs") or ()
         elif etype == ITEM_DONE:
             items[index] = payload["item"]
             closed[index] = True
-    return [item if closed[i] else done_item(item, bodies[i], status) for i, item in enumerate(items)]
+    return [item if closed[i] else done_item(item, bodies[i], status, logprobs[i]) for i, item in enumerate(items)]
 
 
-def closing_events(item: dict[str, Any], index: int, body: str, status: str) -> list[tuple[str, dict[str, Any]]]:
-    """The events that end an open item: ``(type, payload)``, in order."""
+def closing_events(
+    item: dict[str, Any], index: int, body: str, status: str, logprobs: list[dict[str, Any]] | None = None
+) -> list[tuple[str, dict[str, Any]]]:
+    """The events that end an open item: ``(type, payload)``, in order; ``logprobs``: a
+    message's, those of its deltas."""
     item_id = item["id"]
-    done = done_item(item, body, status)
+    done = done_item(item, body, status, logprobs)
     if item["type"] == "reasoning":
         ends = [(REASONING_DONE, {"item_id": item_id, "output_index": index, "content_index": 0, "text": body})]
     elif item["type"] == "message":
         base = {"item_id": item_id, "output_index": index, "content_index": 0}
         ends = [
-            (TEXT_DONE, {**base, "text": body, "logprobs": []}),
-            (PART_DONE, {**base, "part": text_part(body)}),
+            (TEXT_DONE, {**base, "text": body, "logprobs": list(logprobs or ())}),
+            (PART_DONE, {**base, "part": text_part(body, logprobs)}),
         ]
     else:
         ends = [(ARGS_DONE, {"item_id": item_id, "output_index": index, "arguments": body})]
     return [*ends, (ITEM_DONE, {"output_index": index, "item": done})]
 
 
-def open_items(events: Iterable[tuple[str, str | None]]) -> list[tuple[int, dict[str, Any], str]]:
-    """The items the rows opened and did not end: ``(output index, item, body so far)``."""
-    added: dict[int, tuple[dict[str, Any], str]] = {}
+OpenItem = tuple[int, dict[str, Any], str, list[dict[str, Any]]]
+
+
+def open_items(events: Iterable[tuple[str, str | None]]) -> list[OpenItem]:
+    """The items the rows opened and did not end: ``(output index, item, body so far,
+    log probabilities so far)``."""
+    added: dict[int, tuple[dict[str, Any], str, list[dict[str, Any]]]] = {}
     for etype, data in events:
         if data is None:
             continue
         payload = json.loads(data)
         index = payload.get("output_index")
         if etype == ADDED:
-            added[index] = (payload["item"], "")
+            added[index] = (payload["item"], "", [])
         elif etype == ITEM_DONE:
             added.pop(index, None)
         elif etype in (TEXT_DELTA, REASONING_DELTA, ARGS_DELTA) and index in added:
-            item, body = added[index]
-            added[index] = (item, body + (payload.get("delta") or ""))
-    return [(i, item, body) for i, (item, body) in sorted(added.items())]
+            item, body, logprobs = added[index]
+            added[index] = (item, body + (payload.get("delta") or ""), logprobs + (payload.get("logprobs") or []))
+    return [(i, item, body, logprobs) for i, (item, body, logprobs) in sorted(added.items())]

@@ -106,11 +106,13 @@ class StepOutcome(TypedDict):
 
 class Resume(TypedDict):
     """Where a resumed task's output stands: the tokens generated, the text
-    emitted, and its KV snapshot (None if it has none)."""
+    emitted, and its KV snapshot (None if it has none); ``logprobs``: the
+    entries its text deltas carry, where they carry some."""
 
     generated: list[int]
     emitted: str
     kv_path: str | None
+    logprobs: NotRequired[list[dict[str, Any]]]
 
 
 class ClaimRecord(TypedDict):

@@ -96,9 +96,11 @@ not included in ``text``), "length" (max_tokens, or the context is full),
 of a sequence's results concatenate to its output text. A sequence submitted
 with ``logprobs=True`` also has ``"logprobs"`` beside its results' tokens:
 each token's natural log probability under the model (a softmax of its
-logits, before temperature, top-k or top-p); with ``top_logprobs=N`` too
+logits, before temperature, top-k or top-p; with a grammar, over the tokens
+the grammar allows at that position only); with ``top_logprobs=N`` too
 (1 to 20), ``"top_logprobs"``: for each token the N most likely tokens of
-its position, ``(token, logprob)`` pairs, most likely first.
+its position, ``(token, logprob)`` pairs, most likely first (fewer where a
+grammar allows fewer).
 ``token_bytes(token)`` is a token's text as generation emits it (bytes: a
 token may hold part of a UTF-8 character). ``wait()`` blocks
 without the GIL; ``fileno()`` is readable while results are pending.
@@ -127,8 +129,10 @@ has finished raises KeyError.
 "lazy": bool, "triggers": [{"type": "word" | "pattern" | "pattern_full" |
 "token", "value": str, "token": int}], "preserved": [str], "prefill": str}``,
 only ``gbnf`` required. The sampler's pick is kept when the grammar allows it;
-otherwise the same draw (the same counter) is made over the tokens the grammar
-allows, so a constrained sequence is as deterministic, batch invariant and
+otherwise a second draw (a counter of its own, independent of the first) is
+made over the tokens the grammar allows: the token is drawn from the
+sampler's distribution over the allowed tokens, renormalized, where
+temperature alone shapes it. A constrained sequence is as deterministic, batch invariant and
 resumable as any other (a resumed one's grammar takes its generated tokens
 first). End-of-generation is allowed only where the grammar is complete. A
 lazy grammar leaves the output free until a trigger appears (a word, a

@@ -40,3 +40,18 @@ def test_a_reasoning_delta_is_a_chunk_of_reasoning_content():
     chunk = json.loads(frame[len(b"data: "):])
     assert chunk["choices"][0]["delta"] == {"reasoning_content": "hm"}
     assert framing.event({"type": "response.reasoning.done", "text": "hm"}) == b""
+
+
+ENTRY = {"token": "Hi.", "logprob": -0.25, "bytes": [72, 105, 46], "top_logprobs": []}
+
+
+def test_logprobs_are_the_message_s_after_the_reasoning():
+    message = {**RESPONSE["output"][1], "content": [{**RESPONSE["output"][1]["content"][0], "logprobs": [ENTRY]}]}
+    body = chat_completion({**RESPONSE, "output": [RESPONSE["output"][0], message]}, logprobs=True)
+    assert body["choices"][0]["logprobs"] == {"content": [ENTRY], "refusal": None}
+    framing = ChunkFraming("chat.completion", {"id": "chatcmpl-1", "created_at": 1, "model": "think"}, logprobs=True)
+    assert json.loads(framing.event({"type": "response.reasoning.delta", "item_id": "rs_1", "output_index": 0,
+                                     "content_index": 0, "delta": "hm"})[6:])["choices"][0]["logprobs"] is None
+    frame = framing.event({"type": "response.output_text.delta", "item_id": "msg_1", "output_index": 1,
+                           "content_index": 0, "delta": "Hi.", "logprobs": [ENTRY]})
+    assert json.loads(frame[6:])["choices"][0]["logprobs"] == {"content": [ENTRY], "refusal": None}

@@ -47,13 +47,16 @@ def calling(scripted, store):
     def finish(task_id, text, finish="stop"):
         task = store.get_task(task_id)
         request = store.get_request(task["response_id"])
-        run = SimpleNamespace(task_id=task_id, attempt=task["attempts"], engine=None,
+        run = SimpleNamespace(task_id=task_id, attempt=task["attempts"],
+                              engine=SimpleNamespace(token_bytes=lambda token: b"x"),
                               calls=CallShaper.for_request(request))
         pieces = [CALL_TEXT[:10], CALL_TEXT[10:30], CALL_TEXT[30:45], CALL_TEXT[45:]]
         for i, piece in enumerate(pieces):
             final = i == len(pieces) - 1
             result = {"text": piece, "tokens": [i + 1], "finish": finish if final else None, "n_prompt": 3,
                       "n_generated": i + 1}
+            if request.get("include"):  # asked for log probabilities: the engine gives them
+                result["logprobs"] = [-0.25]
             store.append_step(OWNER, [merge(None, run, result)])  # type: ignore[arg-type]
 
     scripted.finish = finish
@@ -182,9 +185,6 @@ BAD = [
      "response_format.json_schema.schema"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA, "strict": 1}}},
      "response_format.json_schema.strict"),
-    ({"response_format": {"type": "json_object"}, "logprobs": True}, "logprobs"),
-    ({"response_format": {"type": "json_object"}, "logprobs": True, "top_logprobs": 2}, "top_logprobs"),
-    ({"tools": [TOOL], "tool_choice": "required", "logprobs": True}, "logprobs"),
     ({"messages": [ASK, TOOL_REPLY]}, "messages[1].tool_call_id"),
     ({"messages": [ASK, {"role": "tool", "content": "x"}]}, "messages[1].tool_call_id"),
     ({"messages": [TOOL_REPLY, ASSISTANT_CALL]}, "messages[0].tool_call_id"),
@@ -212,9 +212,22 @@ def test_bad_tool_and_format_fields_are_400_with_their_param(user, fields, param
     assert user.get("/v1/chat/completions").json["data"] == before
 
 
-def test_fields_that_ask_for_nothing_keep_logprobs(user):
-    result = chat(user, tools=[TOOL], tool_choice="none", response_format={"type": "text"}, logprobs=True)
-    assert result.status_code == 200 and result.json["choices"][0]["logprobs"] is not None
+@pytest.mark.parametrize("fields", [
+    {"tools": [TOOL], "tool_choice": "none", "response_format": {"type": "text"}},
+    {"response_format": {"type": "json_object"}},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA}}},
+])
+def test_logprobs_are_kept_with_or_without_a_grammar(user, fields):
+    result = chat(user, logprobs=True, top_logprobs=2, **fields)
+    assert result.status_code == 200
+    content = result.json["choices"][0]["logprobs"]["content"]
+    assert content and all(len(e["top_logprobs"]) == 2 for e in content)
+
+
+def test_a_call_s_tokens_are_not_in_the_content_s_logprobs(user, calling):
+    body = chat(user, tools=[TOOL], tool_choice="required", logprobs=True, top_logprobs=1).json
+    [choice] = body["choices"]
+    assert choice["message"]["tool_calls"] and choice["logprobs"] == {"content": [], "refusal": None}
 
 
 @pytest.mark.parametrize(

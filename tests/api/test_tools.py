@@ -39,9 +39,6 @@ BAD = [
     ({"input": [{**CALL, "arguments": {"city": "Paris"}}]}, "input[0].arguments"),
     ({"input": [{**CALL, "name": "a b"}]}, "input[0].name"),
     ({"input": [CALL, {**OUTPUT, "output": 5}]}, "input[1].output"),
-    ({"tools": [TOOL], "top_logprobs": 2}, "top_logprobs"),
-    ({"tools": [TOOL], "tool_choice": "required", "include": ["message.output_text.logprobs"]}, "include"),
-    ({"text": {"format": {"type": "json_object"}}, "top_logprobs": 1}, "top_logprobs"),
 ]
 
 
@@ -68,11 +65,20 @@ def test_tools_and_call_items_are_kept_and_echoed(user):
     assert (plain["tools"], plain["tool_choice"], plain["parallel_tool_calls"]) == ([], "auto", True)
 
 
-def test_logprobs_without_a_grammar_are_kept(user):
-    """Tools the model may not call (``tool_choice`` none) need no grammar: logprobs stay."""
-    body = create(user, tools=[TOOL], tool_choice="none", top_logprobs=2).json
-    assert body["top_logprobs"] == 2 and body["tool_choice"] == "none"
-    assert create(user, text={"format": {"type": "text"}}, include=["message.output_text.logprobs"]).status_code == 200
+@pytest.mark.parametrize("fields", [
+    {"tools": [TOOL], "tool_choice": "none"},
+    {"text": {"format": {"type": "text"}}},
+    {"tools": [TOOL]},
+    {"tools": [TOOL], "tool_choice": "required"},
+    {"text": {"format": {"type": "json_object"}}},
+])
+def test_logprobs_are_kept_with_or_without_a_grammar(user, fields):
+    """With a grammar (a JSON format, tools the model may call) the engine reports the
+    distribution over the tokens it allows: the request is taken as any other."""
+    body = create(user, top_logprobs=2, include=["message.output_text.logprobs"], **fields).json
+    assert body["top_logprobs"] == 2
+    [part] = body["output"][0]["content"]
+    assert part["logprobs"] and all(len(e["top_logprobs"]) == 2 for e in part["logprobs"])
 
 
 def test_a_function_call_and_its_events_conform_to_open_responses(user, scripted, store,

@@ -162,3 +162,24 @@ def test_auto_truncation_fits_a_long_history(tools_served):
     fitted = server.call("POST", "/v1/responses", {**body, "truncation": "auto"}, token=token, timeout=120)
     assert fitted["status"] in ("completed", "incomplete") and fitted["truncation"] == "auto"
     assert 1500 < fitted["usage"]["input_tokens"] <= 2048 - 4
+
+
+def test_the_messages_log_probabilities_as_the_openai_sdk_types_them(tools_served):
+    from openai.types.chat import ChatCompletion
+    from openai.types.responses import ResponseOutputMessage
+
+    server, token, model = tools_served
+    body = {"model": model, "input": "Weather?", "tools": [WEATHER], "tool_choice": "auto", "max_output_tokens": 12,
+            "include": ["message.output_text.logprobs"], "top_logprobs": 2}
+    events, final = stream_and_replay(server, token, body)
+    [item] = final["output"]
+    [part] = ResponseOutputMessage.model_validate(item).content
+    deltas = [e for ev in events if ev["type"] == "response.output_text.delta" for e in ev["logprobs"]]
+    assert part.logprobs and [lp.model_dump() for lp in part.logprobs] == deltas
+    assert all(len(lp.top_logprobs) == 2 for lp in part.logprobs)
+    chat = server.call("POST", "/v1/chat/completions", {
+        "model": model, "messages": [{"role": "user", "content": "Weather?"}], "max_tokens": 12,
+        "tools": [{"type": "function", "function": {k: WEATHER[k] for k in ("name", "description", "parameters")}}],
+        "logprobs": True, "top_logprobs": 2}, token=token)
+    content = ChatCompletion.model_validate(chat).choices[0].logprobs.content
+    assert content and all(len(c.top_logprobs) == 2 for c in content)

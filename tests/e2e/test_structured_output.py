@@ -6,6 +6,7 @@ express is refused before anything is stored."""
 from __future__ import annotations
 
 import json
+import math
 
 import jsonschema
 import openai
@@ -96,3 +97,20 @@ def test_a_schema_the_grammar_cannot_express_is_refused_and_nothing_is_stored(se
     assert error["code"] == "invalid_request"
     assert error["param"] == "text.format.schema"
     assert server.call("GET", "/v1/responses?limit=100", token=token)["data"] == before
+
+
+def test_log_probabilities_are_those_of_the_allowed_tokens(server, token):
+    """The schema's grammar allows only an opening brace first (with or without the
+    quote after it), so every alternative at the first position opens one; greedy
+    tokens are their positions' likeliest; the alternatives sum to at most 1."""
+    response = create(server, token, input=ABOUT_JOHN, temperature=0, max_output_tokens=120,
+                      text=schema_format(PERSON), top_logprobs=5, include=["message.output_text.logprobs"])
+    assert response["status"] == "completed", response
+    [part] = response["output"][0]["content"]
+    entries = part["logprobs"]
+    assert "".join(e["token"] for e in entries) == part["text"]
+    assert entries[0]["top_logprobs"] and all(a["token"].startswith("{") for a in entries[0]["top_logprobs"])
+    for e in entries:
+        alternatives = e["top_logprobs"]
+        assert (alternatives[0]["token"], alternatives[0]["logprob"]) == (e["token"], e["logprob"])
+        assert sum(math.exp(a["logprob"]) for a in alternatives) <= 1 + 1e-5

@@ -88,9 +88,11 @@ def test_required_without_free_text_makes_the_output_a_call(tools_engine: Engine
         run = drain(tools_engine, [seq])[seq]
         assert run.finish == "stop", run.text
         calls = parser.parse(run.text, False)["tool_calls"]
-        assert [c["name"] for c in calls] == ["get_weather"], run.text
-        args = json.loads(calls[0]["arguments"])
-        assert set(args) == {"city", "days"} and isinstance(args["days"], int)
+        # one call or more: the chat layer's grammar lets parallel calls follow the first
+        assert calls and {c["name"] for c in calls} == {"get_weather"}, run.text
+        for call in calls:
+            args = json.loads(call["arguments"])
+            assert set(args) == {"city", "days"} and isinstance(args["days"], int)
 
 
 def test_the_chat_layers_required_grammar_allows_text_before_the_call(tools_engine: Engine) -> None:

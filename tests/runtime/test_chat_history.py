@@ -164,10 +164,9 @@ def test_a_history_with_calls_reaches_the_template_as_calls_without_tools_too(to
     request = parse_chat({"model": "m", "messages": MESSAGES}, _Config(), lambda: 1).request
     without_tools = LLAMA_SERVER_TOOLS.replace(SYSTEM, "<|im_start|>system\nBe brief.<|im_end|>\n")
     assert tokens_of(tools_engine, request) == as_llama_server(tools_engine, without_tools)
-    # log probabilities, which the chat layer's items do not carry: the service's own format
+    # with log probabilities too: the chat layer's message carries them
     logprobs = parse_chat({"model": "m", "messages": MESSAGES, "logprobs": True}, _Config(), lambda: 1).request
-    assert chat_layer.plan(tools_engine, logprobs) is None
-    assert "Result of get_weather" in text_of(tools_engine, tokens_of(tools_engine, logprobs))
+    assert tokens_of(tools_engine, logprobs) == as_llama_server(tools_engine, without_tools)
 
 
 def test_parallel_calls_are_one_assistant_message_and_their_outputs_tool_messages():

@@ -121,10 +121,10 @@ def test_plans_are_kept_per_engine(tools_engine, plain_engine, tmp_path_factory)
         assert again is not first and again.tokens == first.tokens
 
 
-def test_a_chat_layer_task_computes_no_log_probabilities(think_engine):
+def test_a_chat_layer_task_computes_log_probabilities(think_engine):
     request = kept(input="Hi", include=["message.output_text.logprobs"], top_logprobs=2)
-    assert "logprobs" not in prompting.sampling(request, _Config(), think_engine)
-    assert prompting.sampling(request, _Config())["logprobs"] is True  # elsewhere they are
+    assert prompting.sampling(request, _Config(), think_engine)["logprobs"] is True
+    assert prompting.sampling(request, _Config(), think_engine)["top_logprobs"] == 2
 
 
 def test_the_earlier_turns_a_request_continues_come_before_its_input():

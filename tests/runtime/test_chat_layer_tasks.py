@@ -14,8 +14,7 @@ from runtime_helpers import all_events, check_log, submit, wait_finished, wait_u
 
 from lmsp import chat_items as ci
 from lmsp.contracts import NewTask
-from lmsp.errors import ContextLengthExceeded, InvalidRequest
-from lmsp.objects import LOGPROBS
+from lmsp.errors import ContextLengthExceeded
 from lmsp.demo_model import write_demo_model
 from lmsp.runtime import chat_layer, open_store
 
@@ -59,7 +58,7 @@ def conforms(store, task_id, events) -> None:
 def test_a_required_call_in_the_models_own_format(store, make_runtime, chat_models):
     rt = start(make_runtime, store)
     task_id = submit(store, rt, "Weather in Paris?", model="tools", tools=[WEATHER], tool_choice="required",
-                     max_output_tokens=200, temperature=1.0, seed=5)
+                     parallel_tool_calls=False, max_output_tokens=200, temperature=1.0, seed=5)
     assert wait_finished(rt, store, task_id)["status"] == "completed"
     events = all_events(store, task_id)
     types = check_log(events)
@@ -152,17 +151,6 @@ def test_a_resume_inside_a_calls_arguments_continues_exactly(config, store, make
 def new_task(request: dict) -> NewTask:
     return NewTask(client_id=None, model=request["model"], messages=[{"role": "user", "content": "Hi"}],
                    request=request, on_restart="fail", background=True, stream=False)
-
-
-def test_log_probabilities_of_a_split_output_are_refused(store, make_runtime, chat_models):
-    rt = start(make_runtime, store)
-    rt.load_model("think")
-    with pytest.raises(InvalidRequest) as refused:
-        rt.create_task(new_task({"model": "think", "input": "Hi", "include": [LOGPROBS], "top_logprobs": 2}))
-    assert refused.value.param == "top_logprobs"
-    with pytest.raises(InvalidRequest) as refused:
-        rt.create_task(new_task({"model": "think", "input": "Hi", "include": [LOGPROBS]}))
-    assert refused.value.param == "include"
 
 
 def test_a_cancel_inside_the_reasoning_ends_its_item(store, make_runtime, chat_models):

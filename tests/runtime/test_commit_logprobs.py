@@ -8,6 +8,7 @@ from unittest import mock
 
 from lmsp.runtime.committer import Committer
 from lmsp.runtime.logprobs import FLOOR, result_logprobs
+from lmsp.runtime.toolcalls import CallShaper
 from lmsp.runtime.state import Run
 
 PIECES = {1: b"\xc3", 2: b"\xa9", 3: b"!", 4: b"?"}  # "é" is two tokens
@@ -56,7 +57,7 @@ def committer() -> tuple[Committer, RecordingStore, Run]:
     state = SimpleNamespace(
         store=store, config=SimpleNamespace(commit_window_ms=0), owner="w", lock=threading.Lock(),
         runs={"task_1": run}, by_seq={}, committed={}, stats=mock.Mock(), waiters=mock.Mock(),
-        wake_scheduler=mock.Mock())
+        wake_scheduler=mock.Mock(), kvdisk=mock.Mock())
     return Committer(state, close_deleted=lambda: None), store, run
 
 
@@ -83,3 +84,16 @@ def test_held_logprobs_of_an_earlier_attempt_are_dropped():
     c.take(run, result([3], "!", [-0.5]), now=1.0)
     assert c.commit()
     assert [e["token"] for e in store.items[-1]["logprobs"]] == ["!"]
+
+
+def test_the_tokens_of_a_call_keep_no_logprobs_waiting():
+    """A call's tokens have no text delta: their entries are not held for a text that
+    never comes (each commit would carry all of them again)."""
+    c, store, run = committer()
+    run.calls = CallShaper("required")
+    for i, piece in enumerate(['{"name": "f", ', '"arguments": {', '"a": 1', "}}"]):
+        c.take(run, result([3], piece, [-0.5], finish="stop" if i == 3 else None), now=float(i))
+        assert c.commit()
+        assert not c.held_logprobs or i == 0  # the call's head not whole yet: its kind unknown
+    assert all("calls" in item for item in store.items[1:])
+    assert max(len(item.get("logprobs", ())) for item in store.items) <= 2  # the first ones go once

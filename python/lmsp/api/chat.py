@@ -253,7 +253,6 @@ def parse_chat(body: dict[str, Any], config: Any, random_seed: Callable[[], int]
         **chat_tools.parse_tool_fields(body),
         "parallel_tool_calls": get_bool(body, "parallel_tool_calls", default=True),
     }
-    chat_tools.check_logprobs(request)
     return CreateRequest(
         client_id=None,
         model=model,

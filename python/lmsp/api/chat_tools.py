@@ -15,7 +15,6 @@ from typing import Any, Iterator
 
 from lmsp import history
 from lmsp.errors import InvalidRequest
-from lmsp.objects import LOGPROBS
 
 from . import tools
 from .common import get_str, reject_unknown
@@ -114,18 +113,6 @@ def parse_tool_fields(body: dict[str, Any]) -> dict[str, Any]:
         return {"tools": parsed, "tool_choice": tools.parse_tool_choice(choice, parsed)}
     except InvalidRequest as exc:
         raise renamed(exc, "tool_choice.name", "tool_choice.function.name") from None
-
-
-def check_logprobs(request: dict[str, Any]) -> None:
-    """Log probabilities with a grammar: the Responses API's 400, named ``logprobs``."""
-    try:
-        tools.check_logprobs(request)
-    except InvalidRequest as exc:
-        if exc.param == "include":
-            raise InvalidRequest(
-                exc.message.replace(f"'include' {LOGPROBS!r}", "'logprobs'"), param="logprobs"
-            ) from None
-        raise
 
 
 def tool_call_messages(calls_given: Any, where: str, seen: dict[str, str]) -> Iterator[dict[str, str]]:

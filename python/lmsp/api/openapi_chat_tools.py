@@ -56,7 +56,8 @@ RESPONSE_FORMAT = nullable(
             ),
         ],
         "description": "A schema the grammar cannot hold the output to: 400 "
-        "(`response_format.json_schema.schema`). Not with `logprobs`.",
+        "(`response_format.json_schema.schema`). With `logprobs`, each token's are over the tokens "
+        "the grammar allows.",
     }
 )
 TOOL_CALL = obj(

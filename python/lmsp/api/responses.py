@@ -267,7 +267,6 @@ def parse_create(
         **tools.tools_and_format(body),
         **earlier.fields(calls),
     }
-    tools.check_logprobs(request)
     return CreateRequest(
         client_id=None,
         model=model,

@@ -96,22 +96,6 @@ def tools_and_format(body: dict[str, Any]) -> dict[str, Any]:
     return {"text": parse_text(body.get("text")), **parse_tool_fields(body)}
 
 
-def check_logprobs(request: dict[str, Any]) -> None:
-    """Log probabilities with a grammar (a JSON ``text.format``, tools the model may
-    call): InvalidRequest. The grammar masks the tokens it does not allow, so a token
-    is not drawn from the model's own distribution, which the entries report."""
-    from lmsp import calls as call_format
-    from lmsp.objects import LOGPROBS
-
-    if request["text"]["format"]["type"] == "text" and call_format.mode(request) is None:
-        return
-    what = "a 'text.format' other than text or with tools the model may call"
-    if request.get("top_logprobs"):
-        raise InvalidRequest(f"'top_logprobs' cannot be used with {what}", param="top_logprobs")
-    if LOGPROBS in (request.get("include") or ()):
-        raise InvalidRequest(f"'include' {LOGPROBS!r} cannot be used with {what}", param="include")
-
-
 def parse_tool_fields(body: dict[str, Any]) -> dict[str, Any]:
     """``tools`` and ``tool_choice`` as the task keeps them and the Response echoes them."""
     tools = parse_tools(body.get("tools"))

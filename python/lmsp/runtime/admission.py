@@ -22,7 +22,6 @@ from typing import Any
 from ..contracts import ClaimRecord, CreatedTask, NewTask
 from ..errors import ContextLengthExceeded, InvalidRequest
 from ..hubsafe import offload
-from ..objects import wants_logprobs
 from . import chat_layer, constraints
 from . import prompt as prompting
 from .state import Run, WorkerState
@@ -80,10 +79,9 @@ class Admission:
     def check_chat_layer(self, new: NewTask) -> bool:
         """A request on the chat layer of a model loaded here (:mod:`.chat_layer`): its
         prompt rendered as the run will, truncated as it asks (InvalidRequest where the
-        template refuses it, ContextLengthExceeded where it does not fit), and no log
-        probabilities, which its items do not carry (InvalidRequest). A model not
-        loaded here yet is checked when the task starts (its output has none). Whether
-        the request is on the chat layer (checked here)."""
+        template refuses it, ContextLengthExceeded where it does not fit). A model not
+        loaded here yet is checked when the task starts. Whether the request is on the
+        chat layer (checked here)."""
         engine = self.state.registry.engine(new.model)
         try:
             if engine is None or not chat_layer.applies(engine, new.request):
@@ -95,13 +93,6 @@ class Admission:
         except Exception as exc:  # a closed engine (unloaded meanwhile): checked at run time
             log.debug("check_chat_layer: %s", exc)
             return False
-        if wants_logprobs(new.request):
-            param = "top_logprobs" if new.request.get("top_logprobs") else "include"
-            raise InvalidRequest(
-                f"'{param}': log probabilities are not supported on model {new.model}, whose output is split"
-                " into items by its chat format (reasoning, function calls)",
-                param=param,
-            )
         if len(tokens) >= engine.n_ctx:
             raise ContextLengthExceeded(
                 f"the prompt is {len(tokens)} tokens; model {new.model} takes at most {engine.n_ctx - 1} "

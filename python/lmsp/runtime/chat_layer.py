@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import calls, history
-from ..objects import wants_logprobs
 from . import constraints
 from .chat_shaper import ChatShaper
 
@@ -68,8 +67,7 @@ def thinks(engine: Any) -> bool:
 def applies(engine: Any, request: dict[str, Any]) -> bool:
     """Whether the request runs on the chat layer: a chat (not a raw prompt) for a model
     whose template knows tools when the model may call them, or when its earlier turns
-    hold calls (unless it asks for log probabilities, which the chat layer's items do
-    not carry), or thinks."""
+    hold calls, or thinks."""
     if request.get("prompt") is not None:
         return False
     template = template_of(engine)
@@ -77,7 +75,7 @@ def applies(engine: Any, request: dict[str, Any]) -> bool:
         return False
     if calls.mode(request) is not None:
         return knows_tools(template)
-    if knows_tools(template) and holds_calls(request) and not wants_logprobs(request):
+    if knows_tools(template) and holds_calls(request):
         return True
     return bool(template.supports_thinking)
 
@@ -314,12 +312,16 @@ def truncated_tokens(engine: Any, request: dict[str, Any], max_tokens: int) -> l
     return list(fewest_dropped(list(tokens), without, len(turns), budget(engine.n_ctx, max_tokens))[0])
 
 
-def shaper(engine: Any, request: dict[str, Any], item_id: str, emitted: str = "") -> ChatShaper | None:
-    """The shaper of a task's output on the chat layer (None: not on it)."""
+def shaper(
+    engine: Any, request: dict[str, Any], item_id: str, emitted: str = "", resume: dict[str, Any] | None = None
+) -> ChatShaper | None:
+    """The shaper of a task's output on the chat layer (None: not on it); ``resume``:
+    the resumed task's snapshot (its message's log probabilities so far)."""
     found = plan(engine, request)
     if found is None:
         return None
     from .. import native  # the extension loads in the workers only
 
     parser = native.ChatParser(found.format, found.generation_prompt, found.parser)
-    return ChatShaper(parser.parse, item_id, emitted, thinks=found.thinking)
+    logprobs = (resume or {}).get("logprobs")
+    return ChatShaper(parser.parse, item_id, emitted, thinks=found.thinking, logprobs=logprobs)

@@ -11,6 +11,13 @@ first shows it and ended when the next one opens (the last one ends with the
 task: the store writes its end with the task's own status). The committer
 takes them from :meth:`ChatShaper.made` after each push.
 
+Log probabilities (a request that asked for them) go with the message's text
+only: :meth:`ChatShaper.take_logprobs` gives the entries of a result's tokens
+before its push; they wait until a push gains something, then the tokens
+whose text makes up the message's delta go with that delta (and with the
+message's done events); the others (reasoning, a call's markers and
+arguments, what the format strips) are dropped (:func:`text_tokens`).
+
 The events are a function of the reading of the output so far alone, and the
 raw text a push consumed goes with its first event; a push that gains nothing
 consumes nothing (the engine gives that text again after a resume, its
@@ -21,7 +28,7 @@ last one was, and continues exactly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .. import chat_items as ci
@@ -38,6 +45,7 @@ class _Item:
     body: str = ""  # reasoning text, message text or arguments handed on so far
     source: int = -1  # the parsed call it shows (function_call)
     done: bool = False
+    logprobs: list[dict[str, Any]] = field(default_factory=list)  # a message's, handed on so far
 
 
 Event = tuple[str, dict[str, Any]]
@@ -46,8 +54,16 @@ Event = tuple[str, dict[str, Any]]
 class ChatShaper:
     """One task's output on the chat layer (see the module docstring)."""
 
-    def __init__(self, parse: Parse, item_id: str, emitted: str = "", thinks: bool = False) -> None:
+    def __init__(
+        self,
+        parse: Parse,
+        item_id: str,
+        emitted: str = "",
+        thinks: bool = False,
+        logprobs: list[dict[str, Any]] | None = None,
+    ) -> None:
         self.parse = parse
+        self.waiting: list[dict[str, Any]] = []  # log probabilities of tokens not placed yet
         self.mark = CHAT_THINK if thinks else CHAT_OPEN  # the task's item_open in the store
         self.item_id = item_id
         self.text = emitted
@@ -55,8 +71,15 @@ class ChatShaper:
         self.calls = 0
         if emitted:  # where the committed output left it
             self._gain(self.parse(emitted, True), final=False)
+            message = next((i for i in self.items if i.kind == "message"), None)
+            if message is not None:  # the committed deltas' (``logprobs``), for its done events
+                message.logprobs = list(logprobs or ())
         self.consumed = len(emitted)  # raw text handed on up to here
         self.rows: list[tuple[str, str | None, dict[str, Any]]] = []
+
+    def take_logprobs(self, entries: list[dict[str, Any]]) -> None:
+        """The log probabilities of the tokens of the next push's text."""
+        self.waiting += entries
 
     def push(self, text: str, final: bool) -> dict[str, Any]:
         """The engine's next text, as the committer merges a shaper's: no ``delta`` (the
@@ -69,6 +92,8 @@ class ChatShaper:
             parsed = self._cut_short() if final else None
         if parsed is not None:
             events = self._gain(parsed, final)  # the last item ends with the task, in the store
+            if events:
+                self._place_logprobs(events)
             rows: list[tuple[str, str | None, dict[str, Any]]] = [(etype, None, p) for etype, p in events]
             if rows:
                 rows[0] = (rows[0][0], self.text[self.consumed :], rows[0][2])
@@ -81,6 +106,16 @@ class ChatShaper:
         payload)``, the raw text a push consumed on its first event."""
         rows, self.rows = self.rows, []
         return rows
+
+    def _place_logprobs(self, events: list[Event]) -> None:
+        """The waiting tokens whose text is in the message's delta onto that delta; the
+        others are dropped (their text went to other items, or nowhere)."""
+        waiting, self.waiting = self.waiting, []
+        for etype, payload in events:
+            if etype == ci.TEXT_DELTA:
+                placed = text_tokens(waiting, payload["delta"])
+                payload["logprobs"] = placed
+                self.items[payload["output_index"]].logprobs += placed
 
     def _cut_short(self) -> dict[str, Any]:
         """The reading of a whole output that does not end as the format does (cut short
@@ -148,4 +183,35 @@ class ChatShaper:
             return []
         last = self.items[-1]
         last.done = True
-        return ci.closing_events(last.item, last.index, last.body, "completed")
+        return ci.closing_events(last.item, last.index, last.body, "completed", last.logprobs)
+
+
+def text_tokens(entries: list[dict[str, Any]], delta: str) -> list[dict[str, Any]]:
+    """The entries (in order) of the tokens whose text makes up ``delta``, a message's
+    text gained from them: where the delta is within their text (a format's markers
+    around it), those whose bytes overlap it; where their text is within the delta (a
+    token before them began it), all; where the delta ends with the start of their
+    text, those overlapping that start. Otherwise none. A delta that ends in U+FFFD
+    (an output's last character left incomplete) takes the tokens to the end."""
+    pieces = [bytes(e.get("bytes") or ()) for e in entries]
+    whole = delta.rstrip("\ufffd")
+    raw, want = b"".join(pieces), whole.encode()
+    if not delta or not raw:
+        return []
+    if not want:
+        lo, hi = 0, 0
+    elif (at := raw.find(want)) >= 0:
+        lo, hi = at, at + len(want)
+    elif raw in want:
+        return list(entries)
+    else:
+        k = next((k for k in range(min(len(raw), len(want)), 0, -1) if want.endswith(raw[:k])), 0)
+        lo, hi = 0, k
+    if whole != delta:
+        hi = len(raw)
+    out, pos = [], 0
+    for entry, piece in zip(entries, pieces):
+        if piece and pos < hi and pos + len(piece) > lo:
+            out.append(entry)
+        pos += len(piece)
+    return out

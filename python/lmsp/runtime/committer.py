@@ -53,6 +53,11 @@ def merge(item: StepItem | None, run: Run, result: EngineResult) -> StepItem:
         }
     finish = result.get("finish")
     text = result.get("text") or ""
+    logprobs = result_logprobs(run.engine, result) if result.get("logprobs") else []
+    take_logprobs = getattr(run.calls, "take_logprobs", None)
+    if take_logprobs is not None:  # on the chat layer: its message's text's tokens (runtime.chat_shaper)
+        take_logprobs(logprobs)
+        logprobs = []
     if run.calls is None:
         item["delta"] += text
     else:
@@ -64,8 +69,8 @@ def merge(item: StepItem | None, run: Run, result: EngineResult) -> StepItem:
         else:
             item["delta"] += shaped["delta"]
     item["tokens"].extend(result.get("tokens") or ())
-    if result.get("logprobs"):  # never with function calls (api.tools.check_logprobs)
-        item.setdefault("logprobs", []).extend(result_logprobs(run.engine, result))
+    if logprobs:  # a call's tokens have theirs dropped with its rows (store.steprows)
+        item.setdefault("logprobs", []).extend(logprobs)
     if finish:
         item["finish"] = finish
         if finish == "error":
@@ -270,7 +275,7 @@ class Committer:
             self.state.committed.update(committed)
         self.urgent = False
         for item in items:  # tokens without text yet: their log probabilities wait for it
-            if item.get("logprobs") and not item["delta"] and not item["finish"]:
+            if item.get("logprobs") and not item["delta"] and not item["finish"] and "calls" not in item:
                 self.held_logprobs[item["task_id"]] = (item["attempt"], item["logprobs"])
         if len(items) == len(self.pending):
             self.pending = {}

@@ -258,7 +258,7 @@ def sampling(request: dict, config, engine=None) -> dict:
     if found is not None:
         out["grammar"] = found.grammar
         out["stop"] += [s for s in found.stops if s not in out["stop"]]
-    if wants_logprobs(request) and found is None:  # a chat-layer output's items carry none
+    if wants_logprobs(request):  # on the chat layer, its message's tokens get them (runtime.chat_shaper)
         out["logprobs"] = True
         if request.get("top_logprobs"):
             out["top_logprobs"] = int(request["top_logprobs"])

@@ -201,7 +201,7 @@ class Scheduler:
             )
         self.set_state(run, "running")
         emitted = resume["emitted"] if resume else ""
-        shaper = chat_layer.shaper(engine, request, claim.get("item_id") or "", emitted)
+        shaper = chat_layer.shaper(engine, request, claim.get("item_id") or "", emitted, resume)
         run.calls = shaper if shaper is not None else CallShaper.for_request(request, emitted)
         self.submit(run, engine, tokens, kwargs, resume, claim.get("client_id") or "")
 
@@ -247,6 +247,7 @@ class Scheduler:
         return {
             "generated": list(snapshot.get("generated") or ()),
             "emitted": snapshot.get("emitted") or "",
+            "logprobs": list(snapshot.get("logprobs") or ()),
             "kv_state": read_kv(snapshot.get("kv_path")),
         }
 

@@ -170,8 +170,8 @@ class StoreBase:
             self._close_call(conn, task, now, status, "", response)
             return
         if task["item_open"] in (CHAT_OPEN, CHAT_THINK):  # every item still open; the mark stays
-            for index, item, body in chat_items.open_items(self._attempt_events(conn, task)):
-                for etype, payload in chat_items.closing_events(item, index, body, status):
+            for index, item, body, logprobs in chat_items.open_items(self._attempt_events(conn, task)):
+                for etype, payload in chat_items.closing_events(item, index, body, status, logprobs):
                     self._emit(conn, task, etype, now, payload)
             return
         base = {"item_id": response["item_id"], "output_index": 0, "content_index": 0}

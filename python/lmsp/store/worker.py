@@ -9,6 +9,7 @@ import json
 import sqlite3
 from typing import Iterable
 
+from ..chat_items import TEXT_DELTA
 from ..contracts import ClaimRecord, Resume
 from . import states as st
 from .chains import with_context
@@ -74,16 +75,24 @@ class WorkerArea(StoreBase):
     def _resume(conn: sqlite3.Connection, task: dict) -> Resume:
         """Where the output of a ``running`` task claimed to continue stands."""
         events = conn.execute(
-            "SELECT text, tokens FROM task_events WHERE task_id = ? AND seq > ? AND text IS NOT NULL ORDER BY seq",
-            (task["id"], task["attempt_seq"]),
+            "SELECT text, tokens, type, data FROM task_events WHERE task_id = ? AND seq > ?"
+            " AND (text IS NOT NULL OR (type = ? AND data IS NOT NULL)) ORDER BY seq",
+            (task["id"], task["attempt_seq"], TEXT_DELTA),
         )
         generated: list[int] = []
         emitted = []
-        for text, tokens in events:
-            generated.extend(_tokens_list(tokens))
-            emitted.append(text)
+        logprobs: list[dict] = []
+        for text, tokens, etype, data in events:
+            if text is not None:
+                generated.extend(_tokens_list(tokens))
+                emitted.append(text)
+            if etype == TEXT_DELTA and data is not None:  # the text's log probabilities, if any
+                logprobs.extend(json.loads(data).get("logprobs") or ())
         generated.extend(_tokens_list(task["pending_tokens"]))
-        return {"generated": generated, "emitted": "".join(emitted), "kv_path": task["kv_path"]}
+        out: Resume = {"generated": generated, "emitted": "".join(emitted), "kv_path": task["kv_path"]}
+        if logprobs:
+            out["logprobs"] = logprobs
+        return out
 
     def renew(self, owner: str, *, lease: float, task_ids: Iterable[str] | None = None) -> list[str]:
         """Extend the leases of ``owner``'s unfinished tasks (only those in ``task_ids`` when
