@@ -132,9 +132,15 @@ def response_object(response: Row, task: Row, text: str | None, logprobs: list |
         output.append(output_item(response["item_id"], _item_status(task, reason), text or "", logprobs))
     usage = _json(response["usage"])
     if usage is not None:
+        cached = int(usage.get("cached_tokens", 0))
         usage = {
             "input_tokens": int(usage.get("input_tokens", 0)),
-            "input_tokens_details": {"cached_tokens": int(usage.get("cached_tokens", 0))},
+            # written to the cache: the input tokens computed for this response, which its
+            # sequence's slot keeps (a later prompt that starts with them reuses them)
+            "input_tokens_details": {
+                "cached_tokens": cached,
+                "cache_write_tokens": max(0, int(usage.get("input_tokens", 0)) - cached),
+            },
             "output_tokens": int(usage.get("output_tokens", 0)),
             "output_tokens_details": {"reasoning_tokens": int(usage.get("reasoning_tokens", 0))},
         }

@@ -87,6 +87,15 @@ def test_response_object_has_every_field_with_its_default(user):
     assert part["annotations"] == [] and part["logprobs"] == []
 
 
+def test_the_openai_packages_own_types_take_the_response_as_they_are(user):
+    from openai.types.responses import Response
+
+    body = create(user).json
+    parsed = Response.model_validate(body)  # strict: every field its types require
+    details = parsed.usage.input_tokens_details
+    assert details.cache_write_tokens == body["usage"]["input_tokens"] - details.cached_tokens
+
+
 def test_unfinished_response_has_no_completed_at(user, held):
     body = create(user, background=True).json
     assert body["status"] == "queued" and body["completed_at"] is None

@@ -360,7 +360,7 @@ SCHEMAS: JSON = {
                 obj(
                     {
                         "input_tokens": INT,
-                        "input_tokens_details": obj({"cached_tokens": INT}),
+                        "input_tokens_details": obj({"cached_tokens": INT, "cache_write_tokens": INT}),
                         "output_tokens": INT,
                         "output_tokens_details": obj({"reasoning_tokens": INT}),
                         "total_tokens": INT,
