@@ -438,7 +438,7 @@ def test_a_repeated_prompt_reports_its_cached_tokens(store, runtime):
     first = wait_finished(runtime, store, submit(store, runtime, "A story about a lighthouse",
                                                  max_output_tokens=6))
     usage = store.get_response(first["response_id"])["usage"]
-    assert usage["input_tokens_details"] == {"cached_tokens": 0}
+    assert usage["input_tokens_details"] == {"cached_tokens": 0, "cache_write_tokens": usage["input_tokens"]}
     assert usage["output_tokens_details"] == {"reasoning_tokens": 0}
     again = wait_finished(runtime, store, submit(store, runtime, "A story about a lighthouse",
                                                  max_output_tokens=6))
