@@ -21,10 +21,12 @@ turn wrote it (none for a task in neither). Its content::
     state                llama.cpp's sequence state of those positions
 
 A file is written under a temporary name (``.tmp-*``), synced and renamed, so
-no partial file ever has a final name. Only the newest file of a chain is kept:
-a file of the same owner, or of none, whose tokens the new one's extend is
-deleted. A file whose owner is gone from the store (a deleted conversation, a
-chain deleted or taken by retention) is deleted by the next :func:`gc`. The
+no partial file ever has a final name. Only the newest file of a conversation or
+chain is kept: writing one deletes the older files of its owner, and those of no
+owner (or of a response no other continues) whose tokens the new one's extend.
+A file whose owner is gone from the store (a deleted conversation, a chain
+deleted or taken by retention, a response in no chain deleted) is deleted by
+the next :func:`gc`. The
 directory is kept within a byte budget, least recently used first (a file used
 is touched).
 """
@@ -284,27 +286,30 @@ def touch(path: Path) -> None:
         pass
 
 
-def supersede(directory: Path, written: Path) -> int:
-    """Delete the files of the same model, format and key, and of the written file's
-    owner or of none, whose tokens the written file's extend (the older turns of its
-    chain; another conversation's file stays); how many."""
+def supersede(directory: Path, written: Path, lone: Callable[[set[str]], set[str]] | None = None) -> int:
+    """Delete the older files of the same model, format and key that the written one
+    replaces: every file of its owner (only the newest turn of a conversation or chain
+    is kept, whether or not its tokens start the new one's: a template may render an
+    answer as other tokens than were generated), and the files whose tokens the written
+    file's extend, of no owner or of an owner ``lone(owners)`` names (responses that no
+    other continues, whose turn the client sent again as history). Another
+    conversation's or chain's file stays. How many."""
     new = next((e for e in entries(directory) if e.path.name == written.name), None)
     if new is None:
         return 0
-    older = [
-        e
-        for e in entries(directory)
-        if (e.model, e.fmt, e.key) == (new.model, new.fmt, new.key)
-        and e.n_tokens < new.n_tokens
-        and e.owner in (None, new.owner)
+    mine = [
+        e for e in entries(directory) if (e.model, e.fmt, e.key) == (new.model, new.fmt, new.key) and e.path != new.path
     ]
-    if not older:
-        return 0
-    tokens = read_tokens(written)
-    if tokens is None:
-        return 0
-    hashes = prefix_hashes(tokens, (e.n_tokens for e in older))
-    return sum(remove(e.path) for e in older if hashes.get(e.n_tokens) == e.tokens_hash)
+    gone = [e for e in mine if new.owner is not None and e.owner == new.owner]
+    shorter = [e for e in mine if e.n_tokens < new.n_tokens and e not in gone]
+    tokens = read_tokens(written) if shorter else None
+    if tokens is not None:
+        hashes = prefix_hashes(tokens, (e.n_tokens for e in shorter))
+        held = [e for e in shorter if hashes.get(e.n_tokens) == e.tokens_hash]
+        others = {e.owner for e in held if e.owner is not None}
+        free = lone(others) if lone is not None and others else set()
+        gone += [e for e in held if e.owner is None or e.owner in free]
+    return sum(remove(e.path) for e in gone)
 
 
 def read_header(path: Path) -> dict[str, Any]:

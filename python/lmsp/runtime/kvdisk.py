@@ -1,8 +1,11 @@
 """The KV files of one worker (:mod:`lmsp.kvfiles`): written after turns, loaded by the next.
 
-Every sequence is submitted with ``persist`` while the files are on
-(``kv_cache_bytes`` not 0, ``prefix_cache`` on). When one ends (``stop`` or
-``length``), the commit thread queues it here; this room's own thread (never
+While the files are on (``kv_cache_bytes`` not 0, ``prefix_cache`` on), a
+sequence is submitted with ``persist`` when the service can continue its turn
+(:func:`continuable`: a response in a conversation, or a stored response, which
+a ``previous_response_id`` can continue); a ``store: false`` response, a chat
+completion or a completion writes no file (each may still load one). When a
+persisted sequence ends (``stop`` or ``length``), the commit thread queues it here; this room's own thread (never
 the engine thread nor a gevent hub) asks the engine for what its slot kept
 (``Engine.saved_prefix``, a copy taken between two engine steps), writes the
 file, deletes the older file of its chain and keeps the directory within its
@@ -35,6 +38,16 @@ from .state import IDLE_WAIT, WorkerState
 log = logging.getLogger("lmsp.runtime")
 
 MAX_TRACKED = 4096  # submitted sequences remembered until their end (older ones are dropped)
+RESPONSE_PREFIX = "resp_"  # the ids of Responses (chat completions: chatcmpl-, completions: cmpl-)
+
+
+def continuable(request: dict[str, Any], *, kind: str = "", response_id: str = "") -> bool:
+    """Whether the service can continue this task's turn, so that its KV file is worth
+    writing: a response (``kind`` ``response``, or an id ``resp_...``) in a conversation,
+    or stored (a ``previous_response_id`` can continue any stored response)."""
+    if kind != "response" and not response_id.startswith(RESPONSE_PREFIX):
+        return False
+    return bool(request.get("conversation")) or bool(request.get("store", True))
 
 
 @dataclass
@@ -44,6 +57,7 @@ class Ticket:
     model_id: str
     cache_key: str
     task_id: str = ""  # set at the sequence's end (an early start has none before)
+    keep: bool = True  # its turn's KV goes to a file at its end (:func:`continuable`)
     path: Any = None  # the file handed to the engine
     prefix: dict[str, Any] | None = None  # ... as Engine.submit(prefix=...) takes it
 
@@ -70,15 +84,23 @@ class KvDisk:
 
     # ---------------------------------------------------------------- submissions
     def prepare(
-        self, engine: Any, model_id: str, tokens: list[int], cache_key: str, *, look: bool = True
+        self,
+        engine: Any,
+        model_id: str,
+        tokens: list[int],
+        cache_key: str,
+        *,
+        look: bool = True,
+        keep: bool,
     ) -> Ticket | None:
         """The lookup before ``engine.submit``: None when the files are off, else a
         ticket whose ``prefix`` (maybe None) goes to the engine (see :meth:`submit_kwargs`).
-        ``look=False``: no lookup (a resumed task continues from its own snapshot), only
-        the file after its end. Reads a file: call it off the gevent hub."""
+        ``look=False``: no lookup (a resumed task continues from its own snapshot).
+        ``keep``: write the file of its turn at its end (:func:`continuable`). Reads a
+        file: call it off the gevent hub."""
         if not self.enabled or not tokens:
             return None
-        ticket = Ticket(model_id, cache_key)
+        ticket = Ticket(model_id, cache_key, keep=keep)
         if not look:
             return ticket
         digest = self.state.registry.files.loaded_digest(model_id)
@@ -126,7 +148,7 @@ class KvDisk:
         """What ``engine.submit`` takes from a ticket."""
         if ticket is None:
             return {}
-        return {"persist": True, "prefix": ticket.prefix}
+        return {"persist": ticket.keep, "prefix": ticket.prefix}
 
     def submitted(self, engine: Any, seq: int, ticket: Ticket | None) -> None:
         """The sequence a ticket's submission started."""
@@ -158,7 +180,7 @@ class KvDisk:
                     result.get("n_loaded"),
                     result.get("timings"),
                 )
-        if result.get("finish") in ("stop", "length"):
+        if ticket.keep and result.get("finish") in ("stop", "length"):
             with self._lock:
                 self._jobs.append((engine, int(result["seq"]), ticket))
             self.wake.set()
@@ -217,7 +239,7 @@ class KvDisk:
             state=saved["state"],
             owner=owner,
         )
-        kvfiles.supersede(self.directory, path)
+        kvfiles.supersede(self.directory, path, lone=self.state.store.kv_lone_responses)
         evicted, _ = kvfiles.enforce_budget(self.directory, self.budget)
         with self._lock:
             self.counts["bytes_written"] += size
