@@ -195,11 +195,13 @@ def write(
     tokens: Sequence[int],
     tiled_rows: int,
     tiled_min: int,
-    state: bytes,
+    state: bytes | memoryview,
     owner: str | None = None,
 ) -> tuple[Path, int]:
     """Write a KV file (temporary name, synced, renamed, directory synced); its path and
-    size. ``owner``: the conversation's or chain's id, in its name and header."""
+    size. ``owner``: the conversation's or chain's id, in its name and header. The
+    state's checksum and write run without the GIL (``zlib.crc32`` and a file's
+    ``write`` release it for a large buffer): nothing here copies the state."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     header = json.dumps(
         {
@@ -234,8 +236,8 @@ def write(
 
 def read(path: Path, *, digest: str, kv_format: str, cache_key: str, tokens: Sequence[int]) -> dict[str, Any]:
     """A KV file's ``{"tokens", "tiled_rows", "tiled_min", "state"}`` (what
-    ``Engine.submit(prefix=...)`` takes), checked against what the caller expects:
-    the model's digest, the engine's format, the key, tokens that start ``tokens``,
+    ``Engine.submit(prefix=...)`` takes; ``state`` a view of the file's bytes, not a
+    copy), checked against what the caller expects: the model's digest, the engine's format, the key, tokens that start ``tokens``,
     the file's length and the state's checksum. :class:`Refused` otherwise."""
     with open(path, "rb") as fh:
         data = fh.read()
@@ -259,7 +261,7 @@ def read(path: Path, *, digest: str, kv_format: str, cache_key: str, tokens: Seq
         held.byteswap()
     if n == 0 or n > len(tokens) or held.tolist() != list(tokens[:n]):
         raise Refused("its tokens are not the start of the prompt")
-    state = data[body + 4 * n :]
+    state = memoryview(data)[body + 4 * n :]  # a view: no copy of the state under the GIL
     if zlib.crc32(state) != head.get("state_crc32"):
         raise Refused("its state fails its checksum")
     return {

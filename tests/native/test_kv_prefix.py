@@ -132,16 +132,53 @@ def test_a_damaged_kv_file_fails_its_check(make, tmp_path: Path) -> None:
         load(engine, path, prompt)
 
 
-def test_a_sequence_past_a_sliding_window_leaves_no_prefix_to_save(make, catalog_model) -> None:
-    # Gemma 3's sliding-window layers keep the last 512 positions only: past them the
-    # slot's KV cannot start a later prompt, so there is nothing to write to a file
-    gemma = make(catalog_model("gemma-3-270m"))
-    long_prompt = gemma.tokenize("word " * 700, add_special=True)
-    short_prompt = gemma.tokenize("word " * 100, add_special=True)
-    for prompt, kept in ((long_prompt, False), (short_prompt, True)):
-        seq = gemma.submit(prompt, max_tokens=1, temperature=0, persist=True)
-        generate_from(gemma, seq)
-        saved = gemma.saved_prefix(seq)
-        assert (saved is not None) == kept
-        if kept:
-            assert saved["tokens"] == prompt
+GEMMA_HISTORY = [{"role": "user", "content": HISTORY[1]["content"] * 3}]  # past Gemma 3's window of 512
+
+
+def gemma_turns(engine: Engine, persist: bool) -> tuple[int, list[int], list[int]]:
+    """Gemma 3's first turn (a history longer than its sliding window) run to its end:
+    its sequence, its prompt and the next turn's prompt."""
+    prompt = engine.chat_prompt(GEMMA_HISTORY)
+    assert len(prompt) > engine.info["n_swa"] == 512
+    seq = engine.submit(prompt, max_tokens=16, temperature=0, persist=persist)
+    answer = generate_from(engine, seq)
+    turn = GEMMA_HISTORY + [{"role": "assistant", "content": answer}, {"role": "user", "content": NEXT}]
+    return seq, prompt, engine.chat_prompt(turn)
+
+
+def test_past_a_sliding_window_a_kv_file_continues_as_a_full_prefill(make, catalog_model, tmp_path: Path) -> None:
+    # llama.cpp writes the last window of the sliding-window layers only: enough to
+    # continue from the state's end, which the slot holds with swa_full; the state
+    # leaves the prompt's last tiled chunk out, so that a next prompt however short
+    # continues from its end (a prefill leaves a whole tiled chunk to compute)
+    gemma = make(catalog_model("gemma-3-270m"), swa_full=True)
+    assert gemma.info["swa_full"]
+    seq, prompt, next_prompt = gemma_turns(gemma, persist=True)
+    saved = gemma.saved_prefix(seq, into=bytearray())
+    assert saved is not None and saved["tokens"] == prompt[: len(prompt) - 64] and saved["tiled_min"] == 64
+    prompt = saved["tokens"]
+    path, _ = kvfiles.write(tmp_path, digest=DIGEST, kv_format=gemma.info["kv_format"], cache_key="",
+                            tokens=saved["tokens"], tiled_rows=saved["tiled_rows"], tiled_min=saved["tiled_min"],
+                            state=saved["state"])
+    saved["state"].release()
+    restarted = make(catalog_model("gemma-3-270m"), swa_full=False)  # the state fits either cache
+    prefix = load(restarted, path, next_prompt)
+    assert restarted.usable_prefix(len(next_prompt), len(prompt), prefix["tiled_rows"], prefix["tiled_min"]) == len(
+        prompt)
+    # cut shorter than it holds, its sliding-window layers would lack the window before the cut
+    assert restarted.usable_prefix(len(prompt) - 1, len(prompt), prefix["tiled_rows"], prefix["tiled_min"]) == 0
+    got = generate(restarted, next_prompt, max_tokens=24, temperature=0, prefix=prefix)
+    assert got.last["n_loaded"] == len(prompt) and not got.last["prefix_refused"]
+    want = generate(make(catalog_model("gemma-3-270m"), prefix_cache=False), next_prompt, max_tokens=24,
+                    temperature=0)
+    assert got.tokens == want.tokens
+
+
+def test_with_swa_full_a_slot_continues_a_history_past_the_window(make, catalog_model) -> None:
+    gemma = make(catalog_model("gemma-3-270m"), swa_full=True)
+    _, prompt, next_prompt = gemma_turns(gemma, persist=False)
+    got = generate(gemma, next_prompt, max_tokens=24, temperature=0)
+    assert got.last["n_cached"] == len(prompt)  # the slot's history, not prefilled again
+    want = generate(make(catalog_model("gemma-3-270m"), prefix_cache=False), next_prompt, max_tokens=24,
+                    temperature=0)
+    assert got.tokens == want.tokens

@@ -81,6 +81,9 @@ class KvDisk:
             ("hits", "misses", "refused", "bytes_read", "bytes_written", "files_written", "evicted"), 0
         )
         self.held = 0  # bytes in the directory after this worker's last write or round
+        # the states' buffer, kept from one write to the next: its pages are touched
+        # once, not for each file (the KV thread's alone)
+        self._buffer = bytearray()
 
     # ---------------------------------------------------------------- submissions
     def prepare(
@@ -221,8 +224,16 @@ class KvDisk:
         digest = self.state.registry.files.loaded_digest(ticket.model_id)
         if digest is None or engine.closed:
             return
-        saved = engine.saved_prefix(seq)
-        if not saved or not saved["tokens"] or len(saved["state"]) > self.budget:
+        saved = engine.saved_prefix(seq, into=self._buffer)
+        if not saved:
+            return
+        try:
+            self._write(engine, saved, ticket, digest)
+        finally:
+            saved["state"].release()  # the buffer can grow again
+
+    def _write(self, engine: Any, saved: dict[str, Any], ticket: Ticket, digest: str) -> None:
+        if not saved["tokens"] or len(saved["state"]) > self.budget:
             return
         # its owner, read before the file exists: a file named for a deleted owner is orphaned, never kept
         owner = self.state.store.kv_owner(ticket.task_id) if ticket.task_id else None
