@@ -237,8 +237,9 @@ def write(
 def read(path: Path, *, digest: str, kv_format: str, cache_key: str, tokens: Sequence[int]) -> dict[str, Any]:
     """A KV file's ``{"tokens", "tiled_rows", "tiled_min", "state"}`` (what
     ``Engine.submit(prefix=...)`` takes; ``state`` a view of the file's bytes, not a
-    copy), checked against what the caller expects: the model's digest, the engine's format, the key, tokens that start ``tokens``,
-    the file's length and the state's checksum. :class:`Refused` otherwise."""
+    copy), checked against what the caller expects: the model's digest, the engine's
+    format, the key, tokens that start ``tokens``, the file's length and the state's
+    checksum. :class:`Refused` otherwise."""
     with open(path, "rb") as fh:
         data = fh.read()
     if len(data) < len(MAGIC) + _HEAD.size or not data.startswith(MAGIC):
