@@ -182,3 +182,26 @@ def test_with_swa_full_a_slot_continues_a_history_past_the_window(make, catalog_
     want = generate(make(catalog_model("gemma-3-270m"), prefix_cache=False), next_prompt, max_tokens=24,
                     temperature=0)
     assert got.tokens == want.tokens
+
+
+def test_saved_states_fill_one_kept_buffer_and_load_from_a_view(make) -> None:
+    engine = make()
+    buffer = bytearray()
+    views = []
+    for question in ("Tell me about rivers.", "Tell me about the sea and its tides."):
+        prompt = engine.chat_prompt([{"role": "user", "content": question}])
+        seq = engine.submit(prompt, max_tokens=4, temperature=0, persist=True)
+        generate_from(engine, seq)
+        saved = engine.saved_prefix(seq, into=buffer)
+        assert saved is not None and saved["state"].obj is buffer  # a view of the kept buffer, no new state
+        with pytest.raises(BufferError):
+            buffer.extend(b"x")  # not resized while a view of it lives
+        views.append((saved["tokens"], bytes(saved["state"])))
+        saved["state"].release()
+    assert len(buffer) >= max(len(state) for _, state in views)
+    tokens, state = views[-1]
+    fresh = make()
+    prompt = tokens + engine.tokenize(" And then?", add_special=False)
+    got = generate(fresh, prompt, max_tokens=4, temperature=0,
+                   prefix={"tokens": tokens, "state": memoryview(bytearray(state))})
+    assert got.last["n_loaded"] > 0 and not got.last["prefix_refused"]
