@@ -245,11 +245,15 @@ def write_beside_stream(engine, prompt: list[int], directory: Path) -> dict:
         raise RuntimeError("the history's sequence left no KV to write (its slot, its window?)")
     pairs = [(a, b) for a, b in zip(arrivals, arrivals[1:]) if ended is not None and a >= ended]
     during = [b - a for a, b in pairs if b >= done["start"] and a <= done["end"]]
+    # those gaps from the write's start (one begun before it counts: the write may have made it longer)
+    spans = [(round(a - done["start"], 4), round(b - done["start"], 4)) for a, b in pairs
+             if b >= done["start"] and a <= done["end"]]
     steady = [b - a for a, b in pairs if not (b >= done["start"] and a <= done["end"])]
     return {"path": done["path"], "file_tokens": done["tokens"], "file_bytes": done["size"],
             "saved_prefix_s": done["copied"] - done["start"], "write_fsync_s": done["end"] - done["copied"],
             "median_token_gap_s": statistics.median(steady) if steady else None,
-            "max_gap_during_write_s": max(during) if during else None, "gaps_during_write": len(during),
+            "max_gap_during_write_s": max(during) if during else None, "gaps_during_write": spans,
+            "history_end_from_write_s": round(ended - done["start"], 4) if ended is not None else None,
             "stream_tokens": len(arrivals)}
 
 
