@@ -5,13 +5,15 @@ sequence is submitted with ``persist`` when the service can continue its turn
 (:func:`continuable`: a response in a conversation, or a stored response, which
 a ``previous_response_id`` can continue); a ``store: false`` response, a chat
 completion or a completion writes no file (each may still load one). When a
-persisted sequence ends (``stop`` or ``length``), the commit thread queues it here; this room's own thread (never
-the engine thread nor a gevent hub) asks the engine for what its slot kept
-(``Engine.saved_prefix``, a copy taken between two engine steps), writes the
-file, deletes the older file of its chain and keeps the directory within its
-budget. A turn of a conversation or of a chain of responses tags its file with
-that owner's id (``Store.kv_owner``); the janitor's round deletes the files
-whose owner the store no longer holds.
+persisted sequence ends (``stop`` or ``length``), the commit thread queues it
+here; this room's own thread (never the engine thread nor a gevent hub) asks
+the engine for what its slot kept (``Engine.saved_prefix``, a copy taken
+between two engine steps, into a buffer this thread keeps), writes the file,
+deletes the older files of its conversation or chain and keeps the directory
+within its budget. A turn tags its file with its owner's id (``Store.kv_owner``:
+its conversation, its chain, or the stored response itself, its chain's name to
+be); the janitor's round deletes the files whose owner the store no longer
+holds.
 
 At a submission, :meth:`KvDisk.prepare` looks for the longest file of the same
 model file, engine format and client whose tokens start the prompt. When it
