@@ -476,6 +476,8 @@ PYBIND11_MODULE(_native, m) {
         .def_property_readonly("stopped", &lmsp::TextStream::stopped)
         .def_property_readonly("emitted", [](const lmsp::TextStream & t) { return py::str(t.emitted()); });
 
+    lmsp_py::bind_kv(m);
+
     py::class_<PyEngine>(m, "Engine")
         .def(py::init<const py::object &, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, bool, bool, bool,
                       bool>(),

@@ -64,8 +64,15 @@ lmsp::KvPrefix as_prefix(const py::handle & value) {
     p.tiled_rows = size_t(count_of(d, "tiled_rows"));
     p.tiled_min = size_t(count_of(d, "tiled_min"));
     py::object state = d["state"];
+    if (py::isinstance<KvState>(state)) {
+        KvState & held = state.cast<KvState &>();
+        if (held.bytes.empty()) throw lmsp::InvalidArgument("prefix.state was handed to the engine already");
+        p.state = std::move(held.bytes);
+        held.bytes = {};
+        return p;
+    }
     if (py::isinstance<py::str>(state) || !PyObject_CheckBuffer(state.ptr())) {
-        throw py::type_error("prefix.state must be bytes or a buffer");
+        throw py::type_error("prefix.state must be bytes, a buffer or a KvState");
     }
     Py_buffer view;
     if (PyObject_GetBuffer(state.ptr(), &view, PyBUF_C_CONTIGUOUS) != 0) throw py::error_already_set();
@@ -140,6 +147,24 @@ py::object saved_prefix(lmsp::Engine & engine, int64_t seq, const py::object & i
     }
     return py::dict("tokens"_a = py::cast(p->tokens), "tiled_rows"_a = p->tiled_rows, "tiled_min"_a = p->tiled_min,
                     "state"_a = state);
+}
+
+void bind_kv(py::module_ & m) {
+    py::class_<KvState>(m, "KvState")
+        .def(py::init([](const py::buffer & source) {
+                 Py_buffer view;
+                 if (PyObject_GetBuffer(source.ptr(), &view, PyBUF_C_CONTIGUOUS) != 0) throw py::error_already_set();
+                 auto state = std::make_unique<KvState>();
+                 const auto * data = static_cast<const uint8_t *>(view.buf);
+                 {
+                     py::gil_scoped_release nogil;
+                     state->bytes.assign(data, data + view.len);
+                 }
+                 PyBuffer_Release(&view);
+                 return state;
+             }),
+             "source"_a)
+        .def("__len__", [](const KvState & s) { return s.bytes.size(); });
 }
 
 }  // namespace lmsp_py

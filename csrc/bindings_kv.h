@@ -6,10 +6,21 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "engine.h"
 
 namespace lmsp_py {
+
+// A KV state copied out of a buffer (a KV file's bytes) ahead of a submission,
+// without the GIL; a prefix whose "state" is one hands it over to the engine
+// without a copy (once: it is empty after).
+struct KvState {
+    std::vector<uint8_t> bytes;
+};
+
+// KvState as the module's class.
+void bind_kv(pybind11::module_ & m);
 
 // {"tokens": [int], "tiled_rows": int, "tiled_min": int, "state": bytes or
 // another buffer}; the state copied without the GIL.

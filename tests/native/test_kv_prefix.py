@@ -10,7 +10,7 @@ import pytest
 from native_helpers import N_GPU_LAYERS, drain, generate
 
 from lmsp import kvfiles
-from lmsp.native import Engine
+from lmsp.native import Engine, KvState
 
 pytestmark = [
     pytest.mark.real_model,
@@ -205,3 +205,20 @@ def test_saved_states_fill_one_kept_buffer_and_load_from_a_view(make) -> None:
     got = generate(fresh, prompt, max_tokens=4, temperature=0,
                    prefix={"tokens": tokens, "state": memoryview(bytearray(state))})
     assert got.last["n_loaded"] > 0 and not got.last["prefix_refused"]
+
+
+def test_a_state_copied_ahead_of_the_submission_is_handed_over_once(make, tmp_path: Path) -> None:
+    # a KV file's state copied into the engine's memory before the submission (without
+    # the GIL, off the runtime's lock): the submission takes it over without a copy
+    engine = make()
+    path, prompt = first_turn(engine, tmp_path)
+    prefix = load(engine, path, prompt)
+    state = KvState(prefix["state"])
+    assert len(state) == len(prefix["state"])
+    fresh = make()
+    got = generate(fresh, prompt, max_tokens=24, temperature=0, prefix={**prefix, "state": state})
+    assert len(state) == 0 and got.last["n_loaded"] == len(prefix["tokens"]) and not got.last["prefix_refused"]
+    want = generate(make(prefix_cache=False), prompt, max_tokens=24, temperature=0)
+    assert got.tokens == want.tokens
+    with pytest.raises(ValueError, match="already"):
+        fresh.submit(prompt, max_tokens=1, prefix={**prefix, "state": state})

@@ -127,7 +127,7 @@ class KvDisk:
             if usable <= engine.cached_prefix(tokens, cache_key):
                 return ticket  # a free slot holds as much: nothing to read
             expect = {"digest": digest, "kv_format": kv_format, "cache_key": cache_key}
-            ticket.prefix = kvfiles.read(entry.path, tokens=tokens, **expect)
+            ticket.prefix = self._native_state(kvfiles.read(entry.path, tokens=tokens, **expect))
         except kvfiles.Refused as exc:
             self._refuse(entry.path, str(exc))
             return ticket
@@ -141,6 +141,15 @@ class KvDisk:
             "KV file %s: %d tokens, read and checked in %.3f s", entry.path.name, usable, time.perf_counter() - started
         )
         return ticket
+
+    @staticmethod
+    def _native_state(prefix: dict[str, Any]) -> dict[str, Any]:
+        """The prefix with its state copied into the engine's own memory here, without
+        the GIL: ``engine.submit`` then takes it over under the runtime's lock with no
+        copy, and the file's bytes are freed here, not there."""
+        from ..native import KvState  # the extension loads in the workers only
+
+        return {**prefix, "state": KvState(prefix["state"])}
 
     @staticmethod
     def _tiling(path: Any) -> tuple[int, int]:
