@@ -135,12 +135,12 @@ def test_a_damaged_kv_file_fails_its_check(make, tmp_path: Path) -> None:
 GEMMA_HISTORY = [{"role": "user", "content": HISTORY[1]["content"] * 3}]  # past Gemma 3's window of 512
 
 
-def gemma_turns(engine: Engine, persist: bool) -> tuple[int, list[int], list[int]]:
+def gemma_turns(engine: Engine) -> tuple[int, list[int], list[int]]:
     """Gemma 3's first turn (a history longer than its sliding window) run to its end:
     its sequence, its prompt and the next turn's prompt."""
     prompt = engine.chat_prompt(GEMMA_HISTORY)
     assert len(prompt) > engine.info["n_swa"] == 512
-    seq = engine.submit(prompt, max_tokens=16, temperature=0, persist=persist)
+    seq = engine.submit(prompt, max_tokens=16, temperature=0, persist=True)
     answer = generate_from(engine, seq)
     turn = GEMMA_HISTORY + [{"role": "assistant", "content": answer}, {"role": "user", "content": NEXT}]
     return seq, prompt, engine.chat_prompt(turn)
@@ -153,7 +153,7 @@ def test_past_a_sliding_window_a_kv_file_continues_as_a_full_prefill(make, catal
     # continues from its end (a prefill leaves a whole tiled chunk to compute)
     gemma = make(catalog_model("gemma-3-270m"), swa_full=True)
     assert gemma.info["swa_full"]
-    seq, prompt, next_prompt = gemma_turns(gemma, persist=True)
+    seq, prompt, next_prompt = gemma_turns(gemma)
     saved = gemma.saved_prefix(seq, into=bytearray())
     assert saved is not None and saved["tokens"] == prompt[: len(prompt) - 64] and saved["tiled_min"] == 64
     prompt = saved["tokens"]
@@ -174,14 +174,22 @@ def test_past_a_sliding_window_a_kv_file_continues_as_a_full_prefill(make, catal
     assert got.tokens == want.tokens
 
 
-def test_with_swa_full_a_slot_continues_a_history_past_the_window(make, catalog_model) -> None:
-    gemma = make(catalog_model("gemma-3-270m"), swa_full=True)
-    _, prompt, next_prompt = gemma_turns(gemma, persist=False)
-    got = generate(gemma, next_prompt, max_tokens=24, temperature=0)
-    assert got.last["n_cached"] == len(prompt)  # the slot's history, not prefilled again
-    want = generate(make(catalog_model("gemma-3-270m"), prefix_cache=False), next_prompt, max_tokens=24,
-                    temperature=0)
-    assert got.tokens == want.tokens
+LONG_ANSWER = 700  # more than llama.cpp's small sliding-window cache keeps past the window (1,024 - 512)
+
+
+@pytest.mark.parametrize("swa_full", [True, False])
+def test_only_with_swa_full_a_slot_continues_a_history_after_a_long_answer(make, catalog_model, swa_full) -> None:
+    # the small cache gives the positions before the prompt's end to the answer's last
+    # ones: the slot can no longer be taken back to the prompt; the full cache can
+    gemma = make(catalog_model("gemma-3-270m"), swa_full=swa_full)
+    history = [{"role": "user", "content": HISTORY[1]["content"] * 2 + " Now write a very long story."}]
+    prompt = gemma.chat_prompt(history)
+    assert len(prompt) > 512
+    first = generate(gemma, prompt, max_tokens=LONG_ANSWER, temperature=0)
+    assert len(first.tokens) == LONG_ANSWER
+    turn = history + [{"role": "assistant", "content": first.text}, {"role": "user", "content": NEXT}]
+    got = generate(gemma, gemma.chat_prompt(turn), max_tokens=2, temperature=0)
+    assert got.last["n_cached"] == (len(prompt) if swa_full else 0)
 
 
 def test_saved_states_fill_one_kept_buffer_and_load_from_a_view(make) -> None:
