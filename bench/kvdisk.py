@@ -4,8 +4,10 @@
 A conversation with about 2,000 tokens of history (a system message, a long
 user message, the model's greedy answer) and a next question. Each round:
 
-    lmsp       ``lmsp serve``: the first turn, its KV file written, the whole
-               service SIGKILLed and started again, then the next turn (TTFT)
+    lmsp       ``lmsp serve``: the first turn (a stored response, which writes a
+               KV file: a chat completion writes none), the whole service
+               SIGKILLed and started again, then the next turn (TTFT; the
+               Responses API with the whole history as input)
     lmsp-nokv  the same with ``kv_cache_bytes = 0``: the next turn prefills
                the whole history again
     llama      llama-server, started fresh, asked the same next turn: it
@@ -17,11 +19,14 @@ memory. The figure is the median TTFT over the rounds, and its ratio.
 
 The engine part (``--engine``, in this process) measures what a turn costs
 the engine and the disk: the bytes of the file, the time of
-``Engine.saved_prefix`` (a copy taken between two engine steps; the engine thread's part
-alone too), of the write (temporary file, fsync, rename), of the read and its
-check, and the longest gap between two tokens of a sequence decoding while
-the copy is taken, against its median gap (one engine step), both as this
-process sees them.
+``Engine.saved_prefix`` (a copy taken between two engine steps; the engine
+thread's part alone too), of the write (temporary file, fsync, rename), of the
+read and its check. And while one stream generates, another sequence with the
+history finishes beside it and a thread writes its file as the service's KV
+thread does (``saved_prefix`` into a kept buffer, ``kvfiles.write``): the
+longest gap between two tokens of the stream during that write, against the
+stream's median gap (one engine step), both as this process's own thread sees
+them.
 
     python bench/kvdisk.py --llama-server /path/to/llama-server        # SmolLM2, 3 rounds
     python bench/kvdisk.py --models smollm2-135m-instruct,gemma-3-270m --rounds 3
@@ -60,16 +65,22 @@ def history(index: int) -> list[dict]:
 
 def stream_chat(port: int, model: str, messages: list[dict], headers: dict, max_tokens: int,
                 llama: bool = False) -> dict:
-    """One streamed chat completion: its TTFT (to the first text), text and usage."""
-    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+    """One streamed turn: its TTFT (to the first text), text and usage (chat completions'
+    names). lmsp: a stored response (the Responses API), whose turn writes a KV file;
+    llama-server: a chat completion without its prompt cache."""
     if llama:
-        body["cache_prompt"] = False
+        body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}, "cache_prompt": False}
+        path = "/v1/chat/completions"
+    else:
+        body = {"model": model, "input": messages, "max_output_tokens": max_tokens, "temperature": 0,
+                "stream": True}
+        path = "/v1/responses"
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     out: dict = {"text": "", "ttft": None, "usage": {}}
     started = time.perf_counter()
     try:
-        conn.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(),
+        conn.request("POST", path, body=json.dumps(body).encode(),
                      headers={"Content-Type": "application/json", "Accept": "text/event-stream", **headers})
         resp = conn.getresponse()
         if resp.status != 200:
@@ -77,17 +88,30 @@ def stream_chat(port: int, model: str, messages: list[dict], headers: dict, max_
         for _, data in serve.iter_sse(resp):
             if data.strip() == "[DONE]":
                 break
-            msg = json.loads(data)
-            out["usage"] = msg.get("usage") or out["usage"]
-            for choice in msg.get("choices") or ():
-                text = (choice.get("delta") or {}).get("content")
-                if text:
-                    if out["ttft"] is None:
-                        out["ttft"] = time.perf_counter() - started
-                    out["text"] += text
+            text = _take(json.loads(data), out)
+            if text:
+                if out["ttft"] is None:
+                    out["ttft"] = time.perf_counter() - started
+                out["text"] += text
     finally:
         conn.close()
     return out
+
+
+def _take(msg: dict, out: dict) -> str:
+    """One streamed event: its text (a chat chunk's or a response's delta); the usage
+    it carries into ``out`` (a response's as chat completions name it)."""
+    if msg.get("object") == "chat.completion.chunk":
+        out["usage"] = msg.get("usage") or out["usage"]
+        return "".join((c.get("delta") or {}).get("content") or "" for c in msg.get("choices") or ())
+    if msg.get("type") == "response.output_text.delta":
+        return msg.get("delta") or ""
+    ended = msg.get("type") in ("response.completed", "response.incomplete")
+    usage = (msg.get("response") or {}).get("usage") if ended else None
+    if usage:
+        out["usage"] = {"prompt_tokens": usage.get("input_tokens"),
+                        "prompt_tokens_details": usage.get("input_tokens_details") or {}}
+    return ""
 
 
 def kill(srv: serve.Server) -> None:
@@ -97,10 +121,10 @@ def kill(srv: serve.Server) -> None:
         srv.proc.wait()
 
 
-def lmsp_round(model: Path, s: serve.ServeSettings, work: Path, index: int, kv: bool) -> dict:
+def lmsp_round(model: Path, s: serve.ServeSettings, work: Path, index: int, kv: bool, swa_full: bool = False) -> dict:
     """The first turn, a SIGKILL and a restart, then the next turn (see the module docstring)."""
     variant = "lmsp" if kv else "lmsp-nokv"
-    env = {"LMSP_LOG_LEVEL": os.environ.get("KVDISK_LOG_LEVEL", "warning")}
+    env = {"LMSP_LOG_LEVEL": os.environ.get("KVDISK_LOG_LEVEL", "warning"), "LMSP_KV_SWA_FULL": str(int(swa_full))}
     if not kv:
         env["LMSP_KV_CACHE_BYTES"] = "0"
     srv = serve.LmspServer.create(serve.lmsp_command(None), model, s, work / variant, "lmsp", env)
@@ -143,54 +167,29 @@ def llama_round(binary: Path, model: Path, s: serve.ServeSettings, work: Path, t
             "answer": second["text"], "argv": shlex.join(srv.argv)}
 
 
+DIGEST = "sha256:" + "0" * 64
+STREAM = [{"role": "user", "content": "Write a long story about a lighthouse keeper and the sea."}]
+GAPS_AFTER = 20  # the stream's tokens after the write, for its median step
+
+
 def engine_costs(model: Path, threads: int) -> dict:
     """What one turn's KV file costs (see the module docstring)."""
     from lmsp.native import Engine
 
-    engine = Engine(str(model), n_ctx=4096, n_parallel=2, n_threads=threads)
+    engine = Engine(str(model), n_ctx=4096, n_parallel=2, n_threads=threads, swa_full=False)  # the default
     try:
         prompt = engine.chat_prompt(history(7))
-        seq = engine.submit(prompt, max_tokens=16, temperature=0, persist=True)
-        while not any(r["finish"] for r in _results(engine)):
-            pass
-        # a sequence decoding in the other slot while another thread takes the copy
-        running = engine.submit(engine.chat_prompt([{"role": "user", "content": "Write a long story."}]),
-                                max_tokens=120, temperature=0)
-        arrivals: list[float] = []
-        taken: dict = {}
-
-        def take() -> None:
-            t0 = time.perf_counter()
-            taken["saved"] = engine.saved_prefix(seq)
-            taken["copy"] = (t0, time.perf_counter())
-
-        copier = threading.Thread(target=take)
-        while True:
-            results = _results(engine)
-            now = time.perf_counter()
-            arrivals += [now for r in results if r["seq"] == running and r["tokens"]]
-            ended = any(r["finish"] for r in results if r["seq"] == running)
-            if not copier.is_alive() and "copy" not in taken and len(arrivals) >= 30:
-                copier.start()
-            if ended:
-                break
-        copier.join()
-        saved, copy = taken["saved"], taken["copy"]
-        stats = engine.stats()
-        gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
         with tempfile.TemporaryDirectory() as tmp:
-            t0 = time.perf_counter()
-            path, size = kvfiles.write(Path(tmp), digest="sha256:" + "0" * 64, kv_format=engine.info["kv_format"],
-                                       cache_key="", tokens=saved["tokens"], tiled_rows=saved["tiled_rows"],
-                                       tiled_min=saved["tiled_min"], state=saved["state"])
-            t_write = time.perf_counter() - t0
+            out = write_beside_stream(engine, prompt, Path(tmp))
+            stats = engine.stats()
+            path = out.pop("path")
             turn = [*history(7), {"role": "assistant", "content": "Yes."}, {"role": "user", "content": NEXT * 3}]
             next_prompt = engine.chat_prompt(turn)
             t0 = time.perf_counter()
-            prefix = kvfiles.read(path, digest="sha256:" + "0" * 64, kv_format=engine.info["kv_format"],
-                                  cache_key="", tokens=next_prompt)
+            prefix = kvfiles.read(path, digest=DIGEST, kv_format=engine.info["kv_format"], cache_key="",
+                                  tokens=next_prompt)
             t_read = time.perf_counter() - t0
-        fresh = Engine(str(model), n_ctx=4096, n_parallel=2, n_threads=threads)  # a restart
+        fresh = Engine(str(model), n_ctx=4096, n_parallel=2, n_threads=threads, swa_full=False)  # a restart
         try:
             fresh.submit(next_prompt, max_tokens=1, temperature=0, prefix=prefix)
             while not any(r["finish"] for r in _results(fresh)):
@@ -198,15 +197,64 @@ def engine_costs(model: Path, threads: int) -> dict:
             loaded = fresh.stats()
         finally:
             fresh.close()
-        around = [b - a for a, b in zip(arrivals, arrivals[1:]) if b >= copy[0] and a <= copy[1]]
-        return {"history_tokens": len(prompt), "file_tokens": len(saved["tokens"]), "file_bytes": size,
-                "bytes_per_token": size / len(saved["tokens"]), "saved_prefix_s": copy[1] - copy[0],
+        return {"history_tokens": len(prompt), **out, "bytes_per_token": out["file_bytes"] / out["file_tokens"],
                 "engine_thread_copy_s": stats["kv_copy_us"] / 1e6 / max(1, stats["kv_copies"]),
                 "engine_thread_load_s": loaded["kv_load_us"] / 1e6 / max(1, loaded["kv_loads"]),
-                "write_fsync_s": t_write, "read_check_s": t_read, "median_token_gap_s": statistics.median(gaps),
-                "gap_during_copy_s": max(around) if around else None}
+                "read_check_s": t_read, "n_swa": engine.info.get("n_swa"), "swa_full": engine.info.get("swa_full")}
     finally:
         engine.close()
+
+
+def write_beside_stream(engine, prompt: list[int], directory: Path) -> dict:
+    """A stream generates; the history's sequence runs beside it, ends, and a thread
+    writes its file as the KV thread does; the stream's gaps before and during."""
+    running = engine.submit(engine.chat_prompt(STREAM), max_tokens=3000, temperature=0)
+    seq = engine.submit(prompt, max_tokens=16, temperature=0, persist=True)
+    arrivals: list[float] = []
+    done: dict = {}
+    buffer = bytearray()
+
+    def write() -> None:
+        done["start"] = time.perf_counter()
+        saved = engine.saved_prefix(seq, into=buffer)
+        done["copied"] = time.perf_counter()
+        try:
+            done["path"], done["size"] = kvfiles.write(
+                directory, digest=DIGEST, kv_format=engine.info["kv_format"], cache_key="", tokens=saved["tokens"],
+                tiled_rows=saved["tiled_rows"], tiled_min=saved["tiled_min"], state=saved["state"])
+            done["tokens"] = len(saved["tokens"])
+        finally:
+            saved["state"].release()
+            done["end"] = time.perf_counter()
+
+    writer = threading.Thread(target=write)
+    ended = None
+    while True:
+        results = _results(engine)
+        now = time.perf_counter()
+        arrivals += [now for r in results if r["seq"] == running and r["tokens"]]
+        if any(r["seq"] == running and r["finish"] for r in results):
+            break
+        if ended is None and any(r["seq"] == seq and r["finish"] for r in results):
+            ended = now
+            writer.start()
+        if "end" in done and sum(t > done["end"] for t in arrivals) >= GAPS_AFTER:
+            engine.cancel(running)
+    writer.join()
+    if "path" not in done:
+        raise RuntimeError("the history's sequence left no KV to write (its slot, its window?)")
+    pairs = [(a, b) for a, b in zip(arrivals, arrivals[1:]) if ended is not None and a >= ended]
+    during = [b - a for a, b in pairs if b >= done["start"] and a <= done["end"]]
+    # those gaps from the write's start (one begun before it counts: the write may have made it longer)
+    spans = [(round(a - done["start"], 4), round(b - done["start"], 4)) for a, b in pairs
+             if b >= done["start"] and a <= done["end"]]
+    steady = [b - a for a, b in pairs if not (b >= done["start"] and a <= done["end"])]
+    return {"path": done["path"], "file_tokens": done["tokens"], "file_bytes": done["size"],
+            "saved_prefix_s": done["copied"] - done["start"], "write_fsync_s": done["end"] - done["copied"],
+            "median_token_gap_s": statistics.median(steady) if steady else None,
+            "max_gap_during_write_s": max(during) if during else None, "gaps_during_write": spans,
+            "history_end_from_write_s": round(ended - done["start"], 4) if ended is not None else None,
+            "stream_tokens": len(arrivals)}
 
 
 def _results(engine) -> list[dict]:
@@ -218,8 +266,8 @@ def run_model(name: str, model: Path, args, s: serve.ServeSettings, work: Path) 
     rounds = []
     for r in range(args.rounds):
         print(f"{name}: round {r + 1}/{args.rounds}", flush=True)
-        kv = lmsp_round(model, s, work, 100 + r, kv=True)
-        plain = lmsp_round(model, s, work, 100 + r, kv=False)
+        kv = lmsp_round(model, s, work, 100 + r, kv=True, swa_full=args.kv_swa_full)
+        plain = lmsp_round(model, s, work, 100 + r, kv=False, swa_full=args.kv_swa_full)
         row = {"round": r + 1, "lmsp": kv, "lmsp-nokv": plain, "load_average": os.getloadavg()}
         if args.llama_server.exists():
             row["llama"] = llama_round(args.llama_server, model, s, work, kv["turn"])
@@ -257,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--llama-server", type=Path, default=serve.DEFAULT_LLAMA)
     p.add_argument("--no-engine", dest="engine", action="store_false", help="skip the in-process engine part")
+    p.add_argument("--kv-swa-full", action="store_true",
+                   help="the services keep every position of sliding-window layers (kv_swa_full = true)")
     p.add_argument("--out", type=Path, default=None, help="the result file (default: bench/results/history/...)")
     args = p.parse_args(argv)
     s = serve.ServeSettings(threads=args.threads, parallel=2, ctx_per_seq=4096, n_gpu_layers=0)

@@ -204,7 +204,8 @@ py::dict result_dict(lmsp::StepResult & r) {
 class PyEngine {
 public:
     PyEngine(const py::object & model_path, int32_t n_ctx, int32_t n_parallel, int32_t n_threads, int32_t n_gpu_layers,
-             int32_t n_batch, int32_t prefill_chunk, bool batch_invariant, bool prefix_cache, bool use_mmap) {
+             int32_t n_batch, int32_t prefill_chunk, bool batch_invariant, bool prefix_cache, bool use_mmap,
+             bool swa_full) {
         const std::string path = fspath(model_path);
         lmsp::EngineOptions o;
         o.n_ctx = n_ctx;
@@ -216,6 +217,7 @@ public:
         o.batch_invariant = batch_invariant;
         o.prefix_cache = prefix_cache;
         o.use_mmap = use_mmap;
+        o.swa_full = swa_full;
         py::gil_scoped_release nogil;
         engine_ = std::make_unique<lmsp::Engine>(path, o);
     }
@@ -233,6 +235,8 @@ public:
         d["has_chat_template"] = engine_->has_chat_template();
         d["fim_tokens"] = engine_->fim_tokens();
         d["kv_format"] = engine_->kv_format();
+        d["n_swa"] = engine_->n_swa();
+        d["swa_full"] = engine_->swa_full();
         return d;
     }
 
@@ -302,7 +306,7 @@ public:
         return d;
     }
 
-    py::object saved_prefix(int64_t seq) { return lmsp_py::saved_prefix(*engine_, seq); }
+    py::object saved_prefix(int64_t seq, const py::object & into) { return lmsp_py::saved_prefix(*engine_, seq, into); }
 
     py::list poll() {
         std::vector<lmsp::StepResult> results;
@@ -472,11 +476,14 @@ PYBIND11_MODULE(_native, m) {
         .def_property_readonly("stopped", &lmsp::TextStream::stopped)
         .def_property_readonly("emitted", [](const lmsp::TextStream & t) { return py::str(t.emitted()); });
 
+    lmsp_py::bind_kv(m);
+
     py::class_<PyEngine>(m, "Engine")
-        .def(py::init<const py::object &, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, bool, bool, bool>(),
+        .def(py::init<const py::object &, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, bool, bool, bool,
+                      bool>(),
              "model_path"_a, py::kw_only(), "n_ctx"_a = 4096, "n_parallel"_a = 4, "n_threads"_a = 0,
              "n_gpu_layers"_a = 0, "n_batch"_a = 512, "prefill_chunk"_a = 256, "batch_invariant"_a = true,
-             "prefix_cache"_a = true, "use_mmap"_a = false)
+             "prefix_cache"_a = true, "use_mmap"_a = false, "swa_full"_a = true)
         .def_property_readonly("info", &PyEngine::info)
         .def_property_readonly("n_ctx", [](PyEngine & s) { return s.e().n_ctx(); })
         .def_property_readonly("n_vocab", [](PyEngine & s) { return s.e().n_vocab(); })
@@ -531,7 +538,7 @@ PYBIND11_MODULE(_native, m) {
              "top_p"_a = 1.0, "top_k"_a = 0, "seed"_a = 0, "stop"_a = py::tuple(), "resume"_a = py::none(),
              "cache_key"_a = "", "logprobs"_a = false, "top_logprobs"_a = 0, "grammar"_a = py::none(),
              "prefix"_a = py::none(), "persist"_a = false)
-        .def("saved_prefix", &PyEngine::saved_prefix, "seq_id"_a)
+        .def("saved_prefix", &PyEngine::saved_prefix, "seq_id"_a, "into"_a = py::none())
         .def(
             "cached_prefix",
             [](PyEngine & s, const py::object & tokens, const std::string & key) {

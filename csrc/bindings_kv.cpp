@@ -64,15 +64,71 @@ lmsp::KvPrefix as_prefix(const py::handle & value) {
     p.tiled_rows = size_t(count_of(d, "tiled_rows"));
     p.tiled_min = size_t(count_of(d, "tiled_min"));
     py::object state = d["state"];
-    if (!py::isinstance<py::bytes>(state)) throw py::type_error("prefix.state must be bytes");
-    const char * data = PyBytes_AS_STRING(state.ptr());
-    const size_t size = size_t(PyBytes_GET_SIZE(state.ptr()));
-    py::gil_scoped_release nogil;
-    p.state.assign(data, data + size);
+    if (py::isinstance<KvState>(state)) {
+        KvState & held = state.cast<KvState &>();
+        if (held.bytes.empty()) throw lmsp::InvalidArgument("prefix.state was handed to the engine already");
+        p.state = std::move(held.bytes);
+        held.bytes = {};
+        return p;
+    }
+    if (py::isinstance<py::str>(state) || !PyObject_CheckBuffer(state.ptr())) {
+        throw py::type_error("prefix.state must be bytes, a buffer or a KvState");
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(state.ptr(), &view, PyBUF_C_CONTIGUOUS) != 0) throw py::error_already_set();
+    const auto * data = static_cast<const uint8_t *>(view.buf);
+    {
+        py::gil_scoped_release nogil;
+        p.state.assign(data, data + view.len);
+    }
+    PyBuffer_Release(&view);
     return p;
 }
 
-py::object saved_prefix(lmsp::Engine & engine, int64_t seq) {
+namespace {
+
+// `into` (a bytearray) at `size` bytes at least, its new pages touched without the GIL; its data.
+uint8_t * grown(const py::object & into, size_t size) {
+    PyObject * a = into.ptr();
+    const size_t had = size_t(PyByteArray_GET_SIZE(a));
+    if (size > had) {
+        if (PyByteArray_Resize(a, py::ssize_t(size)) != 0) throw py::error_already_set();
+        char * data = PyByteArray_AS_STRING(a);
+        py::gil_scoped_release nogil;
+        std::memset(data + had, 0, size - had);
+    }
+    return reinterpret_cast<uint8_t *>(PyByteArray_AS_STRING(a));
+}
+
+py::object saved_into(lmsp::Engine & engine, int64_t seq, const py::object & into) {
+    const size_t size = engine.saved_prefix_size(seq);
+    uint8_t * buffer = size > 0 ? grown(into, size) : nullptr;
+    std::optional<lmsp::KvPrefix> p;
+    {
+        py::gil_scoped_release nogil;
+        p = engine.saved_prefix(seq, buffer, buffer != nullptr ? size_t(PyByteArray_GET_SIZE(into.ptr())) : 0);
+    }
+    if (!p) return py::none();
+    size_t n = p->state_size;
+    if (n == 0) {  // copied before the request came (a slot reused first): into the buffer now
+        n = p->state.size();
+        uint8_t * data = grown(into, n);
+        py::gil_scoped_release nogil;
+        std::memcpy(data, p->state.data(), n);
+    }
+    py::object whole = py::reinterpret_steal<py::object>(PyMemoryView_FromObject(into.ptr()));
+    if (!whole) throw py::error_already_set();
+    return py::dict("tokens"_a = py::cast(p->tokens), "tiled_rows"_a = p->tiled_rows, "tiled_min"_a = p->tiled_min,
+                    "state"_a = whole[py::slice(0, py::ssize_t(n), 1)]);
+}
+
+}  // namespace
+
+py::object saved_prefix(lmsp::Engine & engine, int64_t seq, const py::object & into) {
+    if (!into.is_none()) {
+        if (!PyByteArray_Check(into.ptr())) throw py::type_error("into must be a bytearray or None");
+        return saved_into(engine, seq, into);
+    }
     const size_t size = engine.saved_prefix_size(seq);
     py::object state = size > 0 ? new_bytes(size) : py::object(py::none());
     auto * buffer = size > 0 ? reinterpret_cast<uint8_t *>(PyBytes_AS_STRING(state.ptr())) : nullptr;
@@ -91,6 +147,24 @@ py::object saved_prefix(lmsp::Engine & engine, int64_t seq) {
     }
     return py::dict("tokens"_a = py::cast(p->tokens), "tiled_rows"_a = p->tiled_rows, "tiled_min"_a = p->tiled_min,
                     "state"_a = state);
+}
+
+void bind_kv(py::module_ & m) {
+    py::class_<KvState>(m, "KvState")
+        .def(py::init([](const py::buffer & source) {
+                 Py_buffer view;
+                 if (PyObject_GetBuffer(source.ptr(), &view, PyBUF_C_CONTIGUOUS) != 0) throw py::error_already_set();
+                 auto state = std::make_unique<KvState>();
+                 const auto * data = static_cast<const uint8_t *>(view.buf);
+                 {
+                     py::gil_scoped_release nogil;
+                     state->bytes.assign(data, data + view.len);
+                 }
+                 PyBuffer_Release(&view);
+                 return state;
+             }),
+             "source"_a)
+        .def("__len__", [](const KvState & s) { return s.bytes.size(); });
 }
 
 }  // namespace lmsp_py

@@ -134,6 +134,14 @@ void Engine::release_slot(Sequence & seq, Finish why) {
         // with two kinds of rows, the rows after a tiled prompt (its answer, decoded
         // one row at a time) are never taken over: a prefill computes them tiled
         if (plan_.two_kinds() && slot.tiled_rows > 0) held.resize(slot.tiled_rows);
+        // a sliding-window model's saved state holds the window before its end
+        // only, and a next prompt cut back to leave a tiled chunk to prefill
+        // could not continue it: a persisted one leaves that chunk out
+        const size_t window = size_t(std::max(llama_model_n_swa(model_.get()), 0));
+        if (seq.persist && window > 0 && slot.tiled_min > 0 && held.size() > window + slot.tiled_min) {
+            held.resize(held.size() - slot.tiled_min);
+            slot.tiled_rows = std::min(slot.tiled_rows, held.size());
+        }
         if (!llama_memory_seq_rm(llama_get_memory(ctx_.get()), seq.slot, int32_t(held.size()), -1)) {
             forget_slot(seq.slot);
         } else if (seq.persist && (why == Finish::stop || why == Finish::length) && !held.empty()) {
@@ -224,9 +232,9 @@ size_t Engine::take_prefix(Sequence & seq, int slot, size_t common) {
     common = usable_rows(common, seq.feed.size(), plan_.two_kinds(), held.tiled_rows, held.tiled_min, seq.t_end,
                          seq.t_min);
     if (common > 0) {
-        // a cache that cannot drop a sequence's tail (recurrent models), or that
-        // no longer holds its first positions (sliding-window layers), is not reused
-        if (!llama_memory_seq_rm(mem, slot, int32_t(common), -1) || llama_memory_seq_pos_min(mem, slot) != 0 ||
+        // a cache that cannot drop a sequence's tail (recurrent models), or whose
+        // sliding-window layers no longer hold the window before it, is not reused
+        if (!llama_memory_seq_rm(mem, slot, int32_t(common), -1) || !holds_window(slot, common) ||
             llama_memory_seq_pos_max(mem, slot) != int32_t(common) - 1) {
             common = 0;
             forget_slot(slot);

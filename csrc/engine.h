@@ -46,6 +46,10 @@ struct EngineOptions {
     // map the model file instead of reading it into memory: the file must then
     // stay as it is while the engine lives (a truncated file faults the process)
     bool use_mmap = false;
+    // sliding-window layers keep every position, not only their window's last
+    // ones (llama.cpp's swa_full): the prefix cache can then take a slot's
+    // history back to any length; false keeps llama-server's smaller cache
+    bool swa_full = true;
 };
 
 enum class Finish { none, stop, length, cancelled, error };
@@ -199,6 +203,9 @@ public:
     // What a KvPrefix's numbers depend on besides the weights: the backend,
     // batch invariance and the kinds of rows, the K and V types.
     std::string kv_format() const;
+    // the model's sliding window (0: none) and whether its layers keep every position
+    int32_t n_swa() const { return llama_model_n_swa(model_.get()); }
+    bool swa_full() const { return options_.swa_full; }
     std::vector<StepResult> poll();
     // timeout_s < 0: no timeout. urgent: return only once an urgent result
     // (a sequence's first text or its end) is waiting, not for any result
@@ -267,6 +274,13 @@ private:
     void serve(Round & round);
     void admit(std::unique_ptr<Sequence> seq);
     size_t take_prefix(Sequence & seq, int slot, size_t common);
+    // whether a slot's KV can continue a sequence from `rows` positions: its
+    // sliding-window layers (if any) hold the window before them
+    bool holds_window(int slot, size_t rows) const;
+    // `usable` rows of a state of `n_held` positions, or 0 where its
+    // sliding-window layers (which a state holds the last window of) cannot
+    // continue from fewer positions than it holds
+    size_t window_rows(size_t n_held, size_t usable) const;
     bool restore_kv(Sequence & seq, int slot);
     size_t load_prefix(Sequence & seq, int slot, size_t common);
     void publish_slots();  // slots_ -> slot_view_, when they changed

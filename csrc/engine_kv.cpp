@@ -78,7 +78,25 @@ size_t Engine::cached_prefix(const std::vector<int32_t> & tokens, const std::str
 size_t Engine::usable_prefix(size_t n_prompt, size_t n_held, size_t tiled_rows, size_t tiled_min) const {
     const size_t t_min = plan_.tiled_min(n_prompt);
     const size_t t_end = t_min > 0 ? n_prompt : 0;
-    return usable_rows(std::min(n_held, n_prompt), n_prompt, plan_.two_kinds(), tiled_rows, tiled_min, t_end, t_min);
+    return window_rows(n_held, usable_rows(std::min(n_held, n_prompt), n_prompt, plan_.two_kinds(), tiled_rows,
+                                           tiled_min, t_end, t_min));
+}
+
+bool Engine::holds_window(int slot, size_t rows) const {
+    // llama-server's rule: a position attends to the window's positions before it
+    const llama_pos lowest = llama_memory_seq_pos_min(llama_get_memory(ctx_.get()), slot);
+    const int32_t window = llama_model_n_swa(model_.get());
+    const llama_pos need = window > 0 ? std::max<llama_pos>(0, llama_pos(rows) - window) : 0;
+    return lowest >= 0 && lowest <= need;
+}
+
+size_t Engine::window_rows(size_t n_held, size_t usable) const {
+    const int32_t window = llama_model_n_swa(model_.get());
+    // a state holds its sliding-window layers' last positions only (llama.cpp
+    // writes no position outside the window, whatever swa_full): cut shorter,
+    // they would lack the window before the cut
+    if (window > 0 && n_held > size_t(window) && usable < n_held) return 0;
+    return usable;
 }
 
 std::string Engine::kv_format() const {
@@ -102,11 +120,10 @@ void Engine::publish_slots() {
 }
 
 std::optional<KvPrefix> Engine::slot_prefix(int slot, uint8_t * buffer, size_t capacity) {
-    // sliding-window layers keep (and llama.cpp writes) only their window's last
-    // positions: a state past the window cannot start a later prompt
-    const int32_t window = llama_model_n_swa(model_.get());
-    if (window > 0 && slots_[size_t(slot)].tokens.size() > size_t(window)) return std::nullopt;
-    if (llama_memory_seq_pos_min(llama_get_memory(ctx_.get()), slot) != 0) return std::nullopt;
+    // llama.cpp writes only the last window of sliding-window layers: enough to
+    // continue from the state's end, which the slot must still hold (with
+    // swa_full off, its cache may have given those positions to later ones)
+    if (!holds_window(slot, slots_[size_t(slot)].tokens.size())) return std::nullopt;
     const Timed timed(kv_copies_, kv_copy_us_);
     const Slot & s = slots_[size_t(slot)];
     KvPrefix p;
@@ -189,16 +206,16 @@ size_t Engine::load_prefix(Sequence & seq, int slot, size_t common) {
     seq.prefix.reset();
     if (seq.kv_state) return common;  // a resumed sequence's own KV state comes first
     const size_t n = p.tokens.size();
-    const size_t usable = usable_rows(n, seq.feed.size(), plan_.two_kinds(), p.tiled_rows, p.tiled_min, seq.t_end,
-                                      seq.t_min);
+    const size_t usable = window_rows(
+        n, usable_rows(n, seq.feed.size(), plan_.two_kinds(), p.tiled_rows, p.tiled_min, seq.t_end, seq.t_min));
     if (usable <= common) return common;
     const Timed timed(kv_loads_, kv_load_us_);
     llama_memory_t mem = llama_get_memory(ctx_.get());
     forget_slot(slot);
     const size_t read = llama_state_seq_set_data(ctx_.get(), p.state.data(), p.state.size(), slot);
-    const bool loaded = read == p.state.size() && llama_memory_seq_pos_min(mem, slot) == 0 &&
+    const bool loaded = read == p.state.size() && holds_window(slot, n) &&
                         llama_memory_seq_pos_max(mem, slot) == int32_t(n) - 1 &&
-                        llama_memory_seq_rm(mem, slot, int32_t(usable), -1) &&
+                        llama_memory_seq_rm(mem, slot, int32_t(usable), -1) && holds_window(slot, usable) &&
                         llama_memory_seq_pos_max(mem, slot) == int32_t(usable) - 1;
     if (!loaded) {
         forget_slot(slot);

@@ -154,6 +154,7 @@ void Engine::make_context(int32_t n_threads) {
     cp.n_threads = n_threads;
     cp.n_threads_batch = n_threads;
     plan_.set_context_params(cp, options);
+    cp.swa_full = options.swa_full;
     cp.no_perf = true;
     log::begin_capture();
     try {

@@ -46,6 +46,7 @@ class Config:
     prefix_cache: bool = True  # a free slot keeps its KV; a prompt starting the same prefills the rest only
     mmap: bool = False  # map model files instead of reading them (overwriting the file kills the worker)
     kv_cache_bytes: int = -1  # KV files of finished turns (DATA_DIR/kv): -1 a tenth of the free disk, 0 off
+    kv_swa_full: bool = False  # sliding-window layers keep every position, not only their window (more memory)
     # requests
     max_output_tokens: int = 256  # default for a request that gives none
     max_output_tokens_cap: int = 4096
@@ -101,7 +102,7 @@ class Config:
             raise ValueError(f"durability must be one of {', '.join(DURABILITY)}, not {self.durability!r}")
         if self.default_on_restart not in RESTART_POLICIES:
             raise ValueError(f"default_on_restart must be one of {', '.join(RESTART_POLICIES)}")
-        for name in ("batch_invariant", "prefix_cache", "mmap"):
+        for name in ("batch_invariant", "prefix_cache", "mmap", "kv_swa_full"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, not {getattr(self, name)!r}")
 

@@ -21,10 +21,12 @@ turn wrote it (none for a task in neither). Its content::
     state                llama.cpp's sequence state of those positions
 
 A file is written under a temporary name (``.tmp-*``), synced and renamed, so
-no partial file ever has a final name. Only the newest file of a chain is kept:
-a file of the same owner, or of none, whose tokens the new one's extend is
-deleted. A file whose owner is gone from the store (a deleted conversation, a
-chain deleted or taken by retention) is deleted by the next :func:`gc`. The
+no partial file ever has a final name. Only the newest file of a conversation or
+chain is kept: writing one deletes the older files of its owner, and those of no
+owner (or of a response no other continues) whose tokens the new one's extend.
+A file whose owner is gone from the store (a deleted conversation, a chain
+deleted or taken by retention, a response in no chain deleted) is deleted by
+the next :func:`gc`. The
 directory is kept within a byte budget, least recently used first (a file used
 is touched).
 """
@@ -193,11 +195,13 @@ def write(
     tokens: Sequence[int],
     tiled_rows: int,
     tiled_min: int,
-    state: bytes,
+    state: bytes | memoryview,
     owner: str | None = None,
 ) -> tuple[Path, int]:
     """Write a KV file (temporary name, synced, renamed, directory synced); its path and
-    size. ``owner``: the conversation's or chain's id, in its name and header."""
+    size. ``owner``: the conversation's or chain's id, in its name and header. The
+    state's checksum and write run without the GIL (``zlib.crc32`` and a file's
+    ``write`` release it for a large buffer): nothing here copies the state."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     header = json.dumps(
         {
@@ -232,9 +236,10 @@ def write(
 
 def read(path: Path, *, digest: str, kv_format: str, cache_key: str, tokens: Sequence[int]) -> dict[str, Any]:
     """A KV file's ``{"tokens", "tiled_rows", "tiled_min", "state"}`` (what
-    ``Engine.submit(prefix=...)`` takes), checked against what the caller expects:
-    the model's digest, the engine's format, the key, tokens that start ``tokens``,
-    the file's length and the state's checksum. :class:`Refused` otherwise."""
+    ``Engine.submit(prefix=...)`` takes; ``state`` a view of the file's bytes, not a
+    copy), checked against what the caller expects: the model's digest, the engine's
+    format, the key, tokens that start ``tokens``, the file's length and the state's
+    checksum. :class:`Refused` otherwise."""
     with open(path, "rb") as fh:
         data = fh.read()
     if len(data) < len(MAGIC) + _HEAD.size or not data.startswith(MAGIC):
@@ -257,7 +262,7 @@ def read(path: Path, *, digest: str, kv_format: str, cache_key: str, tokens: Seq
         held.byteswap()
     if n == 0 or n > len(tokens) or held.tolist() != list(tokens[:n]):
         raise Refused("its tokens are not the start of the prompt")
-    state = data[body + 4 * n :]
+    state = memoryview(data)[body + 4 * n :]  # a view: no copy of the state under the GIL
     if zlib.crc32(state) != head.get("state_crc32"):
         raise Refused("its state fails its checksum")
     return {
@@ -284,27 +289,30 @@ def touch(path: Path) -> None:
         pass
 
 
-def supersede(directory: Path, written: Path) -> int:
-    """Delete the files of the same model, format and key, and of the written file's
-    owner or of none, whose tokens the written file's extend (the older turns of its
-    chain; another conversation's file stays); how many."""
+def supersede(directory: Path, written: Path, lone: Callable[[set[str]], set[str]] | None = None) -> int:
+    """Delete the older files of the same model, format and key that the written one
+    replaces: every file of its owner (only the newest turn of a conversation or chain
+    is kept, whether or not its tokens start the new one's: a template may render an
+    answer as other tokens than were generated), and the files whose tokens the written
+    file's extend, of no owner or of an owner ``lone(owners)`` names (responses that no
+    other continues, whose turn the client sent again as history). Another
+    conversation's or chain's file stays. How many."""
     new = next((e for e in entries(directory) if e.path.name == written.name), None)
     if new is None:
         return 0
-    older = [
-        e
-        for e in entries(directory)
-        if (e.model, e.fmt, e.key) == (new.model, new.fmt, new.key)
-        and e.n_tokens < new.n_tokens
-        and e.owner in (None, new.owner)
+    mine = [
+        e for e in entries(directory) if (e.model, e.fmt, e.key) == (new.model, new.fmt, new.key) and e.path != new.path
     ]
-    if not older:
-        return 0
-    tokens = read_tokens(written)
-    if tokens is None:
-        return 0
-    hashes = prefix_hashes(tokens, (e.n_tokens for e in older))
-    return sum(remove(e.path) for e in older if hashes.get(e.n_tokens) == e.tokens_hash)
+    gone = [e for e in mine if new.owner is not None and e.owner == new.owner]
+    shorter = [e for e in mine if e.n_tokens < new.n_tokens and e not in gone]
+    tokens = read_tokens(written) if shorter else None
+    if tokens is not None:
+        hashes = prefix_hashes(tokens, (e.n_tokens for e in shorter))
+        held = [e for e in shorter if hashes.get(e.n_tokens) == e.tokens_hash]
+        others = {e.owner for e in held if e.owner is not None}
+        free = lone(others) if lone is not None and others else set()
+        gone += [e for e in held if e.owner is None or e.owner in free]
+    return sum(remove(e.path) for e in gone)
 
 
 def read_header(path: Path) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import pytest
 from native_helpers import N_GPU_LAYERS, drain, generate
 
 from lmsp import kvfiles
-from lmsp.native import Engine
+from lmsp.native import Engine, KvState
 
 pytestmark = [
     pytest.mark.real_model,
@@ -132,16 +132,101 @@ def test_a_damaged_kv_file_fails_its_check(make, tmp_path: Path) -> None:
         load(engine, path, prompt)
 
 
-def test_a_sequence_past_a_sliding_window_leaves_no_prefix_to_save(make, catalog_model) -> None:
-    # Gemma 3's sliding-window layers keep the last 512 positions only: past them the
-    # slot's KV cannot start a later prompt, so there is nothing to write to a file
-    gemma = make(catalog_model("gemma-3-270m"))
-    long_prompt = gemma.tokenize("word " * 700, add_special=True)
-    short_prompt = gemma.tokenize("word " * 100, add_special=True)
-    for prompt, kept in ((long_prompt, False), (short_prompt, True)):
-        seq = gemma.submit(prompt, max_tokens=1, temperature=0, persist=True)
-        generate_from(gemma, seq)
-        saved = gemma.saved_prefix(seq)
-        assert (saved is not None) == kept
-        if kept:
-            assert saved["tokens"] == prompt
+GEMMA_HISTORY = [{"role": "user", "content": HISTORY[1]["content"] * 3}]  # past Gemma 3's window of 512
+
+
+def gemma_turns(engine: Engine) -> tuple[int, list[int], list[int]]:
+    """Gemma 3's first turn (a history longer than its sliding window) run to its end:
+    its sequence, its prompt and the next turn's prompt."""
+    prompt = engine.chat_prompt(GEMMA_HISTORY)
+    assert len(prompt) > engine.info["n_swa"] == 512
+    seq = engine.submit(prompt, max_tokens=16, temperature=0, persist=True)
+    answer = generate_from(engine, seq)
+    turn = GEMMA_HISTORY + [{"role": "assistant", "content": answer}, {"role": "user", "content": NEXT}]
+    return seq, prompt, engine.chat_prompt(turn)
+
+
+def test_past_a_sliding_window_a_kv_file_continues_as_a_full_prefill(make, catalog_model, tmp_path: Path) -> None:
+    # llama.cpp writes the last window of the sliding-window layers only: enough to
+    # continue from the state's end, which the slot holds with swa_full; the state
+    # leaves the prompt's last tiled chunk out, so that a next prompt however short
+    # continues from its end (a prefill leaves a whole tiled chunk to compute)
+    gemma = make(catalog_model("gemma-3-270m"), swa_full=True)
+    assert gemma.info["swa_full"]
+    seq, prompt, next_prompt = gemma_turns(gemma)
+    saved = gemma.saved_prefix(seq, into=bytearray())
+    assert saved is not None and saved["tokens"] == prompt[: len(prompt) - 64] and saved["tiled_min"] == 64
+    prompt = saved["tokens"]
+    path, _ = kvfiles.write(tmp_path, digest=DIGEST, kv_format=gemma.info["kv_format"], cache_key="",
+                            tokens=saved["tokens"], tiled_rows=saved["tiled_rows"], tiled_min=saved["tiled_min"],
+                            state=saved["state"])
+    saved["state"].release()
+    restarted = make(catalog_model("gemma-3-270m"), swa_full=False)  # the state fits either cache
+    prefix = load(restarted, path, next_prompt)
+    assert restarted.usable_prefix(len(next_prompt), len(prompt), prefix["tiled_rows"], prefix["tiled_min"]) == len(
+        prompt)
+    # cut shorter than it holds, its sliding-window layers would lack the window before the cut
+    assert restarted.usable_prefix(len(prompt) - 1, len(prompt), prefix["tiled_rows"], prefix["tiled_min"]) == 0
+    got = generate(restarted, next_prompt, max_tokens=24, temperature=0, prefix=prefix)
+    assert got.last["n_loaded"] == len(prompt) and not got.last["prefix_refused"]
+    want = generate(make(catalog_model("gemma-3-270m"), prefix_cache=False), next_prompt, max_tokens=24,
+                    temperature=0)
+    assert got.tokens == want.tokens
+
+
+LONG_ANSWER = 700  # more than llama.cpp's small sliding-window cache keeps past the window (1,024 - 512)
+
+
+@pytest.mark.parametrize("swa_full", [True, False])
+def test_only_with_swa_full_a_slot_continues_a_history_after_a_long_answer(make, catalog_model, swa_full) -> None:
+    # the small cache gives the positions before the prompt's end to the answer's last
+    # ones: the slot can no longer be taken back to the prompt; the full cache can
+    gemma = make(catalog_model("gemma-3-270m"), swa_full=swa_full)
+    history = [{"role": "user", "content": HISTORY[1]["content"] * 2 + " Now write a very long story."}]
+    prompt = gemma.chat_prompt(history)
+    assert len(prompt) > 512
+    first = generate(gemma, prompt, max_tokens=LONG_ANSWER, temperature=0)
+    assert len(first.tokens) == LONG_ANSWER
+    turn = history + [{"role": "assistant", "content": first.text}, {"role": "user", "content": NEXT}]
+    got = generate(gemma, gemma.chat_prompt(turn), max_tokens=2, temperature=0)
+    assert got.last["n_cached"] == (len(prompt) if swa_full else 0)
+
+
+def test_saved_states_fill_one_kept_buffer_and_load_from_a_view(make) -> None:
+    engine = make()
+    buffer = bytearray()
+    views = []
+    for question in ("Tell me about rivers.", "Tell me about the sea and its tides."):
+        prompt = engine.chat_prompt([{"role": "user", "content": question}])
+        seq = engine.submit(prompt, max_tokens=4, temperature=0, persist=True)
+        generate_from(engine, seq)
+        saved = engine.saved_prefix(seq, into=buffer)
+        assert saved is not None and saved["state"].obj is buffer  # a view of the kept buffer, no new state
+        with pytest.raises(BufferError):
+            buffer.extend(b"x")  # not resized while a view of it lives
+        views.append((saved["tokens"], bytes(saved["state"])))
+        saved["state"].release()
+    assert len(buffer) >= max(len(state) for _, state in views)
+    tokens, state = views[-1]
+    fresh = make()
+    prompt = tokens + engine.tokenize(" And then?", add_special=False)
+    got = generate(fresh, prompt, max_tokens=4, temperature=0,
+                   prefix={"tokens": tokens, "state": memoryview(bytearray(state))})
+    assert got.last["n_loaded"] > 0 and not got.last["prefix_refused"]
+
+
+def test_a_state_copied_ahead_of_the_submission_is_handed_over_once(make, tmp_path: Path) -> None:
+    # a KV file's state copied into the engine's memory before the submission (without
+    # the GIL, off the runtime's lock): the submission takes it over without a copy
+    engine = make()
+    path, prompt = first_turn(engine, tmp_path)
+    prefix = load(engine, path, prompt)
+    state = KvState(prefix["state"])
+    assert len(state) == len(prefix["state"])
+    fresh = make()
+    got = generate(fresh, prompt, max_tokens=24, temperature=0, prefix={**prefix, "state": state})
+    assert len(state) == 0 and got.last["n_loaded"] == len(prefix["tokens"]) and not got.last["prefix_refused"]
+    want = generate(make(prefix_cache=False), prompt, max_tokens=24, temperature=0)
+    assert got.tokens == want.tokens
+    with pytest.raises(ValueError, match="already"):
+        fresh.submit(prompt, max_tokens=1, prefix={**prefix, "state": state})

@@ -27,6 +27,13 @@ def test_batch_invariance_is_on_unless_turned_off(tmp_path):
     assert config_mod.load(env={"LMSP_PREFIX_CACHE": "off"}, data_dir=str(tmp_path)).prefix_cache is False
 
 
+def test_the_full_sliding_window_cache_is_off_by_default_and_a_switch(tmp_path):
+    assert config_mod.load(env={}, data_dir=str(tmp_path)).kv_swa_full is False
+    assert config_mod.load(env={"LMSP_KV_SWA_FULL": "on"}, data_dir=str(tmp_path)).kv_swa_full is True
+    with pytest.raises(ValueError, match="kv_swa_full must be true or false"):
+        config_mod.load(env={"LMSP_KV_SWA_FULL": "auto"}, data_dir=str(tmp_path))
+
+
 def test_the_kv_files_budget_defaults_to_a_share_of_the_disk_and_is_checked(tmp_path):
     assert config_mod.load(env={}, data_dir=str(tmp_path)).kv_cache_bytes == -1
     assert config_mod.load(env={"LMSP_KV_CACHE_BYTES": "0"}, data_dir=str(tmp_path)).kv_cache_bytes == 0

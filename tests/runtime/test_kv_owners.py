@@ -1,7 +1,9 @@
 """The KV files of conversations and chains of responses (demo model): a turn tags
 its file with what owns it, and the janitor's next round deletes the files of a
-deleted conversation, of a chain whose responses are all deleted and of a chain
-that retention takes, and keeps every other file."""
+deleted conversation, of a chain whose responses are all deleted, of a chain
+that retention takes and of a stored response in no chain that is deleted (its
+file is tagged with its own id, the name of the chain it would start), and keeps
+every other file."""
 from __future__ import annotations
 
 import time
@@ -85,3 +87,22 @@ def test_a_chain_that_retention_takes_loses_its_files(store, runtime, config):
     assert counts["tasks"] >= 2 and counts["kv_orphans"] == 1
     found = owners(config, runtime, 3)
     assert first not in found and found[other] == 1  # a conversation is not retention's
+
+
+def test_a_first_response_owns_its_file_under_its_chains_name_and_takes_it_along(store, runtime, config):
+    other = conversation(store)
+    respond(store, runtime, "Tell me of mountains and rivers", conversation=other)
+    first = respond(store, runtime, "A story about a lighthouse")["response_id"]
+    assert owners(config, runtime, 2) == {first: 1, other: 1}  # no chain yet: its own id
+    assert runtime.janitor.round().get("kv_orphans", 0) == 0
+    store.delete_response(first)  # the chain's only response
+    assert runtime.janitor.round()["kv_orphans"] == 1
+    assert owners(config, runtime, 2) == {other: 1}
+
+
+def test_a_continued_first_responses_file_is_replaced_by_its_chains_next(store, runtime, config):
+    first = respond(store, runtime, "A story about a lighthouse")
+    assert owners(config, runtime, 1) == {first["response_id"]: 1}
+    second = respond(store, runtime, "And then?", previous_response_id=first["response_id"])
+    assert store.kv_owner(second["id"]) == store.kv_owner(first["id"]) == first["response_id"]  # the chain's id
+    assert owners(config, runtime, 2) == {first["response_id"]: 1}  # the chain's newest turn only

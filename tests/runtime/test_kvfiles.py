@@ -138,6 +138,33 @@ def test_a_turn_supersedes_the_files_of_its_own_owner_or_none_only(tmp_path):
     assert not unowned.exists() and not mine.exists() and theirs.exists() and newest.exists()
 
 
+def test_a_turn_supersedes_every_older_file_of_its_owner_whatever_its_tokens(tmp_path):
+    # a template may render an earlier answer as other tokens than were generated
+    rendered_apart, _ = put(tmp_path, [1, 2, 9], owner="resp_A")
+    longer, _ = put(tmp_path, [1, 2, 3, 4, 5, 6, 7, 8], owner="resp_A")
+    other_chain, _ = put(tmp_path, [1, 2, 9], owner="resp_B")
+    newest, _ = put(tmp_path, [1, 2, 3, 4, 5, 6], owner="resp_A")
+    assert kvfiles.supersede(tmp_path, newest) == 2
+    assert not rendered_apart.exists() and not longer.exists() and other_chain.exists() and newest.exists()
+
+
+def test_a_turn_supersedes_the_files_of_responses_it_repeats_that_no_other_continues(tmp_path):
+    lone, _ = put(tmp_path, [1, 2], owner="resp_lone")
+    chained, _ = put(tmp_path, [1, 2, 3], owner="resp_chain")
+    apart, _ = put(tmp_path, [1, 9], owner="resp_apart")  # its tokens do not start the new file's
+    conv, _ = put(tmp_path, [1, 2, 3, 4], owner="conv_A")
+    newest, _ = put(tmp_path, [1, 2, 3, 4, 5], owner="resp_new")
+    asked = []
+
+    def lone_ones(owners):
+        asked.append(owners)
+        return owners - {"resp_chain", "conv_A"}
+
+    assert kvfiles.supersede(tmp_path, newest, lone=lone_ones) == 1
+    assert asked == [{"resp_lone", "resp_chain", "conv_A"}]
+    assert not lone.exists() and chained.exists() and apart.exists() and conv.exists()
+
+
 def test_gc_deletes_the_files_whose_owner_is_gone(tmp_path):
     gone, _ = put(tmp_path, [1], owner="conv_gone")
     kept, _ = put(tmp_path, [2], owner="conv_kept")

@@ -220,21 +220,22 @@ def test_delete_is_refused_while_a_task_needs_the_model(store, make_runtime, mod
         rt.model_object("tiny")
 
 
-def test_the_engine_is_loaded_with_the_batch_invariance_setting(store, make_runtime, config, model_file):
+def test_the_engine_is_loaded_with_the_batch_invariance_and_swa_full_settings(store, make_runtime, config, model_file):
     from lmsp.native import Engine
 
     loaded = []
 
     def engine(path, **kwargs):
         made = Engine(path, **kwargs)
-        loaded.append((kwargs["batch_invariant"], made.info["batch_invariant"]))
+        info = made.info
+        loaded.append((kwargs["batch_invariant"], info["batch_invariant"], kwargs["swa_full"], info["swa_full"]))
         return made
 
-    rt = make_runtime(store, engine_factory=engine, config=config.replace(batch_invariant=False))
+    rt = make_runtime(store, engine_factory=engine, config=config.replace(batch_invariant=False, kv_swa_full=True))
     rt.register_model("tiny.gguf")
     task = wait_finished(rt, store, submit(store, rt, max_output_tokens=8))
     assert task["status"] == "completed"
-    assert loaded == [(False, False)]
+    assert loaded == [(False, False, True, True)]
     check_log(all_events(store, task["id"]))
 
 

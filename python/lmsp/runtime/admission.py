@@ -22,7 +22,7 @@ from typing import Any
 from ..contracts import ClaimRecord, CreatedTask, NewTask
 from ..errors import ContextLengthExceeded, InvalidRequest
 from ..hubsafe import offload
-from . import chat_layer, constraints
+from . import chat_layer, constraints, kvdisk
 from . import prompt as prompting
 from .state import Run, WorkerState
 from .toolcalls import CallShaper
@@ -63,7 +63,7 @@ class Admission:
         try:
             if slot is not None:
                 # the prefill runs while the task commits; nothing of it is out before
-                early = self.start_early(new.model, tokens, new.request, new.client_id)
+                early = self.start_early(new.model, tokens, new.request, new.client_id, kind=new.kind)
             # a write, off the gevent hub: a lock wait stops only this request
             created: CreatedTask = offload(state.store.create_task, **new.creation(), claim=slot)
         except BaseException:
@@ -156,7 +156,13 @@ class Admission:
         return state.owner, state.lease
 
     def start_early(
-        self, model_id: str, tokens: list[int] | None, request: dict[str, Any], client_id: str | None = None
+        self,
+        model_id: str,
+        tokens: list[int] | None,
+        request: dict[str, Any],
+        client_id: str | None = None,
+        *,
+        kind: str = "response",
     ) -> Run | None:
         """Start the sequence of a task being created in a reserved slot, before its
         creation commits, so that the prefill runs meanwhile; pass the result to
@@ -164,7 +170,8 @@ class Admission:
         is adopted: its results are held until then, and dropped with the sequence
         if the task is not created here. None when it cannot start early (the
         scheduler then starts the task as usual). ``client_id``: the task's client,
-        the scope of the engine's prefix cache."""
+        the scope of the engine's prefix cache; ``kind``: the task's (``response``,
+        ``chat.completion``, ``text_completion``), which decides its KV file."""
         state = self.state
         engine = state.registry.engine(model_id)
         if engine is None or not tokens or state.stopping or chat_layer.applies(engine, request):
@@ -176,7 +183,8 @@ class Admission:
         run = Run("", model_id, state="running", held=[], calls=CallShaper.for_request(request))
         try:
             # a KV file of the prompt's start: read off the hub
-            ticket = offload(state.kvdisk.prepare, engine, model_id, tokens, client_id or "")
+            keep = kvdisk.continuable(request, kind=kind)
+            ticket = offload(state.kvdisk.prepare, engine, model_id, tokens, client_id or "", keep=keep)
             with state.lock:
                 if state.registry.engine(model_id) is not engine:
                     return None  # unloaded meanwhile: the scheduler loads it

@@ -1,14 +1,19 @@
 """The KV files of one worker (:mod:`lmsp.kvfiles`): written after turns, loaded by the next.
 
-Every sequence is submitted with ``persist`` while the files are on
-(``kv_cache_bytes`` not 0, ``prefix_cache`` on). When one ends (``stop`` or
-``length``), the commit thread queues it here; this room's own thread (never
-the engine thread nor a gevent hub) asks the engine for what its slot kept
-(``Engine.saved_prefix``, a copy taken between two engine steps), writes the
-file, deletes the older file of its chain and keeps the directory within its
-budget. A turn of a conversation or of a chain of responses tags its file with
-that owner's id (``Store.kv_owner``); the janitor's round deletes the files
-whose owner the store no longer holds.
+While the files are on (``kv_cache_bytes`` not 0, ``prefix_cache`` on), a
+sequence is submitted with ``persist`` when the service can continue its turn
+(:func:`continuable`: a response in a conversation, or a stored response, which
+a ``previous_response_id`` can continue); a ``store: false`` response, a chat
+completion or a completion writes no file (each may still load one). When a
+persisted sequence ends (``stop`` or ``length``), the commit thread queues it
+here; this room's own thread (never the engine thread nor a gevent hub) asks
+the engine for what its slot kept (``Engine.saved_prefix``, a copy taken
+between two engine steps, into a buffer this thread keeps), writes the file,
+deletes the older files of its conversation or chain and keeps the directory
+within its budget. A turn tags its file with its owner's id (``Store.kv_owner``:
+its conversation, its chain, or the stored response itself, its chain's name to
+be); the janitor's round deletes the files whose owner the store no longer
+holds.
 
 At a submission, :meth:`KvDisk.prepare` looks for the longest file of the same
 model file, engine format and client whose tokens start the prompt. When it
@@ -35,6 +40,16 @@ from .state import IDLE_WAIT, WorkerState
 log = logging.getLogger("lmsp.runtime")
 
 MAX_TRACKED = 4096  # submitted sequences remembered until their end (older ones are dropped)
+RESPONSE_PREFIX = "resp_"  # the ids of Responses (chat completions: chatcmpl-, completions: cmpl-)
+
+
+def continuable(request: dict[str, Any], *, kind: str = "", response_id: str = "") -> bool:
+    """Whether the service can continue this task's turn, so that its KV file is worth
+    writing: a response (``kind`` ``response``, or an id ``resp_...``) in a conversation,
+    or stored (a ``previous_response_id`` can continue any stored response)."""
+    if kind != "response" and not response_id.startswith(RESPONSE_PREFIX):
+        return False
+    return bool(request.get("conversation")) or bool(request.get("store", True))
 
 
 @dataclass
@@ -44,6 +59,7 @@ class Ticket:
     model_id: str
     cache_key: str
     task_id: str = ""  # set at the sequence's end (an early start has none before)
+    keep: bool = True  # its turn's KV goes to a file at its end (:func:`continuable`)
     path: Any = None  # the file handed to the engine
     prefix: dict[str, Any] | None = None  # ... as Engine.submit(prefix=...) takes it
 
@@ -67,18 +83,29 @@ class KvDisk:
             ("hits", "misses", "refused", "bytes_read", "bytes_written", "files_written", "evicted"), 0
         )
         self.held = 0  # bytes in the directory after this worker's last write or round
+        # the states' buffer, kept from one write to the next: its pages are touched
+        # once, not for each file (the KV thread's alone)
+        self._buffer = bytearray()
 
     # ---------------------------------------------------------------- submissions
     def prepare(
-        self, engine: Any, model_id: str, tokens: list[int], cache_key: str, *, look: bool = True
+        self,
+        engine: Any,
+        model_id: str,
+        tokens: list[int],
+        cache_key: str,
+        *,
+        look: bool = True,
+        keep: bool,
     ) -> Ticket | None:
         """The lookup before ``engine.submit``: None when the files are off, else a
         ticket whose ``prefix`` (maybe None) goes to the engine (see :meth:`submit_kwargs`).
-        ``look=False``: no lookup (a resumed task continues from its own snapshot), only
-        the file after its end. Reads a file: call it off the gevent hub."""
+        ``look=False``: no lookup (a resumed task continues from its own snapshot).
+        ``keep``: write the file of its turn at its end (:func:`continuable`). Reads a
+        file: call it off the gevent hub."""
         if not self.enabled or not tokens:
             return None
-        ticket = Ticket(model_id, cache_key)
+        ticket = Ticket(model_id, cache_key, keep=keep)
         if not look:
             return ticket
         digest = self.state.registry.files.loaded_digest(model_id)
@@ -100,7 +127,7 @@ class KvDisk:
             if usable <= engine.cached_prefix(tokens, cache_key):
                 return ticket  # a free slot holds as much: nothing to read
             expect = {"digest": digest, "kv_format": kv_format, "cache_key": cache_key}
-            ticket.prefix = kvfiles.read(entry.path, tokens=tokens, **expect)
+            ticket.prefix = self._native_state(kvfiles.read(entry.path, tokens=tokens, **expect))
         except kvfiles.Refused as exc:
             self._refuse(entry.path, str(exc))
             return ticket
@@ -116,6 +143,15 @@ class KvDisk:
         return ticket
 
     @staticmethod
+    def _native_state(prefix: dict[str, Any]) -> dict[str, Any]:
+        """The prefix with its state copied into the engine's own memory here, without
+        the GIL: ``engine.submit`` then takes it over under the runtime's lock with no
+        copy, and the file's bytes are freed here, not there."""
+        from ..native import KvState  # the extension loads in the workers only
+
+        return {**prefix, "state": KvState(prefix["state"])}
+
+    @staticmethod
     def _tiling(path: Any) -> tuple[int, int]:
         """A file's tiled rows and their chunk length, from its header."""
         head = kvfiles.read_header(path)
@@ -126,7 +162,7 @@ class KvDisk:
         """What ``engine.submit`` takes from a ticket."""
         if ticket is None:
             return {}
-        return {"persist": True, "prefix": ticket.prefix}
+        return {"persist": ticket.keep, "prefix": ticket.prefix}
 
     def submitted(self, engine: Any, seq: int, ticket: Ticket | None) -> None:
         """The sequence a ticket's submission started."""
@@ -158,7 +194,7 @@ class KvDisk:
                     result.get("n_loaded"),
                     result.get("timings"),
                 )
-        if result.get("finish") in ("stop", "length"):
+        if ticket.keep and result.get("finish") in ("stop", "length"):
             with self._lock:
                 self._jobs.append((engine, int(result["seq"]), ticket))
             self.wake.set()
@@ -199,8 +235,16 @@ class KvDisk:
         digest = self.state.registry.files.loaded_digest(ticket.model_id)
         if digest is None or engine.closed:
             return
-        saved = engine.saved_prefix(seq)
-        if not saved or not saved["tokens"] or len(saved["state"]) > self.budget:
+        saved = engine.saved_prefix(seq, into=self._buffer)
+        if not saved:
+            return
+        try:
+            self._write(engine, saved, ticket, digest)
+        finally:
+            saved["state"].release()  # the buffer can grow again
+
+    def _write(self, engine: Any, saved: dict[str, Any], ticket: Ticket, digest: str) -> None:
+        if not saved["tokens"] or len(saved["state"]) > self.budget:
             return
         # its owner, read before the file exists: a file named for a deleted owner is orphaned, never kept
         owner = self.state.store.kv_owner(ticket.task_id) if ticket.task_id else None
@@ -217,7 +261,7 @@ class KvDisk:
             state=saved["state"],
             owner=owner,
         )
-        kvfiles.supersede(self.directory, path)
+        kvfiles.supersede(self.directory, path, lone=self.state.store.kv_lone_responses)
         evicted, _ = kvfiles.enforce_budget(self.directory, self.budget)
         with self._lock:
             self.counts["bytes_written"] += size

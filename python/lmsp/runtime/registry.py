@@ -311,6 +311,7 @@ class ModelRegistry:
                 batch_invariant=cfg.batch_invariant,
                 prefix_cache=cfg.prefix_cache,
                 use_mmap=cfg.mmap,
+                swa_full=cfg.kv_swa_full,
             )
         except MemoryError:
             self._set_state(model_id, FAILED)

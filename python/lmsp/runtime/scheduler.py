@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..contracts import ClaimRecord
 from ..errors import IllegalTransition, LMSPError, NotFound, Unavailable
-from . import chat_layer
+from . import chat_layer, kvdisk
 from . import prompt as prompting
 from .state import IDLE_WAIT, MAX_BACKOFF, Run, WorkerState
 from .toolcalls import CallShaper
@@ -203,7 +203,8 @@ class Scheduler:
         emitted = resume["emitted"] if resume else ""
         shaper = chat_layer.shaper(engine, request, claim.get("item_id") or "", emitted, resume)
         run.calls = shaper if shaper is not None else CallShaper.for_request(request, emitted)
-        self.submit(run, engine, tokens, kwargs, resume, claim.get("client_id") or "")
+        keep = kvdisk.continuable(request, response_id=claim.get("response_id") or "")
+        self.submit(run, engine, tokens, kwargs, resume, claim.get("client_id") or "", keep)
 
     def engine_for(self, run: Run) -> Engine | None:
         """The engine of the run's model, loaded (the task ``loading`` meanwhile) when it is
@@ -259,14 +260,16 @@ class Scheduler:
         kwargs: dict[str, Any],
         resume: dict[str, Any] | None,
         cache_key: str,
+        keep: bool,
     ) -> None:
         """Hand the task to the engine, unless its engine left the registry meanwhile
-        (:class:`EngineGone`: the start is tried again)."""
+        (:class:`EngineGone`: the start is tried again). ``keep``: its turn's KV goes
+        to a file (:func:`.kvdisk.continuable`)."""
         from .. import native  # the extension loads in the workers only
 
         state = self.state
         # a KV file of the prompt's start, read before the lock (a resumed task has its own state)
-        ticket = state.kvdisk.prepare(engine, run.model, tokens, cache_key, look=resume is None)
+        ticket = state.kvdisk.prepare(engine, run.model, tokens, cache_key, look=resume is None, keep=keep)
         try:
             with state.lock:
                 if state.registry.engine(run.model) is not engine:  # unloaded since: load it again
