@@ -77,7 +77,8 @@ def test_full_run_events_and_response(store, running_task):
     assert response["status"] == "completed"
     assert response["output"][0]["content"][0]["text"] == "Hello!" == store.output_text(tid)
     assert response["output"][0]["status"] == "completed"
-    assert response["usage"] == {"input_tokens": 4, "input_tokens_details": {"cached_tokens": 0},
+    assert response["usage"] == {"input_tokens": 4,
+                                 "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 4},
                                  "output_tokens": 4, "output_tokens_details": {"reasoning_tokens": 0},
                                  "total_tokens": 8}
     assert response["incomplete_details"] is None and response["error"] is None
