@@ -12,6 +12,7 @@
 #include "batch_plan.h"
 #include "engine.h"
 #include "errors.h"
+#include "ggml-backend.h"
 #include "llama_private.h"
 
 namespace lmsp {
@@ -35,7 +36,6 @@ void push_sources(const ggml_tensor * t, std::vector<ggml_tensor *> & stack) {
 bool OutputLayerSkip::on_node(ggml_tensor * t, bool ask, void * self) {
     auto * skip = static_cast<OutputLayerSkip *>(self);
     if (!ask) return true;  // never asked to look at a node: go on
-    if (!skip->enabled_) return false;
     const char * name = ggml_get_name(t);
     if (std::strcmp(name, "result_output") == 0) {
         skip->logits_ = t;
@@ -110,13 +110,14 @@ void Embedder::make_context(llama_model * model, int32_t n_threads, enum llama_p
     cp.embeddings = true;
     cp.pooling_type = pooling;
     cp.no_perf = true;
-    cp.cb_eval = &OutputLayerSkip::on_node;
-    cp.cb_eval_user_data = &skip_;
+    if (ggml_backend_dev_count() == 1) {  // the CPU alone: one backend, one split of each graph
+        cp.cb_eval = &OutputLayerSkip::on_node;
+        cp.cb_eval_user_data = &skip_;
+    }
     ctx_.reset();
     ctx_.reset(llama_init_from_model(model, cp));
     if (!ctx_) throw NativeFailure("cannot create the embeddings context of " + std::to_string(n_ctx_) + " tokens");
     llama_attach_threadpool(ctx_.get(), threadpool_.get(), threadpool_.get());
-    skip_.set_enabled(computes_on_one_backend(ctx_.get()));
 }
 
 bool Embedder::oversized() const {

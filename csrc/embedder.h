@@ -21,19 +21,18 @@ namespace lmsp {
 // lets the graph compute in one go); once it has seen both the logits
 // ("result_output") and the pooled vectors ("result_embd_pooled"), it takes
 // ggml's compute flag off every node that only the logits need. Only where
-// the graph is one backend's: between backends the scheduler puts copies in
-// the nodes' sources, and what the pooled vectors need no longer shows.
+// the CPU is the one backend (the embedder installs it there alone): between
+// backends the scheduler computes a graph in several splits and puts copies
+// in the nodes' sources, where what the pooled vectors need no longer shows.
 class OutputLayerSkip {
 public:
     static bool on_node(ggml_tensor * t, bool ask, void * self);
-    void set_enabled(bool on) { enabled_ = on; }
     void begin_pass() { logits_ = pooled_ = nullptr; }
     int64_t passes() const { return passes_; }  // passes without the output layer so far
 
 private:
     void skip_what_only_logits_need();
 
-    bool enabled_ = false;
     ggml_tensor * logits_ = nullptr;
     ggml_tensor * pooled_ = nullptr;
     int64_t passes_ = 0;

@@ -14,6 +14,4 @@ void use_reference_cpu_kernels(llama_context * ctx, bool on) {
     }
 }
 
-bool computes_on_one_backend(llama_context * ctx) { return ggml_backend_sched_get_n_backends(ctx->get_sched()) == 1; }
-
 }  // namespace lmsp

@@ -14,9 +14,4 @@ namespace lmsp {
 // CPU backend.)
 void use_reference_cpu_kernels(llama_context * ctx, bool on);
 
-// Whether the context's graphs run on one backend alone (no GPU, no other
-// device beside the CPU): its scheduler then makes one split of each graph
-// and copies nothing between backends.
-bool computes_on_one_backend(llama_context * ctx);
-
 }  // namespace lmsp
