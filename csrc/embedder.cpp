@@ -4,26 +4,81 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <thread>
+#include <unordered_set>
 
 #include "batch_plan.h"
 #include "engine.h"
 #include "errors.h"
+#include "ggml-backend.h"
 #include "llama_private.h"
 
 namespace lmsp {
 
 namespace {
 constexpr int32_t kMaxSequencesPerPass = 64;
-// llama.cpp computes the output layer for every token of an embeddings pass and
-// keeps buffers for the largest pass, n_vocab floats a row: passes hold at most
-// this many rows (an input longer than that passes alone).
-constexpr int64_t kPassRows = 256;
+// Passes hold at most this many rows, llama-server's default batch (an input
+// longer than that passes alone): llama.cpp copies n_vocab floats a row out of
+// every embeddings pass (the logits, left uncomputed here: OutputLayerSkip)
+// into a buffer it keeps at the size of the largest pass.
+constexpr int64_t kPassRows = 512;
+
+void push_sources(const ggml_tensor * t, std::vector<ggml_tensor *> & stack) {
+    for (ggml_tensor * src : t->src) {
+        if (src != nullptr) stack.push_back(src);
+    }
+    if (t->view_src != nullptr) stack.push_back(t->view_src);
+}
 }  // namespace
+
+bool OutputLayerSkip::on_node(ggml_tensor * t, bool ask, void * self) {
+    auto * skip = static_cast<OutputLayerSkip *>(self);
+    if (!ask) return true;  // never asked to look at a node: go on
+    const char * name = ggml_get_name(t);
+    if (std::strcmp(name, "result_output") == 0) {
+        skip->logits_ = t;
+    } else if (std::strcmp(name, "result_embd_pooled") == 0) {
+        skip->pooled_ = t;
+    } else {
+        return false;
+    }
+    if (skip->logits_ != nullptr && skip->pooled_ != nullptr) {
+        skip->skip_what_only_logits_need();
+        if ((skip->logits_->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) ++skip->passes_;
+        skip->begin_pass();
+    }
+    return false;
+}
+
+void OutputLayerSkip::skip_what_only_logits_need() {
+    if ((logits_->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) return;  // a graph used again: done already
+    std::unordered_set<const ggml_tensor *> needed;                // the pooled vectors and all they need
+    std::vector<ggml_tensor *> stack{pooled_};
+    while (!stack.empty()) {
+        ggml_tensor * t = stack.back();
+        stack.pop_back();
+        if (needed.insert(t).second) push_sources(t, stack);
+    }
+    // the rest of what the logits need; their weights and other leaves (no op) stay as they are
+    std::unordered_set<const ggml_tensor *> seen;
+    stack.assign(1, logits_);
+    while (!stack.empty()) {
+        ggml_tensor * t = stack.back();
+        stack.pop_back();
+        if (needed.count(t) != 0 || !seen.insert(t).second) continue;
+        if (t->op != GGML_OP_NONE) t->flags &= ~int32_t(GGML_TENSOR_FLAG_COMPUTE);
+        push_sources(t, stack);
+    }
+}
 
 Embedder::Embedder(llama_model * model, int32_t n_ctx, int32_t n_threads) : n_ctx_(n_ctx) {
     n_seq_ = std::min<int32_t>(kMaxSequencesPerPass, int32_t(llama_max_parallel_sequences()));
+    ggml_threadpool_params tpp = ggml_threadpool_params_default(n_threads);
+    tpp.poll = 0;  // between passes and after the last one, its threads sleep instead of spinning
+    threadpool_.reset(ggml_threadpool_new(&tpp));
+    if (!threadpool_) throw NativeFailure("cannot start " + std::to_string(n_threads) + " CPU threads");
     // the model's own pooling where its file declares one; mean otherwise
     make_context(model, n_threads, LLAMA_POOLING_TYPE_UNSPECIFIED);
     if (llama_pooling_type(ctx_.get()) == LLAMA_POOLING_TYPE_NONE) {
@@ -55,8 +110,14 @@ void Embedder::make_context(llama_model * model, int32_t n_threads, enum llama_p
     cp.embeddings = true;
     cp.pooling_type = pooling;
     cp.no_perf = true;
+    if (ggml_backend_dev_count() == 1) {  // the CPU alone: one backend, one split of each graph
+        cp.cb_eval = &OutputLayerSkip::on_node;
+        cp.cb_eval_user_data = &skip_;
+    }
+    ctx_.reset();
     ctx_.reset(llama_init_from_model(model, cp));
     if (!ctx_) throw NativeFailure("cannot create the embeddings context of " + std::to_string(n_ctx_) + " tokens");
+    llama_attach_threadpool(ctx_.get(), threadpool_.get(), threadpool_.get());
 }
 
 bool Embedder::oversized() const {
@@ -64,7 +125,8 @@ bool Embedder::oversized() const {
     return largest_pass_ > kPassRows;
 }
 
-std::vector<std::vector<float>> Embedder::embed(const std::vector<std::vector<int32_t>> & inputs) {
+std::vector<std::vector<float>> Embedder::embed(const std::vector<std::vector<int32_t>> & inputs,
+                                                EmbedCounts & counts) {
     for (const auto & input : inputs) {
         if (input.empty()) throw InvalidArgument("an input to embed must have at least one token");
         if (int64_t(input.size()) > n_ctx_) {
@@ -73,6 +135,7 @@ std::vector<std::vector<float>> Embedder::embed(const std::vector<std::vector<in
         }
     }
     std::lock_guard<std::mutex> lk(mu_);
+    const int64_t without_logits = skip_.passes();
     std::vector<std::vector<float>> out(inputs.size());
     // An input's vector is the one it gets alone, as llama-server computes it. ggml
     // picks its kernels by the rows of a pass: inputs shorter than its tiled matmul
@@ -105,8 +168,10 @@ std::vector<std::vector<float>> Embedder::embed(const std::vector<std::vector<in
             run_pass(inputs, std::vector<size_t>(m.begin() + first, m.begin() + first + count), out);
             largest_pass_ = std::max(largest_pass_, used);
             first += count;
+            ++counts.passes;
         }
     }
+    counts.passes_without_logits += skip_.passes() - without_logits;
     return out;
 }
 
@@ -125,6 +190,7 @@ void Embedder::run_pass(const std::vector<std::vector<int32_t>> & inputs, const 
         }
     }
     llama_memory_clear(llama_get_memory(ctx_.get()), true);
+    skip_.begin_pass();
     if (llama_decode(ctx_.get(), batch_) != 0) throw NativeFailure("the embeddings pass failed");
     for (size_t k = 0; k < which.size(); ++k) {
         const float * e = llama_get_embeddings_seq(ctx_.get(), int32_t(k));
@@ -155,7 +221,10 @@ std::vector<std::vector<float>> Engine::embed(const std::vector<std::vector<int3
         }
         embedder = embedder_;
     }
-    std::vector<std::vector<float>> out = embedder->embed(inputs);
+    EmbedCounts counts;
+    std::vector<std::vector<float>> out = embedder->embed(inputs, counts);
+    embed_passes_ += counts.passes;
+    embed_passes_without_logits_ += counts.passes_without_logits;
     if (embedder->oversized()) {
         // a pass of one long input grew its buffers: free them (a pass under way keeps its own)
         std::lock_guard<std::mutex> lk(embedder_mu_);

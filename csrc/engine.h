@@ -144,6 +144,10 @@ struct EngineStats {
     int64_t kv_copy_us = 0;  // ... the engine thread's time in those copies
     int64_t kv_loads = 0;    // KvPrefix states loaded into a slot (or refused)
     int64_t kv_load_us = 0;  // ... the engine thread's time in those loads
+
+    // the embeddings' llama_decode calls, and those of them that skipped the output layer
+    int64_t embed_passes = 0;
+    int64_t embed_passes_without_logits = 0;
 };
 
 // Unknown or finished sequence id (maps to KeyError).
@@ -334,6 +338,8 @@ private:
     std::unique_ptr<ChatTemplate> chat_template_;  // null: the model has none
     std::mutex embedder_mu_;
     std::shared_ptr<Embedder> embedder_;  // made by the first embed(); after model_, so freed before it
+    std::atomic<int64_t> embed_passes_{0};
+    std::atomic<int64_t> embed_passes_without_logits_{0};
 
     // shared with callers, guarded by mu_
     mutable std::mutex mu_;

@@ -310,6 +310,8 @@ EngineStats Engine::stats() const {
     s.kv_copy_us = kv_copy_us_.load();
     s.kv_loads = kv_loads_.load();
     s.kv_load_us = kv_load_us_.load();
+    s.embed_passes = embed_passes_.load();
+    s.embed_passes_without_logits = embed_passes_without_logits_.load();
     return s;
 }
 

@@ -42,6 +42,16 @@ def test_bad_inputs_are_refused(engine: Engine):
     assert engine.embed([]).shape[0] == 0
 
 
+def test_passes_hold_512_rows_and_leave_out_the_output_layer(make_engine):
+    e = make_engine()
+    inputs = [[1 + (i + k) % 50 for k in range(64)] for i in range(16)]  # 1024 rows
+    e.embed(inputs)
+    counts = e.stats()
+    assert counts["embed_passes"] == 2
+    # on the CPU alone, no pass computes the logits (llama.cpp's output layer)
+    assert counts["embed_passes_without_logits"] == 2
+
+
 def test_the_engine_generates_beside_embeddings(make_engine):
     e = make_engine(n_parallel=2)
     seq = e.submit(e.tokenize("once upon a time", True, False), max_tokens=8, temperature=0)
@@ -60,9 +70,11 @@ def test_fim_tokens_are_listed(engine: Engine):
     assert engine.info["fim_tokens"] == []  # the demo model has none
 
 
-def test_a_long_input_passes_alone_and_the_next_call_gives_the_same_vectors(engine: Engine):
+def test_a_long_input_passes_alone_and_the_next_call_gives_the_same_vectors(make_engine):
+    engine = make_engine(n_ctx=1024, n_parallel=1)
     short = [engine.tokenize("a short input", True, False)]
     before = engine.embed(short)
-    long = [[1 + i % 50 for i in range(400)]]  # longer than a usual pass: its buffers are freed after it
+    long = [[1 + i % 50 for i in range(600)]]  # longer than a usual pass: its buffers are freed after it
     assert engine.embed(long + short).shape[0] == 2
     assert float(engine.embed(short)[0] @ before[0]) > 0.999999
+    assert engine.stats()["embed_passes"] == 4
