@@ -187,7 +187,8 @@ def test_auto_lets_the_model_answer_in_text(store, make_runtime, chat_models):
 
 def test_a_retry_starts_the_items_again(config, store, make_runtime, chat_models):
     rt = start(make_runtime, store)
-    task_id = submit(store, rt, "Weather in Paris?", model="think", on_restart="retry", max_output_tokens=60)
+    # long enough that the abort comes before its end, however the commits group its tokens
+    task_id = submit(store, rt, "Weather in Paris?", model="think", on_restart="retry", max_output_tokens=600)
     wait_until(rt, store, task_id, lambda t: t["last_sequence_number"] >= 8)
     rt.abort()
     restarted = open_store(config)
