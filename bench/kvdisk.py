@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import serve  # noqa: E402  (bench/serve.py: server launchers, SSE reader, machine line)
 
 from lmsp import kvfiles  # noqa: E402
+from lmsp.runtime._threads import background_priority  # noqa: E402
 
 SYSTEM = "You are a patient teacher. Answer in plain words and short sentences."
 NEXT = "Now tell me in one sentence what all of this was about."
@@ -215,6 +216,7 @@ def write_beside_stream(engine, prompt: list[int], directory: Path) -> dict:
     buffer = bytearray()
 
     def write() -> None:
+        background_priority()  # as the service's KV thread runs
         done["start"] = time.perf_counter()
         saved = engine.saved_prefix(seq, into=buffer)
         done["copied"] = time.perf_counter()

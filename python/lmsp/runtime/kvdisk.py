@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import kvfiles
-from ._threads import Wakeup, allocate_lock
+from ._threads import Wakeup, allocate_lock, background_priority
 from .state import IDLE_WAIT, WorkerState
 
 log = logging.getLogger("lmsp.runtime")
@@ -212,7 +212,10 @@ class KvDisk:
     # ---------------------------------------------------------------- the thread
     def run(self) -> None:
         """The thread's loop: save the queued sequences' KV; on a graceful stop, those
-        still queued too (the engines close after this thread ends)."""
+        still queued too (the engines close after this thread ends). It runs at the
+        lowest CPU priority: a file's checksum, copy and write take what the engine's
+        threads leave, so a running sequence's steps keep their pace."""
+        background_priority()
         while not self.state.stopping:
             self.wake.wait(IDLE_WAIT)
             self.save_queued()
