@@ -17,7 +17,10 @@ its request is the one lmsp's fallback makes of the call: the same messages,
 with the tool described in the system message by lmsp's own text, and a
 ``response_format`` holding the output to the call's JSON schema (the grammar
 lmsp uses with ``parallel_tool_calls`` false). Both prompts are then the same
-tokens and both outputs the same form.
+tokens and both outputs the same form. Its unconstrained reference is the same
+prompt with no tools and no constraint, up to about the call's length
+(``toolfree``): the forced call over free text of a 59-token prompt would count
+the longer prompt's prefill and attention as the grammar's cost.
 
     python bench/constrained.py --model ~/.cache/lmsp/models/smollm2-135m-instruct.gguf \\
         --llama-server /work/ref/bin/llama-server --rounds 5
@@ -77,7 +80,11 @@ TOOL = {
     "description": "Creates a customer record in the shop's database.",
     "parameters": SCHEMA,
 }
-MODES = ("free", "schema", "tool")
+MODES = ("free", "schema", "tool", "toolfree")
+# "toolfree": the forced call's prompt (the tool described in the system message) with
+# no constraint and no tools, up to about the call's length: the unconstrained
+# reference of the same work for the call
+TOOLFREE_TOKENS = 160
 
 
 def lmsp_body(mode: str, max_tokens: int) -> dict:
@@ -88,6 +95,9 @@ def lmsp_body(mode: str, max_tokens: int) -> dict:
     elif mode == "tool":
         body.update(tools=[{"type": "function", **TOOL, "strict": True}], tool_choice="required",
                     parallel_tool_calls=False)
+    elif mode == "toolfree":
+        messages, _ = fallback_call_request(max_tokens)
+        body.update(instructions=messages[0]["content"], max_output_tokens=min(max_tokens, TOOLFREE_TOKENS))
     return body
 
 
@@ -111,6 +121,9 @@ def llama_body(mode: str, max_tokens: int) -> dict:
         body["messages"], schema = fallback_call_request(max_tokens)
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "call", "schema": schema,
                                                                           "strict": True}}
+    elif mode == "toolfree":
+        body["messages"], _ = fallback_call_request(max_tokens)
+        body["max_tokens"] = min(max_tokens, TOOLFREE_TOKENS)
     return body
 
 
@@ -138,7 +151,7 @@ def one(server, mode: str, max_tokens: int, token: str | None) -> dict:
         out = "".join(p["text"] for i in items if i["type"] == "message" for p in i["content"])
         n = body["usage"]["output_tokens"]
         cached = body["usage"]["input_tokens_details"]["cached_tokens"], body["usage"]["input_tokens"]
-    holds = bool(calls) if mode == "tool" else (mode == "free" or parses(out))
+    holds = bool(calls) if mode == "tool" else (mode in ("free", "toolfree") or parses(out))
     return {"tokens": n, "seconds": wall, "tokens_per_s": n / wall if wall > 0 else 0.0, "holds": holds,
             "prompt_cached": cached[0], "prompt": cached[1]}
 
@@ -185,7 +198,7 @@ def run(args) -> dict:
         "schema_over_llama_schema": rate["lmsp-schema"] / rate["llama-schema"],
         "tool_over_llama_tool": rate["lmsp-tool"] / rate["llama-tool"],
         "schema_over_free": rate["lmsp-schema"] / rate["lmsp-free"],
-        "tool_over_free": rate["lmsp-tool"] / rate["lmsp-free"],
+        "tool_over_free": rate["lmsp-tool"] / rate["lmsp-toolfree"],
         "free_over_llama_free": rate["lmsp-free"] / rate["llama-free"],
     }
     holds = {k: sum(x["holds"] for x in v) / len(v) for k, v in samples.items()}
