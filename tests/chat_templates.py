@@ -1,7 +1,14 @@
 """Chat templates written for the chat layer's tests, in the styles llama.cpp's
 chat layer recognises: ChatML turns with a ``<tool_call>`` block holding a
 ``{"name", "arguments"}`` object, and ChatML turns with a ``<think>`` block
-switched by ``enable_thinking``."""
+switched by ``enable_thinking``; and :func:`template_engine`, an engine on a demo
+model that carries one of them."""
+from __future__ import annotations
+
+from typing import Iterator
+
+from lmsp.demo_model import write_demo_model
+from lmsp.native import Engine
 
 # ChatML; the tools are listed in the system turn, a call is a <tool_call> block
 # with a JSON object, a tool's output a user turn in <tool_response>.
@@ -58,3 +65,12 @@ THINK_TOOLS_TEMPLATE = TOOLS_TEMPLATE.replace(
     "{% else %}<think>\n{% endif %}{% endif %}",
 )
 assert "reasoning_content" in THINK_TOOLS_TEMPLATE and THINK_TOOLS_TEMPLATE.count("<think>\n") == 3
+
+
+def template_engine(tmp_path_factory, template: str) -> Iterator[Engine]:
+    """An engine (one slot, 1,024 tokens) on a demo model whose chat template is
+    ``template``, closed when the generator ends (a fixture's body)."""
+    path = write_demo_model(tmp_path_factory.mktemp("m") / "m.gguf", chat_template=template)
+    engine = Engine(str(path), n_ctx=1024, n_parallel=1, n_threads=1)
+    yield engine
+    engine.close()

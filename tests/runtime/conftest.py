@@ -2,11 +2,31 @@
 from __future__ import annotations
 
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 
 from lmsp import config as config_mod
+from lmsp.native import Engine
 from lmsp.runtime import Runtime, open_store
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from chat_templates import TOOLS_TEMPLATE, template_engine  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tools_engine(tmp_path_factory):
+    """An engine on a demo model whose template knows tools (the chat layer's)."""
+    yield from template_engine(tmp_path_factory, TOOLS_TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def plain_engine(demo_model_path):
+    """An engine on the demo model, whose template knows no tools."""
+    e = Engine(str(demo_model_path), n_ctx=1024, n_parallel=1, n_threads=1)
+    yield e
+    e.close()
 
 
 @pytest.fixture

@@ -9,19 +9,17 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from lmsp.api.chat import parse_chat
 from lmsp.api.responses import parse_create
-from lmsp.demo_model import write_demo_model
 from lmsp.native import Engine
 from lmsp.runtime import chat_layer
 from lmsp.runtime import prompt as prompting
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from chat_templates import THINK_TOOLS_TEMPLATE, TOOLS_TEMPLATE  # noqa: E402
+from chat_templates import THINK_TOOLS_TEMPLATE, template_engine  # noqa: E402
 
 PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The weather.",
@@ -109,28 +107,11 @@ LLAMA_SERVER_THINK = (
 )
 
 
-def _engine(tmp_path_factory, template: str) -> Iterator[Engine]:
-    path = write_demo_model(tmp_path_factory.mktemp("m") / "m.gguf", chat_template=template)
-    e = Engine(str(path), n_ctx=1024, n_parallel=1, n_threads=1)
-    yield e
-    e.close()
-
-
-@pytest.fixture(scope="module")
-def tools_engine(tmp_path_factory):
-    yield from _engine(tmp_path_factory, TOOLS_TEMPLATE)
-
-
 @pytest.fixture(scope="module")
 def think_engine(tmp_path_factory):
-    yield from _engine(tmp_path_factory, THINK_TOOLS_TEMPLATE)
+    yield from template_engine(tmp_path_factory, THINK_TOOLS_TEMPLATE)
 
 
-@pytest.fixture(scope="module")
-def plain_engine(demo_model_path):
-    e = Engine(str(demo_model_path), n_ctx=1024, n_parallel=1, n_threads=1)
-    yield e
-    e.close()
 
 
 def chat_request(**body) -> dict:

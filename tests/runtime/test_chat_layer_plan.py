@@ -6,18 +6,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from lmsp.api.responses import parse_create
-from lmsp.demo_model import write_demo_model
 from lmsp.native import Engine
 from lmsp.runtime import chat_layer
 from lmsp.runtime import prompt as prompting
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from chat_templates import THINK_TEMPLATE, TOOLS_TEMPLATE  # noqa: E402
+from chat_templates import THINK_TEMPLATE, TOOLS_TEMPLATE, template_engine  # noqa: E402
 
 WEATHER = {"type": "function", "name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}  # fmt: skip
@@ -34,28 +32,11 @@ def kept(**body) -> dict:
     return parse_create({"model": "m", **body}, _Config(), lambda: 1).request
 
 
-def _engine(tmp_path_factory, template: str) -> Iterator[Engine]:
-    path = write_demo_model(tmp_path_factory.mktemp("m") / "m.gguf", chat_template=template)
-    e = Engine(str(path), n_ctx=1024, n_parallel=1, n_threads=1)
-    yield e
-    e.close()
-
-
-@pytest.fixture(scope="module")
-def tools_engine(tmp_path_factory):
-    yield from _engine(tmp_path_factory, TOOLS_TEMPLATE)
-
-
 @pytest.fixture(scope="module")
 def think_engine(tmp_path_factory):
-    yield from _engine(tmp_path_factory, THINK_TEMPLATE)
+    yield from template_engine(tmp_path_factory, THINK_TEMPLATE)
 
 
-@pytest.fixture(scope="module")
-def plain_engine(demo_model_path):
-    e = Engine(str(demo_model_path), n_ctx=1024, n_parallel=1, n_threads=1)
-    yield e
-    e.close()
 
 
 def text_of(engine: Engine, tokens: list[int]) -> str:
@@ -116,7 +97,7 @@ def test_plans_are_kept_per_engine(tools_engine, plain_engine, tmp_path_factory)
     first = chat_layer.plan(tools_engine, request)
     assert chat_layer.plan(tools_engine, request) is first  # rendered once
     assert chat_layer.plan(tools_engine, kept(input="Weather?", tools=[WEATHER])) is not first
-    for other in _engine(tmp_path_factory, TOOLS_TEMPLATE):  # the same file's template, another engine
+    for other in template_engine(tmp_path_factory, TOOLS_TEMPLATE):  # the same file's template, another engine
         again = chat_layer.plan(other, request)
         assert again is not first and again.tokens == first.tokens
 
