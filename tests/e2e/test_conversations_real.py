@@ -82,7 +82,7 @@ def test_the_tool_loop_by_previous_response_id(client):
 
 
 def test_openai_agents_chains_two_runs_by_previous_response_id(server, token):
-    agents = pytest.importorskip("agents")
+    import agents
     agents.set_tracing_disabled(True)
 
     async def run() -> tuple[str, str]:

@@ -82,7 +82,7 @@ def test_openai_streamed_call(client):
 
 
 def test_openai_agents_agent_with_a_tool_and_an_output_type(server, token):
-    agents = pytest.importorskip("agents")
+    import agents
     agents.set_tracing_disabled(True)
 
     async def run():
@@ -101,7 +101,7 @@ def test_openai_agents_agent_with_a_tool_and_an_output_type(server, token):
 
 
 def test_langchain_bind_tools_and_structured_output(server, token):
-    langchain_openai = pytest.importorskip("langchain_openai")
+    import langchain_openai
     with httpx.Client(timeout=60.0) as http:
         llm = langchain_openai.ChatOpenAI(model=MODEL, base_url=f"{server.base_url}/v1", api_key=token,
                                           use_responses_api=True, temperature=0, max_tokens=120, max_retries=0,
@@ -168,7 +168,7 @@ def test_chat_a_schema_the_grammar_cannot_hold_is_a_400_naming_it(client, fields
 
 
 def test_langchain_chat_completions_bind_tools_and_structured_output(server, token):
-    langchain_openai = pytest.importorskip("langchain_openai")
+    import langchain_openai
     with httpx.Client(timeout=60.0) as http:
         llm = langchain_openai.ChatOpenAI(model=MODEL, base_url=f"{server.base_url}/v1", api_key=token,
                                           temperature=0, max_tokens=120, max_retries=0, http_client=http)

@@ -44,7 +44,7 @@ def test_the_output_is_a_sentence_of_the_grammar(engine: Engine, case: str) -> N
 
 @pytest.mark.parametrize("case", CASES)
 def test_a_json_schema_gives_json_that_validates(engine: Engine, case: str) -> None:
-    jsonschema = pytest.importorskip("jsonschema")
+    import jsonschema
     grammar = {"gbnf": schema_grammar(json.dumps(SCHEMA))}
     run = generate(engine, PROMPT, max_tokens=300, grammar=grammar, **CASES[case])
     assert run.finish == "stop", run.text
@@ -139,7 +139,7 @@ def test_a_prefill_the_grammar_does_not_take_is_refused(engine: Engine) -> None:
 def test_parallel_calls_are_valid_calls_up_to_the_limit(engine: Engine, most: int | None) -> None:
     """The service's calls grammar (lmsp.runtime.constraints) on the random model: one
     call per line, each valid against its tool's schema, never more than allowed."""
-    jsonschema = pytest.importorskip("jsonschema")
+    import jsonschema
     from lmsp import calls
     from lmsp.runtime import constraints
 
