@@ -115,11 +115,11 @@ class Load:
         self.lock = threading.Lock()
         self.n = 0
 
-    def new_req(self, rng: random.Random) -> Req:
+    def new_req(self, rng: random.Random, kind: str | None = None) -> Req:
         with self.lock:
             self.n += 1
             key = f"soak-{self.cycle}-{self.n}-{rng.getrandbits(40):010x}"
-        kind = rng.choices(KINDS, weights=(2, 2, 4, 1))[0]
+        kind = kind or rng.choices(KINDS, weights=(2, 2, 4, 1))[0]
         body: dict = {
             "model": self.model,
             "input": rng.choice(PROMPTS) if rng.random() < 0.7
@@ -197,6 +197,21 @@ class Load:
                 self.report.requests[req.kind] -= 1
         except (OSError, http.client.HTTPException):
             req.in_flight = True
+
+    def anchor(self, rng: random.Random, max_tokens: int = 1024) -> None:
+        """Send one long background request and return once it is acknowledged.
+
+        A kill right after its 202 finds it queued or running, so every cycle
+        leaves recovery at least one unfinished task to move, however fast the
+        rest of the load finished.
+        """
+        req = self.new_req(rng, "background")
+        req.body["max_output_tokens"] = max_tokens
+        res = self.client.post("/v1/responses", req.body, headers={"Idempotency-Key": req.key}, timeout=120)
+        req.status, req.answer = res.status, res.body if isinstance(res.body, dict) else None
+        self.note_status(res.status, "anchor", res.body)
+        if req.answer and res.status == 202:
+            req.response_id, req.acknowledged = req.answer.get("id"), True
 
     def cancel(self, rid: str) -> None:
         try:
@@ -368,6 +383,7 @@ def run_soak(workdir: Path, cycles: int, *, seed: int = 0, clients: int = 4,
                 # answers: running tasks are then often still `cancelling`
                 for rid in list(known[-3:]):
                     load.cancel(rid)
+            load.anchor(rng)
             server.crash()
             load.stop.set()
             for t in threads:
