@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import serve  # noqa: E402  (bench/serve.py: server launchers, SSE reader, machine line)
 
 from lmsp import kvfiles  # noqa: E402
-from lmsp.runtime._threads import background_priority  # noqa: E402
+from lmsp.runtime.kvdisk import LowPriority  # noqa: E402
 
 SYSTEM = "You are a patient teacher. Answer in plain words and short sentences."
 NEXT = "Now tell me in one sentence what all of this was about."
@@ -216,14 +216,14 @@ def write_beside_stream(engine, prompt: list[int], directory: Path) -> dict:
     buffer = bytearray()
 
     def write() -> None:
-        background_priority()  # as the service's KV thread runs
         done["start"] = time.perf_counter()
         saved = engine.saved_prefix(seq, into=buffer)
         done["copied"] = time.perf_counter()
         try:
             done["path"], done["size"] = kvfiles.write(
                 directory, digest=DIGEST, kv_format=engine.info["kv_format"], cache_key="", tokens=saved["tokens"],
-                tiled_rows=saved["tiled_rows"], tiled_min=saved["tiled_min"], state=saved["state"])
+                tiled_rows=saved["tiled_rows"], tiled_min=saved["tiled_min"], state=saved["state"],
+                offload=LowPriority())  # as the service's KV thread writes
             done["tokens"] = len(saved["tokens"])
         finally:
             saved["state"].release()

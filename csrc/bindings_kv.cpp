@@ -2,6 +2,9 @@
 
 #include <pybind11/stl.h>
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <climits>
 #include <cstring>
 #include <optional>
@@ -9,6 +12,7 @@
 #include <vector>
 
 #include "errors.h"
+#include "low_priority.h"
 
 namespace py = pybind11;
 using namespace pybind11::literals;
@@ -95,7 +99,7 @@ uint8_t * grown(const py::object & into, size_t size) {
         if (PyByteArray_Resize(a, py::ssize_t(size)) != 0) throw py::error_already_set();
         char * data = PyByteArray_AS_STRING(a);
         py::gil_scoped_release nogil;
-        std::memset(data + had, 0, size - had);
+        lmsp::run_low_priority([&] { std::memset(data + had, 0, size - had); });
     }
     return reinterpret_cast<uint8_t *>(PyByteArray_AS_STRING(a));
 }
@@ -120,6 +124,53 @@ py::object saved_into(lmsp::Engine & engine, int64_t seq, const py::object & int
     if (!whole) throw py::error_already_set();
     return py::dict("tokens"_a = py::cast(p->tokens), "tiled_rows"_a = p->tiled_rows, "tiled_min"_a = p->tiled_min,
                     "state"_a = whole[py::slice(0, py::ssize_t(n), 1)]);
+}
+
+// A contiguous buffer's bytes, held for the call.
+class Bytes {
+public:
+    explicit Bytes(const py::object & source) {
+        if (PyObject_GetBuffer(source.ptr(), &view_, PyBUF_C_CONTIGUOUS) != 0) throw py::error_already_set();
+    }
+    ~Bytes() { PyBuffer_Release(&view_); }
+    Bytes(const Bytes &) = delete;
+    Bytes & operator=(const Bytes &) = delete;
+    const uint8_t * data() const { return static_cast<const uint8_t *>(view_.buf); }
+    size_t size() const { return size_t(view_.len); }
+
+private:
+    Py_buffer view_{};
+};
+
+uint32_t crc32_low(const py::object & source, uint32_t start) {
+    const Bytes b(source);
+    uint32_t crc = 0;
+    py::gil_scoped_release nogil;
+    lmsp::run_low_priority([&] { crc = lmsp::crc32(b.data(), b.size(), start); });
+    return crc;
+}
+
+// All of a buffer written to `fd`, then `fd` synced when asked; OSError on failure.
+void write_low(int fd, const py::object & source, bool sync) {
+    const Bytes b(source);
+    int error = 0;
+    {
+        py::gil_scoped_release nogil;
+        lmsp::run_low_priority([&] {
+            size_t done = 0;
+            while (done < b.size() && error == 0) {
+                const ssize_t n = ::write(fd, b.data() + done, b.size() - done);
+                if (n > 0) done += size_t(n);
+                if (n < 0 && errno != EINTR) error = errno;
+            }
+            if (error == 0 && sync && ::fsync(fd) != 0) error = errno;
+        });
+    }
+    if (error != 0) {
+        errno = error;
+        PyErr_SetFromErrno(PyExc_OSError);
+        throw py::error_already_set();
+    }
 }
 
 }  // namespace
@@ -150,6 +201,12 @@ py::object saved_prefix(lmsp::Engine & engine, int64_t seq, const py::object & i
 }
 
 void bind_kv(py::module_ & m) {
+    m.def("crc32_low_priority", &crc32_low, "data"_a, "start"_a = 0,
+          "zlib's CRC-32 of a buffer, computed on the low-priority thread (csrc/low_priority.h).");
+    m.def("write_low_priority", &write_low, "fd"_a, "data"_a, py::kw_only(), "sync"_a = false,
+          "Write all of a buffer to a file descriptor (then fsync it with sync=True) on the low-priority thread.");
+    m.def("low_priority_nice", &lmsp::low_priority_nice,
+          "The low-priority thread's nice value (-100 before its first job, or where threads have none).");
     py::class_<KvState>(m, "KvState")
         .def(py::init([](const py::buffer & source) {
                  Py_buffer view;

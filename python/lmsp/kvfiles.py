@@ -47,7 +47,7 @@ import zlib
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 log = logging.getLogger("lmsp.kvfiles")
 
@@ -186,6 +186,34 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+class Offload(Protocol):
+    """Where :func:`write` does its bulky work: the state's checksum, its write and sync."""
+
+    def crc32(self, data: bytes | memoryview) -> int: ...
+
+    def write(self, fd: int, data: bytes | memoryview, *, sync: bool) -> None: ...
+
+
+class InThread:
+    """:class:`Offload` on the calling thread (``zlib.crc32`` and ``os.write`` release
+    the GIL for a large buffer)."""
+
+    @staticmethod
+    def crc32(data: bytes | memoryview) -> int:
+        return zlib.crc32(data)
+
+    @staticmethod
+    def write(fd: int, data: bytes | memoryview, *, sync: bool) -> None:
+        view = memoryview(data).cast("B")
+        while view:
+            view = view[os.write(fd, view) :]
+        if sync:
+            os.fsync(fd)
+
+
+IN_THREAD = InThread()
+
+
 def write(
     directory: Path,
     *,
@@ -197,11 +225,12 @@ def write(
     tiled_min: int,
     state: bytes | memoryview,
     owner: str | None = None,
+    offload: Offload = IN_THREAD,
 ) -> tuple[Path, int]:
     """Write a KV file (temporary name, synced, renamed, directory synced); its path and
     size. ``owner``: the conversation's or chain's id, in its name and header. The
-    state's checksum and write run without the GIL (``zlib.crc32`` and a file's
-    ``write`` release it for a large buffer): nothing here copies the state."""
+    state's checksum, write and sync run on ``offload`` (the service's is the native
+    low-priority thread): nothing here copies the state."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     header = json.dumps(
         {
@@ -212,7 +241,7 @@ def write(
             "tiled_rows": int(tiled_rows),
             "tiled_min": int(tiled_min),
             "state_bytes": len(state),
-            "state_crc32": zlib.crc32(state),
+            "state_crc32": offload.crc32(state),
             "owner": owner,
         },
         sort_keys=True,
@@ -220,12 +249,12 @@ def write(
     final = directory / file_name(digest, kv_format, cache_key, tokens, owner)
     tmp = directory / f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex}{SUFFIX}"
     try:
-        with open(tmp, "xb") as fh:
-            fh.write(MAGIC + _HEAD.pack(len(header)) + header)
-            fh.write(_token_bytes(tokens))
-            fh.write(state)
-            fh.flush()
-            os.fsync(fh.fileno())
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            offload.write(fd, MAGIC + _HEAD.pack(len(header)) + header + _token_bytes(tokens), sync=False)
+            offload.write(fd, state, sync=True)
+        finally:
+            os.close(fd)
         os.replace(tmp, final)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -18,11 +18,14 @@ from ._native import (
     NativeError,
     QUANTIZE_TYPES,
     TextStream,
+    crc32_low_priority,
+    low_priority_nice,
     quantize,
     read_gguf_info,
     schema_grammar,
     set_logging,
     system_info,
+    write_low_priority,
 )
 
 __all__ = [
@@ -36,11 +39,14 @@ __all__ = [
     "NativeError",
     "QUANTIZE_TYPES",
     "TextStream",
+    "crc32_low_priority",
+    "low_priority_nice",
     "quantize",
     "read_gguf_info",
     "schema_grammar",
     "set_logging",
     "system_info",
+    "write_low_priority",
 ]
 
 Engine.__doc__ = """A loaded model and its decoding thread.

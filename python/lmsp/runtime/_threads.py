@@ -25,7 +25,7 @@ log = logging.getLogger("lmsp.runtime")
 
 # gevent_active is handed on to the runtime's modules from here, with the rest of
 # what they need to know about threads
-__all__ = ["RealThread", "Wakeup", "allocate_lock", "background_priority", "gevent_active", "original", "thread_names"]
+__all__ = ["RealThread", "Wakeup", "allocate_lock", "gevent_active", "original", "thread_names"]
 
 
 def original(module: str, name: str):
@@ -45,24 +45,6 @@ _POLLIN = 0x001
 
 _names: dict[int, str] = {}  # ident -> name of the live RealThreads (for stack dumps)
 _get_ident = original("_thread", "get_ident")
-
-
-BACKGROUND_NICE = 19  # the CPU priority of work that must not slow the engine's threads
-
-
-def background_priority() -> bool:
-    """Lower the calling OS thread's CPU priority to :data:`BACKGROUND_NICE` (Linux
-    gives each thread its own nice value), so that its work runs in what the engine's
-    threads leave. False where the system does not allow it."""
-    native_id = getattr(importlib.import_module("_thread"), "get_native_id", None)
-    if native_id is None or not hasattr(os, "setpriority"):
-        return False
-    try:
-        os.setpriority(os.PRIO_PROCESS, native_id(), BACKGROUND_NICE)
-    except OSError as exc:
-        log.debug("background_priority: %s", exc)
-        return False
-    return True
 
 
 def thread_names() -> dict[int, str]:

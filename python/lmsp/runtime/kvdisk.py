@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import kvfiles
-from ._threads import Wakeup, allocate_lock, background_priority
+from ._threads import Wakeup, allocate_lock
 from .state import IDLE_WAIT, WorkerState
 
 log = logging.getLogger("lmsp.runtime")
@@ -62,6 +62,24 @@ class Ticket:
     keep: bool = True  # its turn's KV goes to a file at its end (:func:`continuable`)
     path: Any = None  # the file handed to the engine
     prefix: dict[str, Any] | None = None  # ... as Engine.submit(prefix=...) takes it
+
+
+class LowPriority:
+    """:class:`kvfiles.Offload` on the native low-priority thread (csrc/low_priority.h):
+    the thread that asks waits without the GIL, so no thread of the lowest priority
+    ever holds it."""
+
+    @staticmethod
+    def crc32(data: bytes | memoryview) -> int:
+        from ..native import crc32_low_priority  # the extension loads in the workers only
+
+        return crc32_low_priority(data)
+
+    @staticmethod
+    def write(fd: int, data: bytes | memoryview, *, sync: bool) -> None:
+        from ..native import write_low_priority
+
+        write_low_priority(fd, data, sync=sync)
 
 
 class KvDisk:
@@ -212,10 +230,11 @@ class KvDisk:
     # ---------------------------------------------------------------- the thread
     def run(self) -> None:
         """The thread's loop: save the queued sequences' KV; on a graceful stop, those
-        still queued too (the engines close after this thread ends). It runs at the
-        lowest CPU priority: a file's checksum, copy and write take what the engine's
-        threads leave, so a running sequence's steps keep their pace."""
-        background_priority()
+        still queued too (the engines close after this thread ends). Its bulky work
+        (touching the buffer's new pages, a file's checksum, write and sync) runs on
+        the native thread of the lowest CPU priority (:class:`LowPriority`), in what
+        the engine's threads leave, so a running sequence's steps keep their pace;
+        this thread itself keeps the normal priority, as it takes the GIL."""
         while not self.state.stopping:
             self.wake.wait(IDLE_WAIT)
             self.save_queued()
@@ -263,6 +282,7 @@ class KvDisk:
             tiled_min=saved["tiled_min"],
             state=saved["state"],
             owner=owner,
+            offload=LowPriority(),
         )
         kvfiles.supersede(self.directory, path, lone=self.state.store.kv_lone_responses)
         evicted, _ = kvfiles.enforce_budget(self.directory, self.budget)
