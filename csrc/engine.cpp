@@ -288,6 +288,7 @@ void Engine::sample_batch() {
         }
         if (s.state == SeqState::prefilling) {
             s.state = SeqState::generating;
+            if (s.feed.size() == size_t(s.n_prompt)) keep_logits(s, logits);  // the prompt's last row
         }
         if (!s.has_first) {
             s.has_first = true;

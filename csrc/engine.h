@@ -278,6 +278,11 @@ private:
     void serve(Round & round);
     void admit(std::unique_ptr<Sequence> seq);
     size_t take_prefix(Sequence & seq, int slot, size_t common);
+    // a prompt asked again (engine_slots.cpp): the slot holds its KV and kept
+    // the logits of its last row; its first token is sampled from them
+    bool repeat_prompt(Sequence & seq, int slot, size_t common);
+    void keep_logits(const Sequence & seq, const float * logits);  // its prompt's last row
+    void drop_logits(int slot, size_t from);  // the slot's KV changes from position `from` on
     // whether a slot's KV can continue a sequence from `rows` positions: its
     // sliding-window layers (if any) hold the window before them
     bool holds_window(int slot, size_t rows) const;
@@ -368,6 +373,7 @@ private:
     std::vector<std::unique_ptr<Sequence>> active_;
     // one KV stream each; a free one keeps its last sequence's KV (the prefix cache)
     std::vector<Slot> slots_;
+    std::vector<std::vector<float>> slot_logits_;  // each slot's kept logits (Slot::logits_rows)
     uint64_t slot_clock_ = 0;
     bool slots_changed_ = true;
     // KV of persisted sequences whose slot was reused before saved_prefix() asked

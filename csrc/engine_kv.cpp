@@ -72,6 +72,7 @@ size_t Engine::cached_prefix(const std::vector<int32_t> & tokens, const std::str
     const int slot = pick_slot(slot_view_, &tokens, cache_key, common);
     if (slot < 0 || common == 0) return 0;
     const Slot & held = slot_view_[size_t(slot)];
+    if (common == tokens.size() && held.logits_rows == common) return common;  // asked again (repeat_prompt)
     return usable_rows(common, tokens.size(), plan_.two_kinds(), held.tiled_rows, held.tiled_min, t_end, t_min);
 }
 

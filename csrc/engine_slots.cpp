@@ -3,7 +3,6 @@
 // sequence ends, and the logits of the last prompt row a slot keeps, from
 // which a prompt asked again takes its first token without a prefill.
 #include <algorithm>
-#include <cstring>
 
 #include "engine.h"
 #include "sequence.h"
@@ -35,6 +34,7 @@ void Engine::release_slot(Sequence & seq, Finish why) {
             held.resize(held.size() - slot.tiled_min);
             slot.tiled_rows = std::min(slot.tiled_rows, held.size());
         }
+        drop_logits(seq.slot, held.size());
         if (!llama_memory_seq_rm(llama_get_memory(ctx_.get()), seq.slot, int32_t(held.size()), -1)) {
             forget_slot(seq.slot);
         } else if (seq.persist && (why == Finish::stop || why == Finish::length) && !held.empty()) {
@@ -57,6 +57,7 @@ void Engine::forget_slot(int slot) {
     slots_[size_t(slot)].tiled_rows = 0;
     slots_[size_t(slot)].tiled_min = 0;
     slots_[size_t(slot)].save_seq = 0;
+    slots_[size_t(slot)].logits_rows = 0;
     slots_changed_ = true;
 }
 
@@ -80,6 +81,10 @@ void Engine::admit(std::unique_ptr<Sequence> seq) {
     // a long enough prompt is prefilled tiled (two kinds of steps)
     seq->t_min = plan_.tiled_min(size_t(seq->n_prompt));
     seq->t_end = seq->t_min > 0 ? size_t(seq->n_prompt) : 0;
+    if (repeat_prompt(*seq, slot, common)) {
+        if (seq->state != SeqState::finished) active_.push_back(std::move(seq));
+        return;
+    }
     common = take_prefix(*seq, slot, common);
     if (seq->prefix) common = load_prefix(*seq, slot, common);
 
@@ -120,6 +125,7 @@ size_t Engine::take_prefix(Sequence & seq, int slot, size_t common) {
     if (common > 0) {
         // a cache that cannot drop a sequence's tail (recurrent models), or whose
         // sliding-window layers no longer hold the window before it, is not reused
+        drop_logits(slot, common);
         if (!llama_memory_seq_rm(mem, slot, int32_t(common), -1) || !holds_window(slot, common) ||
             llama_memory_seq_pos_max(mem, slot) != int32_t(common) - 1) {
             common = 0;
@@ -131,6 +137,60 @@ size_t Engine::take_prefix(Sequence & seq, int slot, size_t common) {
         forget_slot(slot);
     }
     return common;
+}
+
+// ---------------------------------------------------------------- a prompt asked again
+
+// The logits of a sequence's last prompt row, computed by its prefill: kept
+// with its slot while the slot's KV holds the rows that gave them (a prompt
+// asked again then samples its first token from them: repeat_prompt).
+void Engine::keep_logits(const Sequence & seq, const float * logits) {
+    if (!options_.prefix_cache) return;
+    if (slot_logits_.size() != slots_.size()) slot_logits_.resize(slots_.size());
+    slot_logits_[size_t(seq.slot)].assign(logits, logits + n_vocab_);
+    slots_[size_t(seq.slot)].logits_rows = size_t(seq.n_prompt);
+    slots_changed_ = true;
+}
+
+void Engine::drop_logits(int slot, size_t from) {
+    Slot & s = slots_[size_t(slot)];
+    if (s.logits_rows > from) {
+        s.logits_rows = 0;
+        slots_changed_ = true;
+    }
+}
+
+// Whether the sequence starts from the logits its slot kept: its prompt is
+// exactly the tokens whose last row gave them (`common` of the slot's tokens,
+// pick_slot), with no generated tokens of a resume to feed. The slot then
+// drops the rows after the prompt (an earlier answer's), and the first token
+// is sampled from those logits as a prefill's last step would sample it: the
+// prompt's KV and that row's logits are what a prefill would compute (with
+// batch invariance, bit for bit). A file's KV (`prefix`) gives at most the
+// prompt's first n - 1 rows: it is not loaded.
+bool Engine::repeat_prompt(Sequence & seq, int slot, size_t common) {
+    const size_t n = seq.feed.size();
+    if (!seq.generated.empty() || seq.kv_state || n != size_t(seq.n_prompt) || common != n ||
+        slots_[size_t(slot)].logits_rows != n) {
+        return false;
+    }
+    llama_memory_t mem = llama_get_memory(ctx_.get());
+    // a cache that cannot drop a sequence's tail, or whose sliding-window layers
+    // no longer hold the window before the prompt's end: take_prefix decides
+    if (!llama_memory_seq_rm(mem, slot, int32_t(n), -1) || !holds_window(slot, n) ||
+        llama_memory_seq_pos_max(mem, slot) != int32_t(n) - 1) {
+        return false;
+    }
+    slots_[size_t(slot)].tokens.clear();
+    seq.prefix.reset();
+    seq.n_fed = n;
+    seq.n_past = int32_t(n);
+    seq.n_cached = int32_t(n);
+    seq.state = SeqState::generating;
+    seq.has_first = true;
+    seq.t_first = Clock::now();
+    take_token(seq, slot_logits_[size_t(slot)].data());
+    return true;
 }
 
 }  // namespace lmsp

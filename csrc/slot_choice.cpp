@@ -6,8 +6,9 @@ namespace lmsp {
 
 // The free slot whose KV, left by a sequence of the same ``key``, holds the
 // longest prefix of ``tokens`` (``common`` of them), if that prefix is the
-// whole prompt (a request made again), most of what the slot holds (a
-// conversation's next turn) or long in itself (a shared system message).
+// whole prompt (a request made again: first a slot that kept the logits of
+// its last row), most of what the slot holds (a conversation's next turn)
+// or long in itself (a shared system message).
 // Else an empty slot, else the one freed longest ago, whose cache is the
 // least likely to be asked for again: a prompt that shares only a chat
 // template's opening with a slot's conversation does not evict it. The key
@@ -16,6 +17,7 @@ int pick_slot(const std::vector<Slot> & slots, const std::vector<int32_t> * toke
               size_t & common) {
     constexpr size_t kLongPrefix = 256;
     int hit = -1, spare = -1;
+    bool hit_whole = false;  // the hit kept the logits of the whole of `tokens`
     common = 0;
     // llama.cpp decodes a run of consecutive slots in one ubatch, each further
     // run being one more pass over the weights: first a slot between two
@@ -39,9 +41,12 @@ int pick_slot(const std::vector<Slot> & slots, const std::vector<int32_t> * toke
         while (n < limit && held[n] == (*tokens)[n]) n++;
         const bool whole = n + 1 >= tokens->size();
         if (n == 0 || !(whole || 2 * n >= held.size() || n >= kLongPrefix)) continue;
-        if (hit < 0 || n > common || (n == common && slots[i].freed_at < slots[size_t(hit)].freed_at)) {
+        const bool kept = n == tokens->size() && slots[i].logits_rows == n;
+        const bool older = hit >= 0 && slots[i].freed_at < slots[size_t(hit)].freed_at;
+        if (hit < 0 || n > common || (n == common && (kept != hit_whole ? kept : older))) {
             hit = int(i);
             common = n;
+            hit_whole = kept;
         }
     }
     return hit >= 0 ? hit : spare;

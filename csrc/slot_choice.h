@@ -19,11 +19,16 @@ struct Slot {
     size_t tiled_min = 0;         // ... in chunks of at least this many rows
     int64_t save_seq = 0;         // a persisted sequence whose KV it holds, not saved yet (0: none)
     size_t state_size = 0;        // ... the size of its state
+    // the engine keeps the logits of position logits_rows - 1, the last row of
+    // the prompt whose prefill computed it, while positions 0 to that one hold
+    // the KV that gave them (0: none kept)
+    size_t logits_rows = 0;
 };
 
 // The slot a new sequence takes (see slot_choice.cpp); `common` is set to the
 // leading tokens of `tokens` that the slot's KV holds (0 when none is reused).
-// `tokens` null: no reuse, only a free slot.
+// `tokens` null: no reuse, only a free slot. Of slots that hold as much, one
+// that kept the logits of exactly `tokens` (a prompt asked again) comes first.
 int pick_slot(const std::vector<Slot> & slots, const std::vector<int32_t> * tokens, const std::string & key,
               size_t & common);
 

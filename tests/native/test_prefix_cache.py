@@ -42,12 +42,12 @@ def test_the_next_turn_of_a_conversation_prefills_only_what_is_new(pair, case: s
     assert (second.tokens, second.text) == (want.tokens, want.text)
 
 
-def test_a_repeated_prompt_feeds_its_last_token_again(pair) -> None:
+def test_a_repeated_prompt_takes_its_first_token_from_the_kept_logits(pair) -> None:
     cached, _ = pair
     prompt = prompt_tokens(cached, "Once upon a time")
     first = generate(cached, prompt, max_tokens=16, temperature=0.8, seed=3)
     again = generate(cached, prompt, max_tokens=16, temperature=0.8, seed=3)
-    assert again.last["n_cached"] == len(prompt) - 1  # its logits give the first token
+    assert again.last["n_cached"] == len(prompt)  # test_repeated_prompt.py
     assert (again.tokens, again.text) == (first.tokens, first.text)
 
 
