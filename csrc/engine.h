@@ -282,7 +282,7 @@ private:
     // the logits of its last row; its first token is sampled from them
     bool repeat_prompt(Sequence & seq, int slot, size_t common);
     void keep_logits(const Sequence & seq, const float * logits);  // its prompt's last row
-    void drop_logits(int slot, size_t from);  // the slot's KV changes from position `from` on
+    void drop_logits(int slot, size_t from);                       // the slot's KV changes from position `from` on
     // whether a slot's KV can continue a sequence from `rows` positions: its
     // sliding-window layers (if any) hold the window before them
     bool holds_window(int slot, size_t rows) const;
