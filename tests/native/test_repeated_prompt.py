@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from native_helpers import N_GPU_LAYERS, Run, drain, generate, random_prompt
+from native_helpers import N_GPU_LAYERS, Run, drain, generate, random_prompt, take
 
 from lmsp.native import Engine, schema_grammar
 
@@ -125,6 +125,26 @@ def test_a_slot_whose_rows_another_sequence_took_is_asked_again_exactly(make_eng
     got = generate(cached, prompt, **params)
     assert got.last["n_cached"] == 0
     assert output(got) == want
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+def test_a_resumed_sequence_of_the_prompt_does_not_start_from_its_logits(make_engine, n: int) -> None:
+    cached = make_engine(n_parallel=1, n_ctx=1024)
+    params = dict(max_tokens=40, **CASES["sampled"])
+    prompt = random_prompt(85 + n, n)
+    full = generate(cached, prompt, **params)
+    seq = cached.submit(prompt, **params)  # asked again: from the kept logits
+    take(cached, 5)
+    snap = cached.snapshot(seq, with_kv=False)
+    cached.cancel(seq)
+    drain(cached, [seq])
+    # the slot holds the prompt's KV and logits; a resume continues after its generated tokens
+    resumed = generate(cached, prompt, resume=snap, **params)
+    assert snap["generated"] + resumed.tokens == full.tokens
+    assert snap["generated"] and resumed.logprobs == full.logprobs[len(snap["generated"]):]
+    again = generate(cached, prompt, **params)
+    assert again.last["n_cached"] == n
+    assert output(again) == output(full)
 
 
 def test_a_kv_prefix_handed_with_a_prompt_asked_again_is_not_loaded(make_engine) -> None:
