@@ -72,7 +72,9 @@ count, so that it does not evict a conversation: see ``pick_slot``). Only KV lef
 a sequence submitted with the same ``cache_key`` is reused (the service
 passes the client, so that no client finds, or times, another's prompts).
 Where the engine is batch invariant this gives the same output as a full
-prefill.
+prefill. A slot also keeps the logits of its last prompt's last row: the
+same prompt asked again (no ``resume``) prefills nothing, its first token
+is sampled from them and ``n_cached`` is the whole prompt.
 
 The KV of a prompt's start can leave the engine and come back (the
 service's KV files, ``lmsp.kvfiles``). A sequence submitted with
