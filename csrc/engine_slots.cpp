@@ -123,9 +123,9 @@ size_t Engine::take_prefix(Sequence & seq, int slot, size_t common) {
     common = usable_rows(common, seq.feed.size(), plan_.two_kinds(), held.tiled_rows, held.tiled_min, seq.t_end,
                          seq.t_min);
     if (common > 0) {
+        drop_logits(slot, common);
         // a cache that cannot drop a sequence's tail (recurrent models), or whose
         // sliding-window layers no longer hold the window before it, is not reused
-        drop_logits(slot, common);
         if (!llama_memory_seq_rm(mem, slot, int32_t(common), -1) || !holds_window(slot, common) ||
             llama_memory_seq_pos_max(mem, slot) != int32_t(common) - 1) {
             common = 0;
