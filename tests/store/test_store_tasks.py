@@ -385,6 +385,26 @@ def test_delete_response(store, make_task, running_task):
         store.events(unfinished["task"]["id"])
 
 
+def test_forget_responses_deletes_several_in_one_write(store, make_task, running_task):
+    done = []
+    for _ in range(3):
+        tid = running_task()
+        store.append_step("w1", [{"task_id": tid, "delta": "x", "tokens": [1]}, {"task_id": tid, "finish": "stop"}])
+        done.append(store.get_task(tid)["response_id"])
+    unfinished = make_task()["response"]["id"]
+    before = store.wait_hint()
+    given = [(done[0], "cli_a"), (unfinished, "cli_a"), (done[1], "cli_b"), ("resp_gone", None), (done[2], None)]
+    errors = store.forget_responses(given)
+    assert store.wait_hint() == before + 1  # one transaction
+    assert [type(e).__name__ if e else None for e in errors] == [
+        None, "TaskUnfinished", "NotFound", "NotFound", None]
+    for rid in (done[0], done[2]):
+        with pytest.raises(NotFound):
+            store.get_response(rid)
+    for rid in (unfinished, done[1]):  # left in place: unfinished, another client's
+        assert store.get_response(rid)["id"] == rid
+
+
 def test_one_transaction_may_carry_several_steps_of_a_task(store, running_task):
     a, b = running_task(), running_task()
     store.append_step("w1", [{"task_id": a, "delta": "x", "tokens": [1]}])  # a is known, b is not

@@ -27,6 +27,7 @@ from lmsp.items import input_items
 
 from . import context, idempotency, response_options, tools
 from .context import NO_CONTEXT, Context
+from .forgetting import Forgetter
 from .common import (
     Deps,
     caller,
@@ -286,6 +287,7 @@ class ResponsesService:
 
     def __init__(self, deps: Deps) -> None:
         self.deps = deps
+        self.forgetter = Forgetter(deps.store)
 
     def create(
         self,
@@ -360,12 +362,12 @@ class ResponsesService:
             pass
 
     def forget(self, response_id: str, client_id: str | None) -> None:
-        """``store: false``: delete a finished response once it was delivered."""
-        try:
-            # an idempotency key keeps the final object for a retry of a client that missed it
-            self.deps.store.delete_response(response_id, client_id, keep_for_key=True)
-        except LMSPError as exc:
-            log.info("response %s not deleted after delivery: %s", response_id, exc.message)
+        """``store: false``: delete a finished response once it was delivered (with those
+        delivered meanwhile, :mod:`.forgetting`); an idempotency key keeps the final
+        object for a retry of a client that missed it."""
+        error = self.forgetter.forget(response_id, client_id)
+        if error is not None:
+            log.info("response %s not deleted after delivery: %s", response_id, error.message)
 
     def stream(
         self,

@@ -9,7 +9,7 @@ import sqlite3
 
 from .. import objects as obj
 from ..contracts import ClaimRecord, CreatedTask, StepState
-from ..errors import InvalidRequest, NotFound, RateLimited, TaskFinished, TaskUnfinished
+from ..errors import InvalidRequest, LMSPError, NotFound, RateLimited, TaskFinished, TaskUnfinished
 from . import chains
 from . import states as st
 from .base import CLAIMABLE_SQL, TASK_SELECT, UNFINISHED_SQL, dumps
@@ -241,18 +241,39 @@ class TasksArea(IdempotencyArea):
         ``store: false`` response deleted once delivered, whose client may not have
         received it) with the final Response object, until the key expires."""
         with self._db.write() as conn:
-            response = self._response_row(conn, response_id, client_id)
-            task = conn.execute(
-                "SELECT id, status, chain_id FROM tasks WHERE response_id = ?", (response_id,)
-            ).fetchone()
-            if task is not None and task["status"] in st.UNFINISHED:
-                raise TaskUnfinished(f"response {response_id} is still {task['status']}; cancel it first")
-            if task is not None:
-                final = None
-                if keep_for_key:
-                    full = dict(conn.execute(TASK_SELECT + " WHERE id = ?", (task["id"],)).fetchone())
-                    final = self._render_response(conn, response, full)
-                answer_keys(conn, task["id"], final)
-            conn.execute("DELETE FROM responses WHERE id = ?", (response_id,))  # cascades to task and events
-            chains.drop_if_empty(conn, None if task is None else task["chain_id"])
+            self._delete_response(conn, response_id, client_id, keep_for_key)
         return obj.deleted_response(response_id)
+
+    def forget_responses(self, given: list[tuple[str, str | None]]) -> list[LMSPError | None]:
+        """Delete delivered ``store: false`` responses (``(response_id, client_id)``
+        each, as :meth:`delete_response` with ``keep_for_key``) in one transaction;
+        for each, None or the error that left it in place (not found, unfinished)."""
+        out: list[LMSPError | None] = []
+        with self._db.write() as conn:
+            for response_id, client_id in given:
+                try:
+                    self._delete_response(conn, response_id, client_id, keep_for_key=True)
+                    out.append(None)
+                except (NotFound, TaskUnfinished) as exc:  # raised before it wrote anything
+                    out.append(exc)
+        return out
+
+    def _delete_response(
+        self, conn: sqlite3.Connection, response_id: str, client_id: str | None, keep_for_key: bool
+    ) -> None:
+        response = self._response_row(conn, response_id, client_id)
+        task = conn.execute("SELECT id, status, chain_id FROM tasks WHERE response_id = ?", (response_id,)).fetchone()
+        if task is not None and task["status"] in st.UNFINISHED:
+            raise TaskUnfinished(f"response {response_id} is still {task['status']}; cancel it first")
+        keyed = task is not None and (
+            conn.execute("SELECT 1 FROM idempotency_keys WHERE task_id = ? LIMIT 1", (task["id"],)).fetchone()
+            is not None
+        )
+        if keyed:  # the final object is rendered only for a key that keeps it
+            final = None
+            if keep_for_key:
+                full = dict(conn.execute(TASK_SELECT + " WHERE id = ?", (task["id"],)).fetchone())
+                final = self._render_response(conn, response, full)
+            answer_keys(conn, task["id"], final)
+        conn.execute("DELETE FROM responses WHERE id = ?", (response_id,))  # cascades to task and events
+        chains.drop_if_empty(conn, None if task is None else task["chain_id"])
