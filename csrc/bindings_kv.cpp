@@ -21,6 +21,26 @@ namespace lmsp_py {
 
 namespace {
 
+// A contiguous buffer's bytes, held for the call.
+class Bytes {
+public:
+    explicit Bytes(const py::object & source) {
+        if (PyObject_GetBuffer(source.ptr(), &view_, PyBUF_C_CONTIGUOUS) != 0) throw py::error_already_set();
+    }
+    ~Bytes() { PyBuffer_Release(&view_); }
+    Bytes(const Bytes &) = delete;
+    Bytes & operator=(const Bytes &) = delete;
+    const uint8_t * data() const { return static_cast<const uint8_t *>(view_.buf); }
+    size_t size() const { return size_t(view_.len); }
+
+private:
+    Py_buffer view_{};
+};
+
+}  // namespace
+
+namespace {
+
 int32_t count_of(const py::dict & d, const char * key) {
     if (!d.contains(key)) return 0;
     py::object v = d[key];
@@ -78,14 +98,9 @@ lmsp::KvPrefix as_prefix(const py::handle & value) {
     if (py::isinstance<py::str>(state) || !PyObject_CheckBuffer(state.ptr())) {
         throw py::type_error("prefix.state must be bytes, a buffer or a KvState");
     }
-    Py_buffer view;
-    if (PyObject_GetBuffer(state.ptr(), &view, PyBUF_C_CONTIGUOUS) != 0) throw py::error_already_set();
-    const auto * data = static_cast<const uint8_t *>(view.buf);
-    {
-        py::gil_scoped_release nogil;
-        p.state.assign(data, data + view.len);
-    }
-    PyBuffer_Release(&view);
+    const Bytes b(state);
+    py::gil_scoped_release nogil;
+    p.state.assign(b.data(), b.data() + b.size());
     return p;
 }
 
@@ -125,22 +140,6 @@ py::object saved_into(lmsp::Engine & engine, int64_t seq, const py::object & int
     return py::dict("tokens"_a = py::cast(p->tokens), "tiled_rows"_a = p->tiled_rows, "tiled_min"_a = p->tiled_min,
                     "state"_a = whole[py::slice(0, py::ssize_t(n), 1)]);
 }
-
-// A contiguous buffer's bytes, held for the call.
-class Bytes {
-public:
-    explicit Bytes(const py::object & source) {
-        if (PyObject_GetBuffer(source.ptr(), &view_, PyBUF_C_CONTIGUOUS) != 0) throw py::error_already_set();
-    }
-    ~Bytes() { PyBuffer_Release(&view_); }
-    Bytes(const Bytes &) = delete;
-    Bytes & operator=(const Bytes &) = delete;
-    const uint8_t * data() const { return static_cast<const uint8_t *>(view_.buf); }
-    size_t size() const { return size_t(view_.len); }
-
-private:
-    Py_buffer view_{};
-};
 
 uint32_t crc32_low(const py::object & source, uint32_t start) {
     const Bytes b(source);
@@ -209,15 +208,12 @@ void bind_kv(py::module_ & m) {
           "The low-priority thread's nice value (-100 before its first job, or where threads have none).");
     py::class_<KvState>(m, "KvState")
         .def(py::init([](const py::buffer & source) {
-                 Py_buffer view;
-                 if (PyObject_GetBuffer(source.ptr(), &view, PyBUF_C_CONTIGUOUS) != 0) throw py::error_already_set();
+                 const Bytes b(source);
                  auto state = std::make_unique<KvState>();
-                 const auto * data = static_cast<const uint8_t *>(view.buf);
                  {
                      py::gil_scoped_release nogil;
-                     state->bytes.assign(data, data + view.len);
+                     state->bytes.assign(b.data(), b.data() + b.size());
                  }
-                 PyBuffer_Release(&view);
                  return state;
              }),
              "source"_a)
