@@ -2,6 +2,7 @@
 
 #include <pybind11/stl.h>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -114,7 +115,8 @@ uint8_t * grown(const py::object & into, size_t size) {
         if (PyByteArray_Resize(a, py::ssize_t(size)) != 0) throw py::error_already_set();
         char * data = PyByteArray_AS_STRING(a);
         py::gil_scoped_release nogil;
-        lmsp::run_low_priority([&] { std::memset(data + had, 0, size - had); });
+        lmsp::run_low_priority(
+            [&] { lmsp::paced(size - had, [&](size_t at, size_t n) { std::memset(data + had + at, 0, n); }); });
     }
     return reinterpret_cast<uint8_t *>(PyByteArray_AS_STRING(a));
 }
@@ -145,7 +147,10 @@ uint32_t crc32_low(const py::object & source, uint32_t start) {
     const Bytes b(source);
     uint32_t crc = 0;
     py::gil_scoped_release nogil;
-    lmsp::run_low_priority([&] { crc = lmsp::crc32(b.data(), b.size(), start); });
+    lmsp::run_low_priority([&] {
+        crc = start;
+        lmsp::paced(b.size(), [&](size_t at, size_t n) { crc = lmsp::crc32(b.data() + at, n, crc); });
+    });
     return crc;
 }
 
@@ -156,12 +161,17 @@ void write_low(int fd, const py::object & source, bool sync) {
     {
         py::gil_scoped_release nogil;
         lmsp::run_low_priority([&] {
-            size_t done = 0;
-            while (done < b.size() && error == 0) {
-                const ssize_t n = ::write(fd, b.data() + done, b.size() - done);
-                if (n > 0) done += size_t(n);
-                if (n < 0 && errno != EINTR) error = errno;
-            }
+            lmsp::paced(b.size(), [&](size_t at, size_t n) {
+                for (size_t done = 0; done < n && error == 0;) {
+                    const ssize_t w = ::write(fd, b.data() + at + done, n - done);
+                    if (w > 0) done += size_t(w);
+                    if (w < 0 && errno != EINTR) error = errno;
+                }
+#if defined(__linux__)
+                // the disk write of each piece starts now, in its own pace, not all at the fsync
+                if (sync && error == 0) sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+#endif
+            });
             if (error == 0 && sync && ::fsync(fd) != 0) error = errno;
         });
     }

@@ -1,8 +1,11 @@
 #include "low_priority.h"
 
+#include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -76,6 +79,16 @@ Worker & worker() {
     return *g_worker;
 }
 
+using Clock = std::chrono::steady_clock;
+
+// This thread's CPU time.
+Clock::duration thread_cpu() {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return std::chrono::duration_cast<Clock::duration>(std::chrono::seconds(ts.tv_sec) +
+                                                       std::chrono::nanoseconds(ts.tv_nsec));
+}
+
 // Slicing by 8: eight tables of the reflected polynomial 0xEDB88320.
 using Tables = std::array<std::array<uint32_t, 256>, 8>;
 
@@ -100,6 +113,22 @@ const Tables & tables() {
 }  // namespace
 
 void run_low_priority(const std::function<void()> & job) { worker().run(job); }
+
+void paced(size_t n, const std::function<void(size_t, size_t)> & piece) {
+    const Clock::duration credit = -std::chrono::duration_cast<Clock::duration>(kPaceCredit);
+    Clock::duration owed{};  // rest still due; below zero, time off the core beyond it
+    Clock::time_point last = Clock::now();
+    for (size_t at = 0; at < n; at += kPaceBytes) {
+        const Clock::time_point start = Clock::now();
+        owed = std::max(owed - (start - last), credit);  // asleep, or waiting for a core
+        const Clock::duration cpu = thread_cpu();
+        piece(at, std::min(kPaceBytes, n - at));
+        const Clock::duration used = thread_cpu() - cpu;
+        last = Clock::now();
+        owed = std::max(owed + used * kPaceRest - ((last - start) - used), credit);  // less the time preempted
+        if (owed > Clock::duration::zero() && n - at > kPaceBytes) std::this_thread::sleep_for(owed);
+    }
+}
 
 int low_priority_nice() {
     std::lock_guard<std::mutex> lk(g_mu);

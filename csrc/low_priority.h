@@ -8,6 +8,7 @@
 // releases the GIL and waits for its job; the worker never takes the GIL.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -20,6 +21,23 @@ constexpr int kLowPriorityNice = 19;
 // Runs `job` on the worker and waits for it; rethrows what it threw. The
 // worker starts at the first call (again in a forked child).
 void run_low_priority(const std::function<void()> & job);
+
+// Paced work: the most bytes one piece handles, the rest due after a piece as a
+// multiple of its CPU time, and the most rest that time off the core (asleep
+// longer than due, or preempted) may pay in advance.
+constexpr size_t kPaceBytes = size_t(256) << 10;
+constexpr int kPaceRest = 3;
+constexpr std::chrono::milliseconds kPaceCredit{4};
+
+// Calls `piece(offset, length)` over [0, n) in pieces of at most kPaceBytes and
+// rests between them, so that the work takes a quarter of one core at most; the
+// time the scheduler already kept this thread off its core counts as rest, so
+// where the cores are busy it sleeps no more than that. A spare core is not
+// free: the engine's step shares the memory bus (and on some machines a
+// physical core) with it, and a whole checksum and write at once (tenths of a
+// second for tens of megabytes) made each step during it nearly twice as long.
+// For use inside a job of run_low_priority.
+void paced(size_t n, const std::function<void(size_t, size_t)> & piece);
 
 // The worker's nice value once it runs; -100 before, or where the system gives
 // a thread no nice value of its own.

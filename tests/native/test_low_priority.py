@@ -25,6 +25,14 @@ def test_the_checksum_is_zlibs_crc32_for_every_length_and_alignment():
     assert crc32_low_priority(bytearray(b"123456789")) == 0xCBF43926  # the CRC-32 check value
 
 
+def test_the_checksum_holds_across_the_pieces_of_paced_work():
+    data = os.urandom((3 << 20) + 7)  # twelve pieces of 256 KiB and a few bytes
+    for start in (0, 1, (256 << 10) - 3):
+        view = memoryview(data)[start:]
+        assert crc32_low_priority(view) == zlib.crc32(view)
+    assert crc32_low_priority(data[300_000:], zlib.crc32(data[:300_000])) == zlib.crc32(data)
+
+
 def test_a_write_puts_every_byte_in_the_file(tmp_path):
     data = os.urandom(3 << 20)
     fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT, 0o600)
