@@ -42,6 +42,15 @@ def test_a_loaded_model_edited_in_place_shows_changed_and_is_not_served(store, r
     assert runtime.model_object("tiny")["state"] == "changed"
 
 
+def test_a_row_read_before_the_unload_still_shows_changed(store, runtime, model_file):
+    _loaded(store, runtime)
+    row = store.get_model("tiny")  # as a listing read it while the model was loaded
+    _flip_middle(model_file)
+    runtime.check_model_files()  # (unless the watch's thread did it first)
+    assert runtime.registry.engine("tiny") is None
+    assert runtime.registry.state(row) == "changed"
+
+
 def test_a_task_is_not_started_on_a_model_whose_file_changed(store, runtime, model_file):
     _loaded(store, runtime)
     _flip_middle(model_file)  # nobody asked for the model since: the start checks the file

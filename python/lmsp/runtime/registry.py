@@ -154,6 +154,8 @@ class ModelRegistry:
                 return LOADED
             return MISSING if now is None else CHANGED  # until the runtime unloads it
         stored = row.get("state") or AVAILABLE
+        if stored not in (FAILED, CHANGED):  # the row may predate an unload here for a changed file
+            stored = self._stored_state(model_id, stored)
         try:
             st = os.stat(self.file_path(row))
         except OSError:
@@ -163,6 +165,15 @@ class ModelRegistry:
         if st.st_size != row.get("size_bytes"):
             return CHANGED
         return AVAILABLE if stored in (LOADED, LOADING, MISSING) else stored
+
+    def _stored_state(self, model_id: str, read: str) -> str:
+        """The model's stored state now. An unload for a changed file records ``changed``
+        before the engine leaves, so a row read while the engine was here (by a listing
+        that then found it gone) is read again."""
+        try:
+            return self.store.get_model(model_id).get("state") or AVAILABLE
+        except LMSPError:  # deleted since, or a busy store: what was read
+            return read
 
     def has_chat_template(self, row: dict) -> bool:
         """Whether the model's file declares a chat template: recorded at registration; for a
