@@ -205,7 +205,7 @@ class PyEngine {
 public:
     PyEngine(const py::object & model_path, int32_t n_ctx, int32_t n_parallel, int32_t n_threads, int32_t n_gpu_layers,
              int32_t n_batch, int32_t prefill_chunk, bool batch_invariant, bool prefix_cache, bool use_mmap,
-             bool swa_full) {
+             bool swa_full, size_t kept_logits_bytes) {
         const std::string path = fspath(model_path);
         lmsp::EngineOptions o;
         o.n_ctx = n_ctx;
@@ -218,6 +218,7 @@ public:
         o.prefix_cache = prefix_cache;
         o.use_mmap = use_mmap;
         o.swa_full = swa_full;
+        o.kept_logits_bytes = kept_logits_bytes;
         py::gil_scoped_release nogil;
         engine_ = std::make_unique<lmsp::Engine>(path, o);
     }
@@ -481,11 +482,12 @@ PYBIND11_MODULE(_native, m) {
     lmsp_py::bind_kv(m);
 
     py::class_<PyEngine>(m, "Engine")
-        .def(py::init<const py::object &, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, bool, bool, bool,
-                      bool>(),
+        .def(py::init<const py::object &, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, bool, bool, bool, bool,
+                      size_t>(),
              "model_path"_a, py::kw_only(), "n_ctx"_a = 4096, "n_parallel"_a = 4, "n_threads"_a = 0,
              "n_gpu_layers"_a = 0, "n_batch"_a = 512, "prefill_chunk"_a = 256, "batch_invariant"_a = true,
-             "prefix_cache"_a = true, "use_mmap"_a = false, "swa_full"_a = true)
+             "prefix_cache"_a = true, "use_mmap"_a = false, "swa_full"_a = true,
+             "kept_logits_bytes"_a = size_t(1) << 20)
         .def_property_readonly("info", &PyEngine::info)
         .def_property_readonly("n_ctx", [](PyEngine & s) { return s.e().n_ctx(); })
         .def_property_readonly("n_vocab", [](PyEngine & s) { return s.e().n_vocab(); })

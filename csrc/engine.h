@@ -50,6 +50,11 @@ struct EngineOptions {
     // ones (llama.cpp's swa_full): the prefix cache can then take a slot's
     // history back to any length; false keeps llama-server's smaller cache
     bool swa_full = true;
+    // the free slots keep the logits of their prompts' last rows (a prompt asked
+    // again samples its first token from them) in at most this many bytes, and
+    // at least one row: the least recently kept row gives way (a row is n_vocab
+    // floats, 1 MiB for a vocabulary of 262,144 tokens)
+    size_t kept_logits_bytes = size_t(1) << 20;
 };
 
 enum class Finish { none, stop, length, cancelled, error };
@@ -374,6 +379,7 @@ private:
     // one KV stream each; a free one keeps its last sequence's KV (the prefix cache)
     std::vector<Slot> slots_;
     std::vector<std::vector<float>> slot_logits_;  // each slot's kept logits (Slot::logits_rows)
+    std::deque<int> kept_order_;  // the slots whose row in slot_logits_ is allocated, least recently kept first
     uint64_t slot_clock_ = 0;
     bool slots_changed_ = true;
     // KV of persisted sequences whose slot was reused before saved_prefix() asked

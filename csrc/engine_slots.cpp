@@ -144,10 +144,24 @@ size_t Engine::take_prefix(Sequence & seq, int slot, size_t common) {
 // The logits of a sequence's last prompt row, computed by its prefill: kept
 // with its slot while the slot's KV holds the rows that gave them (a prompt
 // asked again then samples its first token from them: repeat_prompt).
+// At most options_.kept_logits_bytes of rows (one at least): a slot without a
+// row takes the one kept least recently, whose slot no longer answers from it.
 void Engine::keep_logits(const Sequence & seq, const float * logits) {
     if (!options_.prefix_cache) return;
     if (slot_logits_.size() != slots_.size()) slot_logits_.resize(slots_.size());
-    slot_logits_[size_t(seq.slot)].assign(logits, logits + n_vocab_);
+    const size_t most = std::max<size_t>(1, options_.kept_logits_bytes / (sizeof(float) * size_t(n_vocab_)));
+    std::vector<float> & row = slot_logits_[size_t(seq.slot)];
+    const auto kept = std::find(kept_order_.begin(), kept_order_.end(), seq.slot);
+    if (kept != kept_order_.end()) {
+        kept_order_.erase(kept);
+    } else if (kept_order_.size() >= most) {
+        const int oldest = kept_order_.front();
+        kept_order_.pop_front();
+        slots_[size_t(oldest)].logits_rows = 0;
+        row.swap(slot_logits_[size_t(oldest)]);
+    }
+    row.assign(logits, logits + n_vocab_);
+    kept_order_.push_back(seq.slot);
     slots_[size_t(seq.slot)].logits_rows = size_t(seq.n_prompt);
     slots_changed_ = true;
 }

@@ -80,6 +80,7 @@ class Engine:
         prefix_cache: bool = True,
         use_mmap: bool = False,
         swa_full: bool = True,
+        kept_logits_bytes: int = 1 << 20,
     ) -> None: ...
     @property
     def info(self) -> dict[str, Any]: ...

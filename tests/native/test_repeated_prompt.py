@@ -127,6 +127,30 @@ def test_a_slot_whose_rows_another_sequence_took_is_asked_again_exactly(make_eng
     assert output(got) == want
 
 
+def test_the_slots_keep_logits_within_their_budget_and_the_oldest_row_gives_way(make_engine) -> None:
+    probe = make_engine(n_parallel=1, n_ctx=256)
+    row = 4 * probe.n_vocab  # bytes
+    cached = make_engine(n_parallel=4, n_ctx=256, kept_logits_bytes=2 * row + row // 2)  # two rows
+    plain = make_engine(n_parallel=1, n_ctx=256, prefix_cache=False)
+    params = dict(max_tokens=8, **CASES["sampled"])
+    first, second, third = (random_prompt(90 + i, 20) for i in range(3))
+    for prompt in (first, second, third):  # a free slot each; the third takes the first's row
+        generate(cached, prompt, **params)
+    got = generate(cached, first, **params)  # its KV is still there, its logits are not
+    assert cached.cached_prefix(first) == 20 and got.last["n_cached"] < 20
+    assert output(got) == output(generate(plain, first, **params))
+    got = generate(cached, third, **params)  # kept
+    assert got.last["n_cached"] == got.last["n_prompt"] == 20
+    assert output(got) == output(generate(plain, third, **params))
+
+
+def test_at_least_one_row_is_kept(make_engine) -> None:
+    cached = make_engine(n_parallel=2, n_ctx=256, kept_logits_bytes=0)
+    prompt = random_prompt(95, 20)
+    generate(cached, prompt, max_tokens=4, temperature=0)
+    assert generate(cached, prompt, max_tokens=4, temperature=0).last["n_cached"] == 20
+
+
 @pytest.mark.parametrize("n", LENGTHS)
 def test_a_resumed_sequence_of_the_prompt_does_not_start_from_its_logits(make_engine, n: int) -> None:
     cached = make_engine(n_parallel=1, n_ctx=1024)
