@@ -22,6 +22,7 @@ What happens where:
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import os
@@ -149,6 +150,13 @@ def on_starting(server) -> None:
     server.log.info(
         "lmsp: start-up recovery done (%s)", ", ".join(f"{k}={v}" for k, v in counts.items() if v) or "nothing"
     )
+
+
+def pre_fork(server, worker) -> None:
+    """Master, before each fork: its objects go to the collector's permanent generation,
+    so that the worker's collections never write to their pages, and the pages the two
+    processes share stay shared."""
+    gc.freeze()
 
 
 def post_fork(server, worker) -> None:

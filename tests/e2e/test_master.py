@@ -1,6 +1,7 @@
 """The gunicorn master of ``lmsp serve``: start-up preparation in a child, a small master."""
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 
@@ -23,6 +24,20 @@ def test_the_master_holds_no_gevent_sqlite_or_engine(make_server):
     for part in ("gevent", "_sqlite3", "lmsp/_native"):  # the engine loads in the worker, at first use
         assert not any(part in path for path in master), f"{part} is loaded in the master"
     assert "start-up recovery done" in server.log()
+
+
+def test_the_master_freezes_its_objects_before_each_fork(tmp_path, monkeypatch):
+    """So that the worker's collections leave the pages it shares with the master alone
+    (2 MB less PSS for the two processes at one client, SmolLM2)."""
+    monkeypatch.setenv("LMSP_DATA_DIR", str(tmp_path))
+    from lmsp import gunicorn_conf
+
+    gc.unfreeze()
+    try:
+        gunicorn_conf.pre_fork(None, None)
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
 
 
 def test_what_the_service_writes_is_its_users_alone(make_server):
