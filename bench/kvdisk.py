@@ -254,13 +254,14 @@ def write_beside_stream(engine, prompt: list[int], directory: Path) -> dict:
     spans = [(round(a - done["start"], 4), round(b - done["start"], 4)) for a, b in pairs
              if b >= done["start"] and a <= done["end"]]
     steady = [b - a for a, b in pairs if not (b >= done["start"] and a <= done["end"])]
+    step = statistics.median(steady) if steady else None
     control = [b - a for a, b in pairs if a > done["end"]][:max(1, len(during))]
     return {"path": done["path"], "file_tokens": done["tokens"], "file_bytes": done["size"],
             "saved_prefix_s": done["copied"] - done["start"], "write_fsync_s": done["end"] - done["copied"],
-            "median_token_gap_s": statistics.median(steady) if steady else None,
+            "median_token_gap_s": step,
             "max_gap_during_write_s": max(during) if during else None, "gaps_during_write": spans,
             "max_gap_control_s": max(control) if control else None, "control_gaps": len(control),
-            "gaps_during": len(during), **_over_two_steps(during, control, steady),
+            "gaps_during": len(during), **_over_two_steps(during, control, step),
             "history_end_from_write_s": round(ended - done["start"], 4) if ended is not None else None,
             "stream_tokens": len(arrivals)}
 
@@ -270,11 +271,10 @@ def _spanned(arrivals: list[float], done: dict) -> int:
     return sum(done["start"] <= t <= done["end"] for t in arrivals)
 
 
-def _over_two_steps(during: list[float], control: list[float], steady: list[float]) -> dict:
+def _over_two_steps(during: list[float], control: list[float], step: float | None) -> dict:
     """How many gaps, during the write and in its control, took longer than two steps."""
-    if not steady:
+    if step is None:
         return {}
-    step = statistics.median(steady)
     return {"over_two_steps_during": sum(g > 2 * step for g in during),
             "over_two_steps_control": sum(g > 2 * step for g in control)}
 
