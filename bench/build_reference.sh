@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Build llama.cpp's own llama-bench and llama-server from the pinned source,
 # with the options the extension uses (CMakeLists.txt: static libraries, no
-# OpenMP, no llamafile sgemm, no curl or OpenSSL, native CPU code), into
-# build/reference/bin/.
+# OpenMP, no llamafile sgemm, no AMX kernels, no curl or OpenSSL, native CPU
+# code), into build/reference/bin/.
 #
 #   bench/build_reference.sh                 CPU build
 #   LMSP_CUDA=ON bench/build_reference.sh    adds the CUDA backend (arch 90;
@@ -50,6 +50,17 @@ args=(
     -DLLAMA_BUILD_UI=OFF
     -DLLAMA_USE_PREBUILT_UI=OFF
 )
+# no AMX kernels, as in the extension (CMakeLists.txt: they fault at the pinned
+# source); -mno-* wins over -march=native whatever their order
+case "$(uname -m)" in
+    x86_64|amd64)
+        if echo 'int main() { return 0; }' | "${CXX:-c++}" -mno-amx-tile -mno-amx-int8 -mno-amx-bf16 \
+            -x c++ -o /dev/null - >/dev/null 2>&1; then
+            args+=("-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+                   "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
+        fi
+        ;;
+esac
 if command -v ninja >/dev/null 2>&1 || [ -x "$root/.venv/bin/ninja" ]; then
     export PATH=$root/.venv/bin:$PATH
     args+=(-G Ninja)

@@ -98,6 +98,13 @@ def test_logits_do_not_depend_on_the_batch_whatever_the_weights(quantized, kind:
             np.testing.assert_array_equal(engine.eval_logits(tokens[:n]), logits[:n])
 
 
+def test_the_module_is_built_without_amx_kernels() -> None:
+    # at the pinned source ggml's AMX matmul loads a tile configuration the
+    # compiler never wrote and dies with SIGSEGV (CMakeLists.txt); the test
+    # below reaches it on an AMX machine
+    assert "AMX_INT8 = 1" not in system_info()
+
+
 @cpu_only
 def test_without_invariance_a_kquant_models_rows_differ(kquant_model: Path) -> None:
     """What the test above guards against: on a CPU with ggml's tiled or
