@@ -52,12 +52,12 @@ args=(
 )
 # no AMX kernels, as in the extension (CMakeLists.txt: they fault at the pinned
 # source); -mno-* wins over -march=native whatever their order
+no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 case "$(uname -m)" in
     x86_64|amd64)
-        if echo 'int main() { return 0; }' | "${CXX:-c++}" -mno-amx-tile -mno-amx-int8 -mno-amx-bf16 \
-            -x c++ -o /dev/null - >/dev/null 2>&1; then
-            args+=("-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-                   "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
+        # shellcheck disable=SC2086  # the flags, one word each
+        if echo 'int main() { return 0; }' | "${CXX:-c++}" $no_amx -x c++ -o /dev/null - >/dev/null 2>&1; then
+            args+=("-DCMAKE_C_FLAGS=$no_amx" "-DCMAKE_CXX_FLAGS=$no_amx")
         fi
         ;;
 esac
