@@ -174,14 +174,18 @@ def test_past_a_sliding_window_a_kv_file_continues_as_a_full_prefill(make, catal
     assert got.tokens == want.tokens
 
 
-LONG_ANSWER = 700  # more than llama.cpp's small sliding-window cache keeps past the window (1,024 - 512)
+# llama.cpp's small sliding-window cache holds the window and one ubatch, padded to
+# 256 cells: 768 with ubatches of 64. A 544-token prompt and this answer pass it by
+# more than the 32 positions the prompt's end looks back past its window.
+SMALL_UBATCH = 64
+LONG_ANSWER = 290
 
 
 @pytest.mark.parametrize("swa_full", [True, False])
 def test_only_with_swa_full_a_slot_continues_a_history_after_a_long_answer(make, catalog_model, swa_full) -> None:
     # the small cache gives the positions before the prompt's end to the answer's last
     # ones: the slot can no longer be taken back to the prompt; the full cache can
-    gemma = make(catalog_model("gemma-3-270m"), swa_full=swa_full)
+    gemma = make(catalog_model("gemma-3-270m"), swa_full=swa_full, n_batch=SMALL_UBATCH, prefill_chunk=SMALL_UBATCH)
     history = [{"role": "user", "content": HISTORY[1]["content"] * 2 + " Now write a very long story."}]
     prompt = gemma.chat_prompt(history)
     assert len(prompt) > 512

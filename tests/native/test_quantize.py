@@ -153,24 +153,24 @@ def test_a_kquant_sequence_alone_and_among_eight_others(quantized, kind: str, ca
 
 
 @cpu_only
-@pytest.mark.slow  # 400-token runs past 512 cells: about two minutes for the four cases on 2 cores
 @pytest.mark.parametrize("chunk", [256, 64])
 @pytest.mark.parametrize("kind", ["f32", "q4_k_m"])
 def test_long_prompts_and_contexts_alone_and_among_others(small_model: Path, quantized, kind: str,
                                                            chunk: int) -> None:
     """Prompts of 64 tokens or more are prefilled with ggml's tiled flash
     attention, in steps of their own and chunks of 64 rows or more (with
-    64-token chunks the 150-token prompt is cut 86 + 64); decoding, with two
-    threads, runs on the per-row kernel even where a lone sequence's query
-    meets 512 cells or more, which would otherwise split them among the
-    threads. Beside it: prompts of 5 to 200 tokens."""
+    256-token chunks the 400-token prompt is cut 256 + 144, with 64-token
+    chunks 128 + 128 + 80 + 64); decoding, with two threads, runs on the
+    per-row kernel even where a lone sequence's query meets 512 cells or
+    more (its answer goes from 400 to 540), which would otherwise split them
+    among the threads. Beside it: prompts of 5 to 200 tokens."""
     model = small_model if kind == "f32" else quantized(kind)
-    prompt = random_prompt(80, 150)
+    prompt = random_prompt(80, 400)
     with _engine(model, n_parallel=5, n_ctx=1024, n_threads=2, prefill_chunk=chunk) as engine:
-        alone = generate(engine, prompt, max_tokens=400, logprobs=True, **SAMPLED)
-        seqs = [engine.submit(random_prompt(81 + i, n), max_tokens=300, **SAMPLED)
+        alone = generate(engine, prompt, max_tokens=140, logprobs=True, **SAMPLED)
+        seqs = [engine.submit(random_prompt(81 + i, n), max_tokens=100, **SAMPLED)
                 for i, n in enumerate([5, 70, 130, 200])]
-        seqs.insert(2, engine.submit(prompt, max_tokens=400, logprobs=True, **SAMPLED))
+        seqs.insert(2, engine.submit(prompt, max_tokens=140, logprobs=True, **SAMPLED))
         runs = drain(engine, seqs)
     assert alone.finish == "length"
     assert (runs[seqs[2]].tokens, runs[seqs[2]].logprobs) == (alone.tokens, alone.logprobs)
