@@ -28,8 +28,8 @@ Server variants (``--servers``):
                      default, instead of read into the worker's memory
     lmsp-nofsync     durability "off": commits without fsync
     lmsp-nokv        kv_cache_bytes 0: no KV file after a finished turn
-    lmsp-window4     commit_window_ms 4: a commit (and an fsync) per token at
-                     one client, as before the 12 ms default
+    lmsp-windowN     commit_window_ms N (lmsp-window4, lmsp-window12, ...): the
+                     group commit's window against the default (25 ms)
     lmsp-noevents    bench/variants.py's DeferredDeltas: delta events are not
                      written to the store, and streams get a task's text when
                      it ends (bench only; bounds what durability costs from
@@ -101,7 +101,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_WORK = ROOT / "bench" / "out" / "serve"
 DEFAULT_LLAMA = ROOT / "build" / "reference" / "bin" / "llama-server"
 LMSP_SCOPES = "responses:write,responses:read,models:read"
-VARIANTS = ("llama", "lmsp", "lmsp-fast", "lmsp-mmap", "lmsp-nofsync", "lmsp-nokv", "lmsp-window4", "lmsp-noevents",
+VARIANTS = ("llama", "lmsp", "lmsp-fast", "lmsp-mmap", "lmsp-nofsync", "lmsp-nokv", "lmsp-windowN", "lmsp-noevents",
             "lmsp-memevents")
 VARIANTS_PATH = os.pathsep.join(filter(None, (str(ROOT / "bench"), os.environ.get("PYTHONPATH"))))
 LMSP_VARIANT_ENV = {
@@ -110,7 +110,6 @@ LMSP_VARIANT_ENV = {
     "lmsp-mmap": {"LMSP_MMAP": "1"},
     "lmsp-nofsync": {"LMSP_DURABILITY": "off"},
     "lmsp-nokv": {"LMSP_KV_CACHE_BYTES": "0"},  # no KV files of finished turns
-    "lmsp-window4": {"LMSP_COMMIT_WINDOW_MS": "4"},  # the earlier commit window
     # the commit variants of bench/variants.py, through the service's hook for another app
     "lmsp-noevents": {"LMSP_GUNICORN_APP": "variants:get_app('noevents')", "PYTHONPATH": VARIANTS_PATH},
     "lmsp-memevents": {"LMSP_GUNICORN_APP": "variants:get_app('memevents')", "PYTHONPATH": VARIANTS_PATH},
@@ -753,6 +752,21 @@ class LlamaServer(Server):
         self.wait_ready("/health", s.ready_timeout)
 
 
+def is_variant(name: str) -> bool:
+    return name == "llama" or name in LMSP_VARIANT_ENV or window_variant(name) is not None
+
+
+def window_variant(name: str) -> str | None:
+    """N of ``lmsp-windowN`` (a commit window of N ms), else None."""
+    n = name.removeprefix("lmsp-window")
+    return n if name.startswith("lmsp-window") and n.replace(".", "", 1).isdigit() else None
+
+
+def variant_env(name: str) -> dict[str, str]:
+    window = window_variant(name)
+    return {"LMSP_COMMIT_WINDOW_MS": window} if window is not None else LMSP_VARIANT_ENV[name]
+
+
 class LmspServer(Server):
     name = "lmsp"
 
@@ -770,7 +784,7 @@ class LmspServer(Server):
             "LMSP_N_CTX": str(s.ctx_per_seq), "LMSP_N_GPU_LAYERS": str(s.n_gpu_layers),
             "LMSP_WORKERS": "1", "LMSP_LOG_LEVEL": "warning",
         })
-        env.update(LMSP_VARIANT_ENV[variant])
+        env.update(variant_env(variant))
         env.update(extra_env)
         argv = [*cmd, "serve", "--data-dir", str(data_dir), "--bind", f"127.0.0.1:{port}",
                 "--model", str(model)]
@@ -1236,7 +1250,7 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, _exit_on_term)
     variants = [v for v in args.servers.split(",") if v]
     for v in variants:
-        if v not in VARIANTS:
+        if not is_variant(v):
             raise SystemExit(f"unknown server {v!r}; known: {', '.join(VARIANTS)}")
     clients_list = [int(c) for c in args.clients.split(",") if c]
     if not clients_list or min(clients_list) < 1:

@@ -55,7 +55,7 @@ class Config:
     max_body_bytes: int = 1 << 20
     body_timeout: float = 30.0  # seconds for a whole request body to arrive (408 after)
     lease_seconds: float = 10.0  # a worker's claim on a task, renewed while it runs
-    commit_window_ms: float = 12.0  # output gathered this long per commit (first and last events at once)
+    commit_window_ms: float = 25.0  # output gathered this long per commit (first and last events at once)
     heartbeat_seconds: float = 15.0  # SSE comment on an idle stream
     pairing_ttl_seconds: int = 600
     pairing_max_attempts: int = 5

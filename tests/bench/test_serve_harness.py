@@ -343,3 +343,12 @@ def test_the_api_option_sets_llama_servers_endpoint_too(serve):
     assert serve.parse_args(["--api", "chat"]).llama_endpoint == "chat"
     assert serve.parse_args([]).llama_endpoint == "responses"
     assert serve.parse_args(["--api", "chat", "--llama-endpoint", "completion"]).llama_endpoint == "completion"
+
+
+def test_a_window_variant_sets_the_commit_window(serve):
+    assert serve.variant_env("lmsp-window12") == {"LMSP_COMMIT_WINDOW_MS": "12"}
+    assert serve.variant_env("lmsp-window2.5") == {"LMSP_COMMIT_WINDOW_MS": "2.5"}
+    assert serve.variant_env("lmsp-nofsync") == {"LMSP_DURABILITY": "off"}
+    assert serve.is_variant("llama") and serve.is_variant("lmsp-window4")
+    for name in ("lmsp-windowN", "lmsp-window", "lmsp-windowfast", "x"):
+        assert not serve.is_variant(name)

@@ -9,7 +9,7 @@ from lmsp import config as config_mod
 def test_the_commit_window_comes_from_the_environment_and_is_checked(tmp_path):
     cfg = config_mod.load(env={"LMSP_COMMIT_WINDOW_MS": "0"}, data_dir=str(tmp_path))
     assert cfg.commit_window_ms == 0.0  # every drain committed at once
-    assert config_mod.load(env={}, data_dir=str(tmp_path)).commit_window_ms == 12.0
+    assert config_mod.load(env={}, data_dir=str(tmp_path)).commit_window_ms == 25.0
     for bad in ("-1", "1001"):
         with pytest.raises(ValueError, match="commit_window_ms"):
             config_mod.load(env={"LMSP_COMMIT_WINDOW_MS": bad}, data_dir=str(tmp_path))
