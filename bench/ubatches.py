@@ -8,8 +8,10 @@ that ends between running ones splits their run in two until a new one takes
 its slot. This measures, on the engine alone (no HTTP, no store), the steps
 per second, the ubatches per step and the tokens per second of ``--parallel``
 sequences all decoding, then of the same with one of them cancelled: the
-first submitted (a run stays whole), one in the middle (two runs) or the
-last.
+first submitted, one in the middle or the last. Then a closed loop like
+the serving benchmark's: ``--clients`` sequences of 24-word chat prompts and
+128 tokens, each replaced by a new one as soon as it ends, with
+``--parallel`` slots, and the passes per step it took.
 
     python bench/ubatches.py [--models smollm2-135m-instruct] [--parallel 16] [--threads 2]
 
@@ -69,6 +71,46 @@ def one_case(model: Path, args, cancel: int | None) -> dict:
         engine.close()
 
 
+WORDS = "river stone lantern orbit velvet copper meadow signal harbor quartz ember falcon prism tundra cobalt".split()
+
+
+def closed_loop(model: Path, args, requests: int) -> dict:
+    """``args.clients`` sequences at a time until ``requests`` have ended; passes per step."""
+    from lmsp.native import Engine
+
+    engine = Engine(str(model), n_ctx=512, n_parallel=args.parallel, n_threads=args.threads, prefix_cache=False)
+
+    def submit(i: int) -> int:
+        words = " ".join(WORDS[(i * 7 + k * (i % 5 + 1)) % len(WORDS)] for k in range(24))
+        prompt = engine.chat_prompt([{"role": "user", "content": words}])
+        return engine.submit(prompt, max_tokens=128, temperature=1.0, seed=i)
+
+    try:
+        before, start = engine.stats(), time.monotonic()
+        for i in range(args.clients):
+            submit(i)
+        ended, n = 0, args.clients
+        while ended < requests:
+            for result in engine.poll():
+                if result.get("finish"):
+                    ended += 1
+                    submit(n)
+                    n += 1
+            time.sleep(0.002)
+        after, wall = engine.stats(), time.monotonic() - start
+    finally:
+        engine.close()
+    steps = after["steps"] - before["steps"]
+    return {
+        "clients": args.clients,
+        "requests": requests,
+        "steps": steps,
+        "ubatches": after["ubatches"] - before["ubatches"],
+        "ubatches_per_step": round((after["ubatches"] - before["ubatches"]) / max(steps, 1), 3),
+        "tokens_per_s": round((after["tokens_generated"] - before["tokens_generated"]) / wall, 2),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="smollm2-135m-instruct")
@@ -77,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=6.0, help="measured decoding per case")
     p.add_argument("--settle", type=float, default=2.0, help="decoding before the first measure")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--clients", type=int, default=16, help="sequences at a time in the closed loop")
     p.add_argument("--out", type=Path, default=None, help="the result file (default: bench/results/history/...)")
     args = p.parse_args(argv)
     names = [n for n in args.models.split(",") if n]
@@ -91,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
                     got = one_case(path, args, index)
                     rounds.append({"round": r, "cancelled": case, **got})
                     print(name, r, case, got, flush=True)
-            models.append({"model": name, "rounds": rounds})
+            loop = [closed_loop(path, args, 3 * args.clients) for _ in range(args.rounds)]
+            print(name, "closed loop", loop, flush=True)
+            models.append({"model": name, "rounds": rounds, "closed_loop": loop})
     here = Path(__file__).resolve().parent
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=here).stdout.strip()
     result = {

@@ -9,8 +9,8 @@ namespace lmsp {
 // whole prompt (a request made again: first a slot that kept the logits of
 // its last row), most of what the slot holds (a conversation's next turn)
 // or long in itself (a shared system message).
-// Else an empty slot, else the one freed longest ago, whose cache is the
-// least likely to be asked for again: a prompt that shares only a chat
+// Else an empty slot (the lowest), else the one freed longest ago, whose
+// cache is the least likely to be asked for again: a prompt that shares only a chat
 // template's opening with a slot's conversation does not evict it. The key
 // keeps one client's prompts from being found, or timed, by another.
 int pick_slot(const std::vector<Slot> & slots, const std::vector<int32_t> * tokens, const std::string & key,
@@ -29,7 +29,10 @@ int pick_slot(const std::vector<Slot> & slots, const std::vector<int32_t> * toke
         const int ra = running_beside(a), rb = running_beside(b);
         if (ra != rb) return ra > rb;
         const bool ea = slots[a].tokens.empty(), eb = slots[b].tokens.empty();
-        return ea != eb ? ea : slots[a].freed_at < slots[b].freed_at;
+        if (ea != eb) return ea;
+        // of two empty slots the lower: with nothing cached to keep, the running
+        // sequences stay packed at the low end instead of spreading over every slot
+        return ea ? a < b : slots[a].freed_at < slots[b].freed_at;
     };
     for (size_t i = 0; i < slots.size(); ++i) {
         if (slots[i].used) continue;
