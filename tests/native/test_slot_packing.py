@@ -9,14 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
-from native_helpers import N_GPU_LAYERS
-
 from lmsp.native import Engine
 
-pytestmark = [
-    pytest.mark.real_model,
-    pytest.mark.skipif(N_GPU_LAYERS != 0, reason="the CPU engine's steps"),
-]
+pytestmark = pytest.mark.real_model
 
 WORDS = "river stone lantern orbit velvet copper meadow signal harbor quartz ember falcon prism tundra cobalt".split()
 
