@@ -43,7 +43,6 @@ import os
 import shlex
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -52,6 +51,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import serve  # noqa: E402  (bench/serve.py: server launchers, SSE reader, machine line)
+from serve_results import write_history  # noqa: E402
 
 from lmsp import kvfiles  # noqa: E402
 from lmsp.runtime.kvdisk import LowPriority  # noqa: E402
@@ -356,19 +356,10 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         paths = serve.make_models(names, [], work)
         models = [run_model(name, path, args, s, work) for name, path in zip(names, paths)]
-    here = Path(__file__).resolve().parent
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=here).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                                text=True, cwd=here).stdout.strip())
-    result = {"benchmark": "kvdisk", "time": started, "commit": commit, "dirty": dirty,
-              "machine": serve.machine_line(),
-              "load_average_before": load_before, "load_average_after": os.getloadavg(),
-              "command": shlex.join([sys.executable, *sys.argv]), "settings": vars(s), "models": models}
-    stamp = started[:13].replace(":", "") + started[14:16]  # 2026-12-01T2214
-    out = args.out or here / "results" / "history" / f"{stamp}-kvdisk.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, default=str) + "\n")
-    print(f"wrote {out}", flush=True)
+    write_history("kvdisk", started, {
+        "machine": serve.machine_line(),
+        "load_average_before": load_before, "load_average_after": os.getloadavg(),
+        "command": shlex.join([sys.executable, *sys.argv]), "settings": vars(s), "models": models}, args.out)
     return 0
 
 

@@ -60,6 +60,19 @@ def write_model_results(folder: Path, model: str, payload: dict, when: float | N
     return path
 
 
+def write_history(benchmark: str, started: str, record: dict, out: Path | None = None) -> Path:
+    """``bench/results/history/<started as YYYY-MM-DDTHHMM>-<benchmark>.json`` (or ``out``):
+    ``record`` after the benchmark's name, its start (``%Y-%m-%dT%H:%M:%SZ``) and
+    git_state(); a script that runs one benchmark writes its run with this."""
+    stamp = started[:13].replace(":", "") + started[14:16]  # 2026-12-01T2214
+    path = out or ROOT / "bench" / "results" / "history" / f"{stamp}-{benchmark}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    full = {"benchmark": benchmark, "time": started, **git_state(), **record}
+    path.write_text(json.dumps(full, indent=1, default=str) + "\n")
+    print(f"wrote {path}", flush=True)
+    return path
+
+
 PAIRED_FIELDS = {"tok_s": "tok_s", "ttft_p50": "ttft_p50_ms", "cpu_per_token": "cpu_ms_per_token"}
 
 

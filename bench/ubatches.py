@@ -21,16 +21,15 @@ It writes ``bench/results/history/<time>-ubatches.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import serve
+from serve_results import write_history
 
 PROMPT = "Once upon a time, in a land far away, there lived"
 
@@ -137,23 +136,14 @@ def main(argv: list[str] | None = None) -> int:
             loop = [closed_loop(path, args, 3 * args.clients) for _ in range(args.rounds)]
             print(name, "closed loop", loop, flush=True)
             models.append({"model": name, "rounds": rounds, "closed_loop": loop})
-    here = Path(__file__).resolve().parent
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=here).stdout.strip()
-    result = {
-        "benchmark": "ubatches",
-        "time": started,
-        "commit": commit,
+    record = {
         "machine": serve.machine_line(),
         "load_average_after": os.getloadavg(),
         "command": shlex.join([sys.executable, *sys.argv]),
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "models": models,
     }
-    stamp = started[:13].replace(":", "") + started[14:16]
-    out = args.out or here / "results" / "history" / f"{stamp}-ubatches.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, default=str) + "\n")
-    print(f"wrote {out}", flush=True)
+    write_history("ubatches", started, record, args.out)
     return 0
 
 
