@@ -8,7 +8,9 @@ that ends between running ones splits their run in two until a new one takes
 its slot. This measures, on the engine alone (no HTTP, no store), the steps
 per second, the ubatches per step and the tokens per second of ``--parallel``
 sequences all decoding, then of the same with one of them cancelled: the
-first submitted, one in the middle or the last. Then a closed loop like
+first submitted, one in the middle or the last, or none (the control: the
+same window, with sequences as long). A free slot between running ones gets
+a filler row (csrc/batch_plan.cpp), counted per step. Then a closed loop like
 the serving benchmark's: ``--clients`` sequences of 24-word chat prompts and
 128 tokens, each replaced by a new one as soon as it ends, with
 ``--parallel`` slots, and the passes per step it took.
@@ -45,12 +47,13 @@ def rate(engine, seconds: float) -> dict:
     return {
         "steps_per_s": round(steps / wall, 3),
         "ubatches_per_step": round((after["ubatches"] - before["ubatches"]) / max(steps, 1), 3),
+        "filler_rows_per_step": round((after["filler_rows"] - before["filler_rows"]) / max(steps, 1), 3),
         "tokens_per_s": round(tokens / wall, 2),
     }
 
 
 def one_case(model: Path, args, cancel: int | None) -> dict:
-    """A fresh engine, ``args.parallel`` sequences decoding; then the ``cancel``-th cancelled."""
+    """A fresh engine, ``args.parallel`` sequences decoding; then the ``cancel``-th cancelled (None: none)."""
     from lmsp.native import Engine
 
     engine = Engine(str(model), n_ctx=1024, n_parallel=args.parallel, n_threads=args.threads)
@@ -62,9 +65,11 @@ def one_case(model: Path, args, cancel: int | None) -> dict:
         out = {"all": rate(engine, args.seconds)}
         if cancel is not None:
             engine.cancel(seqs[cancel])
-            time.sleep(0.2)
-            engine.poll()
-            out["one_free"] = rate(engine, args.seconds)
+        time.sleep(0.2)
+        engine.poll()
+        # the control case ("none") measures the same window with none cancelled:
+        # the sequences are longer by then, and each step attends to more
+        out["one_free" if cancel is not None else "again"] = rate(engine, args.seconds)
         return out
     finally:
         engine.close()
@@ -106,6 +111,7 @@ def closed_loop(model: Path, args, requests: int) -> dict:
         "steps": steps,
         "ubatches": after["ubatches"] - before["ubatches"],
         "ubatches_per_step": round((after["ubatches"] - before["ubatches"]) / max(steps, 1), 3),
+        "filler_rows": after["filler_rows"] - before["filler_rows"],
         "tokens_per_s": round((after["tokens_generated"] - before["tokens_generated"]) / wall, 2),
     }
 
@@ -123,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     names = [n for n in args.models.split(",") if n]
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    cases = {"first": 0, "middle": args.parallel // 2, "last": args.parallel - 1}
+    cases = {"none": None, "first": 0, "middle": args.parallel // 2, "last": args.parallel - 1}
     models = []
     with tempfile.TemporaryDirectory(prefix="ubatches-") as tmp:
         for name, path in zip(names, serve.make_models(names, [], Path(tmp))):

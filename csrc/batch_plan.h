@@ -26,9 +26,39 @@ constexpr size_t kFaTileRows = 64;
 // at a time however many rows come (with llamafile and repacking off).
 bool every_matmul_is_row_wise(const std::vector<int> & types);
 
+// The rows of each sequence of a batch sorted by sequence: (sequence, rows), ascending.
+using SeqRows = std::vector<std::pair<int32_t, int32_t>>;
+void rows_by_sequence(const llama_batch & batch, SeqRows & out);
+
 // How many ubatches llama.cpp cuts a batch sorted by sequence into (each one
 // pass over the weights); `left` is scratch space.
-int64_t count_ubatches(const llama_batch & batch, int32_t n_ubatch, std::vector<std::pair<int32_t, int32_t>> & left);
+int64_t count_ubatches(const llama_batch & batch, int32_t n_ubatch, SeqRows & left);
+int64_t count_ubatches(SeqRows & left, int32_t n_ubatch);  // counts down `left`
+
+// At most this many filler rows for each pass over the weights they save
+// (batch_plan.cpp, "Filler rows").
+constexpr size_t kFillerRowsPerPass = 4;
+
+// Whether the filler rows of `fillers` save passes enough for their rows.
+bool fillers_pay(const SeqRows & rows, int32_t n_ubatch, const std::vector<int32_t> & fillers, SeqRows & scratch);
+
+// The free sequences (slots) whose filler row would join runs of the batch's
+// sequences (`rows`) into fewer ubatches, worth their rows; none when no such
+// rows are. `fillable(seq)`: whether that sequence can take one.
+template <class Fillable>
+void filler_sequences(const SeqRows & rows, int32_t n_ubatch, Fillable fillable, std::vector<int32_t> & out,
+                      SeqRows & scratch) {
+    out.clear();
+    for (size_t i = 1; i < rows.size(); ++i) {
+        const int32_t from = rows[i - 1].first + 1, to = rows[i].first;  // the gap [from, to)
+        if (to == from || size_t(to - from) > kFillerRowsPerPass) continue;
+        bool all = true;
+        for (int32_t s = from; s < to && all; ++s) all = fillable(s);
+        if (!all) continue;
+        for (int32_t s = from; s < to; ++s) out.push_back(s);
+    }
+    if (!out.empty() && !fillers_pay(rows, n_ubatch, out, scratch)) out.clear();
+}
 
 // A tiled step as its prompts are added: the chunk length each takes, and how
 // many prompts end in it.

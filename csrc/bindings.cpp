@@ -369,10 +369,10 @@ public:
     py::dict stats() {
         const lmsp::EngineStats s = engine_->stats();
         return py::dict("active"_a = s.active, "waiting"_a = s.waiting, "steps"_a = s.steps, "ubatches"_a = s.ubatches,
-                        "tokens_decoded"_a = s.tokens_decoded, "tokens_generated"_a = s.tokens_generated,
-                        "submitted"_a = s.submitted, "finished"_a = s.finished, "kv_copies"_a = s.kv_copies,
-                        "kv_copy_us"_a = s.kv_copy_us, "kv_loads"_a = s.kv_loads, "kv_load_us"_a = s.kv_load_us,
-                        "embed_passes"_a = s.embed_passes,
+                        "tokens_decoded"_a = s.tokens_decoded, "filler_rows"_a = s.filler_rows,
+                        "tokens_generated"_a = s.tokens_generated, "submitted"_a = s.submitted,
+                        "finished"_a = s.finished, "kv_copies"_a = s.kv_copies, "kv_copy_us"_a = s.kv_copy_us,
+                        "kv_loads"_a = s.kv_loads, "kv_load_us"_a = s.kv_load_us, "embed_passes"_a = s.embed_passes,
                         "embed_passes_without_logits"_a = s.embed_passes_without_logits);
     }
 

@@ -173,10 +173,12 @@ void Engine::step() {
 
     if (batch_.n_tokens > 0) {
         order_batch_by_slot();
+        add_fillers(tiled_step);
         ubatches_ += options_.n_parallel > 1 ? count_ubatches(batch_, options_.n_batch, step_rows_) : 1;
         const int32_t rc = llama_decode(ctx_.get(), batch_);
+        drop_fillers();
         steps_++;
-        tokens_decoded_ += batch_.n_tokens;
+        tokens_decoded_ += batch_.n_tokens - int32_t(fillers_.size());
         if (rc != 0) {
             fail_batch("llama_decode failed (" + std::to_string(rc) + ")");
         } else {
@@ -187,6 +189,36 @@ void Engine::step() {
     active_.erase(std::remove_if(active_.begin(), active_.end(),
                                  [](const std::unique_ptr<Sequence> & s) { return s->state == SeqState::finished; }),
                   active_.end());
+}
+
+// Filler rows in the free slots between runs of a one-row step's slots,
+// where they save passes over the weights (batch_plan.cpp); the batch comes
+// and goes sorted by slot.
+void Engine::add_fillers(bool tiled_step) {
+    fillers_.clear();
+    if (!fillers_allowed_ || tiled_step) return;
+    rows_by_sequence(batch_, step_rows_);
+    if (step_rows_.size() < 2) return;
+    llama_memory_t mem = llama_get_memory(ctx_.get());
+    const auto cells = int32_t(llama_n_ctx_seq(ctx_.get()));
+    // a free slot whose stream has a cell left for one more position
+    auto fillable = [&](int32_t slot) {
+        return !slots_[size_t(slot)].used && llama_memory_seq_pos_max(mem, slot) + 2 <= cells;
+    };
+    filler_sequences(step_rows_, options_.n_batch, fillable, filler_slots_, filler_scratch_);
+    if (filler_slots_.empty() || batch_.n_tokens + int32_t(filler_slots_.size()) > options_.n_batch) return;
+    for (const int32_t slot : filler_slots_) {
+        const int32_t pos = llama_memory_seq_pos_max(mem, slot) + 1;
+        add_row(0, pos, slot, false);
+        fillers_.emplace_back(slot, pos);
+    }
+    filler_rows_ += int64_t(fillers_.size());
+    order_batch_by_slot();
+}
+
+void Engine::drop_fillers() {
+    llama_memory_t mem = llama_get_memory(ctx_.get());
+    for (const auto & [slot, pos] : fillers_) llama_memory_seq_rm(mem, slot, pos, -1);
 }
 
 int32_t Engine::add_row(int32_t token, int32_t pos, int slot, bool logits) {

@@ -142,6 +142,7 @@ struct EngineStats {
     int64_t steps = 0;
     int64_t ubatches = 0;          // llama.cpp's passes over the weights (one or more per step)
     int64_t tokens_decoded = 0;    // tokens through llama_decode (prompt + generated)
+    int64_t filler_rows = 0;       // rows in free slots that joined two runs of slots in one ubatch
     int64_t tokens_generated = 0;  // tokens sampled
     int64_t submitted = 0;
     int64_t finished = 0;
@@ -313,9 +314,17 @@ private:
         int32_t from, token, pos, seq;
         int8_t logits;
     };
-    std::vector<Row> reorder_;                            // order_batch_by_slot's scratch
-    std::vector<int32_t> moved_to_;                       // ... and its old row -> new row
-    std::vector<std::pair<int32_t, int32_t>> step_rows_;  // count_ubatches' scratch
+    std::vector<Row> reorder_;       // order_batch_by_slot's scratch
+    std::vector<int32_t> moved_to_;  // ... and its old row -> new row
+    SeqRows step_rows_;              // count_ubatches' scratch
+    // filler rows (batch_plan.cpp): whether this model's cache takes them
+    // back exactly; this step's, as (slot, position)
+    bool fillers_allowed_ = false;
+    std::vector<int32_t> filler_slots_;
+    std::vector<std::pair<int32_t, int32_t>> fillers_;
+    SeqRows filler_scratch_;
+    void add_fillers(bool tiled_step);  // into a sorted batch; sorts it again
+    void drop_fillers();                // after the step: their cells back to the free slots
     void fail_batch(const std::string & err);
     void sample_batch();
     void take_token(Sequence & s, const float * logits);
@@ -385,6 +394,7 @@ private:
     // KV of persisted sequences whose slot was reused before saved_prefix() asked
     std::deque<std::pair<int64_t, KvPrefix>> saved_;
 
+    std::atomic<int64_t> filler_rows_{0};
     std::atomic<int64_t> steps_{0}, ubatches_{0}, tokens_decoded_{0}, tokens_generated_{0}, submitted_{0}, finished_{0};
     std::atomic<int64_t> kv_copies_{0}, kv_copy_us_{0}, kv_loads_{0}, kv_load_us_{0};
     std::atomic<int64_t> n_active_{0};

@@ -87,6 +87,13 @@ Engine::Engine(const std::string & model_path, const EngineOptions & given) : op
         n_ctx_ = int32_t(llama_n_ctx_seq(ctx_.get()));
     }
 
+    // a filler row leaves a KV cache as it was once removed; a recurrent
+    // state, or a sliding window that gave its cells to later positions,
+    // would not be (batch_plan.cpp)
+    fillers_allowed_ = options_.n_parallel > 2 && !llama_model_is_recurrent(model_.get()) &&
+                       !llama_model_is_hybrid(model_.get()) &&
+                       (llama_model_n_swa(model_.get()) == 0 || options_.swa_full);
+
     batch_ = llama_batch_init(options_.n_batch, 0, 1);
     batch_allocated_ = true;
     slots_.resize(size_t(options_.n_parallel));

@@ -115,8 +115,10 @@ def test_metrics_count_the_engine_steps_and_passes(client, served):
     text = served.call("GET", "/metrics")
     steps = re.search(r'^lmsp_engine_steps_total\{model="tiny"\} (\d+)$', text, re.M)
     passes = re.search(r'^lmsp_engine_ubatches_total\{model="tiny"\} (\d+)$', text, re.M)
-    assert steps and passes, text
+    fillers = re.search(r'^lmsp_engine_filler_rows_total\{model="tiny"\} (\d+)$', text, re.M)
+    assert steps and passes and fillers, text
     assert int(passes[1]) >= int(steps[1]) > 0
+    assert int(fillers[1]) >= 0
 
 
 def test_a_failed_stream_ends_with_its_failed_event(client, served):

@@ -159,6 +159,12 @@ RUNTIME_FIGURES = {
         "Passes over the weights (llama.cpp ubatches) of this worker's engine steps, by model.",
         "model",
     ),
+    "engine_filler_rows": (
+        "counter",
+        "lmsp_engine_filler_rows_total",
+        "Rows decoded in free slots to keep the running slots in one ubatch, by model.",
+        "model",
+    ),
     "waiting_requests": ("gauge", "lmsp_waiting_requests", "Requests waiting for a commit.", None),
     "kv_file_hits": ("counter", "lmsp_kv_file_hits_total", "Prompts whose start was loaded from a KV file.", None),
     "kv_file_misses": (

@@ -266,7 +266,7 @@ class Runtime:
         figures["engine_slots"] = int(self.config.n_parallel)
         engines = self.registry.engines()
         figures["loaded_models"] = [model_id for model_id, _ in engines]
-        steps, passes = {}, {}
+        steps, passes, fillers = {}, {}, {}
         for model_id, engine in engines:
             try:
                 counts = engine.stats()
@@ -274,8 +274,10 @@ class Runtime:
                 continue
             steps[model_id] = counts.get("steps", 0)
             passes[model_id] = counts.get("ubatches", counts.get("steps", 0))
+            fillers[model_id] = counts.get("filler_rows", 0)
         figures["engine_steps"] = steps
         figures["engine_ubatches"] = passes
+        figures["engine_filler_rows"] = fillers
         figures.update(self.kvdisk.metrics())
         figures["waiting_requests"] = self.waiters.waiting()
         figures["ready"] = self.state.ready
