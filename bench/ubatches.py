@@ -10,7 +10,10 @@ per second, the ubatches per step and the tokens per second of ``--parallel``
 sequences all decoding, then of the same with one of them cancelled: the
 first submitted, one in the middle or the last, or none (the control: the
 same window, with sequences as long). A free slot between running ones gets
-a filler row (csrc/batch_plan.cpp), counted per step. Then a closed loop like
+a filler row (csrc/batch_plan.cpp), counted per step. Then what a step
+costs with the running slots laid out in runs apart, with free slots
+between them filled or not ("layouts": what a pass and a filler row cost).
+Then a closed loop like
 the serving benchmark's: ``--clients`` sequences of 24-word chat prompts and
 128 tokens, each replaced by a new one as soon as it ends, with
 ``--parallel`` slots, and the passes per step it took.
@@ -73,6 +76,52 @@ def one_case(model: Path, args, cancel: int | None) -> dict:
         return out
     finally:
         engine.close()
+
+
+# Which slots keep decoding (of 24, 22 started, the rest cancelled): runs of
+# slots apart, with free slots between them that a filler row fills (up to
+# two) or not (five).
+LAYOUTS = {
+    "1": [0],
+    "2 adjacent": [0, 1],
+    "2, 1 free between": [0, 2],
+    "2, 5 free between": [0, 6],
+    "4 adjacent": [0, 1, 2, 3],
+    "15 adjacent": list(range(15)),
+    "16 adjacent": list(range(16)),
+    "16, 1 free between": list(range(8)) + list(range(9, 17)),
+    "16, 2 free between": list(range(8)) + list(range(10, 18)),
+    "16, 5 free between": list(range(8)) + list(range(13, 21)),
+}
+
+
+def layout(model: Path, args, keep: list[int]) -> dict:
+    """A fresh engine of 24 slots, sequences decoding in the slots of ``keep``:
+    milliseconds per step, passes and filler rows per step (short sequences)."""
+    from lmsp.native import Engine
+
+    engine = Engine(str(model), n_ctx=1024, n_parallel=24, n_threads=args.threads)
+    try:
+        prompt = engine.tokenize(PROMPT, add_special=True)
+        seqs = [engine.submit(prompt, max_tokens=1000, temperature=1.0, seed=i) for i in range(22)]
+        time.sleep(0.5)
+        for i, seq in enumerate(seqs):
+            if i not in keep:
+                engine.cancel(seq)
+        time.sleep(0.5)
+        engine.poll()
+        before, start = engine.stats(), time.monotonic()
+        time.sleep(3.0)
+        engine.poll()
+        after, wall = engine.stats(), time.monotonic() - start
+    finally:
+        engine.close()
+    steps = max(after["steps"] - before["steps"], 1)
+    return {
+        "ms_per_step": round(1000 * wall / steps, 2),
+        "ubatches_per_step": round((after["ubatches"] - before["ubatches"]) / steps, 2),
+        "filler_rows_per_step": round((after["filler_rows"] - before["filler_rows"]) / steps, 2),
+    }
 
 
 WORDS = "river stone lantern orbit velvet copper meadow signal harbor quartz ember falcon prism tundra cobalt".split()
@@ -139,9 +188,13 @@ def main(argv: list[str] | None = None) -> int:
                     got = one_case(path, args, index)
                     rounds.append({"round": r, "cancelled": case, **got})
                     print(name, r, case, got, flush=True)
+            layouts = {}
+            for label, keep in LAYOUTS.items():
+                layouts[label] = [layout(path, args, keep) for _ in range(args.rounds)]
+                print(name, label, layouts[label], flush=True)
             loop = [closed_loop(path, args, 3 * args.clients) for _ in range(args.rounds)]
             print(name, "closed loop", loop, flush=True)
-            models.append({"model": name, "rounds": rounds, "closed_loop": loop})
+            models.append({"model": name, "rounds": rounds, "layouts": layouts, "closed_loop": loop})
     record = {
         "machine": serve.machine_line(),
         "load_average_after": os.getloadavg(),

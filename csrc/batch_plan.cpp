@@ -241,11 +241,14 @@ int64_t count_ubatches(SeqRows & left, int32_t n_ubatch) {
 // removes it from the cache after the step, which leaves the stream as it
 // was (its cells are contiguous from 0: the row takes the cell at the head
 // and gives it back). Each sequence has its own stream and each row its own
-// kernels, so the other rows' logits do not change. What it buys: in the
-// engine alone (bench/ubatches.py, SmolLM2, 2 threads) a 16-row step takes
-// one pass, 15 rows around a free slot take two and 24-30% fewer tokens/s,
-// so a pass costs several rows: at most kFillerRowsPerPass rows are spent
-// for each pass saved.
+// kernels, so the other rows' logits do not change. What it costs and
+// buys, in the engine alone (bench/ubatches.py, "layouts": SmolLM2, 2
+// threads, short sequences): a filler row adds 2.2 ms to a step of two rows
+// and 2.8-3.8 ms to one of sixteen; a second pass adds 2.6-3.0 ms to a step
+// of two rows split 1 + 1, 8.2 ms to one of sixteen split 8 + 8. So one
+// filler row pays for each pass it saves, two in a step of 8 rows or more.
+size_t filler_rows_per_pass(size_t rows) { return rows >= 8 ? kMaxFillerRowsPerPass : 1; }
+
 bool fillers_pay(const SeqRows & rows, int32_t n_ubatch, const std::vector<int32_t> & fillers, SeqRows & scratch) {
     scratch = rows;
     const int64_t before = count_ubatches(scratch, n_ubatch);
@@ -253,7 +256,9 @@ bool fillers_pay(const SeqRows & rows, int32_t n_ubatch, const std::vector<int32
     for (const int32_t s : fillers) scratch.emplace_back(s, 1);
     std::sort(scratch.begin(), scratch.end());
     const int64_t after = count_ubatches(scratch, n_ubatch);
-    return after < before && fillers.size() <= kFillerRowsPerPass * size_t(before - after);
+    size_t rows_in_step = 0;
+    for (const auto & r : rows) rows_in_step += size_t(r.second);
+    return after < before && fillers.size() <= filler_rows_per_pass(rows_in_step) * size_t(before - after);
 }
 
 }  // namespace lmsp

@@ -35,9 +35,10 @@ void rows_by_sequence(const llama_batch & batch, SeqRows & out);
 int64_t count_ubatches(const llama_batch & batch, int32_t n_ubatch, SeqRows & left);
 int64_t count_ubatches(SeqRows & left, int32_t n_ubatch);  // counts down `left`
 
-// At most this many filler rows for each pass over the weights they save
-// (batch_plan.cpp, "Filler rows").
-constexpr size_t kFillerRowsPerPass = 4;
+// At most this many filler rows between two runs of slots (batch_plan.cpp,
+// "Filler rows"), and for each pass over the weights they save.
+constexpr size_t kMaxFillerRowsPerPass = 2;
+size_t filler_rows_per_pass(size_t rows);  // in a step of `rows` rows
 
 // Whether the filler rows of `fillers` save passes enough for their rows.
 bool fillers_pay(const SeqRows & rows, int32_t n_ubatch, const std::vector<int32_t> & fillers, SeqRows & scratch);
@@ -51,7 +52,7 @@ void filler_sequences(const SeqRows & rows, int32_t n_ubatch, Fillable fillable,
     out.clear();
     for (size_t i = 1; i < rows.size(); ++i) {
         const int32_t from = rows[i - 1].first + 1, to = rows[i].first;  // the gap [from, to)
-        if (to == from || size_t(to - from) > kFillerRowsPerPass) continue;
+        if (to == from || size_t(to - from) > kMaxFillerRowsPerPass) continue;
         bool all = true;
         for (int32_t s = from; s < to && all; ++s) all = fillable(s);
         if (!all) continue;

@@ -200,8 +200,13 @@ void Engine::add_fillers(bool tiled_step) {
     rows_by_sequence(batch_, step_rows_);
     if (step_rows_.size() < 2) return;
     llama_memory_t mem = llama_get_memory(ctx_.get());
-    const auto cells = int32_t(llama_n_ctx_seq(ctx_.get()));
-    // a free slot whose stream has a cell left for one more position
+    // a free slot whose stream has a cell left for one more position, and
+    // whose KV is no longer than the step attends to anyway: llama.cpp
+    // attends to as many cells in every stream of a ubatch, the most any of
+    // them uses rounded up to 256
+    int32_t pos_end = 0;
+    for (int32_t k = 0; k < batch_.n_tokens; ++k) pos_end = std::max(pos_end, batch_.pos[k] + 1);
+    const int32_t cells = std::min(int32_t(llama_n_ctx_seq(ctx_.get())), (pos_end + 255) / 256 * 256);
     auto fillable = [&](int32_t slot) {
         return !slots_[size_t(slot)].used && llama_memory_seq_pos_max(mem, slot) + 2 <= cells;
     };

@@ -233,7 +233,7 @@ def test_a_free_slot_between_running_ones_takes_a_filler_row(make_engine) -> Non
 
 def test_slots_far_apart_decode_in_a_ubatch_each(make_engine) -> None:
     """Filler rows cost a row each: more free slots between two running ones
-    than a pass is worth (kFillerRowsPerPass, 4) get none, and the two take a
+    than a pass is worth (kMaxFillerRowsPerPass, 2) get none, and the two take a
     ubatch each, every step."""
     e = make_engine(n_parallel=7, n_ctx=LONG)
     w = Watch(e)
@@ -253,6 +253,27 @@ def test_slots_far_apart_decode_in_a_ubatch_each(make_engine) -> None:
     e.cancel(seqs[0])
     e.cancel(seqs[6])
     w.until(lambda: len(w.ended) == 7)
+
+
+def test_a_free_slot_whose_kv_is_longer_than_the_steps_takes_no_filler(make_engine) -> None:
+    """A filler row in a slot that kept 300 positions would make every stream
+    of the step attend to 512 cells instead of 256: slots 0 and 2, at fewer
+    than 256 positions, then take a ubatch each instead."""
+    e = make_engine(n_parallel=3, n_ctx=LONG)
+    w = Watch(e)
+    seqs = [e.submit(random_prompt(60, 4), max_tokens=150, temperature=0),
+            e.submit(random_prompt(61, 300), max_tokens=1, temperature=0),
+            e.submit(random_prompt(62, 4), max_tokens=150, temperature=0)]
+    w.until(lambda: seqs[1] in w.ended and all(w.tokens.get(s) for s in seqs))
+    before = e.stats()
+    w.until(lambda: e.stats()["steps"] - before["steps"] >= 20 or len(w.ended) > 1)
+    after = e.stats()
+    assert w.ended == {seqs[1]}
+    steps = after["steps"] - before["steps"]
+    assert steps >= 20
+    assert after["filler_rows"] == before["filler_rows"]
+    assert abs((after["ubatches"] - before["ubatches"]) - 2 * steps) <= 2
+    w.until(lambda: len(w.ended) == 3)
 
 
 def test_stop_strings(engine: Engine) -> None:

@@ -1,7 +1,8 @@
 """Where the engine puts new sequences among its slots. With a KV stream per
 sequence, llama.cpp decodes each run of consecutive slots in a ubatch of its
 own, one pass over the weights each (bench/ubatches.py measures what a pass
-costs): sequences that come and go keep few runs."""
+costs): sequences that come and go keep few runs, and a free slot between
+running ones takes a filler row that joins them."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
+from native_helpers import drain
+
 from lmsp.native import Engine
 
 pytestmark = pytest.mark.real_model
@@ -48,3 +51,63 @@ def test_sixteen_sequences_at_a_time_on_64_slots_stay_packed(smollm2_path: Path)
         engine.close()
     steps = after["steps"] - before["steps"]
     assert (after["ubatches"] - before["ubatches"]) / steps < 1.5, (steps, after["ubatches"] - before["ubatches"])
+
+
+def around_a_free_slot(path: Path, **options) -> tuple[list[list[int]], list[list[int]], bool, int]:
+    """Three chat prompts of 70 tokens or so (prefilled tiled), greedy, the
+    middle one short: each alone, then the three at once in slots 0, 1 and 2.
+    The tokens of each way, whether slot 1 kept the KV its sequence left
+    alone (the state a persisted sequence saves), and the filler rows."""
+    lengths = [40, 6, 40]
+    made = [Engine(str(path), n_ctx=512, n_parallel=3, n_threads=1, **options) for _ in range(2)]
+    ref, engine = made
+    try:
+        prompts = [
+            ref.chat_prompt([{"role": "user", "content": " ".join(WORDS[i:] + WORDS[:i]) * 6}]) for i in range(3)
+        ]
+        assert all(len(p) >= 64 for p in prompts)
+        alone, alone_saved = [], None
+        for i, prompt in enumerate(prompts):
+            seq = ref.submit(prompt, max_tokens=lengths[i], temperature=0, persist=i == 1)
+            alone.append(drain(ref, [seq])[seq].tokens)
+            if i == 1:
+                alone_saved = ref.saved_prefix(seq)
+        before = engine.stats()
+        seqs = [
+            engine.submit(prompt, max_tokens=n, temperature=0, persist=i == 1)
+            for i, (prompt, n) in enumerate(zip(prompts, lengths))
+        ]
+        runs = drain(engine, seqs)
+        fillers = engine.stats()["filler_rows"] - before["filler_rows"]
+        return alone, [runs[s].tokens for s in seqs], engine.saved_prefix(seqs[1]) == alone_saved, fillers
+    finally:
+        for e in made:
+            e.close()
+
+
+def test_filler_rows_on_smollm2_change_no_token_and_no_kv(smollm2_path: Path) -> None:
+    """A free slot between running ones takes a filler row, removed after each
+    step (csrc/batch_plan.cpp): on a real model, with prompts prefilled tiled,
+    the neighbours' tokens stay those of a run alone, and the free slot's KV
+    stays what its sequence left."""
+    alone, together, same_kv, fillers = around_a_free_slot(smollm2_path)
+    assert together == alone
+    assert same_kv
+    assert fillers >= 20
+
+
+def test_filler_rows_on_a_sliding_window_model(catalog_model) -> None:
+    """Gemma 3 (sliding-window layers, K-quant weights on the reference
+    kernels): with a full-sized window cache (swa_full, the default) a free
+    slot takes filler rows as on any model; with a small one, whose cells a
+    new position may take from older ones, it takes none. The tokens are those
+    of a run alone either way."""
+    gemma = catalog_model("gemma-3-270m")
+    alone, together, same_kv, fillers = around_a_free_slot(gemma)
+    assert together == alone
+    assert same_kv
+    assert fillers >= 20
+    alone, together, same_kv, fillers = around_a_free_slot(gemma, swa_full=False)
+    assert together == alone
+    assert same_kv
+    assert fillers == 0
