@@ -24,6 +24,7 @@ closed beyond ``max_idle_per_address`` per client address or
 from __future__ import annotations
 
 import http
+import importlib
 import json
 import ssl
 from datetime import datetime
@@ -301,6 +302,13 @@ def _serving(worker_class: type[_Worker]) -> type[_Worker]:
             def load_wsgi(self) -> None:
                 super().load_wsgi()
                 self.wsgi = _closing(self.wsgi)
+                # what handle_exit uses, imported here (once gevent has patched
+                # the standard library): a stop signal to every process of the
+                # service at once (systemd's default, pkill) and the master's
+                # own make handle_exit run inside itself, where a module the
+                # outer run is still importing cannot be imported
+                importlib.import_module("lmsp.runtime.core")
+                importlib.import_module("lmsp.winddown")
 
             def handle_exit(self, sig, frame) -> None:
                 from lmsp.runtime import core

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import signal
 import time
 
@@ -113,3 +114,20 @@ def test_an_open_stream_ends_with_a_stopping_event_and_resumes_after_the_restart
     assert deltas(seen[:-1] + rest) == final["output"][0]["content"][0]["text"]   # nothing lost, nothing twice
     task = server.call("GET", f"/v1/tasks/{final['task']['id']}", token=token)
     assert task["attempts"] == 2   # it ran on after the restart, where it stopped
+
+
+def test_a_stop_signal_to_every_process_at_once_winds_down_cleanly(make_long_server):
+    """systemd's default stop (KillMode=control-group) and `pkill` send SIGTERM to
+    the master and its worker together, and the master passes its own on: the
+    worker's handler runs twice, the second time inside the first. The worker
+    still winds down without an error, and the service exits with status 0."""
+    server = make_long_server(grace=2)
+    workers = server.workers()
+    assert workers
+    for pid in workers:
+        os.kill(pid, signal.SIGTERM)
+    server.proc.send_signal(signal.SIGTERM)
+    assert exit_status(server) == 0
+    log = server.log(tail=1 << 20)
+    assert "Exception in worker process" not in log, log
+    assert "Traceback" not in log, log
