@@ -31,7 +31,10 @@ import shlex
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import serve
 from serve_results import write_history
@@ -55,14 +58,22 @@ def rate(engine, seconds: float) -> dict:
     }
 
 
-def one_case(model: Path, args, cancel: int | None) -> dict:
-    """A fresh engine, ``args.parallel`` sequences decoding; then the ``cancel``-th cancelled (None: none)."""
+@contextmanager
+def decoding(model: Path, args, slots: int, sequences: int) -> Iterator[tuple[Any, list[int]]]:
+    """A fresh engine of ``slots`` slots, ``sequences`` of them decoding (slots 0 on)."""
     from lmsp.native import Engine
 
-    engine = Engine(str(model), n_ctx=1024, n_parallel=args.parallel, n_threads=args.threads)
+    engine = Engine(str(model), n_ctx=1024, n_parallel=slots, n_threads=args.threads)
     try:
         prompt = engine.tokenize(PROMPT, add_special=True)
-        seqs = [engine.submit(prompt, max_tokens=1000, temperature=1.0, seed=i) for i in range(args.parallel)]
+        yield engine, [engine.submit(prompt, max_tokens=1000, temperature=1.0, seed=i) for i in range(sequences)]
+    finally:
+        engine.close()
+
+
+def one_case(model: Path, args, cancel: int | None) -> dict:
+    """``args.parallel`` sequences decoding; then the ``cancel``-th cancelled (None: none)."""
+    with decoding(model, args, args.parallel, args.parallel) as (engine, seqs):
         time.sleep(args.settle)
         engine.poll()
         out = {"all": rate(engine, args.seconds)}
@@ -74,8 +85,6 @@ def one_case(model: Path, args, cancel: int | None) -> dict:
         # the sequences are longer by then, and each step attends to more
         out["one_free" if cancel is not None else "again"] = rate(engine, args.seconds)
         return out
-    finally:
-        engine.close()
 
 
 # Which slots keep decoding (of 24, 22 started, the rest cancelled): runs of
@@ -96,14 +105,9 @@ LAYOUTS = {
 
 
 def layout(model: Path, args, keep: list[int]) -> dict:
-    """A fresh engine of 24 slots, sequences decoding in the slots of ``keep``:
-    milliseconds per step, passes and filler rows per step (short sequences)."""
-    from lmsp.native import Engine
-
-    engine = Engine(str(model), n_ctx=1024, n_parallel=24, n_threads=args.threads)
-    try:
-        prompt = engine.tokenize(PROMPT, add_special=True)
-        seqs = [engine.submit(prompt, max_tokens=1000, temperature=1.0, seed=i) for i in range(22)]
+    """Sequences decoding in the slots of ``keep`` of 24 (short sequences):
+    milliseconds per step, passes and filler rows per step."""
+    with decoding(model, args, 24, 22) as (engine, seqs):
         time.sleep(0.5)
         for i, seq in enumerate(seqs):
             if i not in keep:
@@ -114,8 +118,6 @@ def layout(model: Path, args, keep: list[int]) -> dict:
         time.sleep(3.0)
         engine.poll()
         after, wall = engine.stats(), time.monotonic() - start
-    finally:
-        engine.close()
     steps = max(after["steps"] - before["steps"], 1)
     return {
         "ms_per_step": round(1000 * wall / steps, 2),

@@ -204,11 +204,15 @@ void Engine::add_fillers(bool tiled_step) {
     // whose KV is no longer than the step attends to anyway: llama.cpp
     // attends to as many cells in every stream of a ubatch, the most any of
     // them uses rounded up to 256
-    int32_t pos_end = 0;
-    for (int32_t k = 0; k < batch_.n_tokens; ++k) pos_end = std::max(pos_end, batch_.pos[k] + 1);
-    const int32_t cells = std::min(int32_t(llama_n_ctx_seq(ctx_.get())), (pos_end + 255) / 256 * 256);
+    int32_t cells = -1;  // found at the first free slot between two runs: most steps have none
     auto fillable = [&](int32_t slot) {
-        return !slots_[size_t(slot)].used && llama_memory_seq_pos_max(mem, slot) + 2 <= cells;
+        if (slots_[size_t(slot)].used) return false;
+        if (cells < 0) {
+            int32_t pos_end = 0;
+            for (int32_t k = 0; k < batch_.n_tokens; ++k) pos_end = std::max(pos_end, batch_.pos[k] + 1);
+            cells = std::min(int32_t(llama_n_ctx_seq(ctx_.get())), (pos_end + 255) / 256 * 256);
+        }
+        return llama_memory_seq_pos_max(mem, slot) + 2 <= cells;
     };
     filler_sequences(step_rows_, options_.n_batch, fillable, filler_slots_, filler_scratch_);
     if (filler_slots_.empty() || batch_.n_tokens + int32_t(filler_slots_.size()) > options_.n_batch) return;

@@ -62,6 +62,7 @@ class Watch:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.tokens: dict[int, int] = {}
+        self.got: dict[int, list[int]] = {}  # the tokens themselves
         self.ended: set[int] = set()
 
     def until(self, done) -> None:
@@ -69,6 +70,7 @@ class Watch:
             self.engine.wait(60)
             for res in self.engine.poll():
                 self.tokens[res["seq"]] = self.tokens.get(res["seq"], 0) + len(res["tokens"])
+                self.got.setdefault(res["seq"], []).extend(res["tokens"])
                 if res["finish"] is not None:
                     self.ended.add(res["seq"])
 
@@ -85,3 +87,41 @@ def prompt_tokens(engine: Engine, text: str) -> list[int]:
 def random_prompt(seed: int, n: int) -> list[int]:
     """BOS, then ordinary pieces of the SPM vocabulary (byte tokens included)."""
     return [1] + np.random.default_rng(seed).integers(3, 32000, size=n - 1).tolist()
+
+
+@dataclass
+class FreeSlotRun:
+    """Three greedy sequences, each alone on one engine, then together in slots
+    0, 1 and 2 of another, the middle one ending first (around_a_free_slot)."""
+    alone: list[list[int]]
+    together: list[list[int]]
+    same_kv: bool  # slot 1 kept exactly the KV its sequence left alone (a persisted sequence's saved state)
+    filler_rows: int  # over the run together
+    window: dict[str, int]  # steps, filler_rows, ubatches from slot 1's end to the first end of slot 0 or 2
+
+
+def around_a_free_slot(ref: Engine, engine: Engine, prompts: list[list[int]], lengths: list[int]) -> FreeSlotRun:
+    alone, alone_saved = [], None
+    for i, prompt in enumerate(prompts):
+        seq = ref.submit(prompt, max_tokens=lengths[i], temperature=0, persist=i == 1)
+        alone.append(drain(ref, [seq])[seq].tokens)
+        if i == 1:
+            alone_saved = ref.saved_prefix(seq)
+    before = engine.stats()
+    seqs = [engine.submit(p, max_tokens=n, temperature=0, persist=i == 1)
+            for i, (p, n) in enumerate(zip(prompts, lengths))]
+    w = Watch(engine)
+    w.until(lambda: seqs[1] in w.ended)
+    assert not w.ended & {seqs[0], seqs[2]}
+    freed = engine.stats()  # from here slot 1 is free until slot 0 or 2 ends
+    w.until(lambda: w.ended & {seqs[0], seqs[2]})
+    both = engine.stats()
+    w.until(lambda: len(w.ended) == 3)
+    after = engine.stats()
+    return FreeSlotRun(
+        alone=alone,
+        together=[w.got[s] for s in seqs],
+        same_kv=engine.saved_prefix(seqs[1]) == alone_saved,
+        filler_rows=after["filler_rows"] - before["filler_rows"],
+        window={k: both[k] - freed[k] for k in ("steps", "filler_rows", "ubatches")},
+    )

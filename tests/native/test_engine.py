@@ -10,7 +10,8 @@ import gevent
 import gevent.socket
 import numpy as np
 import pytest
-from native_helpers import N_GPU_LAYERS, Watch, drain, generate, prompt_tokens, random_prompt
+from native_helpers import (N_GPU_LAYERS, Watch, around_a_free_slot, drain, generate, prompt_tokens,
+                            random_prompt)
 
 from lmsp.native import ContextLengthError, Engine, EngineClosedError, NativeError, set_logging
 
@@ -193,42 +194,16 @@ def test_a_free_slot_between_running_ones_takes_a_filler_row(make_engine) -> Non
     exactly the KV its sequence left (the state a persisted sequence saves)."""
     prompts = [random_prompt(50 + i, 4) for i in range(3)]
     lengths = [64, 8, 64]  # the middle one ends first
-
-    ref = make_engine(n_parallel=3, n_ctx=LONG)
-    alone = []
-    for i, prompt in enumerate(prompts):
-        seq = ref.submit(prompt, max_tokens=lengths[i], temperature=0, persist=i == 1)
-        alone.append(drain(ref, [seq])[seq].tokens)
-        if i == 1:
-            alone_saved = ref.saved_prefix(seq)
-
-    e = make_engine(n_parallel=3, n_ctx=LONG)
-    seqs = [e.submit(p, max_tokens=n, temperature=0, persist=i == 1) for i, (p, n) in enumerate(zip(prompts, lengths))]
-    tokens: dict[int, list[int]] = {s: [] for s in seqs}
-    ended: set[int] = set()
-
-    def until(done) -> None:
-        while not done():
-            e.wait(60)
-            for res in e.poll():
-                tokens[res["seq"]] += res["tokens"]
-                if res["finish"] is not None:
-                    ended.add(res["seq"])
-
-    until(lambda: seqs[1] in ended)
-    assert not ended & {seqs[0], seqs[2]}
-    freed = e.stats()  # from here slot 1 is free until slot 0 or 2 ends
-    until(lambda: ended & {seqs[0], seqs[2]})
-    both = e.stats()
-    until(lambda: len(ended) == 3)
-    assert [tokens[s] for s in seqs] == alone
-    assert e.saved_prefix(seqs[1]) == alone_saved
-    steps = both["steps"] - freed["steps"]
+    run = around_a_free_slot(make_engine(n_parallel=3, n_ctx=LONG), make_engine(n_parallel=3, n_ctx=LONG),
+                             prompts, lengths)
+    assert run.together == run.alone
+    assert run.same_kv
+    steps = run.window["steps"]
     assert steps >= 20  # (each started within a few steps of the others)
     # a filler row a step; one pass a step (a step under way while stats()
     # read the counters may count on one side only)
-    assert steps - 1 <= both["filler_rows"] - freed["filler_rows"] <= steps + 1
-    assert both["ubatches"] - freed["ubatches"] <= steps + 1
+    assert steps - 1 <= run.window["filler_rows"] <= steps + 1
+    assert run.window["ubatches"] <= steps + 1
 
 
 def test_slots_far_apart_decode_in_a_ubatch_each(make_engine) -> None:

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from native_helpers import drain
+from native_helpers import FreeSlotRun, around_a_free_slot
 
 from lmsp.native import Engine
 
@@ -53,12 +53,10 @@ def test_sixteen_sequences_at_a_time_on_64_slots_stay_packed(smollm2_path: Path)
     assert (after["ubatches"] - before["ubatches"]) / steps < 1.5, (steps, after["ubatches"] - before["ubatches"])
 
 
-def around_a_free_slot(path: Path, **options) -> tuple[list[list[int]], list[list[int]], bool, int]:
+def chat_around_a_free_slot(path: Path, **options) -> FreeSlotRun:
     """Three chat prompts of 70 tokens or so (prefilled tiled), greedy, the
-    middle one short: each alone, then the three at once in slots 0, 1 and 2.
-    The tokens of each way, whether slot 1 kept the KV its sequence left
-    alone (the state a persisted sequence saves), and the filler rows."""
-    lengths = [40, 6, 40]
+    middle one short: each alone, then the three at once in slots 0, 1 and 2
+    (native_helpers.around_a_free_slot)."""
     made = [Engine(str(path), n_ctx=512, n_parallel=3, n_threads=1, **options) for _ in range(2)]
     ref, engine = made
     try:
@@ -66,20 +64,7 @@ def around_a_free_slot(path: Path, **options) -> tuple[list[list[int]], list[lis
             ref.chat_prompt([{"role": "user", "content": " ".join(WORDS[i:] + WORDS[:i]) * 6}]) for i in range(3)
         ]
         assert all(len(p) >= 64 for p in prompts)
-        alone, alone_saved = [], None
-        for i, prompt in enumerate(prompts):
-            seq = ref.submit(prompt, max_tokens=lengths[i], temperature=0, persist=i == 1)
-            alone.append(drain(ref, [seq])[seq].tokens)
-            if i == 1:
-                alone_saved = ref.saved_prefix(seq)
-        before = engine.stats()
-        seqs = [
-            engine.submit(prompt, max_tokens=n, temperature=0, persist=i == 1)
-            for i, (prompt, n) in enumerate(zip(prompts, lengths))
-        ]
-        runs = drain(engine, seqs)
-        fillers = engine.stats()["filler_rows"] - before["filler_rows"]
-        return alone, [runs[s].tokens for s in seqs], engine.saved_prefix(seqs[1]) == alone_saved, fillers
+        return around_a_free_slot(ref, engine, prompts, [40, 6, 40])
     finally:
         for e in made:
             e.close()
@@ -90,10 +75,10 @@ def test_filler_rows_on_smollm2_change_no_token_and_no_kv(smollm2_path: Path) ->
     step (csrc/batch_plan.cpp): on a real model, with prompts prefilled tiled,
     the neighbours' tokens stay those of a run alone, and the free slot's KV
     stays what its sequence left."""
-    alone, together, same_kv, fillers = around_a_free_slot(smollm2_path)
-    assert together == alone
-    assert same_kv
-    assert fillers >= 20
+    run = chat_around_a_free_slot(smollm2_path)
+    assert run.together == run.alone
+    assert run.same_kv
+    assert run.filler_rows >= 20
 
 
 def test_filler_rows_on_a_sliding_window_model(catalog_model) -> None:
@@ -103,11 +88,11 @@ def test_filler_rows_on_a_sliding_window_model(catalog_model) -> None:
     new position may take from older ones, it takes none. The tokens are those
     of a run alone either way."""
     gemma = catalog_model("gemma-3-270m")
-    alone, together, same_kv, fillers = around_a_free_slot(gemma)
-    assert together == alone
-    assert same_kv
-    assert fillers >= 20
-    alone, together, same_kv, fillers = around_a_free_slot(gemma, swa_full=False)
-    assert together == alone
-    assert same_kv
-    assert fillers == 0
+    run = chat_around_a_free_slot(gemma)
+    assert run.together == run.alone
+    assert run.same_kv
+    assert run.filler_rows >= 20
+    run = chat_around_a_free_slot(gemma, swa_full=False)
+    assert run.together == run.alone
+    assert run.same_kv
+    assert run.filler_rows == 0
