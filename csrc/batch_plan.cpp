@@ -3,7 +3,9 @@
 // order depends on the shape of the batch:
 //  - llamafile's sgemm (CMakeLists.txt, GGML_LLAMAFILE=OFF) takes over
 //    matmuls of two or more rows; one row goes through vec_dot, which
-//    accumulates in another order. Kept off.
+//    accumulates in another order. Kept off. Products of several rows of
+//    q4_1, q5_0 and q8_0 weights take tiles instead (tile_matmul.cpp), which
+//    give vec_dot's bits for every element.
 //  - weight repacking (extra buffer types): repacked gemm (4+ rows) and gemv
 //    (1 row) differ. Kept off.
 //  - flash attention with K and V of one type (f16 here): a tiled kernel for

@@ -18,6 +18,7 @@
 #include "llama.h"
 #include "quantize.h"
 #include "text.h"
+#include "tile_matmul.h"
 
 #include "chat_template_py.h"  // the chat layer's part of the module
 
@@ -233,6 +234,7 @@ public:
         d["backend"] = engine_->backend();
         d["batch_invariant"] = engine_->batch_invariant();
         d["reference_kernels"] = engine_->reference_kernels();
+        d["tile_matmul"] = lmsp::tile_matmul_types();
         d["has_chat_template"] = engine_->has_chat_template();
         d["fim_tokens"] = engine_->fim_tokens();
         d["kv_format"] = engine_->kv_format();
@@ -454,6 +456,15 @@ PYBIND11_MODULE(_native, m) {
     m.attr("QUANTIZE_TYPES") = py::tuple(py::cast(lmsp::quantize_types()));
     m.def("schema_grammar", &lmsp::schema_grammar, "schema"_a,
           "The GBNF grammar (root rule 'root') of the texts a JSON schema (given as JSON text) admits.");
+
+    m.def("tile_matmul_types", &lmsp::tile_matmul_types,
+          "The weight types whose products of several rows take the tiled kernels (tile_matmul.cpp).");
+    m.def("tile_matmul_products", &lmsp::tile_matmul_products, "Matrix products the tiles computed so far.");
+    m.attr("TILE_MATMUL_BUILT") = lmsp::tile_matmul_built();
+    m.def("set_tile_matmul", &lmsp::set_tile_matmul, "on"_a,
+          "Tiled products on or off for the whole process (the same numbers either way).");
+    m.def("tile_matmul_matches", &lmsp::tile_matmul_matches, "type"_a, "rows"_a, "n"_a, "k"_a, "seed"_a,
+          "Whether the tiled product of random weights equals ggml's one-row dot product bit for bit.");
 
     bind_chat(m);
 

@@ -16,6 +16,7 @@
 #include "llama_private.h"
 #include "notifier.h"
 #include "sequence.h"
+#include "tile_matmul.h"
 
 namespace lmsp {
 
@@ -65,7 +66,10 @@ int32_t cpu_threads(int32_t n_threads) {
 Engine::Engine(const std::string & model_path, const EngineOptions & given) : options_(bounded(given)) {
     log::install();
     static std::once_flag backend_once;
-    std::call_once(backend_once, [] { llama_backend_init(); });
+    std::call_once(backend_once, [] {
+        llama_backend_init();
+        install_tile_matmul();  // before any graph is computed: it joins ggml's list of extra buffer types
+    });
     check_options(options_);
 
     info_ = read_gguf_info(model_path);

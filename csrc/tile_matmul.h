@@ -1,0 +1,35 @@
+// Matrix products of several rows in register tiles, with ggml-cpu's own
+// one-row arithmetic for every element (tile_matmul.cpp).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lmsp {
+
+// Puts the tiled products into ggml's CPU backend, once per process. Each
+// weight type is taken only where a check against ggml's own dot product
+// gives the same bits; none on a CPU without AVX-512 VNNI.
+void install_tile_matmul();
+
+// The weight types the tiled products take now ("q4_1", "q5_0", "q8_0"); empty when
+// off or not installed.
+std::vector<std::string> tile_matmul_types();
+
+// Off or on again, for the whole process (a benchmark's control case). The
+// numbers are the same either way.
+void set_tile_matmul(bool on);
+
+// Matrix products the tiles computed in this process so far.
+int64_t tile_matmul_products();
+
+// Whether this build has the tiles (a CPU with AVX-512 VNNI).
+bool tile_matmul_built();
+
+// Whether the tiled product of random `type` weights (`rows` x `k`) and `n`
+// random activation rows equals ggml's one-row dot product (vec_dot) bit for
+// bit in every element. False for a type the tiles do not take.
+bool tile_matmul_matches(const std::string & type, int rows, int n, int k, uint32_t seed);
+
+}  // namespace lmsp

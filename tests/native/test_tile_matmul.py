@@ -1,0 +1,83 @@
+"""The tiled matrix products (csrc/tile_matmul.cpp): ggml's one-row numbers,
+bit for bit, for every element, whatever the number of rows.
+
+Where the build has no tiles (a CPU without AVX-512 VNNI), nothing claims a
+product: the tests check that instead."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from native_helpers import N_GPU_LAYERS, drain
+
+from lmsp import _native
+from lmsp.demo_model import write_demo_model
+from lmsp.native import Engine
+
+pytestmark = pytest.mark.skipif(N_GPU_LAYERS != 0, reason="the tiles are the CPU backend's")
+
+TYPES = ["q4_1", "q5_0", "q8_0"]
+# (weight rows, activation rows, values per row): every tile shape (1-4
+# activation rows and their remainders), activation rows past one chunk of
+# 64, and the catalog models' row lengths
+SHAPES = [(4, 1, 32), (8, 2, 64), (8, 3, 576), (12, 4, 576), (8, 5, 1536), (16, 7, 1536), (4, 9, 2048),
+          (8, 64, 576), (8, 67, 576), (4, 130, 1536)]
+
+
+@pytest.fixture
+def tiles_on() -> Iterator[None]:
+    yield
+    _native.set_tile_matmul(True)
+
+
+@pytest.mark.parametrize("type_", TYPES)
+def test_tiled_products_equal_ggmls_one_row_dot_product_bit_for_bit(type_: str) -> None:
+    for seed, (rows, n, k) in enumerate(SHAPES):
+        assert _native.tile_matmul_matches(type_, rows, n, k, seed) is _native.TILE_MATMUL_BUILT, (rows, n, k)
+
+
+def _run(engine: Engine, prompts: list[list[int]]) -> tuple[np.ndarray, list[list[int]]]:
+    """The logits of the first prompt's every position, and what four sequences
+    decode side by side (sampled, so that every logit matters)."""
+    logits = engine.eval_logits(prompts[0])
+    seqs = [engine.submit(p, max_tokens=24, temperature=0.9, top_k=40, seed=5 + i) for i, p in enumerate(prompts)]
+    runs = drain(engine, seqs)
+    return logits, [runs[s].tokens for s in seqs]
+
+
+def _same_with_and_without(model: Path, prompts: list[list[int]], tiles_on: None) -> None:
+    engine = Engine(str(model), n_ctx=1024, n_parallel=4, n_threads=2)
+    try:
+        assert engine.info["tile_matmul"] == (TYPES if _native.TILE_MATMUL_BUILT else [])
+        before = _native.tile_matmul_products()
+        tiled = _run(engine, prompts)
+        assert (_native.tile_matmul_products() > before) is _native.TILE_MATMUL_BUILT
+        _native.set_tile_matmul(False)
+        assert engine.info["tile_matmul"] == []
+        before = _native.tile_matmul_products()
+        plain = _run(engine, prompts)
+        assert _native.tile_matmul_products() == before
+    finally:
+        engine.close()
+    assert tiled[0].tobytes() == plain[0].tobytes()
+    assert tiled[1] == plain[1]
+
+
+def test_an_engine_on_q8_0_weights_computes_the_same_bits_with_and_without_tiles(
+        tmp_path: Path, tiles_on: None) -> None:
+    model = write_demo_model(tmp_path / "tiny-q8_0.gguf", dtype="q8_0")
+    prompts = [[1] + [(i * 131 + j * 17) % 31000 + 200 for j in range(n)] for i, n in enumerate((80, 5, 70, 12))]
+    _same_with_and_without(model, prompts, tiles_on)
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("name", ["smollm2-135m-instruct", "gemma-3-270m"])
+def test_a_catalog_model_computes_the_same_bits_with_and_without_tiles(catalog_model, name: str,
+                                                                       tiles_on: None) -> None:
+    # SmolLM2: q4_1 and q8_0 weights; Gemma 3: q5_0 and q8_0 beside K-quants
+    # (ggml's reference kernels in one-row steps, its tiled ones for prompts)
+    model = catalog_model(name)
+    prompts = [[2] + [(i * 37 + j * 11) % 40000 + 100 for j in range(n)] for i, n in enumerate((69, 7, 90, 20))]
+    _same_with_and_without(model, prompts, tiles_on)
