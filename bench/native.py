@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {args.llama_bench} not found; build it with bench/build_reference.sh "
               "or pass --no-llama-bench", file=sys.stderr)
         return 2
-    from lmsp import native
+    from lmsp import _native, native
 
     native.set_logging(False)
     load = os.getloadavg()[0]
@@ -371,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
         report["models"][name] = entry
 
     report["load_average_after"] = os.getloadavg()
+    # the weight types whose products of several rows took csrc/tile_matmul.cpp's
+    # tiles (none with LMSP_TILE_MATMUL=0)
+    report["tile_matmul"] = _native.tile_matmul_types()
     print_table(report, pp, tg, args.parallel)
     print(f"load average (1, 5, 15 min) before: {fmt_load(report['load_average_before'])}, "
           f"after: {fmt_load(report['load_average_after'])} on {os.cpu_count()} cores")

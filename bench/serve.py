@@ -28,6 +28,9 @@ Server variants (``--servers``):
                      default, instead of read into the worker's memory
     lmsp-nofsync     durability "off": commits without fsync
     lmsp-nokv        kv_cache_bytes 0: no KV file after a finished turn
+    lmsp-notiles     LMSP_TILE_MATMUL=0: every matrix product one vec_dot at a
+                     time, without csrc/tile_matmul.cpp's tiles (the same
+                     numbers; what the tiles gain)
     lmsp-windowN     commit_window_ms N (lmsp-window4, lmsp-window12, ...): the
                      group commit's window against the default (25 ms)
     lmsp-noevents    bench/variants.py's DeferredDeltas: delta events are not
@@ -101,8 +104,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_WORK = ROOT / "bench" / "out" / "serve"
 DEFAULT_LLAMA = ROOT / "build" / "reference" / "bin" / "llama-server"
 LMSP_SCOPES = "responses:write,responses:read,models:read"
-VARIANTS = ("llama", "lmsp", "lmsp-fast", "lmsp-mmap", "lmsp-nofsync", "lmsp-nokv", "lmsp-windowN", "lmsp-noevents",
-            "lmsp-memevents")
+VARIANTS = ("llama", "lmsp", "lmsp-fast", "lmsp-mmap", "lmsp-nofsync", "lmsp-nokv", "lmsp-notiles", "lmsp-windowN",
+            "lmsp-noevents", "lmsp-memevents")
 VARIANTS_PATH = os.pathsep.join(filter(None, (str(ROOT / "bench"), os.environ.get("PYTHONPATH"))))
 LMSP_VARIANT_ENV = {
     "lmsp": {},
@@ -110,6 +113,7 @@ LMSP_VARIANT_ENV = {
     "lmsp-mmap": {"LMSP_MMAP": "1"},
     "lmsp-nofsync": {"LMSP_DURABILITY": "off"},
     "lmsp-nokv": {"LMSP_KV_CACHE_BYTES": "0"},  # no KV files of finished turns
+    "lmsp-notiles": {"LMSP_TILE_MATMUL": "0"},  # csrc/tile_matmul.cpp off: vec_dot for every product
     # the commit variants of bench/variants.py, through the service's hook for another app
     "lmsp-noevents": {"LMSP_GUNICORN_APP": "variants:get_app('noevents')", "PYTHONPATH": VARIANTS_PATH},
     "lmsp-memevents": {"LMSP_GUNICORN_APP": "variants:get_app('memevents')", "PYTHONPATH": VARIANTS_PATH},
