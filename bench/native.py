@@ -55,6 +55,7 @@ import time
 from pathlib import Path
 
 from bench_models import DEFAULT_MODELS
+from serve_results import git_state
 from lmsp.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -321,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {
         "command": shlex.join([sys.executable, *sys.argv]),
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **git_state(),
         "machine": machine(),
         "load_average_before": os.getloadavg(),
         "system_info": native.system_info(),
@@ -371,8 +373,8 @@ def main(argv: list[str] | None = None) -> int:
         report["models"][name] = entry
 
     report["load_average_after"] = os.getloadavg()
-    # the weight types whose products of several rows took csrc/tile_matmul.cpp's
-    # tiles (none with LMSP_TILE_MATMUL=0)
+    # the weight types whose products of several rows csrc/tile_matmul.cpp's tiles
+    # take (none with LMSP_TILE_MATMUL=0)
     report["tile_matmul"] = _native.tile_matmul_types()
     print_table(report, pp, tg, args.parallel)
     print(f"load average (1, 5, 15 min) before: {fmt_load(report['load_average_before'])}, "

@@ -17,8 +17,9 @@ void install_tile_matmul();
 // off or not installed.
 std::vector<std::string> tile_matmul_types();
 
-// Off or on again, for the whole process (a benchmark's control case). The
-// numbers are the same either way.
+// Off or on again, for the whole process (a benchmark's or a test's control
+// case), while no engine computes: a product whose threads saw different
+// settings would be computed wrong. The numbers are the same either way.
 void set_tile_matmul(bool on);
 
 // Matrix products the tiles computed in this process so far.
