@@ -93,6 +93,16 @@ inline __m256 halves(const uint8_t * const * w, size_t at) {
     return _mm256_cvtph_ps(_mm_setr_epi32(load32(w[0] + at), load32(w[1] + at), load32(w[2] + at), load32(w[3] + at)));
 }
 
+// Two weight rows' 16 bytes of nibbles (at x0, x1) as 32 values each, side
+// by side: vec_dot's bytes_from_nibbles_32 of each.
+inline __m512i nibbles(const uint8_t * x0, const uint8_t * x1) {
+    const __m256i both = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i *>(x0))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i *>(x1)), 1);
+    const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(both), _mm256_srli_epi16(both, 4), 1);
+    return _mm512_and_si512(_mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0)), _mm512_set1_epi8(0x0F));
+}
+
 // Lanes 0-7 of the result: lane `i` of `v`; lanes 8-15: lane `j`.
 inline __m512 pair(__m256 v, int i, int j) {
     const __m512i idx = _mm512_inserti64x4(_mm512_set1_epi32(i), _mm256_set1_epi32(j), 1);
@@ -122,19 +132,10 @@ void tile_q4_1(const uint8_t * const * w, const ActRows & y, int nb, float * out
         acc[a][0] = acc[a][1] = _mm512_setzero_ps();
         summs[a] = _mm_setzero_ps();
     }
-    const __m512i low = _mm512_set1_epi8(0x0F);
     const __m512i zero = _mm512_setzero_si512();
     for (int b = 0; b < nb; ++b) {
         const size_t at = size_t(b) * 20;
-        __m512i qx[2];
-        for (int p = 0; p < 2; ++p) {
-            // [x0 nibbles | x1 nibbles]: vec_dot's bytes_from_nibbles_32 of each, side by side
-            const __m256i both = _mm256_inserti128_si256(
-                _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i *>(w[2 * p] + at + 4))),
-                _mm_loadu_si128(reinterpret_cast<const __m128i *>(w[2 * p + 1] + at + 4)), 1);
-            const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(both), _mm256_srli_epi16(both, 4), 1);
-            qx[p] = _mm512_and_si512(_mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0)), low);
-        }
+        const __m512i qx[2] = {nibbles(w[0] + at + 4, w[1] + at + 4), nibbles(w[2] + at + 4, w[3] + at + 4)};
         const __m256 dm = halves(w, at);  // d0 m0 d1 m1 d2 m2 d3 m3
         const __m512 dw[2] = {pair(dm, 0, 2), pair(dm, 4, 6)};
         const __m128 m4 = _mm256_castps256_ps128(
@@ -168,16 +169,10 @@ struct Q8_0Weights {
 
 struct Q5_0Weights {
     static constexpr size_t kBytes = 22;  // fp16 d, 32 high bits, 16 bytes of low nibbles
-    // vec_dot's bytes_from_nibbles_32, then 0xF0 where a value's high bit is 0
+    // the nibbles, then 0xF0 where a value's high bit is 0 (as vec_dot)
     static __m512i values(const uint8_t * x0, const uint8_t * x1) {
-        const __m256i both = _mm256_inserti128_si256(
-            _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i *>(x0 + 6))),
-            _mm_loadu_si128(reinterpret_cast<const __m128i *>(x1 + 6)), 1);
-        const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(both), _mm256_srli_epi16(both, 4), 1);
-        const __m512i nibbles = _mm512_and_si512(_mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0)),
-                                                 _mm512_set1_epi8(0x0F));
         const uint64_t high = uint64_t(uint32_t(load32(x0 + 2))) | (uint64_t(uint32_t(load32(x1 + 2))) << 32);
-        return _mm512_or_si512(nibbles, _mm512_maskz_mov_epi8(~high, _mm512_set1_epi8(char(0xF0))));
+        return _mm512_or_si512(nibbles(x0 + 6, x1 + 6), _mm512_maskz_mov_epi8(~high, _mm512_set1_epi8(char(0xF0))));
     }
 };
 
@@ -213,13 +208,14 @@ void tile_signed(const uint8_t * const * w, const ActRows & y, int nb, float * o
 
 using TileFn = void (*)(const uint8_t * const *, const ActRows &, int, float *, int64_t);
 
-TileFn tile_fn(ggml_type type, int rows) {
+// A type's tile functions, by activation rows (1 to 4).
+const TileFn * tile_fns(ggml_type type) {
     static const TileFn q4_1[] = {tile_q4_1<1>, tile_q4_1<2>, tile_q4_1<3>, tile_q4_1<4>};
     static const TileFn q5_0[] = {tile_signed<Q5_0Weights, 1>, tile_signed<Q5_0Weights, 2>, tile_signed<Q5_0Weights, 3>,
                                   tile_signed<Q5_0Weights, 4>};
     static const TileFn q8_0[] = {tile_signed<Q8_0Weights, 1>, tile_signed<Q8_0Weights, 2>, tile_signed<Q8_0Weights, 3>,
                                   tile_signed<Q8_0Weights, 4>};
-    return (type == GGML_TYPE_Q4_1 ? q4_1 : type == GGML_TYPE_Q5_0 ? q5_0 : q8_0)[rows - 1];
+    return type == GGML_TYPE_Q4_1 ? q4_1 : type == GGML_TYPE_Q5_0 ? q5_0 : q8_0;
 }
 
 // The scales (and q8_1's sums) of `n` quantized activation rows as floats,
@@ -245,6 +241,7 @@ void product(ggml_type type, const uint8_t * weights, size_t w_row_bytes, int64_
              size_t act_row_bytes, int64_t n_act, int nb, float * dst, int64_t ld_dst) {
     constexpr int64_t kActChunk = 64;  // activation rows kept hot in cache across weight tiles
     thread_local std::vector<float> scale_d, scale_s;
+    const TileFn * tile = tile_fns(type);
     for (int64_t a0 = 0; a0 < n_act; a0 += kActChunk) {
         const int64_t a_end = std::min(n_act, a0 + kActChunk);
         act_scales(type, act + size_t(a0) * act_row_bytes, act_row_bytes, a_end - a0, nb, scale_d, scale_s);
@@ -260,7 +257,7 @@ void product(ggml_type type, const uint8_t * weights, size_t w_row_bytes, int64_
                     y.d[i] = scale_d.data() + at;
                     y.s[i] = scale_s.empty() ? nullptr : scale_s.data() + at;
                 }
-                tile_fn(type, n)(w, y, nb, dst + a * ld_dst + r, ld_dst);
+                tile[n - 1](w, y, nb, dst + a * ld_dst + r, ld_dst);
             }
         }
     }

@@ -47,7 +47,7 @@ def _run(engine: Engine, prompts: list[list[int]]) -> tuple[np.ndarray, list[lis
     return logits, [runs[s].tokens for s in seqs]
 
 
-def _same_with_and_without(model: Path, prompts: list[list[int]], tiles_on: None) -> None:
+def _same_with_and_without(model: Path, prompts: list[list[int]]) -> None:
     engine = Engine(str(model), n_ctx=1024, n_parallel=4, n_threads=2)
     try:
         assert engine.info["tile_matmul"] == (TYPES if _native.TILE_MATMUL_BUILT else [])
@@ -69,7 +69,7 @@ def test_an_engine_on_q8_0_weights_computes_the_same_bits_with_and_without_tiles
         tmp_path: Path, tiles_on: None) -> None:
     model = write_demo_model(tmp_path / "tiny-q8_0.gguf", dtype="q8_0")
     prompts = [[1] + [(i * 131 + j * 17) % 31000 + 200 for j in range(n)] for i, n in enumerate((80, 5, 70, 12))]
-    _same_with_and_without(model, prompts, tiles_on)
+    _same_with_and_without(model, prompts)
 
 
 @pytest.mark.real_model
@@ -80,4 +80,4 @@ def test_a_catalog_model_computes_the_same_bits_with_and_without_tiles(catalog_m
     # (ggml's reference kernels in one-row steps, its tiled ones for prompts)
     model = catalog_model(name)
     prompts = [[2] + [(i * 37 + j * 11) % 40000 + 100 for j in range(n)] for i, n in enumerate((69, 7, 90, 20))]
-    _same_with_and_without(model, prompts, tiles_on)
+    _same_with_and_without(model, prompts)
