@@ -462,7 +462,7 @@ PYBIND11_MODULE(_native, m) {
     m.def("tile_matmul_products", &lmsp::tile_matmul_products, "Matrix products the tiles computed so far.");
     m.attr("TILE_MATMUL_BUILT") = lmsp::tile_matmul_built();
     m.def("set_tile_matmul", &lmsp::set_tile_matmul, "on"_a,
-          "Tiled products on or off for the whole process (the same numbers either way).");
+          "Tiled products on or off for the whole process, while no engine computes (the same numbers either way).");
     m.def("tile_matmul_matches", &lmsp::tile_matmul_matches, "type"_a, "rows"_a, "n"_a, "k"_a, "seed"_a,
           "Whether the tiled product of random weights equals ggml's one-row dot product bit for bit.");
 
