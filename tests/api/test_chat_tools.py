@@ -198,6 +198,15 @@ BAD = [
     ({"messages": [{**ASSISTANT_CALL, "tool_calls": [{"id": "c", "function": {
         "name": "a b", "arguments": "{}"}}]}]}, "messages[0].tool_calls[0].function.name"),
     ({"messages": [{"role": "assistant", "content": None}]}, "messages[0].content"),
+    ({"messages": [ASK, {**ASSISTANT_CALL, "tool_calls": ASSISTANT_CALL["tool_calls"] * 2}]},
+     "messages[1].tool_calls[1].id"),
+    ({"messages": [ASK, ASSISTANT_CALL, TOOL_REPLY, ASSISTANT_CALL]}, "messages[3].tool_calls[0].id"),
+    ({"messages": [ASK, {**ASSISTANT_CALL, "tool_calls": [{"id": "c", "function": {
+        "name": "f", "arguments": "{city: Paris"}}]}]}, "messages[1].tool_calls[0].function.arguments"),
+    ({"messages": [ASK, {**ASSISTANT_CALL, "tool_calls": [{"id": "c", "function": {
+        "name": "f", "arguments": ""}}]}]}, "messages[1].tool_calls[0].function.arguments"),
+    ({"messages": [ASK, {**ASSISTANT_CALL, "tool_calls": [{"id": "c", "function": {
+        "name": "f", "arguments": '{"x": NaN}'}}]}]}, "messages[1].tool_calls[0].function.arguments"),
     ({"tools": [{"type": "function", "function": {"name": "f", "type": "function"}}]}, "tools[0].function.type"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA, "type": "x"}}},
      "response_format.json_schema.type"),

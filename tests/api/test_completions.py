@@ -81,6 +81,9 @@ def test_idempotency_key_replays(user):
         ({"prompt": {"text": "x"}}, "prompt"),
         ({"prompt": "a\u0000b"}, "prompt"),
         ({"prompt": [5000]}, "prompt"),  # outside the (scripted) vocabulary
+        ({"prompt": [[]]}, "prompt[0]"),
+        ({"prompt": ["a", [1, -2]]}, "prompt[1]"),
+        ({"prompt": ["a", 7]}, "prompt[1]"),
         ({"n": 2}, "n"),
         ({"best_of": 3}, "best_of"),
         ({"logprobs": 6}, "logprobs"),
@@ -93,6 +96,17 @@ def test_idempotency_key_replays(user):
 )
 def test_bad_requests_are_400_with_their_param(user, fields, param):
     assert_error(complete(user, **fields), 400, "invalid_request", param=param)
+
+
+def test_an_empty_text_is_a_prompt_only_for_a_model_that_adds_bos(user, scripted):
+    assert complete(user, prompt="").status_code == 200  # the scripted model's BOS: one token
+    usual = scripted.prompt_pieces
+    scripted.prompt_pieces = lambda model, prompt: [] if prompt == "" else usual(model, prompt)  # no BOS
+    for prompt, param in (("", "prompt"), ([""], "prompt[0]"), (["a", ""], "prompt[1]")):
+        assert_error(complete(user, prompt=prompt), 400, "invalid_request", param=param)
+    assert_error(complete(user, prompt=[""], stream=True), 400, "invalid_request", param="prompt[0]")
+    assert user.get("/v1/tasks").json["data"] == []  # refused before any task existed
+    assert complete(user, prompt="", suffix="end").status_code == 200  # the suffix's tokens make a prompt
 
 
 def test_many_prompts_are_a_choice_each(user, store):

@@ -11,6 +11,7 @@ checks; an error names the field as the client sent it (``tools[0].function.name
 
 from __future__ import annotations
 
+import json
 from typing import Any, Iterator
 
 from lmsp import history
@@ -118,7 +119,8 @@ def parse_tool_fields(body: dict[str, Any]) -> dict[str, Any]:
 def tool_call_messages(calls_given: Any, where: str, seen: dict[str, str]) -> Iterator[dict[str, str]]:
     """An assistant message's ``tool_calls``, each as a call message
     (:mod:`lmsp.history`), as the Responses API keeps a ``function_call`` item;
-    ``seen`` maps the call ids so far to their names."""
+    ``seen`` maps the call ids so far to their names. A call's id is unique in the
+    messages (a tool message answers one call) and its ``arguments`` are JSON text."""
     if not isinstance(calls_given, list):
         raise InvalidRequest(f"'{where}' must be an array", param=where)
     for j, call in enumerate(calls_given):
@@ -129,6 +131,11 @@ def tool_call_messages(calls_given: Any, where: str, seen: dict[str, str]) -> It
         if call.get("type", "function") != "function":
             raise InvalidRequest(f"'{at}.type' must be 'function'", param=f"{at}.type")
         call_id = get_str(call, "id", required=True, max_len=tools.MAX_CALL_ID, param=f"{at}.id")
+        if call_id in seen:
+            raise InvalidRequest(
+                f"'{at}.id' {call_id[:100]!r} is the id of a tool call before it: each call's id must be unique",
+                param=f"{at}.id",
+            )
         function = call.get("function")
         if not isinstance(function, dict):
             raise InvalidRequest(f"'{at}.function' must be an object", param=f"{at}.function")
@@ -138,8 +145,23 @@ def tool_call_messages(calls_given: Any, where: str, seen: dict[str, str]) -> It
             raise InvalidRequest(f"'{at}.function.name' must be a function name", param=f"{at}.function.name")
         if not isinstance(arguments, str):
             raise InvalidRequest(f"'{at}.function.arguments' must be a string", param=f"{at}.function.arguments")
+        _check_json(arguments, f"{at}.function.arguments")
         seen[str(call_id)] = name
         yield history.call_message(name, arguments, str(call_id))
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _check_json(text: str, param: str) -> None:
+    """InvalidRequest naming ``param`` unless ``text`` is JSON text (NaN and Infinity are not)."""
+    try:
+        json.loads(text, parse_constant=_no_constant)
+    except ValueError as exc:
+        raise InvalidRequest(f"'{param}' must be JSON text: {exc}", param=param) from None
+    except RecursionError:
+        raise InvalidRequest(f"'{param}' nests too deeply", param=param) from None
 
 
 def tool_message(message: dict[str, Any], where: str, text: str, seen: dict[str, str]) -> dict[str, str]:

@@ -58,25 +58,38 @@ def _token_ids(value: list[Any], param: str) -> list[int]:
 MAX_PROMPTS = 64
 
 
+def prompt_params(value: Any) -> list[str]:
+    """What an error about each prompt of ``prompt`` names: ``prompt`` for one prompt,
+    ``prompt[i]`` for the prompts of an array of them."""
+    if is_many(value):
+        return [f"prompt[{i}]" for i in range(len(value))]
+    return ["prompt"]
+
+
+def is_many(value: Any) -> bool:
+    """Whether ``prompt`` is an array of prompts (not one text or one array of token ids)."""
+    return isinstance(value, list) and bool(value) and isinstance(value[0], (str, list))
+
+
 def parse_prompts(value: Any) -> list[str | list[int]]:
     """``prompt``: a string, token ids, or an array of them (one completion each)."""
-    if isinstance(value, list) and value and isinstance(value[0], (str, list)):
+    if is_many(value):
         if len(value) > MAX_PROMPTS:
             raise InvalidRequest(f"'prompt' holds more than {MAX_PROMPTS} prompts", param="prompt")
-        return [_one_prompt(v) for v in value]
-    return [_one_prompt(value)]
+        return [_one_prompt(v, param) for v, param in zip(value, prompt_params(value))]
+    return [_one_prompt(value, "prompt")]
 
 
-def _one_prompt(value: Any) -> str | list[int]:
+def _one_prompt(value: Any, param: str) -> str | list[int]:
     if isinstance(value, str):
         if len(value) > MAX_TEXT:
-            raise InvalidRequest(f"'prompt' is longer than {MAX_TEXT} characters", param="prompt")
+            raise InvalidRequest(f"{param!r} is longer than {MAX_TEXT} characters", param=param)
         if "\x00" in value:
-            raise InvalidRequest("'prompt' must not contain NUL characters", param="prompt")
+            raise InvalidRequest(f"{param!r} must not contain NUL characters", param=param)
         return value
     if isinstance(value, list):
-        return _token_ids(value, "prompt")
-    raise InvalidRequest("'prompt' must be a string, an array of token ids, or an array of them", param="prompt")
+        return _token_ids(value, param)
+    raise InvalidRequest(f"{param!r} must be a string, an array of token ids, or an array of them", param=param)
 
 
 def parse_completion(body: dict[str, Any], config: Any, random_seed: Callable[[], int]) -> list[CreateRequest]:
@@ -139,6 +152,8 @@ class CompletionsResource:
         deps = self.deps
         body = deps.body(req)
         every = parse_completion(body, deps.config, deps.random_seed)
+        for parsed, param in zip(every, prompt_params(body["prompt"])):
+            self._check_not_empty(parsed.request, param)
         echoes = [self._echo(p.request) for p in every]
         logprobs = asked_logprobs(every[0].request)
         pieces = [self._pieces(p.request) if logprobs else () for p in every]
@@ -171,6 +186,18 @@ class CompletionsResource:
                 echo_pieces=pieces[0],
             ),
         )
+
+    def _check_not_empty(self, request: dict[str, Any], param: str) -> None:
+        """An empty text is a prompt only for a model that adds a BOS token to a text;
+        for another it has no token, and it is refused naming ``param`` before any task
+        exists (the only text without tokens: any other has at least one)."""
+        if request["prompt"] != "" or request["suffix"] is not None:
+            return
+        if not self.deps.runtime.prompt_pieces(request["model"], ""):
+            raise InvalidRequest(
+                f"{param!r} is empty and model {request['model']} adds no BOS token: the prompt has no tokens",
+                param=param,
+            )
 
     def _pieces(self, request: dict[str, Any]) -> tuple[bytes, ...]:
         """The bytes of each of the prompt's tokens that ``echo`` shows (none without it)."""
