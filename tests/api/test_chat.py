@@ -268,7 +268,8 @@ def test_chunks_of_a_failed_or_cancelled_task_end_with_an_error_object():
     cancelled = json.loads(framing.event({"type": "response.cancelled"})[len(b"data: "):])
     assert cancelled["error"]["code"] == "cancelled"
     stopping = json.loads(stopping_frame(7, framing)[len(b"data: "):])
-    assert stopping["error"]["code"] == "server_stopping" and "7" in stopping["error"]["message"]
+    assert stopping["error"]["code"] == "server_stopping" and "chatcmpl-1" in stopping["error"]["message"]
+    assert "send the request again" in stopping["error"]["message"]  # no resume: its policy is fail
 
 
 def test_a_stored_completions_messages_are_listed(user, other):

@@ -62,3 +62,37 @@ def test_a_plain_request_whose_task_outlives_the_stop_gets_503(user, held, store
     assert answer["result"].headers["Retry-After"]
     [task] = user.get("/v1/tasks").json["data"]
     assert task["status"] == "queued"   # kept for the next start
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "store": True}),
+    ("/v1/completions", {"prompt": "Once upon a time"}),
+])
+def test_an_openai_stream_cut_by_the_stop_offers_no_resume(app, user, held, store, path, body):
+    """A chat completion or completion has restart policy fail and chunks without event
+    numbers: its server_stopping error asks for the request again, not for a resume."""
+    import json
+
+    import falcon.testing
+
+    env = falcon.testing.create_environ(path, method="POST", body=json.dumps(
+        {"model": "tiny", "stream": True, **body}).encode(), headers={
+        "Authorization": f"Bearer {user.token}", "Content-Type": "application/json"})
+    frames = iter(app(env, lambda status, headers, exc_info=None: None))
+    listed = user.get("/v1/tasks")
+    assert listed.status_code == 200, listed.text
+    [task] = listed.json["data"]
+    assert task["on_restart"] == "fail"
+    held.start_all()
+    held.step(task["id"], "Hel")
+    first = list(itertools.islice(frames, 2))
+    held.streams_ending = True  # the grace period is over
+    rest = list(itertools.islice(frames, 20))
+    chunks = [e["data"] for e in parse_sse(b"".join(first + rest).decode()) if "data" in e]
+    error = chunks[-1]["error"]
+    assert error["code"] == "server_stopping" and chunks[-1] != "[DONE]", chunks
+    assert chunks[0]["id"] in error["message"] and "send the request again" in error["message"]
+    for offer in ("resume the stream", "sequence number", "starting_after", "Last-Event-ID"):
+        assert offer not in error["message"], error
+    assert "text" in chunks[-2]["choices"][0] or "delta" in chunks[-2]["choices"][0]
+    assert store.get_task(task["id"])["status"] == "running"  # not cancelled: it follows its policy

@@ -53,19 +53,24 @@ class Framing:
     def error(self, code: str, message: str, param: str | None = None, sequence_number: int = 0) -> bytes:
         return error_frame(code, message, param, sequence_number)
 
+    def stopping(self, last: int) -> bytes:
+        """The ``server_stopping`` error that ends a stream when the worker stops (not a
+        response event: the task follows its restart policy, and its event log is read
+        again after the restart, from the event after ``last``)."""
+        return self.error(
+            "server_stopping",
+            "the service is stopping; resume the stream after its restart "
+            f"from sequence number {last} (starting_after or Last-Event-ID)",
+            sequence_number=last,
+        )
+
 
 SSE_FRAMES = Framing()
 
 
 def stopping_frame(last: int, framing: Framing = SSE_FRAMES) -> bytes:
-    """The ``error`` event that ends a stream when the worker stops (not a response event:
-    the task goes on after the restart, from the event after ``last``)."""
-    return framing.error(
-        "server_stopping",
-        "the service is stopping; resume the stream after its restart "
-        f"from sequence number {last} (starting_after or Last-Event-ID)",
-        sequence_number=last,
-    )
+    """The error that ends a stream when the worker stops, as ``framing`` writes it."""
+    return framing.stopping(last)
 
 
 def wants_sse(req: falcon.Request) -> bool:

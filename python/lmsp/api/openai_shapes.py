@@ -300,6 +300,18 @@ class ChunkFraming(Framing):
     def error(self, code: str, message: str, param: str | None = None, sequence_number: int = 0) -> bytes:
         return data_frame({"error": {"code": code, "message": message, "param": param, "type": code}})
 
+    def stopping(self, last: int) -> bytes:
+        """The ``server_stopping`` error of a stream cut by the worker's stop. A chat
+        completion or completion cannot be resumed: its chunks carry no event numbers,
+        and its task's restart policy is ``fail``. So the client is told to send its
+        request again, not offered a resume."""
+        what = "chat completion" if self.kind == "chat.completion" else "completion"
+        return self.error(
+            "server_stopping",
+            f"the service is stopping before {self.head['id']} finished; a {what} is not resumed "
+            "after a restart (its restart policy is fail): send the request again",
+        )
+
 
 def embedding_list(model: str, vectors: list[list[float]], prompt_tokens: int, encoding: str) -> dict[str, Any]:
     """OpenAI's ``list`` of ``embedding`` objects; ``encoding``: ``float`` or ``base64``
