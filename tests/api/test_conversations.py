@@ -210,3 +210,64 @@ def test_a_response_keeps_at_most_what_the_model_could_see_of_a_long_conversatio
     assert kept[0] == "Be brief." and kept[-1] == "and?"  # the system message stays, the oldest turns go
     assert sum(map(len, kept[1:-1])) <= config.n_ctx * 256 < sum(map(len, kept)) + len(long) + 10
     assert kept[1:-1] == [f"{n}.{i} {long}" for n in range(4) for i in range(10)][-len(kept[1:-1]):]
+
+
+def test_items_added_while_a_turn_runs_are_refused_and_the_turn_goes_first(user, scripted):
+    """The model made the turn without them: they cannot go before it (nor among the items
+    it was made from), so they are refused, as a second response is, until it ends."""
+    cid = conversation(user, items=[{"role": "user", "content": "zero"}])["id"]
+    scripted.auto = False
+    assert say(user, cid, "one", background=True).status_code == 202
+    late = {"items": [{"role": "user", "content": "late"}]}
+    key = {"Idempotency-Key": "late-1"}
+    refused = assert_error(user.post(f"/v1/conversations/{cid}/items", json=late, headers=key),
+                           409, "conversation_busy")
+    assert "in progress" in refused["message"]
+    assert contents(items(user, cid)) == [("user", "zero")]
+    for claim in scripted.start_all():
+        scripted.finish(claim["task_id"], "done")
+    added = user.post(f"/v1/conversations/{cid}/items", json=late, headers=key)  # the key was not spent
+    assert added.status_code == 200 and "Idempotent-Replayed" not in added.headers, added.text
+    assert contents(items(user, cid)) == [("user", "zero"), ("user", "one"), ("assistant", "done"), ("user", "late")]
+
+
+CALL = {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": "{}"}
+OUTPUT = {"type": "function_call_output", "call_id": "c1", "output": "sunny"}
+
+
+def test_a_call_output_answers_a_call_before_it_in_the_conversation(user, scripted):
+    ask = {"role": "user", "content": "weather?"}
+    assert_error(user.post("/v1/conversations", json={"items": [OUTPUT]}), 400, "invalid_request", "items[0].call_id")
+    assert_error(user.post("/v1/conversations", json={"items": [ask, OUTPUT, CALL]}),
+                 400, "invalid_request", "items[1].call_id")
+    assert conversation(user, items=[ask, CALL, OUTPUT])["id"]  # its call before it in the same items
+    cid = conversation(user, items=[ask, CALL])["id"]
+    assert_error(user.post(f"/v1/conversations/{cid}/items", json={"items": [{**OUTPUT, "call_id": "c2"}]}),
+                 400, "invalid_request", "items[0].call_id")
+    assert len(items(user, cid)) == 2  # nothing added
+    added = user.post(f"/v1/conversations/{cid}/items", json={"items": [OUTPUT]})  # its call: in the conversation
+    assert added.status_code == 200, added.text
+    assert [i["type"] for i in items(user, cid)] == ["message", "function_call", "function_call_output"]
+    answered = say(user, cid, [{**OUTPUT, "output": "rainy"}])  # a response's input answers it too
+    assert answered.status_code == 200, answered.text
+
+
+def test_a_call_deleted_from_the_conversation_is_answered_no_more(user, scripted):
+    cid = conversation(user, items=[{"role": "user", "content": "weather?"}, CALL, OUTPUT])["id"]
+    call_item = items(user, cid)[1]
+    assert user.delete(f"/v1/conversations/{cid}/items/{call_item['id']}").status_code == 200
+    assert_error(say(user, cid, [OUTPUT]), 400, "invalid_request", "input[0].call_id")
+    assert_error(user.post(f"/v1/conversations/{cid}/items", json={"items": [OUTPUT]}),
+                 400, "invalid_request", "items[0].call_id")
+    assert say(user, cid, "and now?").status_code == 200  # its old output is still read
+
+
+def test_items_checked_against_calls_that_changed_since_are_refused(user, store):
+    from lmsp.errors import ConversationBusy
+
+    cid = conversation(user, items=[CALL])["id"]
+    version = store.conversation_items(cid)[1]
+    user.post(f"/v1/conversations/{cid}/items", json={"items": [{"role": "user", "content": "x"}]})
+    with pytest.raises(ConversationBusy):
+        store.add_conversation_items(cid, [{"id": "fco_1", **OUTPUT}], version=version)
+    assert len(items(user, cid)) == 2

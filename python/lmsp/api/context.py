@@ -188,10 +188,13 @@ def item_messages(items: list[dict[str, Any]]) -> tuple[list[dict[str, str]], di
     calls: dict[str, str] = {}
     messages = []
     for i, item in enumerate(items):
-        if item.get("type") == "function_call_output":
-            calls.setdefault(str(item.get("call_id")), "")  # its call may have been deleted from the list
+        known = calls
+        if item.get("type") == "function_call_output" and item.get("call_id") not in calls:
+            # its call was deleted from the list: the output is read all the same, but a
+            # new output of that call answers no call the model sees
+            known = {**calls, str(item.get("call_id")): ""}
         try:
-            message = input_item(item, f"conversation.items[{i}]", calls)
+            message = input_item(item, f"conversation.items[{i}]", known)
         except InvalidRequest:
             if item.get("type") != "function_call":
                 raise

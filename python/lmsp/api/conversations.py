@@ -18,15 +18,18 @@ from lmsp.items import listed_item
 
 from . import idempotency
 from .common import Deps, caller, check_id, owner_filter, reject_unknown, set_json
+from .context import item_messages
 from .input_items import page_query
 from .metadata import parse_metadata
 
 MAX_ITEMS = 20  # items in one request, as OpenAI's API
 
 
-def parse_items(value: Any, *, required: bool) -> list[dict[str, Any]]:
+def parse_items(value: Any, *, required: bool, calls: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """``items``: up to :data:`MAX_ITEMS` input items (messages, function calls and their
-    outputs, reasoning), checked as a response's input is, as the list keeps them."""
+    outputs, reasoning), checked as a response's input is, as the list keeps them: a
+    ``function_call_output`` answers a call before it, in ``items`` or in ``calls`` (call
+    id -> name: those of the conversation the items go to)."""
     from .responses import input_item
 
     if value is None and not required:
@@ -37,15 +40,20 @@ def parse_items(value: Any, *, required: bool) -> list[dict[str, Any]]:
         )
     if len(value) > MAX_ITEMS:
         raise InvalidRequest(f"'items' has more than {MAX_ITEMS} items", param="items")
-    calls: dict[str, str] = {}
+    known = dict(calls or {})
     out = []
     for i, item in enumerate(value):
-        where = f"items[{i}]"
-        if isinstance(item, dict) and item.get("type") == "function_call_output":
-            calls.setdefault(str(item.get("call_id")), "")  # its call may be in the conversation already
-        input_item(item, where, calls)
+        input_item(item, f"items[{i}]", known)
         out.append(listed_item(item, new_id))
     return out
+
+
+def answers_calls(value: Any) -> bool:
+    """Whether ``items`` holds a ``function_call_output`` (whose call may be in the
+    conversation already)."""
+    return isinstance(value, list) and any(
+        isinstance(item, dict) and item.get("type") == "function_call_output" for item in value
+    )
 
 
 class ConversationsResource:
@@ -118,11 +126,16 @@ class ConversationItemsResource:
         page_query(req)  # its include
         body = self.deps.body(req)
         reject_unknown(body, ("items",))
-        items = parse_items(body.get("items"), required=True)
         owner = owner_filter(req)
+        calls: dict[str, str] = {}
+        version = None  # the conversation's calls were not read
+        if answers_calls(body.get("items")):  # the calls of the conversation, as a response reads them
+            stored, version = self.deps.store.conversation_items(conversation_id, owner)
+            calls = item_messages(stored)[1]
+        items = parse_items(body.get("items"), required=True, calls=calls)
 
         def act() -> idempotency.Answer:
-            return 200, self.deps.store.add_conversation_items(conversation_id, items, owner)
+            return 200, self.deps.store.add_conversation_items(conversation_id, items, owner, version=version)
 
         idempotency.answer(self.deps.store, req, resp, caller(req)["id"], body, act)
 

@@ -197,7 +197,7 @@ def call_message(item: dict[str, Any], where: str, calls: dict[str, str]) -> dic
     reject_unknown(item, ("type", "id", "call_id", "output", "status"), where=f"{where}.")
     if call_id not in calls:
         raise InvalidRequest(
-            f"'{where}.call_id' {call_id!r} matches no function_call before it in 'input'", param=f"{where}.call_id"
+            f"'{where}.call_id' {call_id!r} matches no function_call before it", param=f"{where}.call_id"
         )
     output = item.get("output")
     if isinstance(output, list):

@@ -2,7 +2,9 @@
 their context and append their turns to.
 
 A response created with a conversation takes it (``busy_task``) in the
-transaction that creates its task: one response in progress per conversation.
+transaction that creates its task: one response in progress per conversation,
+and no item added meanwhile (the model did not see it: it cannot go before the
+turn, nor among the items the turn was made from).
 Its turn (input items, then output items) is appended, and the conversation
 freed, in the transaction of its terminal event (:func:`append_turn`, called by
 every final transition), so a crash never appends half a turn or a turn twice.
@@ -16,7 +18,7 @@ from typing import Any
 from ..errors import NotFound
 from .base import StoreBase, dumps
 from .items import CONVERSATION_LIST, item_page
-from .turns import append_items, changed, conversation_object, row_of
+from .turns import append_items, changed, check_free, conversation_object, row_of
 
 
 class ConversationsArea(StoreBase):
@@ -84,11 +86,20 @@ class ConversationsArea(StoreBase):
             )
 
     def add_conversation_items(
-        self, conversation_id: str, items: list[dict[str, Any]], client_id: str | None = None
+        self,
+        conversation_id: str,
+        items: list[dict[str, Any]],
+        client_id: str | None = None,
+        *,
+        version: int | None = None,
     ) -> dict[str, Any]:
-        """Append items; the list of those added."""
+        """Append items; the list of those added. ConversationBusy while a response of the
+        conversation is in progress: its turn, which the model made without these items,
+        goes first. With ``version`` (the one the items were checked against: the calls
+        their outputs answer), also when the conversation changed since."""
         with self._db.write() as conn:
-            row_of(conn, conversation_id, client_id)
+            row = row_of(conn, conversation_id, client_id)
+            check_free(conn, row, version, "add items once it has finished (its turn goes first)", None)
             append_items(conn, conversation_id, items, self._clock())
         return {
             "object": "list",

@@ -58,21 +58,24 @@ def take(conn: sqlite3.Connection, conversation: tuple[str, int], client_id: str
     items changed since its context was read."""
     conversation_id, version = conversation
     row = row_of(conn, conversation_id, client_id)
+    check_free(conn, row, version, "wait for it to finish", "conversation")
+    conn.execute("UPDATE conversations SET busy_task = ? WHERE id = ?", (task_id, conversation_id))
+
+
+def check_free(conn: sqlite3.Connection, row: sqlite3.Row, version: int | None, then: str, param: str | None) -> None:
+    """ConversationBusy (naming ``param``) while a response of the conversation ``row`` is
+    in progress (``then``: what the client should do about it), or when its items changed
+    since ``version`` (None: not asked), which the request was read at."""
     if row["busy_task"] is not None:
         busy = conn.execute(
             f"SELECT 1 FROM tasks WHERE id = ? AND status IN {UNFINISHED_SQL}", (row["busy_task"],)
         ).fetchone()
         if busy is not None:
-            raise ConversationBusy(
-                f"conversation {conversation_id} has a response in progress; wait for it to finish",
-                param="conversation",
-            )
-    if row["version"] != version:
+            raise ConversationBusy(f"conversation {row['id']} has a response in progress; {then}", param=param)
+    if version is not None and row["version"] != version:
         raise ConversationBusy(
-            f"conversation {conversation_id} changed while this request was read; send it again",
-            param="conversation",
+            f"conversation {row['id']} changed while this request was read; send it again", param=param
         )
-    conn.execute("UPDATE conversations SET busy_task = ? WHERE id = ?", (task_id, conversation_id))
 
 
 def append_turn(conn: sqlite3.Connection, task: dict, now: float, render: Callable[[], dict[str, Any]]) -> None:
