@@ -89,7 +89,8 @@ def test_a_running_calls_snapshot_is_its_committed_text_and_tokens(store: Store,
     store.append_step("w1", [{"task_id": tid, "delta": "", "tokens": [4]}])  # a possible tail, held back
     with store._db.read() as conn:
         resume = store._resume(conn, store._task(conn, tid))
-    assert resume["generated"] == [1, 2, 3, 4]
+    # the held-back token has no committed text: the engine samples it (and its text) again
+    assert resume["generated"] == [1, 2, 3]
     assert resume["emitted"] == HEAD + "{"
 
 
@@ -104,6 +105,14 @@ def test_a_text_output_with_log_probabilities_is_read_back_whole(store: Store, r
     with store._db.read() as conn:
         resume = store._resume(conn, store._task(conn, tid))
     assert (resume["generated"], resume["emitted"]) == ([7, 8], "Hi!")
+    assert [e["token"] for e in resume["logprobs"]] == ["Hi", "!"]
+    # a token held back without text (part of a character, a possible stop string) had its
+    # log probabilities in memory only: the resume leaves it to be sampled again with them
+    store.append_step("w1", [{"task_id": tid, "delta": "", "tokens": [9], "logprobs": [{**entry, "token": "?"}]}])
+    with store._db.read() as conn:
+        resume = store._resume(conn, store._task(conn, tid))
+    assert (resume["generated"], resume["emitted"]) == ([7, 8], "Hi!")
+    assert [e["token"] for e in resume["logprobs"]] == ["Hi", "!"]
     store.append_step("w1", [{"task_id": tid, "delta": "", "tokens": [], "finish": "stop",
                               "usage": {"input_tokens": 3, "output_tokens": 2}}])
     assert_consistent(store, tid)

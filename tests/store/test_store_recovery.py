@@ -64,7 +64,7 @@ def test_recovery_table_cell(store, make_task, state, policy):
         assert event["response"]["status"] == "cancelled" and task["error"] is None
     elif target == "queued":
         assert report["requeued"] == [tid] and event["type"] == "task.requeued"
-        assert event["task"]["status"] == "queued" and task["attempts"] == 2
+        assert event["task"]["status"] == "queued" and task["attempts"] == (1 if state == "queued" else 2)
         assert store.output_text(tid) == ""  # the output restarts
         claim = store.claim("w2", limit=1, lease=30)[0]
         assert claim["task_id"] == tid and claim["resume"] is None and claim["status"] == "queued"
@@ -73,7 +73,8 @@ def test_recovery_table_cell(store, make_task, state, policy):
         assert event["task"]["status"] == "running" and task["attempts"] == 2
         claim = store.claim("w2", limit=1, lease=30)[0]
         assert claim["status"] == "running"
-        assert claim["resume"] == {"generated": [11, 12, 13], "emitted": "Hel", "kv_path": "snap/1.kv"}
+        # token 13 was held back without text: the engine samples it again
+        assert claim["resume"] == {"generated": [11, 12], "emitted": "Hel", "kv_path": "snap/1.kv"}
     if state == "running" and target == "running":
         assert report["kv_paths"] == []
     elif state in ("running", "cancelling"):
@@ -134,7 +135,7 @@ def test_dead_worker_recovery_only_touches_expired_leases(store, make_task, cloc
     store.renew("alive", lease=10)
     clock.advance(6)
     report = store.recover(startup=False)
-    assert report == {"failed": [], "requeued": [dead], "resumed": [], "cancelled": [], "kv_paths": []}
+    assert report == {"failed": [], "requeued": [dead], "resumed": [], "cancelled": [], "exhausted": [], "kv_paths": []}
     assert store.get_task(alive)["status"] == "running"
     assert store.get_task(waiting)["status"] == "queued"
     assert store.get_task(dead)["status"] == "queued"

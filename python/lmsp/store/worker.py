@@ -63,8 +63,10 @@ class WorkerArea(StoreBase):
             claims: list[ClaimRecord] = []
             for row in rows:
                 task = dict(row)
+                # a resumed task's held-back tokens are sampled again (``_resume``): none held now
                 conn.execute(
-                    "UPDATE tasks SET owner = ?, lease_expires = ? WHERE id = ?", (owner, now + lease, task["id"])
+                    "UPDATE tasks SET owner = ?, lease_expires = ?, pending_tokens = '' WHERE id = ?",
+                    (owner, now + lease, task["id"]),
                 )
                 response = self._response_row(conn, task["response_id"])
                 resume = self._resume(conn, task) if task["status"] == st.RUNNING else None
@@ -88,7 +90,9 @@ class WorkerArea(StoreBase):
                 emitted.append(text)
             if etype == TEXT_DELTA and data is not None:  # the text's log probabilities, if any
                 logprobs.extend(json.loads(data).get("logprobs") or ())
-        generated.extend(_tokens_list(task["pending_tokens"]))
+        # the tokens held back without text (task["pending_tokens"]) are not taken: the
+        # engine samples them again, the same by their positions, and gives their text
+        # and log probabilities again, which were never committed
         out: Resume = {"generated": generated, "emitted": "".join(emitted), "kv_path": task["kv_path"]}
         if logprobs:
             out["logprobs"] = logprobs
