@@ -96,3 +96,20 @@ def test_an_openai_stream_cut_by_the_stop_offers_no_resume(app, user, held, stor
         assert offer not in error["message"], error
     assert "text" in chunks[-2]["choices"][0] or "delta" in chunks[-2]["choices"][0]
     assert store.get_task(task["id"])["status"] == "running"  # not cancelled: it follows its policy
+
+
+@pytest.mark.parametrize("path,body,advice", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}, "send the request again"),
+    ("/v1/completions", {"prompt": "Hi"}, "send the request again"),
+    ("/v1/responses", {"input": "Hi"}, "send the request again"),  # on_restart fail, the default
+    ("/v1/responses", {"input": "Hi", "on_restart": "resume"}, "fetch it then"),
+])
+def test_a_plain_request_cut_by_the_stop_is_told_what_its_policy_allows(user, held, path, body, advice):
+    held.streams_ending = True   # the grace period is over, and the task still waits
+    answer = {}
+    thread = threading.Thread(target=lambda: answer.update(
+        result=user.post(path, json={"model": "tiny", **body})), daemon=True)
+    thread.start()
+    thread.join(30)
+    error = assert_error(answer["result"], 503, "unavailable")
+    assert advice in error["message"], error

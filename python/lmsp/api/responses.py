@@ -334,9 +334,11 @@ class ResponsesService:
             if task["status"] in FINISHED:
                 return task
             if self.deps.runtime.streams_ending:
+                then = "goes on after its restart: fetch it then"
+                if task["on_restart"] == "fail":  # a chat completion's, a completion's, or so asked
+                    then = "is not resumed after its restart (restart policy fail): send the request again"
                 raise Unavailable(
-                    f"the service is stopping; response {task['response_id']} goes on after its restart: fetch it then",
-                    retry_after=STOPPING_RETRY_AFTER,
+                    f"the service is stopping; {task['response_id']} {then}", retry_after=STOPPING_RETRY_AFTER
                 )
             self._wait_past(task)
 
