@@ -131,3 +131,26 @@ def test_a_stop_signal_to_every_process_at_once_winds_down_cleanly(make_long_ser
     log = server.log(tail=1 << 20)
     assert "Exception in worker process" not in log, log
     assert "Traceback" not in log, log
+
+
+@pytest.mark.slow  # a stop, its grace period and a restart
+def test_a_chat_stream_cut_by_the_stop_asks_for_the_request_again(make_long_server):
+    """A chat completion's chunks carry no numbers and its restart policy is fail: its
+    stopping error offers no resume, and after the restart its task has failed."""
+    server = make_long_server(grace=1)
+    token = server.pair()
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Count on:"}], "max_tokens": 6000,
+            "temperature": 0, "stream": True, "store": True}
+    seen = []
+    for chunk in sse_events("127.0.0.1", server.port, "POST", "/v1/chat/completions", token=token, body=body,
+                            timeout=60):
+        seen.append(chunk)
+        if sum(1 for c in seen if c.get("choices") and c["choices"][0]["delta"].get("content")) == 3:
+            server.proc.send_signal(signal.SIGTERM)   # the task has thousands of tokens to go
+    error = seen[-1]["error"]
+    assert error["code"] == "server_stopping" and seen[0]["id"] in error["message"], seen[-3:]
+    assert "send the request again" in error["message"] and "sequence number" not in error["message"]
+    assert exit_status(server) == 0
+    server.start()
+    stored = server.call("GET", f"/v1/chat/completions/{seen[0]['id']}", token=token)
+    assert stored["task"]["status"] == "failed" and stored["error"]["code"] == "server_restarted", stored
