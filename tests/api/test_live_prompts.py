@@ -40,6 +40,8 @@ def test_an_empty_prompt_without_tokens_is_refused_naming_it(client, no_bos, liv
                  400, "invalid_request", "prompt[1]")
     assert_error(client.post("/v1/completions", json={**body, "prompt": [[]]}), 400, "invalid_request", "prompt[0]")
     assert client.get("/v1/tasks").json["data"] == before  # refused before any task existed
+    unknown = client.post("/v1/completions", json={**body, "model": "nope", "prompt": ""})
+    assert_error(unknown, 404, "not_found", "model")  # as for any prompt
     answered = client.post("/v1/completions", json={**body, "prompt": "Hi"})
     assert answered.status_code == 200, answered.text
     with_bos = client.post("/v1/completions", json={**body, "model": "tiny", "prompt": ""})

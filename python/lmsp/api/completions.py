@@ -193,6 +193,7 @@ class CompletionsResource:
         exists (the only text without tokens: any other has at least one)."""
         if request["prompt"] != "" or request["suffix"] is not None:
             return
+        self.service.check_serving(request["model"])  # a model it cannot be: refused as a task is
         if not self.deps.runtime.prompt_pieces(request["model"], ""):
             raise InvalidRequest(
                 f"{param!r} is empty and model {request['model']} adds no BOS token: the prompt has no tokens",
