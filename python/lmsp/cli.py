@@ -1,6 +1,6 @@
 """The ``lmsp`` command: run the service, and operate it on the box.
 
-    lmsp serve   --data-dir DIR --bind HOST:PORT [--model FILE|NAME] [--workers N]
+    lmsp serve   --data-dir DIR --bind HOST:PORT [--model FILE|NAME] [--workers N] [--max-attempts N]
     lmsp pair    --scopes SCOPE[,SCOPE...] [--name NAME]     a one-time pairing code
     lmsp clients [list | revoke CLIENT_ID]
     lmsp models  [list | add FILE [--id ID] | remove MODEL_ID | pull NAME | pull --list]
@@ -58,6 +58,8 @@ def cmd_serve(args) -> int:
         env["LMSP_WORKERS"] = str(args.workers)
     if args.log_level is not None:
         env["LMSP_LOG_LEVEL"] = args.log_level
+    if args.max_attempts is not None:
+        env["LMSP_MAX_ATTEMPTS"] = str(cfg.max_attempts)
     cfg.data_dir.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "gunicorn", "--config", "python:lmsp.gunicorn_conf"]
     sys.stdout.flush()
@@ -239,6 +241,14 @@ def _add_service_commands(sub: _Subcommands, data_dir: _CommandParser, common: _
     )
     p.add_argument("--workers", type=int, default=None, help="worker processes (each holds its own model copy)")
     p.add_argument("--log-level", default=None, choices=_config.LOG_LEVELS)
+    p.add_argument(
+        "--max-attempts",
+        type=int,
+        default=None,
+        metavar="N",
+        help="starts of a task whose worker stops while it runs, then it fails with attempts_exhausted "
+        "(env LMSP_MAX_ATTEMPTS; default 3)",
+    )
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser(

@@ -22,7 +22,7 @@ class CommandError(Exception):
 # ---------------------------------------------------------------------- helpers
 def _load_config(args) -> _config.Config:
     overrides = {"data_dir": getattr(args, "data_dir", None)}
-    for name in ("bind", "model", "workers", "log_level"):
+    for name in ("bind", "model", "workers", "log_level", "max_attempts"):
         value = getattr(args, name, None)
         if value is not None:
             overrides[name] = value

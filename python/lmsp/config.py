@@ -55,6 +55,7 @@ class Config:
     max_body_bytes: int = 1 << 20
     body_timeout: float = 30.0  # seconds for a whole request body to arrive (408 after)
     lease_seconds: float = 10.0  # a worker's claim on a task, renewed while it runs
+    max_attempts: int = 3  # starts of a task whose worker stops while it runs; then attempts_exhausted (LMSP B.12)
     commit_window_ms: float = 25.0  # output gathered this long per commit (first and last events at once)
     heartbeat_seconds: float = 15.0  # SSE comment on an idle stream
     pairing_ttl_seconds: int = 600
@@ -129,6 +130,7 @@ class Config:
             "workers",
             "max_idle_connections",
             "max_idle_per_address",
+            "max_attempts",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")

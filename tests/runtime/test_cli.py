@@ -133,6 +133,32 @@ def test_serve_checks_its_settings_before_anything_is_written(capsys, tmp_path, 
     assert not data.exists()
 
 
+def test_serve_hands_the_starts_a_task_may_have_to_the_service(capsys, tmp_path, monkeypatch):
+    for name in list(os.environ):
+        if name.startswith("LMSP_"):
+            monkeypatch.delenv(name)
+    started = []
+
+    class Started(Exception):
+        pass
+
+    def execve(path, argv, env):
+        started.append(env)
+        raise Started
+
+    monkeypatch.setattr(os, "execve", execve)
+    data = tmp_path / "data"
+    assert cli.main(["serve", "--data-dir", str(data), "--max-attempts", "0"]) == cli.EXIT_ERROR
+    assert "max_attempts must be at least 1" in capsys.readouterr().err and not started
+    with pytest.raises(Started):
+        cli.main(["serve", "--data-dir", str(data), "--max-attempts", "2"])
+    assert started[-1]["LMSP_MAX_ATTEMPTS"] == "2"  # gunicorn's master, its prepare child and workers read it
+    monkeypatch.setenv("LMSP_MAX_ATTEMPTS", "4")
+    with pytest.raises(Started):
+        cli.main(["serve", "--data-dir", str(data)])
+    assert started[-1]["LMSP_MAX_ATTEMPTS"] == "4"
+
+
 def test_help_and_usage_errors_say_what_is_valid(capsys):
     def usage(*argv):
         with pytest.raises(SystemExit) as exc:

@@ -85,3 +85,15 @@ def test_a_bad_value_names_its_setting_and_where_it_came_from(tmp_path):
     other = tmp_path / "other.toml"
     other.write_text("workers = 3\n")
     assert config_mod.load(env={"LMSP_CONFIG": str(other)}, data_dir=str(tmp_path)).workers == 3
+
+
+def test_the_starts_a_task_may_have_come_from_the_file_or_the_environment(tmp_path):
+    assert config_mod.load(env={}, data_dir=str(tmp_path)).max_attempts == 3
+    (tmp_path / "lmsp.toml").write_text("max_attempts = 5\n")
+    assert config_mod.load(env={}, data_dir=str(tmp_path)).max_attempts == 5
+    assert config_mod.load(env={"LMSP_MAX_ATTEMPTS": "1"}, data_dir=str(tmp_path)).max_attempts == 1
+    for bad in ("0", "-2"):
+        with pytest.raises(ValueError, match="max_attempts must be at least 1"):
+            config_mod.load(env={"LMSP_MAX_ATTEMPTS": bad}, data_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="LMSP_MAX_ATTEMPTS: max_attempts must be a whole number"):
+        config_mod.load(env={"LMSP_MAX_ATTEMPTS": "2.5"}, data_dir=str(tmp_path))

@@ -21,6 +21,7 @@ from store_checks import SPEC_RECOVERY, SPEC_TRANSITIONS, assert_consistent
 WORKERS = ("w1", "w2", "w3")
 LEASE = 10.0
 RETENTION = 100.0
+MAX_ATTEMPTS = 2  # B.12: starts of a task whose worker stops while it runs
 PICKS = stt.lists(stt.tuples(stt.integers(0, 50),
                              stt.sampled_from((None, None, None, "stop", "length", "cancelled", "error")),
                              stt.sampled_from(("", "a", "xyz"))), min_size=1, max_size=4, unique_by=lambda p: p[0])
@@ -67,7 +68,7 @@ class StoreMachine(RuleBasedStateMachine):
     @initialize()
     def start(self) -> None:
         assert self.store.recover(startup=True) == {"failed": [], "requeued": [], "resumed": [], "cancelled": [],
-                                                    "kv_paths": []}
+                                                    "exhausted": [], "kv_paths": []}
 
     @rule(policies=stt.lists(stt.sampled_from(("fail", "retry", "resume")), min_size=1, max_size=2))
     def create(self, policies: list[str]) -> None:
@@ -76,7 +77,7 @@ class StoreMachine(RuleBasedStateMachine):
                                              background=True, stream=False)
             tid = created["task"]["id"]
             self.tasks[tid] = {"status": "queued", "owner": None, "lease": None, "policy": policy,
-                               "finished_at": None}
+                               "finished_at": None, "attempts": 1}
             self.order.append(tid)
             self.clock.now += 0.5
 
@@ -236,28 +237,42 @@ class StoreMachine(RuleBasedStateMachine):
                     t["lease"] = 0.0
 
     def _recover(self, tids: list[str], report: dict) -> None:
+        """The 11.3 table, within the starts B.12 allows: only a task a worker had started
+        counts one, and one started ``MAX_ATTEMPTS`` times fails with attempts_exhausted."""
         moved = {k: sorted(v) for k, v in report.items() if k != "kv_paths"}
-        expected = {"failed": [], "requeued": [], "resumed": [], "cancelled": []}
+        expected: dict[str, list[str]] = {"failed": [], "requeued": [], "resumed": [], "cancelled": [],
+                                          "exhausted": []}
         for tid in tids:
             t = self.tasks[tid]
+            started = t["status"] in ("loading", "running") and t["owner"] is not None
             target = SPEC_RECOVERY[(t["status"], t["policy"])]
+            if started and t["attempts"] >= MAX_ATTEMPTS:
+                target = "failed"
+                expected["exhausted"].append(tid)
             key = {"failed": "failed", "cancelled": "cancelled", "queued": "requeued", "running": "resumed"}[target]
             expected[key].append(tid)
             if target in FINISHED:
                 self.end(t, target)
             else:
-                t.update(status=target, owner=None, lease=None)
+                t.update(status=target, owner=None, lease=None, attempts=t["attempts"] + int(started))
         assert moved == {k: sorted(v) for k, v in expected.items()}
+        for tid in tids:
+            task = self.store.get_task(tid)
+            assert task["attempts"] == self.tasks[tid]["attempts"], (tid, task)
+            if tid in expected["exhausted"]:
+                assert task["error"]["code"] == "attempts_exhausted"
+            elif task["status"] == "failed":
+                assert task["error"]["code"] == "server_restarted"
 
     def worker_died(self, seconds: float) -> None:
         self.clock.now += seconds
         doomed = [tid for tid, t in self.tasks.items() if t["owner"] is not None and t["status"] not in FINISHED
                   and t["lease"] < self.clock.now]
-        self._recover(doomed, self.store.recover(startup=False))
+        self._recover(doomed, self.store.recover(startup=False, max_attempts=MAX_ATTEMPTS))
 
     def restart(self) -> None:
         doomed = [tid for tid, t in self.tasks.items() if t["status"] not in FINISHED]
-        self._recover(doomed, self.store.recover(startup=True))
+        self._recover(doomed, self.store.recover(startup=True, max_attempts=MAX_ATTEMPTS))
 
     @precondition(lambda self: self.tasks)
     @rule(seconds=stt.sampled_from((0.0, 50.0, 150.0)))

@@ -378,11 +378,14 @@ class Committer:
                 self.take(run, ended_result(run, code, message), now)
 
     def recover_dead(self) -> None:
-        """Recover the tasks of workers whose leases ran out (never this worker's own)."""
+        """Recover the tasks of workers whose leases ran out (never this worker's own),
+        each within the starts ``max_attempts`` allows."""
         try:
             # this worker's own tasks are alive, whatever their lease says (a wall
             # clock stepped forward, renewals refused by a busy store)
-            report = self.store.recover(startup=False, exclude_owner=self.state.owner)
+            report = self.store.recover(
+                startup=False, exclude_owner=self.state.owner, max_attempts=self.state.config.max_attempts
+            )
         except Exception as exc:
             log.warning("recovering expired leases failed: %s", exc)
             return

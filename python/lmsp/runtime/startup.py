@@ -135,7 +135,7 @@ def prepare(config, store, *, registry=None) -> dict:
         if config.model:  # the operator named it: refuse to start without it
             raise StartupError(f"the model {config.model} cannot be served: {message}") from None
         log.error("the demo model could not be made: %s", message)
-    report = store.recover(startup=True)
+    report = store.recover(startup=True, max_attempts=config.max_attempts)
     counts = {key: len(value) for key, value in (report or {}).items() if isinstance(value, list)}
     log.info("service %s: start-up recovery done %s", identity.get("service_id"), counts)
     return report or {}
