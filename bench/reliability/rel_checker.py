@@ -41,6 +41,12 @@ RECOVERY = {
     ("cancelling", "fail"): "cancelled", ("cancelling", "retry"): "cancelled",
     ("cancelling", "resume"): "cancelled",
 }
+# LMSP B.12: a task found started (loading or running, held by a worker) is started
+# again at most max_attempts times in all; the restart past that fails it with this code,
+# whatever its policy. A task found waiting (queued, or running and held by nobody) keeps
+# its count. The service's default of max_attempts:
+MAX_ATTEMPTS = 3
+EXHAUSTED = "attempts_exhausted"
 # the event the recovery transaction writes for a state change
 RECOVERY_EVENT = {"failed": "response.failed", "cancelled": "response.cancelled"}
 TERMINAL_EVENTS = {
@@ -85,6 +91,12 @@ class Task:
     incomplete_reason: str | None
     request: dict
     events: list[Event] = field(default_factory=list)
+    owner: str | None = None
+
+    @property
+    def started(self) -> bool:
+        """A worker held it started: its restart counts one of its attempts (B.12)."""
+        return self.status in ("loading", "running") and self.owner is not None
 
     @property
     def soak_key(self) -> str | None:
@@ -160,13 +172,14 @@ class StoreView:
                 args = tuple(ids)
             tasks: dict[str, Task] = {}
             for r in conn.execute(
-                    "SELECT t.id, t.response_id, t.status, t.on_restart, t.attempts, t.error,"
+                    "SELECT t.id, t.response_id, t.status, t.on_restart, t.attempts, t.error, t.owner,"
                     " coalesce((SELECT max(seq) FROM task_events e WHERE e.task_id = t.id), 0) AS last_seq,"
                     " r.output_text, r.incomplete_reason, r.request FROM tasks t"
                     " JOIN responses r ON r.id = t.response_id" + where, args):
                 tasks[r["id"]] = Task(
                     r["id"], r["response_id"], r["status"], r["on_restart"], r["attempts"], r["last_seq"],
-                    _json(r["error"]), r["output_text"], r["incomplete_reason"], _json(r["request"]) or {})
+                    _json(r["error"]), r["output_text"], r["incomplete_reason"], _json(r["request"]) or {},
+                    owner=r["owner"])
             ev_where = where.replace("t.id", "task_id")
             for r in conn.execute("SELECT task_id, seq, type, text, data FROM task_events" + ev_where
                                   + " ORDER BY task_id, seq", args):
@@ -253,9 +266,10 @@ def _check_failed_event(t: Task) -> list[Violation]:
 ITEM_CLOSING = ("response.output_text.done", "response.content_part.done", "response.output_item.done")
 
 
-def check_recovery(before: StoreView, after: StoreView) -> list[Violation]:
+def check_recovery(before: StoreView, after: StoreView, max_attempts: int = MAX_ATTEMPTS) -> list[Violation]:
     """What the service found at start (``before``, read from a copy of the
-    files the crash left) against what it made of it (``after``)."""
+    files the crash left) against what it made of it (``after``): table 11.3,
+    within the ``max_attempts`` starts of B.12."""
     out: list[Violation] = []
     for t in before.tasks.values():
         a = after.tasks.get(t.id)
@@ -275,6 +289,10 @@ def check_recovery(before: StoreView, after: StoreView) -> list[Violation]:
                                      f"{a.status}/{a.last_seq}"))
             continue
         target = RECOVERY[(t.status, t.on_restart)]
+        exhausted = t.started and t.attempts >= max_attempts
+        if exhausted:
+            target = "failed"
+        expected_attempts = t.attempts + int(t.started)
         nxt = a.events[len(t.events)] if len(a.events) > len(t.events) else None
         nxt_type = nxt.type if nxt else None
         where = f"{t.status}+{t.on_restart}"
@@ -287,8 +305,12 @@ def check_recovery(before: StoreView, after: StoreView) -> list[Violation]:
             if nxt_type != RECOVERY_EVENT[target]:
                 out.append(Violation("recovery_event", t.id, f"{where}: next event {nxt_type}, "
                                      f"expected {RECOVERY_EVENT[target]}"))
-            if target == "failed" and (a.error or {}).get("code") != "server_restarted":
-                out.append(Violation("recovery_error", t.id, f"{where}: error {a.error}, expected server_restarted"))
+            code = EXHAUSTED if exhausted else "server_restarted"
+            if target == "failed" and (a.error or {}).get("code") != code:
+                out.append(Violation("recovery_error", t.id, f"{where}: error {a.error}, expected {code}"))
+        elif a.attempts != expected_attempts:  # only a start counts (B.12)
+            out.append(Violation("attempts", t.id, f"{where}: attempts {t.attempts} became {a.attempts}, "
+                                 f"expected {expected_attempts}"))
         elif (t.status, target) in (("running", "queued"), ("loading", "queued")):
             if nxt_type != "task.requeued":
                 out.append(Violation("recovery_event", t.id, f"{where}: next event {nxt_type}, expected task.requeued"))
