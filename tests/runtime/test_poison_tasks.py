@@ -3,10 +3,12 @@ dies, the next recovers it through the expired lease and starts it again, and th
 past ``max_attempts`` fails it with ``attempts_exhausted`` instead."""
 from __future__ import annotations
 
+import logging
+
 import pytest
 from runtime_helpers import all_events, check_log, submit, wait_finished, wait_until
 
-from lmsp.runtime import open_store
+from lmsp.runtime import open_store, prepare
 
 
 @pytest.mark.parametrize("policy", ["retry", "resume"])
@@ -58,3 +60,20 @@ def test_a_task_whose_workers_die_is_started_max_attempts_times(config, make_run
             runtime.stop(timeout=5.0)
         for store in stores:
             store.close()
+
+
+def test_the_start_up_fails_a_task_out_of_starts_and_says_so(config, store, make_runtime, model_file, caplog):
+    """The whole service killed while the task ran, with one start allowed: the next
+    start fails it, whatever its policy, and the log names it."""
+    cfg = config.replace(max_attempts=1)
+    rt = make_runtime(store, config=cfg)
+    rt.register_model("tiny.gguf")
+    tid = submit(store, rt, "Count on:", on_restart="resume", max_output_tokens=1500)
+    wait_until(rt, store, tid, lambda t: t["last_sequence_number"] >= 10)
+    rt.abort()
+    with caplog.at_level(logging.WARNING, logger="lmsp.runtime"):
+        report = prepare(cfg, store)
+    assert report["exhausted"] == report["failed"] == [tid] and report["resumed"] == []
+    assert f"attempts_exhausted (their worker stopped in each of their 1 starts): {tid}" in caplog.text
+    task = store.get_task(tid)
+    assert (task["status"], task["attempts"], task["error"]["code"]) == ("failed", 1, "attempts_exhausted")

@@ -138,4 +138,11 @@ def prepare(config, store, *, registry=None) -> dict:
     report = store.recover(startup=True, max_attempts=config.max_attempts)
     counts = {key: len(value) for key, value in (report or {}).items() if isinstance(value, list)}
     log.info("service %s: start-up recovery done %s", identity.get("service_id"), counts)
+    exhausted = (report or {}).get("exhausted")
+    if exhausted:
+        log.warning(
+            "tasks failed with attempts_exhausted (their worker stopped in each of their %d starts): %s",
+            config.max_attempts,
+            ", ".join(exhausted),
+        )
     return report or {}
