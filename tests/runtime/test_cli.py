@@ -241,7 +241,8 @@ def test_tasks_list_show_cancel_and_gc(run, config):
 
 def test_prepare_makes_the_data_directory_ready_and_recovers(run, config):
     out = run("prepare")
-    assert out == {"recovered": {"failed": 0, "requeued": 0, "resumed": 0, "cancelled": 0, "kv_paths": 0}}
+    assert out == {"recovered": {"failed": 0, "requeued": 0, "resumed": 0, "cancelled": 0, "exhausted": 0,
+                                 "kv_paths": 0}}
     assert (config.data_dir / "admin.token").is_file()
     assert run("models", "list")["data"][0]["id"] == "demo"  # no model named: the demo model
     assert run("prepare") == out  # again: nothing more to do
