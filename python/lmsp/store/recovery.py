@@ -6,8 +6,8 @@ A task found started (``loading`` or ``running``, held by a worker) whose
 worker stopped has used one of its ``max_attempts`` starts: its ``attempts``
 goes up by one when it is restarted. A restart that would take ``attempts``
 past ``max_attempts`` fails the task with ``attempts_exhausted`` instead,
-whatever its policy (a task that kills its worker every time stops doing so). A
-task found waiting (``queued``, or ``running`` and held by nobody: a resume
+whatever its policy: a task that kills its worker every time is not restarted
+for ever. A task found waiting (``queued``, or ``running`` and held by nobody: a resume
 that no worker took yet) was not started, and keeps its count."""
 
 from __future__ import annotations
