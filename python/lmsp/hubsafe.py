@@ -8,12 +8,15 @@ thread; ``sqlite3`` releases the GIL while it waits) and only the calling
 greenlet waits. A read (``Store.READS``) in WAL mode almost never meets a
 lock, so it runs on the hub itself under :func:`lmsp.store.db.no_wait` (no
 hand-over to a thread and back) and goes to the pool only when it does meet
-one. Outside gevent the store is returned unchanged.
+one. Outside gevent the store is returned unchanged. :func:`offload` and
+:func:`offload_bounded` (which waits only so long) do the same for other
+blocking calls.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 
 def gevent_active() -> bool:
@@ -48,6 +51,39 @@ def offload(fn, *args, **kwargs):
     import gevent
 
     return _in_pool(gevent.get_hub().threadpool, fn, args, kwargs)
+
+
+_bounded_pool = None  # the threads of offload_bounded outside gevent, made on first use
+
+
+def offload_bounded(timeout: float, fn, *args, **kwargs):
+    """Call ``fn`` in another thread (the hub's pool under gevent) and wait for it at
+    most ``timeout`` seconds: TimeoutError past that (the call runs on; its result is
+    dropped). For native work that releases the GIL but must not hold a request
+    for long."""
+    global _bounded_pool
+    if gevent_active():
+        import gevent
+
+        pending = gevent.get_hub().threadpool.spawn(_capture, fn, args, kwargs)
+        try:
+            outcome: Any = pending.get(timeout=timeout)
+        except gevent.Timeout:
+            raise TimeoutError(f"{getattr(fn, '__name__', fn)} took more than {timeout} s") from None
+    else:
+        import concurrent.futures
+
+        if _bounded_pool is None:
+            _bounded_pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="lmsp-bounded")
+        future = _bounded_pool.submit(_capture, fn, args, kwargs)
+        try:
+            outcome = future.result(timeout=timeout)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"{getattr(fn, '__name__', fn)} took more than {timeout} s") from None
+    ok, value = outcome
+    if ok:
+        return value
+    raise value
 
 
 class HubSafeStore:

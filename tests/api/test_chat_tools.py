@@ -243,7 +243,11 @@ def test_a_call_s_tokens_are_not_in_the_content_s_logprobs(user, calling):
     "given,named",
     [
         ("text.format.schema", "response_format.json_schema.schema"),
+        ("text.format.schema.properties.a.maxLength", "response_format.json_schema.schema.properties.a.maxLength"),
+        ("text.format.schema.anyOf[1]", "response_format.json_schema.schema.anyOf[1]"),
         ("tools[2].parameters", "tools[2].function.parameters"),
+        ("tools[2].parameters.properties.a.enum[0]", "tools[2].function.parameters.properties.a.enum[0]"),
+        ("text.format.schemata", "text.format.schemata"),
         ("tools", "tools"),
         ("model", "model"),
     ],

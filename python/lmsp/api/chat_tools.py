@@ -6,12 +6,13 @@ and the same call format (:mod:`lmsp.calls`) serve both APIs.
 
 Each field is read in Chat Completions' shape and checked by the Responses
 checks; an error names the field as the client sent it (``tools[0].function.name``,
-``response_format.json_schema.schema``).
+``response_format.json_schema.schema``, and a keyword inside the schema after it).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Iterator
 
 from lmsp import history
@@ -21,8 +22,10 @@ from . import tools
 from .common import get_str, reject_unknown
 
 FORMAT_PARAM = "response_format.json_schema"
-# what the runtime's refusal of a schema names (lmsp.runtime.constraints) -> the chat request's name
+# what the runtime's refusal of a schema names (lmsp.runtime.constraints), or the start of
+# it (a keyword inside the schema) -> the chat request's name
 SCHEMA_PARAMS = {"text.format.schema": f"{FORMAT_PARAM}.schema"}
+TOOL_PARAMETERS = re.compile(r"^tools\[\d+\]\.parameters(?=$|[.\[])")
 
 
 def renamed(exc: InvalidRequest, old: str, new: str) -> InvalidRequest:
@@ -39,10 +42,12 @@ def chat_param(exc: InvalidRequest) -> InvalidRequest:
     """A refusal of the task's request (the runtime checks its schemas) with the param
     named as the chat request names it."""
     param = exc.param or ""
-    if param in SCHEMA_PARAMS:
-        return renamed(exc, param, SCHEMA_PARAMS[param])
-    if param.startswith("tools[") and param.endswith("].parameters"):
-        return renamed(exc, param, param.replace(".parameters", ".function.parameters"))
+    for old, new in SCHEMA_PARAMS.items():
+        if param == old or param.startswith((old + ".", old + "[")):
+            return renamed(exc, old, new)
+    tool = TOOL_PARAMETERS.match(param)
+    if tool:
+        return renamed(exc, tool.group(0), tool.group(0).replace(".parameters", ".function.parameters"))
     return exc
 
 

@@ -52,8 +52,8 @@ class Admission:
         """Check the request, create its task (claimed here when a slot is free), and
         start it or have it claimed; what ``Store.create_task`` returns."""
         state = self.state
+        constraints.check(new.request)  # first: the chat layer's rendering converts the schemas too
         on_chat_layer = self.check_chat_layer(new)
-        constraints.check(new.request)
         tokens, dropped = None, 0  # a chat-layer task's prompt is rendered when it starts
         if not on_chat_layer:
             tokens, dropped = self.prompt_of(new.model, prompting.with_tools(new.messages, new.request), new.request)
@@ -169,13 +169,16 @@ class Admission:
         :meth:`adopt`. Nothing of it reaches the store or a client before the task
         is adopted: its results are held until then, and dropped with the sequence
         if the task is not created here. None when it cannot start early (the
-        scheduler then starts the task as usual). ``client_id``: the task's client,
+        scheduler then starts the task as usual, as it does any task whose output
+        is held to a grammar). ``client_id``: the task's client,
         the scope of the engine's prefix cache; ``kind``: the task's (``response``,
         ``chat.completion``, ``text_completion``), which decides its KV file."""
         state = self.state
         engine = state.registry.engine(model_id)
         if engine is None or not tokens or state.stopping or chat_layer.applies(engine, request):
             return None  # a chat-layer task's output needs its item id: started as usual
+        if constraints.constrained(request):
+            return None  # the grammar's setup runs in the scheduler's thread, not on the hub
         try:
             kwargs = prompting.sampling(request, state.config)
         except (ValueError, TypeError):

@@ -10,10 +10,10 @@ other as the request allows (:func:`lmsp.calls.most_calls`); with
 ``required`` or a named tool the grammar holds from the first token, with
 ``auto`` it is lazy, triggered by an output that opens with ``{``; with
 ``auto`` and a JSON ``text.format`` the output is calls or the answer in that
-form. A schema the
-converter cannot
-express is refused when the task is created (:func:`check`), never run
-unconstrained.
+form. A schema the converter cannot express, or that no output could satisfy
+(:mod:`.schema_check`), is refused when the task is created (:func:`check`),
+never run unconstrained; its conversion runs off the gevent hub, bounded in
+time, and the grammar it makes is bounded in size.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from typing import Any
 
 from .. import calls
 from ..errors import InvalidRequest
+from ..hubsafe import offload_bounded
+from . import schema_check
 
 SCHEMA_PARAM = "text.format.schema"
 ANY_OBJECT = {"type": "object"}
@@ -44,70 +46,17 @@ def schema_grammar(schema: dict[str, Any]) -> str:
     return _schema_grammar(json.dumps(schema))
 
 
-# keywords the converter would skip, so that an output could break them: refused
-UNENFORCED = (
-    "not", "if", "then", "else", "dependentSchemas", "dependentRequired", "contains", "minContains", "maxContains",
-    "patternProperties", "propertyNames", "minProperties", "maxProperties", "unevaluatedProperties",
-    "unevaluatedItems", "multipleOf", "prefixItems", "$anchor", "$dynamicRef",
-)  # fmt: skip
-FORMATS = ("date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5")
-BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
-
-
-def unenforced(schema: Any, path: str = "") -> str | None:
-    """The first part of a schema the grammar converter would not hold the output to
-    (it skips what it does not know): ``"<where>: <what>"``, or None."""
-    if isinstance(schema, list):
-        for i, sub in enumerate(schema):
-            found = unenforced(sub, f"{path}[{i}]")
-            if found:
-                return found
-        return None
-    if not isinstance(schema, dict):
-        return None
-    found = _unenforced_here(schema, path or "the schema")
-    if found:
-        return found
-    for key in ("properties", "$defs", "definitions"):
-        if isinstance(schema.get(key), dict):
-            for name, sub in schema[key].items():
-                found = unenforced(sub, f"{path}.{key}.{name}" if path else f"{key}.{name}")
-                if found:
-                    return found
-    for key in ("items", "anyOf", "oneOf", "allOf", "additionalProperties"):
-        found = unenforced(schema.get(key), f"{path}.{key}" if path else key)
-        if found:
-            return found
-    return None
-
-
-def _unenforced_here(schema: dict[str, Any], where: str) -> str | None:
-    """:func:`unenforced` of one schema object's own keywords."""
-    for key in UNENFORCED:
-        if key in schema:
-            return f"{where}: '{key}' is not supported"
-    if schema.get("uniqueItems"):
-        return f"{where}: 'uniqueItems' is not supported"
-    fmt = schema.get("format")
-    if fmt is not None and fmt not in FORMATS:
-        return f"{where}: format {fmt!r} is not supported (only {', '.join(FORMATS[:4])})"
-    if any(k in schema for k in BOUNDS) and schema.get("type") != "integer":
-        return f"{where}: minimum and maximum are supported for integers only"
-    pattern = schema.get("pattern")
-    if isinstance(pattern, str) and not _pattern_supported(pattern):
-        return f"{where}: pattern {pattern!r} is not supported (it must start with ^ and end with $)"
-    return None
-
-
 # a pattern the converter cannot read (a lookahead): it takes any string then, and only warns
 UNREADABLE_PATTERN = "^(?=)$"
+# the largest grammar text a request's output form may make
+MAX_GRAMMAR_BYTES = 256 * 1024
+# the longest the conversion of a request's schemas may take (it runs off the hub)
+GRAMMAR_SECONDS = 5.0
 
 
 def _pattern_supported(pattern: str) -> bool:
     """Whether the converter makes a grammar of the pattern: for one it cannot read it
     makes the grammar of any string, the same for every such pattern."""
-    if not (pattern.startswith("^") and pattern.endswith("$")):
-        return False
     try:
         unread = schema_grammar({"type": "string", "pattern": UNREADABLE_PATTERN})
         return schema_grammar({"type": "string", "pattern": pattern}) != unread
@@ -142,18 +91,41 @@ def callable_tools(request: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
-    """The schema of one call of any of ``tools``: the name first, then the arguments."""
-    return {
-        "anyOf": [
+    """The schema of one call of any of ``tools``: the name first, then the arguments
+    (parameters that refer into themselves go under ``$defs``, their references with them)."""
+    defs: dict[str, Any] = {}
+    alternatives = []
+    for i, tool in enumerate(tools):
+        arguments = tool.get("parameters") or ANY_OBJECT
+        if refers(arguments):
+            defs[f"tool{i}"] = moved(arguments, f"#/$defs/tool{i}")
+            arguments = {"$ref": f"#/$defs/tool{i}"}
+        alternatives.append(
             {
                 "type": "object",
-                "properties": {"name": {"const": t["name"]}, "arguments": t.get("parameters") or ANY_OBJECT},
+                "properties": {"name": {"const": tool["name"]}, "arguments": arguments},
                 "required": ["name", "arguments"],
                 "additionalProperties": False,
             }
-            for t in tools
-        ]
-    }
+        )
+    return {"anyOf": alternatives, **({"$defs": defs} if defs else {})}
+
+
+def refers(schema: dict[str, Any]) -> bool:
+    """Whether a schema holds a ``$ref`` (into itself: it must stay its document's root)."""
+    return '"$ref"' in json.dumps(schema)
+
+
+def moved(schema: Any, base: str) -> Any:
+    """``schema`` with its references into itself (``#/...``) made to point under ``base``."""
+    if isinstance(schema, dict):
+        return {
+            k: base + v[1:] if k == "$ref" and isinstance(v, str) and v.startswith("#/") else moved(v, base)
+            for k, v in schema.items()
+        }
+    if isinstance(schema, list):
+        return [moved(v, base) for v in schema]
+    return schema
 
 
 # a token of a grammar's text: a literal, a character class, a name, or any other character
@@ -174,10 +146,13 @@ def calls_grammar(request: dict[str, Any], answer: dict[str, Any] | None = None)
     tokens could hold), or the answer of schema ``answer``."""
     one = call_schema(callable_tools(request))
     most = calls.most_calls(request)
-    if most == 1 and answer is None:
-        return schema_grammar(one)
     if most == 1:
-        return schema_grammar({"anyOf": [*one["anyOf"], answer]})
+        if answer is None:
+            return schema_grammar(one)
+        if refers(answer):
+            one.setdefault("$defs", {})["answer"] = moved(answer, "#/$defs/answer")
+            answer = {"$ref": "#/$defs/answer"}
+        return schema_grammar({**one, "anyOf": [*one["anyOf"], answer]})
     more = "*" if most is None or most >= int(request.get("max_output_tokens") or 0) else f"{{0,{most - 1}}}"
     rules = [f'root ::= call-root ("\\n" call-root){more}' + (" | answer-root" if answer is not None else "")]
     rules.append(prefixed(schema_grammar(one), "call-"))
@@ -203,28 +178,100 @@ def grammar(request: dict[str, Any]) -> dict[str, Any] | None:
     return {"gbnf": schema_grammar(schema)}
 
 
-def check(request: dict[str, Any]) -> None:
-    """A request whose output form cannot be held to: InvalidRequest (400)."""
+def constrained(request: dict[str, Any]) -> bool:
+    """Whether the request's output is held to a grammar."""
+    return tool_mode(request) is not None or output_schema(request) is not None
+
+
+def schemas(request: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
+    """The schemas a request's grammar is made of, each with its param."""
+    found = []
     if tool_mode(request) is not None:
         for i, tool in enumerate(request.get("tools") or ()):
-            param = f"tools[{i}].parameters"
-            _check_schema(tool.get("parameters") or ANY_OBJECT, param)
+            found.append((tool.get("parameters") or ANY_OBJECT, f"tools[{i}].parameters"))
     schema = output_schema(request)
     if schema is not None:
-        _check_schema(schema, SCHEMA_PARAM)
+        found.append((schema, SCHEMA_PARAM))
+    return found
+
+
+def check(request: dict[str, Any]) -> None:
+    """A request whose output form cannot be held to, or that no output could
+    satisfy: InvalidRequest (400) naming the schema's keyword. The schemas are
+    checked here (:mod:`.schema_check`); their conversion to a grammar runs off
+    the gevent hub, for at most :data:`GRAMMAR_SECONDS`."""
+    checked = [(schema, param, schema_check.check(schema, param)) for schema, param in schemas(request)]
+    if not checked:
+        return
     try:
-        grammar(request)
-    except ValueError as exc:
-        param = "tools" if tool_mode(request) is not None else SCHEMA_PARAM
-        raise InvalidRequest(f"'{param}' is not supported: {exc}", param=param) from None
+        offload_bounded(GRAMMAR_SECONDS, _convert, request, checked)
+    except TimeoutError:
+        param = checked[-1][1]
+        raise InvalidRequest(
+            f"'{param}' takes longer than {GRAMMAR_SECONDS:g} s to make into a grammar", param=param
+        ) from None
 
 
-def _check_schema(schema: dict[str, Any], param: str) -> None:
-    why = unenforced(schema)
-    if why is None:
+def _convert(request: dict[str, Any], checked: list[tuple[dict[str, Any], str, schema_check.Report]]) -> None:
+    """:func:`check`'s conversion: each pattern, each schema, then the request's grammar."""
+    for schema, param, report in checked:
+        for path, pattern in report.patterns:
+            at = schema_check.where(param, path)
+            if not _pattern_supported(pattern):
+                raise InvalidRequest(f"'{at}' is not supported: the grammar cannot read the pattern", param=at)
+            bad = bad_repetition(schema_grammar({"type": "string", "pattern": pattern}))
+            if bad:
+                raise InvalidRequest(f"'{at}' {bad}", param=at)
         try:
             schema_grammar(schema)
-            return
         except ValueError as exc:
-            why = str(exc)
-    raise InvalidRequest(f"'{param}' is not supported: {why}", param=param)
+            at = schema_check.where(param, _pointer(str(exc)))
+            raise InvalidRequest(f"'{at}' is not supported: {exc}", param=at) from None
+    param = "tools" if tool_mode(request) is not None else SCHEMA_PARAM
+    try:
+        made = grammar(request)
+    except ValueError as exc:
+        raise InvalidRequest(f"'{param}' is not supported: {exc}", param=param) from None
+    gbnf = (made or {}).get("gbnf") or ""
+    if len(gbnf) > MAX_GRAMMAR_BYTES:
+        raise InvalidRequest(
+            f"'{param}' makes a grammar of {len(gbnf)} bytes, more than the {MAX_GRAMMAR_BYTES} it may have",
+            param=param,
+        )
+    bad = bad_repetition(gbnf)
+    if bad:
+        raise InvalidRequest(f"'{param}' {bad}", param=param)
+
+
+# a repetition in a grammar's text, {m}, {m,} or {m,n}, outside its literals and character classes
+REPEAT = re.compile(r"\{\s*(\d+)\s*(?:(,)\s*(\d*)\s*)?\}")
+
+
+def bad_repetition(gbnf: str) -> str | None:
+    """Why a grammar's repetition cannot be held (fewer at most than at least, more
+    than :data:`~.schema_check.MAX_COUNT`), or None."""
+    text = "".join(" " if token[0] in '"[' else token for token in GBNF_TOKEN.findall(gbnf))
+    for m in REPEAT.finditer(text):
+        low = int(m.group(1))
+        high = low if m.group(2) is None else int(m.group(3)) if m.group(3) else None
+        if high is not None and high < low:
+            return f"makes the grammar repeat {m.group(0)}: fewer at most than at least, no output could satisfy it"
+        if max(low, high or 0) > schema_check.MAX_COUNT:
+            return f"makes the grammar repeat {m.group(0)}: more than it can hold (at most {schema_check.MAX_COUNT})"
+    return None
+
+
+# where the converter's error says it is: "JSON schema error at #/properties/a: ..."
+POINTER = re.compile(r"error at #((?:/[^/:\s]*)*)")
+INDEXED = ("anyOf", "oneOf", "allOf", "items", "prefixItems", "type", "enum")
+
+
+def _pointer(message: str) -> schema_check.Path:
+    """The schema path of the converter's error (the schema's own: empty when it names none)."""
+    found = POINTER.search(message)
+    if found is None:
+        return ()
+    path: list[str | int] = []
+    for part in found.group(1).split("/")[1:]:
+        path.append(int(part) if part.isdigit() and path and path[-1] in INDEXED else part)
+    return tuple(path)
