@@ -192,6 +192,7 @@ py::dict result_dict(lmsp::StepResult & r) {
     const char * f = lmsp::finish_name(r.finish);
     d["finish"] = f ? py::object(py::str(f)) : py::object(py::none());
     d["error"] = r.finish == lmsp::Finish::error ? py::object(py::str(r.error)) : py::object(py::none());
+    if (!r.code.empty()) d["code"] = r.code;
     d["n_prompt"] = r.n_prompt;
     d["n_generated"] = r.n_generated;
     d["n_cached"] = r.n_cached;
@@ -289,8 +290,10 @@ public:
             req.resume = std::move(rs);
         }
         // a queue push under the engine's lock, which its thread holds only briefly
-        // (never while it decodes, never while it needs Python): with the GIL held
-        return engine_->submit(std::move(req));
+        // (never while it decodes, never while it needs Python): with the GIL held,
+        // unless a grammar is set up first (its rules expanded, a resume's tokens
+        // taken), which can take milliseconds
+        return with_gil_free_if(req.grammar.has_value(), [&] { return engine_->submit(std::move(req)); });
     }
 
     py::dict snapshot(int64_t seq, bool with_kv) {
@@ -454,8 +457,13 @@ PYBIND11_MODULE(_native, m) {
         "src"_a, "dst"_a, "type"_a, "n_threads"_a = 0,
         "Write the GGUF model src to dst with its weights in type (see QUANTIZE_TYPES).");
     m.attr("QUANTIZE_TYPES") = py::tuple(py::cast(lmsp::quantize_types()));
-    m.def("schema_grammar", &lmsp::schema_grammar, "schema"_a,
-          "The GBNF grammar (root rule 'root') of the texts a JSON schema (given as JSON text) admits.");
+    m.def(
+        "schema_grammar",
+        [](const std::string & schema) {
+            py::gil_scoped_release nogil;  // a large schema takes a while: other threads go on
+            return lmsp::schema_grammar(schema);
+        },
+        "schema"_a, "The GBNF grammar (root rule 'root') of the texts a JSON schema (given as JSON text) admits.");
 
     m.def("tile_matmul_types", &lmsp::tile_matmul_types,
           "The weight types whose products of several rows take the tiled kernels (tile_matmul.cpp).");

@@ -84,7 +84,7 @@ void Engine::push_results() {
 }
 
 void Engine::finish(Sequence & seq, Finish why, const std::string & error, std::vector<int32_t> tokens,
-                    std::string text) {
+                    std::string text, const char * code) {
     const auto now = Clock::now();
     if (why != Finish::stop && why != Finish::error) {
         text += seq.text.flush();
@@ -101,6 +101,7 @@ void Engine::finish(Sequence & seq, Finish why, const std::string & error, std::
     r.text = std::move(text);
     r.finish = why;
     r.error = error;
+    r.code = code;
     r.n_prompt = seq.n_prompt;
     r.n_generated = int32_t(seq.generated.size());
     r.n_cached = seq.n_cached;
@@ -344,8 +345,8 @@ void Engine::take_token(Sequence & s, const float * logits) {
     int32_t token = s.sampler.sample(logits, n_vocab_, s.generated.size());
     if (s.grammar) {
         token = constrained_token(s, logits, token);
-        if (token < 0) {
-            finish(s, Finish::error, "the grammar admits no next token", {}, "");
+        if (token < 0) {  // a dead end: the task fails at once (it would only spin)
+            finish(s, Finish::error, "the grammar allows no next token", {}, "", kGrammarDeadEnd);
             return;
         }
     }

@@ -78,6 +78,7 @@ struct StepResult {
     std::string text;
     Finish finish = Finish::none;
     std::string error;
+    std::string code;  // with Finish::error, the service's error code where the engine knows it
     int32_t n_prompt = 0;
     int32_t n_generated = 0;
     int32_t n_cached = 0;            // leading prompt tokens whose KV a free slot already held (or a given prefix)
@@ -330,7 +331,8 @@ private:
     void take_token(Sequence & s, const float * logits);
     int32_t constrained_token(Sequence & s, const float * logits, int32_t token);
     // results
-    void finish(Sequence & seq, Finish why, const std::string & error, std::vector<int32_t> tokens, std::string text);
+    void finish(Sequence & seq, Finish why, const std::string & error, std::vector<int32_t> tokens, std::string text,
+                const char * code = "");
     void release_slot(Sequence & seq, Finish why);
     void emit(Sequence & seq, StepResult result);  // into outbox_, handed over at the end of the round
     void push_results();                           // outbox_ -> results_

@@ -77,10 +77,56 @@ std::vector<int32_t> prefill_tokens(const llama_vocab * vocab, const std::string
     return tokens;
 }
 
+// The digits at `i` as a number (at most 18 of them, more is out of reach anyway), `i` past them.
+uint64_t read_count(const std::string & s, size_t & i) {
+    uint64_t n = 0;
+    for (int digits = 0; i < s.size() && std::isdigit(static_cast<unsigned char>(s[i])); ++i) {
+        if (++digits <= 18) n = n * 10 + uint64_t(s[i] - '0');
+    }
+    return n;
+}
+
+void skip_spaces(const std::string & s, size_t & i) {
+    while (i < s.size() && (s[i] == ' ' || s[i] == '\t')) ++i;
+}
+
+// Throws InvalidArgument for a repetition {m,n} with n < m outside the
+// grammar's literals, character classes and comments.
+void check_repetitions(const std::string & gbnf) {
+    for (size_t i = 0; i < gbnf.size(); ++i) {
+        const char c = gbnf[i];
+        if (c == '"' || c == '[') {  // a literal or a class: to its unescaped end
+            const char end = c == '"' ? '"' : ']';
+            for (++i; i < gbnf.size() && gbnf[i] != end; ++i) {
+                if (gbnf[i] == '\\') ++i;
+            }
+        } else if (c == '#') {
+            while (i < gbnf.size() && gbnf[i] != '\n') ++i;
+        } else if (c == '{') {
+            size_t j = i + 1;
+            skip_spaces(gbnf, j);
+            const uint64_t low = read_count(gbnf, j);
+            skip_spaces(gbnf, j);
+            if (j >= gbnf.size() || gbnf[j] != ',') continue;
+            ++j;
+            skip_spaces(gbnf, j);
+            if (j >= gbnf.size() || !std::isdigit(static_cast<unsigned char>(gbnf[j]))) continue;
+            const uint64_t high = read_count(gbnf, j);
+            skip_spaces(gbnf, j);
+            if (high < low) {
+                const size_t end = j < gbnf.size() && gbnf[j] == '}' ? j + 1 : j;
+                throw InvalidArgument("the grammar repeats " + gbnf.substr(i, end - i) +
+                                      ": fewer times at most than at least");
+            }
+        }
+    }
+}
+
 }  // namespace
 
 Grammar::Grammar(const llama_vocab * vocab, const GrammarSpec & spec) {
     if (spec.gbnf.empty()) throw InvalidArgument("grammar must not be empty");
+    check_repetitions(spec.gbnf);
     for (const auto & text : spec.preserved) {
         const auto ids = special_tokens(vocab, text);
         if (ids.size() == 1) preserved_.insert(ids[0]);

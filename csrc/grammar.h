@@ -18,6 +18,9 @@ struct llama_vocab;
 
 namespace lmsp {
 
+// The error code of a constrained sequence whose grammar allows no next token.
+inline constexpr const char * kGrammarDeadEnd = "grammar_dead_end";
+
 // What starts a lazy grammar (common_grammar_trigger's kinds).
 struct GrammarTrigger {
     enum class Kind { word, pattern, pattern_full, token } kind = Kind::word;
@@ -39,7 +42,9 @@ struct GrammarSpec {
 
 class Grammar {
 public:
-    // Throws InvalidArgument when the grammar does not parse or a trigger is not usable.
+    // Throws InvalidArgument when the grammar does not parse, repeats something
+    // fewer times at most than at least ({5,2}: llama.cpp's parser would not
+    // end), or a trigger is not usable.
     Grammar(const llama_vocab * vocab, const GrammarSpec & spec);
     ~Grammar();
     Grammar(const Grammar &) = delete;

@@ -292,8 +292,9 @@ class EngineResult(TypedDict):
     ``logprobs``: one per token, for a sequence submitted with ``logprobs=True``;
     ``top_logprobs``: per token, the ``(token, logprob)`` pairs of its position's
     most likely tokens, for one submitted with ``top_logprobs`` too.
-    ``code``: set only by the runtime, on an end it makes itself (an engine
-    closed under its sequence)."""
+    ``code``: the error code of an ``error`` end where it is known: set by the
+    engine on a grammar that allows no next token (``grammar_dead_end``), and by
+    the runtime on an end it makes itself (an engine closed under its sequence)."""
 
     seq: int
     tokens: list[int]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 from native_helpers import Run, drain, generate
@@ -163,3 +165,36 @@ def test_parallel_calls_are_valid_calls_up_to_the_limit(engine: Engine, most: in
         assert counts == {1}
     else:  # this random model makes several calls for some of these seeds
         assert 1 < max(counts) <= (most or 400)
+
+
+def test_a_grammar_that_allows_no_next_token_fails_the_sequence_at_once(engine: Engine) -> None:
+    """After the brace the grammar allows nothing (an empty range): the sequence ends
+    with ``grammar_dead_end`` at that step, not at ``max_tokens``."""
+    run = generate(engine, PROMPT, max_tokens=50, grammar={"gbnf": 'root ::= "{" [5-2]'}, temperature=0)
+    assert (run.finish, run.last["code"]) == ("error", "grammar_dead_end")
+    assert run.text == "{" and run.last["n_generated"] == 1
+    free = generate(engine, PROMPT, max_tokens=3, temperature=0)
+    assert "code" not in free.last  # an end without an error has no code
+
+
+REPEAT_CHILD = """
+import sys
+from lmsp.native import Engine
+e = Engine(sys.argv[1], n_ctx=128, n_parallel=1, n_threads=1)
+for gbnf in ('root ::= "a"{5,2}', 'root ::= ("ab" | "c"){ 3 , 1 }'):
+    try:
+        e.submit([1, 450], max_tokens=4, grammar={"gbnf": gbnf})
+        print("accepted")
+    except ValueError as exc:
+        print(exc)
+"""
+
+
+def test_a_repetition_fewer_times_at_most_than_at_least_is_refused(demo_model_path) -> None:
+    """llama.cpp's parser would count down from {5,2} for ever, holding the caller
+    (and the GIL): refused first. In a child, so that a hang fails instead of stopping the run."""
+    out = subprocess.run([sys.executable, "-c", REPEAT_CHILD, str(demo_model_path)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["the grammar repeats {5,2}: fewer times at most than at least",
+                                       "the grammar repeats { 3 , 1 }: fewer times at most than at least"]
