@@ -86,3 +86,15 @@ def test_prefixed_names_every_rule_and_reference_and_nothing_else():
     gbnf = 'root ::= item ("," item)*\nitem ::= "item" [a-z\\]item] space\nspace ::= " "?'
     assert constraints.prefixed(gbnf, "x-") == (
         'x-root ::= x-item ("," x-item)*\nx-item ::= "item" [a-z\\]item] x-space\nx-space ::= " "?')
+
+
+def test_tool_parameters_that_refer_into_themselves_make_a_grammar():
+    point = {"type": "object", "properties": {"at": {"$ref": "#/$defs/xy"}}, "required": ["at"],
+             "$defs": {"xy": {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2}}}
+    tools = {"tools": [{"type": "function", "name": "f", "parameters": point},
+                       {"type": "function", "name": "g", "parameters": point}], "tool_choice": "required"}
+    for request in (tools, {**tools, "parallel_tool_calls": False},
+                    {**tools, "tool_choice": "auto", "parallel_tool_calls": False,
+                     "text": {"format": {"type": "json_schema", "name": "n", "schema": point}}}):
+        constraints.check(request)
+        assert "root ::=" in constraints.grammar(request)["gbnf"]
