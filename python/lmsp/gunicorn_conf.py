@@ -31,6 +31,7 @@ import threading
 import traceback
 
 from lmsp import config as _config
+from lmsp import cpu_check
 from lmsp.datadir import private_umask as _private_umask
 
 _cfg = _config.load()
@@ -87,6 +88,10 @@ def _enough_files() -> None:
 
 
 _enough_files()
+try:  # the workers load the extension: a build for another CPU stops the master at once, in one line
+    cpu_check.check()
+except cpu_check.CpuMismatch as _exc:
+    raise SystemExit(f"lmsp: cannot start: {_exc}") from None
 if _cfg.max_idle_connections >= worker_connections:
     raise SystemExit(
         f"lmsp: cannot start: max_idle_connections ({_cfg.max_idle_connections}) must be "

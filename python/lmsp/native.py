@@ -7,7 +7,12 @@ signatures and ``Engine``'s docstring below for the behaviour.
 
 from __future__ import annotations
 
-from ._native import (
+from . import cpu_check
+
+# before the module loads: a build for another CPU is refused in one line, not by SIGILL
+cpu_check.check()
+
+from ._native import (  # noqa: E402
     ChatParser,
     ChatTemplate,
     ContextLengthError,
