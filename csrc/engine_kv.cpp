@@ -18,6 +18,31 @@
 namespace lmsp {
 
 namespace {
+
+// The instruction set ggml's CPU kernels are compiled for (the module and ggml
+// share the target flags): vec_dot sums in another order on each, so the KV
+// of a prompt written under one is not what another computes.
+const char * cpu_kernel_set() {
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+    return "avx512vnni";
+#elif defined(__AVX512F__)
+    return "avx512";
+#elif defined(__AVX2__) && defined(__AVXVNNI__)
+    return "avxvnni";
+#elif defined(__AVX2__)
+    return "avx2";
+#elif defined(__AVX__)
+    return "avx";
+#elif defined(__ARM_FEATURE_MATMUL_INT8)
+    return "neon-i8mm";
+#elif defined(__ARM_FEATURE_DOTPROD)
+    return "neon-dotprod";
+#elif defined(__ARM_NEON)
+    return "neon";
+#else
+    return "generic";
+#endif
+}
 // at most this many saved states wait for saved_prefix() (a caller that never asks)
 constexpr size_t kMaxSaved = 64;
 
@@ -108,6 +133,7 @@ std::string Engine::kv_format() const {
     f += "/fa-tiles-" + std::to_string(plan_.fa_tiles ? kFaTileRows : 0);
     f += "/matmul-tiles-" + std::to_string(plan_.matmul_tiles ? kMinTiledRows : 0);
     f += "/reference-" + std::to_string(int(plan_.reference_kernels));
+    f += std::string("/isa-") + cpu_kernel_set();
     return f;
 }
 

@@ -1,7 +1,8 @@
 """A sequence's KV out of the engine, into a KV file, and back into a new engine
 (a restart) on SmolLM2: the next turn loads it instead of prefilling the
 history and answers as a full prefill does, token for token; a damaged,
-truncated or other model's state is refused and the turn is still right."""
+truncated, other model's or other instruction set's state is refused and the turn is
+still right."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 from native_helpers import N_GPU_LAYERS, drain, generate
 
-from lmsp import kvfiles
+from lmsp import cpu_check, kvfiles
 from lmsp.native import Engine, KvState
 
 pytestmark = [
@@ -234,3 +235,31 @@ def test_a_state_copied_ahead_of_the_submission_is_handed_over_once(make, tmp_pa
     assert got.tokens == want.tokens
     with pytest.raises(ValueError, match="already"):
         fresh.submit(prompt, max_tokens=1, prefix={**prefix, "state": state})
+
+
+def kernel_set(macros: list[str]) -> str:
+    """The instruction set a build's ggml kernels use, from its target macros
+    (lmsp.cpu_check's record of the build)."""
+    have = set(macros)
+    for name, needs in (("avx512vnni", {"__AVX512F__", "__AVX512VNNI__"}), ("avx512", {"__AVX512F__"}),
+                        ("avxvnni", {"__AVX2__", "__AVXVNNI__"}), ("avx2", {"__AVX2__"}), ("avx", {"__AVX__"}),
+                        ("neon-i8mm", {"__ARM_FEATURE_MATMUL_INT8"}), ("neon-dotprod", {"__ARM_FEATURE_DOTPROD"}),
+                        ("neon", {"__ARM_NEON"})):
+        if needs <= have:
+            return name
+    return "generic"
+
+
+def test_a_kv_file_written_under_another_instruction_set_is_refused(make, tmp_path: Path) -> None:
+    engine = make()
+    path, prompt = first_turn(engine, tmp_path)
+    record = cpu_check.build_record()
+    assert record is not None
+    here = engine.info["kv_format"]
+    assert here.endswith(f"/isa-{kernel_set(record['macros'])}")
+    assert load(engine, path, prompt)["tokens"]  # this build reads its own file
+    for isa in ("avx2", "avx512vnni", "neon-dotprod"):
+        other = here.rsplit("/isa-", 1)[0] + f"/isa-{isa}"
+        if other != here:  # an engine of another kernel set: the file is not its KV
+            with pytest.raises(kvfiles.Refused):
+                kvfiles.read(path, digest=DIGEST, kv_format=other, cache_key="", tokens=prompt)
