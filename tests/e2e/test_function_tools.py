@@ -133,7 +133,7 @@ def test_a_streamed_call_is_committed_events_identical_on_replay(server, token):
     ({"tools": [WEATHER, WEATHER]}, "tools[1].name"),
     ({"tools": [{**WEATHER, "name": "no spaces"}]}, "tools[0].name"),
     ({"tools": [{**WEATHER, "parameters": {"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}}]},
-     "tools[0].parameters"),
+     "tools[0].parameters.properties.a.$ref"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "get_time"}}, "tool_choice.name"),
     ({"input": [{"type": "function_call_output", "call_id": "call_x", "output": "1"}]}, "input[0].call_id"),
     ({"tools": [{**WEATHER, "parameters": {"enum": ["x" * 40000]}}]}, "tools[0].parameters"),

@@ -85,17 +85,17 @@ def test_openai_responses_parse_gives_the_pydantic_model(server, token):
     assert response.output_parsed.age >= 0
 
 
-@pytest.mark.parametrize("schema", [
-    {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}},
-    {"type": "object", "properties": {"a": {"$ref": "https://example.invalid/schema.json"}}},
-    {"type": "object", "properties": {"a": {"not": {"type": "string"}}}},
-    {"type": "object", "properties": {"a": {"type": "string", "pattern": "[a-z]+"}}},
+@pytest.mark.parametrize("schema,keyword", [
+    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}, "$ref"),
+    ({"type": "object", "properties": {"a": {"$ref": "https://example.invalid/schema.json"}}}, "$ref"),
+    ({"type": "object", "properties": {"a": {"not": {"type": "string"}}}}, "not"),
+    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "[a-z]+"}}}, "pattern"),
 ])
-def test_a_schema_the_grammar_cannot_express_is_refused_and_nothing_is_stored(server, token, schema):
+def test_a_schema_the_grammar_cannot_express_is_refused_and_nothing_is_stored(server, token, schema, keyword):
     before = server.call("GET", "/v1/responses?limit=100", token=token)["data"]
     error = create(server, token, expect=400, input="Hi", text=schema_format(schema))["error"]
     assert error["code"] == "invalid_request"
-    assert error["param"] == "text.format.schema"
+    assert error["param"] == f"text.format.schema.properties.a.{keyword}"
     assert server.call("GET", "/v1/responses?limit=100", token=token)["data"] == before
 
 

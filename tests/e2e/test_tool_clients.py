@@ -156,10 +156,10 @@ def test_chat_parse_with_a_pydantic_model(client):
 @pytest.mark.parametrize(("fields", "param"), [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": {
         "type": "object", "properties": {"a": {"not": {"type": "string"}}}}}}},
-     "response_format.json_schema.schema"),
+     "response_format.json_schema.schema.properties.a.not"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"a": {"type": "string", "format": "email"}}}}}]},
-     "tools[0].function.parameters"),
+     "tools[0].function.parameters.properties.a.format"),
 ])
 def test_chat_a_schema_the_grammar_cannot_hold_is_a_400_naming_it(client, fields, param):
     with pytest.raises(openai.BadRequestError) as caught:
