@@ -45,6 +45,10 @@ CONTRADICTIONS = [
     (CYCLE, "$defs.a.$ref"),
     (ENDLESS, "$defs.node.properties.next.$ref"),
     (ENDLESS_ITEMS, "$defs.t.items.$ref"),
+    ({"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "null"}]}}, "$ref": "#/$defs/a"},
+     "$defs.a.anyOf[0].$ref"),
+    ({"$defs": {"a": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/b"}]}, "b": {"oneOf": [{"$ref": "#/$defs/a"}]}},
+      "type": "array", "items": {"$ref": "#/$defs/a"}}, "$defs.b.oneOf[0].$ref"),
     ({"type": "array", "items": {"$ref": "#/$defs/gone"}}, "items.$ref"),
 ]
 TOO_BIG = [

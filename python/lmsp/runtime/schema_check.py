@@ -174,6 +174,28 @@ class _Walk:
             node, path = self.todo.pop()
             self.node(node, path)
         _Finite(self).check()
+        self.left_recursion()
+
+    def left_recursion(self) -> None:
+        """Refuse a ``$ref`` that comes back to itself through alternatives and
+        references alone: its grammar rule would start with itself (left recursion,
+        which the grammar's parser refuses)."""
+        edges = {ref: list(_heads(target, path)) for ref, (target, path) in self.targets.items()}
+        done: set[str] = set()
+
+        def visit(ref: str, stack: list[str]) -> None:
+            if ref in done:
+                return
+            stack.append(ref)
+            for nxt, at in edges.get(ref, ()):
+                if nxt in stack:
+                    raise self.refuse(at, f"makes {nxt} begin with itself: the grammar cannot hold that")
+                visit(nxt, stack)
+            stack.pop()
+            done.add(ref)
+
+        for ref in edges:
+            visit(ref, [])
 
     def node(self, node: Any, path: Path) -> None:
         if not isinstance(node, dict):
@@ -378,6 +400,19 @@ def _inferred(node: dict[str, Any]) -> str | None:
     if any(k in node for k in ("pattern", "minLength", "maxLength", "format")):
         return "string"
     return None
+
+
+def _heads(node: Any, path: Path) -> list[tuple[str, Path]]:
+    """The ``$ref``s an instance of ``node`` may begin with (through alternatives),
+    each with where it is."""
+    if not isinstance(node, dict):
+        return []
+    if isinstance(node.get("$ref"), str):
+        return [(node["$ref"], (*path, "$ref"))]
+    for key in ("anyOf", "oneOf"):
+        if isinstance(node.get(key), list):
+            return [head for i, alt in enumerate(node[key]) for head in _heads(alt, (*path, key, i))]
+    return []
 
 
 class _Finite:
