@@ -291,8 +291,7 @@ public:
         }
         // a queue push under the engine's lock, which its thread holds only briefly
         // (never while it decodes, never while it needs Python): with the GIL held,
-        // unless a grammar is set up first (its rules expanded, a resume's tokens
-        // taken), which can take milliseconds
+        // unless a grammar is set up first, which can take milliseconds
         return with_gil_free_if(req.grammar.has_value(), [&] { return engine_->submit(std::move(req)); });
     }
 
@@ -457,13 +456,11 @@ PYBIND11_MODULE(_native, m) {
         "src"_a, "dst"_a, "type"_a, "n_threads"_a = 0,
         "Write the GGUF model src to dst with its weights in type (see QUANTIZE_TYPES).");
     m.attr("QUANTIZE_TYPES") = py::tuple(py::cast(lmsp::quantize_types()));
-    m.def(
-        "schema_grammar",
-        [](const std::string & schema) {
-            py::gil_scoped_release nogil;  // a large schema takes a while: other threads go on
-            return lmsp::schema_grammar(schema);
-        },
-        "schema"_a, "The GBNF grammar (root rule 'root') of the texts a JSON schema (given as JSON text) admits.");
+    // both without the GIL: a large schema or grammar takes a while, other threads go on
+    m.def("schema_grammar", &lmsp::schema_grammar, "schema"_a, py::call_guard<py::gil_scoped_release>(),
+          "The GBNF grammar (root rule 'root') of the texts a JSON schema (given as JSON text) admits.");
+    m.def("check_grammar", &lmsp::check_grammar, "gbnf"_a, py::call_guard<py::gil_scoped_release>(),
+          "ValueError for GBNF text (root rule 'root') that the engine's grammar sampler would refuse.");
 
     m.def("tile_matmul_types", &lmsp::tile_matmul_types,
           "The weight types whose products of several rows take the tiled kernels (tile_matmul.cpp).");

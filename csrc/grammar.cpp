@@ -9,6 +9,7 @@
 #include "json-schema-to-grammar.h"
 #include "json.h"
 #include "llama.h"
+#include "llama_private.h"
 
 namespace lmsp {
 
@@ -182,6 +183,13 @@ bool Grammar::accept(int32_t token) {
         return true;
     } catch (const std::exception &) {  // llama.cpp's grammar throws on a token it cannot take
         return false;
+    }
+}
+
+void check_grammar(const std::string & gbnf) {
+    check_repetitions(gbnf);
+    if (!grammar_parses(gbnf.c_str())) {
+        throw InvalidArgument("the grammar does not parse, or a rule of it begins with itself");
     }
 }
 

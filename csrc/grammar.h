@@ -64,6 +64,11 @@ private:
     std::set<int32_t> preserved_;
 };
 
+// Throws InvalidArgument for GBNF text that the grammar sampler would refuse
+// (Grammar's constructor): one that does not parse, repeats something fewer
+// times at most than at least, or has a left-recursive rule.
+void check_grammar(const std::string & gbnf);
+
 // The GBNF grammar of the texts a JSON schema admits (llama.cpp's
 // json-schema-to-grammar). Throws InvalidArgument for text that is not JSON
 // and for a schema the converter cannot express.

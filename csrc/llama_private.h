@@ -14,4 +14,9 @@ namespace lmsp {
 // CPU backend.)
 void use_reference_cpu_kernels(llama_context * ctx, bool on);
 
+// Whether llama.cpp's grammar sampler would take this GBNF text (start rule
+// "root"): it parses, every rule is defined, none is left-recursive. No
+// vocabulary needed (the text names no tokens).
+bool grammar_parses(const char * gbnf);
+
 }  // namespace lmsp

@@ -23,6 +23,7 @@ from ._native import (  # noqa: E402
     NativeError,
     QUANTIZE_TYPES,
     TextStream,
+    check_grammar,
     crc32_low_priority,
     low_priority_nice,
     quantize,
@@ -44,6 +45,7 @@ __all__ = [
     "NativeError",
     "QUANTIZE_TYPES",
     "TextStream",
+    "check_grammar",
     "crc32_low_priority",
     "low_priority_nice",
     "quantize",
@@ -157,7 +159,8 @@ holds it. ``preserved``: special tokens whose text the output keeps;
 grammar that is not lazy first. A grammar that does not parse raises
 ValueError. ``schema_grammar(schema_json)`` is llama.cpp's JSON-schema
 converter: the grammar of the JSON texts a schema admits (ValueError for a
-schema it cannot express).
+schema it cannot express). ``check_grammar(gbnf)`` raises the ValueError that
+a submit with that grammar would, without an engine (neither holds the GIL).
 
 ``apply_chat_template(messages)`` renders the model's own chat template
 (``tokenizer.chat_template``) with llama.cpp's Jinja engine, given what

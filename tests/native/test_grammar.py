@@ -177,6 +177,19 @@ def test_a_grammar_that_allows_no_next_token_fails_the_sequence_at_once(engine: 
     assert "code" not in free.last  # an end without an error has no code
 
 
+def test_check_grammar_refuses_what_a_submit_would(engine: Engine) -> None:
+    from lmsp.native import check_grammar
+
+    check_grammar('root ::= "a" b*\nb ::= [0-9]')
+    for gbnf, why in [("root ::= (", "does not parse"), ("root ::= root | \"a\"", "begins with itself"),
+                      ('root ::= ("a"{0,40}){60}', "does not parse"), ('root ::= b', "does not parse"),
+                      ('root ::= "a"{5,2}', "fewer times at most")]:
+        with pytest.raises(ValueError, match=why):
+            check_grammar(gbnf)
+        with pytest.raises(ValueError):
+            engine.submit(PROMPT, max_tokens=4, grammar={"gbnf": gbnf})
+
+
 REPEAT_CHILD = """
 import sys
 from lmsp.native import Engine

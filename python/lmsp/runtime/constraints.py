@@ -213,17 +213,16 @@ def check(request: dict[str, Any]) -> None:
 
 
 def _convert(request: dict[str, Any], checked: list[tuple[dict[str, Any], str, schema_check.Report]]) -> None:
-    """:func:`check`'s conversion: each pattern, each schema, then the request's grammar."""
+    """:func:`check`'s conversion: each pattern, each schema, then the request's grammar,
+    each made and held to what the engine's grammar sampler takes."""
     for schema, param, report in checked:
         for path, pattern in report.patterns:
             at = schema_check.where(param, path)
             if not _pattern_supported(pattern):
                 raise InvalidRequest(f"'{at}' is not supported: the grammar cannot read the pattern", param=at)
-            bad = bad_repetition(schema_grammar({"type": "string", "pattern": pattern}))
-            if bad:
-                raise InvalidRequest(f"'{at}' {bad}", param=at)
+            _held(schema_grammar({"type": "string", "pattern": pattern}), at)
         try:
-            schema_grammar(schema)
+            _held(schema_grammar(schema), param)
         except ValueError as exc:
             at = schema_check.where(param, _pointer(str(exc)))
             raise InvalidRequest(f"'{at}' is not supported: {exc}", param=at) from None
@@ -238,9 +237,20 @@ def _convert(request: dict[str, Any], checked: list[tuple[dict[str, Any], str, s
             f"'{param}' makes a grammar of {len(gbnf)} bytes, more than the {MAX_GRAMMAR_BYTES} it may have",
             param=param,
         )
+    _held(gbnf, param)
+
+
+def _held(gbnf: str, param: str) -> None:
+    """Refuse (naming ``param``) a grammar the engine's sampler would not take."""
+    from .. import native  # the extension loads in the workers only
+
     bad = bad_repetition(gbnf)
     if bad:
         raise InvalidRequest(f"'{param}' {bad}", param=param)
+    try:
+        native.check_grammar(gbnf)
+    except ValueError as exc:
+        raise InvalidRequest(f"'{param}' is not supported: {exc}", param=param) from None
 
 
 # a repetition in a grammar's text, {m}, {m,} or {m,n}, outside its literals and character classes
