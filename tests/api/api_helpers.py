@@ -108,20 +108,20 @@ def make_client(store, scopes, name="test") -> tuple[dict, str]:
 
 
 def parse_sse(text: str) -> list[dict]:
-    """SSE frames as dicts: ``{"id", "event", "data"}`` (data parsed), comments as ``{"comment"}``."""
+    """SSE frames as dicts: ``{"id", "event", "data"}`` (data parsed), each comment line as
+    ``{"comment"}`` (a keep-alive is a comment line alone, with no blank line after it)."""
     frames = []
     for block in text.split("\n\n"):
-        if not block.strip():
-            continue
         frame: dict = {}
         for line in block.split("\n"):
             if line.startswith(":"):
-                frame.setdefault("comment", line[1:].strip())
-                continue
-            field, _, value = line.partition(": ")
-            # OpenAI's streams end with ``data: [DONE]``, which is not JSON
-            frame[field] = json.loads(value) if field == "data" and value != "[DONE]" else value
-        frames.append(frame)
+                frames.append({"comment": line[1:].strip()})
+            elif line:
+                field, _, value = line.partition(": ")
+                # OpenAI's streams end with ``data: [DONE]``, which is not JSON
+                frame[field] = json.loads(value) if field == "data" and value != "[DONE]" else value
+        if frame:
+            frames.append(frame)
     return frames
 
 

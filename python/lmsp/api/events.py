@@ -30,7 +30,9 @@ log = logging.getLogger("lmsp.api")
 
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed", "response.cancelled"})
 TASK_EVENT_PREFIX = "task."  # the task lifecycle events, which response streams leave out
-KEEP_ALIVE = b": keep-alive\n\n"
+# a comment line alone, with no blank line after it: a decoder that keeps the last event id
+# (the openai package) dispatches an empty event at every blank line once it has seen one
+KEEP_ALIVE = b": keep-alive\n"
 PAGE = 500
 POLL_SECONDS = 0.25  # how often a stream polls the store when the runtime does not watch it
 AUTH_RECHECK_SECONDS = 5.0  # how often an open stream asks whether its reader's client was revoked
