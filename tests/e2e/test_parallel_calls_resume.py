@@ -12,7 +12,7 @@ NOTE = {
     "type": "function",
     "name": "save_note",
     "description": "Saves a note.",
-    "parameters": {"type": "object", "properties": {"note": {"type": "string", "minLength": 1500, "maxLength": 2000}},
+    "parameters": {"type": "object", "properties": {"note": {"type": "string", "minLength": 500, "maxLength": 1000}},
                    "required": ["note"], "additionalProperties": False},
 }
 BODY = {"model": "tiny", "input": "Count on:", "tools": [NOTE], "tool_choice": "required", "max_tool_calls": 2,
