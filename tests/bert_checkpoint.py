@@ -21,6 +21,8 @@ WORDS = (
     "run walk book read cat play un caf naive costs ok yes no . , ! ? ' - $ ( ) : ; 0 1 2 3 4 5 6 7 8 9"
 ).split()
 PIECES = ["##s", "##ed", "##ing", "##er", "##ly", "##e", "##y"] + [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"]
+# the Hangul syllable \ud55c decomposed (NFD): BERT's tokenizer matches its jamo
+PIECES += ["\u1112", "##\u1161", "##\u11ab"]
 VOCAB = list(dict.fromkeys(SPECIAL + WORDS + list("abcdefghijklmnopqrstuvwxyz") + PIECES))
 
 

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from lmsp.bert_gguf import ConversionError, convert, main
-from lmsp.native import Engine
+from lmsp.native import Engine, read_gguf_info
+from lmsp.runtime.embeddings import Embeddings
 from lmsp.safetensors_file import SafetensorsError, read_safetensors
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -107,6 +108,19 @@ def test_llama_cpp_runs_it_to_the_reference_s_vectors_and_token_ids(checkpoint, 
     assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
     cosines = np.sum(got * vectors, axis=1)
     assert cosines.min() >= floor, cosines
+
+
+def test_the_service_decomposes_hangul_as_bert_s_tokenizer_does(checkpoint, converted, demo_model_path, tmp_path):
+    """llama.cpp's NFD leaves a Hangul syllable whole; the model's tokenizer decomposes it
+    into jamo, and so does the service before llama.cpp tokenizes a text."""
+    text = "\ud55c \ud55c!"
+    assert read_gguf_info(converted["f16"])["decomposes_text"] is True
+    assert read_gguf_info(demo_model_path)["decomposes_text"] is False
+    ids, _ = reference(checkpoint, [text], tmp_path)
+    with Engine(str(converted["f16"]), n_ctx=64, n_parallel=1, n_threads=1) as engine:
+        assert engine.tokenize(text, add_special=True, parse_special=True) != ids[0]  # llama.cpp alone
+        assert Embeddings._tokens(engine, text, 0) == ids[0]
+    assert len(ids[0]) == 9  # [CLS], two syllables of three jamo, "!", [SEP]
 
 
 def test_cls_pooling_is_kept(tmp_path):
