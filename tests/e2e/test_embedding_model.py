@@ -1,8 +1,9 @@
 """The catalog's embedding model end to end: ``lmsp serve --model all-minilm-l6-v2``
 (the sentence-transformers checkpoint converted to GGUF at pull) against an independent
 numpy implementation of the model (tests/bert_reference.py) on 200 varied sentences,
-its refusals, its limit of 512 tokens, and a small retrieval set on which its
-recall is compared with SmolLM2's mean-pooled vectors."""
+its refusals, its limit of 512 tokens, a small retrieval set on which its recall is
+compared with SmolLM2's mean-pooled vectors, and LangChain's ``OpenAIEmbeddings`` and
+LlamaIndex's ``OpenAIEmbedding``, unmodified, with a paired client's token as API key."""
 from __future__ import annotations
 
 import base64
@@ -145,3 +146,29 @@ def test_retrieval_recall_is_far_above_smollm2_s(server, token, smollm2_path, re
         print(f"\nrecall@5 on {len(QUESTIONS)} questions, {len(PASSAGES)} passages: "
               f"{MODEL} {minilm:.2f}, smollm2-135m-instruct (mean-pooled) {smollm2:.2f}")
     assert minilm >= 0.9 and minilm >= smollm2 + 0.3
+
+
+def test_langchain_openai_embeddings(server, token):
+    from langchain_openai import OpenAIEmbeddings
+
+    # check_embedding_ctx_length=False: texts as they are (LangChain would otherwise send
+    # the token ids of OpenAI's tokenizer, which are not this model's)
+    client = OpenAIEmbeddings(model=MODEL, base_url=f"{server.base_url}/v1", api_key=token,
+                              check_embedding_ctx_length=False, max_retries=0, chunk_size=16)
+    documents = client.embed_documents(PASSAGES[:20])
+    query = client.embed_query(QUESTIONS[0])
+    expected, _ = embed(server, token, PASSAGES[:20] + QUESTIONS[:1])
+    assert np.allclose(np.array(documents + [query]), expected, atol=1e-7)
+    assert int(np.argmax(np.array(documents) @ np.array(query))) == 0  # the passage that answers it
+
+
+def test_llama_index_openai_embedding(server, token):
+    from llama_index.embeddings.openai import OpenAIEmbedding
+
+    client = OpenAIEmbedding(model_name=MODEL, api_base=f"{server.base_url}/v1", api_key=token, max_retries=0,
+                             embed_batch_size=16)
+    documents = client.get_text_embedding_batch(PASSAGES[:20])
+    query = client.get_query_embedding(QUESTIONS[0])
+    expected, _ = embed(server, token, PASSAGES[:20] + QUESTIONS[:1])
+    assert np.allclose(np.array(documents + [query]), expected, atol=1e-7)
+    assert int(np.argmax(np.array(documents) @ np.array(query))) == 0
