@@ -31,7 +31,10 @@
 // ggml built with +i8mm by GCC 12.2 (Debian 12): its q5_0 vec_dot gets a
 // last odd block wrong (the scalar tail, vectorized with usdot, is not the
 // exact sum the tiles give). The install check includes an odd block count,
-// so such a build leaves q5_0 to ggml.
+// so such a build leaves q5_0 to ggml. A ggml built with SVE (Graviton 3, say)
+// computes q8_0 with its SVE code, fused and summed in another order: the
+// install check leaves q8_0 to ggml there too (seen under qemu with vectors
+// of 128, 256 and 512 bits; q4_1, q4_K and q6_K keep the NEON bits).
 //
 // q4_K and q6_K (super-blocks of 256 values) are further down.
 //
