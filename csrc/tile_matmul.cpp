@@ -23,6 +23,9 @@
 // buffer exactly as its own path does. At install each type is checked
 // against ggml's vec_dot on random data and taken only where every element
 // matches bit for bit (ggml's compiler might sum in another order).
+//
+// On ARM (NEON with the dot-product extension) the tiles are those of
+// tile_matmul_neon.cpp, with ggml's aarch64 one-row bits.
 
 #include "tile_matmul.h"
 
@@ -41,6 +44,10 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 #define LMSP_TILES 1
+#elif defined(__ARM_NEON) && defined(__ARM_FEATURE_DOTPROD)
+#include "tile_matmul_neon.h"  // the tiles on ARM, in a file of their own
+#define LMSP_TILES 1
+#define LMSP_TILES_NEON 1
 #endif
 
 namespace lmsp {
@@ -62,7 +69,7 @@ struct TileType {
 TileType g_types[] = {{GGML_TYPE_Q4_1, "q4_1"}, {GGML_TYPE_Q5_0, "q5_0"}, {GGML_TYPE_Q8_0, "q8_0"}};
 std::atomic<int64_t> g_products{0};
 
-#ifdef LMSP_TILES
+#if defined(LMSP_TILES) && !defined(LMSP_TILES_NEON)
 
 inline float half(const uint8_t * p) {
     uint16_t h;
@@ -263,6 +270,8 @@ void product(ggml_type type, const uint8_t * weights, size_t w_row_bytes, int64_
     }
 }
 
+#elif defined(LMSP_TILES_NEON)
+using neon::product;
 #endif  // LMSP_TILES
 
 bool type_on(ggml_type type) {
@@ -385,10 +394,11 @@ bool matches(ggml_type type, int rows, int n, int k, uint32_t seed) {
 }
 
 // The install-time check of a type: row counts of every tile shape, block
-// counts of the catalog models' matrices.
+// counts of the catalog models' matrices, and an odd one (ggml's ARM code
+// adds a last odd block on its own).
 bool type_checks(ggml_type type) {
     uint32_t seed = 1;
-    for (const int k : {64, 576, 1536}) {
+    for (const int k : {64, 96, 576, 1536}) {
         for (const int n : {1, 2, 3, 4, 5, 7}) {
             if (!matches(type, 8, n, k, seed++)) return false;
         }

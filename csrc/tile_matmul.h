@@ -10,7 +10,8 @@ namespace lmsp {
 
 // Puts the tiled products into ggml's CPU backend, once per process. Each
 // weight type is taken only where a check against ggml's own dot product
-// gives the same bits; none on a CPU without AVX-512 VNNI.
+// gives the same bits; none on a CPU without AVX-512 VNNI or, on ARM, the
+// dot-product extension.
 void install_tile_matmul();
 
 // The weight types the tiled products take now ("q4_1", "q5_0", "q8_0"); empty when
@@ -25,7 +26,8 @@ void set_tile_matmul(bool on);
 // Matrix products the tiles computed in this process so far.
 int64_t tile_matmul_products();
 
-// Whether this build has the tiles (a CPU with AVX-512 VNNI).
+// Whether this build has the tiles (a CPU with AVX-512 VNNI, or ARM NEON with
+// the dot-product extension).
 bool tile_matmul_built();
 
 // Whether the tiled product of random `type` weights (`rows` x `k`) and `n`
