@@ -7,19 +7,22 @@ per sequence and batch (bench/serve.py's settings; llama-server with ``-b`` and
 ``--inputs`` inputs (256) of ``--tokens`` tokens (64) each, given as token ids
 so that both servers embed exactly the same tokens, sent as requests of
 ``--per-request`` inputs (all of them in one request by default) by
-``--clients`` concurrent clients. A round sends the whole load to each server
+``--clients`` concurrent clients; ``--batches 1,32,256`` measures each of
+several request sizes in turn. A round sends the whole load to each server
 in turn, the order alternating from round to round so that a change in the
 machine's background load does not land on one server only; the figure is the
 median round's inputs/s, and the ratio the median of the rounds' ratios. The
 CPU time each server's process tree spends on a round is counted too (CPU
 milliseconds per input): on a shared machine it moves less with the other
-load than the wall time does. The vectors of both servers are compared once
-(cosine similarity).
+load than the wall time does. Every input's vectors from both servers are
+compared once (cosine similarity).
 
     python bench/embeddings.py --model ~/.cache/lmsp/models/smollm2-135m-instruct.gguf \\
         --llama-server /work/ref/bin/llama-server --rounds 5
+    python bench/embeddings.py --model ~/.cache/lmsp/models/all-minilm-l6-v2.gguf \\
+        --llama-server build/reference/bin/llama-server --batches 1,32,256 --goal 1.5
 
-Goal: lmsp >= 0.95x llama-server's inputs/s.
+Goal: lmsp >= 0.95x llama-server's inputs/s (``--goal``).
 """
 from __future__ import annotations
 
@@ -123,13 +126,45 @@ def cosine(a: list[float], b: list[float]) -> float:
     return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
 
 
+def measure(llama: LlamaServer, lmsp: LmspServer, token: str, inputs: list[list[int]], model: str,
+            per_request: int, clients: int, rounds: int) -> dict:
+    """Rounds of the whole load in requests of ``per_request`` inputs, alternating the servers."""
+    rows: list[dict] = []
+    for r in range(rounds):
+        order = [("llama", llama.port, None), ("lmsp", lmsp.port, token)]
+        if r % 2:
+            order.reverse()
+        row: dict = {"load_before": round(os.getloadavg()[0], 2)}
+        for name, port, key in order:
+            pid = (lmsp if key else llama).proc.pid
+            cpu = tree_cpu_seconds(pid)
+            row[name] = one_round(port, inputs, key, model, per_request, clients)
+            row[f"{name}_cpu_ms_per_input"] = (tree_cpu_seconds(pid) - cpu) * 1000 / len(inputs)
+        row["load_after"] = round(os.getloadavg()[0], 2)
+        row["ratio"] = row["lmsp"] / row["llama"]
+        row["cpu_ratio"] = row["lmsp_cpu_ms_per_input"] / row["llama_cpu_ms_per_input"]
+        rows.append(row)
+        print(f"batch {per_request}, round {r + 1}: llama-server {row['llama']:.2f}, lmsp {row['lmsp']:.2f} "
+              f"inputs/s ({row['ratio']:.3f}x; load {row['load_before']}-{row['load_after']}); CPU ms per input "
+              f"{row['llama_cpu_ms_per_input']:.1f} and {row['lmsp_cpu_ms_per_input']:.1f} "
+              f"({row['cpu_ratio']:.3f}x)", flush=True)
+    return {
+        "inputs_per_s": {who: statistics.median(r[who] for r in rows) for who in ("lmsp", "llama")},
+        "ratio": statistics.median(r["ratio"] for r in rows),
+        "cpu_ms_per_input": {who: statistics.median(r[f"{who}_cpu_ms_per_input"] for r in rows)
+                             for who in ("lmsp", "llama")},
+        "cpu_ratio": statistics.median(r["cpu_ratio"] for r in rows),
+        "rounds": rows,
+    }
+
+
 def run(args) -> dict:
     s = ServeSettings(threads=args.threads, parallel=args.parallel, ctx_per_seq=args.ctx, n_gpu_layers=0)
     work = Path(args.work)
     model = Path(args.model).expanduser()
     llama = llama_server(Path(args.llama_server), model, s, work, args.llama_arg)
     lmsp = LmspServer.create(lmsp_command(args.lmsp), model, s, work, args.variant, {})
-    rounds: list[dict] = []
+    batches = [int(b) for b in args.batches.split(",")] if args.batches else [args.per_request]
     try:
         for srv in (llama, lmsp):
             srv.start()
@@ -137,39 +172,21 @@ def run(args) -> dict:
         lmsp.ready(s)
         token = lmsp.pair()
         inputs = make_inputs(llama, args.inputs, args.tokens)
-        # a first pass each (lmsp makes its embedder on first use); the vectors compared
-        sample = inputs[:8]
-        pairs = zip(embed(llama.port, sample, None, model.stem), embed(lmsp.port, sample, token, model.stem))
-        similarity = min(cosine(a, b) for a, b in pairs)
-        for r in range(args.rounds):
-            order = [("llama", llama.port, None), ("lmsp", lmsp.port, token)]
-            if r % 2:
-                order.reverse()
-            row: dict = {"load_before": round(os.getloadavg()[0], 2)}
-            for name, port, key in order:
-                pid = (lmsp if key else llama).proc.pid
-                cpu = tree_cpu_seconds(pid)
-                row[name] = one_round(port, inputs, key, model.stem, args.per_request, args.clients)
-                row[f"{name}_cpu_ms_per_input"] = (tree_cpu_seconds(pid) - cpu) * 1000 / len(inputs)
-            row["load_after"] = round(os.getloadavg()[0], 2)
-            row["ratio"] = row["lmsp"] / row["llama"]
-            row["cpu_ratio"] = row["lmsp_cpu_ms_per_input"] / row["llama_cpu_ms_per_input"]
-            rounds.append(row)
-            print(f"round {r + 1}: llama-server {row['llama']:.2f}, lmsp {row['lmsp']:.2f} inputs/s "
-                  f"({row['ratio']:.3f}x; load {row['load_before']}-{row['load_after']}); CPU ms per input "
-                  f"{row['llama_cpu_ms_per_input']:.0f} and {row['lmsp_cpu_ms_per_input']:.0f} "
-                  f"({row['cpu_ratio']:.3f}x)", flush=True)
+        # a first pass each (lmsp makes its embedder on first use); every input's vectors compared
+        similarity = 1.0
+        for start in range(0, len(inputs), 256):
+            chunk = inputs[start:start + 256]
+            pairs = zip(embed(llama.port, chunk, None, model.stem), embed(lmsp.port, chunk, token, model.stem))
+            similarity = min([similarity] + [cosine(a, b) for a, b in pairs])
+        results = {b: measure(llama, lmsp, token, inputs, model.stem, b, args.clients, args.rounds) for b in batches}
     finally:
         lmsp.stop()
         llama.stop()
+    first = results[batches[0]]
     return {
-        "inputs_per_s": {who: statistics.median(r[who] for r in rounds) for who in ("lmsp", "llama")},
-        "ratio": statistics.median(r["ratio"] for r in rounds),
-        "cpu_ms_per_input": {who: statistics.median(r[f"{who}_cpu_ms_per_input"] for r in rounds)
-                             for who in ("lmsp", "llama")},
-        "cpu_ratio": statistics.median(r["cpu_ratio"] for r in rounds),
+        **{k: first[k] for k in ("inputs_per_s", "ratio", "cpu_ms_per_input", "cpu_ratio", "rounds")},
+        "batches": {str(b): r for b, r in results.items()},
         "min_cosine_similarity": similarity,
-        "rounds": rounds,
         "settings": {"threads": s.threads, "parallel": s.parallel, "ctx_per_seq": s.ctx_per_seq, "batch": 512,
                      "ubatch": 512, "llama_args": llama.argv[1:]},
     }
@@ -189,6 +206,9 @@ def main(argv=None) -> int:
     p.add_argument("--inputs", type=int, default=256)
     p.add_argument("--tokens", type=int, default=64, help="tokens per input")
     p.add_argument("--per-request", type=int, default=256, help="inputs per request")
+    p.add_argument("--batches", default=None,
+                   help="several request sizes measured in turn, e.g. 1,32,256 (instead of --per-request)")
+    p.add_argument("--goal", type=float, default=GOAL, help="lmsp's inputs/s over llama-server's that passes")
     p.add_argument("--clients", type=int, default=1)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--work", default=str(ROOT / "bench" / "out" / "embeddings"))
@@ -203,14 +223,16 @@ def main(argv=None) -> int:
     record = {"bench": "embeddings", "date": now.strftime("%Y-%m-%d %H:%M"), **source, "machine": machine(),
               "model": model, "command": " ".join(["python", "bench/embeddings.py", *(argv or sys.argv[1:])]),
               "inputs": args.inputs, "tokens": args.tokens, "per_request": args.per_request,
-              "clients": args.clients, "variant": args.variant, "goal": GOAL, **result}
+              "clients": args.clients, "variant": args.variant, "goal": args.goal, **result}
     name = f"{now:%Y-%m-%dT%H%M}-embeddings-{model}{'' if args.variant == 'lmsp' else '-' + args.variant}.json"
     out = Path(args.out or ROOT / "bench" / "results" / "history" / name)
     out.write_text(json.dumps(record, indent=1) + "\n")
-    rate = result["inputs_per_s"]
-    print(f"lmsp {rate['lmsp']:.1f} inputs/s, llama-server {rate['llama']:.1f}: {result['ratio']:.3f}x "
-          f"(goal >= {GOAL}); CPU per input {result['cpu_ratio']:.3f}x llama-server's; vectors' cosine "
-          f"similarity >= {result['min_cosine_similarity']:.6f}")
+    for batch, one in result["batches"].items():
+        rate = one["inputs_per_s"]
+        print(f"batch {batch}: lmsp {rate['lmsp']:.1f} inputs/s, llama-server {rate['llama']:.1f}: "
+              f"{one['ratio']:.3f}x (goal >= {args.goal}); CPU per input {one['cpu_ratio']:.3f}x llama-server's "
+              f"({one['cpu_ms_per_input']['lmsp']:.2f} against {one['cpu_ms_per_input']['llama']:.2f} ms)")
+    print(f"every vector's cosine similarity to llama-server's >= {result['min_cosine_similarity']:.6f}")
     print(f"written {out}")
     return 0
 

@@ -72,6 +72,7 @@ py::dict info_dict(const lmsp::GgufInfo & i) {
     d["quantization"] = i.quantization;
     d["context_length"] = i.context_length;
     d["chat_template"] = i.chat_template ? py::object(py::str(*i.chat_template)) : py::object(py::none());
+    d["decomposes_text"] = i.decomposes_text;
     d["vocab_size"] = i.vocab_size;
     d["n_embd"] = i.n_embd;
     d["n_layer"] = i.n_layer;

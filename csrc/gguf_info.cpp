@@ -80,6 +80,13 @@ std::optional<std::string> get_str(const gguf_context * ctx, const std::string &
     return out;
 }
 
+// Boolean metadata; ``fallback`` when absent or not a boolean.
+bool get_bool(const gguf_context * ctx, const std::string & key, bool fallback) {
+    const int64_t id = gguf_find_key(ctx, key.c_str());
+    if (id < 0 || gguf_get_kv_type(ctx, id) != GGUF_TYPE_BOOL) return fallback;
+    return gguf_get_val_bool(ctx, id);
+}
+
 // A hyperparameter: llama.cpp reads these as 32-bit values, so anything
 // larger is corrupt (and would not fit a database integer either).
 uint64_t get_dim(const gguf_context * ctx, const std::string & key, const std::string & path, uint64_t fallback) {
@@ -172,6 +179,11 @@ GgufInfo read_gguf_info(const std::string & path) {
     info.architecture = *arch;
     info.name = get_str(ctx.get(), "general.name", path);
     info.chat_template = get_str(ctx.get(), "tokenizer.chat_template", path);
+    if (get_str(ctx.get(), "tokenizer.ggml.model", path) == std::optional<std::string>("bert")) {
+        // llama.cpp's defaults: lowercase, and strip accents as it lowercases
+        const bool lowercase = get_bool(ctx.get(), "tokenizer.ggml.normalizer.lowercase", true);
+        info.decomposes_text = get_bool(ctx.get(), "tokenizer.ggml.normalizer.strip_accents", lowercase);
+    }
 
     const std::string a = info.architecture + ".";
     info.context_length = get_dim(ctx.get(), a + "context_length", path, 0);

@@ -23,6 +23,10 @@ struct GgufInfo {
     uint64_t n_head_kv = 0;
     uint64_t tensor_count = 0;
     uint64_t size_bytes = 0;
+    // A WordPiece (BERT) tokenizer that strips accents: it decomposes text
+    // (NFD) first. llama.cpp's decomposition leaves Hangul syllables whole,
+    // so whoever tokenizes text for such a model decomposes it in full first.
+    bool decomposes_text = false;
 
     // Not shown to Python: why llama.cpp would abort (not throw) on this
     // file's hyperparameters; empty when they are within its limits.

@@ -10,11 +10,12 @@ namespace lmsp {
 
 // Puts the tiled products into ggml's CPU backend, once per process. Each
 // weight type is taken only where a check against ggml's own dot product
-// gives the same bits; none on a CPU without AVX-512 VNNI.
+// gives the same bits; none in a build for a CPU without AVX2 or, on ARM,
+// without the dot-product extension.
 void install_tile_matmul();
 
-// The weight types the tiled products take now ("q4_1", "q5_0", "q8_0"); empty when
-// off or not installed.
+// The weight types the tiled products take now ("q4_1", "q5_0", "q8_0", "q4_K",
+// "q6_K"); empty when off or not installed.
 std::vector<std::string> tile_matmul_types();
 
 // Off or on again, for the whole process (a benchmark's or a test's control
@@ -25,7 +26,9 @@ void set_tile_matmul(bool on);
 // Matrix products the tiles computed in this process so far.
 int64_t tile_matmul_products();
 
-// Whether this build has the tiles (a CPU with AVX-512 VNNI).
+// Whether this build has the tiles: the compiler targets AVX2 (with or
+// without AVX-VNNI) or AVX-512 VNNI (tile_matmul_kernels.h), or ARM NEON with
+// the dot-product extension (tile_matmul_neon.h).
 bool tile_matmul_built();
 
 // Whether the tiled product of random `type` weights (`rows` x `k`) and `n`

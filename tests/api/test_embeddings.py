@@ -80,3 +80,33 @@ def test_an_idempotency_key_replays_the_answer(user, scripted):
     assert len(scripted.embedded) == 1  # computed once
     other = user.post("/v1/embeddings", json={"model": "tiny", "input": "x"}, headers=headers)
     assert_error(other, 422, "idempotency_key_reused")
+
+
+@pytest.fixture
+def encoder(store):
+    """An embedding model (a BERT encoder) beside the scripted worker's model."""
+    store.put_model({"id": "minilm", "path": "minilm.gguf", "digest": "sha256:" + "1" * 64, "size_bytes": 1,
+                     "format": "gguf", "architecture": "bert", "has_chat_template": False})
+    return "minilm"
+
+
+def test_an_embedding_model_says_what_it_does(user, encoder):
+    assert user.get(f"/v1/models/{encoder}").json["capabilities"] == ["embeddings"]
+    assert user.get("/v1/models/tiny").json["capabilities"] == ["generation", "embeddings"]
+    assert embed(user, model=encoder).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/responses", {"input": "hi"}),
+        ("/v1/responses", {"input": "hi", "background": True, "stream": True}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("/v1/completions", {"prompt": "hi"}),
+        ("/v1/completions", {"prompt": ["a", "b"]}),
+    ],
+)
+def test_generation_refuses_an_embedding_model_before_any_task(user, encoder, store, path, body):
+    answer = user.post(path, json={"model": encoder, **body})
+    assert_error(answer, 400, "model_not_generative", param="model")
+    assert store.list_tasks()["data"] == []

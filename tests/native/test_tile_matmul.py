@@ -1,8 +1,10 @@
 """The tiled matrix products (csrc/tile_matmul.cpp): ggml's one-row numbers,
-bit for bit, for every element, whatever the number of rows.
+bit for bit, for every element, whatever the number of rows, with the
+kernels of whichever instruction set the build targets (AVX-512 VNNI, AVX2
+with or without AVX-VNNI).
 
-Where the build has no tiles (a CPU without AVX-512 VNNI), nothing claims a
-product: the tests check that instead."""
+Where the build has no tiles (a CPU without AVX2), nothing claims a product:
+the tests check that instead."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -18,12 +20,14 @@ from lmsp.native import Engine
 
 pytestmark = pytest.mark.skipif(N_GPU_LAYERS != 0, reason="the tiles are the CPU backend's")
 
-TYPES = ["q4_1", "q5_0", "q8_0"]
+TYPES = ["q4_1", "q5_0", "q8_0", "q4_K", "q6_K"]
 # (weight rows, activation rows, values per row): every tile shape (1-4
 # activation rows and their remainders), activation rows past one chunk of
-# 64, and the catalog models' row lengths
+# 64, and the catalog models' row lengths (the K-quants' in superblocks of 256)
 SHAPES = [(4, 1, 32), (8, 2, 64), (8, 3, 576), (12, 4, 576), (8, 5, 1536), (16, 7, 1536), (4, 9, 2048),
           (8, 64, 576), (8, 67, 576), (4, 130, 1536)]
+K_SHAPES = [(4, 1, 256), (8, 2, 512), (8, 3, 1024), (12, 4, 256), (8, 5, 2048), (16, 7, 1024), (4, 9, 2048),
+            (8, 64, 1024), (8, 67, 256), (4, 130, 1024)]
 
 
 @pytest.fixture
@@ -34,8 +38,16 @@ def tiles_on() -> Iterator[None]:
 
 @pytest.mark.parametrize("type_", TYPES)
 def test_tiled_products_equal_ggmls_one_row_dot_product_bit_for_bit(type_: str) -> None:
-    for seed, (rows, n, k) in enumerate(SHAPES):
+    for seed, (rows, n, k) in enumerate(K_SHAPES if type_.endswith("_K") else SHAPES):
         assert _native.tile_matmul_matches(type_, rows, n, k, seed) is _native.TILE_MATMUL_BUILT, (rows, n, k)
+
+
+def test_a_shape_the_tiles_cannot_take_is_refused() -> None:
+    # a row length that is not a whole number of blocks, a weight row count
+    # that is not a whole number of tiles, an unknown type
+    assert not _native.tile_matmul_matches("q4_K", 8, 2, 288, 1)
+    assert not _native.tile_matmul_matches("q8_0", 6, 2, 64, 1)
+    assert not _native.tile_matmul_matches("f16", 8, 2, 64, 1)
 
 
 def _run(engine: Engine, prompts: list[list[int]]) -> tuple[np.ndarray, list[list[int]]]:

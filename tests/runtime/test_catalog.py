@@ -181,11 +181,14 @@ def test_the_catalog_names_its_models_and_refuses_others(fake):
 
 def test_the_shipped_catalog_pins_every_file():
     models = catalog.load_catalog(Path(catalog.__file__).with_name("models.toml"))
-    assert set(models) == {"smollm2-135m-instruct", "gemma-3-270m"}
+    assert set(models) == {"smollm2-135m-instruct", "gemma-3-270m", "all-minilm-l6-v2"}
     for model in models.values():
         assert len(model.sha256) == 64 and model.size > 0 and model.license
         for archive in model.archives:
             assert len(archive.sha256) == 64 and archive.archive.endswith(".whl") and archive.member
+        for _, digest in model.convert.files if model.convert else ():
+            assert len(digest) == 64
+    assert models["all-minilm-l6-v2"].convert is not None
 
 
 # ---------------------------------------------------------------------- lmsp models pull

@@ -18,7 +18,7 @@ from .metrics import TASK_STATES
 from .openapi_schemas import INT64_MAX, JSON, RESPONSE_STATUSES, SCHEMAS, SECURITY_SCHEMES, STR, ref, text
 
 ERRORS_BY_STATUS = {
-    "400": "invalid_request, invalid_json or context_length_exceeded",
+    "400": "invalid_request, invalid_json, context_length_exceeded or model_not_generative",
     "401": "unauthorized: missing, unknown or revoked token",
     "403": "insufficient_scope",
     "404": "not_found (also another client's response or task)",

@@ -356,7 +356,8 @@ def _errors(errors: dict[str, str]) -> JSON:
 
 
 TASK_ERRORS = {
-    "400": "invalid_request, invalid_json or context_length_exceeded (also a task that failed for its prompt)",
+    "400": "invalid_request, invalid_json, context_length_exceeded or model_not_generative "
+    "(also a task that failed for its prompt)",
     "404": "not_found: the model",
     "408": "request_timeout",
     "409": "idempotency_key_in_use, model_changed, or `cancelled` (the task was cancelled)",

@@ -183,6 +183,12 @@ SCHEMAS: JSON = {
                 "prompts are rendered with it; without one they take the plain "
                 "format of docs/API.md.",
             },
+            "capabilities": {
+                "type": "array",
+                "items": {"enum": ["generation", "embeddings"]},
+                "description": "What the model does: an embedding model (an encoder) has "
+                "`embeddings` only, and the generation endpoints refuse it (model_not_generative).",
+            },
         }
     ),
     "ModelList": list_of("Model"),

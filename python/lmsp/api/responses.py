@@ -20,6 +20,7 @@ from lmsp import history
 from lmsp.auth import is_admin
 from lmsp.contracts import CreatedTask, NewTask
 from lmsp.errors import InvalidRequest, LMSPError, ModelChanged, NotFound, TaskFinished, Unavailable
+from lmsp.errors import ModelNotGenerative
 from lmsp.store.states import FINISHED
 
 from lmsp.ids import new_id
@@ -299,15 +300,20 @@ class ResponsesService:
     ) -> CreatedTask:
         """``limited``: the client's unfinished tasks are capped (``max_unfinished_per_client``;
         an admin's are not)."""
-        self.check_serving(parsed.model)
+        model = self.check_serving(parsed.model)
+        if "generation" not in model.get("capabilities", ("generation",)):
+            raise ModelNotGenerative(
+                f"model {parsed.model!r} is an embedding model: it makes no text (use POST /v1/embeddings)",
+                param="model",
+            )
         cap = (self.deps.config.max_unfinished_per_client or None) if limited else None
         return self.deps.runtime.create_task(
             replace(parsed, client_id=client_id, idempotency=idempotency_key, max_unfinished=cap)
         )
 
-    def check_serving(self, model_id: str) -> None:
-        """Unavailable while the worker starts or stops; NotFound for a model that is not
-        registered, ModelChanged for one whose file changed or is missing."""
+    def check_serving(self, model_id: str) -> dict[str, Any]:
+        """The model's object. Unavailable while the worker starts or stops; NotFound for a
+        model that is not registered, ModelChanged for one whose file changed or is missing."""
         runtime = self.deps.runtime
         if not runtime.ready or runtime.draining:
             raise Unavailable("the service is starting or shutting down; retry shortly", retry_after=1)
@@ -325,6 +331,7 @@ class ResponsesService:
                 " put it back or register the model again",
                 param="model",
             )
+        return model
 
     def wait_finished(self, task_id: str, client_id: str | None) -> dict[str, Any]:
         """Block (cooperatively) until the task is finished; its Task object."""

@@ -4,7 +4,9 @@ The engine pools each input by the model's pooling type (mean where the model
 declares none) and normalizes it (``Engine.embed``, a llama context of its own
 beside the generating one); many inputs go through in one pass. Texts are
 tokenized as llama-server tokenizes them: the model's special tokens added,
-special-token text parsed.
+special-token text parsed. For a WordPiece vocabulary that strips accents
+(BERT's), a text is decomposed (NFD) in full first, as the model's own
+tokenizer does: llama.cpp's decomposition leaves Hangul syllables whole.
 
 A request's embeddings are a task of the store, as every request is (LMSP
 B.11): once its inputs are checked, the task is created already claimed by this
@@ -17,6 +19,7 @@ restart policy is ``fail``: a worker that dies under it leaves it to recovery.
 from __future__ import annotations
 
 import logging
+import unicodedata
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import ContextLengthExceeded, InvalidRequest, LMSPError
@@ -115,6 +118,8 @@ class Embeddings:
     @staticmethod
     def _tokens(engine: Engine, value: str | Sequence[int], index: int) -> list[int]:
         if isinstance(value, str):
+            if engine.info.get("decomposes_text"):
+                value = unicodedata.normalize("NFD", value)
             ids = list(engine.tokenize(value, add_special=True, parse_special=True))
         else:
             ids = [int(t) for t in value]

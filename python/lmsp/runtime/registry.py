@@ -56,10 +56,34 @@ def _without(exc: Exception, real: os.PathLike, given: str) -> str:
     return str(exc).replace(str(real), given)
 
 
+# llama.cpp's encoders: architectures it runs with non-causal attention and no KV
+# cache (llama_model::create_memory gives them none). They pool their hidden
+# states into embeddings and make no text.
+EMBEDDING_ARCHITECTURES = frozenset(
+    {
+        "bert",
+        "nomic-bert",
+        "nomic-bert-moe",
+        "jina-bert-v2",
+        "jina-bert-v3",
+        "modern-bert",
+        "neo-bert",
+        "eurobert",
+        "gemma-embedding",
+    }
+)
+
+
+def capabilities(architecture: str | None) -> list[str]:
+    """What a model of this architecture does: ``embeddings`` always, ``generation`` unless it is an encoder."""
+    return ["embeddings"] if architecture in EMBEDDING_ARCHITECTURES else ["generation", "embeddings"]
+
+
 def model_object(row: dict, state: str | None = None, has_chat_template: bool | None = None) -> dict:
     """The Model object of LMSP B.4 from a store model (without its path), ``state`` and
-    ``has_chat_template`` overriding."""
+    ``has_chat_template`` overriding, with its ``capabilities``."""
     out = public_model(row)
+    out["capabilities"] = capabilities(row.get("architecture"))
     if state is not None:
         out["state"] = state
     if has_chat_template is not None:

@@ -1,0 +1,87 @@
+// The register tiles of tile_matmul.cpp, one file per instruction set:
+// tile_matmul_avx512.cpp (q4_1, q5_0, q8_0 with AVX-512 VNNI),
+// tile_matmul_avx2.cpp (the same types with AVX2, with or without AVX-VNNI)
+// and tile_matmul_kquants.cpp (q4_K, q6_K, whose ggml vec_dot is the AVX2
+// one on AVX-512 machines too). Each element a tile computes is what ggml's
+// vec_dot for that type computes on the instruction set the build targets.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "ggml.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#define LMSP_TILES_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define LMSP_TILES_AVX2 1
+#endif
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define LMSP_TILES_KQUANTS 1
+#endif
+
+#if defined(LMSP_TILES_AVX512) || defined(LMSP_TILES_AVX2) || defined(LMSP_TILES_KQUANTS)
+#include <immintrin.h>
+#endif
+
+namespace lmsp::tiles {
+
+constexpr int kTile = 4;  // weight rows and activation rows of a tile
+
+// The activation rows of a tile (1 to 4): their quantized rows, and for the
+// types with fp16 scales (q8_0, q8_1) the scales as floats block by block,
+// four rows side by side: d[b * 4 + a] (and q8_1's d * sum in s).
+struct ActRows {
+    const uint8_t * q[kTile];
+    const float * d;
+    const float * s;
+};
+
+// The weight rows of a tile, and what the type's `prepare` wrote for them.
+struct WeightRows {
+    const uint8_t * w[kTile];
+    const float * prepared;
+};
+
+// Weight rows w[0..3] by the activation rows, `nb` blocks each:
+// out[a * ldo + j] = the product of weight row j and activation row a.
+using TileFn = void (*)(const WeightRows & w, const ActRows & y, int nb, float * out, int64_t ldo);
+// Run once for a tile's weight rows before their tiles, for all activation
+// rows: writes `floats` per block (their scales as floats, say).
+using PrepareFn = void (*)(const uint8_t * const * w, int nb, float * out);
+
+struct TileKernels {
+    TileFn tile[kTile];  // by activation rows: index 0 takes one row, ..., 3 four
+    PrepareFn prepare;   // nullptr: none
+    int floats;
+};
+
+// A type's kernels, or nullptr where this build has none for it.
+const TileKernels * legacy_tiles_avx512(ggml_type type);
+const TileKernels * legacy_tiles_avx2(ggml_type type);
+const TileKernels * kquant_tiles(ggml_type type);
+
+#if defined(LMSP_TILES_AVX512) || defined(LMSP_TILES_AVX2) || defined(LMSP_TILES_KQUANTS)
+inline int32_t load32(const uint8_t * p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
+
+inline float half(const uint8_t * p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+// vec_dot's horizontal sum of eight lanes (hsum_float_8 of ggml's x86 code)
+inline float hsum8(const float * t) { return ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7])); }
+
+inline float hsum8(__m256 v) {
+    alignas(32) float t[8];
+    _mm256_store_ps(t, v);
+    return hsum8(t);
+}
+#endif
+
+}  // namespace lmsp::tiles

@@ -1,0 +1,190 @@
+// Tiles of the K-quants q4_K and q6_K (tile_matmul.cpp), for any x86 build
+// with AVX2: ggml's x86 vec_dot for these types is its AVX2 code on AVX-512
+// machines too.
+//
+// A weight row's superblock (256 values) is unpacked once for up to four
+// activation rows (q8_K: a float scale, 256 int8, sixteen int16 sums). Every
+// element is computed as vec_dot computes it: the same eight int32 lanes per
+// superblock (bytes by bytes in 16-bit pairs, times the sub-block scales in
+// 32-bit pairs: integer sums, exact), the same float products of the scales,
+// the same fused multiply-adds into eight lanes (and for q4_K four lanes of
+// minimums), superblock after superblock, the same horizontal sums.
+
+#include "tile_matmul_kernels.h"
+
+namespace lmsp::tiles {
+
+#ifdef LMSP_TILES_KQUANTS
+
+namespace {
+
+// q8_K: float d, 256 int8, sixteen int16 sums of 16 values each
+constexpr size_t kQ8KBytes = 292, kQ8KQs = 4, kQ8KSums = 260;
+
+inline __m256i load256(const uint8_t * p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)); }
+
+inline float act_d(const uint8_t * block) {
+    float d;
+    std::memcpy(&d, block, 4);
+    return d;
+}
+
+inline void finish(const __m256 * acc, const __m128 * acc_m, int A, float * out, int64_t ldo) {
+    for (int a = 0; a < A; ++a) {
+        alignas(16) float m[4] = {};
+        if (acc_m != nullptr) _mm_store_ps(m, acc_m[a]);
+        const float mins = (m[0] + m[2]) + (m[1] + m[3]);  // vec_dot's sum of acc_m's four lanes
+        out[a * ldo] = acc_m != nullptr ? hsum8(acc[a]) + mins : hsum8(acc[a]);
+    }
+}
+
+// q4_K: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and minimums, 128 bytes
+// of nibbles (144 bytes)
+constexpr size_t kQ4KBytes = 144;
+
+// The eight scales and eight minimums of a q4_K superblock as bytes 0-7 and
+// 8-15 (vec_dot's unpacking of the 12 bytes).
+inline __m128i q4k_scales_and_mins(const uint8_t * scales) {
+    constexpr uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
+    uint32_t u[4];
+    std::memcpy(u, scales, 12);
+    u[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);
+    const uint32_t mins_low = u[1] & kmask1;
+    u[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);
+    u[2] = mins_low;
+    u[0] &= kmask1;
+    return _mm_set_epi32(int(u[3]), int(u[2]), int(u[1]), int(u[0]));
+}
+
+// One weight row (its superblocks at x) by A activation rows.
+template <int A>
+void row_q4_K(const uint8_t * x, const ActRows & y, int nb, float * out, int64_t ldo) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256 acc[A];
+    __m128 acc_m[A];
+    for (int a = 0; a < A; ++a) {
+        acc[a] = _mm256_setzero_ps();
+        acc_m[a] = _mm_setzero_ps();
+    }
+    for (int i = 0; i < nb; ++i, x += kQ4KBytes) {
+        const float xd = half(x), xdmin = half(x + 2);
+        const __m256i mins_and_scales = _mm256_cvtepu8_epi16(q4k_scales_and_mins(x + 4));
+        const __m128i mins = _mm256_extracti128_si256(mins_and_scales, 1);
+        const __m128i sc = _mm256_castsi256_si128(mins_and_scales);
+        const __m256i scales = _mm256_set_m128i(sc, sc);
+        __m256i sumi[A];
+        for (int a = 0; a < A; ++a) sumi[a] = _mm256_setzero_si256();
+        for (int j = 0; j < 4; ++j) {
+            // the 16-bit scales of sub-blocks 2j and 2j + 1 in every lane
+            const __m256i scale_l = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(short(0x0100 + 0x0202 * (2 * j))));
+            const __m256i scale_h = _mm256_shuffle_epi8(scales,
+                                                        _mm256_set1_epi16(short(0x0100 + 0x0202 * (2 * j + 1))));
+            const __m256i q4 = load256(x + 16 + 32 * j);
+            const __m256i q4l = _mm256_and_si256(q4, m4);
+            const __m256i q4h = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+            for (int a = 0; a < A; ++a) {
+                const uint8_t * q8 = y.q[a] + size_t(i) * kQ8KBytes + kQ8KQs + 64 * j;
+                const __m256i pl = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(q4l, load256(q8)));
+                const __m256i ph = _mm256_madd_epi16(scale_h, _mm256_maddubs_epi16(q4h, load256(q8 + 32)));
+                sumi[a] = _mm256_add_epi32(sumi[a], _mm256_add_epi32(pl, ph));
+            }
+        }
+        for (int a = 0; a < A; ++a) {
+            const uint8_t * block = y.q[a] + size_t(i) * kQ8KBytes;
+            const float yd = act_d(block);
+            const float d = yd * xd, dmin = -yd * xdmin;
+            const __m256i q8sums = load256(block + kQ8KSums);
+            const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(q8sums), _mm256_extracti128_si256(q8sums, 1));
+            const __m128i prod = _mm_madd_epi16(mins, q8s);
+            acc_m[a] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m[a]);
+            acc[a] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[a]), acc[a]);
+        }
+    }
+    finish(acc, acc_m, A, out, ldo);
+}
+
+// q6_K: 128 bytes of low nibbles, 64 bytes of high 2-bit pairs, 16 int8
+// scales, fp16 d (210 bytes); values 0-63, less 32 through the sums
+constexpr size_t kQ6KBytes = 210, kQ6KHigh = 128, kQ6KScales = 192, kQ6KD = 208;
+
+template <int A>
+void row_q6_K(const uint8_t * x, const ActRows & y, int nb, float * out, int64_t ldo) {
+    const __m256i m3 = _mm256_set1_epi8(3), m15 = _mm256_set1_epi8(15);
+    __m256 acc[A];
+    for (int a = 0; a < A; ++a) acc[a] = _mm256_setzero_ps();
+    for (int i = 0; i < nb; ++i, x += kQ6KBytes) {
+        const float xd = half(x + kQ6KD);
+        const __m128i scales = _mm_loadu_si128(reinterpret_cast<const __m128i *>(x + kQ6KScales));
+        const __m256i scales_16 = _mm256_cvtepi8_epi16(scales);
+        __m256i sumi[A];
+        for (int a = 0; a < A; ++a) sumi[a] = _mm256_setzero_si256();
+        for (int j = 0; j < 2; ++j) {
+            const __m256i ql1 = load256(x + 64 * j), ql2 = load256(x + 64 * j + 32);
+            const __m256i qh = load256(x + kQ6KHigh + 32 * j);
+            const __m256i q[4] = {
+                _mm256_or_si256(_mm256_and_si256(ql1, m15), _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4)),
+                _mm256_or_si256(_mm256_and_si256(ql2, m15),
+                                _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(12)), 2)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m15),
+                                _mm256_and_si256(qh, _mm256_set1_epi8(48))),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql2, 4), m15),
+                                _mm256_srli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(char(0xC0))), 2)),
+            };
+            __m256i sc[4];
+            for (int k = 0; k < 4; ++k) {
+                // scale 2m in the first eight 16-bit lanes, 2m + 1 in the last eight (m = 4j + k)
+                const int m = 4 * j + k;
+                const __m128i pick = _mm_set_epi64x(int64_t(0x0101010101010101ULL * uint64_t(2 * m + 1)),
+                                                    int64_t(0x0101010101010101ULL * uint64_t(2 * m)));
+                sc[k] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick));
+            }
+            for (int a = 0; a < A; ++a) {
+                const uint8_t * q8 = y.q[a] + size_t(i) * kQ8KBytes + kQ8KQs + 128 * j;
+                __m256i p[4];
+                for (int k = 0; k < 4; ++k) {
+                    p[k] = _mm256_madd_epi16(sc[k], _mm256_maddubs_epi16(q[k], load256(q8 + 32 * k)));
+                }
+                sumi[a] = _mm256_add_epi32(sumi[a], _mm256_add_epi32(p[0], p[1]));
+                sumi[a] = _mm256_add_epi32(sumi[a], _mm256_add_epi32(p[2], p[3]));
+            }
+        }
+        for (int a = 0; a < A; ++a) {
+            const uint8_t * block = y.q[a] + size_t(i) * kQ8KBytes;
+            const float d = act_d(block) * xd;
+            // 32 times each scale times its 16 values' sum: the -32 of every value
+            const __m256i sub = _mm256_slli_epi32(_mm256_madd_epi16(load256(block + kQ8KSums), scales_16), 5);
+            acc[a] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi[a], sub)), acc[a]);
+        }
+    }
+    finish(acc, nullptr, A, out, ldo);
+}
+
+template <int A>
+void tile_q4_K(const WeightRows & w, const ActRows & y, int nb, float * out, int64_t ldo) {
+    for (int r = 0; r < kTile; ++r) row_q4_K<A>(w.w[r], y, nb, out + r, ldo);
+}
+
+template <int A>
+void tile_q6_K(const WeightRows & w, const ActRows & y, int nb, float * out, int64_t ldo) {
+    for (int r = 0; r < kTile; ++r) row_q6_K<A>(w.w[r], y, nb, out + r, ldo);
+}
+
+}  // namespace
+
+const TileKernels * kquant_tiles(ggml_type type) {
+    static const TileKernels q4_K = {{tile_q4_K<1>, tile_q4_K<2>, tile_q4_K<3>, tile_q4_K<4>}, nullptr, 0};
+    static const TileKernels q6_K = {{tile_q6_K<1>, tile_q6_K<2>, tile_q6_K<3>, tile_q6_K<4>}, nullptr, 0};
+    switch (type) {
+        case GGML_TYPE_Q4_K: return &q4_K;
+        case GGML_TYPE_Q6_K: return &q6_K;
+        default: return nullptr;
+    }
+}
+
+#else
+
+const TileKernels * kquant_tiles(ggml_type) { return nullptr; }
+
+#endif  // LMSP_TILES_KQUANTS
+
+}  // namespace lmsp::tiles
