@@ -25,6 +25,26 @@ def delta_rows(store, task_id) -> list[tuple[str, list[int], list[dict]]]:
     return [(text, [int(t) for t in tokens.split(",")], json.loads(data)["logprobs"]) for text, tokens, data in rows]
 
 
+def crash_point(rows: list[tuple[str, list[int], list[dict]]]) -> tuple[dict, dict]:
+    """Where a crash leaves an output: a delta of its first tokens (as many as make
+    whole characters), and the next token held back. How many tokens a committed
+    delta holds depends on the commit window, so the rows are split token by token:
+    each token's log probability entry carries its bytes."""
+    tokens = [t for _, ids, _ in rows for t in ids]
+    entries = [e for _, _, logprobs in rows for e in logprobs]
+    assert len(tokens) == len(entries) >= 2
+    text = "".join(t for t, _, _ in rows)
+    assert bytes(b for e in entries for b in e["bytes"]).decode() == text
+    for k in range(1, len(tokens)):
+        try:
+            head = bytes(b for e in entries[:k] for b in e["bytes"]).decode()
+        except UnicodeDecodeError:
+            continue
+        committed = {"delta": head, "tokens": tokens[:k], "logprobs": entries[:k]}
+        return committed, {"delta": "", "tokens": tokens[k : k + 1], "logprobs": entries[k : k + 1]}
+    raise AssertionError("no token boundary of the output ends a character")
+
+
 def content(store, task_id) -> dict:
     [part] = store.get_response(store.get_task(task_id)["response_id"])["output"][0]["content"]
     return part
@@ -38,20 +58,20 @@ def test_a_token_held_back_at_the_crash_is_sampled_again_with_its_log_probabilit
     assert wait_finished(rt, store, reference)["status"] in ("completed", "incomplete")
     rt.stop()
     rows = delta_rows(store, reference)
-    assert len(rows) >= 3 and content(store, reference)["logprobs"]
+    committed, held = crash_point(rows)
 
-    # a worker committed two deltas, then held the third one's tokens back, and died
+    # a worker committed the text of the first tokens, then held the next one back, and died
     crashed = submit(store, None, on_restart="resume", **REQUEST)
     assert [c["task_id"] for c in store.claim("dead", limit=1, lease=30)] == [crashed]
     store.set_running(crashed, "dead")
-    for text, tokens, logprobs in rows[:2]:
-        store.append_step("dead", [{"task_id": crashed, "delta": text, "tokens": tokens, "logprobs": logprobs}])
-    _, held, held_logprobs = rows[2]
-    store.append_step("dead", [{"task_id": crashed, "delta": "", "tokens": held, "logprobs": held_logprobs}])
+    store.append_step("dead", [{"task_id": crashed, **committed}])
+    store.append_step("dead", [{"task_id": crashed, **held}])
 
     assert store.recover(startup=True)["resumed"] == [crashed]
     rt2 = make_runtime(store)
     rt2.register_model("tiny.gguf")
     assert wait_finished(rt2, store, crashed)["status"] == store.get_task(reference)["status"]
     assert content(store, crashed) == content(store, reference)
-    assert [r[:2] for r in delta_rows(store, crashed)] == [r[:2] for r in rows]
+    resumed = delta_rows(store, crashed)
+    assert [t for _, ids, _ in resumed for t in ids] == [t for _, ids, _ in rows for t in ids]
+    assert "".join(r[0] for r in resumed) == "".join(r[0] for r in rows)

@@ -91,7 +91,9 @@ def test_sigkill_at_random_moments_loses_no_acknowledged_write(db_path):
                 if not page["has_more"]:
                     break
                 page = store.list_tasks(limit=100, after=page["last_id"])
-            store.recover(startup=True)
+            # the table's rows: a task the kills catch running round after round would otherwise
+            # reach max_attempts (test_store_poison.py checks that limit)
+            store.recover(startup=True, max_attempts=KILLS + 1)
             for tid, cell in leftovers.items():
                 assert store.get_task(tid)["status"] == SPEC_RECOVERY[cell]
                 recovered_cells.add(cell)
