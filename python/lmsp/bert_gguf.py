@@ -23,7 +23,7 @@ import argparse
 import json
 import os
 import sys
-import tempfile
+
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from .gguf_write import gguf_writer
 from .safetensors_file import SafetensorsError, read_safetensors
 
 __all__ = ["DTYPES", "BertShape", "ConversionError", "convert", "main"]
@@ -242,24 +243,13 @@ def convert(
     vocab = _vocabulary(_json(folder, "tokenizer.json"), shape.n_vocab)
     pooling = _pooling(folder)
     tensors = _tensors(folder, shape)
-    fd, tmp_name = tempfile.mkstemp(prefix=out.name + ".", suffix=".part", dir=out.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        writer = gguf.GGUFWriter(tmp, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.BERT])
-        try:
-            _write_keys(writer, shape, vocab, pooling, dtype, name or folder.name)
-            for tensor_name, values in tensors:
-                _add_tensor(writer, tensor_name, values, dtype)
-            writer.write_header_to_file()
-            writer.write_kv_data_to_file()
-            writer.write_tensors_to_file()
-        finally:
-            writer.close()
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with gguf_writer(out, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.BERT]) as writer:
+        _write_keys(writer, shape, vocab, pooling, dtype, name or folder.name)
+        for tensor_name, values in tensors:
+            _add_tensor(writer, tensor_name, values, dtype)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
     return out
 
 

@@ -28,12 +28,14 @@ import dataclasses
 import functools
 import os
 import sys
-import tempfile
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
+
+from .gguf_write import gguf_writer
 
 if TYPE_CHECKING:
     import gguf
@@ -302,26 +304,14 @@ def write_demo_model(
     Raises ``ValueError``/``TypeError`` for bad options and
     ``FileNotFoundError`` when the vocabulary cannot be found.
     """
-    import gguf
 
     spec = _spec_from(preset, options)
     vocab_path = find_vocab(vocab)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=path.name + ".", suffix=".part", dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        writer = gguf.GGUFWriter(tmp, "llama")
-        try:
-            n_vocab = _write_keys(writer, spec, vocab_path, chat_template)
-            _write_tensors(writer, spec, n_vocab)
-        finally:
-            writer.close()
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with gguf_writer(path, "llama") as writer:
+        n_vocab = _write_keys(writer, spec, vocab_path, chat_template)
+        _write_tensors(writer, spec, n_vocab)
     return path
 
 
