@@ -32,6 +32,7 @@ from .api import (
     tasks,
 )
 from .api.common import Deps
+from .wire.input import SEED_MAX
 from .api.logs import configure_logging
 from .api.metrics import HttpMetrics
 from .api.middleware import Authentication, RequestContext, handle_http_error, handle_lmsp_error, handle_unexpected
@@ -43,12 +44,11 @@ log = logging.getLogger("lmsp.api")
 
 
 def _random_seed() -> int:
-    return secrets.randbelow(responses.SEED_MAX + 1)
+    return secrets.randbelow(SEED_MAX + 1)
 
 
 def routes(deps: Deps) -> list[tuple[str, object]]:
     """Every route of the API with its resource (also read by the OpenAPI test)."""
-    svc = responses.ResponsesService(deps)
     return [
         ("/v1/service", health.ServiceResource(deps)),
         ("/healthz", health.HealthResource()),
@@ -63,9 +63,9 @@ def routes(deps: Deps) -> list[tuple[str, object]]:
         ("/v1/models/{model_id}", models.ModelResource(deps)),
         ("/v1/models/{model_id}/load", models.ModelActionResource(deps, "load")),
         ("/v1/models/{model_id}/unload", models.ModelActionResource(deps, "unload")),
-        ("/v1/responses", responses.ResponsesResource(deps, svc)),
-        ("/v1/responses/{response_id}", responses.ResponseResource(deps, svc)),
-        ("/v1/responses/{response_id}/cancel", responses.ResponseCancelResource(deps, svc)),
+        ("/v1/responses", responses.ResponsesResource(deps)),
+        ("/v1/responses/{response_id}", responses.ResponseResource(deps)),
+        ("/v1/responses/{response_id}/cancel", responses.ResponseCancelResource(deps)),
         ("/v1/responses/{response_id}/input_items", input_items.InputItemsResource(deps)),
         ("/v1/conversations", conversations.ConversationsResource(deps)),
         ("/v1/conversations/{conversation_id}", conversations.ConversationResource(deps)),
@@ -73,12 +73,12 @@ def routes(deps: Deps) -> list[tuple[str, object]]:
         ("/v1/conversations/{conversation_id}/items/{item_id}", conversations.ConversationItemResource(deps)),
         ("/v1/tasks", tasks.TasksResource(deps)),
         ("/v1/tasks/{task_id}", tasks.TaskResource(deps)),
-        ("/v1/tasks/{task_id}/cancel", tasks.TaskCancelResource(deps, svc)),
-        ("/v1/tasks/{task_id}/events", tasks.TaskEventsResource(deps, svc)),
-        ("/v1/chat/completions", chat.ChatCompletionsResource(deps, svc)),
+        ("/v1/tasks/{task_id}/cancel", tasks.TaskCancelResource(deps)),
+        ("/v1/tasks/{task_id}/events", tasks.TaskEventsResource(deps)),
+        ("/v1/chat/completions", chat.ChatCompletionsResource(deps)),
         ("/v1/chat/completions/{completion_id}", chat.ChatCompletionResource(deps)),
         ("/v1/chat/completions/{completion_id}/messages", chat.ChatCompletionMessagesResource(deps)),
-        ("/v1/completions", completions.CompletionsResource(deps, svc)),
+        ("/v1/completions", completions.CompletionsResource(deps)),
         ("/v1/embeddings", embeddings.EmbeddingsResource(deps)),
     ]
 

@@ -31,7 +31,7 @@ The engine's side (:mod:`lmsp.native`):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, NotRequired, Protocol, Required, TypedDict
 
 
@@ -184,6 +184,51 @@ class NewTask:
             "max_unfinished": self.max_unfinished,
             "kind": self.kind,
         }
+
+
+@dataclass(frozen=True)
+class CreateRequest(NewTask):
+    """A create request as the API checked it: the task to create (its client and its
+    creation's options are the caller's, set by the task service), and ``store``."""
+
+    store: bool = True
+
+
+TURN_KEY = "chain_turn"  # lmsp.store.chains.TURN_KEY: the previous turn, for the store
+
+
+@dataclass(frozen=True)
+class EarlierTurns:
+    """What a new response continues: the messages of the earlier turns, the calls made
+    in them, and where they come from. ``replay``: the stored answer of an idempotent
+    request made again whose context is gone since (nothing is created)."""
+
+    messages: list[dict[str, str]] = field(default_factory=list)
+    calls: dict[str, str] = field(default_factory=dict)
+    previous_response_id: str | None = None
+    conversation: tuple[str, int] | None = None
+    replay: CreatedTask | None = None
+    turn: dict[str, Any] | None = None
+
+    def fields(self, calls: dict[str, str]) -> dict[str, Any]:
+        """What the request keeps of it (``context`` by reference when ``turn`` names the
+        previous response's turn); ``calls``: those of the new input too."""
+        out: dict[str, Any] = {}
+        if self.previous_response_id is not None:
+            out["previous_response_id"] = self.previous_response_id
+        if self.conversation is not None:
+            out["conversation"] = {"id": self.conversation[0]}
+        if self.messages:
+            out["context"] = list(self.messages)
+        if self.turn is not None:
+            out[TURN_KEY] = self.turn
+        own = {k: v for k, v in calls.items() if k not in self.calls} if self.turn is not None else calls
+        if own:
+            out["calls"] = dict(own)
+        return out
+
+
+NO_TURNS = EarlierTurns()
 
 
 class RuntimeAPI(Protocol):

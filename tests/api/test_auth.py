@@ -245,7 +245,7 @@ def test_unknown_client_is_404(admin):
 
 def test_a_revoked_clients_open_stream_ends(app, store, scripted, admin, monkeypatch):
     """Revocation takes effect on the next request, and on the streams already open."""
-    import lmsp.api.events as events
+    import lmsp.service.streams as events
     from api_helpers import parse_sse
 
     monkeypatch.setattr(events, "AUTH_RECHECK_SECONDS", 0.0)

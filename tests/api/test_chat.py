@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from api_helpers import assert_error, parse_sse
 
-from lmsp.api.chat import parse_chat
+from lmsp.wire.chat import parse_chat
 
 HELLO = "Hello from the scripted worker"
 

@@ -15,9 +15,9 @@ from api_fakes import OWNER
 from api_helpers import assert_error, parse_sse
 
 from lmsp import history
-from lmsp.api.chat import parse_chat
-from lmsp.api.chat_tools import chat_param
-from lmsp.api.responses import parse_create
+from lmsp.wire.chat import parse_chat
+from lmsp.wire.chat_tools import chat_param
+from lmsp.wire.responses import parse_create
 from lmsp.errors import InvalidRequest
 from lmsp.runtime import prompt as prompting
 from lmsp.runtime.committer import merge

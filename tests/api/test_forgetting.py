@@ -1,4 +1,4 @@
-"""Delivered ``store: false`` responses deleted together (lmsp.api.forgetting):
+"""Delivered ``store: false`` responses deleted together (lmsp.service.forgetting):
 the deletions that wait while one is written go in the next write, and each
 caller returns once its own response is deleted."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from lmsp.api.forgetting import Forgetter
+from lmsp.service.forgetting import Forgetter
 from lmsp.errors import NotFound, Unavailable
 
 WAIT = 10.0

@@ -7,7 +7,7 @@ from __future__ import annotations
 from api_helpers import assert_error
 
 from lmsp import history
-from lmsp.api.context import _output_message
+from lmsp.service.turns import _output_message
 
 ASK = {"role": "user", "content": "Weather in Paris?"}
 THOUGHT = {"type": "reasoning", "id": "rs_1", "summary": [],

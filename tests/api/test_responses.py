@@ -9,7 +9,7 @@ import falcon.testing
 import pytest
 from api_helpers import assert_error, parse_sse
 
-from lmsp.api.responses import parse_create
+from lmsp.wire.responses import parse_create
 
 TERMINAL = {"response.completed", "response.incomplete", "response.failed", "response.cancelled"}
 

@@ -7,7 +7,8 @@ import threading
 import pytest
 from api_helpers import assert_error, parse_sse
 
-from lmsp.api.events import event_stream
+from lmsp.api.events import SSE_FRAMES
+from lmsp.service.streams import event_stream
 
 
 @pytest.fixture
@@ -35,7 +36,8 @@ def test_an_open_stream_ends_with_a_stopping_event_and_its_task_goes_on(user, he
     held.start_all()
     held.step(tid, "Hel")
     abandoned = []
-    frames = event_stream(store, held, tid, heartbeat=0.01, on_abandon=lambda: abandoned.append(tid))
+    frames = event_stream(store, held, tid, heartbeat=0.01, on_abandon=lambda: abandoned.append(tid),
+                          framing=SSE_FRAMES)
     first = list(itertools.islice(frames, 3))
     held.streams_ending = True  # the grace period is over
     rest = list(itertools.islice(frames, 20))

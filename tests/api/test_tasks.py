@@ -8,7 +8,8 @@ import pytest
 from openai._streaming import SSEDecoder
 from api_helpers import assert_error, parse_sse
 
-from lmsp.api.events import event_stream, frame
+from lmsp.api.events import SSE_FRAMES, frame
+from lmsp.service.streams import event_stream
 from lmsp.errors import Unavailable
 
 
@@ -235,7 +236,7 @@ def test_stream_waits_out_a_busy_store(user, held, store):
             return getattr(store, name)
 
     busy = Busy()
-    frames = event_stream(busy, held, tid, heartbeat=10.0, poll=0.001)
+    frames = event_stream(busy, held, tid, heartbeat=10.0, poll=0.001, framing=SSE_FRAMES)
     first, second = next(frames), next(frames)
     frames.close()
     assert busy.failures == 0
@@ -260,7 +261,7 @@ def test_a_busy_store_at_the_end_of_the_data_is_waited_out_too(user, held, store
         def __getattr__(self, name):
             return getattr(store, name)
 
-    frames = list(event_stream(Busy(), held, tid, heartbeat=10.0, poll=0.001))
+    frames = list(event_stream(Busy(), held, tid, heartbeat=10.0, poll=0.001, framing=SSE_FRAMES))
     assert b"event: error" not in b"".join(frames)
     assert b"response.cancelled" in frames[-1]
 
@@ -307,7 +308,7 @@ def test_a_stream_takes_this_workers_latest_commit_from_memory(user, held, store
 
     worker, counting = Committing(), Counting()
     worker.step("Hello")  # before the stream opens: its first page is a read in any case
-    frames = event_stream(counting, worker, tid, heartbeat=10.0, poll=0.001)
+    frames = event_stream(counting, worker, tid, heartbeat=10.0, poll=0.001, framing=SSE_FRAMES)
     log = [next(frames) for _ in range(store.last_sequence(tid))]
     assert counting.reads == 1
     for word in (" from", " memory"):

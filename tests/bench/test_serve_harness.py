@@ -311,7 +311,7 @@ def test_a_conversation_repeats_its_turns_with_the_answers(serve, fake_port):
 
 
 def test_the_chat_protocol_asks_the_service_what_it_takes_and_reads_its_chunks(serve):
-    from lmsp.api.chat import parse_chat
+    from lmsp.wire.chat import parse_chat
     from lmsp.api.openai_shapes import ChunkFraming
 
     cfg = serve.LoadConfig(max_tokens=5, seed=100)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from lmsp.api.chat import parse_chat
-from lmsp.api.responses import parse_create
+from lmsp.wire.chat import parse_chat
+from lmsp.wire.responses import parse_create
 from lmsp.native import Engine
 from lmsp.runtime import chat_layer
 from lmsp.runtime import prompt as prompting

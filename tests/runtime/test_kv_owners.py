@@ -11,7 +11,7 @@ import time
 from runtime_helpers import wait_finished
 
 from lmsp import kvfiles
-from lmsp.api import context
+from lmsp.service import turns as context
 
 
 def respond(store, rt, text: str, **body) -> dict:

@@ -20,7 +20,7 @@ from typing import Iterator
 import pytest
 from runtime_helpers import submit, wait_finished
 
-from lmsp.api.responses import parse_create
+from lmsp.wire.responses import parse_create
 from lmsp.config import Config
 from lmsp.demo_model import write_demo_model
 from lmsp.native import Engine

@@ -11,9 +11,10 @@ import falcon
 
 from lmsp import auth
 from lmsp.errors import InvalidRequest, NotFound, Unavailable
+from lmsp.wire.fields import get_int, get_str, reject_unknown
 
 from . import idempotency
-from .common import Deps, caller, check_id, get_int, get_str, reject_unknown, set_json
+from .common import Deps, caller, check_id, set_json
 
 log = logging.getLogger("lmsp.api")
 
@@ -143,7 +144,7 @@ class PairingsResource:
         # never holds (B.2: digests only)
         secret = self.service.secret()
         idempotency.answer(
-            self.deps.store,
+            self.deps.keys,
             req,
             resp,
             client_id,
@@ -178,7 +179,7 @@ class PairResource:
         scope = "pair:" + hashlib.sha256(f"{code}\0{name}".encode("utf-8")).hexdigest()
         secret = self.service.secret()
         idempotency.answer(
-            self.deps.store,
+            self.deps.keys,
             req,
             resp,
             scope,

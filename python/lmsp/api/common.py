@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, Callable, Literal, NoReturn, overload
 
@@ -21,6 +20,11 @@ import falcon
 from lmsp.auth import is_admin
 from lmsp.contracts import RuntimeAPI
 from lmsp.hubsafe import gevent_active
+from lmsp.wire.fields import check_range, reject_unknown
+from lmsp.wire.options import parse_include
+from lmsp.service.conversations import ConversationService
+from lmsp.service.keys import KeyedActions
+from lmsp.service.tasks import Caller, TaskService
 from lmsp.errors import InvalidJSON, InvalidRequest, NotFound, PayloadTooLarge, RequestTimeout, UnsupportedMediaType
 
 # what gunicorn raises while it reads a body for the app: a body cut short, a malformed chunked body
@@ -44,8 +48,11 @@ SSE_TYPE = "text/event-stream"
 
 @dataclass
 class Deps:
-    """The explicit dependencies of the web layer. ``store``: the store (under gevent
-    through :func:`lmsp.hubsafe.hub_safe`, which calls the same methods off the hub)."""
+    """The explicit dependencies of the web layer: the services its resources call
+    (``tasks``, ``conversations``, ``keys``, made over ``store`` and ``runtime``), the
+    runtime's contract, and the store, which the resources of clients, models and
+    health read. ``store``: under gevent through :func:`lmsp.hubsafe.hub_safe`, which
+    calls the same methods off the hub."""
 
     config: Any
     store: Store
@@ -54,6 +61,14 @@ class Deps:
     monotonic: Callable[[], float] = time.monotonic
     random_seed: Callable[[], int] = None  # type: ignore[assignment]
     http_metrics: Any = None
+    tasks: TaskService = field(init=False)
+    conversations: ConversationService = field(init=False)
+    keys: KeyedActions = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tasks = TaskService(self.config, self.store, self.runtime, self.monotonic)
+        self.conversations = ConversationService(self.store)
+        self.keys = KeyedActions(self.store)
 
     @overload
     def body(self, req: falcon.Request, *, optional: Literal[False] = False) -> dict[str, Any]: ...
@@ -274,112 +289,6 @@ def _check_text(value: str) -> None:
         ) from None
 
 
-# -- fields -----------------------------------------------------------------
-
-_MISSING = object()
-
-
-def reject_unknown(body: dict[str, Any], allowed: Collection[str], *, where: str = "") -> None:
-    for key in body:
-        if key not in allowed:
-            name = f"{where}{key}"
-            raise InvalidRequest(f"unknown field {name!r}", param=name)
-
-
-# The field getters return Any: the value's type (str, int, float), or whatever the default is.
-
-
-def get_str(
-    body: dict[str, Any],
-    name: str,
-    *,
-    required: bool = False,
-    default: Any = None,
-    max_len: int = 10_000,
-    allow_empty: bool = False,
-    param: str | None = None,
-) -> Any:
-    value = body.get(name, _MISSING)
-    param = param or name
-    if value is _MISSING or value is None:
-        if required:
-            raise InvalidRequest(f"{param!r} is required", param=param)
-        return default
-    if not isinstance(value, str):
-        raise InvalidRequest(f"{param!r} must be a string", param=param)
-    if not value and not allow_empty:
-        raise InvalidRequest(f"{param!r} must not be empty", param=param)
-    if len(value) > max_len:
-        raise InvalidRequest(f"{param!r} is longer than {max_len} characters", param=param)
-    return value
-
-
-def get_int(
-    body: dict[str, Any],
-    name: str,
-    *,
-    default: Any = None,
-    minimum: float | None = None,
-    maximum: float | None = None,
-    param: str | None = None,
-) -> Any:
-    value = body.get(name, _MISSING)
-    param = param or name
-    if value is _MISSING or value is None:
-        return default
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequest(f"{param!r} must be an integer", param=param)
-    _check_range(value, minimum, maximum, param)
-    return value
-
-
-def get_number(
-    body: dict[str, Any],
-    name: str,
-    *,
-    default: Any = None,
-    minimum: float | None = None,
-    maximum: float | None = None,
-    exclusive_minimum: float | None = None,
-    param: str | None = None,
-) -> Any:
-    value = body.get(name, _MISSING)
-    param = param or name
-    if value is _MISSING or value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidRequest(f"{param!r} must be a number", param=param)
-    try:
-        value = float(value)
-    except OverflowError:  # an integer beyond any float
-        value = math.inf
-    if not math.isfinite(value):
-        raise InvalidRequest(f"{param!r} must be a finite number", param=param)
-    if exclusive_minimum is not None and value <= exclusive_minimum:
-        raise InvalidRequest(f"{param!r} must be greater than {exclusive_minimum}", param=param)
-    _check_range(value, minimum, maximum, param)
-    return value
-
-
-def get_bool(body: dict[str, Any], name: str, *, default: bool = False, param: str | None = None) -> bool:
-    value = body.get(name, _MISSING)
-    param = param or name
-    if value is _MISSING or value is None:
-        return default
-    if not isinstance(value, bool):
-        raise InvalidRequest(f"{param!r} must be true or false", param=param)
-    return value
-
-
-def _check_range(value: float, minimum: float | None, maximum: float | None, param: str) -> None:
-    if minimum is not None and value < minimum:
-        raise InvalidRequest(f"{param!r} must be at least {minimum}", param=param)
-    if maximum is not None and value > maximum:
-        raise InvalidRequest(f"{param!r} must be at most {maximum}", param=param)
-
-
 # -- query parameters -------------------------------------------------------
 
 
@@ -411,7 +320,7 @@ def query_int(
     if not _DECIMAL.fullmatch(raw):  # (int() also takes "1_0", " 3", "+3" and non-ASCII digits)
         raise InvalidRequest(f"query parameter {name!r} must be an integer", param=name)
     value = int(raw)
-    _check_range(value, minimum, maximum, name)
+    check_range(value, minimum, maximum, name)
     return value
 
 
@@ -449,6 +358,13 @@ def caller(req: falcon.Request) -> dict[str, Any]:
     return client
 
 
+def request_caller(req: falcon.Request) -> Caller:
+    """Who sends the request, and whether the cap on unfinished tasks applies to it
+    (an admin's are not capped)."""
+    client = caller(req)
+    return Caller(client["id"], limited=not is_admin(client))
+
+
 def owner_filter(req: falcon.Request) -> str | None:
     """The client id reads are limited to: None (everything) for an admin."""
     client = caller(req)
@@ -460,3 +376,37 @@ def check_id(value: str, prefix: str, what: str) -> str:
     if not value.startswith(prefix + "_") or len(value) > 100:
         raise NotFound(f"no {what} with id {value!r}")
     return value
+
+
+def check_cursor(value: str, prefix: str) -> None:
+    if not value.startswith(prefix + "_") or len(value) > 100:
+        raise InvalidRequest(f"'after' must be an id starting with {prefix}_", param="after")
+
+
+def stream_start(req: falcon.Request, param: str) -> int:
+    """Where a resumed stream starts: ``Last-Event-ID`` wins over the query."""
+    last_event_id = header_int(req, "Last-Event-ID")
+    if last_event_id is not None:
+        return last_event_id
+    start: int = query_int(req, param, default=0, minimum=0)
+    return start
+
+
+MAX_CURSOR = 256
+
+
+def page_query(req: falcon.Request) -> dict[str, Any]:
+    """The page a list request asks for: ``after``, ``before``, ``limit``, ``order``;
+    ``include`` is checked (the items listed carry all there is)."""
+    out: dict[str, Any] = {
+        "limit": query_int(req, "limit", default=20, minimum=1, maximum=100),
+        "order": query_str(req, "order", choices=("asc", "desc"), default="desc"),
+    }
+    for name in ("after", "before"):
+        value = query_str(req, name)
+        if value is not None and not 0 < len(value) <= MAX_CURSOR:
+            raise InvalidRequest(f"query parameter {name!r} must be an item id", param=name)
+        out[name] = value
+    include = req.get_param_as_list("include") or req.get_param_as_list("include[]")
+    parse_include(include)
+    return out

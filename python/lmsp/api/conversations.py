@@ -8,52 +8,16 @@ with ``conversation`` reads them as its context and appends its turn
 
 from __future__ import annotations
 
-from typing import Any
-
 import falcon
 
 from lmsp.errors import InvalidRequest
-from lmsp.ids import new_id
-from lmsp.items import listed_item
+from lmsp.service.keys import Answer
+from lmsp.wire.conversations import answers_calls, parse_items
+from lmsp.wire.fields import reject_unknown
+from lmsp.wire.metadata import parse_metadata
 
 from . import idempotency
-from .common import Deps, caller, check_id, owner_filter, reject_unknown, set_json
-from .context import item_messages
-from .input_items import page_query
-from .metadata import parse_metadata
-
-MAX_ITEMS = 20  # items in one request, as OpenAI's API
-
-
-def parse_items(value: Any, *, required: bool, calls: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    """``items``: up to :data:`MAX_ITEMS` input items (messages, function calls and their
-    outputs, reasoning), checked as a response's input is, as the list keeps them: a
-    ``function_call_output`` answers a call before it, in ``items`` or in ``calls`` (call
-    id -> name: those of the conversation the items go to)."""
-    from .responses import input_item
-
-    if value is None and not required:
-        return []
-    if not isinstance(value, list) or (required and not value):
-        raise InvalidRequest(
-            "'items' must be a non-empty array of items" if required else "'items' must be an array", param="items"
-        )
-    if len(value) > MAX_ITEMS:
-        raise InvalidRequest(f"'items' has more than {MAX_ITEMS} items", param="items")
-    known = dict(calls or {})
-    out = []
-    for i, item in enumerate(value):
-        input_item(item, f"items[{i}]", known)
-        out.append(listed_item(item, new_id))
-    return out
-
-
-def answers_calls(value: Any) -> bool:
-    """Whether ``items`` holds a ``function_call_output`` (whose call may be in the
-    conversation already)."""
-    return isinstance(value, list) and any(
-        isinstance(item, dict) and item.get("type") == "function_call_output" for item in value
-    )
+from .common import Deps, caller, check_id, owner_filter, page_query, set_json
 
 
 class ConversationsResource:
@@ -71,10 +35,10 @@ class ConversationsResource:
         metadata = parse_metadata(body.get("metadata"))
         client_id = caller(req)["id"]
 
-        def act() -> idempotency.Answer:
-            return 200, self.deps.store.create_conversation(client_id, metadata, items)
+        def act() -> Answer:
+            return 200, self.deps.conversations.create(client_id, metadata, items)
 
-        idempotency.answer(self.deps.store, req, resp, client_id, body, act)
+        idempotency.answer(self.deps.keys, req, resp, client_id, body, act)
 
 
 class ConversationResource:
@@ -87,7 +51,7 @@ class ConversationResource:
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, conversation_id: str) -> None:
         check_id(conversation_id, "conv", "conversation")
-        set_json(resp, self.deps.store.get_conversation(conversation_id, owner_filter(req)))
+        set_json(resp, self.deps.conversations.get(conversation_id, owner_filter(req)))
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, conversation_id: str) -> None:
         check_id(conversation_id, "conv", "conversation")
@@ -98,14 +62,14 @@ class ConversationResource:
         metadata = parse_metadata(body["metadata"])
         owner = owner_filter(req)
 
-        def act() -> idempotency.Answer:
-            return 200, self.deps.store.update_conversation(conversation_id, metadata, owner)
+        def act() -> Answer:
+            return 200, self.deps.conversations.update(conversation_id, metadata, owner)
 
-        idempotency.answer(self.deps.store, req, resp, caller(req)["id"], body, act)
+        idempotency.answer(self.deps.keys, req, resp, caller(req)["id"], body, act)
 
     def on_delete(self, req: falcon.Request, resp: falcon.Response, conversation_id: str) -> None:
         check_id(conversation_id, "conv", "conversation")
-        set_json(resp, self.deps.store.delete_conversation(conversation_id, owner_filter(req)))
+        set_json(resp, self.deps.conversations.delete(conversation_id, owner_filter(req)))
 
 
 class ConversationItemsResource:
@@ -119,7 +83,7 @@ class ConversationItemsResource:
     def on_get(self, req: falcon.Request, resp: falcon.Response, conversation_id: str) -> None:
         check_id(conversation_id, "conv", "conversation")
         page = page_query(req)
-        set_json(resp, self.deps.store.list_conversation_items(conversation_id, owner_filter(req), **page))
+        set_json(resp, self.deps.conversations.items(conversation_id, owner_filter(req), **page))
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, conversation_id: str) -> None:
         check_id(conversation_id, "conv", "conversation")
@@ -130,14 +94,13 @@ class ConversationItemsResource:
         calls: dict[str, str] = {}
         version = None  # the conversation's calls were not read
         if answers_calls(body.get("items")):  # the calls of the conversation, as a response reads them
-            stored, version = self.deps.store.conversation_items(conversation_id, owner)
-            calls = item_messages(stored)[1]
+            calls, version = self.deps.conversations.calls(conversation_id, owner)
         items = parse_items(body.get("items"), required=True, calls=calls)
 
-        def act() -> idempotency.Answer:
-            return 200, self.deps.store.add_conversation_items(conversation_id, items, owner, version=version)
+        def act() -> Answer:
+            return 200, self.deps.conversations.add_items(conversation_id, items, owner, version)
 
-        idempotency.answer(self.deps.store, req, resp, caller(req)["id"], body, act)
+        idempotency.answer(self.deps.keys, req, resp, caller(req)["id"], body, act)
 
 
 class ConversationItemResource:
@@ -152,8 +115,8 @@ class ConversationItemResource:
     def on_get(self, req: falcon.Request, resp: falcon.Response, conversation_id: str, item_id: str) -> None:
         check_id(conversation_id, "conv", "conversation")
         page_query(req)  # its include
-        set_json(resp, self.deps.store.get_conversation_item(conversation_id, item_id, owner_filter(req)))
+        set_json(resp, self.deps.conversations.item(conversation_id, item_id, owner_filter(req)))
 
     def on_delete(self, req: falcon.Request, resp: falcon.Response, conversation_id: str, item_id: str) -> None:
         check_id(conversation_id, "conv", "conversation")
-        set_json(resp, self.deps.store.delete_conversation_item(conversation_id, item_id, owner_filter(req)))
+        set_json(resp, self.deps.conversations.delete_item(conversation_id, item_id, owner_filter(req)))

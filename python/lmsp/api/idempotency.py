@@ -1,24 +1,21 @@
-"""Idempotency keys (LMSP B.8) for every POST.
-
-The fingerprint is the sha256 of the client, the method, the path and the
-canonical JSON of the body. Creating a response passes key and fingerprint to
-``store.create_task`` (key row and task in one transaction); other POSTs hold
-the key with ``store.idempotency_begin`` while they run and record the answer
-with ``idempotency_finish``. An error releases the key (``idempotency_abort``):
-errors are not recorded, so a failed request can be retried with its key.
+"""Idempotency keys (LMSP B.8) of every POST, as HTTP carries them: the
+``Idempotency-Key`` header, the request's fingerprint (the sha256 of the client,
+the method, the path and the canonical JSON of the body), and the header that
+marks an answer replayed. The keys' rules are the service's
+(:mod:`lmsp.service.keys`, :meth:`lmsp.service.tasks.TaskService.create`).
 """
 
 from __future__ import annotations
 
-import secrets
 from typing import Any, Callable
 
 import falcon
 
 from lmsp.errors import InvalidRequest
+from lmsp.service.keys import Answer, KeyedActions, Keyed
 from lmsp.store import fingerprint as store_fingerprint
 
-Answer = tuple[int, dict[str, Any]]  # an action's status and JSON body
+from .common import set_json
 
 HEADER = "Idempotency-Key"
 REPLAYED = "Idempotent-Replayed"
@@ -39,56 +36,16 @@ def fingerprint(client_id: str | None, method: str, path: str, body: dict[str, A
     return store_fingerprint(client_id, method, path, {} if body is None else body)
 
 
-# where a recorded answer keeps the nonce its secret field was derived with
-_NONCE = "lmsp_nonce"
-
-
-def run(
-    store: Any,
-    req: falcon.Request,
-    client_id: str,
-    body: dict[str, Any] | None,
-    action: Callable[..., Answer],
-    *,
-    ttl: float | None = None,
-    secret: tuple[str, Callable[[str], str]] | None = None,
-) -> tuple[int, dict[str, Any], bool]:
-    """Run ``action`` (returns status and body) under the request's key, if any;
-    it takes no argument, or the secret's value when ``secret`` is given.
-
-    ``secret``: ``(field, derive)`` for an answer with a field that is not
-    recorded (a pairing code, a token: the store keeps digests only). The
-    action is then called with the value ``derive(nonce)`` (``lmsp.auth``) for a
-    new random nonce, which the key's row keeps in place of the value; a
-    replay derives it again from there. ``ttl``: how long the key is kept, if
-    not the service's setting. Returns ``(status, body, replayed)``.
-    """
+def keyed(req: falcon.Request, client_id: str, body: dict[str, Any] | None) -> Keyed | None:
+    """The request's key with its fingerprint; None without a key."""
     key = key_of(req)
-    if key is None:
-        status, out = action() if secret is None else action(None)
-        return status, out, False
-    fp = fingerprint(client_id, req.method, req.path, body)
-    replay = store.idempotency_begin(client_id, key, fp, ttl=ttl)
-    if replay is not None:
-        status, out = replay
-        if secret is not None:
-            kept_nonce = out.pop(_NONCE, None)
-            if kept_nonce is not None:
-                out[secret[0]] = secret[1](kept_nonce)
-        return status, out, True
-    nonce: str | None = None
-    try:
-        if secret is None:
-            status, out = action()
-        else:
-            nonce = secrets.token_hex(16)
-            status, out = action(secret[1](nonce))
-    except BaseException:
-        store.idempotency_abort(client_id, key)
-        raise
-    kept = out if secret is None else {**{k: v for k, v in out.items() if k != secret[0]}, _NONCE: nonce}
-    store.idempotency_finish(client_id, key, status, kept)
-    return status, out, False
+    return None if key is None else Keyed(client_id, key, fingerprint(client_id, req.method, req.path, body))
+
+
+def create_key(req: falcon.Request, client_id: str, body: dict[str, Any]) -> tuple[str, str] | None:
+    """A create request's ``(key, fingerprint)``, which goes with its task."""
+    found = keyed(req, client_id, body)
+    return None if found is None else (found.key, found.fingerprint)
 
 
 def replayed_header(replayed: bool) -> dict[str, str] | None:
@@ -96,7 +53,7 @@ def replayed_header(replayed: bool) -> dict[str, str] | None:
 
 
 def answer(
-    store: Any,
+    keys: KeyedActions,
     req: falcon.Request,
     resp: falcon.Response,
     client_id: str,
@@ -104,8 +61,6 @@ def answer(
     action: Callable[..., Answer],
     **options: Any,
 ) -> None:
-    """:func:`run` the action and write its JSON answer, marked when replayed."""
-    from .common import set_json
-
-    status, out, replayed = run(store, req, client_id, body, action, **options)
+    """Run the action under the request's key and write its JSON answer, marked when replayed."""
+    status, out, replayed = keys.run(keyed(req, client_id, body), action, **options)
     set_json(resp, out, status, replayed_header(replayed))

@@ -7,9 +7,11 @@ import re
 import falcon
 
 from lmsp.errors import InvalidRequest
+from lmsp.service.keys import Answer
+from lmsp.wire.fields import get_str, reject_unknown
 
 from . import idempotency
-from .common import Deps, caller, get_str, reject_unknown, set_json
+from .common import Deps, caller, set_json
 
 MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
@@ -41,10 +43,10 @@ class ModelsResource:
         if "\x00" in path:
             raise InvalidRequest("'path' must not contain NUL characters", param="path")
 
-        def register() -> idempotency.Answer:
+        def register() -> Answer:
             return 201, self.deps.runtime.register_model(path, model_id)
 
-        idempotency.answer(self.deps.store, req, resp, caller(req)["id"], body, register)
+        idempotency.answer(self.deps.keys, req, resp, caller(req)["id"], body, register)
 
 
 class ModelResource:
@@ -74,10 +76,10 @@ class ModelActionResource:
         body = self.deps.no_body(req)
         runtime = self.deps.runtime
 
-        def act() -> idempotency.Answer:
+        def act() -> Answer:
             runtime.model_object(model_id)  # NotFound first
             if self.action == "load":
                 return 200, runtime.load_model(model_id)
             return 200, runtime.unload_model(model_id)
 
-        idempotency.answer(self.deps.store, req, resp, caller(req)["id"], body, act)
+        idempotency.answer(self.deps.keys, req, resp, caller(req)["id"], body, act)

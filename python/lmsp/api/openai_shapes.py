@@ -14,7 +14,7 @@ from typing import Any, Literal
 from lmsp.errors import LMSPError
 
 from .common import dumps
-from .events import Framing
+from .events import SseFraming
 from .openai_logprobs import LegacyLogprobs, chat_logprobs, legacy_logprobs, response_logprobs
 
 DONE = b"data: [DONE]\n\n"
@@ -183,7 +183,7 @@ def ended_error(response: dict[str, Any]) -> LMSPError | None:
     return None
 
 
-class ChunkFraming(Framing):
+class ChunkFraming(SseFraming):
     """A task's events as OpenAI's streamed chunks (``chat.completion.chunk`` or a
     streamed ``text_completion``), the usage chunk when asked, then ``[DONE]``.
     Errors are a ``data`` line with an ``error`` object, which OpenAI's clients raise."""

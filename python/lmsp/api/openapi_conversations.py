@@ -8,7 +8,7 @@ import copy
 from typing import Callable
 
 from .openapi_open_responses import REASONING_ITEM
-from .response_options import INCLUDE
+from lmsp.wire.options import INCLUDE
 from .openapi_schemas import JSON, STR, TIME, nullable, obj, ref, text
 
 Maker = Callable[..., JSON]

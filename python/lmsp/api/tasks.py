@@ -5,9 +5,21 @@ from __future__ import annotations
 import falcon
 
 from . import idempotency
-from .common import Deps, caller, check_id, owner_filter, query_bool, query_int, query_str, set_json
-from .events import start_sse, wants_sse
-from .responses import ResponsesService, check_cursor, stream_start
+from lmsp.service.keys import Answer
+
+from .common import (
+    Deps,
+    caller,
+    check_cursor,
+    check_id,
+    owner_filter,
+    query_bool,
+    query_int,
+    query_str,
+    set_json,
+    stream_start,
+)
+from .events import SSE_FRAMES, start_sse, wants_sse
 
 TASK_STATUSES = ("queued", "loading", "running", "cancelling", "completed", "failed", "cancelled")
 
@@ -24,7 +36,7 @@ class TasksResource:
         after = query_str(req, "after")
         if after is not None:
             check_cursor(after, "task")
-        set_json(resp, self.deps.store.list_tasks(owner_filter(req), status=status, limit=limit, after=after))
+        set_json(resp, self.deps.tasks.tasks(owner_filter(req), status=status, limit=limit, after=after))
 
 
 class TaskResource:
@@ -35,7 +47,7 @@ class TaskResource:
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, task_id: str) -> None:
         check_id(task_id, "task", "task")
-        set_json(resp, self.deps.store.get_task(task_id, owner_filter(req)))
+        set_json(resp, self.deps.tasks.task(task_id, owner_filter(req)))
 
 
 class TaskCancelResource:
@@ -43,19 +55,18 @@ class TaskCancelResource:
 
     scopes = {"POST": "responses:write"}
 
-    def __init__(self, deps: Deps, service: ResponsesService) -> None:
+    def __init__(self, deps: Deps) -> None:
         self.deps = deps
-        self.service = service
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, task_id: str) -> None:
         check_id(task_id, "task", "task")
         body = self.deps.no_body(req)
         owner = owner_filter(req)
 
-        def act() -> idempotency.Answer:
-            return 200, self.service.cancel(task_id, owner)
+        def act() -> Answer:
+            return 200, self.deps.tasks.cancel(task_id, owner)
 
-        idempotency.answer(self.deps.store, req, resp, caller(req)["id"], body, act)
+        idempotency.answer(self.deps.keys, req, resp, caller(req)["id"], body, act)
 
 
 class TaskEventsResource:
@@ -63,20 +74,20 @@ class TaskEventsResource:
 
     scopes = {"GET": "responses:read"}
 
-    def __init__(self, deps: Deps, service: ResponsesService) -> None:
+    def __init__(self, deps: Deps) -> None:
         self.deps = deps
-        self.service = service
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, task_id: str) -> None:
         check_id(task_id, "task", "task")
-        owner = owner_filter(req)
+        owner, tasks = owner_filter(req), self.deps.tasks
         if wants_sse(req) or query_bool(req, "stream"):
             after = stream_start(req, "after")
-            self.deps.store.get_task(task_id, owner)  # 404 before the stream starts
-            start_sse(
-                resp, self.service.stream(task_id, owner, after=after, caller_id=caller(req)["id"], task_events=True)
+            tasks.task(task_id, owner)  # 404 before the stream starts
+            stream = tasks.stream(
+                task_id, owner, framing=SSE_FRAMES, after=after, caller_id=caller(req)["id"], task_events=True
             )
+            start_sse(resp, stream)
             return
         after = stream_start(req, "after")
         limit = query_int(req, "limit", default=100, minimum=1, maximum=1000)
-        set_json(resp, self.deps.store.events(task_id, after=after, limit=limit, client_id=owner))
+        set_json(resp, tasks.events(task_id, owner, after=after, limit=limit))

@@ -15,21 +15,21 @@ newest response exists, whatever becomes of the older ones. ``calls`` (call id
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from lmsp import history
-from lmsp.contracts import CreatedTask
+from lmsp.contracts import NO_TURNS, EarlierTurns
 from lmsp.errors import ContextLengthExceeded, InvalidRequest, LMSPError, NotFound, TaskUnfinished
 
-from . import tools
+from lmsp.wire import tools
+from lmsp.wire.input import input_item
 
 MAX_ID = 100
 #: a bound on the characters of one token, above the longest token of the vocabularies
 #: served: text of more than ``n_ctx * CHARS_PER_TOKEN`` characters never fits a context
 #: of ``n_ctx`` tokens
 CHARS_PER_TOKEN = 256
-TURN_KEY = "chain_turn"  # lmsp.store.chains.TURN_KEY: the previous turn, for the store
 
 
 class _AnyCall(dict[str, str]):
@@ -42,47 +42,13 @@ class _AnyCall(dict[str, str]):
         return ""
 
 
-@dataclass(frozen=True)
-class Context:
-    """What a new response continues: the messages of the earlier turns, the calls made
-    in them, and where they come from. ``replay``: the stored answer of an idempotent
-    request made again whose context is gone since (nothing is created)."""
-
-    messages: list[dict[str, str]] = field(default_factory=list)
-    calls: dict[str, str] = field(default_factory=dict)
-    previous_response_id: str | None = None
-    conversation: tuple[str, int] | None = None
-    replay: CreatedTask | None = None
-    turn: dict[str, Any] | None = None
-
-    def fields(self, calls: dict[str, str]) -> dict[str, Any]:
-        """What the request keeps of it (``context`` by reference when ``turn`` names the
-        previous response's turn); ``calls``: those of the new input too."""
-        out: dict[str, Any] = {}
-        if self.previous_response_id is not None:
-            out["previous_response_id"] = self.previous_response_id
-        if self.conversation is not None:
-            out["conversation"] = {"id": self.conversation[0]}
-        if self.messages:
-            out["context"] = list(self.messages)
-        if self.turn is not None:
-            out[TURN_KEY] = self.turn
-        own = {k: v for k, v in calls.items() if k not in self.calls} if self.turn is not None else calls
-        if own:
-            out["calls"] = dict(own)
-        return out
-
-
-NO_CONTEXT = Context()
-
-
 def load(
     store: Any,
     client_id: str,
     body: dict[str, Any],
     idempotency: tuple[str, str] | None = None,
     n_ctx: int | None = None,
-) -> Context:
+) -> EarlierTurns:
     """The context of a create request's body (``n_ctx``: the context of a sequence, which
     bounds what a response keeps of a conversation, :func:`bounded`). An error reading
     it (the previous response or the conversation gone) gives way to the stored answer
@@ -96,10 +62,10 @@ def load(
         replay = None if idempotency is None else store.replay_of(client_id, idempotency)
         if replay is None:
             raise
-        return Context(calls=_AnyCall(), replay=replay)
+        return EarlierTurns(calls=_AnyCall(), replay=replay)
 
 
-def _load(store: Any, client_id: str, body: dict[str, Any]) -> Context:
+def _load(store: Any, client_id: str, body: dict[str, Any]) -> EarlierTurns:
     previous, conversation = body.get("previous_response_id"), body.get("conversation")
     if previous is not None and conversation is not None:
         raise InvalidRequest(
@@ -109,7 +75,7 @@ def _load(store: Any, client_id: str, body: dict[str, Any]) -> Context:
         return _previous(store, client_id, previous)
     if conversation is not None:
         return _conversation(store, client_id, conversation)
-    return NO_CONTEXT
+    return NO_TURNS
 
 
 def _checked_id(value: Any, prefix: str, param: str, what: str) -> str:
@@ -120,7 +86,7 @@ def _checked_id(value: Any, prefix: str, param: str, what: str) -> str:
     return value
 
 
-def _previous(store: Any, client_id: str, value: Any) -> Context:
+def _previous(store: Any, client_id: str, value: Any) -> EarlierTurns:
     param = "previous_response_id"
     rid = _checked_id(value, "resp_", param, "response")
     try:
@@ -134,7 +100,7 @@ def _previous(store: Any, client_id: str, value: Any) -> Context:
         raise TaskUnfinished(f"response {rid} is still {response['status']}; wait for it to finish", param=param)
     found = store.chain_context(rid)  # its turn is kept already: it was continued before
     if found is not None:
-        return Context(found[0], found[1], previous_response_id=rid, turn={"response_id": rid})
+        return EarlierTurns(found[0], found[1], previous_response_id=rid, turn={"response_id": rid})
     parent = None if "context" in request else request.get("previous_response_id")
     earlier = ([], {}) if parent is None else store.chain_context(parent)
     if earlier is None:  # retention took the chain since the response was read
@@ -150,7 +116,7 @@ def _previous(store: Any, client_id: str, value: Any) -> Context:
         if message is not None:
             own.append(message)
     turn = {"response_id": rid, "parent": parent, "messages": own, "calls": own_calls}
-    return Context(messages + own, {**calls, **own_calls}, previous_response_id=rid, turn=turn)
+    return EarlierTurns(messages + own, {**calls, **own_calls}, previous_response_id=rid, turn=turn)
 
 
 def _output_message(item: dict[str, Any], calls: dict[str, str]) -> dict[str, str] | None:
@@ -170,7 +136,7 @@ def _output_message(item: dict[str, Any], calls: dict[str, str]) -> dict[str, st
     return {"role": "assistant", "content": text}
 
 
-def _conversation(store: Any, client_id: str, value: Any) -> Context:
+def _conversation(store: Any, client_id: str, value: Any) -> EarlierTurns:
     param = "conversation"
     if isinstance(value, dict):
         if set(value) - {"id"}:
@@ -178,13 +144,11 @@ def _conversation(store: Any, client_id: str, value: Any) -> Context:
         value = value.get("id")
     cid = _checked_id(value, "conv_", param, "conversation")
     items, version = store.conversation_items(cid, client_id)
-    return Context(*item_messages(items), conversation=(cid, version))
+    return EarlierTurns(*item_messages(items), conversation=(cid, version))
 
 
 def item_messages(items: list[dict[str, Any]]) -> tuple[list[dict[str, str]], dict[str, str]]:
     """The messages of stored items (a conversation's), and the calls made in them."""
-    from .responses import input_item
-
     calls: dict[str, str] = {}
     messages = []
     for i, item in enumerate(items):

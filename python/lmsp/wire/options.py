@@ -5,7 +5,7 @@ task's request, from which the Response object echoes them (``lmsp.objects.echoe
 A value that asks for nothing, or for what the service does, is accepted; one
 that asks for a feature the service does not have is a 400 ``invalid_request``
 naming the field, never silently ignored. Tools and structured output are
-checked in :mod:`lmsp.api.tools`.
+checked in :mod:`lmsp.wire.tools`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from lmsp.errors import InvalidRequest
 
-from .common import get_bool, get_int, get_number, get_str, reject_unknown
+from .fields import get_bool, get_int, get_number, get_str, reject_unknown
 
 FIELDS = (
     "include",
@@ -30,7 +30,7 @@ FIELDS = (
     "presence_penalty",
     "frequency_penalty",
     "reasoning",
-    "previous_response_id",  # read with the context (lmsp.api.context)
+    "previous_response_id",  # read with the context (lmsp.service.turns)
     "conversation",
     "prompt",
 )

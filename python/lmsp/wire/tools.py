@@ -18,7 +18,7 @@ from typing import Any
 
 from lmsp.errors import InvalidRequest
 
-from .common import reject_unknown
+from .fields import reject_unknown
 
 FORMAT_TYPES = ("text", "json_object", "json_schema")
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")

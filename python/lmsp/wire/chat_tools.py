@@ -1,7 +1,7 @@
 """Function tools and structured output of a Chat Completions request: ``tools``,
 ``tool_choice``, ``response_format``, and the messages that carry calls (an
 assistant message's ``tool_calls``, a ``tool`` message), made into what the
-Responses API's task keeps (:mod:`lmsp.api.tools`), so that the same grammar
+Responses API's task keeps (:mod:`lmsp.wire.tools`), so that the same grammar
 and the same call format (:mod:`lmsp.calls`) serve both APIs.
 
 Each field is read in Chat Completions' shape and checked by the Responses
@@ -19,7 +19,7 @@ from lmsp import history
 from lmsp.errors import InvalidRequest
 
 from . import tools
-from .common import get_str, reject_unknown
+from .fields import get_str, reject_unknown
 
 FORMAT_PARAM = "response_format.json_schema"
 # what the runtime's refusal of a schema names (lmsp.runtime.constraints), or the start of

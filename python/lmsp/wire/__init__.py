@@ -1,0 +1,4 @@
+"""Requests as clients send them, checked: each endpoint's fields, their
+defaults and limits, and the task a request makes. Every check raises
+:class:`~lmsp.errors.InvalidRequest` naming the field as the client wrote it.
+Nothing here knows HTTP or the store."""
