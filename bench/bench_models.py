@@ -1,8 +1,8 @@
 """The models the benchmarks run, by name or file.
 
 A name is a model of the catalog (``lmsp models pull --list``), fetched and
-checked into the user's cache through ``lmsp.catalog``, or a demo preset
-(``lmsp.demo_model``: ``tiny``, ``bench``...), written into the benchmark's
+checked into the user's cache through ``lmsp.models.catalog``, or a demo preset
+(``lmsp.models.demo``: ``tiny``, ``bench``...), written into the benchmark's
 work folder. The catalog models are the default: real weights, real
 tokenizers, real quantizations. The demo ``tiny`` model is a micro-benchmark
 of what the service spends per request and per token around a model that
@@ -30,14 +30,14 @@ def _demo(name: str, folder: Path, remake: bool) -> Path:
     if remake or not path.is_file():
         print(f"making the {name} demo model -> {path}", flush=True)
         path.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "lmsp.demo_model", str(path), "--preset", name], check=True)
+        subprocess.run([sys.executable, "-m", "lmsp.models.demo", str(path), "--preset", name], check=True)
     return path
 
 
 def resolve(names: list[str], files: list[str | Path], demo_dir: Path, remake: bool = False) -> list[BenchModel]:
     """Every model asked for, each a file that exists; exits with a message otherwise."""
-    from lmsp import catalog
-    from lmsp.demo_model import PRESETS
+    from lmsp.models import catalog
+    from lmsp.models.demo import PRESETS
 
     known = catalog.load_catalog()
     out = []

@@ -23,7 +23,7 @@ the engine and the disk: the bytes of the file, the time of
 thread's part alone too), of the write (temporary file, fsync, rename), of the
 read and its check. And while one stream generates, another sequence with the
 history finishes beside it and a thread writes its file as the service's KV
-thread does (``saved_prefix`` into a kept buffer, ``kvfiles.write``): the
+thread does (``saved_prefix`` into a kept buffer, ``kv.write``): the
 longest gap between two tokens of the stream during that write, against the
 stream's median gap (one engine step), both as this process's own thread sees
 them. The control is the same stream right after the write: its longest gap
@@ -53,8 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import serve  # noqa: E402  (bench/serve.py: server launchers, SSE reader, machine line)
 from serve_results import write_history  # noqa: E402
 
-from lmsp import kvfiles  # noqa: E402
-from lmsp.runtime.kvdisk import LowPriority  # noqa: E402
+from lmsp import kv  # noqa: E402
+from lmsp.runtime.kv import LowPriority  # noqa: E402
 
 SYSTEM = "You are a patient teacher. Answer in plain words and short sentences."
 NEXT = "Now tell me in one sentence what all of this was about."
@@ -138,9 +138,9 @@ def lmsp_round(model: Path, s: serve.ServeSettings, work: Path, index: int, kv: 
         first = stream_chat(srv.port, model.stem, history(index), {"Authorization": f"Bearer {token}"}, 32)
         kv_dir = srv.data_dir / "kv"
         deadline = time.monotonic() + 60
-        while kv and not kvfiles.entries(kv_dir) and time.monotonic() < deadline:
+        while kv and not kv.entries(kv_dir) and time.monotonic() < deadline:
             time.sleep(0.05)
-        files = kvfiles.entries(kv_dir)
+        files = kv.entries(kv_dir)
         kill(srv)
         srv.start()
         srv.ready(s)
@@ -190,7 +190,7 @@ def engine_costs(model: Path, threads: int, writes: int = 1) -> dict:
             turn = [*history(7), {"role": "assistant", "content": "Yes."}, {"role": "user", "content": NEXT * 3}]
             next_prompt = engine.chat_prompt(turn)
             t0 = time.perf_counter()
-            prefix = kvfiles.read(path, digest=DIGEST, kv_format=engine.info["kv_format"], cache_key="",
+            prefix = kv.read(path, digest=DIGEST, kv_format=engine.info["kv_format"], cache_key="",
                                   tokens=next_prompt)
             t_read = time.perf_counter() - t0
         fresh = Engine(str(model), n_ctx=4096, n_parallel=2, n_threads=threads, swa_full=False)  # a restart
@@ -223,7 +223,7 @@ def write_beside_stream(engine, prompt: list[int], directory: Path) -> dict:
         saved = engine.saved_prefix(seq, into=buffer)
         done["copied"] = time.perf_counter()
         try:
-            done["path"], done["size"] = kvfiles.write(
+            done["path"], done["size"] = kv.write(
                 directory, digest=DIGEST, kv_format=engine.info["kv_format"], cache_key="", tokens=saved["tokens"],
                 tiled_rows=saved["tiled_rows"], tiled_min=saved["tiled_min"], state=saved["state"],
                 offload=LowPriority())  # as the service's KV thread writes

@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         paths = list(args.models)
         if not paths:
-            from lmsp.demo_model import write_demo_model
+            from lmsp.models.demo import write_demo_model
 
             paths = [Path(write_demo_model(Path(tmp) / "demo-tiny.gguf"))]
         results = bench(paths, args.reps, args.tokens)

@@ -4,7 +4,7 @@
 Both run the same model, on the same machine, taking turns, with the same
 thread count and GPU layers: by default the catalog's SmolLM2 135M Instruct
 (Q4_1) and Gemma 3 270M (Q4_K_M), fetched into the cache on first use
-(``bench/bench_models.py``); the demo presets of ``lmsp.demo_model`` by name.
+(``bench/bench_models.py``); the demo presets of ``lmsp.models.demo`` by name.
 llama-bench comes from the same pinned llama.cpp source
 (``bench/build_reference.sh``).
 

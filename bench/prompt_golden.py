@@ -8,7 +8,7 @@ writes tests/runtime/data/prompt_golden.json (``--out`` to change), which
 tests/runtime/test_real_models.py compares the service's prompts with, token
 for token. llama-server is built from the pinned source by
 ``LMSP_REFERENCE_DIR=DIR LMSP_REFERENCE_TARGETS=llama-server bench/build_reference.sh``.
-The demo model (``lmsp.demo_model``, tiny preset) is written by this script.
+The demo model (``lmsp.models.demo``, tiny preset) is written by this script.
 
 For each model, llama-server runs on loopback with ``--jinja`` and
 ``--no-prefill-assistant`` (a conversation that ends with an assistant
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         if not sep or not Path(path).is_file():
             raise SystemExit(f"--model {spec!r}: expected NAME=PATH of a GGUF file")
         models.append((name, Path(path)))
-    from lmsp.demo_model import write_demo_model
+    from lmsp.models.demo import write_demo_model
 
     with tempfile.TemporaryDirectory(prefix="prompt-golden-") as tmp:
         work = Path(tmp)

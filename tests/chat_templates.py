@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from lmsp.demo_model import write_demo_model
+from lmsp.models.demo import write_demo_model
 from lmsp.native import Engine
 
 # ChatML; the tools are listed in the system turn, a call is a <tool_call> block

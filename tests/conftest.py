@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lmsp.demo_model import write_demo_model
+from lmsp.models.demo import write_demo_model
 
 
 @pytest.fixture(scope="session")
@@ -20,9 +20,9 @@ def demo_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def catalog_model() -> Callable[[str], Path]:
     """``catalog_model(name)``: the GGUF file of a catalog model in the user's cache
-    (``lmsp.catalog.ensure_model``: fetched on the first run, checked once a session).
+    (``lmsp.models.catalog.ensure_model``: fetched on the first run, checked once a session).
     Read-only. Where it cannot be had (no network on a first run), the test fails."""
-    from lmsp.catalog import ensure_model
+    from lmsp.models.catalog import ensure_model
 
     paths: dict[str, Path] = {}
 

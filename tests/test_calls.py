@@ -1,12 +1,12 @@
 """The service's own function-call format (lmsp.calls) and the split of an output
-into text or calls as it comes (lmsp.runtime.toolcalls.CallShaper): one call, or
+into text or calls as it comes (lmsp.runtime.calls.CallShaper): one call, or
 several one per line where the request allows parallel calls."""
 from __future__ import annotations
 
 import pytest
 
 from lmsp import calls
-from lmsp.runtime.toolcalls import CallShaper
+from lmsp.runtime.calls import CallShaper
 
 CALL = '  {"name": "get_weather", "arguments": {"city": "Paris", "tags": {"a": "}"}}}'
 ARGS = '{"city": "Paris", "tags": {"a": "}"}}'

@@ -84,7 +84,7 @@ def test_the_service_does_not_start_and_says_why_in_one_line(tmp_path):
     done = run_on_a_bare_cpu("""
         import sys
         from gunicorn.app.wsgiapp import run
-        sys.argv = ["gunicorn", "--config", "python:lmsp.gunicorn_conf"]
+        sys.argv = ["gunicorn", "--config", "python:lmsp.serving.gunicorn_conf"]
         run()
     """, tmp_path)
     assert done.returncode != 0

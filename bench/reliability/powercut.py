@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the setting under test; 'normal' shows that the check can fail")
 
     def go(a, workdir: Path, log) -> dict:
-        from lmsp.demo_model import write_demo_model
+        from lmsp.models.demo import write_demo_model
         model = write_demo_model(workdir / "tiny.gguf")   # outside the data directory: not traced
         return run(workdir, a.requests, a.seed, a.random_points, model, durability=a.durability, log=log)
 

@@ -121,7 +121,7 @@ def get_app(*, committer: type[Committer] | None = None) -> falcon.App:
     of the runtime's commit thread, when not the service's own (a variant of the
     serving benchmark, started through ``LMSP_GUNICORN_APP``)."""
     from lmsp import config as config_mod
-    from lmsp.hubsafe import hub_safe
+    from lmsp.serving.hubsafe import hub_safe
     from lmsp.runtime import Runtime
     from lmsp.runtime.startup import open_store
 

@@ -57,7 +57,7 @@ class StepItem(TypedDict, total=False):
     """
 
     task_id: Required[str]
-    # an output on the model's own chat layer (lmsp.chat_items) has these instead of
+    # an output on the model's own chat layer (lmsp.items.chat) has these instead of
     # delta: its events as (type, raw text or None, payload), and the task's item_open
     # from then on (lmsp.objects.CHAT_OPEN, or CHAT_THINK for a model that thinks)
     rows: list[tuple[str, str | None, dict[str, Any]]]

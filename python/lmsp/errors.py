@@ -11,7 +11,7 @@ from __future__ import annotations
 
 # The error code of a refusal that carries only an HTTP status: Falcon's own errors
 # (unknown route, wrong method) and what the HTTP server refuses before the app
-# sees the request (lmsp.gunicorn_worker).
+# sees the request (lmsp.serving.gunicorn_worker).
 HTTP_CODES = {
     400: "invalid_request",
     401: "unauthorized",

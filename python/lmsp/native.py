@@ -84,7 +84,7 @@ same prompt asked again (no ``resume``) prefills nothing, its first token
 is sampled from them and ``n_cached`` is the whole prompt.
 
 The KV of a prompt's start can leave the engine and come back (the
-service's KV files, ``lmsp.kvfiles``). A sequence submitted with
+service's KV files, ``lmsp.kv``). A sequence submitted with
 ``persist=True`` keeps what its slot holds after its end (``stop`` or
 ``length``) for ``saved_prefix(seq)``: ``{"tokens", "tiled_rows",
 "tiled_min", "state"}`` (llama.cpp's sequence state of exactly those

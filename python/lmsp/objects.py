@@ -16,7 +16,7 @@ from . import calls
 Row = Mapping[str, Any] | sqlite3.Row
 
 COMPLETED, FAILED, CANCELLED = "completed", "failed", "cancelled"
-#: a task's ``item_open`` once its output is on the chat layer (lmsp.chat_items), kept
+#: a task's ``item_open`` once its output is on the chat layer (lmsp.items.chat), kept
 #: after its items end; CHAT_THINK for a model that thinks
 CHAT_OPEN, CHAT_THINK = 3, 4
 DELTA = "response.output_text.delta"  # the event stored compactly: its text (and log probabilities)
@@ -174,7 +174,7 @@ def event_object(event: Row, item_id: str) -> dict:
     out = {"type": event["type"], "sequence_number": event["seq"], "created_at": ts(event["created_at"])}
     data = event["data"]
     # stored compactly: its text, and its log probabilities in data (an output on the
-    # chat layer keeps the whole payload in data, lmsp.chat_items)
+    # chat layer keeps the whole payload in data, lmsp.items.chat)
     if event["type"] == DELTA and (data is None or data.startswith('{"logprobs"')):
         logprobs = json.loads(data).get("logprobs", []) if data is not None else []
         out.update(item_id=item_id, output_index=0, content_index=0, delta=event["text"] or "", logprobs=logprobs)

@@ -13,7 +13,7 @@ from api_fakes import OWNER
 from api_helpers import parse_sse
 
 from lmsp.runtime.committer import merge
-from lmsp.runtime.toolcalls import CallShaper
+from lmsp.runtime.calls import CallShaper
 
 PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The weather.",

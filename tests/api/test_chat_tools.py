@@ -21,7 +21,7 @@ from lmsp.wire.responses import parse_create
 from lmsp.errors import InvalidRequest
 from lmsp.runtime import prompt as prompting
 from lmsp.runtime.committer import merge
-from lmsp.runtime.toolcalls import CallShaper
+from lmsp.runtime.calls import CallShaper
 
 PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The weather.",

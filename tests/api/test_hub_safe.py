@@ -17,7 +17,7 @@ CHILD = textwrap.dedent(
     import json, sys
     import gevent
     from lmsp.errors import Unavailable
-    from lmsp.hubsafe import HubSafeStore, hub_safe
+    from lmsp.serving.hubsafe import HubSafeStore, hub_safe
     from lmsp.store import Store
 
     store = Store.open(sys.argv[1], busy_timeout=float(sys.argv[2]))
@@ -87,7 +87,7 @@ def test_lock_wait_does_not_freeze_other_greenlets(tmp_path):
 
 
 def test_outside_gevent_the_store_is_returned_as_is(tmp_path):
-    from lmsp.hubsafe import hub_safe
+    from lmsp.serving.hubsafe import hub_safe
     from lmsp.store import Store
 
     store = Store.open(tmp_path / "lmsp.db")
@@ -103,7 +103,7 @@ READER = textwrap.dedent(
     monkey.patch_all()
     import json, sys
     import gevent
-    import lmsp.hubsafe as hubsafe
+    import lmsp.serving.hubsafe as hubsafe
     from lmsp.errors import NotFound, Unavailable
     from lmsp.store import Store
     from lmsp.store import db as dbmod
@@ -204,7 +204,7 @@ HUB_READS = textwrap.dedent(
     import json, sys
     import gevent
     from lmsp.config import Config
-    from lmsp.hubsafe import hub_safe
+    from lmsp.serving.hubsafe import hub_safe
     from lmsp.runtime import Runtime
     from lmsp.runtime.state import Run
     from lmsp.store import Store

@@ -7,21 +7,21 @@ import pytest
 from api_helpers import assert_error
 from test_live import client, live  # noqa: F401  (the started runtime of test_live.py)
 
-from lmsp import demo_model
+from lmsp.models import demo
 
 
 @pytest.fixture(scope="module")
 def no_bos(live):  # noqa: F811
     """The demo model, its tokenizer adding no BOS token, registered as ``nobos``."""
-    usual = demo_model._tokenizer_keys
+    usual = demo._tokenizer_keys
 
     def keys(*args):
         return tuple((k, False if k == "tokenizer.ggml.add_bos_token" else v, t, s) for k, v, t, s in usual(*args))
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(demo_model, "_tokenizer_keys", keys)
+    mp.setattr(demo, "_tokenizer_keys", keys)
     try:
-        demo_model.write_demo_model(live["config"].models_dir / "nobos.gguf")
+        demo.write_demo_model(live["config"].models_dir / "nobos.gguf")
     finally:
         mp.undo()
     registered = live["admin"].post("/v1/models", json={"path": "nobos.gguf", "id": "nobos"})

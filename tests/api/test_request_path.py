@@ -41,7 +41,7 @@ def path_to_runtime(scripted, monkeypatch):
         ("/v1/responses", {"model": "tiny", "input": "hi"}, "lmsp.api.responses"),
     ],
 )
-def test_a_create_request_reaches_the_runtime_through_the_task_service_once(user, path_to_runtime, path, body, resource):
+def test_a_create_request_reaches_the_runtime_through_the_task_service(user, path_to_runtime, path, body, resource):
     assert user.post(path, json=body).status_code == 200
     [modules] = path_to_runtime
     start = modules.index(resource)

@@ -10,7 +10,7 @@ from api_helpers import assert_error
 from open_responses import sse_data
 
 from lmsp.runtime.committer import merge
-from lmsp.runtime.toolcalls import CallShaper
+from lmsp.runtime.calls import CallShaper
 
 TOOL = {"type": "function", "name": "get_weather", "description": "The weather.",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}

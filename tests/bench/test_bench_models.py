@@ -11,7 +11,7 @@ import bench_models  # noqa: E402
 
 
 def test_the_default_models_are_catalog_models():
-    from lmsp import catalog
+    from lmsp.models import catalog
 
     names = bench_models.DEFAULT_MODELS.split(",")
     assert names == ["smollm2-135m-instruct", "gemma-3-270m"]
@@ -19,7 +19,7 @@ def test_the_default_models_are_catalog_models():
 
 
 def test_a_catalog_name_is_fetched_through_the_catalog(monkeypatch, tmp_path):
-    from lmsp import catalog
+    from lmsp.models import catalog
 
     asked = []
     fake = tmp_path / "gemma-3-270m.gguf"

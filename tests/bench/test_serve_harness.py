@@ -204,7 +204,7 @@ def test_llama_server_reuses_no_cached_prompt_unless_both_servers_do(serve):
 
 
 def test_a_model_with_a_chat_template_keeps_its_own(serve, tmp_path):
-    from lmsp.demo_model import write_demo_model
+    from lmsp.models.demo import write_demo_model
 
     path = tmp_path / "tiny.gguf"
     write_demo_model(path, preset="tiny")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from e2e_helpers import Server, sse_events
 
-from lmsp.demo_model import write_demo_model
+from lmsp.models.demo import write_demo_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from chat_templates import THINK_TEMPLATE, TOOLS_TEMPLATE  # noqa: E402

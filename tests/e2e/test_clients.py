@@ -17,7 +17,7 @@ import openai
 import pytest
 from e2e_helpers import Server
 
-from lmsp import pinned
+from lmsp.models import pinned
 
 pytestmark = pytest.mark.real_model
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from e2e_helpers import Server
 
-from lmsp import catalog, converted, pinned
+from lmsp.models import catalog
+from lmsp.models import pinned
 from lmsp.native import Engine
 from lmsp.runtime.embeddings import Embeddings
 
@@ -37,7 +38,7 @@ def minilm_path(catalog_model) -> Path:
 def expected(tmp_path_factory, minilm_path) -> tuple[list[list[int]], np.ndarray]:
     """The reference's token ids and vectors of SENTENCES, from the checkpoint's own files."""
     root = tmp_path_factory.mktemp("minilm-reference")
-    folder = converted.checkpoint(MODEL, root / "checkpoint")
+    folder = catalog.checkpoint(MODEL, root / "checkpoint")
     return reference(folder, SENTENCES, root)
 
 

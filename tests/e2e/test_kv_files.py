@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from e2e_helpers import Server
 
-from lmsp import kvfiles, pinned
+from lmsp import kv
+from lmsp.models import pinned
 
 pytestmark = pytest.mark.real_model
 
@@ -43,12 +44,12 @@ def text_of(response: dict) -> str:
     return "".join(part["text"] for item in response["output"] for part in item["content"])
 
 
-def wait_for_file(kv_dir: Path, timeout: float = 30.0) -> kvfiles.Entry:
+def wait_for_file(kv_dir: Path, timeout: float = 30.0) -> kv.Entry:
     deadline = time.monotonic() + timeout
-    while not kvfiles.entries(kv_dir):
+    while not kv.entries(kv_dir):
         assert time.monotonic() < deadline, f"no KV file in {kv_dir} after {timeout} s"
         time.sleep(0.1)
-    (entry,) = kvfiles.entries(kv_dir)
+    (entry,) = kv.entries(kv_dir)
     return entry
 
 

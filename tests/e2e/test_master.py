@@ -30,7 +30,7 @@ def test_the_master_freezes_its_objects_before_each_fork(tmp_path, monkeypatch):
     """So that the worker's collections leave the pages it shares with the master alone
     (2 MB less PSS for the two processes at one client, SmolLM2)."""
     monkeypatch.setenv("LMSP_DATA_DIR", str(tmp_path))
-    from lmsp import gunicorn_conf
+    from lmsp.serving import gunicorn_conf
 
     gc.unfreeze()
     try:

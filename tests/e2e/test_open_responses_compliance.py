@@ -12,7 +12,7 @@ import pytest
 from e2e_helpers import Server, check_stream, deltas, sse_events
 from open_responses import Conformance
 
-from lmsp import pinned
+from lmsp.models import pinned
 
 pytestmark = pytest.mark.real_model
 

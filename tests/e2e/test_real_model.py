@@ -18,7 +18,7 @@ from e2e_helpers import (
     uninterrupted_text,
 )
 
-from lmsp import pinned
+from lmsp.models import pinned
 
 pytestmark = pytest.mark.real_model
 

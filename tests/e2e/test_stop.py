@@ -11,7 +11,7 @@ import time
 import pytest
 from e2e_helpers import Server, deltas, sse_events
 
-from lmsp.demo_model import write_demo_model
+from lmsp.models.demo import write_demo_model
 
 # a context long enough for tasks that outlast a short grace period
 LONG = {"LMSP_N_CTX": "16384", "LMSP_MAX_OUTPUT_TOKENS_CAP": "12000", "LMSP_N_PARALLEL": "2"}

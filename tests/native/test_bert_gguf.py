@@ -1,4 +1,4 @@
-"""The sentence-transformers BERT converter (lmsp.bert_gguf) on a small random checkpoint:
+"""The sentence-transformers BERT converter (lmsp.models.bert_gguf) on a small random checkpoint:
 the file holds what llama.cpp's ``bert`` architecture reads, the same checkpoint gives the
 same bytes, llama.cpp runs it to the vectors and token ids of the numpy reference
 (tests/bert_reference.py), and a checkpoint it does not understand is refused in one line."""
@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lmsp.bert_gguf import ConversionError, convert, main
+from lmsp.models.bert_gguf import ConversionError, convert, main
 from lmsp.native import Engine, read_gguf_info
 from lmsp.runtime.embeddings import Embeddings
-from lmsp.safetensors_file import SafetensorsError, read_safetensors
+from lmsp.models.safetensors_file import SafetensorsError, read_safetensors
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bert_checkpoint import VOCAB, bert_tensors, write_checkpoint, write_safetensors  # noqa: E402

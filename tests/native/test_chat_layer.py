@@ -11,7 +11,7 @@ from typing import Iterator
 import pytest
 from native_helpers import drain
 
-from lmsp.demo_model import write_demo_model
+from lmsp.models.demo import write_demo_model
 from lmsp.native import ChatParser, Engine
 from lmsp.runtime.chat_layer import require_call, single_call
 

@@ -8,7 +8,7 @@ from typing import Iterator
 
 import pytest
 
-from lmsp.demo_model import write_demo_model
+from lmsp.models.demo import write_demo_model
 from lmsp.native import Engine, ModelFormatError
 
 BOS = 1  # the demo vocabulary's <s>; it asks for a BOS at the start of a prompt

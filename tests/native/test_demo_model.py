@@ -7,8 +7,8 @@ import gguf
 import numpy as np
 import pytest
 
-from lmsp import demo_model
-from lmsp.demo_model import CHAT_TEMPLATE, PRESETS, write_demo_model
+from lmsp.models import demo
+from lmsp.models.demo import CHAT_TEMPLATE, PRESETS, write_demo_model
 
 # small enough to write in a fraction of a second
 SMALL = dict(n_embd=32, n_layer=1, n_head=2, n_head_kv=1, n_ff=64)
@@ -63,7 +63,7 @@ def test_metadata_reads_back(tiny: gguf.GGUFReader) -> None:
 
 def test_tokenizer_is_copied_from_the_vocabulary(tiny: gguf.GGUFReader) -> None:
     model = tiny
-    vocab = gguf.GGUFReader(demo_model.find_vocab())
+    vocab = gguf.GGUFReader(demo.find_vocab())
     copied = [k for k in vocab.fields if k.startswith("tokenizer.")]
     assert {"tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.scores",
             "tokenizer.ggml.token_type", "tokenizer.ggml.bos_token_id",
@@ -167,19 +167,19 @@ def test_command_line(demo_model_path: Path, tmp_path: Path,
     out = tmp_path / "cli.gguf"
     argv = [str(out), "--n-embd", "32", "--n-layer", "1", "--n-head", "2", "--n-head-kv", "1",
             "--n-ff", "64", "--seed", "5", "--dtype", "f16", "--n-ctx", "512"]
-    assert demo_model.main(argv) == 0
+    assert demo.main(argv) == 0
     assert str(out) in capsys.readouterr().out
     same = write_demo_model(tmp_path / "api.gguf", seed=5, dtype="f16", n_ctx=512, **SMALL)
     assert same.read_bytes() == out.read_bytes()
     longer = write_demo_model(tmp_path / "longer.gguf", seed=5, dtype="f16", **SMALL)
     assert longer.read_bytes() != out.read_bytes()
     # the defaults are the tiny preset
-    assert demo_model.main([str(tmp_path / "default.gguf")]) == 0
+    assert demo.main([str(tmp_path / "default.gguf")]) == 0
     assert (tmp_path / "default.gguf").read_bytes() == demo_model_path.read_bytes()
 
 
 def test_command_line_error_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert demo_model.main([str(tmp_path / "x.gguf"), "--n-head", "5"]) == 2
+    assert demo.main([str(tmp_path / "x.gguf"), "--n-head", "5"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "Traceback" not in err
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lmsp.demo_model import write_demo_model
+from lmsp.models.demo import write_demo_model
 from lmsp.native import Engine, ModelFormatError, NativeError, read_gguf_info
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from native_helpers import N_GPU_LAYERS, drain, generate
 
-from lmsp import cpu_check, kvfiles
+from lmsp import cpu_check
+from lmsp import kv
 from lmsp.native import Engine, KvState
 
 pytestmark = [
@@ -55,7 +56,7 @@ def first_turn(engine: Engine, directory: Path) -> tuple[Path, list[int]]:
     assert saved is not None and engine.saved_prefix(seq) is None  # once
     # the prompt's rows only: its answer was decoded one row at a time, a prefill computes it tiled
     assert saved["tokens"] == prompt and saved["tiled_rows"] == len(prompt) and saved["tiled_min"] == 64
-    path, size = kvfiles.write(directory, digest=DIGEST, kv_format=engine.info["kv_format"], cache_key="",
+    path, size = kv.write(directory, digest=DIGEST, kv_format=engine.info["kv_format"], cache_key="",
                                tokens=saved["tokens"], tiled_rows=saved["tiled_rows"],
                                tiled_min=saved["tiled_min"], state=saved["state"])
     assert size > len(saved["state"])
@@ -69,7 +70,7 @@ def generate_from(engine: Engine, seq: int) -> str:
 
 
 def load(engine: Engine, path: Path, prompt: list[int]) -> dict:
-    return kvfiles.read(path, digest=DIGEST, kv_format=engine.info["kv_format"], cache_key="", tokens=prompt)
+    return kv.read(path, digest=DIGEST, kv_format=engine.info["kv_format"], cache_key="", tokens=prompt)
 
 
 def test_a_kv_file_in_a_new_engine_answers_as_a_full_prefill(make, tmp_path: Path) -> None:
@@ -129,7 +130,7 @@ def test_a_damaged_kv_file_fails_its_check(make, tmp_path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x40
     path.write_bytes(bytes(data))
-    with pytest.raises(kvfiles.Refused, match="checksum"):
+    with pytest.raises(kv.Refused, match="checksum"):
         load(engine, path, prompt)
 
 
@@ -158,7 +159,7 @@ def test_past_a_sliding_window_a_kv_file_continues_as_a_full_prefill(make, catal
     saved = gemma.saved_prefix(seq, into=bytearray())
     assert saved is not None and saved["tokens"] == prompt[: len(prompt) - 64] and saved["tiled_min"] == 64
     prompt = saved["tokens"]
-    path, _ = kvfiles.write(tmp_path, digest=DIGEST, kv_format=gemma.info["kv_format"], cache_key="",
+    path, _ = kv.write(tmp_path, digest=DIGEST, kv_format=gemma.info["kv_format"], cache_key="",
                             tokens=saved["tokens"], tiled_rows=saved["tiled_rows"], tiled_min=saved["tiled_min"],
                             state=saved["state"])
     saved["state"].release()
@@ -261,5 +262,5 @@ def test_a_kv_file_written_under_another_instruction_set_is_refused(make, tmp_pa
     for isa in ("avx2", "avx512vnni", "neon-dotprod"):
         other = here.rsplit("/isa-", 1)[0] + f"/isa-{isa}"
         if other != here:  # an engine of another kernel set: the file is not its KV
-            with pytest.raises(kvfiles.Refused):
-                kvfiles.read(path, digest=DIGEST, kv_format=other, cache_key="", tokens=prompt)
+            with pytest.raises(kv.Refused):
+                kv.read(path, digest=DIGEST, kv_format=other, cache_key="", tokens=prompt)

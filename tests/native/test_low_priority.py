@@ -10,9 +10,9 @@ import zlib
 
 import pytest
 
-from lmsp import kvfiles
+from lmsp import kv
 from lmsp.native import crc32_low_priority, low_priority_nice, write_low_priority
-from lmsp.runtime.kvdisk import LowPriority
+from lmsp.runtime.kv import LowPriority
 
 
 def test_the_checksum_is_zlibs_crc32_for_every_length_and_alignment():
@@ -66,9 +66,9 @@ def test_a_kv_file_written_there_reads_back_as_one_written_in_thread(tmp_path):
     state = os.urandom(1 << 20)
     common = dict(digest="sha256:" + "ab" * 32, kv_format="f", cache_key="k", tokens=[1, 2, 3],
                   tiled_rows=0, tiled_min=0, state=memoryview(state))
-    low, _ = kvfiles.write(tmp_path / "low", **common, offload=LowPriority())
-    plain, _ = kvfiles.write(tmp_path / "plain", **common)
+    low, _ = kv.write(tmp_path / "low", **common, offload=LowPriority())
+    plain, _ = kv.write(tmp_path / "plain", **common)
     assert low.read_bytes() == plain.read_bytes()
     assert low.stat().st_mode & 0o777 == 0o600
-    back = kvfiles.read(low, digest=common["digest"], kv_format="f", cache_key="k", tokens=[1, 2, 3, 4])
+    back = kv.read(low, digest=common["digest"], kv_format="f", cache_key="k", tokens=[1, 2, 3, 4])
     assert bytes(back["state"]) == state

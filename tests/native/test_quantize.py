@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from native_helpers import N_GPU_LAYERS, drain, generate, random_prompt, take
 
-from lmsp.demo_model import write_demo_model
+from lmsp.models.demo import write_demo_model
 from lmsp.native import QUANTIZE_TYPES, Engine, ModelFormatError, NativeError, quantize, read_gguf_info, system_info
 
 

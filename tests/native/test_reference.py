@@ -42,7 +42,7 @@ import gguf
 import numpy as np
 import pytest
 
-from lmsp.demo_model import write_demo_model
+from lmsp.models.demo import write_demo_model
 from lmsp.native import Engine
 
 RELATIVE_TOLERANCE = 1e-2

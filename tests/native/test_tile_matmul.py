@@ -15,7 +15,7 @@ import pytest
 from native_helpers import N_GPU_LAYERS, drain
 
 from lmsp import _native
-from lmsp.demo_model import write_demo_model
+from lmsp.models.demo import write_demo_model
 from lmsp.native import Engine
 
 pytestmark = pytest.mark.skipif(N_GPU_LAYERS != 0, reason="the tiles are the CPU backend's")

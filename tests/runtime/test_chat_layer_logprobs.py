@@ -8,7 +8,7 @@ from __future__ import annotations
 from runtime_helpers import all_events, check_log, submit, wait_finished
 from test_chat_layer_tasks import WEATHER, chat_models, conforms, crash_and_resume, response_of, start  # noqa: F401
 
-from lmsp import chat_items as ci
+from lmsp.items import chat as ci
 from lmsp.objects import LOGPROBS
 
 ASK = {"include": [LOGPROBS], "top_logprobs": 2}

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from runtime_helpers import all_events, check_log, submit, wait_finished, wait_until
 
-from lmsp import chat_items as ci
+from lmsp.items import chat as ci
 from lmsp.contracts import NewTask
 from lmsp.errors import ContextLengthExceeded
-from lmsp.demo_model import write_demo_model
+from lmsp.models.demo import write_demo_model
 from lmsp.runtime import chat_layer, open_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

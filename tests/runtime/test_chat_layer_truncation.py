@@ -10,10 +10,10 @@ import pytest
 from runtime_helpers import wait_finished
 
 from lmsp.contracts import NewTask
-from lmsp.demo_model import write_demo_model
+from lmsp.models.demo import write_demo_model
 from lmsp.errors import ContextLengthExceeded
 from lmsp.runtime import chat_layer
-from lmsp.runtime.prompt import budget
+from lmsp.runtime.truncation import budget
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from chat_templates import TOOLS_TEMPLATE  # noqa: E402

@@ -10,8 +10,8 @@ from typing import Iterator
 
 import pytest
 
-from lmsp import chat_items as ci
-from lmsp.demo_model import write_demo_model
+from lmsp.items import chat as ci
+from lmsp.models.demo import write_demo_model
 from lmsp.native import ChatParser, Engine
 from lmsp.runtime.chat_shaper import ChatShaper
 

@@ -9,7 +9,7 @@ import json
 import pytest
 from test_chat_shaper import CALL, ITEM_ID, THOUGHT, events, think_parse, tools_parse  # noqa: F401
 
-from lmsp import chat_items as ci
+from lmsp.items import chat as ci
 from lmsp.runtime.chat_shaper import ChatShaper, text_tokens
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from lmsp import auth, cli
+from lmsp import auth
+from lmsp.cli import command as cli
 from lmsp.runtime import open_store
 
 
@@ -262,7 +263,7 @@ def test_prepare_refuses_a_data_directory_a_service_holds(run, config):
 
 
 def test_quantize_writes_a_smaller_model(run, config, tmp_path):
-    from lmsp.demo_model import write_demo_model
+    from lmsp.models.demo import write_demo_model
 
     config.models_dir.mkdir(parents=True, exist_ok=True)
     write_demo_model(config.models_dir / "small-f16.gguf", preset="small", n_layer=1)
@@ -298,10 +299,10 @@ def test_dev_serve_help_answers_without_setting_anything_up(tmp_path):
 
 
 def test_gc_keeps_the_kv_files_within_their_budget(run, config, monkeypatch):
-    from lmsp import kvfiles
+    from lmsp import kv
 
     def put(tokens, age, digest="sha256:" + "ab" * 32):
-        path, _ = kvfiles.write(config.kv_dir, digest=digest, kv_format="f", cache_key="", tokens=tokens,
+        path, _ = kv.write(config.kv_dir, digest=digest, kv_format="f", cache_key="", tokens=tokens,
                                 tiled_rows=0, tiled_min=0, state=b"s" * 1000)
         os.utime(path, (path.stat().st_mtime - age,) * 2)
         return path
@@ -322,7 +323,7 @@ def test_gc_keeps_the_kv_files_within_their_budget(run, config, monkeypatch):
 
 
 def test_gc_deletes_the_kv_files_of_deleted_conversations(run, config):
-    from lmsp import kvfiles
+    from lmsp import kv
 
     digest = "sha256:" + "ab" * 32
     store = open_store(config)
@@ -333,7 +334,7 @@ def test_gc_deletes_the_kv_files_of_deleted_conversations(run, config):
     finally:
         store.close()
     paths = [
-        kvfiles.write(config.kv_dir, digest=digest, kv_format="f", cache_key="", tokens=[i], tiled_rows=0,
+        kv.write(config.kv_dir, digest=digest, kv_format="f", cache_key="", tokens=[i], tiled_rows=0,
                       tiled_min=0, state=b"s", owner=owner)[0]
         for i, owner in enumerate((kept, gone, None))
     ]

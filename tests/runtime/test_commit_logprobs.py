@@ -8,7 +8,7 @@ from unittest import mock
 
 from lmsp.runtime.committer import Committer
 from lmsp.runtime.logprobs import FLOOR, result_logprobs
-from lmsp.runtime.toolcalls import CallShaper
+from lmsp.runtime.calls import CallShaper
 from lmsp.runtime.state import Run
 
 PIECES = {1: b"\xc3", 2: b"\xa9", 3: b"!", 4: b"?"}  # "é" is two tokens

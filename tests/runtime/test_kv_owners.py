@@ -10,7 +10,7 @@ import time
 
 from runtime_helpers import wait_finished
 
-from lmsp import kvfiles
+from lmsp import kv
 from lmsp.service import turns as context
 
 
@@ -34,7 +34,7 @@ def owners(config, rt, written: int, timeout: float = 30.0) -> dict[str | None, 
         assert time.monotonic() < deadline, f"no KV file after {timeout} s: {list(config.kv_dir.glob('*'))}"
         time.sleep(0.05)
     out: dict[str | None, int] = {}
-    for entry in kvfiles.entries(config.kv_dir):
+    for entry in kv.entries(config.kv_dir):
         out[entry.owner] = out.get(entry.owner, 0) + 1
     return out
 

@@ -10,9 +10,9 @@ import time
 import pytest
 from runtime_helpers import wait_finished
 
-from lmsp import kvfiles
+from lmsp import kv
 from lmsp.contracts import NewTask
-from lmsp.runtime.kvdisk import continuable
+from lmsp.runtime.kv import continuable
 
 TEXT = "A story about a lighthouse"
 
@@ -56,7 +56,7 @@ def owners_once(config, rt, written: int, timeout: float = 30.0) -> list[str | N
     while rt.metrics()["kv_file_files_written"] < written:
         assert time.monotonic() < deadline, f"no KV file after {timeout} s: {list(config.kv_dir.glob('*'))}"
         time.sleep(0.05)
-    return sorted(e.owner or "" for e in kvfiles.entries(config.kv_dir))
+    return sorted(e.owner or "" for e in kv.entries(config.kv_dir))
 
 
 def test_only_stored_responses_and_conversation_turns_write_a_file(store, runtime, config):

@@ -6,17 +6,17 @@ import time
 
 from runtime_helpers import submit, wait_finished
 
-from lmsp import kvfiles
+from lmsp import kv
 from lmsp.api.metrics import render
 
 PROMPT = "A story about a lighthouse"
 
 
-def _files(config) -> list[kvfiles.Entry]:
-    return kvfiles.entries(config.kv_dir)
+def _files(config) -> list[kv.Entry]:
+    return kv.entries(config.kv_dir)
 
 
-def _wait_for_files(config, rt, written: int = 1, timeout: float = 30.0) -> list[kvfiles.Entry]:
+def _wait_for_files(config, rt, written: int = 1, timeout: float = 30.0) -> list[kv.Entry]:
     """The KV files once the runtime has written ``written`` of them."""
     deadline = time.monotonic() + timeout
     while rt.metrics()["kv_file_files_written"] < written:
@@ -40,9 +40,9 @@ def _restarted(make_runtime, store, rt, **changes):
     return again
 
 
-def _next_prompt(entry: kvfiles.Entry) -> list[int]:
+def _next_prompt(entry: kv.Entry) -> list[int]:
     """A prompt (token ids) that extends what a file holds."""
-    held = kvfiles.read_tokens(entry.path)
+    held = kv.read_tokens(entry.path)
     assert held is not None and len(held) == entry.n_tokens
     return held + held[1:6]
 
@@ -96,7 +96,7 @@ def test_a_graceful_stop_writes_the_files_of_the_turns_that_ended(store, runtime
 def test_the_next_turn_replaces_the_file_of_the_turn_before(store, runtime, config):
     _turn(store, runtime)
     (first,) = _wait_for_files(config, runtime)
-    held = kvfiles.read_tokens(first.path)
+    held = kv.read_tokens(first.path)
     assert held is not None
     # a prompt (token ids) that extends what the first file holds
     task = wait_finished(runtime, store, submit(store, runtime, prompt=held + held[1:6], max_output_tokens=4))

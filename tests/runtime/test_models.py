@@ -34,7 +34,7 @@ def test_register_reads_the_digest_and_the_gguf_metadata(store, make_runtime, mo
 
 
 def test_a_model_says_whether_it_has_a_chat_template(store, make_runtime, config, model_file):
-    from lmsp.demo_model import write_demo_model
+    from lmsp.models.demo import write_demo_model
 
     write_demo_model(config.models_dir / "base.gguf", chat_template=None)
     rt = make_runtime(store)
@@ -240,7 +240,7 @@ def test_the_engine_is_loaded_with_the_batch_invariance_and_swa_full_settings(st
 
 
 def test_a_kquant_model_loaded_invariant_says_what_it_costs(store, make_runtime, config, caplog):
-    from lmsp.demo_model import write_demo_model
+    from lmsp.models.demo import write_demo_model
     from lmsp.native import quantize
 
     source = write_demo_model(config.data_dir / "small-f16.gguf", preset="small", n_layer=1)

@@ -6,7 +6,7 @@ llama-server's prompts are golden data (tests/runtime/data/prompt_golden.json),
 recorded by bench/prompt_golden.py against llama-server built from the pinned
 source; the command is at the top of the file.
 
-The models come from ``lmsp.catalog.ensure_model`` where it is there, or else from
+The models come from ``lmsp.models.catalog.ensure_model`` where it is there, or else from
 the files that LMSP_TEST_SMOLLM2 and LMSP_TEST_GEMMA name.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from runtime_helpers import submit, wait_finished
 
 from lmsp.wire.responses import parse_create
 from lmsp.config import Config
-from lmsp.demo_model import write_demo_model
+from lmsp.models.demo import write_demo_model
 from lmsp.native import Engine
 from lmsp.runtime.prompt import messages_for, render
 
@@ -36,7 +36,7 @@ SPECIAL_TEXT = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<repo_name>", "<
 def model_file(name: str) -> Path:
     """A real model's GGUF: from the catalog where the package has it, else from the environment."""
     try:
-        from lmsp.catalog import ensure_model  # type: ignore[import-not-found]
+        from lmsp.models.catalog import ensure_model  # type: ignore[import-not-found]
     except ImportError:
         ensure_model = None
     if ensure_model is not None:

@@ -11,7 +11,7 @@ import json
 
 from runtime_helpers import submit, wait_finished
 
-from lmsp.chat_items import TEXT_DELTA
+from lmsp.items.chat import TEXT_DELTA
 from lmsp.objects import LOGPROBS
 
 REQUEST = {"max_output_tokens": 12, "top_logprobs": 2, "include": [LOGPROBS]}

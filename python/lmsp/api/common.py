@@ -1,5 +1,5 @@
 """What every resource shares: the dependencies, JSON bodies, query parameters,
-field checks and the caller's identity.
+path ids, list cursors and pages, and the caller's identity.
 
 Nothing here knows a route; everything raises :mod:`lmsp.errors` exceptions,
 which the app's one error handler turns into LMSP B.1 bodies.
@@ -19,7 +19,7 @@ import falcon
 
 from lmsp.auth import is_admin
 from lmsp.contracts import RuntimeAPI
-from lmsp.hubsafe import gevent_active
+from lmsp.serving.hubsafe import gevent_active
 from lmsp.wire.fields import check_range, reject_unknown
 from lmsp.wire.options import parse_include
 from lmsp.service.conversations import ConversationService
@@ -51,7 +51,7 @@ class Deps:
     """The explicit dependencies of the web layer: the services its resources call
     (``tasks``, ``conversations``, ``keys``, made over ``store`` and ``runtime``), the
     runtime's contract, and the store, which the resources of clients, models and
-    health read. ``store``: under gevent through :func:`lmsp.hubsafe.hub_safe`, which
+    health read. ``store``: under gevent through :func:`lmsp.serving.hubsafe.hub_safe`, which
     calls the same methods off the hub."""
 
     config: Any

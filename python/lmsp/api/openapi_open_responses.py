@@ -1,5 +1,5 @@
 """The OpenAPI schemas of the Open Responses fields (LMSP B.11): what a create request
-may set (the values the service accepts: see response_options.py; tools and
+may set (the values the service accepts: see lmsp.wire.options; tools and
 text.format are in openapi_schemas.py), what the Response object echoes, and the input items and
 content parts as the SDKs send them back."""
 

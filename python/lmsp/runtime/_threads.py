@@ -19,7 +19,7 @@ import logging
 import math
 import os
 
-from lmsp.hubsafe import gevent_active
+from lmsp.serving.hubsafe import gevent_active
 
 log = logging.getLogger("lmsp.runtime")
 

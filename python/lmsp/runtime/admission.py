@@ -21,11 +21,12 @@ from typing import Any
 
 from ..contracts import ClaimRecord, CreatedTask, NewTask
 from ..errors import ContextLengthExceeded, InvalidRequest
-from ..hubsafe import offload
-from . import chat_layer, constraints, kvdisk
+from lmsp.serving.hubsafe import offload
+from lmsp.runtime import chat_layer, constraints
+from lmsp.runtime import kv
 from . import prompt as prompting
 from .state import Run, WorkerState
-from .toolcalls import CallShaper
+from lmsp.runtime.calls import CallShaper
 
 log = logging.getLogger("lmsp.runtime")
 
@@ -186,7 +187,7 @@ class Admission:
         run = Run("", model_id, state="running", held=[], calls=CallShaper.for_request(request))
         try:
             # a KV file of the prompt's start: read off the hub
-            keep = kvdisk.continuable(request, kind=kind)
+            keep = kv.continuable(request, kind=kind)
             ticket = offload(state.kvdisk.prepare, engine, model_id, tokens, client_id or "", keep=keep)
             with state.lock:
                 if state.registry.engine(model_id) is not engine:

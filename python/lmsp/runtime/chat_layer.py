@@ -295,7 +295,7 @@ def truncated_tokens(engine: Any, request: dict[str, Any], max_tokens: int) -> l
     service's own (a ``tool`` message whose call went goes with it). Only the prompt
     changes: the grammar, stops and parser of a plan do not depend on the earlier
     turns."""
-    from .prompt import budget, fewest_dropped
+    from .truncation import budget, fewest_dropped
 
     messages = chat_messages(request)
     tokens = _plans.get(engine, request, messages).tokens

@@ -3,7 +3,7 @@
 For a task on llama.cpp's chat layer (:mod:`.chat_layer`), the engine's text
 goes through a :class:`ChatShaper`: the output so far is read by the chat
 layer's parser (partial while it grows), and what the reading gained since
-the last one becomes events (:mod:`lmsp.chat_items`): a ``reasoning`` item
+the last one becomes events (:mod:`lmsp.items.chat`): a ``reasoning`` item
 with ``response.reasoning.delta``, a ``message`` with
 ``response.output_text.delta``, ``function_call`` items with
 ``response.function_call_arguments.delta``, each item opened when the reading
@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .. import chat_items as ci
+from lmsp.items import chat as ci
 from ..objects import CHAT_OPEN, CHAT_THINK
 
 Parse = Callable[[str, bool], dict[str, Any]]

@@ -32,7 +32,7 @@ from ..contracts import EngineResult, StepItem, StepOutcome
 from ..objects import event_object
 from .logprobs import result_logprobs
 from .state import IDLE_WAIT, MAX_BACKOFF, Run, WorkerState
-from .toolcalls import add as add_segment
+from lmsp.runtime.calls import add as add_segment
 
 log = logging.getLogger("lmsp.runtime")
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from .. import calls
 from ..errors import InvalidRequest
-from ..hubsafe import offload_bounded
+from lmsp.serving.hubsafe import offload_bounded
 from . import schema_check
 
 SCHEMA_PARAM = "text.format.schema"

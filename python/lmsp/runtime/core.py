@@ -16,7 +16,7 @@ a room of its own:
   of one per waiting request, and it wakes those whose task moved;
 * the **janitor thread** (:mod:`.janitor`) applies retention and checks the
   loaded models' files;
-* the **KV thread** (:mod:`.kvdisk`) writes the KV files of finished turns,
+* the **KV thread** (:mod:`.kv`) writes the KV files of finished turns,
   which later prompts load instead of prefilling them.
 
 A request's task comes in through :mod:`.admission` (claimed at its creation
@@ -42,7 +42,7 @@ from .committer import Committer
 from .models import Models
 from .registry import ModelRegistry
 from .janitor import Janitor
-from .kvdisk import KvDisk
+from lmsp.runtime.kv import KvDisk
 from .scheduler import Scheduler
 from .state import WorkerState
 from .watcher import Watcher

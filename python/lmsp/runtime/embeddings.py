@@ -23,7 +23,7 @@ import unicodedata
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import ContextLengthExceeded, InvalidRequest, LMSPError
-from ..hubsafe import offload
+from lmsp.serving.hubsafe import offload
 from .prompt import check_vocabulary
 from .state import WorkerState
 

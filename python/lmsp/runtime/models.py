@@ -28,7 +28,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..errors import InvalidRequest, ModelChanged, ModelInUse
-from ..hubsafe import offload
+from lmsp.serving.hubsafe import offload
 from .prompt import check_vocabulary
 from .registry import CHANGED, MISSING
 from .state import WorkerState

@@ -8,11 +8,12 @@ without a template gets the plain format of ``docs/API.md``.
 from __future__ import annotations
 
 import json
-from typing import Callable, Protocol, Sequence
+from typing import Protocol, Sequence
 
 from .. import calls, history
 from ..objects import wants_logprobs
 from . import constraints
+from .truncation import budget, fewest_dropped
 
 
 class ChatEngine(Protocol):
@@ -137,33 +138,6 @@ def truncated(engine: ChatEngine, messages: list[dict], request: dict, max_token
         return render(engine, [m for i, m in enumerate(messages) if i not in gone])
 
     return fewest_dropped(tokens, without, len(turns), budget(engine.n_ctx, max_tokens))
-
-
-def budget(n_ctx: int, max_tokens: int) -> int:
-    """The most prompt tokens ``truncation: "auto"`` leaves: room for ``max_tokens`` of
-    output, at most half the context."""
-    return n_ctx - max(1, min(max_tokens, n_ctx // 2))
-
-
-def fewest_dropped(
-    tokens: list[int], without: Callable[[int], list[int]], n_turns: int, most: int
-) -> tuple[list[int], int]:
-    """The prompt (``tokens``) less the fewest of its oldest turns (``without(n)``: less
-    ``n`` of its ``n_turns``) that fits in ``most`` tokens, and how many went; found in
-    a logarithmic number of renders (a prompt never grows when a turn goes). The last
-    turn always stays: the shortest there is when none fits."""
-    low, high = 1, n_turns - 1
-    if len(tokens) <= most or high < low:
-        return tokens, 0
-    best = without(high)
-    while low < high:
-        middle = (low + high) // 2
-        attempt = without(middle)
-        if len(attempt) <= most:
-            high, best = middle, attempt
-        else:
-            low = middle + 1
-    return best, high  # best is without(high): the one that fits, or the shortest there is
 
 
 def seen_context(request: dict, dropped: int) -> list[dict] | None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidRequest, LMSPError, ModelChanged, ModelInUse, ModelLoadFailed, NotFound
-from ..hubsafe import offload
+from lmsp.serving.hubsafe import offload
 from ..objects import public_model
 from ._threads import allocate_lock
 from .filewatch import FileIdentity

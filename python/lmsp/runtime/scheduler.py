@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..contracts import ClaimRecord
 from ..errors import IllegalTransition, LMSPError, NotFound, Unavailable
-from . import chat_layer, kvdisk
+from lmsp.runtime import chat_layer
+from lmsp.runtime import kv
 from . import prompt as prompting
 from .state import IDLE_WAIT, MAX_BACKOFF, Run, WorkerState
-from .toolcalls import CallShaper
+from lmsp.runtime.calls import CallShaper
 
 if TYPE_CHECKING:
     from ..native import Engine
@@ -203,7 +204,7 @@ class Scheduler:
         emitted = resume["emitted"] if resume else ""
         shaper = chat_layer.shaper(engine, request, claim.get("item_id") or "", emitted, resume)
         run.calls = shaper if shaper is not None else CallShaper.for_request(request, emitted)
-        keep = kvdisk.continuable(request, response_id=claim.get("response_id") or "")
+        keep = kv.continuable(request, response_id=claim.get("response_id") or "")
         self.submit(run, engine, tokens, kwargs, resume, claim.get("client_id") or "", keep)
 
     def engine_for(self, run: Run) -> Engine | None:
@@ -264,7 +265,7 @@ class Scheduler:
     ) -> None:
         """Hand the task to the engine, unless its engine left the registry meanwhile
         (:class:`EngineGone`: the start is tried again). ``keep``: its turn's KV goes
-        to a file (:func:`.kvdisk.continuable`)."""
+        to a file (:func:`.kv.continuable`)."""
         from .. import native  # the extension loads in the workers only
 
         state = self.state

@@ -1,7 +1,7 @@
 """Once per service start: data directory, identity, bootstrap admin, models, recovery.
 
 Under gunicorn this runs in the master before the workers fork (see
-``lmsp.gunicorn_conf``); a process that serves on its own runs it from
+``lmsp.serving.gunicorn_conf``); a process that serves on its own runs it from
 ``Runtime.start()``. Nothing here loads an engine.
 """
 
@@ -93,11 +93,11 @@ def ensure_models(config, store, registry) -> str | None:
         return model_id
     if store.list_models():
         return None
-    from .. import demo_model
+    from lmsp.models import demo
 
     path = Path(config.models_dir) / f"{DEMO_MODEL_ID}.gguf"
     if not path.is_file():
-        demo_model.write_demo_model(path)
+        demo.write_demo_model(path)
         log.info("made the demo model %s (tiny llama, fixed random weights)", path)
     registry.register(path.name, DEMO_MODEL_ID)
     return DEMO_MODEL_ID

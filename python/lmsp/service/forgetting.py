@@ -29,7 +29,7 @@ class _Waiting:
 
 
 class Forgetter:
-    """Deletes delivered responses for :meth:`~lmsp.api.responses.ResponsesService.forget`
+    """Deletes delivered responses for :meth:`~lmsp.service.tasks.TaskService.forget`
     (``store``: the service's, whose ``forget_responses`` deletes many in one write).
     Its locks are greenlets' under gevent (``threading`` patched), threads' otherwise."""
 

@@ -13,7 +13,7 @@ import sqlite3
 from typing import Any, Callable
 
 from .. import calls
-from .. import chat_items
+from lmsp.items import chat
 from .. import objects as obj
 from ..contracts import StepState
 from ..errors import NotFound
@@ -24,7 +24,7 @@ from .db import Database
 
 #: a task's ``item_open`` while its open output item is a function call (1: a message)
 CALL_OPEN = 2
-#: a task's ``item_open`` once its output is on the chat layer (:mod:`lmsp.chat_items`),
+#: a task's ``item_open`` once its output is on the chat layer (:mod:`lmsp.items.chat`),
 #: kept after its items end: its Response's items are made from its events
 CHAT_OPEN = obj.CHAT_OPEN
 #: the same, for a model that thinks (its Response echoes the ``reasoning`` asked)
@@ -119,8 +119,8 @@ class StoreBase:
     def _render_response(self, conn: sqlite3.Connection, response: sqlite3.Row, task: dict) -> dict:
         if task["item_open"] in (CHAT_OPEN, CHAT_THINK):  # its items are made from its events
             out = obj.response_object(response, task, None)
-            status = chat_items.ITEM_STATUS.get(out["status"], "in_progress")
-            out["output"] = chat_items.fold(self._attempt_events(conn, task), status)
+            status = chat.ITEM_STATUS.get(out["status"], "in_progress")
+            out["output"] = chat.fold(self._attempt_events(conn, task), status)
             return out
         if task["status"] in st.FINISHED and response["output_text"] is not None:
             text = response["output_text"]
@@ -170,8 +170,8 @@ class StoreBase:
             self._close_call(conn, task, now, status, "", response)
             return
         if task["item_open"] in (CHAT_OPEN, CHAT_THINK):  # every item still open; the mark stays
-            for index, item, body, logprobs in chat_items.open_items(self._attempt_events(conn, task)):
-                for etype, payload in chat_items.closing_events(item, index, body, status, logprobs):
+            for index, item, body, logprobs in chat.open_items(self._attempt_events(conn, task)):
+                for etype, payload in chat.closing_events(item, index, body, status, logprobs):
                     self._emit(conn, task, etype, now, payload)
             return
         base = {"item_id": response["item_id"], "output_index": 0, "content_index": 0}

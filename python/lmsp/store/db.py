@@ -116,7 +116,7 @@ _no_wait = threading.local()
 def no_wait() -> Iterator[None]:
     """Within this block (this thread), a read that meets a lock fails at once with
     :class:`lmsp.errors.Unavailable` instead of waiting up to the busy timeout, and
-    a write is refused (see :mod:`lmsp.hubsafe`)."""
+    a write is refused (see :mod:`lmsp.serving.hubsafe`)."""
     _no_wait.on = True
     try:
         yield

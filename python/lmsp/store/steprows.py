@@ -256,7 +256,7 @@ def _text_rows(
 def _chat_rows(
     events: list[EventInsert], tid: str, item: StepItem, seq: int, pending: str, toks: str, now: float
 ) -> tuple[int, str]:
-    """The chat layer's rows of one step (:mod:`lmsp.chat_items`): each event with its
+    """The chat layer's rows of one step (:mod:`lmsp.items.chat`): each event with its
     whole payload, the raw text on the rows that consumed it, the step's tokens (with
     those held back) on the last of those; ``(seq, pending)``."""
     toks = pending + "," + toks if pending and toks else pending or toks

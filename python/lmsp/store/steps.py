@@ -19,7 +19,7 @@ from __future__ import annotations
 import sqlite3
 from typing import NamedTuple
 
-from .. import chat_items
+from lmsp.items import chat
 from ..contracts import EVENT_ROW_FIELDS, StepItem, StepOutcome, StepState
 from ..errors import NotFound
 from . import states as st
@@ -249,7 +249,7 @@ class StepsArea(StoreBase):
         n = 0
         for (tokens,) in conn.execute(
             "SELECT tokens FROM task_events WHERE task_id = ? AND seq > ? AND type = ? AND tokens IS NOT NULL",
-            (task["id"], task["attempt_seq"], chat_items.REASONING_DELTA),
+            (task["id"], task["attempt_seq"], chat.REASONING_DELTA),
         ):
             n += len(tokens.split(",")) if tokens else 0
         return n

@@ -44,7 +44,7 @@ from .conversations import ConversationsArea
 from .db import Database, translate
 from .idempotency import IdempotencyArea
 from .items import ItemsArea
-from .kvowners import KvOwnersArea
+from lmsp.store.kv import KvOwnersArea
 from .models import ModelsArea
 from .reads import ReadsArea
 from .recovery import RecoveryArea
@@ -72,7 +72,7 @@ class Store(
     """The service's state in one SQLite file (see the module docstring of :mod:`lmsp.store.db`
     for what each ``durability`` level risks)."""
 
-    # Methods that only read (one deferred transaction, no write): lmsp.hubsafe
+    # Methods that only read (one deferred transaction, no write): lmsp.serving.hubsafe
     # runs them on the gevent hub itself, failing fast on a lock, and only
     # sends them to its thread pool when a lock is met.
     READS = frozenset(

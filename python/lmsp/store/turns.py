@@ -10,7 +10,7 @@ import json
 import sqlite3
 from typing import Any, Callable
 
-from .. import items as shapes
+from lmsp.items import listed as shapes
 from ..errors import ConversationBusy, NotFound
 from . import states as st
 

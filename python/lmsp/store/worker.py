@@ -9,7 +9,7 @@ import json
 import sqlite3
 from typing import Iterable
 
-from ..chat_items import TEXT_DELTA
+from lmsp.items.chat import TEXT_DELTA
 from ..contracts import ClaimRecord, Resume
 from . import states as st
 from .chains import with_context

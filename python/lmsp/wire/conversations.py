@@ -7,7 +7,7 @@ from typing import Any
 
 from lmsp.errors import InvalidRequest
 from lmsp.ids import new_id
-from lmsp.items import listed_item
+from lmsp.items.listed import listed_item
 
 from .input import input_item
 

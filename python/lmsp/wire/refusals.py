@@ -17,10 +17,6 @@ def _zero(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
 
 
-def _false(value: Any) -> bool:
-    return value is False
-
-
 def _empty(value: Any) -> bool:
     return value in ([], {})
 

@@ -8,7 +8,7 @@ from typing import Any, Callable
 from lmsp.contracts import NO_TURNS, CreateRequest, EarlierTurns
 from lmsp.errors import InvalidRequest
 from lmsp.ids import new_id
-from lmsp.items import input_items
+from lmsp.items.listed import input_items
 
 from . import options, tools
 from .fields import get_bool, get_int, get_number, get_str, reject_unknown

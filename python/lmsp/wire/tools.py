@@ -82,7 +82,7 @@ def check_schema(schema: Any, param: str) -> dict[str, Any]:
 # -- function tools -------------------------------------------------------------
 
 #: the create request's fields this module checks
-FIELDS = ("text", "tools", "tool_choice")  # parallel_tool_calls, max_tool_calls: response_options
+FIELDS = ("text", "tools", "tool_choice")  # parallel_tool_calls, max_tool_calls: options
 
 CHOICES = ("auto", "none", "required")
 MAX_TOOLS = 128

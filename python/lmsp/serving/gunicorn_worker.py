@@ -10,12 +10,12 @@ gunicorn's gevent worker is built on (same constructor, no gevent), and
 one and continues as it.
 
 The real one differs from gunicorn's in four ways: a SIGTERM first drains
-this process's runtimes and winds the worker down (:mod:`lmsp.winddown`);
+this process's runtimes and winds the worker down (:mod:`lmsp.serving.winddown`);
 what gunicorn answers itself (a request it cannot parse, one over its size
 limits, an exception that escapes the app) gets the JSON error body of LMSP
 B.1 instead of gunicorn's HTML page; the app's ``Connection: close`` closes
 the connection; and connections waiting for a request are bounded
-(:mod:`lmsp.idle_connections`): a new connection has ``header_timeout``
+(:mod:`lmsp.serving.idle_connections`): a new connection has ``header_timeout``
 seconds for its first request head, and the oldest idle connections are
 closed beyond ``max_idle_per_address`` per client address or
 ``max_idle_connections`` in all.
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     # master must not import (see above): a base for the type checker alone
     from gunicorn.workers.ggevent import GeventWorker as _Worker
 
-    from lmsp.winddown import WindDown
+    from lmsp.serving.winddown import WindDown
 else:
     _Worker = object
 
@@ -254,11 +254,11 @@ class IdleLimits(_Worker):
 
     Each connection's handler greenlet is known from its accept to its close;
     gunicorn waits for every request head inside ``timeout_ctx()``, which here
-    registers the wait with :class:`lmsp.idle_connections.IdleConnections`."""
+    registers the wait with :class:`lmsp.serving.idle_connections.IdleConnections`."""
 
     def setup_limits(self) -> None:
         from lmsp import config
-        from lmsp.idle_connections import IdleConnections
+        from lmsp.serving.idle_connections import IdleConnections
 
         self.lmsp_config = config.load()
         self.idle = IdleConnections(self.lmsp_config.max_idle_connections, self.lmsp_config.max_idle_per_address)
@@ -294,7 +294,7 @@ def _serving(worker_class: type[_Worker]) -> type[_Worker]:
     worker) first tells this process's runtimes to claim no more tasks (a task
     it claimed while its connections keep it alive would wait for its lease to
     run out instead of going to another worker at once) and then winds down
-    (:class:`lmsp.winddown.WindDown`)."""
+    (:class:`lmsp.serving.winddown.WindDown`)."""
     global _serving_class
     if _serving_class is None:
 
@@ -308,11 +308,11 @@ def _serving(worker_class: type[_Worker]) -> type[_Worker]:
                 # own make handle_exit run inside itself, where a module the
                 # outer run is still importing cannot be imported
                 importlib.import_module("lmsp.runtime.core")
-                importlib.import_module("lmsp.winddown")
+                importlib.import_module("lmsp.serving.winddown")
 
             def handle_exit(self, sig, frame) -> None:
                 from lmsp.runtime import core
-                from lmsp.winddown import WindDown
+                from lmsp.serving.winddown import WindDown
 
                 runtimes = core.started()
                 for runtime in runtimes:

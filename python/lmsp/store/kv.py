@@ -1,4 +1,4 @@
-"""What owns a KV file (:mod:`lmsp.kvfiles`): the conversation or the chain of
+"""What owns a KV file (:mod:`lmsp.kv`): the conversation or the chain of
 responses whose turn wrote it. A task's file is tagged with its chain's id
 (``tasks.chain_id``), for a response created with a conversation that
 conversation's id, else with its response's own id: a chain is named after the
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from .base import StoreBase
+from lmsp.store.base import StoreBase
 
 CHUNK = 500  # ids a query names at most (SQLite's limit on bound parameters is far above)
 

@@ -26,8 +26,8 @@ import sys
 import time
 from typing import TypeAlias
 
-from . import config as _config
-from .cli_common import (
+from lmsp import config as _config
+from lmsp.cli.common import (
     EXIT_ERROR,
     EXIT_OK,
     EXIT_USAGE,
@@ -38,11 +38,11 @@ from .cli_common import (
     _table,
     _when,
 )
-from .cli_data import cmd_doctor, cmd_gc, cmd_models, cmd_quantize, cmd_tasks
-from .datadir import private_umask
-from .errors import LMSPError
-from .store import StoreError
-from .store.states import STATES
+from lmsp.cli.data import cmd_doctor, cmd_gc, cmd_models, cmd_quantize, cmd_tasks
+from lmsp.datadir import private_umask
+from lmsp.errors import LMSPError
+from lmsp.store import StoreError
+from lmsp.store.states import STATES
 
 
 # ---------------------------------------------------------------------- serve
@@ -61,7 +61,7 @@ def cmd_serve(args) -> int:
     if args.max_attempts is not None:
         env["LMSP_MAX_ATTEMPTS"] = str(cfg.max_attempts)
     cfg.data_dir.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "gunicorn", "--config", "python:lmsp.gunicorn_conf"]
+    argv = [sys.executable, "-m", "gunicorn", "--config", "python:lmsp.serving.gunicorn_conf"]
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, argv, env)  # the master keeps this pid (systemd, signals)
@@ -72,7 +72,8 @@ def _served_model(cfg, default: str | None) -> str | None:
     """The real path of the model file to serve: the one configured (a file, or a catalog
     model's name, pulled into the models directory on first use), else ``default`` (a catalog
     name; when it cannot be had the service makes its demo model instead), else none."""
-    from . import catalog, pull
+    from lmsp.models import catalog
+    from lmsp.models import pull
 
     given = str(cfg.model) if cfg.model else None
     try:
@@ -125,7 +126,7 @@ def cmd_prepare(args) -> int:
 
 # ---------------------------------------------------------------------- pair
 def cmd_pair(args) -> int:
-    from . import auth
+    from lmsp import auth
 
     cfg = _load_config(args)
     scopes = [s.strip() for s in (args.scopes or "").split(",") if s.strip()]

@@ -8,8 +8,8 @@ import sqlite3
 import sys
 import time
 
-from . import kvfiles
-from .cli_common import (
+from lmsp import kv
+from lmsp.cli.common import (
     EXIT_ERROR,
     EXIT_OK,
     CommandError,
@@ -26,7 +26,7 @@ from .cli_common import (
 
 # ---------------------------------------------------------------------- models
 def cmd_models(args) -> int:
-    from .runtime import ModelRegistry
+    from lmsp.runtime import ModelRegistry
 
     cfg = _load_config(args)
     if args.action == "pull":
@@ -83,7 +83,8 @@ def cmd_models(args) -> int:
 
 
 def _pull(args, cfg) -> int:
-    from . import catalog, pull
+    from lmsp.models import catalog
+    from lmsp.models import pull
 
     try:
         if args.list:
@@ -174,8 +175,8 @@ def cmd_gc(args) -> int:
         models = {row["digest"] for row in store.list_models()}
         # the KV files: those of models no longer registered, of deleted conversations
         # and chains, and beyond the budget
-        budget = kvfiles.resolve_budget(cfg.kv_cache_bytes, cfg.data_dir) if cfg.prefix_cache else 0
-        counts.update(kvfiles.gc(cfg.kv_dir, budget, models, store.kv_owners_existing))
+        budget = kv.resolve_budget(cfg.kv_cache_bytes, cfg.data_dir) if cfg.prefix_cache else 0
+        counts.update(kv.gc(cfg.kv_dir, budget, models, store.kv_owners_existing))
     finally:
         store.close()
     out = {"retention_days": days, "deleted": counts}
@@ -185,7 +186,7 @@ def cmd_gc(args) -> int:
 
 # ---------------------------------------------------------------------- doctor
 def cmd_doctor(args) -> int:
-    from .runtime import ModelRegistry, file_digest
+    from lmsp.runtime import ModelRegistry, file_digest
 
     cfg = _load_config(args)
     db_path = _database(cfg)
@@ -226,7 +227,7 @@ def cmd_doctor(args) -> int:
 
 # ---------------------------------------------------------------------- quantize
 def cmd_quantize(args) -> int:
-    from .runtime.quantize import quantize_file
+    from lmsp.runtime.quantize import quantize_file
 
     src = _model_path(_load_config(args), args.src)
     folder = os.path.dirname(os.path.abspath(args.dst))

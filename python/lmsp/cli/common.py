@@ -10,7 +10,7 @@ import sys
 import time
 import unicodedata
 
-from . import config as _config
+from lmsp import config as _config
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
@@ -44,8 +44,8 @@ def _database(cfg):
 
 
 def _open_store(cfg):
-    from .runtime import open_store
-    from .runtime.startup import ensure_dirs
+    from lmsp.runtime import open_store
+    from lmsp.runtime.startup import ensure_dirs
 
     _database(cfg)
     ensure_dirs(cfg)

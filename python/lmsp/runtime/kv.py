@@ -1,4 +1,4 @@
-"""The KV files of one worker (:mod:`lmsp.kvfiles`): written after turns, loaded by the next.
+"""The KV files of one worker (:mod:`lmsp.kv`): written after turns, loaded by the next.
 
 While the files are on (``kv_cache_bytes`` not 0, ``prefix_cache`` on), a
 sequence is submitted with ``persist`` when the service can continue its turn
@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import kvfiles
-from ._threads import Wakeup, allocate_lock
-from .state import IDLE_WAIT, WorkerState
+from lmsp import kv
+from lmsp.runtime._threads import Wakeup, allocate_lock
+from lmsp.runtime.state import IDLE_WAIT, WorkerState
 
 log = logging.getLogger("lmsp.runtime")
 
@@ -65,19 +65,19 @@ class Ticket:
 
 
 class LowPriority:
-    """:class:`kvfiles.Offload` on the native low-priority thread (csrc/low_priority.h):
+    """:class:`kv.Offload` on the native low-priority thread (csrc/low_priority.h):
     the thread that asks waits without the GIL, so no thread of the lowest priority
     ever holds it."""
 
     @staticmethod
     def crc32(data: bytes | memoryview) -> int:
-        from ..native import crc32_low_priority  # the extension loads in the workers only
+        from lmsp.native import crc32_low_priority  # the extension loads in the workers only
 
         return crc32_low_priority(data)
 
     @staticmethod
     def write(fd: int, data: bytes | memoryview, *, sync: bool) -> None:
-        from ..native import write_low_priority
+        from lmsp.native import write_low_priority
 
         write_low_priority(fd, data, sync=sync)
 
@@ -91,7 +91,7 @@ class KvDisk:
         data_dir = Path(config.data_dir)  # (a Config made by hand may hold a str)
         self.directory = data_dir / "kv"
         on = bool(config.prefix_cache) and config.kv_cache_bytes != 0
-        self.budget = kvfiles.resolve_budget(int(config.kv_cache_bytes), data_dir) if on else 0
+        self.budget = kv.resolve_budget(int(config.kv_cache_bytes), data_dir) if on else 0
         self.enabled = self.budget > 0
         self.wake = Wakeup()
         self._lock = allocate_lock()
@@ -131,7 +131,7 @@ class KvDisk:
             return ticket
         kv_format = str(engine.info.get("kv_format") or "")
         try:
-            entry = kvfiles.find(self.directory, digest, kv_format, cache_key, tokens)
+            entry = kv.find(self.directory, digest, kv_format, cache_key, tokens)
         except OSError as exc:
             log.warning("KV file lookup failed: %s", exc)
             return ticket
@@ -145,15 +145,15 @@ class KvDisk:
             if usable <= engine.cached_prefix(tokens, cache_key):
                 return ticket  # a free slot holds as much: nothing to read
             expect = {"digest": digest, "kv_format": kv_format, "cache_key": cache_key}
-            ticket.prefix = self._native_state(kvfiles.read(entry.path, tokens=tokens, **expect))
-        except kvfiles.Refused as exc:
+            ticket.prefix = self._native_state(kv.read(entry.path, tokens=tokens, **expect))
+        except kv.Refused as exc:
             self._refuse(entry.path, str(exc))
             return ticket
         except OSError as exc:  # a file deleted meanwhile, a disk error: prefill
             log.warning("KV file %s could not be read: %s", entry.path.name, exc)
             return ticket
         ticket.path = entry.path
-        kvfiles.touch(entry.path)
+        kv.touch(entry.path)
         self._count("bytes_read", entry.size)
         log.debug(
             "KV file %s: %d tokens, read and checked in %.3f s", entry.path.name, usable, time.perf_counter() - started
@@ -165,14 +165,14 @@ class KvDisk:
         """The prefix with its state copied into the engine's own memory here, without
         the GIL: ``engine.submit`` then takes it over under the runtime's lock with no
         copy, and the file's bytes are freed here, not there."""
-        from ..native import KvState  # the extension loads in the workers only
+        from lmsp.native import KvState  # the extension loads in the workers only
 
         return {**prefix, "state": KvState(prefix["state"])}
 
     @staticmethod
     def _tiling(path: Any) -> tuple[int, int]:
         """A file's tiled rows and their chunk length, from its header."""
-        head = kvfiles.read_header(path)
+        head = kv.read_header(path)
         return int(head.get("tiled_rows", 0)), int(head.get("tiled_min", 0))
 
     @staticmethod
@@ -218,7 +218,7 @@ class KvDisk:
             self.wake.set()
 
     def _refuse(self, path: Any, why: str) -> None:
-        kvfiles.remove(path)
+        kv.remove(path)
         self._count("refused")
         self._count("misses")
         log.warning("KV file %s refused and deleted: %s", path.name, why)
@@ -270,9 +270,9 @@ class KvDisk:
             return
         # its owner, read before the file exists: a file named for a deleted owner is orphaned, never kept
         owner = self.state.store.kv_owner(ticket.task_id) if ticket.task_id else None
-        if not kvfiles.valid_owner(owner):
+        if not kv.valid_owner(owner):
             owner = None  # an id no name can hold: the budget governs its file
-        path, size = kvfiles.write(
+        path, size = kv.write(
             self.directory,
             digest=digest,
             kv_format=str(engine.info.get("kv_format") or ""),
@@ -284,13 +284,13 @@ class KvDisk:
             owner=owner,
             offload=LowPriority(),
         )
-        kvfiles.supersede(self.directory, path, lone=self.state.store.kv_lone_responses)
-        evicted, _ = kvfiles.enforce_budget(self.directory, self.budget)
+        kv.supersede(self.directory, path, lone=self.state.store.kv_lone_responses)
+        evicted, _ = kv.enforce_budget(self.directory, self.budget)
         with self._lock:
             self.counts["bytes_written"] += size
             self.counts["files_written"] += 1
             self.counts["evicted"] += evicted
-        self.held = kvfiles.usage(self.directory)
+        self.held = kv.usage(self.directory)
 
     # ---------------------------------------------------------------- janitor, metrics
     def gc(self) -> dict[str, int]:
@@ -298,9 +298,9 @@ class KvDisk:
         then the budget."""
         if not self.enabled:
             return {}
-        counts = kvfiles.gc(self.directory, self.budget, existing=self.state.store.kv_owners_existing)
+        counts = kv.gc(self.directory, self.budget, existing=self.state.store.kv_owners_existing)
         self._count("evicted", counts["kv_over_budget"])
-        self.held = kvfiles.usage(self.directory)
+        self.held = kv.usage(self.directory)
         return counts
 
     def metrics(self) -> dict[str, Any]:

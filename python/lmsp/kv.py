@@ -3,7 +3,7 @@
 The persistent side of the engine's prefix cache. After a turn the worker
 writes what its slot kept (``Engine.saved_prefix``) to one file; a later prompt
 that starts with the same tokens, for the same model file, engine format and
-client, loads it instead of prefilling those tokens (``runtime/kvdisk.py``).
+client, loads it instead of prefilling those tokens (``runtime/kv.py``).
 
 A file's name says what it holds, so that a lookup reads no file it will not
 use: ``{model}-{format}-{key}-{n_tokens}-{tokens_hash}[-{owner}].kv``, where ``model``
@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
-log = logging.getLogger("lmsp.kvfiles")
+log = logging.getLogger("lmsp.kv")
 
 MAGIC = b"LMSPKV\x00\x01"
 SUFFIX = ".kv"

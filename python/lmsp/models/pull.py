@@ -1,7 +1,7 @@
 """Catalog models into a data directory: ``lmsp models pull`` and ``lmsp serve --model NAME``.
 
 A pull takes the model from the cache (fetching it first if need be,
-``lmsp.catalog``), writes it as ``DATA_DIR/models/NAME.gguf`` and registers it
+``lmsp.models.catalog``), writes it as ``DATA_DIR/models/NAME.gguf`` and registers it
 with the catalog name as its id. What it does is shown as a progress bar on a
 terminal, or as one JSON line per finished stage.
 """
@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from . import catalog
-from .catalog import CatalogModel, Step
+from lmsp.models import catalog
+from lmsp.models.catalog import CatalogModel, Step
 
 STAGE_WIDTH = 8
 BAR_WIDTH = 24
@@ -99,8 +99,8 @@ def fetch(model: CatalogModel, models_dir: Path, reporter: Reporter) -> Path:
 
 def register(cfg, store, model: CatalogModel, path: Path, reporter: Reporter) -> dict:
     """The model registered under its catalog name; a registration of this very file is kept."""
-    from .errors import NotFound
-    from .runtime import ModelRegistry
+    from lmsp.errors import NotFound
+    from lmsp.runtime import ModelRegistry
 
     registry = ModelRegistry(cfg, store)
     try:

