@@ -24,6 +24,9 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -31,7 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import serve  # noqa: E402  (bench/serve.py: server launcher, SSE reader, RSS watch)
+from serving.load import make_prompt  # noqa: E402
+from serving.procs import exit_on_term, raise_fd_limit, RssWatch  # noqa: E402
+from serving.servers import ROOT, lmsp_command, LmspServer, make_models, ServeSettings  # noqa: E402
+from serving.sse import http_json  # noqa: E402
 
 TERMINAL = ("response.completed", "response.incomplete", "response.cancelled", "response.failed")
 
@@ -146,17 +152,17 @@ def main(argv=None) -> int:
     p.add_argument("--hold", type=float, default=3.0, help="seconds to hold the idle streams after the active end")
     p.add_argument("--model", default="tiny", help="demo model preset")
     p.add_argument("--lmsp", default=None, help="command that runs the lmsp CLI")
-    p.add_argument("--work-dir", type=Path, default=serve.ROOT / "bench" / "out" / "idle")
+    p.add_argument("--work-dir", type=Path, default=ROOT / "bench" / "out" / "idle")
     p.add_argument("--timeout", type=float, default=600.0)
     args = p.parse_args(argv)
-    serve.signal.signal(serve.signal.SIGTERM, serve._exit_on_term)
+    signal.signal(signal.SIGTERM, exit_on_term)
 
-    serve.raise_fd_limit()
+    raise_fd_limit()
     work = args.work_dir.resolve()
-    model = serve.make_models([args.model], [], work)[0]
-    s = serve.ServeSettings(threads=args.threads or (serve.os.cpu_count() or 1), parallel=args.parallel,
+    model = make_models([args.model], [], work)[0]
+    s = ServeSettings(threads=args.threads or (os.cpu_count() or 1), parallel=args.parallel,
                             ctx_per_seq=512, n_gpu_layers=0)
-    srv = serve.LmspServer.create(serve.lmsp_command(args.lmsp), model, s, work, "lmsp",
+    srv = LmspServer.create(lmsp_command(args.lmsp), model, s, work, "lmsp",
                                   {"LMSP_HEARTBEAT_SECONDS": str(args.heartbeat),
                                    "LMSP_MAX_UNFINISHED_PER_CLIENT": "0"})  # one client queues them all
     threading.stack_size(256 * 1024)
@@ -166,7 +172,7 @@ def main(argv=None) -> int:
         srv.start()
         srv.ready(s)
         auth = {"Authorization": f"Bearer {srv.pair()}"}
-        watch = serve.RssWatch(srv.proc.pid)
+        watch = RssWatch(srv.proc.pid)
         watch.start()
 
         def spawn(st: Stream, method: str, path: str, body: dict | None) -> None:
@@ -181,7 +187,7 @@ def main(argv=None) -> int:
             st = Stream("active")
             active.append(st)
             spawn(st, "POST", "/v1/responses", {
-                "model": model.stem, "input": serve.make_prompt(i, 16), "stream": True,
+                "model": model.stem, "input": make_prompt(i, 16), "stream": True,
                 "max_output_tokens": args.active_tokens, "temperature": 1.0, "seed": i})
         for st in active:
             st.first_event.wait(args.timeout)
@@ -193,8 +199,8 @@ def main(argv=None) -> int:
         def create(i: int) -> None:
             st = idle[i]
             try:
-                status, body = serve.http_json(srv.port, "POST", "/v1/responses", {
-                    "model": model.stem, "input": serve.make_prompt(10_000 + i, 8), "background": True,
+                status, body = http_json(srv.port, "POST", "/v1/responses", {
+                    "model": model.stem, "input": make_prompt(10_000 + i, 8), "background": True,
                     "max_output_tokens": args.idle_tokens, "seed": i}, headers=auth)
             except OSError as exc:
                 status, body = 0, str(exc)
@@ -227,7 +233,7 @@ def main(argv=None) -> int:
         cancel_errors = 0
         for st in idle:
             if st.response_id and st.terminal is None:
-                status, body = serve.http_json(srv.port, "POST", f"/v1/responses/{st.response_id}/cancel",
+                status, body = http_json(srv.port, "POST", f"/v1/responses/{st.response_id}/cancel",
                                                {}, headers=auth)
                 if status != 200 and not (status == 409 and body and
                                           body.get("error", {}).get("code") == "task_finished"):
@@ -238,7 +244,7 @@ def main(argv=None) -> int:
                 st.thread.join(args.timeout)
         peak = watch.stop()
         alive = srv.alive()
-    except (RuntimeError, OSError, ValueError, serve.subprocess.SubprocessError) as exc:
+    except (RuntimeError, OSError, ValueError, subprocess.SubprocessError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:

@@ -39,7 +39,7 @@ repetition each, so that both see the same machine when other work comes and
 goes. Every figure is the mean over ``--reps`` repetitions (each after a
 warm-up), with the standard deviation. The table goes to
 stdout and everything (with the raw llama-bench records) to
-``bench/out/native-<time>.json``.
+``bench/results/<time>-native-<models>.json`` (``--results-dir``).
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ import time
 from pathlib import Path
 
 from bench_models import DEFAULT_MODELS
-from serve_results import git_state
+from results_path import RESULTS, git_state, result_path
 from lmsp.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,7 +89,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="llama-bench settings to run: matched, default or both (default: both)")
     p.add_argument("--no-llama-bench", action="store_true",
                    help="measure the extension only (no ratios)")
-    p.add_argument("--out-dir", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--out-dir", type=Path, default=DEFAULT_OUT, help="work folder (the demo models)")
+    p.add_argument("--results-dir", type=Path, default=RESULTS, help="where the result file goes")
     p.add_argument("--remake-models", action="store_true",
                    help="write the demo models again even if they exist")
     p.add_argument("--quick", action="store_true",
@@ -319,9 +320,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# warning: load average {load:.2f} on {os.cpu_count()} cores: other work competes "
               "with the benchmark, figures will be low and noisy", flush=True)
     models = make_models(args)
+    started = time.time()
     report: dict = {
         "command": shlex.join([sys.executable, *sys.argv]),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         **git_state(),
         "machine": machine(),
         "load_average_before": os.getloadavg(),
@@ -379,8 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     print_table(report, pp, tg, args.parallel)
     print(f"load average (1, 5, 15 min) before: {fmt_load(report['load_average_before'])}, "
           f"after: {fmt_load(report['load_average_after'])} on {os.cpu_count()} cores")
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    out = args.out_dir / f"native-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out = result_path("native", [name for name, _ in models], started, args.results_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"# wrote {out}")
     return 0

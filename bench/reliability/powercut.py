@@ -30,7 +30,7 @@ taken as durable when they happen (SQLite syncs the directory of a new WAL
 in ``full`` mode; the image model does not track directories), and the
 ``-shm`` index is never kept (SQLite rebuilds it from the WAL).
 
-    python bench/reliability/powercut.py --requests 150 [--json OUT]
+    python bench/reliability/powercut.py --requests 150 [--json [OUT]]
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ the restart the checker of :mod:`rel_checker` verifies LMSP chapter 11:
 - ``PRAGMA integrity_check`` is ``ok`` on the crashed files and the live ones;
 - no request got a 500.
 
-    python bench/reliability/soak.py --cycles 100 [--seed N] [--workdir DIR] [--json OUT]
+    python bench/reliability/soak.py --cycles 100 [--seed N] [--workdir DIR] [--json [OUT]]
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ the warm-up minute grows by less than ``--rss-bound-mib``; latency as not
 drifting when the last minute's p50 of plain requests is within
 ``--drift-bound`` times the first full minute's.
 
-    python bench/reliability/sustained.py --duration 300 [--json OUT]
+    python bench/reliability/sustained.py --duration 300 [--json [OUT]]
 """
 from __future__ import annotations
 
