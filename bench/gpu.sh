@@ -136,7 +136,7 @@ mkdir -p bench/out/models
 (
     for m in "${models[@]}"; do
         f=bench/out/models/$m.gguf
-        [ -f "$f" ] || PYTHONPATH=$root/python "$vpy" -m lmsp.demo_model "$f" --preset "$m"
+        [ -f "$f" ] || PYTHONPATH=$root/python "$vpy" bench/bench_models.py "$m" "$f"
     done
 ) >"$logs/models.log" 2>&1 &
 models_pid=$!

@@ -150,7 +150,7 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=0, help="engine threads (0: all cores)")
     p.add_argument("--heartbeat", type=float, default=2.0, help="LMSP_HEARTBEAT_SECONDS for the run")
     p.add_argument("--hold", type=float, default=3.0, help="seconds to hold the idle streams after the active end")
-    p.add_argument("--model", default="tiny", help="demo model preset")
+    p.add_argument("--model", default="tiny", help="a demo shape of bench/bench_models.py or a catalog model")
     p.add_argument("--lmsp", default=None, help="command that runs the lmsp CLI")
     p.add_argument("--work-dir", type=Path, default=ROOT / "bench" / "out" / "idle")
     p.add_argument("--timeout", type=float, default=600.0)

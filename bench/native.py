@@ -4,7 +4,7 @@
 Both run the same model, on the same machine, taking turns, with the same
 thread count and GPU layers: by default the catalog's SmolLM2 135M Instruct
 (Q4_1) and Gemma 3 270M (Q4_K_M), fetched into the cache on first use
-(``bench/bench_models.py``); the demo presets of ``lmsp.demo_model`` by name.
+(``bench/bench_models.py``); its demo shapes (random weights) by name.
 llama-bench comes from the same pinned llama.cpp source
 (``bench/build_reference.sh``).
 
@@ -70,7 +70,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default=DEFAULT_MODELS,
-                   help="catalog models or demo presets, comma separated (default: %(default)s; "
+                   help="catalog models or demo shapes, comma separated (default: %(default)s; "
                         "the demo 'tiny' is a micro-benchmark of the engine's own overhead)")
     p.add_argument("--model-file", type=Path, action="append", default=[],
                    help="also benchmark this GGUF file (repeatable)")

@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="runs of every number, taking turns")
     p.add_argument("--seconds", type=float, default=5.0, help="length of the measured window")
     p.add_argument("--threads", type=int, default=1, help="engine threads")
-    p.add_argument("--model", default="bench", help="demo model preset (slow enough to keep the slot busy)")
+    p.add_argument("--model", default="bench", help="a demo shape of bench/bench_models.py (slow enough to keep the slot busy)")
     p.add_argument("--lmsp", default=None, help="command that runs the lmsp CLI")
     p.add_argument("--work-dir", type=Path, default=ROOT / "bench" / "out" / "waiting")
     p.add_argument("--json", type=Path, nargs="?", const=True, default=None,

@@ -202,7 +202,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--models", default=DEFAULT_MODELS,
-                   help="catalog models (fetched into the cache) or demo presets (comma list; '' for none). "
+                   help="catalog models (fetched into the cache) or demo shapes (comma list; '' for none). "
                         "The demo 'tiny' measures the service's own cost per request and per token; "
                         "report it apart from the real models")
     p.add_argument("--model-file", action="append", default=[], help="an existing GGUF to run as well")

@@ -219,7 +219,7 @@ class LmspServer(Server):
 
 
 def make_models(names: list[str], files: list[str], work: Path) -> list[Path]:
-    """Catalog models (fetched into the cache), demo presets (written under WORK) and files."""
+    """Catalog models (fetched into the cache), demo shapes (written under WORK) and files."""
     return [m.path for m in resolve(names, files, work / "models")]
 
 

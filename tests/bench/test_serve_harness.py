@@ -196,7 +196,7 @@ def test_a_model_with_a_chat_template_keeps_its_own(tmp_path):
     from lmsp.demo_model import write_demo_model
 
     path = tmp_path / "tiny.gguf"
-    write_demo_model(path, preset="tiny")
+    write_demo_model(path)
     assert servers.llama_template_args(path, tmp_path) == []
 
 
