@@ -306,6 +306,50 @@ def bench_generation(args: argparse.Namespace, model: Path, n_seqs: int, reps: i
 
 # ---------------------------------------------------------------- main
 
+def measure_model(args: argparse.Namespace, path: Path, pp: str, tg: str) -> dict:
+    """One model: llama-bench (each configuration) and the engine taking turns, one
+    repetition each, so that both see the same machine when other work comes and goes;
+    then the engine alone with K sequences together."""
+    entry: dict = {"path": str(path), "size_bytes": path.stat().st_size, "llama_bench": {}, "lmsp": {}}
+    configs = [] if args.no_llama_bench else args.llama_bench_configs
+    # llama-bench and the engine take turns, one repetition each, so that
+    # both see the same machine when other work comes and goes
+    lb = {c: {pp: [], tg: [], "commands": []} for c in configs}
+    tgw = f"{tg} windowed"
+    ours: dict[str, list[float]] = {pp: [], tg: [], tgw: []}
+    early = 0
+    for rep in range(args.reps):
+        for config in configs:
+            # on a GPU every llama-bench process pays for its own CUDA and
+            # cuBLAS start-up in its first test: it always warms up there
+            run = run_llama_bench(args, path, config, warmup=rep == 0 or args.n_gpu_layers != 0)
+            lb[config][pp] += run[pp]
+            lb[config][tg] += run[tg]
+            lb[config]["commands"].append({"command": run["command"], "records": run["records"]})
+        print(f"# lmsp {pp}, {tg} (repetition {rep + 1}/{args.reps})", flush=True)
+        ours[pp] += bench_prefill(args, path, 1)
+        rates, n = bench_generation(args, path, 1, 1)
+        ours[tg] += rates
+        early += n
+        rates, n = bench_generation(args, path, 1, 1, window_s=COMMIT_WINDOW_S)
+        ours[tgw] += rates
+        early += n
+    for config in configs:
+        entry["llama_bench"][config] = {pp: mean_std(lb[config][pp]), tg: mean_std(lb[config][tg]),
+                                        "runs": lb[config]["commands"]}
+    entry["lmsp"][pp] = mean_std(ours[pp])
+    entry["lmsp"][tg] = mean_std(ours[tg]) | {"stopped_early": early}
+    entry["lmsp"][tgw] = mean_std(ours[tgw])
+    for k in args.parallel:
+        if k == 1:
+            entry["lmsp"][f"{tg} x1"] = entry["lmsp"][tg]
+            continue
+        print(f"# lmsp {tg} x{k}", flush=True)
+        rates, n = bench_generation(args, path, k, args.reps)
+        entry["lmsp"][f"{tg} x{k}"] = mean_std(rates) | {"stopped_early": n}
+    return entry
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not args.no_llama_bench and not os.access(args.llama_bench, os.X_OK):
@@ -335,44 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     pp, tg = f"pp{args.n_prompt}", f"tg{args.n_gen}"
     for name, path in models:
         print(f"# model {name}: {path}", flush=True)
-        entry: dict = {"path": str(path), "size_bytes": path.stat().st_size, "llama_bench": {}, "lmsp": {}}
-        configs = [] if args.no_llama_bench else args.llama_bench_configs
-        # llama-bench and the engine take turns, one repetition each, so that
-        # both see the same machine when other work comes and goes
-        lb = {c: {pp: [], tg: [], "commands": []} for c in configs}
-        tgw = f"{tg} windowed"
-        ours: dict[str, list[float]] = {pp: [], tg: [], tgw: []}
-        early = 0
-        for rep in range(args.reps):
-            for config in configs:
-                # on a GPU every llama-bench process pays for its own CUDA and
-                # cuBLAS start-up in its first test: it always warms up there
-                run = run_llama_bench(args, path, config, warmup=rep == 0 or args.n_gpu_layers != 0)
-                lb[config][pp] += run[pp]
-                lb[config][tg] += run[tg]
-                lb[config]["commands"].append({"command": run["command"], "records": run["records"]})
-            print(f"# lmsp {pp}, {tg} (repetition {rep + 1}/{args.reps})", flush=True)
-            ours[pp] += bench_prefill(args, path, 1)
-            rates, n = bench_generation(args, path, 1, 1)
-            ours[tg] += rates
-            early += n
-            rates, n = bench_generation(args, path, 1, 1, window_s=COMMIT_WINDOW_S)
-            ours[tgw] += rates
-            early += n
-        for config in configs:
-            entry["llama_bench"][config] = {pp: mean_std(lb[config][pp]), tg: mean_std(lb[config][tg]),
-                                            "runs": lb[config]["commands"]}
-        entry["lmsp"][pp] = mean_std(ours[pp])
-        entry["lmsp"][tg] = mean_std(ours[tg]) | {"stopped_early": early}
-        entry["lmsp"][tgw] = mean_std(ours[tgw])
-        for k in args.parallel:
-            if k == 1:
-                entry["lmsp"][f"{tg} x1"] = entry["lmsp"][tg]
-                continue
-            print(f"# lmsp {tg} x{k}", flush=True)
-            rates, n = bench_generation(args, path, k, args.reps)
-            entry["lmsp"][f"{tg} x{k}"] = mean_std(rates) | {"stopped_early": n}
-        report["models"][name] = entry
+        report["models"][name] = measure_model(args, path, pp, tg)
 
     report["load_average_after"] = os.getloadavg()
     # the weight types whose products of several rows csrc/tile_matmul.cpp's tiles

@@ -198,7 +198,7 @@ def measure(c: Contender, model: Path, clients: int, n: int, first_index: int, c
 
 
 
-def parse_args(argv=None):
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--models", default=DEFAULT_MODELS,
@@ -222,6 +222,22 @@ def parse_args(argv=None):
     p.add_argument("--shared-words", type=int, default=0,
                    help="words every prompt begins with, before its own (a shared system message; "
                         "with --prompt-cache both servers can reuse them)")
+    _server_options(p)
+    args = p.parse_args(argv)
+    if args.llama_endpoint is None:
+        args.llama_endpoint = args.api
+    if args.quick:
+        args.models = "tiny" if args.models == DEFAULT_MODELS else args.models
+        args.rounds = 1
+        args.max_tokens = min(args.max_tokens, 32)
+        args.requests_per_client = 1
+        args.min_requests = min(args.min_requests, 4)
+        args.warmup = 1
+    return args
+
+
+def _server_options(p: argparse.ArgumentParser) -> None:
+    """Sampling, the servers' settings and commands, and where the results go."""
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=40)
     p.add_argument("--seed", type=int, default=1000)
@@ -251,17 +267,6 @@ def parse_args(argv=None):
                    help="sample each server's busiest process during every level (files in WORK/profiles)")
     p.add_argument("--quick", action="store_true",
                    help="tiny model only, 32 output tokens, fewest requests: a smoke run")
-    args = p.parse_args(argv)
-    if args.llama_endpoint is None:
-        args.llama_endpoint = args.api
-    if args.quick:
-        args.models = "tiny" if args.models == DEFAULT_MODELS else args.models
-        args.rounds = 1
-        args.max_tokens = min(args.max_tokens, 32)
-        args.requests_per_client = 1
-        args.min_requests = min(args.min_requests, 4)
-        args.warmup = 1
-    return args
 
 
 @dataclass
