@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_path import write_result  # noqa: E402
 from serving.procs import raise_fd_limit, tree_cpu_seconds  # noqa: E402
-from serving.servers import ROOT, lmsp_command, LmspServer, make_models, ServeSettings  # noqa: E402
+from serving.servers import ROOT, LmspServer, ServeSettings, lmsp_command, make_models  # noqa: E402
 from serving.sse import http_json  # noqa: E402
 
 
@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="runs of every number, taking turns")
     p.add_argument("--seconds", type=float, default=5.0, help="length of the measured window")
     p.add_argument("--threads", type=int, default=1, help="engine threads")
-    p.add_argument("--model", default="bench", help="a demo shape of bench/bench_models.py (slow enough to keep the slot busy)")
+    p.add_argument("--model", default="bench",
+                   help="a demo shape of bench/bench_models.py (slow enough to keep the slot busy)")
     p.add_argument("--lmsp", default=None, help="command that runs the lmsp CLI")
     p.add_argument("--work-dir", type=Path, default=ROOT / "bench" / "out" / "waiting")
     p.add_argument("--json", type=Path, nargs="?", const=True, default=None,
