@@ -30,18 +30,18 @@ Goals: lmsp constrained >= 0.95x llama-server's, and >= 0.8x lmsp unconstrained.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
+import shlex
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from serve import LlamaServer, LmspServer, ServeSettings, http_json, lmsp_command  # noqa: E402
+from results_path import write_result  # noqa: E402
+from serving.servers import LlamaServer, LmspServer, ServeSettings, lmsp_command  # noqa: E402
+from serving.sse import http_json  # noqa: E402
 
 from lmsp.runtime.constraints import call_schema  # noqa: E402
 from lmsp.runtime.prompt import with_tools  # noqa: E402
@@ -205,11 +205,6 @@ def run(args) -> dict:
     return {"tokens_per_s": rate, "ratios": ratios, "holds": holds, "samples": samples}
 
 
-def commit() -> str | None:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return out.stdout.strip() or None
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True)
@@ -219,17 +214,16 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--max-tokens", type=int, default=400)
     p.add_argument("--work", default=str(ROOT / "bench" / "out" / "constrained"))
-    p.add_argument("--out", default=None, help="result JSON (default: bench/results/history/<date>-constrained.json)")
+    p.add_argument("--out", default=None, help="result JSON (default: bench/results/TIME-constrained-MODEL.json)")
     args = p.parse_args(argv)
+    started = time.time()
     result = run(args)
-    now = datetime.datetime.now(datetime.timezone.utc)
-    record = {"bench": "constrained", "date": now.strftime("%Y-%m-%d %H:%M"), "commit": commit(),
-              "machine": platform.processor() or platform.machine(), "model": Path(args.model).name,
+    record = {"model": Path(args.model).name, "command": shlex.join([sys.executable, *sys.argv]),
               "threads": args.threads, "rounds": args.rounds, "max_tokens": args.max_tokens,
               "goals": {"schema_over_llama_schema": 0.95, "tool_over_llama_tool": 0.95, "schema_over_free": 0.8,
                         "tool_over_free": 0.8}, **result}
-    out = Path(args.out or ROOT / "bench" / "results" / "history" / f"{now:%Y-%m-%dT%H%M}-constrained.json")
-    out.write_text(json.dumps(record, indent=1) + "\n")
+    out = write_result("constrained", Path(args.model).stem, record, started=started,
+                       out=Path(args.out) if args.out else None)
     for key, value in result["ratios"].items():
         print(f"{key:28s} {value:.3f}")
     for key, value in result["tokens_per_s"].items():

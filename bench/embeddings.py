@@ -27,8 +27,6 @@ Goal: lmsp >= 0.95x llama-server's inputs/s (``--goal``).
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import math
 import os
 import signal
@@ -40,16 +38,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from serve import (  # noqa: E402
-    LlamaServer,
-    LmspServer,
-    ServeSettings,
-    free_port,
-    http_json,
-    lmsp_command,
-    tree_cpu_seconds,
-)
-from serve_results import git_state, machine  # noqa: E402
+from results_path import git_state, write_result  # noqa: E402
+from serving.procs import free_port, tree_cpu_seconds  # noqa: E402
+from serving.servers import LlamaServer, LmspServer, ServeSettings, lmsp_command  # noqa: E402
+from serving.sse import http_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL = 0.95
@@ -213,20 +205,17 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--work", default=str(ROOT / "bench" / "out" / "embeddings"))
     p.add_argument("--out", default=None,
-                   help="result JSON (default: bench/results/history/<date>-embeddings-<model>.json)")
+                   help="result JSON (default: bench/results/TIME-embeddings-MODEL.json)")
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the servers stopped on the way out
-    source = git_state()
+    source, started = git_state(), time.time()
     result = run(args)
-    now = datetime.datetime.now(datetime.timezone.utc)
     model = Path(args.model).stem
-    record = {"bench": "embeddings", "date": now.strftime("%Y-%m-%d %H:%M"), **source, "machine": machine(),
-              "model": model, "command": " ".join(["python", "bench/embeddings.py", *(argv or sys.argv[1:])]),
+    record = {"model": model, "command": " ".join(["python", "bench/embeddings.py", *(argv or sys.argv[1:])]),
               "inputs": args.inputs, "tokens": args.tokens, "per_request": args.per_request,
               "clients": args.clients, "variant": args.variant, "goal": args.goal, **result}
-    name = f"{now:%Y-%m-%dT%H%M}-embeddings-{model}{'' if args.variant == 'lmsp' else '-' + args.variant}.json"
-    out = Path(args.out or ROOT / "bench" / "results" / "history" / name)
-    out.write_text(json.dumps(record, indent=1) + "\n")
+    kind = "embeddings" if args.variant == "lmsp" else "embeddings_fast"
+    out = write_result(kind, model, record, started=started, source=source, out=Path(args.out) if args.out else None)
     for batch, one in result["batches"].items():
         rate = one["inputs_per_s"]
         print(f"batch {batch}: lmsp {rate['lmsp']:.1f} inputs/s, llama-server {rate['llama']:.1f}: "

@@ -16,7 +16,9 @@
 #      (LMSP_TEST_N_GPU_LAYERS=99): which of the CPU's properties hold there.
 # Steps 4-6 run even when another of them failed. A step that would start
 # after LMSP_GPU_BUDGET_S seconds (default 540) is skipped, and every step's
-# results are copied to $OUT (when set) as soon as it ends.
+# results are copied to $OUT (when set) as soon as it ends. The result files
+# are named as bench/results/ names them (bench/results_path.py): they go
+# there as they are.
 #
 #   bench/gpu.sh
 #
@@ -134,7 +136,7 @@ mkdir -p bench/out/models
 (
     for m in "${models[@]}"; do
         f=bench/out/models/$m.gguf
-        [ -f "$f" ] || PYTHONPATH=$root/python "$vpy" -m lmsp.models.demo "$f" --preset "$m"
+        [ -f "$f" ] || PYTHONPATH=$root/python "$vpy" bench/bench_models.py "$m" "$f"
     done
 ) >"$logs/models.log" 2>&1 &
 models_pid=$!
@@ -175,7 +177,7 @@ smoke() {
     limited "$vpy" bench/gpu_smoke.py "bench/out/models/${models[0]}.gguf" --n-gpu-layers "$ngl"
 }
 native() {
-    limited "$vpy" bench/native.py --models "" "${model_files[@]}" --out-dir "$out" \
+    limited "$vpy" bench/native.py --models "" "${model_files[@]}" --out-dir "$out" --results-dir "$out" \
         --llama-bench "$build/bin/llama-bench" --llama-bench-configs matched \
         --n-gpu-layers "$ngl" --threads "$threads" --parallel 1,4,16,64 --reps 3
 }
@@ -186,7 +188,7 @@ serve() {
         --llama-arg=-fa --llama-arg=off --lmsp "$venv/bin/lmsp" --servers llama,lmsp,lmsp-memevents \
         --n-gpu-layers "$ngl" --threads "$threads" --clients 1,64 --rounds 1 \
         --requests-per-client 1 --min-requests 8 --max-tokens 64 --work-dir "$out/serve" \
-        --json "$out/serve-gpu.json"
+        --json "$out/serve/results.json" --results-dir "$out"
 }
 tests() {
     limited env LMSP_TEST_N_GPU_LAYERS="$ngl" "$vpy" -m pytest -q -p no:cacheprovider \

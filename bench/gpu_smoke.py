@@ -6,7 +6,7 @@ the tests set up theirs: a load and an 8-token greedy generation per case.
 
 Prints one line per case (its exit status and last line of output) and exits 1
 when any case failed. Written after a crash that only a process which had
-imported gevent first met (bench/results/gpu/lmsp-crash-h200.txt).
+imported gevent first met (bench/results/20261130T001400Z-serve_h200_crash-none.json).
 """
 from __future__ import annotations
 

@@ -14,7 +14,8 @@ What it does, against one ``lmsp serve`` (one worker) on the tiny demo model:
 3. when the active streams are done (and ``--hold`` seconds more), cancels the
    idle responses, so that every idle stream must end with its terminal event.
 
-A stream counts as good when it answered 200, its SSE ids go up by exactly 1,
+A stream counts as good when it answered 200, its SSE ids (the task's event
+numbers, without the ``task.*`` events a response stream leaves out) go up,
 and it ended with a terminal event (completed, incomplete or cancelled). The
 script prints the counts, the heartbeats seen, the worker's peak RSS and every
 error, and exits non-zero on any error.
@@ -24,6 +25,10 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
+import shlex
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -31,7 +36,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import serve  # noqa: E402  (bench/serve.py: server launcher, SSE reader, RSS watch)
+from results_path import write_result  # noqa: E402
+from serving.load import make_prompt  # noqa: E402
+from serving.procs import RssWatch, exit_on_term, raise_fd_limit  # noqa: E402
+from serving.servers import ROOT, LmspServer, ServeSettings, lmsp_command, make_models  # noqa: E402
+from serving.sse import http_json  # noqa: E402
 
 TERMINAL = ("response.completed", "response.incomplete", "response.cancelled", "response.failed")
 
@@ -80,7 +89,8 @@ def read_stream(resp: http.client.HTTPResponse, st: Stream) -> None:
             st.events += 1
             st.first_event.set()
             if ev_id is not None:
-                if st.last_id is not None and ev_id != st.last_id + 1:
+                # the ids are the task's event numbers; a response stream skips the task.* events
+                if st.last_id is not None and ev_id <= st.last_id:
                     st.error = f"sequence went from {st.last_id} to {ev_id}"
                 st.last_id = ev_id
             if ev_type in TERMINAL:
@@ -133,7 +143,7 @@ def run_stream(port: int, method: str, path: str, headers: dict, body: dict | No
         conn.close()
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--idle", type=int, default=500)
@@ -144,124 +154,159 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=0, help="engine threads (0: all cores)")
     p.add_argument("--heartbeat", type=float, default=2.0, help="LMSP_HEARTBEAT_SECONDS for the run")
     p.add_argument("--hold", type=float, default=3.0, help="seconds to hold the idle streams after the active end")
-    p.add_argument("--model", default="tiny", help="demo model preset")
+    p.add_argument("--model", default="tiny", help="a demo shape of bench/bench_models.py or a catalog model")
     p.add_argument("--lmsp", default=None, help="command that runs the lmsp CLI")
-    p.add_argument("--work-dir", type=Path, default=serve.ROOT / "bench" / "out" / "idle")
+    p.add_argument("--work-dir", type=Path, default=ROOT / "bench" / "out" / "idle")
     p.add_argument("--timeout", type=float, default=600.0)
-    args = p.parse_args(argv)
-    serve.signal.signal(serve.signal.SIGTERM, serve._exit_on_term)
+    p.add_argument("--out", type=Path, default=None,
+                   help="the result file (default: bench/results/TIME-idle_streams-MODEL.json)")
+    return p.parse_args(argv)
 
-    serve.raise_fd_limit()
-    work = args.work_dir.resolve()
-    model = serve.make_models([args.model], [], work)[0]
-    s = serve.ServeSettings(threads=args.threads or (serve.os.cpu_count() or 1), parallel=args.parallel,
-                            ctx_per_seq=512, n_gpu_layers=0)
-    srv = serve.LmspServer.create(serve.lmsp_command(args.lmsp), model, s, work, "lmsp",
-                                  {"LMSP_HEARTBEAT_SECONDS": str(args.heartbeat),
-                                   "LMSP_MAX_UNFINISHED_PER_CLIENT": "0"})  # one client queues them all
-    threading.stack_size(256 * 1024)
-    streams: list[Stream] = []
-    t0 = time.monotonic()
-    try:
-        srv.start()
-        srv.ready(s)
-        auth = {"Authorization": f"Bearer {srv.pair()}"}
-        watch = serve.RssWatch(srv.proc.pid)
-        watch.start()
 
-        def spawn(st: Stream, method: str, path: str, body: dict | None) -> None:
-            t = threading.Thread(target=run_stream, args=(srv.port, method, path, auth, body, st, args.timeout),
-                                 daemon=True)
-            st.thread = t
-            streams.append(st)
-            t.start()
+class Load:
+    """The streams of one run against one server: the active ones, then the idle ones."""
 
+    def __init__(self, srv, auth: dict, model: Path, args: argparse.Namespace) -> None:
+        self.srv, self.auth, self.model, self.args = srv, auth, model, args
+        self.streams: list[Stream] = []
+        self.lock = threading.Lock()
+        self.t0 = time.monotonic()
+
+    def spawn(self, st: Stream, method: str, path: str, body: dict | None) -> None:
+        t = threading.Thread(target=run_stream, daemon=True,
+                             args=(self.srv.port, method, path, self.auth, body, st, self.args.timeout))
+        st.thread = t
+        self.streams.append(st)
+        t.start()
+
+    def open_active(self) -> list[Stream]:
+        """``--active`` streamed requests, each open once its first event came."""
         active = []
-        for i in range(args.active):
+        for i in range(self.args.active):
             st = Stream("active")
             active.append(st)
-            spawn(st, "POST", "/v1/responses", {
-                "model": model.stem, "input": serve.make_prompt(i, 16), "stream": True,
-                "max_output_tokens": args.active_tokens, "temperature": 1.0, "seed": i})
+            self.spawn(st, "POST", "/v1/responses", {
+                "model": self.model.stem, "input": make_prompt(i, 16), "stream": True,
+                "max_output_tokens": self.args.active_tokens, "temperature": 1.0, "seed": i})
         for st in active:
-            st.first_event.wait(args.timeout)
-        print(f"{args.active} active streams open after {time.monotonic() - t0:.1f}s", flush=True)
+            st.first_event.wait(self.args.timeout)
+        print(f"{self.args.active} active streams open after {time.monotonic() - self.t0:.1f}s", flush=True)
+        return active
 
-        idle = [Stream("idle") for _ in range(args.idle)]
-        spawn_lock = threading.Lock()
+    def create(self, st: Stream, i: int) -> None:
+        """Background response ``i``, then its stream."""
+        try:
+            status, body = http_json(self.srv.port, "POST", "/v1/responses", {
+                "model": self.model.stem, "input": make_prompt(10_000 + i, 8), "background": True,
+                "max_output_tokens": self.args.idle_tokens, "seed": i}, headers=self.auth)
+        except OSError as exc:
+            status, body = 0, str(exc)
+        with self.lock:
+            if status not in (200, 202) or not isinstance(body, dict) or "id" not in body:
+                st.error = f"create answered {status}: {body}"
+                self.streams.append(st)
+                return
+            st.response_id = body["id"]
+            self.spawn(st, "GET", f"/v1/responses/{st.response_id}?stream=true", None)
 
-        def create(i: int) -> None:
-            st = idle[i]
-            try:
-                status, body = serve.http_json(srv.port, "POST", "/v1/responses", {
-                    "model": model.stem, "input": serve.make_prompt(10_000 + i, 8), "background": True,
-                    "max_output_tokens": args.idle_tokens, "seed": i}, headers=auth)
-            except OSError as exc:
-                status, body = 0, str(exc)
-            with spawn_lock:
-                if status not in (200, 202) or not isinstance(body, dict) or "id" not in body:
-                    st.error = f"create answered {status}: {body}"
-                    streams.append(st)
-                    return
-                st.response_id = body["id"]
-                spawn(st, "GET", f"/v1/responses/{st.response_id}?stream=true", None)
-
-        creators = [threading.Thread(target=lambda k=k: [create(i) for i in range(k, args.idle, 16)])
+    def open_idle(self) -> list[Stream]:
+        """``--idle`` background responses (16 threads create them), each followed by a stream."""
+        idle = [Stream("idle") for _ in range(self.args.idle)]
+        creators = [threading.Thread(target=lambda k=k: [self.create(idle[i], i) for i in range(k, len(idle), 16)])
                     for k in range(16)]
         for t in creators:
             t.start()
         for t in creators:
             t.join()
         for st in idle:
-            st.first_event.wait(args.timeout)
-        active_left = sum(1 for st in active if st.terminal is None and st.error is None)
-        print(f"{len(idle)} idle streams open after {time.monotonic() - t0:.1f}s, with {active_left} "
-              f"active streams still running; {OPEN.now} streams open", flush=True)
+            st.first_event.wait(self.args.timeout)
+        return idle
 
-        for st in active:
-            st.thread.join(args.timeout)
-        t_active = time.monotonic() - t0
-        running_idle = sum(1 for st in idle if st.terminal is None and st.error is None)
-        print(f"active streams done after {t_active:.1f}s; {running_idle} idle streams still open", flush=True)
-        time.sleep(args.hold)
-        cancel_errors = 0
+    def cancel(self, idle: list[Stream]) -> int:
+        """Cancel every idle response not finished; the number of cancels refused."""
+        errors = 0
         for st in idle:
             if st.response_id and st.terminal is None:
-                status, body = serve.http_json(srv.port, "POST", f"/v1/responses/{st.response_id}/cancel",
-                                               {}, headers=auth)
+                status, body = http_json(self.srv.port, "POST", f"/v1/responses/{st.response_id}/cancel",
+                                         {}, headers=self.auth)
                 if status != 200 and not (status == 409 and body and
                                           body.get("error", {}).get("code") == "task_finished"):
-                    cancel_errors += 1
+                    errors += 1
                     st.error = st.error or f"cancel answered {status}: {body}"
-        for st in list(streams):
-            if st.thread is not None:
-                st.thread.join(args.timeout)
-        peak = watch.stop()
-        alive = srv.alive()
-    except (RuntimeError, OSError, ValueError, serve.subprocess.SubprocessError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        srv.stop()
+        return errors
 
-    elapsed = time.monotonic() - t0
-    bad = [st for st in streams if not st.good()]
-    by_kind = {}
+
+def drive(load: Load) -> dict:
+    """The run's phases: active streams, idle ones beside them, the active end, the cancels."""
+    args = load.args
+    active = load.open_active()
+    idle = load.open_idle()
+    active_left = sum(1 for st in active if st.terminal is None and st.error is None)
+    print(f"{len(idle)} idle streams open after {time.monotonic() - load.t0:.1f}s, with {active_left} "
+          f"active streams still running; {OPEN.now} streams open", flush=True)
+    for st in active:
+        st.thread.join(args.timeout)
+    t_active = time.monotonic() - load.t0
+    running_idle = sum(1 for st in idle if st.terminal is None and st.error is None)
+    print(f"active streams done after {t_active:.1f}s; {running_idle} idle streams still open", flush=True)
+    time.sleep(args.hold)
+    cancel_errors = load.cancel(idle)
+    for st in list(load.streams):
+        if st.thread is not None:
+            st.thread.join(args.timeout)
+    return {"active_phase_s": round(t_active, 1), "active_running_when_idle_open": active_left,
+            "idle_open_when_active_done": running_idle, "cancel_errors": cancel_errors}
+
+
+def by_kind(streams: list[Stream]) -> dict:
+    """Per kind (active, idle): streams, good ones, events, heartbeats, terminal events."""
+    kinds: dict = {}
     for st in streams:
-        k = by_kind.setdefault(st.kind, {"streams": 0, "good": 0, "events": 0, "heartbeats": 0, "terminal": {}})
+        k = kinds.setdefault(st.kind, {"streams": 0, "good": 0, "events": 0, "heartbeats": 0, "terminal": {}})
         k["streams"] += 1
         k["good"] += st.good()
         k["events"] += st.events
         k["heartbeats"] += st.heartbeats
         k["terminal"][st.terminal] = k["terminal"].get(st.terminal, 0) + 1
-    report = {"idle": args.idle, "active": args.active, "parallel": args.parallel, "elapsed_s": round(elapsed, 1),
-              "active_phase_s": round(t_active, 1), "active_running_when_idle_open": active_left,
-              "idle_open_when_active_done": running_idle, "most_streams_open_at_once": OPEN.peak,
-              "peak_rss_mb": round(peak / 1048576, 1), "server_alive_at_end": alive,
-              "cancel_errors": cancel_errors, "by_kind": by_kind,
+    return kinds
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, exit_on_term)
+    raise_fd_limit()
+    started = time.time()
+    work = args.work_dir.resolve()
+    model = make_models([args.model], [], work)[0]
+    s = ServeSettings(threads=args.threads or (os.cpu_count() or 1), parallel=args.parallel,
+                      ctx_per_seq=512, n_gpu_layers=0)
+    srv = LmspServer.create(lmsp_command(args.lmsp), model, s, work, "lmsp",
+                            {"LMSP_HEARTBEAT_SECONDS": str(args.heartbeat),
+                             "LMSP_MAX_UNFINISHED_PER_CLIENT": "0"})  # one client queues them all
+    threading.stack_size(256 * 1024)
+    try:
+        srv.start()
+        srv.ready(s)
+        load = Load(srv, {"Authorization": f"Bearer {srv.pair()}"}, model, args)
+        watch = RssWatch(srv.proc.pid)
+        watch.start()
+        phases = drive(load)
+        peak = watch.stop()
+        alive = srv.alive()
+    except (RuntimeError, OSError, ValueError, subprocess.SubprocessError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        srv.stop()
+    bad = [st for st in load.streams if not st.good()]
+    report = {"idle": args.idle, "active": args.active, "parallel": args.parallel,
+              "elapsed_s": round(time.monotonic() - load.t0, 1), **phases,
+              "most_streams_open_at_once": OPEN.peak, "peak_rss_mb": round(peak / 1048576, 1),
+              "server_alive_at_end": alive, "by_kind": by_kind(load.streams),
               "errors": sorted({st.error for st in bad if st.error})[:10]}
     print(json.dumps(report, indent=2))
-    (work / "idle_streams.json").write_text(json.dumps(report, indent=2))
+    write_result("idle_streams", model.stem, {"command": shlex.join([sys.executable, *sys.argv]), **report},
+                 started=started, out=args.out)
     return 0 if not bad and alive else 1
 
 

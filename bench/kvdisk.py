@@ -50,8 +50,18 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import serve  # noqa: E402  (bench/serve.py: server launchers, SSE reader, machine line)
-from serve_results import write_history  # noqa: E402
+from results_path import write_result  # noqa: E402
+from serving.load import make_prompt  # noqa: E402
+from serving.servers import (  # noqa: E402
+    DEFAULT_LLAMA,
+    LlamaServer,
+    LmspServer,
+    Server,
+    ServeSettings,
+    lmsp_command,
+    make_models,
+)
+from serving.sse import iter_sse  # noqa: E402
 
 from lmsp import kv  # noqa: E402
 from lmsp.runtime.kv import LowPriority  # noqa: E402
@@ -63,7 +73,7 @@ HISTORY_WORDS = 1650  # about 2,000 tokens of history with the template and the 
 
 def history(index: int) -> list[dict]:
     return [{"role": "system", "content": SYSTEM},
-            {"role": "user", "content": serve.make_prompt(index, HISTORY_WORDS)}]
+            {"role": "user", "content": make_prompt(index, HISTORY_WORDS)}]
 
 
 def stream_chat(port: int, model: str, messages: list[dict], headers: dict, max_tokens: int,
@@ -88,7 +98,7 @@ def stream_chat(port: int, model: str, messages: list[dict], headers: dict, max_
         resp = conn.getresponse()
         if resp.status != 200:
             raise RuntimeError(f"HTTP {resp.status}: {resp.read(300)!r}")
-        for _, data in serve.iter_sse(resp):
+        for _, data in iter_sse(resp):
             if data.strip() == "[DONE]":
                 break
             text = _take(json.loads(data), out)
@@ -117,20 +127,20 @@ def _take(msg: dict, out: dict) -> str:
     return ""
 
 
-def kill(srv: serve.Server) -> None:
+def kill(srv: Server) -> None:
     """SIGKILL the whole service at once (a crash, a power cut)."""
     if srv.proc is not None and srv.proc.poll() is None:
         os.killpg(srv.proc.pid, signal.SIGKILL)
         srv.proc.wait()
 
 
-def lmsp_round(model: Path, s: serve.ServeSettings, work: Path, index: int, kv: bool, swa_full: bool = False) -> dict:
+def lmsp_round(model: Path, s: ServeSettings, work: Path, index: int, kv: bool, swa_full: bool = False) -> dict:
     """The first turn, a SIGKILL and a restart, then the next turn (see the module docstring)."""
     variant = "lmsp" if kv else "lmsp-nokv"
     env = {"LMSP_LOG_LEVEL": os.environ.get("KVDISK_LOG_LEVEL", "warning"), "LMSP_KV_SWA_FULL": str(int(swa_full))}
     if not kv:
         env["LMSP_KV_CACHE_BYTES"] = "0"
-    srv = serve.LmspServer.create(serve.lmsp_command(None), model, s, work / variant, "lmsp", env)
+    srv = LmspServer.create(lmsp_command(None), model, s, work / variant, "lmsp", env)
     srv.start()
     try:
         srv.ready(s)
@@ -157,8 +167,8 @@ def lmsp_round(model: Path, s: serve.ServeSettings, work: Path, index: int, kv: 
             "turn": turn}
 
 
-def llama_round(binary: Path, model: Path, s: serve.ServeSettings, work: Path, turn: list[dict]) -> dict:
-    srv = serve.LlamaServer.create(binary, model, s, work, [])
+def llama_round(binary: Path, model: Path, s: ServeSettings, work: Path, turn: list[dict]) -> dict:
+    srv = LlamaServer.create(binary, model, s, work, [])
     srv.start()
     try:
         srv.ready(s)
@@ -299,7 +309,7 @@ def _results(engine) -> list[dict]:
     return engine.poll()
 
 
-def run_model(name: str, model: Path, args, s: serve.ServeSettings, work: Path) -> dict:
+def run_model(name: str, model: Path, args, s: ServeSettings, work: Path) -> dict:
     rounds = []
     for r in range(args.rounds):
         print(f"{name}: round {r + 1}/{args.rounds}", flush=True)
@@ -340,26 +350,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default="smollm2-135m-instruct")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--llama-server", type=Path, default=serve.DEFAULT_LLAMA)
+    p.add_argument("--llama-server", type=Path, default=DEFAULT_LLAMA)
     p.add_argument("--no-engine", dest="engine", action="store_false", help="skip the in-process engine part")
     p.add_argument("--writes", type=int, default=10,
                    help="KV writes beside a stream in the engine part (the worst is kept)")
     p.add_argument("--kv-swa-full", action="store_true",
                    help="the services keep every position of sliding-window layers (kv_swa_full = true)")
-    p.add_argument("--out", type=Path, default=None, help="the result file (default: bench/results/history/...)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="the result file (default: bench/results/TIME-kvdisk-MODELS.json)")
     args = p.parse_args(argv)
-    s = serve.ServeSettings(threads=args.threads, parallel=2, ctx_per_seq=4096, n_gpu_layers=0)
+    s = ServeSettings(threads=args.threads, parallel=2, ctx_per_seq=4096, n_gpu_layers=0)
     names = [n for n in args.models.split(",") if n]
-    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    started = time.time()
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="kvdisk-") as tmp:
         work = Path(tmp)
-        paths = serve.make_models(names, [], work)
+        paths = make_models(names, [], work)
         models = [run_model(name, path, args, s, work) for name, path in zip(names, paths)]
-    write_history("kvdisk", started, {
-        "machine": serve.machine_line(),
+    write_result("kvdisk" if args.rounds else "kvdisk_engine", names, {
         "load_average_before": load_before, "load_average_after": os.getloadavg(),
-        "command": shlex.join([sys.executable, *sys.argv]), "settings": vars(s), "models": models}, args.out)
+        "command": shlex.join([sys.executable, *sys.argv]), "settings": vars(s), "models": models},
+        started=started, out=args.out)
     return 0
 
 

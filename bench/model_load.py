@@ -20,18 +20,24 @@ use_mmap=True), ``--reps`` fresh processes each load the model once
 The file is read once before the runs, so every run finds it in the page cache
 (the usual case for a model loaded again); a cold cache adds the disk's read
 time to both ways, to ``read`` at load and to ``mmap`` at the first requests.
-The medians go to stdout as a table; ``--json`` prints every run.
+The medians go to stdout as a table; ``--json`` prints every run. Every run also
+goes to ``bench/results/<time>-model_load-<models>.json`` (``--out``).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_path import write_result  # noqa: E402
 
 MODES = {"read": False, "mmap": True}
 
@@ -128,7 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=5, help="fresh processes per file and way (default 5)")
     parser.add_argument("--tokens", type=int, default=16, help="tokens generated after the load (default 16)")
     parser.add_argument("--json", action="store_true", help="print every run as JSON instead of the table")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the result file (default: bench/results/TIME-model_load-MODELS.json)")
     args = parser.parse_args(argv)
+    started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         paths = list(args.models)
         if not paths:
@@ -137,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
             paths = [Path(write_demo_model(Path(tmp) / "demo-tiny.gguf"))]
         results = bench(paths, args.reps, args.tokens)
     print(json.dumps(results, indent=1) if args.json else table(results))
+    models = [p.stem for p in args.models] or ["tiny"]
+    write_result("model_load", models, {"command": shlex.join([sys.executable, *sys.argv]), "runs": results},
+                 started=started, out=args.out)
     return 0
 
 

@@ -4,7 +4,7 @@
 Both run the same model, on the same machine, taking turns, with the same
 thread count and GPU layers: by default the catalog's SmolLM2 135M Instruct
 (Q4_1) and Gemma 3 270M (Q4_K_M), fetched into the cache on first use
-(``bench/bench_models.py``); the demo presets of ``lmsp.models.demo`` by name.
+(``bench/bench_models.py``); its demo shapes (random weights) by name.
 llama-bench comes from the same pinned llama.cpp source
 (``bench/build_reference.sh``).
 
@@ -39,7 +39,7 @@ repetition each, so that both see the same machine when other work comes and
 goes. Every figure is the mean over ``--reps`` repetitions (each after a
 warm-up), with the standard deviation. The table goes to
 stdout and everything (with the raw llama-bench records) to
-``bench/out/native-<time>.json``.
+``bench/results/<time>-native-<models>.json`` (``--results-dir``).
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ import time
 from pathlib import Path
 
 from bench_models import DEFAULT_MODELS
-from serve_results import git_state
+from results_path import RESULTS, git_state, result_path
 from lmsp.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +70,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default=DEFAULT_MODELS,
-                   help="catalog models or demo presets, comma separated (default: %(default)s; "
+                   help="catalog models or demo shapes, comma separated (default: %(default)s; "
                         "the demo 'tiny' is a micro-benchmark of the engine's own overhead)")
     p.add_argument("--model-file", type=Path, action="append", default=[],
                    help="also benchmark this GGUF file (repeatable)")
@@ -89,7 +89,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="llama-bench settings to run: matched, default or both (default: both)")
     p.add_argument("--no-llama-bench", action="store_true",
                    help="measure the extension only (no ratios)")
-    p.add_argument("--out-dir", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--out-dir", type=Path, default=DEFAULT_OUT, help="work folder (the demo models)")
+    p.add_argument("--results-dir", type=Path, default=RESULTS, help="where the result file goes")
     p.add_argument("--remake-models", action="store_true",
                    help="write the demo models again even if they exist")
     p.add_argument("--quick", action="store_true",
@@ -305,6 +306,50 @@ def bench_generation(args: argparse.Namespace, model: Path, n_seqs: int, reps: i
 
 # ---------------------------------------------------------------- main
 
+def measure_model(args: argparse.Namespace, path: Path, pp: str, tg: str) -> dict:
+    """One model: llama-bench (each configuration) and the engine taking turns, one
+    repetition each, so that both see the same machine when other work comes and goes;
+    then the engine alone with K sequences together."""
+    entry: dict = {"path": str(path), "size_bytes": path.stat().st_size, "llama_bench": {}, "lmsp": {}}
+    configs = [] if args.no_llama_bench else args.llama_bench_configs
+    # llama-bench and the engine take turns, one repetition each, so that
+    # both see the same machine when other work comes and goes
+    lb = {c: {pp: [], tg: [], "commands": []} for c in configs}
+    tgw = f"{tg} windowed"
+    ours: dict[str, list[float]] = {pp: [], tg: [], tgw: []}
+    early = 0
+    for rep in range(args.reps):
+        for config in configs:
+            # on a GPU every llama-bench process pays for its own CUDA and
+            # cuBLAS start-up in its first test: it always warms up there
+            run = run_llama_bench(args, path, config, warmup=rep == 0 or args.n_gpu_layers != 0)
+            lb[config][pp] += run[pp]
+            lb[config][tg] += run[tg]
+            lb[config]["commands"].append({"command": run["command"], "records": run["records"]})
+        print(f"# lmsp {pp}, {tg} (repetition {rep + 1}/{args.reps})", flush=True)
+        ours[pp] += bench_prefill(args, path, 1)
+        rates, n = bench_generation(args, path, 1, 1)
+        ours[tg] += rates
+        early += n
+        rates, n = bench_generation(args, path, 1, 1, window_s=COMMIT_WINDOW_S)
+        ours[tgw] += rates
+        early += n
+    for config in configs:
+        entry["llama_bench"][config] = {pp: mean_std(lb[config][pp]), tg: mean_std(lb[config][tg]),
+                                        "runs": lb[config]["commands"]}
+    entry["lmsp"][pp] = mean_std(ours[pp])
+    entry["lmsp"][tg] = mean_std(ours[tg]) | {"stopped_early": early}
+    entry["lmsp"][tgw] = mean_std(ours[tgw])
+    for k in args.parallel:
+        if k == 1:
+            entry["lmsp"][f"{tg} x1"] = entry["lmsp"][tg]
+            continue
+        print(f"# lmsp {tg} x{k}", flush=True)
+        rates, n = bench_generation(args, path, k, args.reps)
+        entry["lmsp"][f"{tg} x{k}"] = mean_std(rates) | {"stopped_early": n}
+    return entry
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not args.no_llama_bench and not os.access(args.llama_bench, os.X_OK):
@@ -319,9 +364,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# warning: load average {load:.2f} on {os.cpu_count()} cores: other work competes "
               "with the benchmark, figures will be low and noisy", flush=True)
     models = make_models(args)
+    started = time.time()
     report: dict = {
         "command": shlex.join([sys.executable, *sys.argv]),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         **git_state(),
         "machine": machine(),
         "load_average_before": os.getloadavg(),
@@ -333,44 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     pp, tg = f"pp{args.n_prompt}", f"tg{args.n_gen}"
     for name, path in models:
         print(f"# model {name}: {path}", flush=True)
-        entry: dict = {"path": str(path), "size_bytes": path.stat().st_size, "llama_bench": {}, "lmsp": {}}
-        configs = [] if args.no_llama_bench else args.llama_bench_configs
-        # llama-bench and the engine take turns, one repetition each, so that
-        # both see the same machine when other work comes and goes
-        lb = {c: {pp: [], tg: [], "commands": []} for c in configs}
-        tgw = f"{tg} windowed"
-        ours: dict[str, list[float]] = {pp: [], tg: [], tgw: []}
-        early = 0
-        for rep in range(args.reps):
-            for config in configs:
-                # on a GPU every llama-bench process pays for its own CUDA and
-                # cuBLAS start-up in its first test: it always warms up there
-                run = run_llama_bench(args, path, config, warmup=rep == 0 or args.n_gpu_layers != 0)
-                lb[config][pp] += run[pp]
-                lb[config][tg] += run[tg]
-                lb[config]["commands"].append({"command": run["command"], "records": run["records"]})
-            print(f"# lmsp {pp}, {tg} (repetition {rep + 1}/{args.reps})", flush=True)
-            ours[pp] += bench_prefill(args, path, 1)
-            rates, n = bench_generation(args, path, 1, 1)
-            ours[tg] += rates
-            early += n
-            rates, n = bench_generation(args, path, 1, 1, window_s=COMMIT_WINDOW_S)
-            ours[tgw] += rates
-            early += n
-        for config in configs:
-            entry["llama_bench"][config] = {pp: mean_std(lb[config][pp]), tg: mean_std(lb[config][tg]),
-                                            "runs": lb[config]["commands"]}
-        entry["lmsp"][pp] = mean_std(ours[pp])
-        entry["lmsp"][tg] = mean_std(ours[tg]) | {"stopped_early": early}
-        entry["lmsp"][tgw] = mean_std(ours[tgw])
-        for k in args.parallel:
-            if k == 1:
-                entry["lmsp"][f"{tg} x1"] = entry["lmsp"][tg]
-                continue
-            print(f"# lmsp {tg} x{k}", flush=True)
-            rates, n = bench_generation(args, path, k, args.reps)
-            entry["lmsp"][f"{tg} x{k}"] = mean_std(rates) | {"stopped_early": n}
-        report["models"][name] = entry
+        report["models"][name] = measure_model(args, path, pp, tg)
 
     report["load_average_after"] = os.getloadavg()
     # the weight types whose products of several rows csrc/tile_matmul.cpp's tiles
@@ -379,8 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     print_table(report, pp, tg, args.parallel)
     print(f"load average (1, 5, 15 min) before: {fmt_load(report['load_average_before'])}, "
           f"after: {fmt_load(report['load_average_after'])} on {os.cpu_count()} cores")
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    out = args.out_dir / f"native-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out = result_path("native", [name for name, _ in models], started, args.results_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"# wrote {out}")
     return 0

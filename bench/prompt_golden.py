@@ -8,7 +8,7 @@ writes tests/runtime/data/prompt_golden.json (``--out`` to change), which
 tests/runtime/test_real_models.py compares the service's prompts with, token
 for token. llama-server is built from the pinned source by
 ``LMSP_REFERENCE_DIR=DIR LMSP_REFERENCE_TARGETS=llama-server bench/build_reference.sh``.
-The demo model (``lmsp.models.demo``, tiny preset) is written by this script.
+The demo model (``lmsp.models.demo``) is written by this script.
 
 For each model, llama-server runs on loopback with ``--jinja`` and
 ``--no-prefill-assistant`` (a conversation that ends with an assistant

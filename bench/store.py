@@ -16,10 +16,14 @@ Measures, on one database file in DIR (a temporary folder by default):
   * tasks coming and going: with 64 running tasks, the time of a step in which
     one task ends and the next step's new task (created claimed) joins, against
     a step of the same tasks alone, taking turns.
+
+Every figure also goes to ``bench/results/<time>-store_<durability>-none.json``
+(``--out``).
 """
 from __future__ import annotations
 
 import argparse
+import shlex
 import sqlite3
 import statistics
 import sys
@@ -29,6 +33,9 @@ from pathlib import Path
 
 from lmsp.store import Store
 from lmsp.store.db import Database
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_path import write_result  # noqa: E402
 
 # (concurrent tasks, engine steps per transaction): a commit thread that finds several
 # steps waiting (while the previous fsync ran) writes them in one transaction
@@ -186,6 +193,38 @@ def paired(samples: dict, name: str, reference: str) -> float:
     return statistics.median(a / b for a, b in zip(samples[name], samples[reference]))
 
 
+def bench_cases(root: Path, args: argparse.Namespace) -> list[dict]:
+    """Every case of CASES: each writer and its references, in interleaved slices; prints a row each."""
+    print(f"{'tasks':>5} {'steps/txn':>9} {'store 1/txn':>12} {'store batched':>14} {'bare batched':>13} "
+          f"{'batched/bare':>13} {'bare 4K pages':>14} {'batched/bare4K':>15} {'bare log':>10} "
+          f"{'log/bare':>9}   (events/s)")
+    rows = []
+    for k, steps in CASES:
+        # each writer in a file of its own, as each bare reference is: one writer's
+        # commits and checkpoints do not land in another's figure
+        single_store = Store.open(root / f"single-{k}-{steps}.db", durability=args.durability)
+        single, _ = store_steppers(single_store, k, steps)
+        store = Store.open(root / f"append-{k}-{steps}.db", durability=args.durability)
+        _, batched = store_steppers(store, k, steps)
+        bare, bare_conn = bare_stepper(root / f"bare-{k}-{steps}.db", args.durability, k, steps)
+        bare4k, bare4k_conn = bare_stepper(root / f"bare4k-{k}-{steps}.db", args.durability, k, steps, True)
+        log, log_conn = log_stepper(root / f"log-{k}-{steps}.db", args.durability, k, steps)
+        r, samples = rates({"single": single, "batched": batched, "bare": bare, "bare4k": bare4k,
+                            "log": log}, args.seconds, args.rounds)
+        row = {"tasks": k, "steps_per_txn": steps, "store_1_per_txn": r["single"], "store_batched": r["batched"],
+               "bare_batched": r["bare"], "batched_over_bare": paired(samples, "batched", "bare"),
+               "bare_4k_pages": r["bare4k"], "batched_over_bare_4k": paired(samples, "batched", "bare4k"),
+               "bare_log": r["log"], "log_over_bare": paired(samples, "log", "bare")}
+        rows.append(row)
+        print(f"{k:>5} {steps:>9} {r['single']:>12,.0f} {r['batched']:>14,.0f} {r['bare']:>13,.0f} "
+              f"{row['batched_over_bare']:>13.2f} {r['bare4k']:>14,.0f} "
+              f"{row['batched_over_bare_4k']:>15.2f} {r['log']:>10,.0f} {row['log_over_bare']:>9.2f}")
+        sys.stdout.flush()
+        for closing in (store, single_store, bare_conn, bare4k_conn, log_conn):
+            closing.close()
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dir", type=Path, default=None, help="where the database files go (default: a temp dir)")
@@ -194,46 +233,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--creates", type=int, default=300, help="create_task calls for the latency figures")
     parser.add_argument("--durability", default="full", choices=("full", "normal", "off"))
     parser.add_argument("--turnover-steps", type=int, default=1000, help="steps of each kind for the turnover figure")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the result file (default: bench/results/TIME-store_DURABILITY-none.json)")
     args = parser.parse_args(argv)
+    started = time.time()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         root = Path(tmp)
-        print(f"sqlite {__import__('sqlite3').sqlite_version}, durability={args.durability}, dir={root}")
+        print(f"sqlite {sqlite3.sqlite_version}, durability={args.durability}, dir={root}")
         store = Store.open(root / "create.db", durability=args.durability)
         c = bench_create(store, args.creates)
         store.close()
         print(f"create_task to a committed 202: p50 {c['p50_ms']:.2f} ms  p99 {c['p99_ms']:.2f} ms  "
               f"(mean {c['mean_ms']:.2f} ms, n={c['n']})")
-        print(f"{'tasks':>5} {'steps/txn':>9} {'store 1/txn':>12} {'store batched':>14} {'bare batched':>13} "
-              f"{'batched/bare':>13} {'bare 4K pages':>14} {'batched/bare4K':>15} {'bare log':>10} "
-              f"{'log/bare':>9}   (events/s)")
-        for k, steps in CASES:
-            # each writer in a file of its own, as each bare reference is: one writer's
-            # commits and checkpoints do not land in another's figure
-            single_store = Store.open(root / f"single-{k}-{steps}.db", durability=args.durability)
-            single, _ = store_steppers(single_store, k, steps)
-            store = Store.open(root / f"append-{k}-{steps}.db", durability=args.durability)
-            _, batched = store_steppers(store, k, steps)
-            bare, bare_conn = bare_stepper(root / f"bare-{k}-{steps}.db", args.durability, k, steps)
-            bare4k, bare4k_conn = bare_stepper(root / f"bare4k-{k}-{steps}.db", args.durability, k, steps, True)
-            log, log_conn = log_stepper(root / f"log-{k}-{steps}.db", args.durability, k, steps)
-            r, samples = rates({"single": single, "batched": batched, "bare": bare, "bare4k": bare4k,
-                                "log": log}, args.seconds, args.rounds)
-            print(f"{k:>5} {steps:>9} {r['single']:>12,.0f} {r['batched']:>14,.0f} {r['bare']:>13,.0f} "
-                  f"{paired(samples, 'batched', 'bare'):>13.2f} {r['bare4k']:>14,.0f} "
-                  f"{paired(samples, 'batched', 'bare4k'):>15.2f} {r['log']:>10,.0f} "
-                  f"{paired(samples, 'log', 'bare'):>9.2f}")
-            sys.stdout.flush()
-            store.close()
-            single_store.close()
-            bare_conn.close()
-            bare4k_conn.close()
-            log_conn.close()
+        rows = bench_cases(root, args)
         store = Store.open(root / "turnover.db", durability=args.durability)
         t = bench_turnover(store, 64, args.turnover_steps)
         store.close()
         print(f"64 tasks, one ending and one new in a step: {t['turnover_ms']:.3f} ms a step; "
               f"the same tasks alone: {t['plain_ms']:.3f} ms (medians of {args.turnover_steps} each)")
-        return 0
+    write_result(f"store_{args.durability}", None, {
+        "command": shlex.join([sys.executable, *sys.argv]), "sqlite": sqlite3.sqlite_version,
+        "settings": {k: v for k, v in vars(args).items() if k not in ("dir", "out")},
+        "create_task_ms": c, "rows": rows, "turnover": t}, started=started, out=args.out)
+    return 0
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ the serving benchmark's: ``--clients`` sequences of 24-word chat prompts and
 
     python bench/ubatches.py [--models smollm2-135m-instruct] [--parallel 16] [--threads 2]
 
-It writes ``bench/results/history/<time>-ubatches.json``.
+It writes ``bench/results/<time>-ubatches-<model>.json`` (``bench/results_path.py``).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import serve
-from serve_results import write_history
+from results_path import write_result
+from serving.servers import make_models
 
 PROMPT = "Once upon a time, in a land far away, there lived"
 
@@ -176,14 +176,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--settle", type=float, default=2.0, help="decoding before the first measure")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--clients", type=int, default=16, help="sequences at a time in the closed loop")
-    p.add_argument("--out", type=Path, default=None, help="the result file (default: bench/results/history/...)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="the result file (default: bench/results/TIME-ubatches-MODEL.json)")
     args = p.parse_args(argv)
     names = [n for n in args.models.split(",") if n]
-    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    started = time.time()
     cases = {"none": None, "first": 0, "middle": args.parallel // 2, "last": args.parallel - 1}
     models = []
     with tempfile.TemporaryDirectory(prefix="ubatches-") as tmp:
-        for name, path in zip(names, serve.make_models(names, [], Path(tmp))):
+        for name, path in zip(names, make_models(names, [], Path(tmp))):
             rounds = []
             for r in range(args.rounds):
                 for case, index in cases.items():
@@ -198,13 +199,12 @@ def main(argv: list[str] | None = None) -> int:
             print(name, "closed loop", loop, flush=True)
             models.append({"model": name, "rounds": rounds, "layouts": layouts, "closed_loop": loop})
     record = {
-        "machine": serve.machine_line(),
         "load_average_after": os.getloadavg(),
         "command": shlex.join([sys.executable, *sys.argv]),
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "models": models,
     }
-    write_history("ubatches", started, record, args.out)
+    write_result("ubatches", names, record, started=started, out=args.out)
     return 0
 
 

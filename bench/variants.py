@@ -1,14 +1,15 @@
 """Server variants of the serving benchmark that change how the service commits.
 
 Never for real use: each one drops some of what the service guarantees, so that
-a run shows what that guarantee costs. ``bench/serve.py`` starts them through
-the service's own hook for another WSGI app (``LMSP_GUNICORN_APP``), with this
-directory on ``PYTHONPATH``::
+a run shows what that guarantee costs. ``bench/serve.py`` starts them as gunicorn
+with the service's configuration and this module's app (gunicorn's APP argument
+takes the place of the configuration's), with this directory on ``PYTHONPATH``::
 
-    LMSP_GUNICORN_APP="variants:get_app('memevents')" PYTHONPATH=bench lmsp serve ...
+    PYTHONPATH=bench python -m gunicorn -c python:lmsp.serving.gunicorn_conf "variants:get_app('memevents')"
 
-``get_app(name)`` is the service's app with the runtime's commit thread taken by
-the variant's :class:`~lmsp.runtime.committer.Committer` subclass:
+``get_app(name)`` is the service's app (built as :func:`lmsp.app.get_app` builds
+it) with the runtime's commit thread taken by the variant's
+:class:`~lmsp.runtime.committer.Committer` subclass:
 
 * ``noevents`` (:class:`DeferredDeltas`): a task's text is committed once, when
   it ends, instead of at every step; its streams get the whole text at the end.
@@ -104,7 +105,18 @@ VARIANTS: dict[str, type[Committer]] = {"noevents": DeferredDeltas, "memevents":
 
 
 def get_app(name: str) -> Any:
-    """The service's app (:func:`lmsp.app.get_app`) with the variant's commit thread."""
-    from lmsp.app import get_app as service_app
+    """The service's app, built as :func:`lmsp.app.get_app` builds it, with the variant's
+    commit thread."""
+    from lmsp import config as config_mod
+    from lmsp.api.logs import configure_logging
+    from lmsp.app import create_app
+    from lmsp.serving.hubsafe import hub_safe
+    from lmsp.runtime import Runtime
+    from lmsp.runtime.startup import open_store
 
-    return service_app(committer=VARIANTS[name])
+    config = config_mod.load()
+    configure_logging(config.log_level)
+    store = open_store(config)
+    runtime = Runtime(config, store, committer=VARIANTS[name])
+    runtime.start()
+    return create_app(config, hub_safe(store), runtime)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import json
+import shlex
 import shutil
 import sys
 import threading
@@ -26,11 +26,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import serve  # noqa: E402  (bench/serve.py: server launcher, process tree, CPU time)
+from results_path import write_result  # noqa: E402
+from serving.procs import raise_fd_limit, tree_cpu_seconds  # noqa: E402
+from serving.servers import ROOT, LmspServer, ServeSettings, lmsp_command, make_models  # noqa: E402
+from serving.sse import http_json  # noqa: E402
 
 
 def post(port: int, headers: dict, body: dict) -> dict:
-    status, out = serve.http_json(port, "POST", "/v1/responses", body, headers, timeout=60)
+    status, out = http_json(port, "POST", "/v1/responses", body, headers, timeout=60)
     if status not in (200, 202) or not out:
         raise RuntimeError(f"POST /v1/responses answered {status}: {out}")
     return out
@@ -56,8 +59,8 @@ def follow(port: int, headers: dict, response_id: str, opened: threading.Semapho
 
 
 def one(args, model: Path, work: Path, n: int) -> dict:
-    s = serve.ServeSettings(threads=args.threads, parallel=1, ctx_per_seq=4096, n_gpu_layers=0)
-    srv = serve.LmspServer.create(serve.lmsp_command(args.lmsp), model, s, work, "lmsp",
+    s = ServeSettings(threads=args.threads, parallel=1, ctx_per_seq=4096, n_gpu_layers=0)
+    srv = LmspServer.create(lmsp_command(args.lmsp), model, s, work, "lmsp",
                                   {"LMSP_MAX_OUTPUT_TOKENS_CAP": "4000",
                                    "LMSP_MAX_UNFINISHED_PER_CLIENT": "0"})  # one client queues them all
     try:
@@ -78,11 +81,11 @@ def one(args, model: Path, work: Path, n: int) -> dict:
         if len(good) != n:
             raise RuntimeError(f"{n - len(good)} of {n} streams were refused")
         time.sleep(1.0)  # every stream has read what there was and waits
-        cpu0, t0 = serve.tree_cpu_seconds(srv.proc.pid), time.monotonic()
+        cpu0, t0 = tree_cpu_seconds(srv.proc.pid), time.monotonic()
         time.sleep(args.seconds)
-        cpu = serve.tree_cpu_seconds(srv.proc.pid) - cpu0
+        cpu = tree_cpu_seconds(srv.proc.pid) - cpu0
         wall = time.monotonic() - t0
-        status, task = serve.http_json(srv.port, "GET", f"/v1/responses/{busy['id']}", headers=headers)
+        status, task = http_json(srv.port, "GET", f"/v1/responses/{busy['id']}", headers=headers)
         if status != 200 or task.get("status") != "in_progress":
             raise RuntimeError(f"the busy response did not last the window ({status}: {task.get('status')})")
         return {"streams": n, "cpu_share": round(cpu / wall, 3), "seconds": round(wall, 2)}
@@ -96,14 +99,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="runs of every number, taking turns")
     p.add_argument("--seconds", type=float, default=5.0, help="length of the measured window")
     p.add_argument("--threads", type=int, default=1, help="engine threads")
-    p.add_argument("--model", default="bench", help="demo model preset (slow enough to keep the slot busy)")
+    p.add_argument("--model", default="bench",
+                   help="a demo shape of bench/bench_models.py (slow enough to keep the slot busy)")
     p.add_argument("--lmsp", default=None, help="command that runs the lmsp CLI")
-    p.add_argument("--work-dir", type=Path, default=serve.ROOT / "bench" / "out" / "waiting")
-    p.add_argument("--json", type=Path, default=None, help="write the rows here")
+    p.add_argument("--work-dir", type=Path, default=ROOT / "bench" / "out" / "waiting")
+    p.add_argument("--json", type=Path, nargs="?", const=True, default=None,
+                   help="write the rows here (no path: bench/results/TIME-waiting_streams-MODEL.json)")
     args = p.parse_args(argv)
-    serve.raise_fd_limit()
+    raise_fd_limit()
+    started = time.time()
     work = args.work_dir.resolve()
-    model = serve.make_models([args.model], [], work)[0]
+    model = make_models([args.model], [], work)[0]
     counts = [int(x) for x in args.streams.split(",") if x]
     rows = []
     for rnd in range(args.rounds):
@@ -116,8 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         shares = sorted(r["cpu_share"] for r in rows if r["streams"] == n)
         print(f"| {n} | {shares[len(shares) // 2]:.1%} |")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"machine": serve.machine_line(), "argv": sys.argv, "rows": rows}, indent=2))
+        write_result("waiting_streams", args.model, {"command": shlex.join([sys.executable, *sys.argv]),
+                                                     "rows": rows},
+                     started=started, out=None if args.json is True else args.json)
     shutil.rmtree(work / "data", ignore_errors=True)
     return 0
 

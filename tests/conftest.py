@@ -18,6 +18,14 @@ def demo_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def small_shape() -> dict:
+    """Options of ``write_demo_model`` for a shape whose rows (256 and 768) are whole
+    K-quant blocks, in f16: ``write_demo_model(path, **{**small_shape, "n_layer": 1})``."""
+    return {"n_embd": 256, "n_layer": 4, "n_head": 8, "n_head_kv": 4, "n_ff": 768, "dtype": "f16",
+            "name": "lmsp-demo-small"}
+
+
+@pytest.fixture(scope="session")
 def catalog_model() -> Callable[[str], Path]:
     """``catalog_model(name)``: the GGUF file of a catalog model in the user's cache
     (``lmsp.models.catalog.ensure_model``: fetched on the first run, checked once a session).

@@ -5,7 +5,7 @@ generated requests for every operation of ``/openapi.json`` with the
 bootstrap admin token, and counts 5xx answers and schema violations (goal:
 zero of each). The service must still be alive at the end.
 
-    python bench/reliability/fuzz_api.py --examples 200 [--json OUT]
+    python bench/reliability/fuzz_api.py --examples 200 [--json [OUT]]
 """
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ taken as durable when they happen (SQLite syncs the directory of a new WAL
 in ``full`` mode; the image model does not track directories), and the
 ``-shm`` index is never kept (SQLite rebuilds it from the WAL).
 
-    python bench/reliability/powercut.py --requests 150 [--json OUT]
+    python bench/reliability/powercut.py --requests 150 [--json [OUT]]
 """
 from __future__ import annotations
 
@@ -156,66 +156,84 @@ class Replay:
         return self.fds.setdefault(self.tgid.setdefault(pid, pid), {})
 
     def step(self, i: int, call: Call) -> None:
-        name, a, ret = call.name, call.args, call.ret
-        if ret is None or ret < 0:
+        """Replay call ``i`` (in completion order) on the images and the file tables."""
+        name = call.name
+        if call.ret is None or call.ret < 0:
             return
         fds = self.table(call.pid)
         if name in ("clone", "clone3", "fork", "vfork"):
-            child = ret
-            if child == 0:
-                return
-            flags = " ".join(a)
-            if "CLONE_THREAD" in flags:
-                self.tgid[child] = self.tgid.setdefault(call.pid, call.pid)
-            else:
-                self.tgid[child] = child
-                self.fds[child] = dict(fds) if "CLONE_FILES" not in flags else fds
+            self._clone(call, fds)
+        elif name in ("openat", "open", "creat"):
+            self._open(call, fds)
+        elif (name in ("close", "dup", "dup2", "dup3", "unlink", "unlinkat") or name.startswith("rename")
+              or (name == "fcntl" and "F_DUPFD" in call.args[1])):
+            self._names(call, fds)
+        elif name in ("sendto", "sendmsg", "write", "writev") and int(call.args[0]) not in fds:
+            self._socket(i, call)
+        else:
+            self._file(call, fds)
+
+    def _clone(self, call: Call, fds: dict[int, str]) -> None:
+        """A new thread shares its process's file table; a new process gets a copy, unless
+        CLONE_FILES."""
+        child = call.ret
+        if child == 0:
             return
-        if name in ("openat", "open", "creat"):
-            path = _bytes(a[1] if name == "openat" else a[0]).decode(errors="replace")
-            if not os.path.isabs(path):
-                return
-            fds[ret] = path
-            if path.startswith(self.root) and os.path.basename(path).startswith("lmsp.db") \
-                    and path not in self.images:
-                self.images[path] = Image()
-            if "O_TRUNC" in (a[2] if name == "openat" else a[1] if len(a) > 1 else "") and path in self.images:
-                self.images[path].current = bytearray()
+        flags = " ".join(call.args)
+        if "CLONE_THREAD" in flags:
+            self.tgid[child] = self.tgid.setdefault(call.pid, call.pid)
+        else:
+            self.tgid[child] = child
+            self.fds[child] = dict(fds) if "CLONE_FILES" not in flags else fds
+
+    def _open(self, call: Call, fds: dict[int, str]) -> None:
+        name, a, ret = call.name, call.args, call.ret
+        path = _bytes(a[1] if name == "openat" else a[0]).decode(errors="replace")
+        if not os.path.isabs(path):
             return
+        fds[ret] = path
+        if path.startswith(self.root) and os.path.basename(path).startswith("lmsp.db") \
+                and path not in self.images:
+            self.images[path] = Image()
+        if "O_TRUNC" in (a[2] if name == "openat" else a[1] if len(a) > 1 else "") and path in self.images:
+            self.images[path].current = bytearray()
+
+    def _names(self, call: Call, fds: dict[int, str]) -> None:
+        """close, dup, unlink, rename: the file tables and the images' names."""
+        name, a = call.name, call.args
         if name == "close":
             fds.pop(int(a[0]), None)
-            return
-        if name in ("dup", "dup2", "dup3") or (name == "fcntl" and "F_DUPFD" in a[1]):
-            src = int(a[0])
-            if src in fds:
-                fds[ret] = fds[src]
-            return
-        if name in ("unlink", "unlinkat"):
+        elif name in ("unlink", "unlinkat"):
             path = _bytes(a[0] if name == "unlink" else a[1]).decode(errors="replace")
             if path in self.images:
                 del self.images[path]
                 self.counts["unlinks"] += 1
-            return
-        if name.startswith("rename"):
+        elif name.startswith("rename"):
             old, new = (a[0], a[1]) if name == "rename" else (a[1], a[3])
             old, new = _bytes(old).decode(errors="replace"), _bytes(new).decode(errors="replace")
             if old in self.images:
                 self.images[new] = self.images.pop(old)
-            return
-        if name in ("sendto", "sendmsg", "write", "writev") and int(a[0]) not in fds:
-            # a socket (or a pipe): look for a 202 leaving
-            if name in ("sendto", "write"):
-                try:
-                    data = _bytes(a[1])
-                except ValueError:
-                    return
-            else:
-                data = b"".join(_bytes(m.group(0)) for m in _STR.finditer(" ".join(a[1:])))
-            if data.startswith(b"HTTP/1.1 202"):
-                m = re.search(rb"\r\nLocation: /v1/responses/(resp_[0-9A-Z]+)", data, re.I)
-                if m:
-                    self.acks.append((i, m.group(1).decode()))
-            return
+        elif int(a[0]) in fds:  # dup, dup2, dup3, fcntl F_DUPFD
+            fds[call.ret] = fds[int(a[0])]
+
+    def _socket(self, i: int, call: Call) -> None:
+        """Bytes to a socket (or a pipe): look for a 202 leaving."""
+        name, a = call.name, call.args
+        if name in ("sendto", "write"):
+            try:
+                data = _bytes(a[1])
+            except ValueError:
+                return
+        else:
+            data = b"".join(_bytes(m.group(0)) for m in _STR.finditer(" ".join(a[1:])))
+        if data.startswith(b"HTTP/1.1 202"):
+            m = re.search(rb"\r\nLocation: /v1/responses/(resp_[0-9A-Z]+)", data, re.I)
+            if m:
+                self.acks.append((i, m.group(1).decode()))
+
+    def _file(self, call: Call, fds: dict[int, str]) -> None:
+        """A write, truncation or sync of a database file's image."""
+        name, a, ret = call.name, call.args, call.ret
         path = fds.get(int(a[0])) if a and a[0].lstrip("-").isdigit() else None
         image = self.images.get(path) if path else None
         if image is None:
@@ -294,18 +312,57 @@ def _check_image(db: Path | None, acked: list[str], label: str) -> tuple[list[Vi
 def run(workdir: Path, requests: int, seed: int, random_points: int, model: Path, *,
         durability: str = "full", log=print) -> dict:
     rng = random.Random(seed)
-    data_dir = workdir / "data"
     trace = workdir / "trace.txt"
+    t0 = time.monotonic()
+    statuses = traced_run(workdir, trace, requests, seed, model, durability)
+    traced = time.monotonic() - t0
+    log(f"traced run done in {traced:.0f}s; trace {trace.stat().st_size // (1 << 20)} MiB; replaying")
+    calls = list(parse_trace(trace))
+    replay = Replay(workdir / "data")
+    # the check points: every 202 (just after it was written) and random calls
+    points_random = set(rng.sample(range(len(calls)), min(random_points, len(calls))))
+    violations: list[Violation] = []
+    checked: Counter = Counter()
+    max_tasks = 0
+    scratch = workdir / "image"
+    for i, call in enumerate(calls):
+        n_acks = len(replay.acks)
+        replay.step(i, call)
+        is_ack = len(replay.acks) > n_acks
+        if not (is_ack or i in points_random):
+            continue
+        acked = [rid for _, rid in replay.acks]
+        found, n = _check_image(_materialize(replay, scratch, None), acked, f"call {i} durable")
+        violations += found
+        max_tasks = max(max_tasks, n)
+        checked["durable_images"] += 1
+        found, _ = _check_image(_materialize(replay, scratch, rng), acked, f"call {i} durable+random")
+        violations += found
+        checked["durable_plus_random_writes_images"] += 1
+    shutil.rmtree(scratch, ignore_errors=True)
+    return {
+        "durability": durability, "requests": sum(statuses.values()), "http_statuses": dict(statuses),
+        "acknowledged_202": len(replay.acks), "trace_calls": len(calls),
+        "file_writes": replay.counts["file_writes"], "fsyncs": replay.counts["fsyncs"],
+        "cut_points_at_202": len(replay.acks), "cut_points_random": len(points_random),
+        "images_checked": dict(checked), "most_tasks_in_an_image": max_tasks,
+        "acknowledged_lost": len({v.task_id for v in violations if v.kind == "powercut_lost"}),
+        "violations": len(violations), "first_violations": [str(v) for v in violations[:20]],
+        "traced_seconds": round(traced, 1),
+    }
+
+
+def traced_run(workdir: Path, trace: Path, requests: int, seed: int, model: Path, durability: str) -> Counter:
+    """The service under strace, sent ``requests`` requests by 3 clients; the statuses it answered."""
     strace = shutil.which("strace")
     if strace is None:
         raise SystemExit("strace is needed (apt-get install strace)")
     prefix = [strace, "-f", "--seccomp-bpf", "-qq", "-xx", "-s", str(1 << 24), "-e", "signal=none",
               "-e", f"trace={SYSCALLS}", "-o", str(trace)]
-    server = Server(data_dir, log=workdir / "server.log", prefix=prefix, model=model, ready_timeout=300,
+    server = Server(workdir / "data", log=workdir / "server.log", prefix=prefix, model=model, ready_timeout=300,
                     env={"LMSP_DURABILITY": durability})
-    t0 = time.monotonic()
     server.start()
-    statuses = Counter()
+    statuses: Counter = Counter()
     try:
         client = server.pair(["responses:write", "responses:read"], name="powercut", over_http=True)
         lock = threading.Lock()
@@ -338,42 +395,7 @@ def run(workdir: Path, requests: int, seed: int, random_points: int, model: Path
         with contextlib.suppress(subprocess.TimeoutExpired):
             server.proc.wait(60)
         server.stop(timeout=5)
-    traced = time.monotonic() - t0
-    log(f"traced run done in {traced:.0f}s; trace {trace.stat().st_size // (1 << 20)} MiB; replaying")
-
-    calls = list(parse_trace(trace))
-    replay = Replay(data_dir)
-    # the check points: every 202 (just after it was written) and random calls
-    points_random = set(rng.sample(range(len(calls)), min(random_points, len(calls))))
-    violations: list[Violation] = []
-    checked = Counter()
-    max_tasks = 0
-    scratch = workdir / "image"
-    for i, call in enumerate(calls):
-        n_acks = len(replay.acks)
-        replay.step(i, call)
-        is_ack = len(replay.acks) > n_acks
-        if not (is_ack or i in points_random):
-            continue
-        acked = [rid for _, rid in replay.acks]
-        found, n = _check_image(_materialize(replay, scratch, None), acked, f"call {i} durable")
-        violations += found
-        max_tasks = max(max_tasks, n)
-        checked["durable_images"] += 1
-        found, _ = _check_image(_materialize(replay, scratch, rng), acked, f"call {i} durable+random")
-        violations += found
-        checked["durable_plus_random_writes_images"] += 1
-    shutil.rmtree(scratch, ignore_errors=True)
-    return {
-        "durability": durability, "requests": sum(statuses.values()), "http_statuses": dict(statuses),
-        "acknowledged_202": len(replay.acks), "trace_calls": len(calls),
-        "file_writes": replay.counts["file_writes"], "fsyncs": replay.counts["fsyncs"],
-        "cut_points_at_202": len(replay.acks), "cut_points_random": len(points_random),
-        "images_checked": dict(checked), "most_tasks_in_an_image": max_tasks,
-        "acknowledged_lost": len({v.task_id for v in violations if v.kind == "powercut_lost"}),
-        "violations": len(violations), "first_violations": [str(v) for v in violations[:20]],
-        "traced_seconds": round(traced, 1),
-    }
+    return statuses
 
 
 def main(argv: list[str] | None = None) -> int:

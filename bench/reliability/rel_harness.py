@@ -513,8 +513,10 @@ def bench_main(doc: str, argv: list[str] | None, options, run, failed=lambda sum
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     options(ap)
     ap.add_argument("--workdir", type=Path, help="keep the data directory and logs here (default: a temporary one)")
-    ap.add_argument("--json", type=Path, help="write the figures to this file too")
+    ap.add_argument("--json", type=Path, nargs="?", const=True,
+                    help="write the figures to this file too (no path: bench/results/TIME-SCRIPT-MODEL.json)")
     args = ap.parse_args(argv)
+    started = time.time()
     with contextlib.ExitStack() as stack:
         workdir = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lmsp-rel-")))
         workdir.mkdir(parents=True, exist_ok=True)
@@ -522,8 +524,20 @@ def bench_main(doc: str, argv: list[str] | None, options, run, failed=lambda sum
     text = json.dumps(summary, indent=2)
     print(text)
     if args.json:
-        args.json.write_text(json.dumps({**run_record(argv), **summary}, indent=2) + "\n")
+        out = args.json if args.json is not True else default_result(args, started)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({**run_record(argv), **summary}, indent=2) + "\n")
     return 1 if failed(summary) else 0
+
+
+def default_result(args: argparse.Namespace, started: float) -> Path:
+    """bench/results/<start>-<script>-<model>.json: the script's name, the model given with
+    ``--model`` or the demo model (tiny) the harness serves otherwise."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from results_path import result_path
+
+    model = Path(args.model).stem if getattr(args, "model", None) else "tiny"
+    return result_path(Path(sys.argv[0]).stem, model, started)
 
 
 def run_record(argv: list[str] | None) -> dict:

@@ -18,7 +18,7 @@ the restart the checker of :mod:`rel_checker` verifies LMSP chapter 11:
 - ``PRAGMA integrity_check`` is ``ok`` on the crashed files and the live ones;
 - no request got a 500.
 
-    python bench/reliability/soak.py --cycles 100 [--seed N] [--workdir DIR] [--json OUT]
+    python bench/reliability/soak.py --cycles 100 [--seed N] [--workdir DIR] [--json [OUT]]
 """
 from __future__ import annotations
 
@@ -318,84 +318,20 @@ def run_soak(workdir: Path, cycles: int, *, seed: int = 0, clients: int = 4,
         for cycle in range(cycles + 1):
             # -- start; sometimes kill it again during start-up and recovery
             if before is not None and rng.random() < startup_kill_rate:
-                server.start(wait=False)
-                time.sleep(rng.uniform(0.0, 0.8))
-                server.crash()
-                report.kills += 1
-                report.kills_during_startup += 1
-                conn = open_copy(copy_db(data_dir, workdir / "at-kill"))
-                report.violations += integrity(conn)
-                before = StoreView.load(conn)
-                conn.close()
+                before = kill_during_startup(server, rng, report, workdir)
             server.start()
             if client is None:
                 client = server.pair(["responses:write", "responses:read", "models:read"], name="soak")
-
-            # -- after a restart: what recovery made of the files the crash left
-            conn = open_live(data_dir)
-            after = StoreView.load(conn)
-            report.violations += integrity(conn)
-            conn.close()
-            report.violations += check_log(after)
-            if before is not None:
-                for t in before.tasks.values():
-                    if t.status in ("queued", "loading", "running", "cancelling"):
-                        report.recovered[f"{t.status}+{t.on_restart}"] += 1
-                report.violations += check_recovery(before, after)
-                acked = [r.response_id for r in pending if r.acknowledged and r.response_id]
-                report.violations += check_acknowledged(acked, before, "in the files the kill left")
-                report.violations += check_acknowledged(acked, after, "after the restart")
-                for r in pending:
-                    if r.seen and r.response_id:
-                        report.violations += check_seen_events(r.response_id, r.seen, before)
-                in_flight = [r for r in pending if r.in_flight]
-                report.in_flight_at_kill += len(in_flight)
-                retry_in_flight(client, in_flight, report)
-                conn = open_live(data_dir)
-                view = StoreView.load(conn)
-                conn.close()
-                report.violations += check_idempotency([r.key for r in pending], view)
-            report.tasks = len(after.tasks)
-            report.events = after.n_events()
-            report.finished_checked = sum(1 for t in after.tasks.values()
-                                          if t.status in ("completed", "failed", "cancelled"))
+            after = check_restart(data_dir, client, before, pending, report)
             if cycle == cycles:
                 n, found = check_replay(client, after, replay_limit, rng)
                 report.replayed = n
                 report.violations += found
                 break
-            # -- keep the backlog bounded: cancel the oldest unfinished tasks (random
-            # cancels of queued and running tasks are part of the load anyway)
-            unfinished = sorted((t.id, t.response_id) for t in after.tasks.values()
-                                if t.status in ("queued", "loading", "running"))
-            for _, rid in unfinished[:max(0, len(unfinished) - backlog)]:
-                res = client.post(f"/v1/responses/{rid}/cancel", {})
-                report.cancels[f"backlog {res.status}"] += 1
-                if res.status >= 500:
-                    report.violations.append(Violation("http_5xx", rid, f"cancel: {res.status} {res.body}"))
-
+            trim_backlog(client, after, backlog, report)
             # -- load, then SIGKILL at a random moment
             load = Load(client, rng, cycle, report, known, model, max_tokens)
-            threads = load.start(clients)
-            time.sleep(rng.uniform(*load_seconds))
-            if rng.random() < 0.4:
-                # cancel a few of the newest responses and kill right after the
-                # answers: running tasks are then often still `cancelling`
-                for rid in list(known[-3:]):
-                    load.cancel(rid)
-            load.anchor(rng)
-            server.crash()
-            load.stop.set()
-            for t in threads:
-                t.join(60)
-            report.kills += 1
-            report.cycles += 1
-            pending = load.reqs
-            report.acknowledged += sum(1 for r in pending if r.acknowledged)
-            conn = open_copy(copy_db(data_dir, workdir / "at-kill"))
-            report.violations += integrity(conn)
-            before = StoreView.load(conn)
-            conn.close()
+            pending, before = load_and_kill(server, load, clients, load_seconds, workdir)
             if len(known) > 500:
                 del known[:-500]
             log(f"cycle {cycle + 1}/{cycles} ({time.monotonic() - t0:.0f}s): {len(pending)} requests, "
@@ -406,6 +342,92 @@ def run_soak(workdir: Path, cycles: int, *, seed: int = 0, clients: int = 4,
             server.stop()
         report.seconds = time.monotonic() - t0
     return report
+
+
+def crashed_files(workdir: Path, report: SoakReport) -> StoreView:
+    """What the crash left (lmsp.db and its WAL, copied), checked for integrity."""
+    conn = open_copy(copy_db(workdir / "data", workdir / "at-kill"))
+    report.violations += integrity(conn)
+    view = StoreView.load(conn)
+    conn.close()
+    return view
+
+
+def kill_during_startup(server: Server, rng: random.Random, report: SoakReport, workdir: Path) -> StoreView:
+    """Start the service and SIGKILL it 0-0.8 s later, during start-up and recovery."""
+    server.start(wait=False)
+    time.sleep(rng.uniform(0.0, 0.8))
+    server.crash()
+    report.kills += 1
+    report.kills_during_startup += 1
+    return crashed_files(workdir, report)
+
+
+def check_restart(data_dir: Path, client: Client, before: StoreView | None, pending: list[Req],
+                  report: SoakReport) -> StoreView:
+    """After a restart: what recovery made of the files the crash left, the requests of the
+    last cycle (acknowledged ones kept, streams' events committed, those in flight sent again)."""
+    conn = open_live(data_dir)
+    after = StoreView.load(conn)
+    report.violations += integrity(conn)
+    conn.close()
+    report.violations += check_log(after)
+    if before is not None:
+        for t in before.tasks.values():
+            if t.status in ("queued", "loading", "running", "cancelling"):
+                report.recovered[f"{t.status}+{t.on_restart}"] += 1
+        report.violations += check_recovery(before, after)
+        acked = [r.response_id for r in pending if r.acknowledged and r.response_id]
+        report.violations += check_acknowledged(acked, before, "in the files the kill left")
+        report.violations += check_acknowledged(acked, after, "after the restart")
+        for r in pending:
+            if r.seen and r.response_id:
+                report.violations += check_seen_events(r.response_id, r.seen, before)
+        in_flight = [r for r in pending if r.in_flight]
+        report.in_flight_at_kill += len(in_flight)
+        retry_in_flight(client, in_flight, report)
+        conn = open_live(data_dir)
+        view = StoreView.load(conn)
+        conn.close()
+        report.violations += check_idempotency([r.key for r in pending], view)
+    report.tasks = len(after.tasks)
+    report.events = after.n_events()
+    report.finished_checked = sum(1 for t in after.tasks.values() if t.status in ("completed", "failed", "cancelled"))
+    return after
+
+
+def trim_backlog(client: Client, after: StoreView, backlog: int, report: SoakReport) -> None:
+    """Keep the backlog bounded: cancel the oldest unfinished tasks (random cancels of queued
+    and running tasks are part of the load anyway)."""
+    unfinished = sorted((t.id, t.response_id) for t in after.tasks.values()
+                        if t.status in ("queued", "loading", "running"))
+    for _, rid in unfinished[:max(0, len(unfinished) - backlog)]:
+        res = client.post(f"/v1/responses/{rid}/cancel", {})
+        report.cancels[f"backlog {res.status}"] += 1
+        if res.status >= 500:
+            report.violations.append(Violation("http_5xx", rid, f"cancel: {res.status} {res.body}"))
+
+
+def load_and_kill(server: Server, load: Load, clients: int, load_seconds: tuple[float, float],
+                  workdir: Path) -> tuple[list[Req], StoreView]:
+    """The cycle's load for a random time, then SIGKILL; (its requests, the files it left)."""
+    rng, report = load.rng, load.report
+    threads = load.start(clients)
+    time.sleep(rng.uniform(*load_seconds))
+    if rng.random() < 0.4:
+        # cancel a few of the newest responses and kill right after the
+        # answers: running tasks are then often still `cancelling`
+        for rid in list(load.known[-3:]):
+            load.cancel(rid)
+    load.anchor(rng)
+    server.crash()
+    load.stop.set()
+    for t in threads:
+        t.join(60)
+    report.kills += 1
+    report.cycles += 1
+    report.acknowledged += sum(1 for r in load.reqs if r.acknowledged)
+    return load.reqs, crashed_files(workdir, report)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -125,16 +125,7 @@ def run_worker_kill(workdir: Path, rounds: int, *, seed: int = 0, workers: int =
         client = server.pair(["responses:write", "responses:read"], name="worker-kill")
         master = server.master_pid()
         for rnd in range(rounds):
-            ids = []
-            for i in range(tasks_per_round):
-                body = {"model": "demo", "input": f"round {rnd} task {i}: tell a long story",
-                        "max_output_tokens": max_tokens, "temperature": 1.0, "seed": rng.randint(0, 2**31),
-                        "background": True, "on_restart": POLICIES[(rnd + i) % 3]}
-                res = client.post("/v1/responses", body, headers={"Idempotency-Key": f"wk-{rnd}-{i}"})
-                if res.status != 202:
-                    report.violations.append(Violation("http", None, f"create: {res.status} {res.body}"))
-                    continue
-                ids.append(res.body["id"])
+            ids = create_round(client, rnd, tasks_per_round, max_tokens, rng, report)
             # wait until a worker has started some of them
             victim = busy_worker(server, data_dir, time.monotonic() + timeout)
             if victim is None:
@@ -149,68 +140,101 @@ def run_worker_kill(workdir: Path, rounds: int, *, seed: int = 0, workers: int =
             report.workers_killed += 1
             while _alive(victim):        # the signal is asynchronous: a commit may still land
                 time.sleep(0.001)
-            # Right after the kill the victim's tasks are frozen until their leases
-            # expire. Two copies: what other connections can see (read through the
-            # live -shm index) and the raw files. A worker killed inside COMMIT,
-            # after its commit frame reached the WAL but before it updated the
-            # index, leaves a transaction that nobody has seen: SQLite's recovery
-            # keeps it when no other process holds the database open (the raw
-            # copy), and a surviving worker's next write discards it (the visible
-            # copy). Either is a correct outcome; committed events that anyone
-            # could see must never change.
-            visible_conn = _backup(data_dir, workdir / "visible.db")
-            raw_conn = open_copy(copy_db(data_dir, workdir / "at-kill"))
-            frozen = sorted({r[0] for c in (raw_conn, visible_conn) for r in c.execute(
-                "SELECT id FROM tasks WHERE owner LIKE ? AND status IN ('queued','loading','running','cancelling')",
-                (f"%:{victim}:%",))})
-            visible = StoreView.load(visible_conn, frozen)
-            raw = StoreView.load(raw_conn, frozen)
-            report.violations += integrity(raw_conn)
-            visible_conn.close()
-            raw_conn.close()
-            if not frozen:
-                report.violations.append(Violation("setup", None, f"round {rnd}: the killed worker held no "
-                                                   "unfinished task (they finished before the kill?)"))
-            for t in visible.tasks.values():
-                report.owned_by_killed[f"{t.status}+{t.on_restart}"] += 1
-            # wait for every task of the round to finish, with the master unchanged
-            while True:
-                server.check_alive()
-                conn = open_live(data_dir)
-                after = StoreView.load(conn)
-                conn.close()
-                ours = [after.by_response(r) for r in ids]
-                if all(t is not None and t.status in FINISHED for t in ours):
-                    break
-                if time.monotonic() - t_kill > timeout:
-                    report.violations.append(Violation(
-                        "stranded", None, f"round {rnd}: unfinished after {timeout}s: "
-                        + ", ".join(f"{t.id}={t.status}" for t in ours if t and t.status not in FINISHED)))
-                    break
-                time.sleep(0.1)
+            frozen, visible, raw = at_kill(workdir, victim, rnd, report)
+            after = wait_round(server, data_dir, ids, rnd, t_kill, timeout, report)
             report.recovery_seconds.append(time.monotonic() - t_kill)
             if server.master_pid() != master:
                 report.violations.append(Violation("master", None, "the master process changed"))
             now_workers = set(server.worker_pids())
             if victim in now_workers or len(now_workers) != len(before_workers):
                 report.violations.append(Violation("replace", None, f"workers {before_workers} -> {now_workers}"))
-            before, found = _as_found(visible, raw, after)
-            report.violations += found + check_recovery(before, after)
-            report.violations += check_log(after)
-            conn = open_live(data_dir)
-            report.violations += integrity(conn)
-            conn.close()
-            for rid in ids:
-                t = after.by_response(rid)
-                if t is not None:
-                    report.outcomes[f"{t.on_restart}->{t.status}"] += 1
-            report.tasks += len(ids)
-            report.rounds += 1
+            check_round(data_dir, ids, visible, raw, after, report)
             log(f"round {rnd + 1}/{rounds}: killed worker {victim} owning {len(frozen)} unfinished tasks; "
                 f"{len(report.violations)} violations so far")
     finally:
         server.stop()
     return report
+
+
+def create_round(client, rnd: int, tasks: int, max_tokens: int, rng: random.Random,
+                 report: WorkerKillReport) -> list[str]:
+    """The round's background tasks, the restart policies in turn; their response ids."""
+    ids = []
+    for i in range(tasks):
+        body = {"model": "demo", "input": f"round {rnd} task {i}: tell a long story",
+                "max_output_tokens": max_tokens, "temperature": 1.0, "seed": rng.randint(0, 2**31),
+                "background": True, "on_restart": POLICIES[(rnd + i) % 3]}
+        res = client.post("/v1/responses", body, headers={"Idempotency-Key": f"wk-{rnd}-{i}"})
+        if res.status != 202:
+            report.violations.append(Violation("http", None, f"create: {res.status} {res.body}"))
+            continue
+        ids.append(res.body["id"])
+    return ids
+
+
+def at_kill(workdir: Path, victim: int, rnd: int, report: WorkerKillReport) -> tuple[list[str], StoreView, StoreView]:
+    """The killed worker's unfinished tasks, as other connections see them and in the raw files.
+
+    Right after the kill the victim's tasks are frozen until their leases expire. Two
+    copies: what other connections can see (read through the live -shm index) and the
+    raw files. A worker killed inside COMMIT, after its commit frame reached the WAL but
+    before it updated the index, leaves a transaction that nobody has seen: SQLite's
+    recovery keeps it when no other process holds the database open (the raw copy), and
+    a surviving worker's next write discards it (the visible copy). Either is a correct
+    outcome; committed events that anyone could see must never change."""
+    data_dir = workdir / "data"
+    visible_conn = _backup(data_dir, workdir / "visible.db")
+    raw_conn = open_copy(copy_db(data_dir, workdir / "at-kill"))
+    frozen = sorted({r[0] for c in (raw_conn, visible_conn) for r in c.execute(
+        "SELECT id FROM tasks WHERE owner LIKE ? AND status IN ('queued','loading','running','cancelling')",
+        (f"%:{victim}:%",))})
+    visible = StoreView.load(visible_conn, frozen)
+    raw = StoreView.load(raw_conn, frozen)
+    report.violations += integrity(raw_conn)
+    visible_conn.close()
+    raw_conn.close()
+    if not frozen:
+        report.violations.append(Violation("setup", None, f"round {rnd}: the killed worker held no "
+                                           "unfinished task (they finished before the kill?)"))
+    for t in visible.tasks.values():
+        report.owned_by_killed[f"{t.status}+{t.on_restart}"] += 1
+    return frozen, visible, raw
+
+
+def wait_round(server: Server, data_dir: Path, ids: list[str], rnd: int, t_kill: float, timeout: float,
+               report: WorkerKillReport) -> StoreView:
+    """Wait for every task of the round to finish, the master alive; the store then."""
+    while True:
+        server.check_alive()
+        conn = open_live(data_dir)
+        after = StoreView.load(conn)
+        conn.close()
+        ours = [after.by_response(r) for r in ids]
+        if all(t is not None and t.status in FINISHED for t in ours):
+            return after
+        if time.monotonic() - t_kill > timeout:
+            report.violations.append(Violation(
+                "stranded", None, f"round {rnd}: unfinished after {timeout}s: "
+                + ", ".join(f"{t.id}={t.status}" for t in ours if t and t.status not in FINISHED)))
+            return after
+        time.sleep(0.1)
+
+
+def check_round(data_dir: Path, ids: list[str], visible: StoreView, raw: StoreView, after: StoreView,
+                report: WorkerKillReport) -> None:
+    """The killed worker's tasks moved as the recovery table says; logs and files sound."""
+    before, found = _as_found(visible, raw, after)
+    report.violations += found + check_recovery(before, after)
+    report.violations += check_log(after)
+    conn = open_live(data_dir)
+    report.violations += integrity(conn)
+    conn.close()
+    for rid in ids:
+        t = after.by_response(rid)
+        if t is not None:
+            report.outcomes[f"{t.on_restart}->{t.status}"] += 1
+    report.tasks += len(ids)
+    report.rounds += 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import falcon
 
@@ -36,9 +36,6 @@ from .wire.input import SEED_MAX
 from .api.logs import configure_logging
 from .api.metrics import HttpMetrics
 from .api.middleware import Authentication, RequestContext, handle_http_error, handle_lmsp_error, handle_unexpected
-
-if TYPE_CHECKING:
-    from lmsp.runtime.committer import Committer
 
 log = logging.getLogger("lmsp.api")
 
@@ -115,11 +112,9 @@ def create_app(
     return app
 
 
-def get_app(*, committer: type[Committer] | None = None) -> falcon.App:
+def get_app() -> falcon.App:
     """For gunicorn: configuration from the environment, the store opened, the
-    runtime built and started in this (worker) process. ``committer``: the class
-    of the runtime's commit thread, when not the service's own (a variant of the
-    serving benchmark, started through ``LMSP_GUNICORN_APP``)."""
+    runtime built and started in this (worker) process."""
     from lmsp import config as config_mod
     from lmsp.serving.hubsafe import hub_safe
     from lmsp.runtime import Runtime
@@ -128,7 +123,7 @@ def get_app(*, committer: type[Committer] | None = None) -> falcon.App:
     config = config_mod.load()
     configure_logging(config.log_level)
     store = open_store(config)
-    runtime = Runtime(config, store, committer=committer)
+    runtime = Runtime(config, store)
     runtime.start()
     # Requests are greenlets: their store calls go through the hub's thread
     # pool so a lock wait blocks only the request that waits.

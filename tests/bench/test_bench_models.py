@@ -30,7 +30,7 @@ def test_a_catalog_name_is_fetched_through_the_catalog(monkeypatch, tmp_path):
     assert got == [bench_models.BenchModel("gemma-3-270m", fake, "catalog")]
 
 
-def test_a_demo_preset_is_written_once_and_a_file_is_taken_as_it_is(tmp_path):
+def test_a_demo_shape_is_written_once_and_a_file_is_taken_as_it_is(tmp_path):
     first = bench_models.resolve(["tiny"], [], tmp_path)
     assert first[0].kind == "demo" and first[0].path == tmp_path / "tiny.gguf" and first[0].path.is_file()
     stamp = first[0].path.stat().st_mtime_ns
@@ -45,3 +45,12 @@ def test_an_unknown_name_or_a_missing_file_stops_with_what_is_known(tmp_path):
         bench_models.resolve(["nope"], [], tmp_path)
     with pytest.raises(SystemExit, match="does not exist"):
         bench_models.resolve([], [tmp_path / "missing.gguf"], tmp_path)
+
+
+def test_every_demo_shape_is_a_valid_demo_model_spec():
+    from lmsp.models.demo import DemoModelSpec
+
+    assert set(bench_models.DEMO_SHAPES) == {"tiny", "small", "bench", "large"}
+    assert DemoModelSpec(**bench_models.DEMO_SHAPES["tiny"]) == DemoModelSpec()
+    for shape in bench_models.DEMO_SHAPES.values():
+        DemoModelSpec(**shape).validate()

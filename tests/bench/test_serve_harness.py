@@ -6,7 +6,6 @@ check the measuring itself without starting either real server.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import threading
@@ -15,19 +14,9 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "serve.py"
-
-
-@pytest.fixture(scope="module")
-def serve():
-    spec = importlib.util.spec_from_file_location("bench_serve", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.modules.pop(spec.name, None)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from results_path import write_result  # noqa: E402
+from serving import cli, load, procs, protocols, report, servers, stats  # noqa: E402
 
 
 class FakeHandler(BaseHTTPRequestHandler):
@@ -96,10 +85,10 @@ def fake_port():
     thread.join()
 
 
-def test_responses_stream_counts_tokens_and_latencies(serve, fake_port):
-    cfg = serve.LoadConfig(max_tokens=5, seed=100)
-    proto = serve.ResponsesProtocol("tiny")
-    results = serve.run_level(fake_port, proto, {"Authorization": "Bearer x"}, clients=2,
+def test_responses_stream_counts_tokens_and_latencies(fake_port):
+    cfg = load.LoadConfig(max_tokens=5, seed=100)
+    proto = protocols.ResponsesProtocol("tiny")
+    results = load.run_level(fake_port, proto, {"Authorization": "Bearer x"}, clients=2,
                               n_requests=3, cfg=cfg, first_index=0)
     assert [r.error for r in results] == [None, None, None]
     assert all(r.output_tokens == 5 and r.input_tokens == 11 and r.text_events == 5 for r in results)
@@ -109,16 +98,16 @@ def test_responses_stream_counts_tokens_and_latencies(serve, fake_port):
     assert seeds == [100, 101, 102]
     assert all(auth == "Bearer x" and body["stream"] is True and body["model"] == "tiny"
                for _, body, auth in FakeHandler.seen)
-    level = serve.summarize("tiny", "lmsp", 2, results, max_tokens=5, peak_rss=50 * 1048576)
+    level = stats.summarize("tiny", "lmsp", 2, results, max_tokens=5, peak_rss=50 * 1048576)
     assert (level.requests, level.failed, level.output_tokens, level.short_outputs) == (3, 0, 15, 0)
     assert level.tok_s > 0 and level.peak_rss_mb == 50.0 and level.mean_input_tokens == 11.0
     assert level.tokens_per_event == 1.0
 
 
-def test_completion_stream_spreads_gaps_over_the_tokens_a_chunk_carries(serve, fake_port):
-    proto = serve.CompletionProtocol(fake_port)
-    proto._templated = {proto.key(serve.make_prompt(0, 24)): "templated"}
-    res = serve.one_request(fake_port, proto, {}, 0, serve.LoadConfig(max_tokens=6))
+def test_completion_stream_spreads_gaps_over_the_tokens_a_chunk_carries(fake_port):
+    proto = protocols.CompletionProtocol(fake_port)
+    proto._templated = {proto.key(load.make_prompt(0, 24)): "templated"}
+    res = load.one_request(fake_port, proto, {}, 0, load.LoadConfig(max_tokens=6))
     assert res.ok and res.output_tokens == 6 and res.input_tokens == 9
     # text chunks: "ab" (2 tokens), then c0..c3 (1 each): the later 4 chunks give 4 gaps
     assert res.text_events == 5 and len(res.gaps) == 4
@@ -127,27 +116,27 @@ def test_completion_stream_spreads_gaps_over_the_tokens_a_chunk_carries(serve, f
     assert path == "/completion" and body["prompt"] == "templated" and body["ignore_eos"] is True
 
 
-def test_failures_are_counted_not_raised(serve, fake_port):
-    proto = serve.ResponsesProtocol("tiny")
-    rejected = serve.one_request(fake_port, proto, {}, 566, serve.LoadConfig(max_tokens=3, seed=100))
+def test_failures_are_counted_not_raised(fake_port):
+    proto = protocols.ResponsesProtocol("tiny")
+    rejected = load.one_request(fake_port, proto, {}, 566, load.LoadConfig(max_tokens=3, seed=100))
     assert not rejected.ok and rejected.error.startswith("HTTP 400")
-    cut = serve.one_request(fake_port, proto, {}, 677, serve.LoadConfig(max_tokens=3, seed=100))
+    cut = load.one_request(fake_port, proto, {}, 677, load.LoadConfig(max_tokens=3, seed=100))
     assert not cut.ok and "terminal" in cut.error
-    level = serve.summarize("tiny", "lmsp", 1, [rejected, cut], max_tokens=3, peak_rss=None)
+    level = stats.summarize("tiny", "lmsp", 1, [rejected, cut], max_tokens=3, peak_rss=None)
     assert level.failed == 2 and level.tok_s == 0.0 and level.peak_rss_mb is None
 
 
-def test_percentile_is_nearest_rank(serve):
+def test_percentile_is_nearest_rank():
     values = [float(v) for v in range(1, 101)]
-    assert serve.percentile(values, 50) == 50.0
-    assert serve.percentile(values, 99) == 99.0
-    assert serve.percentile([3.0], 99) == 3.0
-    assert serve.percentile([], 50) is None
+    assert stats.percentile(values, 50) == 50.0
+    assert stats.percentile(values, 99) == 99.0
+    assert stats.percentile([3.0], 99) == 3.0
+    assert stats.percentile([], 50) is None
 
 
-def test_ratios_and_goals_compare_each_variant_to_llama(serve):
+def test_ratios_and_goals_compare_each_variant_to_llama():
     def level(server, clients, tok_s, ttft, rss, failed=0):
-        return serve.LevelResult("tiny", server, clients, 4, failed, 100, 1.0, tok_s, ttft, ttft, 1.0, 2.0,
+        return stats.LevelResult("tiny", server, clients, 4, failed, 100, 1.0, tok_s, ttft, ttft, 1.0, 2.0,
                                  rss, 0, 10.0, 1.0, 0.5, [])
     levels = [level("llama", 1, 100.0, 10.0, 100.0), level("lmsp", 1, 96.0, 12.0, 150.0),
               level("llama", 16, 400.0, 20.0, 100.0), level("lmsp", 16, 380.0, 21.0, 170.0, failed=1),
@@ -156,14 +145,14 @@ def test_ratios_and_goals_compare_each_variant_to_llama(serve):
     # lmsp's master and worker share pages: the RSS sum counts them twice, PSS once
     for lvl, pss in zip(levels[:4], (100.0, 130.0, 100.0, 145.0)):
         lvl.peak_pss_mb = pss
-    rows = {(x["server"], x["clients"]): x for x in serve.ratio_rows(levels)}
+    rows = {(x["server"], x["clients"]): x for x in stats.ratio_rows(levels)}
     assert rows[("lmsp", 1)]["tok_s"] == pytest.approx(0.96)
     assert rows[("lmsp", 1)]["cpu_per_token"] == pytest.approx(1.2)
     assert rows[("lmsp", 16)]["cpu_per_token"] is None  # not measured: no ratio
-    assert "| 1.20 |" in serve.ratio_table([rows[("lmsp", 1)]])
-    assert "| 0.600 |" in serve.markdown_table([levels[1]])
+    assert "| 1.20 |" in report.ratio_table([rows[("lmsp", 1)]])
+    assert "| 0.600 |" in report.markdown_table([levels[1]])
     assert rows[("lmsp", 16)]["rss_delta_mb"] == pytest.approx(70.0)
-    checks = "\n".join(serve.goal_checks(levels))
+    checks = "\n".join(report.goal_checks(levels))
     assert "MISS  tiny 1c tok/s ratio >= 1.0: 0.960" in checks
     assert "MISS  tiny 1c TTFT p50 ratio <= 1.05: 1.200" in checks
     assert "MISS  tiny 1c CPU per token ratio <= 1.0: 1.200" in checks
@@ -179,13 +168,13 @@ def test_ratios_and_goals_compare_each_variant_to_llama(serve):
     assert "MISS  tiny 16c persistence cost <= 5% (streamed from memory): 0.095" in checks
 
 
-def test_a_model_without_chat_template_gets_the_services_plain_format_on_llama_server(serve, tmp_path,
+def test_a_model_without_chat_template_gets_the_services_plain_format_on_llama_server(tmp_path,
                                                                                        monkeypatch):
-    monkeypatch.setattr(serve, "has_chat_template", lambda path: False)
-    args = serve.llama_template_args(tmp_path / "base.gguf", tmp_path)
+    monkeypatch.setattr(servers, "has_chat_template", lambda path: False)
+    args = servers.llama_template_args(tmp_path / "base.gguf", tmp_path)
     assert args[0] == "--chat-template-file"
     template = Path(args[1]).read_text()
-    assert template == serve.PLAIN_CHAT_TEMPLATE
+    assert template == servers.PLAIN_CHAT_TEMPLATE
     # csrc/engine.cpp's fallback_template: "Role: content" and a blank line per message, then
     # "Assistant:"; the blank line is text of the loop's body, not trimmed by its closing tag
     assert ": {{ message['content'] }}\n\n{% endfor" in template
@@ -193,35 +182,35 @@ def test_a_model_without_chat_template_gets_the_services_plain_format_on_llama_s
         assert word in template
 
 
-def test_llama_server_reuses_no_cached_prompt_unless_both_servers_do(serve):
+def test_llama_server_reuses_no_cached_prompt_unless_both_servers_do():
     for endpoint in ("responses", "chat", "completion"):
-        proto = serve.llama_protocol(endpoint, 1, "m", serve.LoadConfig())
+        proto = cli.llama_protocol(endpoint, 1, "m", load.LoadConfig())
         if endpoint == "completion":
             proto._templated[proto.key("p")] = "p"
-        assert proto.body(0, "p", serve.LoadConfig())["cache_prompt"] is False
-    cached = serve.LoadConfig(llama_prompt_cache=True)
-    assert serve.llama_protocol("responses", 1, "m", cached).body(0, "p", cached)["cache_prompt"] is True
+        assert proto.body(0, "p", load.LoadConfig())["cache_prompt"] is False
+    cached = load.LoadConfig(llama_prompt_cache=True)
+    assert cli.llama_protocol("responses", 1, "m", cached).body(0, "p", cached)["cache_prompt"] is True
 
 
-def test_a_model_with_a_chat_template_keeps_its_own(serve, tmp_path):
+def test_a_model_with_a_chat_template_keeps_its_own(tmp_path):
     from lmsp.models.demo import write_demo_model
 
     path = tmp_path / "tiny.gguf"
-    write_demo_model(path, preset="tiny")
-    assert serve.llama_template_args(path, tmp_path) == []
+    write_demo_model(path)
+    assert servers.llama_template_args(path, tmp_path) == []
 
 
-def test_a_model_record_names_its_commit_machine_and_command(serve, tmp_path):
+def test_a_model_record_names_its_commit_machine_and_command(tmp_path):
     def level(server, clients, tok_s):
-        return serve.LevelResult("m", server, clients, 4, 0, 100, 1.0, tok_s, 10.0, 10.0, 1.0, 2.0,
+        return stats.LevelResult("m", server, clients, 4, 0, 100, 1.0, tok_s, 10.0, 10.0, 1.0, 2.0,
                                  100.0, 0, 20.0, 1.0, 0.5, [])
     levels = [level("llama", 1, 100.0), level("lmsp", 1, 110.0)]
-    args = serve.parse_args(["--models", "", "--rounds", "1"])
-    s = serve.ServeSettings(threads=2, parallel=1, ctx_per_seq=256, n_gpu_layers=0)
-    record = serve.model_record(levels, args, {"lmsp m": "lmsp serve", "lmsp other": "x"}, s, serve.LoadConfig())
-    path = serve.write_model_results(tmp_path, "m", record, when=0.0)
+    args = cli.parse_args(["--models", "", "--rounds", "1"])
+    s = servers.ServeSettings(threads=2, parallel=1, ctx_per_seq=256, n_gpu_layers=0)
+    record = report.model_record(levels, args, {"lmsp m": "lmsp serve", "lmsp other": "x"}, s, load.LoadConfig())
+    path = write_result("serve", "m", record, started=0.0, folder=tmp_path)
     saved = json.loads(path.read_text())
-    assert path.name == "serve-m-19700101-0000.json"
+    assert path.name == "19700101T000000Z-serve-m.json" and saved["time"] == "1970-01-01T00:00:00Z"
     assert saved["model"] == "m" and saved["machine"]["nproc"] >= 1 and "commit" in saved
     assert saved["server_commands"] == {"lmsp m": "lmsp serve"}
     assert saved["prompt_tokens"] == {"llama": 20.0, "lmsp": 20.0}
@@ -229,11 +218,11 @@ def test_a_model_record_names_its_commit_machine_and_command(serve, tmp_path):
     assert "PASS  m 1c tok/s ratio >= 1.0: 1.100" in saved["goals"]
 
 
-def test_process_tree_and_rss_watch_see_this_process(serve):
+def test_process_tree_and_rss_watch_see_this_process():
     import os
 
-    assert os.getpid() in serve.process_tree(os.getpid())
-    watch = serve.RssWatch(os.getpid(), interval=0.01)
+    assert os.getpid() in procs.process_tree(os.getpid())
+    watch = procs.RssWatch(os.getpid(), interval=0.01)
     watch.start()
     sum(i * i for i in range(3_000_000))  # some CPU time for the watch to count
     peak = watch.stop()
@@ -241,43 +230,45 @@ def test_process_tree_and_rss_watch_see_this_process(serve):
     assert watch.cpu_s > 0
 
 
-def test_median_round_is_picked_per_server_and_level(serve):
+def test_median_round_is_picked_per_server_and_level():
     def level(server, tok_s, rnd):
-        lvl = serve.LevelResult("tiny", server, 4, 4, 0, 100, 1.0, tok_s, 1.0, 1.0, 1.0, 2.0,
+        lvl = stats.LevelResult("tiny", server, 4, 4, 0, 100, 1.0, tok_s, 1.0, 1.0, 1.0, 2.0,
                                 10.0, 0, 10.0, 1.0, 0.5, [])
         lvl.round = rnd
         return lvl
     levels = [level("llama", 300.0, 0), level("llama", 100.0, 1), level("llama", 200.0, 2),
               level("lmsp", 50.0, 0), level("lmsp", 70.0, 1)]
-    picked = {x.server: (x.tok_s, x.round) for x in serve.median_rounds(levels)}
+    picked = {x.server: (x.tok_s, x.round) for x in stats.median_rounds(levels)}
     assert picked == {"llama": (200.0, 2), "lmsp": (50.0, 0)}
     # a round with failures (and so fewer tokens/s) is not the median, but its failures count
     failing = level("lmsp", 40.0, 2)
     failing.failed, failing.errors = 3, ["HTTP 503"]
-    rows = {x.server: x for x in serve.median_rounds(levels + [failing])}
+    rows = {x.server: x for x in stats.median_rounds(levels + [failing])}
     assert (rows["lmsp"].tok_s, rows["lmsp"].round) == (50.0, 0)
     assert rows["lmsp"].failed == 3 and rows["lmsp"].requests == 12 and rows["lmsp"].errors == ["HTTP 503"]
     assert rows["llama"].failed == 0 and rows["llama"].requests == 12
 
 
-def test_round_stats_and_the_persistence_goal_on_means(serve):
+def test_round_stats_and_the_persistence_goal_on_means():
     def level(server, tok_s, rnd):
-        return serve.LevelResult("tiny", server, 4, 8, 0, 100, 1.0, tok_s, 10.0, 12.0, 1.0, 2.0,
+        return stats.LevelResult("tiny", server, 4, 8, 0, 100, 1.0, tok_s, 10.0, 12.0, 1.0, 2.0,
                                  100.0, 0, 10.0, 1.0, 0.5, [])
     levels = [level("lmsp", v, i) for i, v in enumerate((1900.0, 2000.0, 2100.0))]
     levels += [level("lmsp-memevents", v, i) for i, v in enumerate((2000.0, 2100.0, 2200.0))]
-    stats = {x["server"]: x for x in serve.round_stats(levels)}
-    assert stats["lmsp"]["tok_s_mean"] == pytest.approx(2000.0)
-    assert stats["lmsp"]["tok_s_std"] == pytest.approx(100.0)
-    assert (stats["lmsp"]["tok_s_min"], stats["lmsp"]["tok_s_max"], stats["lmsp"]["rounds"]) == (1900.0, 2100.0, 3)
-    checks = serve.persistence_on_means(list(stats.values()))
+    by_server = {x["server"]: x for x in stats.round_stats(levels)}
+    assert by_server["lmsp"]["tok_s_mean"] == pytest.approx(2000.0)
+    assert by_server["lmsp"]["tok_s_std"] == pytest.approx(100.0)
+    assert (by_server["lmsp"]["tok_s_min"], by_server["lmsp"]["tok_s_max"], by_server["lmsp"]["rounds"]) == (
+        1900.0, 2100.0, 3)
+    checks = report.persistence_on_means(list(by_server.values()))
     assert checks == ["  PASS  tiny 4c persistence cost <= 5% against lmsp-memevents, means of 3 rounds: 0.048"]
-    assert "| tiny | lmsp | 4 | 3 | 2000.0 | 100.0 | 1900.0 | 2100.0 |" in serve.round_stats_table(list(stats.values()))
+    table = report.round_stats_table(list(by_server.values()))
+    assert "| tiny | lmsp | 4 | 3 | 2000.0 | 100.0 | 1900.0 | 2100.0 |" in table
 
 
-def test_paired_ratios_take_each_round_against_llama_servers_round_of_the_same_number(serve):
+def test_paired_ratios_take_each_round_against_llama_servers_round_of_the_same_number():
     def level(server, tok_s, rnd, ttft=10.0, cpu=1.0):
-        lvl = serve.LevelResult("m", server, 4, 8, 0, 100, 1.0, tok_s, ttft, ttft, 1.0, 2.0,
+        lvl = stats.LevelResult("m", server, 4, 8, 0, 100, 1.0, tok_s, ttft, ttft, 1.0, 2.0,
                                 100.0, 0, 10.0, 1.0, 0.5, [])
         lvl.round, lvl.cpu_ms_per_token = rnd, cpu
         return lvl
@@ -286,43 +277,43 @@ def test_paired_ratios_take_each_round_against_llama_servers_round_of_the_same_n
     rounds = [level("llama", 100.0, 0), level("lmsp", 110.0, 0, ttft=9.0, cpu=0.9),
               level("llama", 50.0, 1), level("lmsp", 60.0, 1, ttft=12.0, cpu=1.0),
               level("llama", 90.0, 2), level("lmsp", 99.0, 2, ttft=10.0)]
-    paired = serve.paired_ratios(rounds)[("m", "lmsp", 4)]
+    paired = stats.paired_ratios(rounds)[("m", "lmsp", 4)]
     assert paired["rounds"] == 3
     assert paired["tok_s"] == pytest.approx(1.1)
     assert paired["ttft_p50"] == pytest.approx(1.0) and paired["cpu_per_token"] == pytest.approx(1.0)
-    checks = "\n".join(serve.goal_checks(serve.median_rounds(rounds), rounds))
+    checks = "\n".join(report.goal_checks(stats.median_rounds(rounds), rounds))
     assert "PASS  m 4c tok/s ratio >= 1.0: 1.100" in checks
     assert "PASS  m 4c TTFT p50 ratio <= 1.05: 1.000" in checks
-    assert "| m | lmsp | 4 | 3 | 1.10 | 1.00 | 1.00 |" in serve.paired_table(serve.paired_ratios(rounds))
+    assert "| m | lmsp | 4 | 3 | 1.10 | 1.00 | 1.00 |" in report.paired_table(stats.paired_ratios(rounds))
 
 
-def test_a_conversation_repeats_its_turns_with_the_answers(serve, fake_port):
-    cfg = serve.LoadConfig(max_tokens=2, seed=100, turns=3)
-    results = serve.run_level(fake_port, serve.ResponsesProtocol("tiny"), {}, 1, 3, cfg, first_index=0)
+def test_a_conversation_repeats_its_turns_with_the_answers(fake_port):
+    cfg = load.LoadConfig(max_tokens=2, seed=100, turns=3)
+    results = load.run_level(fake_port, protocols.ResponsesProtocol("tiny"), {}, 1, 3, cfg, first_index=0)
     assert [r.ok for r in results] == [True] * 3 and [r.text for r in results] == ["t0t1"] * 3
     inputs = [body["input"] for _, body, _ in FakeHandler.seen]
-    assert inputs[0] == serve.make_prompt(0, 24)
-    assert inputs[2] == [{"role": "user", "content": serve.make_prompt(0, 24)},
+    assert inputs[0] == load.make_prompt(0, 24)
+    assert inputs[2] == [{"role": "user", "content": load.make_prompt(0, 24)},
                          {"role": "assistant", "content": "t0t1"},
-                         {"role": "user", "content": serve.make_prompt(1, 24)},
+                         {"role": "user", "content": load.make_prompt(1, 24)},
                          {"role": "assistant", "content": "t0t1"},
-                         {"role": "user", "content": serve.make_prompt(2, 24)}]
+                         {"role": "user", "content": load.make_prompt(2, 24)}]
     assert [body["seed"] for _, body, _ in FakeHandler.seen] == [100, 101, 102]
 
 
-def test_the_chat_protocol_asks_the_service_what_it_takes_and_reads_its_chunks(serve):
-    from lmsp.wire.chat import parse_chat
+def test_the_chat_protocol_asks_the_service_what_it_takes_and_reads_its_chunks():
+    from lmsp.api.chat import parse_chat
     from lmsp.api.openai_shapes import ChunkFraming
 
-    cfg = serve.LoadConfig(max_tokens=5, seed=100)
-    body = serve.ChatProtocol("tiny", llama=False).body(3, "Hello", cfg)
+    cfg = load.LoadConfig(max_tokens=5, seed=100)
+    body = protocols.ChatProtocol("tiny", llama=False).body(3, "Hello", cfg)
 
     class Config:
         max_output_tokens, max_output_tokens_cap = 16, 64
 
     parsed = parse_chat(body, Config(), lambda: 1)  # no field it refuses
     assert parsed.stream and parsed.request["top_k"] == cfg.top_k and parsed.request["seed"] == 103
-    llama = serve.ChatProtocol().body(3, "Hello", cfg)
+    llama = protocols.ChatProtocol().body(3, "Hello", cfg)
     assert "model" not in llama and llama["ignore_eos"] and llama["cache_prompt"] is False
     framing = ChunkFraming("chat.completion", {"id": "chatcmpl-1", "created_at": 1, "model": "tiny"},
                            include_usage=True)
@@ -331,7 +322,7 @@ def test_the_chat_protocol_asks_the_service_what_it_takes_and_reads_its_chunks(s
               framing.event({"type": "response.output_text.delta", "delta": "Hi"}),
               framing.event({"type": "response.output_text.delta", "delta": "!"}),
               framing.event({"type": "response.completed", "response": {"usage": usage}})]
-    proto, st, carried = serve.ChatProtocol("tiny", llama=False), {}, []
+    proto, st, carried = protocols.ChatProtocol("tiny", llama=False), {}, []
     for block in b"".join(frames).decode().split("\n\n"):
         if block.startswith("data: "):
             carried.append(proto.on_event(None, block[len("data: "):], st))
@@ -339,16 +330,31 @@ def test_the_chat_protocol_asks_the_service_what_it_takes_and_reads_its_chunks(s
     assert carried[-1] == (0, True)
 
 
-def test_the_api_option_sets_llama_servers_endpoint_too(serve):
-    assert serve.parse_args(["--api", "chat"]).llama_endpoint == "chat"
-    assert serve.parse_args([]).llama_endpoint == "responses"
-    assert serve.parse_args(["--api", "chat", "--llama-endpoint", "completion"]).llama_endpoint == "completion"
+def test_the_api_option_sets_llama_servers_endpoint_too():
+    assert cli.parse_args(["--api", "chat"]).llama_endpoint == "chat"
+    assert cli.parse_args([]).llama_endpoint == "responses"
+    assert cli.parse_args(["--api", "chat", "--llama-endpoint", "completion"]).llama_endpoint == "completion"
 
 
-def test_a_window_variant_sets_the_commit_window(serve):
-    assert serve.variant_env("lmsp-window12") == {"LMSP_COMMIT_WINDOW_MS": "12"}
-    assert serve.variant_env("lmsp-window2.5") == {"LMSP_COMMIT_WINDOW_MS": "2.5"}
-    assert serve.variant_env("lmsp-nofsync") == {"LMSP_DURABILITY": "off"}
-    assert serve.is_variant("llama") and serve.is_variant("lmsp-window4")
+def test_a_window_variant_sets_the_commit_window():
+    assert servers.variant_env("lmsp-window12") == {"LMSP_COMMIT_WINDOW_MS": "12"}
+    assert servers.variant_env("lmsp-window2.5") == {"LMSP_COMMIT_WINDOW_MS": "2.5"}
+    assert servers.variant_env("lmsp-nofsync") == {"LMSP_DURABILITY": "off"}
+    assert servers.is_variant("llama") and servers.is_variant("lmsp-window4")
     for name in ("lmsp-windowN", "lmsp-window", "lmsp-windowfast", "x"):
-        assert not serve.is_variant(name)
+        assert not servers.is_variant(name)
+
+
+def test_a_commit_variant_is_gunicorn_with_the_services_configuration_and_the_variants_app(tmp_path):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    argv, env = servers.lmsp_argv(["lmsp"], "lmsp", tmp_path / "data", 8123, model)
+    assert argv == ["lmsp", "serve", "--data-dir", str(tmp_path / "data"), "--bind", "127.0.0.1:8123",
+                    "--model", str(model)] and env == {}
+    argv, env = servers.lmsp_argv(["lmsp"], "lmsp-memevents", tmp_path / "data", 8123, model)
+    conf = "python:lmsp.serving.gunicorn_conf"
+    assert argv[1:] == ["-m", "gunicorn", "--config", conf, "variants:get_app('memevents')"]
+    assert env["LMSP_DATA_DIR"] == str(tmp_path / "data") and env["LMSP_BIND"] == "127.0.0.1:8123"
+    assert env["LMSP_MODEL"] == str(model.resolve())
+    assert env["PYTHONPATH"].split(":")[0] == str(servers.ROOT / "bench")
+    assert servers.is_variant("lmsp-noevents") and servers.variant_env("lmsp-memevents") == {}

@@ -39,12 +39,16 @@ def lmsp_command() -> list[str]:
 
 
 class Server:
-    """``lmsp serve`` in its own process group, with its log in a file under the test's tmp_path."""
+    """``lmsp serve`` in its own process group, with its log in a file under the test's tmp_path.
+    ``app``: another WSGI app (``MODULE:FACTORY()``) served instead of the service's, with the
+    service's gunicorn configuration, as ``lmsp serve`` runs gunicorn."""
 
-    def __init__(self, data_dir: Path, log_dir: Path, model: Path, env: dict | None = None) -> None:
+    def __init__(self, data_dir: Path, log_dir: Path, model: Path, env: dict | None = None,
+                 app: str | None = None) -> None:
         self.data_dir = data_dir
         self.log_dir = log_dir
         self.model = model
+        self.app = app
         self.env = {**SERVER_ENV, **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.port = 0
@@ -59,12 +63,16 @@ class Server:
         self.log_path = self.log_dir / f"server-{self.starts}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("LMSP_")}
         env.update(self.env)
+        argv = lmsp_command() + ["serve", "--data-dir", str(self.data_dir), "--bind", f"127.0.0.1:{self.port}",
+                                 "--model", str(self.model)]
+        if self.app is not None:  # what `lmsp serve` runs, with the app named
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            env.update(LMSP_DATA_DIR=str(self.data_dir.resolve()), LMSP_BIND=f"127.0.0.1:{self.port}",
+                       LMSP_MODEL=os.path.realpath(self.model))
+            argv = [sys.executable, "-m", "gunicorn", "--config", "python:lmsp.serving.gunicorn_conf", self.app]
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                lmsp_command() + ["serve", "--data-dir", str(self.data_dir), "--bind", f"127.0.0.1:{self.port}",
-                                  "--model", str(self.model)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                start_new_session=True)
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=env, start_new_session=True)
         deadline = time.monotonic() + timeout
         while True:
             self.check_alive()

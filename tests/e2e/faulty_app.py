@@ -1,7 +1,9 @@
 """The service's app with one fault planted, for the end-to-end tests: an exception
 that escapes the WSGI app (past Falcon's error handlers) on one path.
 
-``LMSP_GUNICORN_APP=faulty_app:get_app()``, with this directory on PYTHONPATH.
+gunicorn serves it with the service's configuration, named by its APP argument
+(``gunicorn -c python:lmsp.serving.gunicorn_conf faulty_app:get_app()``), with this
+directory on PYTHONPATH: ``Server(..., app="faulty_app:get_app()")``.
 """
 from __future__ import annotations
 

@@ -21,8 +21,7 @@ def faulty(tmp_path_factory, demo_model_path):
     """The service with its real app, but for one planted fault (tests/e2e/faulty_app.py)."""
     root = tmp_path_factory.mktemp("http-errors")
     path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
-    server = Server(root / "data", root, demo_model_path,
-                    {"LMSP_GUNICORN_APP": "faulty_app:get_app()", "PYTHONPATH": path})
+    server = Server(root / "data", root, demo_model_path, {"PYTHONPATH": path}, app="faulty_app:get_app()")
     server.start()
     yield server
     server.stop(timeout=10)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from lmsp.models import demo
-from lmsp.models.demo import CHAT_TEMPLATE, PRESETS, write_demo_model
+from lmsp.models.demo import CHAT_TEMPLATE, DemoModelSpec, write_demo_model
 
 # small enough to write in a fraction of a second
 SMALL = dict(n_embd=32, n_layer=1, n_head=2, n_head_kv=1, n_ff=64)
@@ -43,7 +43,7 @@ def test_another_seed_gives_other_weights(demo_model_path: Path, tiny: gguf.GGUF
 
 def test_metadata_reads_back(tiny: gguf.GGUFReader) -> None:
     r = tiny
-    spec = PRESETS["tiny"]
+    spec = DemoModelSpec()
     assert _field(r, "general.architecture") == "llama"
     assert _field(r, "general.name") == "lmsp-demo-tiny"
     assert _field(r, "general.file_type") == 0
@@ -81,7 +81,7 @@ def test_tokenizer_is_copied_from_the_vocabulary(tiny: gguf.GGUFReader) -> None:
 
 def test_tensors_have_the_llama_layout(tiny: gguf.GGUFReader) -> None:
     r = tiny
-    spec = PRESETS["tiny"]
+    spec = DemoModelSpec()
     e, hd = spec.n_embd, spec.n_embd // spec.n_head
     want = {
         "token_embd.weight": (32000, e),
@@ -140,7 +140,6 @@ def test_weight_types(tiny: gguf.GGUFReader, tmp_path: Path, dtype: str, qtype,
     ({"dtype": "q4_k"}, "dtype must be one of"),
     ({"dtype": "q8_0", "n_embd": 48, "n_head": 4}, "multiples of 32"),
     ({"seed": -1}, "seed must be"),
-    ({"preset": "huge"}, "unknown preset"),
     ({"n_expert": 4}, "mixture of experts needs"),
     ({"n_expert": 2, "n_expert_used": 3}, "mixture of experts needs"),
     ({"n_expert": -1}, "n_expert must be"),
@@ -173,7 +172,7 @@ def test_command_line(demo_model_path: Path, tmp_path: Path,
     assert same.read_bytes() == out.read_bytes()
     longer = write_demo_model(tmp_path / "longer.gguf", seed=5, dtype="f16", **SMALL)
     assert longer.read_bytes() != out.read_bytes()
-    # the defaults are the tiny preset
+    # the defaults are the service's demo model
     assert demo.main([str(tmp_path / "default.gguf")]) == 0
     assert (tmp_path / "default.gguf").read_bytes() == demo_model_path.read_bytes()
 
@@ -200,7 +199,7 @@ def test_native_reader_agrees(demo_model_path: Path, tiny: gguf.GGUFReader) -> N
     from lmsp.native import read_gguf_info
 
     info = read_gguf_info(demo_model_path)
-    spec = PRESETS["tiny"]
+    spec = DemoModelSpec()
     assert info["architecture"] == "llama"
     assert info["name"] == _field(tiny, "general.name")
     assert info["quantization"] == "F32"

@@ -19,10 +19,9 @@ from lmsp.native import QUANTIZE_TYPES, Engine, ModelFormatError, NativeError, q
 
 
 @pytest.fixture(scope="module")
-def small_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo model's "small" shape (rows of 256 and 768: whole K-quant
-    blocks) in two layers."""
-    return write_demo_model(tmp_path_factory.mktemp("quantized") / "small.gguf", preset="small", n_layer=2)
+def small_model(tmp_path_factory: pytest.TempPathFactory, small_shape: dict) -> Path:
+    """The small shape (rows of 256 and 768: whole K-quant blocks) in two layers."""
+    return write_demo_model(tmp_path_factory.mktemp("quantized") / "small.gguf", **{**small_shape, "n_layer": 2})
 
 
 @pytest.fixture(scope="module")
@@ -177,10 +176,11 @@ def test_long_prompts_and_contexts_alone_and_among_others(small_model: Path, qua
 
 
 @pytest.fixture(scope="module")
-def moe_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def moe_models(tmp_path_factory: pytest.TempPathFactory, small_shape: dict) -> dict[str, Path]:
     """The small shape as a mixture of 4 experts (2 per token), in f16 and q4_k_m."""
     folder = tmp_path_factory.mktemp("moe")
-    made = {"f16": write_demo_model(folder / "moe.gguf", preset="small", n_layer=2, n_expert=4, n_expert_used=2)}
+    shape = {**small_shape, "n_layer": 2, "n_expert": 4, "n_expert_used": 2}
+    made = {"f16": write_demo_model(folder / "moe.gguf", **shape)}
     quantize(made["f16"], folder / "moe-q4_k_m.gguf", "q4_k_m")
     made["q4_k_m"] = folder / "moe-q4_k_m.gguf"
     return made

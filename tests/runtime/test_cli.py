@@ -262,11 +262,11 @@ def test_prepare_refuses_a_data_directory_a_service_holds(run, config):
     assert "recovered" in run("prepare")
 
 
-def test_quantize_writes_a_smaller_model(run, config, tmp_path):
+def test_quantize_writes_a_smaller_model(run, config, tmp_path, small_shape):
     from lmsp.models.demo import write_demo_model
 
     config.models_dir.mkdir(parents=True, exist_ok=True)
-    write_demo_model(config.models_dir / "small-f16.gguf", preset="small", n_layer=1)
+    write_demo_model(config.models_dir / "small-f16.gguf", **{**small_shape, "n_layer": 1})
     out = tmp_path / "small-q8_0.gguf"
     done = run("quantize", "small-f16.gguf", str(out), "--type", "q8_0")  # found in models/
     assert done["quantization"] == "Q8_0" and done["path"] == str(out)

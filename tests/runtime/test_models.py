@@ -239,11 +239,11 @@ def test_the_engine_is_loaded_with_the_batch_invariance_and_swa_full_settings(st
     check_log(all_events(store, task["id"]))
 
 
-def test_a_kquant_model_loaded_invariant_says_what_it_costs(store, make_runtime, config, caplog):
+def test_a_kquant_model_loaded_invariant_says_what_it_costs(store, make_runtime, config, caplog, small_shape):
     from lmsp.models.demo import write_demo_model
     from lmsp.native import quantize
 
-    source = write_demo_model(config.data_dir / "small-f16.gguf", preset="small", n_layer=1)
+    source = write_demo_model(config.data_dir / "small-f16.gguf", **{**small_shape, "n_layer": 1})
     quantize(source, config.models_dir / "small-q4_k_m.gguf", "q4_k_m")
     rt = make_runtime(store)
     rt.register_model("small-q4_k_m.gguf")

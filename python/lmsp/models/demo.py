@@ -6,10 +6,11 @@ vocabulary shipped with llama.cpp (``ggml-vocab-llama-spm.gguf``), so text goes
 in and out through a real tokenizer; a ChatML chat template is set so that
 messages can be formatted.
 
-    python -m lmsp.models.demo OUT.gguf [--preset tiny|small|bench|large] [--n-embd N ...]
+    python -m lmsp.models.demo OUT.gguf [--n-embd N --n-layer N --dtype f16 ...]
 
-``tiny`` (the default) is for tests: a few MB, written in well under a second.
-``bench`` is big enough for decoding to be bound by memory bandwidth.
+The defaults (:class:`DemoModelSpec`) make the service's demo model: 17 MB, most
+of it the 32000-row embedding and output matrices, written in well under a
+second. Every field of the spec is an option, so any llama shape can be made.
 
 Tensor layout (numpy shapes, rows = output features; GGUF stores the reverse
 order of dimensions): ``token_embd.weight`` [n_vocab, n_embd],
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
-from lmsp.models.gguf_write import gguf_writer
+from .gguf_write import gguf_writer
 
 if TYPE_CHECKING:
     import gguf
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
 __all__ = [
     "CHAT_TEMPLATE",
     "DTYPES",
-    "PRESETS",
     "VOCAB_FILE",
     "DemoModelSpec",
     "find_vocab",
@@ -67,7 +67,7 @@ DTYPES = ("f32", "f16", "q8_0")
 
 @dataclass(frozen=True)
 class DemoModelSpec:
-    """Everything that decides the bytes of a demo model."""
+    """Everything that decides the bytes of a demo model; the defaults are the service's."""
 
     n_embd: int = 64
     n_layer: int = 2
@@ -121,21 +121,6 @@ class DemoModelSpec:
         if not self.rms_eps > 0 or not self.rope_freq_base > 0:
             raise ValueError("rms_eps and rope_freq_base must be positive")
 
-
-PRESETS: dict[str, DemoModelSpec] = {
-    # tests: ~17 MB, most of it the 32000-row embedding and output matrices
-    "tiny": DemoModelSpec(),
-    # quick benchmark runs
-    "small": DemoModelSpec(n_embd=256, n_layer=4, n_head=8, n_head_kv=4, n_ff=768, dtype="f16", name="lmsp-demo-small"),
-    # decoding bound by memory bandwidth: ~310M parameters, ~330 MB in q8_0
-    "bench": DemoModelSpec(
-        n_embd=1024, n_layer=16, n_head=16, n_head_kv=4, n_ff=4096, dtype="q8_0", name="lmsp-demo-bench"
-    ),
-    # a GPU's decoding bound by memory bandwidth: ~1.26B parameters, ~1.3 GB in q8_0
-    "large": DemoModelSpec(
-        n_embd=2048, n_layer=24, n_head=16, n_head_kv=8, n_ff=5632, dtype="q8_0", name="lmsp-demo-large"
-    ),
-}
 
 # GGUF general.file_type (llama_ftype) for each weight type
 _FILE_TYPE = {"f32": 0, "f16": 1, "q8_0": 7}
@@ -270,15 +255,13 @@ def _copy_tokenizer(writer: gguf.GGUFWriter, vocab_path: Path) -> int:
     return n_vocab
 
 
-def _spec_from(preset: str, options: dict) -> DemoModelSpec:
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
+def _spec_from(options: dict) -> DemoModelSpec:
     known = {f.name for f in dataclasses.fields(DemoModelSpec)}
     unknown = sorted(set(options) - known)
     if unknown:
         raise TypeError(f"unknown demo model option(s): {', '.join(unknown)}")
     given = {k: v for k, v in options.items() if v is not None}
-    spec = dataclasses.replace(PRESETS[preset], **given)
+    spec = dataclasses.replace(DemoModelSpec(), **given)
     spec.validate()
     return spec
 
@@ -286,7 +269,6 @@ def _spec_from(preset: str, options: dict) -> DemoModelSpec:
 def write_demo_model(
     path: os.PathLike[str] | str,
     *,
-    preset: str = "tiny",
     vocab: os.PathLike[str] | str | None = None,
     chat_template: str | None = CHAT_TEMPLATE,
     **options,
@@ -296,7 +278,7 @@ def write_demo_model(
     ``chat_template`` is the Jinja template stored as ``tokenizer.chat_template``
     (ChatML by default; None stores none).
 
-    ``options`` override fields of the preset's :class:`DemoModelSpec`
+    ``options`` set fields of its :class:`DemoModelSpec` (the defaults otherwise)
     (``n_embd``, ``n_layer``, ``n_head``, ``n_head_kv``, ``n_ff``, ``n_ctx``,
     ``seed``, ``dtype``, ``rope_freq_base``, ``rms_eps``, ``name``,
     ``n_expert``, ``n_expert_used``). The file
@@ -305,7 +287,7 @@ def write_demo_model(
     ``FileNotFoundError`` when the vocabulary cannot be found.
     """
 
-    spec = _spec_from(preset, options)
+    spec = _spec_from(options)
     vocab_path = find_vocab(vocab)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -354,7 +336,7 @@ def _write_tensors(writer: gguf.GGUFWriter, spec: DemoModelSpec, n_vocab: int) -
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    # one tensor in memory at a time: the bench model never sits whole in RAM
+    # one tensor in memory at a time: a large model never sits whole in RAM
     for index, (_, shape, dtype, mean, std) in enumerate(specs):
         writer.write_tensor_data(_encode(_values(spec, index, shape, mean, std), dtype))
 
@@ -372,7 +354,6 @@ def main(argv: list[str] | None = None) -> int:
         description="Write a llama GGUF with fixed random weights and the llama SPM vocabulary.",
     )
     parser.add_argument("out", type=Path, help="the GGUF file to write")
-    parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
     parser.add_argument("--dtype", choices=DTYPES, help="weight type of the matrices")
     for name, kind in _iter_cli_fields():
         parser.add_argument("--" + name.replace("_", "-"), dest=name, type=kind)
@@ -381,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     options = {name: getattr(args, name) for name, _ in _iter_cli_fields()}
     options["dtype"] = args.dtype
     try:
-        out = write_demo_model(args.out, preset=args.preset, vocab=args.vocab, **options)
+        out = write_demo_model(args.out, vocab=args.vocab, **options)
     except (ValueError, TypeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,6 +1,8 @@
 """The shipped gunicorn configuration: ``gunicorn -c python:lmsp.serving.gunicorn_conf``.
 
-``lmsp serve`` runs gunicorn with this file. Every setting comes from the
+``lmsp serve`` runs gunicorn with this file. Its app is ``lmsp.app:get_app()``;
+gunicorn's APP argument takes its place (``gunicorn -c python:lmsp.serving.gunicorn_conf
+MODULE:FACTORY()``), with the same settings. Every setting comes from the
 service configuration (``lmsp.config.load``: defaults, ``DATA_DIR/lmsp.toml``,
 ``LMSP_*`` environment variables); a few gunicorn-only knobs have their own
 ``LMSP_GUNICORN_*`` variables.
@@ -44,7 +46,7 @@ _private_umask()
 _data_lock: int | None = None
 _DATA_LOCK_WAIT = 10.0
 
-wsgi_app = _env("LMSP_GUNICORN_APP", "lmsp.app:get_app()")
+wsgi_app = "lmsp.app:get_app()"
 bind = [_cfg.bind]
 workers = _cfg.workers
 worker_class = "lmsp.serving.gunicorn_worker.GeventWorker"  # gunicorn's gevent worker, imported after the fork
