@@ -104,7 +104,7 @@ def test_length_is_the_finish_reason_when_the_cap_stops_it(user, scripted):
         for claim in scripted.start_all():
             scripted.finish(claim["task_id"], "cut", finish="length")
 
-    scripted.notify_queued = run  # type: ignore[method-assign]
+    scripted.run_queued = run  # type: ignore[method-assign]
     assert chat(user, max_completion_tokens=1).json["choices"][0]["finish_reason"] == "length"
     frames = parse_sse(chat(user, max_completion_tokens=1, stream=True).text)
     assert [f["data"]["choices"][0]["finish_reason"] for f in frames[:-1]][-1] == "length"
@@ -117,7 +117,7 @@ def test_a_failed_task_is_an_error(user, scripted):
                 "task_id": claim["task_id"], "delta": "", "finish": "error",
                 "error": {"code": "model_load_failed", "message": "cannot load"}, "usage": None}])
 
-    scripted.notify_queued = fail  # type: ignore[method-assign]
+    scripted.run_queued = fail  # type: ignore[method-assign]
     error = assert_error(chat(user), 500, "model_load_failed")
     assert error["message"] == "cannot load"
 

@@ -38,7 +38,7 @@ def test_the_prompt_is_kept_as_given(user, store, scripted, prompt):
             seen.append(claim["request"])
             scripted.finish(claim["task_id"], "x")
 
-    scripted.notify_queued = run  # type: ignore[method-assign]
+    scripted.run_queued = run  # type: ignore[method-assign]
     assert complete(user, prompt=prompt).status_code == 200
     expected = prompt[0] if isinstance(prompt, list) and isinstance(prompt[0], (str, list)) else prompt
     assert seen[0]["prompt"] == expected and "input" not in seen[0]

@@ -18,7 +18,7 @@ def sdk(store, app, scripted):
         for claim in store.claim(OWNER, limit=100, lease=60):
             store.fail_task(claim["task_id"], OWNER, **ERROR)
 
-    scripted.notify_queued = fail_all
+    scripted.run_queued = fail_all
     _, token = make_client(store, ["responses:write", "responses:read"])
     with httpx2.Client(transport=httpx2.WSGITransport(app=app)) as http:
         yield openai.OpenAI(api_key=token, base_url="http://lmsp.test/v1", max_retries=0, http_client=http)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 
-from runtime_helpers import all_events, wait_finished, wait_until
+from runtime_helpers import all_events, queued, wait_finished, wait_until
 
 from lmsp.objects import LOGPROBS
 from lmsp.runtime import open_store
@@ -31,7 +31,7 @@ def submit(store, runtime, *, on_restart="fail", **request) -> str:
     request = {"model": "tiny", "input": "Say something", "temperature": 0.0, **REQUEST, **request}
     created = store.create_task(client_id=None, model="tiny", request=request, on_restart=on_restart,
                                 background=True, stream=False)
-    runtime.notify_queued()
+    queued(runtime)
     return created["task"]["id"]
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from runtime_helpers import wait_finished
+from runtime_helpers import queued, wait_finished
 
 from lmsp import kv
 from lmsp.service import turns as context
@@ -21,7 +21,7 @@ def respond(store, rt, text: str, **body) -> dict:
     request = {"model": "tiny", "input": text, "temperature": 0.0, "max_output_tokens": 4, **earlier.fields({})}
     created = store.create_task(client_id=None, model="tiny", request=request, on_restart="fail",
                                 background=True, stream=False, conversation=earlier.conversation)
-    rt.notify_queued()
+    queued(rt)
     task = wait_finished(rt, store, created["task"]["id"])
     assert task["status"] == "completed", task
     return task

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from runtime_helpers import wait_finished
+from runtime_helpers import queued, wait_finished
 
 from lmsp import kv
 from lmsp.contracts import NewTask
@@ -27,7 +27,7 @@ def created(db, rt, kind: str = "response", conversation: str | None = None, **r
     made = db.create_task(client_id=None, model="tiny", request=body, on_restart="fail", background=False,
                              stream=False, kind=kind,
                              conversation=None if conversation is None else (conversation, version(db, conversation)))
-    rt.notify_queued()
+    queued(rt)
     task = wait_finished(rt, db, made["task"]["id"])
     assert task["status"] == "completed", task
     return task["id"], made["response"]["id"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from runtime_helpers import all_events, check_log, submit, wait_finished, wait_until
+from runtime_helpers import all_events, check_log, queued, submit, wait_finished, wait_until
 
 from lmsp import native
 
@@ -41,7 +41,7 @@ def test_tasks_claimed_behind_a_model_load_keep_their_leases(store, make_runtime
     rt.register_model("tiny.gguf")
     ids += [submit(store, None, f"Question {i}", max_output_tokens=4) for i in range(3)]
     rt.start()
-    rt.notify_queued()
+    queued(rt)
     tasks = [wait_finished(rt, store, t) for t in ids]
     assert [(t["status"], t["error"]) for t in tasks] == [("completed", None)] * 3
     assert len(rounds) >= 4
@@ -77,7 +77,7 @@ def test_a_task_recovered_from_its_worker_and_claimed_back_runs_once(store, runt
     # another worker's recovery round, with this worker's lease run out
     report = store.recover(startup=False, now=store._clock() + 3600)
     assert report["resumed"] == [tid]
-    runtime.notify_queued()
+    queued(runtime)
     task = wait_finished(runtime, store, tid)
     assert task["status"] == "completed"
     assert check_log(all_events(store, tid)).count("task.resumed") == 1
@@ -185,7 +185,7 @@ def test_a_draining_worker_claims_nothing_more(store, make_runtime, model_file, 
     assert [m for m in said if "draining" in m] == [f"runtime {rt.owner} draining: no more claims"]
     # a task put in the store all the same (the API answers 503 first) stays queued; /readyz says no
     assert rt.ready and rt.draining and rt.reserve("tiny") is None
-    tid = submit(store, rt, max_output_tokens=2)  # notify_queued: a scheduler round
+    tid = submit(store, rt, max_output_tokens=2)  # woken: a scheduler round
     wait_until(None, store, tid, lambda t: rounds)
     assert claims == [] and store.get_task(tid)["status"] == "queued"
 

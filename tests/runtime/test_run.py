@@ -4,7 +4,7 @@ from __future__ import annotations
 import sqlite3
 import time
 
-from runtime_helpers import all_events, check_log, deltas, submit, wait_finished, wait_until
+from runtime_helpers import all_events, check_log, deltas, queued, submit, wait_finished, wait_until
 
 from lmsp.errors import Unavailable
 
@@ -466,7 +466,7 @@ def test_one_clients_prompts_are_not_cached_for_another(store, runtime):
         created = store.create_task(client_id=client_id, model="tiny", on_restart="fail", background=True,
                                     stream=False, request={"model": "tiny", "input": "A private question",
                                                            "temperature": 0.0, "max_output_tokens": 4})
-        runtime.notify_queued()
+        queued(runtime)
         task = wait_finished(runtime, store, created["task"]["id"])
         return store.get_response(task["response_id"])["usage"]["input_tokens_details"]["cached_tokens"]
 

@@ -1,9 +1,11 @@
 """Identity, settings, clients, pairing codes and models."""
 from __future__ import annotations
 
+import sqlite3
+
 import pytest
 
-from lmsp.errors import Conflict, InvalidRequest, ModelInUse, NotFound
+from lmsp.errors import Conflict, InvalidRequest, ModelInUse, NotFound, RateLimited
 from lmsp.objects import public_model
 from lmsp.store import Store
 
@@ -70,12 +72,21 @@ def test_pairing_codes_work_once_and_expire(store, clock):
     assert store.client_by_token_hash("t3") is None
 
 
-def test_pairing_failures_are_counted(store, clock):
-    store.record_pairing_failure()
-    clock.advance(10)
-    store.record_pairing_failure()
-    assert store.count_pairing_failures(clock.now - 5) == 1
-    assert store.count_pairing_failures(clock.now - 50) == 2
+def test_pairing_failures_are_counted(store, clock, db_path):
+    """A failed redeem is recorded with its time; the limit counts those of its window."""
+    for guess in ("wrong-1", "wrong-2"):
+        with pytest.raises(NotFound):
+            store.redeem_pairing(code_hash=guess, client_name="x", token_hash=guess)
+        clock.advance(10)
+    with sqlite3.connect(db_path) as conn:
+        assert [at for (at,) in conn.execute("SELECT at FROM pairing_failures ORDER BY at")] == [
+            clock.now - 20, clock.now - 10]
+    with pytest.raises(RateLimited):  # both within 50 s: refused, not counted again
+        store.redeem_pairing(code_hash="wrong-3", client_name="x", token_hash="t3", max_failures=2, window=50)
+    with pytest.raises(NotFound):  # only the second within 15 s: tried
+        store.redeem_pairing(code_hash="wrong-4", client_name="x", token_hash="t4", max_failures=2, window=15)
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("SELECT count(*) FROM pairing_failures").fetchone()[0] == 3
 
 
 MODEL = {"id": "tiny", "path": "tiny.gguf", "digest": "sha256:" + "0" * 64, "size_bytes": 1234,

@@ -4,9 +4,11 @@ event) sends the step back to the rows, and every delta is written exactly once.
 from __future__ import annotations
 
 import sqlite3
+from contextlib import closing
 
 import pytest
 
+from lmsp.contracts import StepState
 from lmsp.store import Store, step_events, steps
 from store_checks import assert_consistent, event_types
 
@@ -331,7 +333,19 @@ def test_an_item_of_an_earlier_claim_is_skipped(store, running_task, clock, poli
     assert_consistent(store, tid)
 
 
-def test_step_events_are_the_rows_and_state_append_step_leaves(store, running_task):
+def written_state(db_path, task_id: str) -> StepState:
+    """The state a task's rows in the file hold: where its next step continues from."""
+    with closing(sqlite3.connect(db_path)) as conn:
+        row = conn.execute(
+            "SELECT t.owner, (SELECT coalesce(max(seq), 0) FROM task_events e WHERE e.task_id = t.id),"
+            " t.item_open, t.pending_tokens, t.kv_path, r.item_id"
+            " FROM tasks t JOIN responses r ON r.id = t.response_id WHERE t.id = ?",
+            (task_id,),
+        ).fetchone()
+    return StepState(*row)
+
+
+def test_step_events_are_the_rows_and_state_append_step_leaves(store, running_task, db_path):
     """step_events shows one item's events before they are written: the same rows, at the
     same numbers, and the same next state as append_step writing that item."""
     tids = [running_task() for _ in range(2)]
@@ -339,7 +353,7 @@ def test_step_events_are_the_rows_and_state_append_step_leaves(store, running_ta
     items = [{"task_id": tids[0], "delta": "a", "tokens": [1]},  # opens the item: three events
              {"task_id": tids[0], "delta": "", "tokens": [2]},  # a token held back: no event
              {"task_id": tids[0], "delta": "b", "tokens": [3], "kv_path": "snap/1.kv"}]
-    state = store.step_state(tids[0])
+    state = written_state(db_path, tids[0])
     assert state.owner == "w1" and state.item_open == 0
     for item in items:
         before = store.last_sequence(tids[0])
@@ -347,7 +361,7 @@ def test_step_events_are_the_rows_and_state_append_step_leaves(store, running_ta
         outcome = store.append_step("w1", [item], with_events=True)
         assert rows == outcome["events"].get(tids[0], (None, []))[1]
         assert [row[0] for row in rows] == list(range(before + 1, store.last_sequence(tids[0]) + 1))
-        assert state == store.step_state(tids[0])
+        assert state == written_state(db_path, tids[0])
     assert state.pending_tokens == "" and state.kv_path == "snap/1.kv"
     with pytest.raises(ValueError):
-        step_events("w1", {"task_id": tids[1], "delta": "x", "finish": "stop"}, store.step_state(tids[1]), now)
+        step_events("w1", {"task_id": tids[1], "delta": "x", "finish": "stop"}, written_state(db_path, tids[1]), now)

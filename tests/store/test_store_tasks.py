@@ -6,7 +6,7 @@ import sqlite3
 import pytest
 
 from lmsp.errors import IllegalTransition, InvalidRequest, NotFound, TaskFinished, TaskUnfinished
-from lmsp.store import ClaimLost
+from lmsp.store import ClaimLost, StoreError
 from store_checks import all_events, assert_consistent, event_types
 
 
@@ -385,17 +385,24 @@ def test_delete_response(store, make_task, running_task):
         store.events(unfinished["task"]["id"])
 
 
-def test_forget_responses_deletes_several_in_one_write(store, make_task, running_task):
+def test_forget_responses_deletes_several_in_one_write(store, make_task, running_task, db_path):
     done = []
     for _ in range(3):
         tid = running_task()
         store.append_step("w1", [{"task_id": tid, "delta": "x", "tokens": [1]}, {"task_id": tid, "finish": "stop"}])
         done.append(store.get_task(tid)["response_id"])
     unfinished = make_task()["response"]["id"]
-    before = store.wait_hint()
     given = [(done[0], "cli_a"), (unfinished, "cli_a"), (done[1], "cli_b"), ("resp_gone", None), (done[2], None)]
+    # one transaction: a delete that fails at the last response takes the first one's back
+    with sqlite3.connect(db_path) as conn:
+        conn.execute(f"CREATE TRIGGER keep_last BEFORE DELETE ON responses WHEN OLD.id = '{done[2]}'"
+                     " BEGIN SELECT RAISE(ABORT, 'kept'); END")
+    with pytest.raises(StoreError, match="kept"):
+        store.forget_responses(given)
+    assert [store.get_response(rid)["id"] for rid in done] == done
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("DROP TRIGGER keep_last")
     errors = store.forget_responses(given)
-    assert store.wait_hint() == before + 1  # one transaction
     assert [type(e).__name__ if e else None for e in errors] == [
         None, "TaskUnfinished", "NotFound", "NotFound", None]
     for rid in (done[0], done[2]):

@@ -238,9 +238,6 @@ class Runtime:
             wakeup.set()
 
     # hints from the web layer
-    def notify_queued(self) -> None:
-        self.state.wake_scheduler()
-
     def notify_cancel(self, task_id: str) -> None:
         """A cancel the store accepted: the task's sequence stops at the engine's next
         step when this worker runs it (otherwise the lease renewal finds it)."""

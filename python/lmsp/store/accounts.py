@@ -162,11 +162,3 @@ class AccountsArea(StoreBase):
         if client is None:
             raise NotFound("unknown, used or expired pairing code", param="code")
         return client
-
-    def count_pairing_failures(self, since: float) -> int:
-        with self._db.read() as conn:
-            return conn.execute("SELECT count(*) FROM pairing_failures WHERE at >= ?", (since,)).fetchone()[0]
-
-    def record_pairing_failure(self) -> None:
-        with self._db.write() as conn:
-            conn.execute("INSERT INTO pairing_failures (at) VALUES (?)", (self._clock(),))

@@ -27,7 +27,6 @@ Durability levels (``PRAGMA synchronous`` in WAL mode):
 
 from __future__ import annotations
 
-import itertools
 import os
 import sqlite3
 import threading
@@ -140,13 +139,11 @@ class Database:
         self._closed = False
         self._pid = os.getpid()
         self._close_lock = threading.Lock()
-        self.commits = 0  # successful write transactions of this process
         # The writers of this process take turns here before BEGIN IMMEDIATE:
         # a finished transaction hands the turn straight to the next one,
         # where SQLite's busy handler would sleep in steps of up to 100 ms.
         # Other processes still meet in SQLite's lock and its busy timeout.
         self._writer = _os_lock()
-        self._counter = itertools.count(1)
 
     # -- connections ---------------------------------------------------------------
     def connect(self) -> sqlite3.Connection:
@@ -257,9 +254,6 @@ class Database:
                 yield conn
         finally:
             lock.release()
-        n = next(self._counter)  # atomic under the GIL; keep the attribute monotonic
-        if n > self.commits:
-            self.commits = n
 
     @contextmanager
     def read(self) -> Iterator[sqlite3.Connection]:

@@ -145,7 +145,3 @@ class Store(
     @property
     def durability(self) -> str:
         return self._db.durability
-
-    def wait_hint(self) -> int:
-        """A counter of the write transactions committed by this process (for wake-ups)."""
-        return self._db.commits
