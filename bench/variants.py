@@ -23,7 +23,9 @@ it) with the runtime's commit thread taken by the variant's
 
 from __future__ import annotations
 
+import sqlite3
 import time
+from contextlib import closing
 from typing import Any
 
 from lmsp.contracts import StepItem, StepState
@@ -91,7 +93,7 @@ class EventsInMemory(Committer):
         task_id = item["task_id"]
         state = self.unwritten_state.get(task_id)
         if state is None:
-            state = self.store.step_state(task_id)
+            state = written_state(self.state.config.db_path, task_id)
         state, rows = step_events(self.state.owner, item, state, now)
         self.unwritten_state[task_id] = state
         self.unwritten.setdefault(task_id, []).append(item)
@@ -99,6 +101,19 @@ class EventsInMemory(Committer):
             # every unwritten row stays readable: a stream that slept through a step
             # has no store to read it from
             self.state.committed.setdefault(task_id, (state.item_id, []))[1].extend(rows)
+
+
+def written_state(db_path: Any, task_id: str) -> StepState:
+    """Where a task's rows in the database file leave it: what its next step continues
+    from (the store's own query, on a connection of this module's)."""
+    with closing(sqlite3.connect(db_path)) as conn:
+        row = conn.execute(
+            "SELECT t.owner, (SELECT coalesce(max(seq), 0) FROM task_events e WHERE e.task_id = t.id),"
+            " t.item_open, t.pending_tokens, t.kv_path, r.item_id"
+            " FROM tasks t JOIN responses r ON r.id = t.response_id WHERE t.id = ?",
+            (task_id,),
+        ).fetchone()
+    return StepState(*row)
 
 
 VARIANTS: dict[str, type[Committer]] = {"noevents": DeferredDeltas, "memevents": EventsInMemory}

@@ -21,7 +21,6 @@ from typing import NamedTuple
 
 from lmsp.items import chat
 from ..contracts import EVENT_ROW_FIELDS, StepItem, StepOutcome, StepState
-from ..errors import NotFound
 from . import states as st
 from .base import CALL_OPEN, CHAT_OPEN, CHAT_THINK, StoreBase, dumps, last_seq_sql
 from .steprows import EventInsert, StepEnd, StepPlan, events_by_task, known_step, split_known, step_rows, usual_step
@@ -253,16 +252,3 @@ class StepsArea(StoreBase):
         ):
             n += len(tokens.split(",")) if tokens else 0
         return n
-
-    def step_state(self, task_id: str) -> StepState:
-        """The state :meth:`append_step` continues a task from (for the serving
-        benchmark's in-memory mode, which makes a task's events before it writes them)."""
-        with self._db.read() as conn:
-            row = conn.execute(
-                f"SELECT t.owner, {last_seq_sql('t')}, t.item_open, t.pending_tokens, t.kv_path,"
-                " r.item_id FROM tasks t JOIN responses r ON r.id = t.response_id WHERE t.id = ?",
-                (task_id,),
-            ).fetchone()
-        if row is None:
-            raise NotFound(f"no task {task_id}")
-        return StepState(*row)
