@@ -25,7 +25,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "python"))  # the package's pip and sha256 helpers (standard library only)
-from lmsp.pinned import FetchError, default_cache, pip_download, sha256_of  # noqa: E402
+from lmsp.models.pinned import FetchError, default_cache, pip_download, sha256_of  # noqa: E402
 PIN_FILE = HERE / "llama.cpp.toml"
 STAMP = ".lmsp-pin"
 

@@ -22,6 +22,7 @@ from lmsp.contracts import RuntimeAPI
 from lmsp.serving.hubsafe import gevent_active
 from lmsp.wire.fields import check_range, reject_unknown
 from lmsp.wire.options import parse_include
+from lmsp.service.accounts import AccountService
 from lmsp.service.conversations import ConversationService
 from lmsp.service.keys import KeyedActions
 from lmsp.service.tasks import Caller, TaskService
@@ -49,10 +50,10 @@ SSE_TYPE = "text/event-stream"
 @dataclass
 class Deps:
     """The explicit dependencies of the web layer: the services its resources call
-    (``tasks``, ``conversations``, ``keys``, made over ``store`` and ``runtime``), the
-    runtime's contract, and the store, which the resources of clients, models and
-    health read. ``store``: under gevent through :func:`lmsp.serving.hubsafe.hub_safe`, which
-    calls the same methods off the hub."""
+    (``tasks``, ``conversations``, ``accounts``, ``keys``, made over ``store`` and
+    ``runtime``), the runtime's contract, and the store, which only the health
+    resources and the authentication read. ``store``: under gevent through
+    :func:`lmsp.serving.hubsafe.hub_safe`, which calls the same methods off the hub."""
 
     config: Any
     store: Store
@@ -63,11 +64,13 @@ class Deps:
     http_metrics: Any = None
     tasks: TaskService = field(init=False)
     conversations: ConversationService = field(init=False)
+    accounts: AccountService = field(init=False)
     keys: KeyedActions = field(init=False)
 
     def __post_init__(self) -> None:
         self.tasks = TaskService(self.config, self.store, self.runtime, self.monotonic)
         self.conversations = ConversationService(self.store)
+        self.accounts = AccountService(self.config, self.store, self.clock)
         self.keys = KeyedActions(self.store)
 
     @overload
