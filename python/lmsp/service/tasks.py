@@ -88,15 +88,17 @@ class TaskService:
                 f"model {parsed.model!r} is an embedding model: it makes no text (use POST /v1/embeddings)",
                 param="model",
             )
-        cap = (self.config.max_unfinished_per_client or None) if caller.limited else None
         return self.runtime.create_task(
-            replace(parsed, client_id=caller.client_id, idempotency=key, max_unfinished=cap)
+            replace(parsed, client_id=caller.client_id, idempotency=key, max_unfinished=self.cap(caller))
         )
+
+    def cap(self, caller: Caller) -> int | None:
+        """The caller's cap on its unfinished tasks (``max_unfinished_per_client``); None: none."""
+        return (self.config.max_unfinished_per_client or None) if caller.limited else None
 
     def embed(self, caller: Caller, model: str, inputs: list[str | list[int]]) -> dict[str, Any]:
         """The inputs' vectors, made by a task the call runs itself (the runtime's ``embed``)."""
-        cap = (self.config.max_unfinished_per_client or None) if caller.limited else None
-        return self.runtime.embed(model, inputs, client_id=caller.client_id, max_unfinished=cap)
+        return self.runtime.embed(model, inputs, client_id=caller.client_id, max_unfinished=self.cap(caller))
 
     def check_serving(self, model_id: str) -> dict[str, Any]:
         """The model's object. Unavailable while the worker starts or stops; NotFound for a
