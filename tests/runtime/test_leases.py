@@ -174,14 +174,17 @@ def test_a_draining_worker_claims_nothing_more(store, make_runtime, model_file, 
     rt = make_runtime(store)
     rt.register_model("tiny.gguf")
     wait_finished(rt, store, submit(store, rt, max_output_tokens=2))
+    rt.drain()
+    rt.drain()  # a second SIGTERM (systemd's to every process, then the master's): said once
+    # the scheduler's rounds from here on; a claim counts once one of them has begun (the
+    # scheduler is one thread: a round begun before the drain, woken by the task that just
+    # finished, has ended by then)
     rounds = []
     real = rt.scheduler.claim_some
     rt.scheduler.claim_some = lambda: rounds.append(1) or real()
     claims = []
     real_claim = store.claim
-    store.claim = lambda *a, **k: claims.append(1) or real_claim(*a, **k)
-    rt.drain()
-    rt.drain()  # a second SIGTERM (systemd's to every process, then the master's): said once
+    store.claim = lambda *a, **k: (rounds and claims.append(1)) or real_claim(*a, **k)
     assert [m for m in said if "draining" in m] == [f"runtime {rt.owner} draining: no more claims"]
     # a task put in the store all the same (the API answers 503 first) stays queued; /readyz says no
     assert rt.ready and rt.draining and rt.reserve("tiny") is None
