@@ -294,30 +294,6 @@ SCHEMAS: JSON = {
             STREAM_ERROR,
         ]
     },
-    "CreateEmbedding": obj(
-        {
-            "model": text(1, 256),
-            "input": {
-                "anyOf": [
-                    text(1, MAX_TEXT, NO_NUL),
-                    TOKENS,
-                    {
-                        "type": "array",
-                        "minItems": 1,
-                        "maxItems": 2048,
-                        "items": {"anyOf": [text(1, MAX_TEXT, NO_NUL), TOKENS]},
-                    },
-                ]
-            },
-            "encoding_format": nullable({"enum": ["float", "base64"]}),
-            "dimensions": nullable(
-                {"type": "integer", "minimum": 1, "description": "Only the model's own size (400 otherwise)."}
-            ),
-            "user": nullable(text(0, 512)),
-        },
-        ["model", "input"],
-        extra=False,
-    ),
     "EmbeddingList": obj(
         {
             "object": {"const": "list"},

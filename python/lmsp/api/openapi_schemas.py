@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from lmsp.wire.embeddings import CreateEmbedding
+from lmsp.wire.structs import components
+
 from .metrics import TASK_STATES
 
 JSON = dict[str, Any]  # an object of the document
@@ -429,5 +432,8 @@ SCHEMAS: JSON = {
         {"object": {"const": "list"}, "data": {"type": "array", "items": ref("Event")}, "has_more": {"type": "boolean"}}
     ),
 }
+
+# the schemas of the wire types (lmsp.wire), each declared once as a Struct
+WIRE_SCHEMAS: JSON = components([CreateEmbedding])
 
 SECURITY_SCHEMES = {"bearer": {"type": "http", "scheme": "bearer", "description": "A client token from pairing (B.2)."}}

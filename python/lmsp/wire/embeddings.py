@@ -4,17 +4,42 @@ the answer's vectors, and their size if asked."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, ClassVar, Literal
+
+from msgspec import Meta
 
 from lmsp.errors import InvalidRequest
 
-from .fields import get_int, get_str, reject_unknown
 from .input import MAX_TEXT
 from .openai import token_ids
+from .structs import JSON, NO_NUL, Body, ModelName, read
 
-FIELDS = ("model", "input", "encoding_format", "dimensions", "user")
 MAX_INPUTS = 2048
 ENCODINGS = ("float", "base64")
+_TEXT: JSON = {"type": "string", "minLength": 1, "maxLength": MAX_TEXT, "pattern": NO_NUL}
+_TOKENS: JSON = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
+
+
+class CreateEmbedding(Body):
+    """A request for embeddings: ``input`` is a text, token ids, or an array of either."""
+
+    model: ModelName
+    input: str | list[str | int | list[int]]
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: Annotated[int, Meta(ge=1, description="Only the model's own size (400 otherwise).")] | None = None
+    user: Annotated[str, Meta(max_length=512)] | None = None
+
+    __schema__: ClassVar[JSON] = {
+        "properties": {
+            "input": {
+                "anyOf": [
+                    _TEXT,
+                    _TOKENS,
+                    {"type": "array", "minItems": 1, "maxItems": MAX_INPUTS, "items": {"anyOf": [_TEXT, _TOKENS]}},
+                ]
+            }
+        }
+    }
 
 
 def parse_input(value: Any) -> list[str | list[int]]:
@@ -58,14 +83,5 @@ class EmbeddingRequest:
 
 def parse_embeddings(body: dict[str, Any]) -> EmbeddingRequest:
     """Check an Embeddings request; raises InvalidRequest."""
-    reject_unknown(body, FIELDS)
-    model = get_str(body, "model", required=True, max_len=256)
-    if body.get("input") is None:
-        raise InvalidRequest("'input' is required", param="input")
-    inputs = parse_input(body["input"])
-    encoding = get_str(body, "encoding_format", default="float")
-    if encoding not in ENCODINGS:
-        raise InvalidRequest(f"'encoding_format' must be one of {', '.join(ENCODINGS)}", param="encoding_format")
-    dimensions = get_int(body, "dimensions", minimum=1)
-    get_str(body, "user", allow_empty=True, max_len=512)
-    return EmbeddingRequest(model, inputs, encoding, dimensions)
+    asked = read(body, CreateEmbedding)
+    return EmbeddingRequest(asked.model, parse_input(asked.input), asked.encoding_format or "float", asked.dimensions)

@@ -1,0 +1,138 @@
+"""The wire types' ground: a request body or an answer is a :class:`msgspec.Struct`
+declared once, from which come the check of its fields (:func:`read`, each
+refusal naming the field as the client wrote it), and its schema in the OpenAPI
+document (:func:`components`).
+
+- :class:`Body`: a request body (or an object inside one). Unknown fields are
+  refused.
+- :class:`Answer`: an object the service answers with. Its schema lets clients
+  read fields added later.
+- A Struct's ``__schema__`` (a ClassVar) adds to its schema what a field's type
+  cannot say: a rule over two fields, or a union msgspec cannot hold (two kinds
+  of array), whose check is then in the code that reads the Struct.
+
+Numbers are read as JSON has them: an integral float (``5.0``) is the integer,
+and ``NaN`` or ``Infinity`` (which Python's JSON reader takes) is refused.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Annotated, ClassVar, Iterable, TypeVar
+
+import msgspec
+from msgspec import Meta
+
+from lmsp.errors import InvalidRequest
+
+T = TypeVar("T")
+JSON = dict[str, Any]
+
+REF = "#/components/schemas/{name}"
+NO_NUL = "^[^\\u0000]*$"  # no chat template, tokenizer or file name takes NUL
+NO_CONTROL = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"  # names shown on a terminal (Unicode Cc)
+INT64_MAX = 2**63 - 1
+INT32_MAX = 2**31 - 1
+
+# Field types that several wire types share. A field's own limits are written
+# where it is declared, as Annotated[str, Meta(...)].
+
+#: a tool's or a format's name
+Name = Annotated[str, Meta(pattern="^[A-Za-z0-9_-]{1,64}$")]
+#: the model a request names
+ModelName = Annotated[str, Meta(min_length=1, max_length=256)]
+#: Unix seconds
+Time = Annotated[int, Meta(description="Unix seconds")]
+
+
+class Body(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A request body, or an object inside one: unknown fields are refused."""
+
+    __schema__: ClassVar[JSON] = {}
+
+
+class Answer(msgspec.Struct, kw_only=True):
+    """An object of an answer."""
+
+    __schema__: ClassVar[JSON] = {}
+
+
+# msgspec's words for a refusal: "<what> - at `$.a[0].b`"
+_AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
+_FIELD = re.compile(r"^Object (?P<how>missing required|contains unknown) field `(?P<name>[^`]*)`$")
+
+
+def refusal(error: msgspec.ValidationError, where: str = "") -> InvalidRequest:
+    """msgspec's refusal as the 400 the client gets, naming the field (``where``: the
+    param of the object read, when it is inside a request)."""
+    m = _AT.match(str(error))
+    assert m is not None  # the pattern matches any text
+    what, param = m["what"], (where + (m["path"] or "")).lstrip(".")
+    field = _FIELD.match(what)
+    if field is not None:
+        param = f"{param}.{field['name']}" if param else field["name"]
+        if field["how"] == "missing required":
+            return InvalidRequest(f"{param!r} is required", param=param)
+        return InvalidRequest(f"unknown field {param!r}", param=param)
+    what = what[0].lower() + what[1:]
+    if not param:
+        return InvalidRequest(f"the body: {what}", param=None)
+    return InvalidRequest(f"{param!r}: {what}", param=param)
+
+
+def json_numbers(value: Any, path: str = "") -> Any:
+    """``value`` with JSON's numbers: integral floats as integers; NaN and the
+    infinities refused (JSON has none)."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            param = path.lstrip(".")
+            raise InvalidRequest(f"{param or 'the body'!r} must be a finite number", param=param or None)
+        return int(value) if value.is_integer() else value
+    if isinstance(value, dict):
+        if not any(isinstance(v, (float, dict, list)) for v in value.values()):
+            return value
+        return {k: json_numbers(v, f"{path}.{k}") for k, v in value.items()}
+    if isinstance(value, list):
+        if not any(isinstance(v, (float, dict, list)) for v in value):
+            return value
+        return [json_numbers(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+def read(value: Any, kind: type[T], where: str = "") -> T:
+    """``value`` (JSON as Python reads it) as ``kind``; raises InvalidRequest naming
+    the first field that is not as ``kind`` declares it."""
+    try:
+        return msgspec.convert(json_numbers(value, where), kind)
+    except msgspec.ValidationError as e:
+        raise refusal(e, where) from None
+
+
+def components(kinds: Iterable[type]) -> JSON:
+    """The OpenAPI schemas of ``kinds`` and of every type they hold, by name."""
+    _, schemas = msgspec.json.schema_components(list(kinds), ref_template=REF)
+    declared = {k.__name__: k.__schema__ for k in [*_subclasses(Body), *_subclasses(Answer)]}
+    for name, schema in schemas.items():
+        schema.pop("title", None)
+        if declared.get(name):
+            _merge(schema, declared[name])
+    return schemas
+
+
+def _merge(schema: JSON, extra: JSON) -> None:
+    """``extra`` into ``schema``; its ``properties`` replace those it names, for what
+    a type cannot say (a union of two kinds of array)."""
+    for key, value in extra.items():
+        if key == "properties":
+            schema["properties"].update(value)
+        else:
+            schema[key] = value
+
+
+def _subclasses(kind: type[Body] | type[Answer]) -> list[Any]:
+    out: list[Any] = []
+    sub: Any
+    for sub in kind.__subclasses__():
+        out += [sub, *_subclasses(sub)]
+    return out
