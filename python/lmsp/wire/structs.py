@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import math
 import re
+import types
+import typing
 from typing import Any, Annotated, ClassVar, Iterable, TypeVar
 
 import msgspec
@@ -45,6 +47,19 @@ ModelName = Annotated[str, Meta(min_length=1, max_length=256)]
 #: Unix seconds
 Time = Annotated[int, Meta(description="Unix seconds")]
 
+SEED_MAX = 2**32 - 2  # 2**32 - 1 is llama.cpp's "pick one at random"
+MAX_STOP = 16
+MAX_METADATA = 16
+Seed = Annotated[int, Meta(ge=0, le=SEED_MAX)]
+StopText = Annotated[str, Meta(min_length=1, max_length=1000)]
+#: ``stop``: a sequence, or at most 16, that end the output
+Stop = StopText | Annotated[list[StopText], Meta(max_length=MAX_STOP)]
+#: ``metadata``: at most 16 string pairs (LMSP B.5)
+Metadata = Annotated[
+    dict[Annotated[str, Meta(min_length=1, max_length=64)], Annotated[str, Meta(max_length=512)]],
+    Meta(max_length=MAX_METADATA),
+]
+
 
 class Body(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """A request body, or an object inside one: unknown fields are refused."""
@@ -59,16 +74,20 @@ class Answer(msgspec.Struct, kw_only=True):
 
 
 # msgspec's words for a refusal: "<what> - at `$.a[0].b`"
-_AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
+_AT = re.compile(r"^(?P<what>.*?)(?: - at (?:`key` in )?`\$(?P<path>[^`]*)`)?$", re.DOTALL)
 _FIELD = re.compile(r"^Object (?P<how>missing required|contains unknown) field `(?P<name>[^`]*)`$")
 
 
-def refusal(error: msgspec.ValidationError, where: str = "") -> InvalidRequest:
+def refusal(error: msgspec.ValidationError, where: str = "", value: Any = None, kind: Any = None) -> InvalidRequest:
     """msgspec's refusal as the 400 the client gets, naming the field (``where``: the
-    param of the object read, when it is inside a request)."""
+    param of the object read, when it is inside a request; ``value`` and ``kind``:
+    what was read as what, to name the key of a map's refused entry)."""
     m = _AT.match(str(error))
     assert m is not None  # the pattern matches any text
-    what, param = m["what"], (where + (m["path"] or "")).lstrip(".")
+    path = m["path"] or ""
+    if "[...]" in path or "`key` in" in str(error):
+        path = _map_entry(path, value, kind)
+    what, param = m["what"], (where + path).lstrip(".")
     field = _FIELD.match(what)
     if field is not None:
         param = f"{param}.{field['name']}" if param else field["name"]
@@ -79,6 +98,64 @@ def refusal(error: msgspec.ValidationError, where: str = "") -> InvalidRequest:
     if not param:
         return InvalidRequest(f"the body: {what}", param=None)
     return InvalidRequest(f"{param!r}: {what}", param=param)
+
+
+_STEP = re.compile(r"\.([^.\[]+)|\[(\d+)\]|\[\.\.\.\]")
+
+
+def _map_entry(path: str, value: Any, kind: Any) -> str:
+    """``path`` with the key of the map entry refused where msgspec writes ``[...]``
+    (or nothing, for a refused key): the first entry that ``kind`` refuses alone."""
+    out = ""
+    for step in _STEP.finditer(path):
+        name, index = step[1], step[2]
+        if name is not None:
+            kind, value, out = _field_type(kind, name), _get(value, name), f"{out}.{name}"
+        elif index is not None:
+            kind, value, out = _item_type(kind), _get(value, int(index)), f"{out}[{index}]"
+        else:
+            break
+    if not isinstance(value, dict):
+        return out
+    for key, entry in value.items():
+        try:
+            msgspec.convert({key: entry}, kind)
+        except msgspec.ValidationError:
+            return f"{out}.{key}"
+    return out
+
+
+def _get(value: Any, at: str | int) -> Any:
+    try:
+        return value[at]
+    except (KeyError, IndexError, TypeError):
+        return None
+
+
+def _unwrapped(kind: Any) -> list[Any]:
+    """The kinds a type may be: an Annotated type's own, each of a union's."""
+    origin = typing.get_origin(kind)
+    if origin is Annotated:
+        return _unwrapped(typing.get_args(kind)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [k for arg in typing.get_args(kind) for k in _unwrapped(arg)]
+    return [kind]
+
+
+def _field_type(kind: Any, name: str) -> Any:
+    for k in _unwrapped(kind):
+        if isinstance(k, type) and issubclass(k, msgspec.Struct):
+            for info in msgspec.structs.fields(k):
+                if info.encode_name == name:
+                    return info.type
+    return None
+
+
+def _item_type(kind: Any) -> Any:
+    for k in _unwrapped(kind):
+        if typing.get_origin(k) is list:
+            return typing.get_args(k)[0]
+    return None
 
 
 def json_numbers(value: Any, path: str = "") -> Any:
@@ -104,9 +181,10 @@ def read(value: Any, kind: type[T], where: str = "") -> T:
     """``value`` (JSON as Python reads it) as ``kind``; raises InvalidRequest naming
     the first field that is not as ``kind`` declares it."""
     try:
-        return msgspec.convert(json_numbers(value, where), kind)
+        value = json_numbers(value, where)
+        return msgspec.convert(value, kind)
     except msgspec.ValidationError as e:
-        raise refusal(e, where) from None
+        raise refusal(e, where, value, kind) from None
 
 
 def components(kinds: Iterable[type]) -> JSON:
