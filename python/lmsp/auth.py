@@ -12,11 +12,14 @@ import hashlib
 import hmac
 import os
 import secrets
+from typing import Literal, get_args
 from pathlib import Path
 
-from lmsp.errors import InsufficientScope, InvalidRequest, Unauthorized
+from lmsp.errors import InsufficientScope, Unauthorized
 
-SCOPES = ("responses:write", "responses:read", "models:read", "models:write", "admin")
+#: a client's right to a group of calls (LMSP B.2)
+Scope = Literal["responses:write", "responses:read", "models:read", "models:write", "admin"]
+SCOPES: tuple[str, ...] = get_args(Scope)
 ADMIN = "admin"
 
 TOKEN_PREFIX = "lmsp_"
@@ -139,19 +142,6 @@ def expand_scopes(scopes) -> set[str]:
     if ADMIN in held:
         held.update(SCOPES)
     return held
-
-
-def validate_scopes(scopes, *, param: str = "scopes") -> list[str]:
-    """A scope list from a request: a non-empty list of known scope names."""
-    if not isinstance(scopes, list) or not scopes:
-        raise InvalidRequest(f"{param} must be a non-empty array of scope names", param=param)
-    out: list[str] = []
-    for scope in scopes:
-        if not isinstance(scope, str) or scope not in SCOPES:
-            raise InvalidRequest(f"unknown scope {scope!r}; known scopes: {', '.join(SCOPES)}", param=param)
-        if scope not in out:
-            out.append(scope)
-    return out
 
 
 def bearer_token(header: str | None) -> str:

@@ -195,7 +195,7 @@ def test_pairing_defaults_and_validation(admin):
     made = admin.post("/v1/pairings")
     assert made.status_code == 201
     assert made.json["scopes"] == ["responses:write", "responses:read", "models:read"]
-    assert_error(admin.post("/v1/pairings", json={"scopes": ["root"]}), 400, "invalid_request", "scopes")
+    assert_error(admin.post("/v1/pairings", json={"scopes": ["root"]}), 400, "invalid_request", "scopes[0]")
     assert_error(admin.post("/v1/pairings", json={"scopes": []}), 400, "invalid_request", "scopes")
     assert_error(admin.post("/v1/pairings", json={"expires_in": 0}), 400, "invalid_request",
                  "expires_in")

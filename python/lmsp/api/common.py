@@ -20,7 +20,8 @@ import falcon
 from lmsp.auth import is_admin
 from lmsp.contracts import RuntimeAPI
 from lmsp.serving.hubsafe import gevent_active
-from lmsp.wire.fields import check_range, reject_unknown
+from lmsp.wire.fields import check_range
+from lmsp.wire.structs import Empty, read
 from lmsp.wire.options import parse_include
 from lmsp.service.accounts import AccountService
 from lmsp.service.conversations import ConversationService
@@ -88,7 +89,7 @@ class Deps:
         """The body of a POST that takes no fields: none, or an empty object."""
         body = self.body(req, optional=True)
         if body:
-            reject_unknown(body, ())
+            read(body, Empty)
         return body
 
 

@@ -2,26 +2,13 @@
 
 from __future__ import annotations
 
-import re
-
 import falcon
 
-from lmsp.errors import InvalidRequest
 from lmsp.service.keys import Answer
-from lmsp.wire.fields import get_str, reject_unknown
+from lmsp.wire.models import parse_register
 
 from . import idempotency
 from .common import Deps, caller, set_json
-
-MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
-
-
-def check_model_id(value: str, param: str = "id") -> str:
-    if not MODEL_ID.match(value):
-        raise InvalidRequest(
-            "a model id is 1 to 128 letters, digits or . _ : - (starting with a letter or digit)", param=param
-        )
-    return value
 
 
 class ModelsResource:
@@ -35,16 +22,10 @@ class ModelsResource:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         body = self.deps.body(req)
-        reject_unknown(body, ("path", "id"))
-        path = get_str(body, "path", required=True, max_len=4096)
-        model_id = get_str(body, "id", max_len=128)
-        if model_id is not None:
-            check_model_id(model_id)
-        if "\x00" in path:
-            raise InvalidRequest("'path' must not contain NUL characters", param="path")
+        asked = parse_register(body)
 
         def register() -> Answer:
-            return 201, self.deps.runtime.register_model(path, model_id)
+            return 201, self.deps.runtime.register_model(asked.path, asked.model_id)
 
         idempotency.answer(self.deps.keys, req, resp, caller(req)["id"], body, register)
 

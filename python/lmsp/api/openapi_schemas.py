@@ -10,7 +10,9 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from lmsp.wire.embeddings import CreateEmbedding
-from lmsp.wire.structs import components
+from lmsp.wire.models import RegisterModel
+from lmsp.wire.pairing import PairingRequest, PairRequest
+from lmsp.wire.structs import Empty, components
 
 from .metrics import TASK_STATES
 
@@ -128,22 +130,6 @@ SCHEMAS: JSON = {
         }
     ),
     "ClientList": list_of("Client"),
-    "PairingRequest": obj(
-        {
-            "scopes": nullable({"type": "array", "minItems": 1, "items": {"enum": SCOPES}}),
-            "name": nullable(text(1, 200, NO_CONTROL)),
-            "expires_in": nullable(
-                {
-                    "type": "integer",
-                    "minimum": 1,
-                    "maximum": 86400,
-                    "description": "At most 86400, or `pairing_ttl_seconds` when that is larger.",
-                }
-            ),
-        },
-        [],
-        extra=False,
-    ),
     "Pairing": obj(
         {
             "object": {"const": "pairing"},
@@ -156,7 +142,6 @@ SCHEMAS: JSON = {
         },
         ["object", "code", "scopes", "created_at", "expires_at"],
     ),
-    "PairRequest": obj({"code": text(1, 100), "client_name": text(1, 200, NO_CONTROL)}, extra=False),
     "ClientToken": obj(
         {
             "object": {"const": "client_token"},
@@ -195,16 +180,6 @@ SCHEMAS: JSON = {
         }
     ),
     "ModelList": list_of("Model"),
-    "RegisterModel": obj(
-        {
-            "path": text(1, 4096, "^[^\\u0000]*[^\\u0000\\s][^\\u0000]*$")
-            | {"description": "A file under the models directory, relative to it."},
-            "id": nullable(text(1, 128, MODEL_ID)),
-        },
-        ["path"],
-        extra=False,
-    ),
-    "Empty": {"type": "object", "maxProperties": 0, "description": "A POST that takes no fields: no body, or `{}`."},
     "DeletedModel": obj({"id": STR, "object": {"const": "model"}, "deleted": {"const": True}}),
     "InputMessage": obj(
         {
@@ -434,6 +409,6 @@ SCHEMAS: JSON = {
 }
 
 # the schemas of the wire types (lmsp.wire), each declared once as a Struct
-WIRE_SCHEMAS: JSON = components([CreateEmbedding])
+WIRE_SCHEMAS: JSON = components([CreateEmbedding, PairingRequest, PairRequest, RegisterModel, Empty])
 
 SECURITY_SCHEMES = {"bearer": {"type": "http", "scheme": "bearer", "description": "A client token from pairing (B.2)."}}

@@ -3,19 +3,54 @@
 
 from __future__ import annotations
 
-import unicodedata
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Annotated, Any, ClassVar
 
-from lmsp import auth
+from msgspec import Meta
+
+from lmsp.auth import Scope
 from lmsp.errors import InvalidRequest
 
-from .fields import get_int, get_str, reject_unknown
+from .structs import JSON, NO_CONTROL, Body, read
 
 DEFAULT_PAIRING_SCOPES = ["responses:write", "responses:read", "models:read"]
 MAX_NAME = 200
+MAX_LIFE = 86400  # seconds a code may live, unless pairing_ttl_seconds is longer
 
-_Name = TypeVar("_Name", str, str | None)
+#: a name shown in listings and on the operator's terminal: no control characters
+ClientName = Annotated[str, Meta(min_length=1, max_length=MAX_NAME, pattern=NO_CONTROL)]
+
+
+class PairingRequest(Body):
+    """A pairing code asked for: the scopes its client gets (by default those of a
+    client that makes and reads responses), a name, and the seconds it lives."""
+
+    scopes: Annotated[list[Scope], Meta(min_length=1)] | None = None
+    name: ClientName | None = None
+    expires_in: Annotated[int, Meta(ge=1)] | None = None
+
+    __schema__: ClassVar[JSON] = {
+        "properties": {
+            "expires_in": {
+                "anyOf": [
+                    {
+                        "type": "integer",
+                        "minimum": 1,
+                        "maximum": MAX_LIFE,
+                        "description": f"At most {MAX_LIFE}, or `pairing_ttl_seconds` when that is larger.",
+                    },
+                    {"type": "null"},
+                ]
+            }
+        }
+    }
+
+
+class PairRequest(Body):
+    """A pairing code redeemed by a new client, which names itself."""
+
+    code: Annotated[str, Meta(min_length=1, max_length=100)]
+    client_name: ClientName
 
 
 @dataclass(frozen=True)
@@ -35,27 +70,16 @@ class RedeemAsk:
     client_name: str
 
 
-def printable(value: _Name, param: str) -> _Name:
-    """A name shown in listings and on the operator's terminal (``lmsp clients``):
-    no control characters, which could drive that terminal."""
-    if value is not None and any(unicodedata.category(ch) == "Cc" for ch in value):
-        raise InvalidRequest(f"{param!r} must not contain control characters", param=param)
-    return value
-
-
 def parse_pairing(body: dict[str, Any], ttl: int) -> PairingAsk:
-    """``scopes`` (default: those of a client that makes and reads responses), ``name``,
-    ``expires_in`` (default ``ttl``, at most a day or ``ttl``)."""
-    reject_unknown(body, ("scopes", "name", "expires_in"))
-    scopes = body.get("scopes")
-    scopes = list(DEFAULT_PAIRING_SCOPES) if scopes is None else auth.validate_scopes(scopes)
-    name = printable(get_str(body, "name", max_len=MAX_NAME), "name")
-    expires_in = get_int(body, "expires_in", default=ttl, minimum=1, maximum=max(ttl, 86400))
-    return PairingAsk(scopes, name, int(expires_in))
+    """``expires_in``: default ``ttl``, at most a day or ``ttl``."""
+    asked = read(body, PairingRequest)
+    scopes: list[str] = list(DEFAULT_PAIRING_SCOPES if asked.scopes is None else dict.fromkeys(asked.scopes))
+    expires_in = ttl if asked.expires_in is None else asked.expires_in
+    if expires_in > max(ttl, MAX_LIFE):
+        raise InvalidRequest(f"'expires_in' must be at most {max(ttl, MAX_LIFE)}", param="expires_in")
+    return PairingAsk(scopes, asked.name, expires_in)
 
 
 def parse_redeem(body: dict[str, Any]) -> RedeemAsk:
-    reject_unknown(body, ("code", "client_name"))
-    code: str = get_str(body, "code", required=True, max_len=100)
-    name = printable(get_str(body, "client_name", required=True, max_len=MAX_NAME), "client_name")
-    return RedeemAsk(code, name)
+    asked = read(body, PairRequest)
+    return RedeemAsk(asked.code, asked.client_name)

@@ -67,10 +67,28 @@ class Body(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     __schema__: ClassVar[JSON] = {}
 
 
+class Empty(Body):
+    """A POST that takes no fields: no body, or `{}`."""
+
+
 class Answer(msgspec.Struct, kw_only=True):
     """An object of an answer."""
 
     __schema__: ClassVar[JSON] = {}
+
+
+#: what a refused pattern means, for the client's error message
+PATTERN_WORDS: dict[str, str] = {
+    NO_NUL: "must not contain NUL characters",
+    NO_CONTROL: "must not contain control characters",
+}
+_REGEX = re.compile(r"^Expected `str` matching regex '(?P<regex>.*)'$", re.DOTALL)
+
+
+def say(pattern: str, words: str) -> str:
+    """``pattern``, whose refusal reads ``'field' <words>``."""
+    PATTERN_WORDS[pattern] = words
+    return pattern
 
 
 # msgspec's words for a refusal: "<what> - at `$.a[0].b`"
@@ -94,6 +112,10 @@ def refusal(error: msgspec.ValidationError, where: str = "", value: Any = None, 
         if field["how"] == "missing required":
             return InvalidRequest(f"{param!r} is required", param=param)
         return InvalidRequest(f"unknown field {param!r}", param=param)
+    regex = _REGEX.match(what)
+    words = PATTERN_WORDS.get(regex["regex"].replace("\\\\", "\\")) if regex else None
+    if words is not None:
+        return InvalidRequest(f"{param!r} {words}", param=param or None)
     what = what[0].lower() + what[1:]
     if not param:
         return InvalidRequest(f"the body: {what}", param=None)
