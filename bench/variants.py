@@ -28,10 +28,11 @@ import time
 from contextlib import closing
 from typing import Any
 
-from lmsp.contracts import StepItem, StepState
+from lmsp.contracts import EventRow, StepItem, StepState
+from lmsp.runtime import Runtime
 from lmsp.runtime.committer import Committer
 from lmsp.runtime.state import WorkerState
-from lmsp.store import step_events
+from lmsp.store.steprows import EventInsert, step_rows
 
 
 class DeferredDeltas(Committer):
@@ -103,6 +104,28 @@ class EventsInMemory(Committer):
             self.state.committed.setdefault(task_id, (state.item_id, []))[1].extend(rows)
 
 
+def step_events(owner: str, item: StepItem, state: StepState, now: float) -> tuple[StepState, list[EventRow]]:
+    """The events ``append_step`` would write for one item of a task in ``state``, as
+    :meth:`lmsp.store.Store.events` reads them back, and the state it would leave
+    (the store's own turn of items into rows, without the database).
+
+    An item that ends its task is refused (ValueError): its last events depend on
+    the task's row.
+    """
+    rows: list[EventInsert] = []
+    new = step_rows(owner, [item], {item["task_id"]: state}, now, rows, [], [])[item["task_id"]]
+    if new is None:  # only an item that ends its task leaves no state
+        raise ValueError("an item that ends its task is written by append_step only")
+    return new, [(seq, etype, created_at, text, data) for _, seq, etype, created_at, text, _, data in rows]
+
+
+def with_committer(runtime: Runtime, kind: type[Committer]) -> Runtime:
+    """``runtime`` (not started yet) with its commit thread's room taken by ``kind``."""
+    runtime.committer = kind(runtime.state, runtime.models.close_deleted)
+    runtime.committed_events = runtime.committer.committed_events
+    return runtime
+
+
 def written_state(db_path: Any, task_id: str) -> StepState:
     """Where a task's rows in the database file leave it: what its next step continues
     from (the store's own query, on a connection of this module's)."""
@@ -126,12 +149,11 @@ def get_app(name: str) -> Any:
     from lmsp.api.logs import configure_logging
     from lmsp.app import create_app
     from lmsp.serving.hubsafe import hub_safe
-    from lmsp.runtime import Runtime
     from lmsp.runtime.startup import open_store
 
     config = config_mod.load()
     configure_logging(config.log_level)
     store = open_store(config)
-    runtime = Runtime(config, store, committer=VARIANTS[name])
+    runtime = with_committer(Runtime(config, store), VARIANTS[name])
     runtime.start()
     return create_app(config, hub_safe(store), runtime)

@@ -46,7 +46,8 @@ def _written_at_the_end(store, runtime, text: str) -> list[dict]:
 
 def test_the_in_memory_variant_streams_every_event_and_writes_them_at_the_end(store, make_runtime, model_file,
                                                                               variants):
-    runtime = make_runtime(store, committer=variants.EventsInMemory)
+    runtime = make_runtime(store, start=False)
+    variants.with_committer(runtime, variants.EventsInMemory).start()
     runtime.register_model("tiny.gguf")
     wait_finished(runtime, store, submit(store, runtime, max_output_tokens=2))  # loads the model
     shown = []
@@ -74,7 +75,8 @@ def test_the_in_memory_variant_streams_every_event_and_writes_them_at_the_end(st
 
 
 def test_the_deferred_variant_writes_a_tasks_text_once_at_its_end(store, make_runtime, model_file, variants):
-    runtime = make_runtime(store, committer=variants.DeferredDeltas)
+    runtime = make_runtime(store, start=False)
+    variants.with_committer(runtime, variants.DeferredDeltas).start()
     runtime.register_model("tiny.gguf")
     wait_finished(runtime, store, submit(store, runtime, max_output_tokens=2))  # loads the model
     events = _written_at_the_end(store, runtime, "Written at the end")

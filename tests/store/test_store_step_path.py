@@ -3,14 +3,18 @@ this process wrote, with no read of the task rows; a foreign change (which alway
 event) sends the step back to the rows, and every delta is written exactly once."""
 from __future__ import annotations
 
+import importlib.util
 import sqlite3
 from contextlib import closing
+from pathlib import Path
 
 import pytest
 
 from lmsp.contracts import StepState
-from lmsp.store import Store, step_events, steps
+from lmsp.store import Store, steps
 from store_checks import assert_consistent, event_types
+
+VARIANTS = Path(__file__).resolve().parents[2] / "bench" / "variants.py"
 
 
 @pytest.fixture
@@ -346,8 +350,13 @@ def written_state(db_path, task_id: str) -> StepState:
 
 
 def test_step_events_are_the_rows_and_state_append_step_leaves(store, running_task, db_path):
-    """step_events shows one item's events before they are written: the same rows, at the
-    same numbers, and the same next state as append_step writing that item."""
+    """bench/variants.py's step_events shows one item's events before they are written:
+    the same rows, at the same numbers, and the same next state as append_step writing
+    that item."""
+    spec = importlib.util.spec_from_file_location("bench_variants", VARIANTS)
+    variants = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(variants)
+    step_events = variants.step_events
     tids = [running_task() for _ in range(2)]
     now = store._clock()
     items = [{"task_id": tids[0], "delta": "a", "tokens": [1]},  # opens the item: three events

@@ -68,12 +68,9 @@ class Runtime:
         engine_factory=None,
         clock=time.time,
         prepare: bool | None = None,
-        committer: type[Committer] | None = None,
     ) -> None:
         """``prepare``: run :func:`lmsp.runtime.prepare` (start-up recovery...) in ``start()``;
-        None decides from the environment (False when the gunicorn master already did).
-        ``committer``: the class of the commit thread's room, :class:`Committer` unless
-        given (a subclass changes what its rounds write)."""
+        None decides from the environment (False when the gunicorn master already did)."""
         self.config = config
         self._prepare = prepare
         self.store = store
@@ -84,7 +81,7 @@ class Runtime:
         self.stats = self.state.stats
         self.models = Models(self.state)
         self.kvdisk = self.state.kvdisk = KvDisk(self.state)
-        self.committer = (committer or Committer)(self.state, self.models.close_deleted)
+        self.committer = Committer(self.state, self.models.close_deleted)
         self.scheduler = Scheduler(self.state, self.models.retire_changed)
         self.admission = Admission(self.state)
         self.embeddings = Embeddings(self.state, self.models)

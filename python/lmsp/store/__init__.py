@@ -18,7 +18,6 @@ from .states import (
     ClaimLost,
 )
 from .idempotency import fingerprint
-from .steprows import step_events
 from .store import Store
 
 __all__ = [
@@ -26,7 +25,6 @@ __all__ = [
     "StoreError",
     "ClaimLost",
     "fingerprint",
-    "step_events",
     "SCHEMA_VERSION",
     "STATES",
     "TRANSITIONS",

@@ -9,9 +9,7 @@ committed step left it; an item turns it into event rows and a new state:
 * :func:`known_step`: any step of tasks whose states are known, with the
   guarded updates of the task rows that change;
 * :func:`step_rows`: the general turn of items into rows, which both of the
-  above and the database path share;
-* :func:`step_events`: one item's events and the state it leaves, for a caller
-  that shows a step before it is written.
+  above and the database path share.
 """
 
 from __future__ import annotations
@@ -329,17 +327,3 @@ def events_by_task(
             entry = out[tid] = (state.item_id, [])
         entry[1].append((seq, etype, created_at, text, data))
     return out
-
-
-def step_events(owner: str, item: StepItem, state: StepState, now: float) -> tuple[StepState, list[EventRow]]:
-    """The events ``append_step`` would write for one item of a task in ``state``, as
-    :meth:`lmsp.store.Store.events` reads them back, and the state it would leave.
-
-    For a caller that shows a step before writing it; an item that ends its task is
-    refused (ValueError): its last events depend on the task's row.
-    """
-    rows: list[EventInsert] = []
-    new = step_rows(owner, [item], {item["task_id"]: state}, now, rows, [], [])[item["task_id"]]
-    if new is None:  # only an item that ends its task leaves no state
-        raise ValueError("an item that ends its task is written by append_step only")
-    return new, [(seq, etype, created_at, text, data) for _, seq, etype, created_at, text, _, data in rows]
