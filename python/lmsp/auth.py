@@ -13,10 +13,13 @@ import hmac
 import os
 import secrets
 from pathlib import Path
+from typing import Literal, get_args
 
 from lmsp.errors import InsufficientScope, InvalidRequest, Unauthorized
 
-SCOPES = ("responses:write", "responses:read", "models:read", "models:write", "admin")
+#: what a client token may do (B.2)
+Scope = Literal["responses:write", "responses:read", "models:read", "models:write", "admin"]
+SCOPES: tuple[str, ...] = get_args(Scope)
 ADMIN = "admin"
 
 TOKEN_PREFIX = "lmsp_"

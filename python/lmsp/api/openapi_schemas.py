@@ -12,7 +12,7 @@ from typing import Any, Iterable
 from lmsp.wire.embeddings import CreateEmbedding
 from lmsp.wire.structs import components
 
-from .metrics import TASK_STATES
+from lmsp.contracts import TASK_STATES
 
 JSON = dict[str, Any]  # an object of the document
 
