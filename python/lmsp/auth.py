@@ -12,12 +12,12 @@ import hashlib
 import hmac
 import os
 import secrets
-from typing import Literal, get_args
 from pathlib import Path
+from typing import Literal, get_args
 
 from lmsp.errors import InsufficientScope, Unauthorized
 
-#: a client's right to a group of calls (LMSP B.2)
+#: what a client token may do (B.2)
 Scope = Literal["responses:write", "responses:read", "models:read", "models:write", "admin"]
 SCOPES: tuple[str, ...] = get_args(Scope)
 ADMIN = "admin"

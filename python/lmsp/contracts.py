@@ -23,6 +23,9 @@ The runtime's side, as the API sees it:
   and the API tests' scripted one, implement it);
 * :class:`NewTask`: a request's task, for the runtime to create.
 
+The states every layer names: :data:`TaskState` (:data:`TASK_STATES`) and
+:data:`ModelState` (:data:`MODEL_STATES`).
+
 The engine's side (:mod:`lmsp.native`):
 
 * :class:`EngineResult` (with :class:`EngineTimings`): one result of
@@ -32,7 +35,14 @@ The engine's side (:mod:`lmsp.native`):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, NotRequired, Protocol, Required, TypedDict
+from typing import Any, Literal, NamedTuple, NotRequired, Protocol, Required, TypedDict, get_args
+
+#: the states of a task (B.4)
+TaskState = Literal["queued", "loading", "running", "cancelling", "completed", "failed", "cancelled"]
+TASK_STATES: tuple[str, ...] = get_args(TaskState)
+#: the states of a registered model, as the registry reports them
+ModelState = Literal["available", "loading", "loaded", "failed", "missing", "changed"]
+MODEL_STATES: tuple[str, ...] = get_args(ModelState)
 
 
 class StepItem(TypedDict, total=False):

@@ -10,9 +10,10 @@ import math
 import threading
 from typing import Any, Iterable
 
+from lmsp.contracts import TASK_STATES
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 HTTP_BUCKETS = (0.005, 0.025, 0.1, 0.5, 2.5, 10.0, 60.0)
-TASK_STATES = ("queued", "loading", "running", "cancelling", "completed", "failed", "cancelled")
 
 
 class Histogram:

@@ -11,10 +11,10 @@ import copy
 from typing import Iterable
 
 import lmsp
+from lmsp.contracts import TASK_STATES
 
 from . import openapi_open_responses as open_responses
 from . import openapi_conversations, openapi_openai
-from .metrics import TASK_STATES
 from .openapi_schemas import INT64_MAX, WIRE_SCHEMAS, JSON, RESPONSE_STATUSES, SCHEMAS, SECURITY_SCHEMES, STR, ref, text
 
 ERRORS_BY_STATUS = {

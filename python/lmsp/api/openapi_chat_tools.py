@@ -1,7 +1,6 @@
 """The OpenAPI schemas of Chat Completions' function tools and structured output
-(``tools``, ``tool_choice``, ``response_format``, the messages that carry calls,
-and an answer's ``tool_calls``); :mod:`.openapi_openai` puts them in its
-request and answer schemas.
+(``tools``, ``tool_choice``, ``response_format``, the messages that carry calls);
+:mod:`.openapi_openai` puts them in its request schemas.
 """
 
 from __future__ import annotations
@@ -73,7 +72,6 @@ TOOL_CALLS = nullable({"type": "array", "items": TOOL_CALL})
 TOOL_MESSAGE_FIELDS: JSON = {
     "tool_call_id": {**text(1, 64), "description": "The id of a tool call of an assistant message before it."},
 }
-ANSWER_TOOL_CALLS: JSON = {"type": "array", "items": TOOL_CALL}
 TEXT_PART = obj({"type": {"const": "text"}, "text": text(0, MAX_TEXT, NO_NUL)}, extra=False)
 NOT_NULL = {"not": {"type": "null"}}
 CHAT_MESSAGE = obj(
@@ -115,15 +113,3 @@ CHAT_MESSAGE = obj(
         },
     ]
 }
-# a stored completion's message as GET /v1/chat/completions/{id}/messages lists it
-STORED_MESSAGE = obj(
-    {
-        "id": STR,
-        "role": {"enum": ["system", "user", "assistant", "tool"]},
-        "content": nullable(STR),
-        "content_parts": {"type": "null"},
-        "tool_calls": ANSWER_TOOL_CALLS,
-        **TOOL_MESSAGE_FIELDS,
-    },
-    ["id", "role", "content"],
-)

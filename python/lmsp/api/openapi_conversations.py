@@ -9,44 +9,20 @@ from typing import Callable
 
 from .openapi_open_responses import REASONING_ITEM
 from lmsp.wire.options import INCLUDE
-from .openapi_schemas import JSON, STR, TIME, nullable, obj, ref, text
+from .openapi_schemas import JSON, nullable, obj, ref, text
 
 Maker = Callable[..., JSON]
 MAX_ITEMS = 20
-ITEM_TYPES = ["message", "function_call", "function_call_output", "reasoning"]
 METADATA = {"type": "object", "maxProperties": 16, "additionalProperties": text(0, 512)}
 
-# the create request's fields that name the earlier turns, and what the Response echoes of them
+# the create request's fields that name the earlier turns (the Response's are in lmsp.wire.answers)
 REQUEST: JSON = {
     "previous_response_id": nullable(text(1, 100)),
     "conversation": nullable({"anyOf": [text(1, 100), obj({"id": text(1, 100)}, extra=False)]}),
 }
-RESPONSE: JSON = {
-    "previous_response_id": nullable({"type": "string", "pattern": "^resp_"}),
-    "conversation": nullable(obj({"id": {"type": "string", "pattern": "^conv_"}})),
-}
 NEW_ITEMS = {"type": "array", "maxItems": MAX_ITEMS, "items": {"anyOf": [ref("InputMessage"), REASONING_ITEM]}}
 
 SCHEMAS: JSON = {
-    "Item": obj({"id": STR, "type": {"enum": ITEM_TYPES}}, extra=True),
-    "ItemList": obj(
-        {
-            "object": {"const": "list"},
-            "data": {"type": "array", "items": ref("Item")},
-            "first_id": nullable(STR),
-            "last_id": nullable(STR),
-            "has_more": {"type": "boolean"},
-        }
-    ),
-    "Conversation": obj(
-        {
-            "id": {"type": "string", "pattern": "^conv_"},
-            "object": {"const": "conversation"},
-            "created_at": TIME,
-            "metadata": {"type": "object", "additionalProperties": STR},
-        }
-    ),
-    "DeletedConversation": obj({"id": STR, "object": {"const": "conversation.deleted"}, "deleted": {"const": True}}),
     "CreateConversation": obj({"items": nullable(NEW_ITEMS), "metadata": nullable(METADATA)}, [], extra=False),
     "UpdateConversation": obj({"metadata": METADATA}, extra=False),
     "AddConversationItems": obj({"items": NEW_ITEMS | {"minItems": 1}}, extra=False),
@@ -57,8 +33,6 @@ def extended(schemas: JSON) -> JSON:
     """``schemas`` with the fields of this module and its own schemas."""
     out = copy.deepcopy(schemas)
     out["CreateResponse"]["properties"].update(REQUEST)
-    out["Response"]["properties"].update(RESPONSE)
-    out["Response"]["required"] = list(out["Response"]["properties"])
     out.update(copy.deepcopy(SCHEMAS))
     return out
 

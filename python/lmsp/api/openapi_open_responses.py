@@ -1,7 +1,7 @@
 """The OpenAPI schemas of the Open Responses fields (LMSP B.11): what a create request
 may set (the values the service accepts: see lmsp.wire.options; tools and
-text.format are in openapi_schemas.py), what the Response object echoes, and the input items and
-content parts as the SDKs send them back."""
+text.format are in openapi_schemas.py), and the input items and content parts as
+the SDKs send them back. What the Response object echoes is in lmsp.wire.answers."""
 
 from __future__ import annotations
 
@@ -9,18 +9,6 @@ import copy
 
 from .openapi_schemas import JSON, MAX_TEXT, NO_NUL, STR, nullable, obj, ref, text
 
-LOGPROB_ENTRY = obj(
-    {"token": STR, "logprob": {"type": "number"}, "bytes": {"type": "array", "items": {"type": "integer"}}}
-)
-LOGPROB = obj(
-    {
-        "token": STR,
-        "logprob": {"type": "number"},
-        "bytes": {"type": "array", "items": {"type": "integer"}},
-        "top_logprobs": {"type": "array", "items": LOGPROB_ENTRY},
-    }
-)
-LOGPROBS = {"type": "array", "items": LOGPROB}
 REASONING_EFFORTS = ["none", "minimal", "low", "medium", "high", "xhigh"]
 REASONING_SUMMARIES = ["auto", "concise", "detailed"]
 ZERO = {"type": "number", "minimum": 0, "maximum": 0, "description": "Only 0: penalties are not supported."}
@@ -56,30 +44,6 @@ REQUEST: JSON = {
     "previous_response_id": NULL,
     "conversation": NULL,
     "prompt": NULL,
-}
-
-# what the Response object echoes
-RESPONSE: JSON = {
-    "completed_at": nullable({"type": "integer"}),
-    "previous_response_id": NULL,
-    "instructions": nullable(STR),
-    "tools": {"type": "array"},
-    "tool_choice": {"anyOf": [{"enum": ["auto", "none", "required"]}, {"type": "object"}]},
-    "truncation": {"enum": ["auto", "disabled"]},
-    "parallel_tool_calls": {"type": "boolean"},
-    "text": obj(
-        {"format": obj({"type": {"enum": ["text", "json_object", "json_schema"]}}), "verbosity": nullable(STR)}
-    ),
-    "presence_penalty": {"type": "number"},
-    "frequency_penalty": {"type": "number"},
-    "top_logprobs": {"type": "integer"},
-    "reasoning": nullable(obj({"effort": nullable(STR), "summary": nullable(STR)})),
-    "max_tool_calls": nullable({"type": "integer"}),
-    "store": {"type": "boolean"},
-    "service_tier": STR,
-    "safety_identifier": nullable(STR),
-    "prompt_cache_key": nullable(STR),
-    "user": nullable(STR),
 }
 
 # a content part of an input message: text (an output's annotations and logprobs
@@ -127,8 +91,4 @@ def extended(schemas: JSON) -> JSON:
     message = out["InputMessage"]
     message["properties"].update(MESSAGE_ECHO)
     message["properties"]["content"]["anyOf"][1]["items"] = INPUT_PART
-    out["Response"]["properties"].update(RESPONSE)
-    out["Response"]["required"] = list(out["Response"]["properties"])
-    out["OutputText"]["properties"]["logprobs"] = LOGPROBS
-    out["Event"]["properties"]["logprobs"] = LOGPROBS
     return out

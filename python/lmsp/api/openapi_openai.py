@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .openapi_chat_tools import ANSWER_TOOL_CALLS, CHAT_MESSAGE, RESPONSE_FORMAT, STORED_MESSAGE, TOOL_CHOICE, TOOLS
-from .openapi_schemas import JSON, MAX_TEXT, NO_NUL, STR, TIME, nullable, obj, ref, text
+from .openapi_chat_tools import CHAT_MESSAGE, RESPONSE_FORMAT, TOOL_CHOICE, TOOLS
+from .openapi_schemas import JSON, MAX_TEXT, NO_NUL, STR, nullable, obj, ref, text
 
 NULL = {"type": "null"}
-INT = {"type": "integer"}
 BOOL = nullable({"type": "boolean"})
 ERROR = {"content": {"application/json": {"schema": ref("Error")}}}
 SEED = nullable({"type": "integer", "minimum": 0, "maximum": 2**32 - 2})
@@ -66,25 +65,6 @@ CHAT_NOTHING_ASKED: JSON = {
     "reasoning_effort": NULL,
     "verbosity": NULL,
 }
-USAGE = nullable(
-    obj(
-        {
-            "prompt_tokens": {"type": "integer"},
-            "completion_tokens": {"type": "integer"},
-            "total_tokens": {"type": "integer"},
-            "prompt_tokens_details": obj({"cached_tokens": {"type": "integer"}}),
-            "completion_tokens_details": obj({"reasoning_tokens": {"type": "integer"}}),
-        }
-    )
-)
-FINISH = nullable({"enum": ["stop", "length"]})
-CHAT_FINISH = nullable({"enum": ["stop", "length", "tool_calls"]})
-LMSP_EXTRAS: JSON = {
-    "seed": nullable({"type": "integer"}),
-    "metadata": {"type": "object", "additionalProperties": STR},
-    "error": ref("TaskError"),
-    "task": obj({"id": STR, "status": STR, "on_restart": {"const": "fail"}}),
-}
 # top_logprobs only with logprobs: true
 TOP_NEEDS_LOGPROBS = {
     "not": {
@@ -92,38 +72,6 @@ TOP_NEEDS_LOGPROBS = {
         "properties": {"top_logprobs": {"type": "integer"}, "logprobs": {"not": {"const": True}}},
     }
 }
-TOKEN_LOGPROB: JSON = {"token": STR, "logprob": {"type": "number"}, "bytes": {"type": "array", "items": INT}}
-CHAT_LOGPROBS = nullable(
-    obj(
-        {
-            "content": {
-                "type": "array",
-                "items": obj(
-                    TOKEN_LOGPROB | {"top_logprobs": {"type": "array", "items": obj(TOKEN_LOGPROB)}},
-                    ["token", "logprob", "bytes", "top_logprobs"],
-                ),
-            },
-            "refusal": NULL,
-        },
-        ["content"],
-    )
-)
-LEGACY_LOGPROBS = nullable(
-    obj(
-        {
-            "tokens": {"type": "array", "items": STR},
-            "token_logprobs": {"type": "array", "items": nullable({"type": "number"})},
-            "top_logprobs": {
-                "type": "array",
-                "items": nullable({"type": "object", "additionalProperties": {"type": "number"}}),
-            },
-            "text_offset": {"type": "array", "items": INT},
-        },
-    )
-    | {"description": "The tokens of a prompt that `echo` shows have null log probabilities."}
-)
-STREAM_ERROR = obj({"error": obj({"code": STR, "message": STR, "param": nullable(STR)})})
-
 SCHEMAS: JSON = {
     "CreateChatCompletion": obj(
         {
@@ -148,85 +96,7 @@ SCHEMAS: JSON = {
         extra=False,
     )
     | {"allOf": [STREAM_OPTIONS_NEED_STREAM, TOP_NEEDS_LOGPROBS]},
-    "ChatCompletion": obj(
-        {
-            "id": {"type": "string", "pattern": "^chatcmpl-"},
-            "object": {"const": "chat.completion"},
-            "created": TIME,
-            "model": STR,
-            "choices": {
-                "type": "array",
-                "items": obj(
-                    {
-                        "index": {"type": "integer"},
-                        "message": obj(
-                            {
-                                "role": {"const": "assistant"},
-                                "content": nullable(STR),
-                                "refusal": NULL,
-                                "tool_calls": ANSWER_TOOL_CALLS,
-                                "reasoning_content": STR,  # a thinking model's, as llama-server sends it
-                            },
-                            ["role"],
-                        ),
-                        "logprobs": CHAT_LOGPROBS,
-                        "finish_reason": CHAT_FINISH,
-                    }
-                ),
-            },
-            "usage": USAGE,
-            **LMSP_EXTRAS,
-        }
-    ),
     "UpdateChatCompletion": obj({"metadata": METADATA}, ["metadata"], extra=False),
-    "ChatCompletionList": obj(
-        {
-            "object": {"const": "list"},
-            "data": {"type": "array", "items": ref("ChatCompletion")},
-            "has_more": {"type": "boolean"},
-            "first_id": nullable(STR),
-            "last_id": nullable(STR),
-        }
-    ),
-    "ChatCompletionMessageList": obj(
-        {
-            "object": {"const": "list"},
-            "data": {
-                "type": "array",
-                "items": STORED_MESSAGE,
-            },
-            "has_more": {"type": "boolean"},
-            "first_id": nullable(STR),
-            "last_id": nullable(STR),
-        }
-    ),
-    "DeletedChatCompletion": obj(
-        {"id": STR, "object": {"const": "chat.completion.deleted"}, "deleted": {"const": True}}
-    ),
-    "ChatCompletionChunk": {
-        "anyOf": [
-            obj(
-                {
-                    "id": {"type": "string", "pattern": "^chatcmpl-"},
-                    "object": {"const": "chat.completion.chunk"},
-                    "created": TIME,
-                    "model": STR,
-                    "choices": {
-                        "type": "array",
-                        "items": obj(
-                            {
-                                "index": {"type": "integer"},
-                                "delta": {"type": "object"},
-                                "logprobs": CHAT_LOGPROBS,
-                                "finish_reason": CHAT_FINISH,
-                            }
-                        ),
-                    },
-                }
-            ),
-            STREAM_ERROR,
-        ]
-    },
     "CreateCompletion": obj(
         {
             "model": text(1, 256),
@@ -270,47 +140,9 @@ SCHEMAS: JSON = {
             {"not": {"required": ["echo", "suffix"], "properties": {"echo": {"const": True}, "suffix": STR}}},
         ]
     },
-    "TextCompletion": {
-        "anyOf": [
-            obj(
-                {
-                    "id": {"type": "string", "pattern": "^cmpl-"},
-                    "object": {"const": "text_completion"},
-                    "created": TIME,
-                    "model": STR,
-                    "choices": {
-                        "type": "array",
-                        "items": obj(
-                            {
-                                "index": {"type": "integer"},
-                                "text": STR,
-                                "logprobs": LEGACY_LOGPROBS,
-                                "finish_reason": FINISH,
-                            }
-                        ),
-                    },
-                },
-            ),
-            STREAM_ERROR,
-        ]
-    },
-    "EmbeddingList": obj(
-        {
-            "object": {"const": "list"},
-            "data": {
-                "type": "array",
-                "items": obj(
-                    {
-                        "object": {"const": "embedding"},
-                        "index": {"type": "integer"},
-                        "embedding": {"anyOf": [{"type": "array", "items": {"type": "number"}}, STR]},
-                    }
-                ),
-            },
-            "model": STR,
-            "usage": obj({"prompt_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}}),
-        }
-    ),
+    # a frame of a stream: a chunk, or the error that ends the stream
+    "ChatCompletionStreamEvent": {"anyOf": [ref("ChatCompletionChunk"), ref("Error")]},
+    "TextCompletionStreamEvent": {"anyOf": [ref("TextCompletion"), ref("Error")]},
 }
 
 
@@ -368,7 +200,7 @@ def _chat_paths(op: Maker, param: Maker, idempotency: JSON) -> JSON:
                         "description": "The chat completion, or its chunks with `stream: true`",
                         "content": {
                             "application/json": {"schema": ref("ChatCompletion")},
-                            **_sse("ChatCompletionChunk"),
+                            **_sse("ChatCompletionStreamEvent"),
                         },
                     },
                     **_errors(TASK_ERRORS),
@@ -467,7 +299,10 @@ def _other_paths(op: Maker, idempotency: JSON, body_errors: tuple[str, ...]) -> 
                 {
                     "200": {
                         "description": "The completion, or its chunks with `stream: true`",
-                        "content": {"application/json": {"schema": ref("TextCompletion")}, **_sse("TextCompletion")},
+                        "content": {
+                            "application/json": {"schema": ref("TextCompletion")},
+                            **_sse("TextCompletionStreamEvent"),
+                        },
                     },
                     **_errors(TASK_ERRORS),
                 },

@@ -7,10 +7,13 @@ service (:mod:`lmsp.service.tasks`) and writes the answer.
 
 from __future__ import annotations
 
+from typing import get_args
+
 import falcon
 
 from lmsp.service.keys import Answer
 from lmsp.service.tasks import Delivery
+from lmsp.wire.answers import ResponseStatus
 from lmsp.wire.responses import parse_create
 
 from . import idempotency
@@ -29,7 +32,7 @@ from .common import (
 )
 from .events import SSE_FRAMES, start_sse
 
-RESPONSE_STATUSES = ("queued", "in_progress", "completed", "incomplete", "failed", "cancelled")
+RESPONSE_STATUSES: tuple[str, ...] = get_args(ResponseStatus)
 
 
 class ResponsesResource:

@@ -4,10 +4,9 @@ the files), and the state the registry reports for each."""
 from __future__ import annotations
 
 from .. import objects as obj
+from ..contracts import MODEL_STATES
 from ..errors import InvalidRequest, ModelInUse, NotFound
 from .base import UNFINISHED_SQL, StoreBase
-
-MODEL_STATES = ("available", "loading", "loaded", "failed", "missing", "changed")
 
 
 class ModelsArea(StoreBase):
