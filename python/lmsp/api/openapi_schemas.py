@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from lmsp.wire.chat import CreateChatCompletion, UpdateChatCompletion
+from lmsp.wire.completions import CreateCompletion
 from lmsp.wire.embeddings import CreateEmbedding
 from lmsp.wire.structs import components
 
@@ -434,6 +436,6 @@ SCHEMAS: JSON = {
 }
 
 # the schemas of the wire types (lmsp.wire), each declared once as a Struct
-WIRE_SCHEMAS: JSON = components([CreateEmbedding])
+WIRE_SCHEMAS: JSON = components([CreateEmbedding, CreateChatCompletion, UpdateChatCompletion, CreateCompletion])
 
 SECURITY_SCHEMES = {"bearer": {"type": "http", "scheme": "bearer", "description": "A client token from pairing (B.2)."}}
