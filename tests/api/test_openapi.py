@@ -72,6 +72,8 @@ def test_the_request_schema_agrees_with_the_validation(user, anon):
     assert user.post("/v1/responses", json=bad).status_code == 400
 
 
+HI = {"role": "user", "content": "hi"}
+
 # (route, who, body schema, body): a body the service refuses with 400 (every field of
 # every request schema, at each limit the validators enforce), which the document
 # must refuse as well
@@ -112,6 +114,41 @@ REFUSED_BODIES = [
     ("/v1/models", "admin", "RegisterModel", {"path": "tiny.gguf", "id": "-tiny"}),
     ("/v1/models", "admin", "RegisterModel", {"path": "tiny.gguf", "id": "a/b"}),
     ("/v1/models", "admin", "RegisterModel", {"path": "tiny.gguf", "id": "i" * 129}),
+    *[("/v1/chat/completions", "user", "CreateChatCompletion", {"model": "tiny", "messages": [HI], **fields})
+      for fields in [
+          {"model": ""}, {"messages": []}, {"messages": [{"role": "user", "content": "a\x00b"}]},
+          {"messages": [{"role": "user", "content": [{"type": "text", "text": "\x00"}]}]},
+          {"messages": [{"role": "robot", "content": "x"}]}, {"messages": [{"role": "user"}]},
+          {"messages": [{"role": "user", "content": "x", "name": "bob"}]},
+          {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]},
+          {"messages": [{"role": "assistant", "content": None}]},
+          {"messages": [{"role": "assistant", "content": "x", "refusal": "no"}]},
+          {"messages": [{"role": "assistant", "content": "x", "reasoning_content": "\x00"}]},
+          {"messages": [{"role": "assistant", "tool_calls": [{"id": "", "function": {"name": "f", "arguments": ""}}]}]},
+          {"messages": [{"role": "tool", "content": "x"}]},
+          {"temperature": 3}, {"top_p": 0}, {"top_k": 2**31}, {"max_tokens": 0}, {"max_completion_tokens": 0},
+          {"seed": -1}, {"seed": 2**32 - 1}, {"stop": [""]}, {"stop": ["s"] * 17}, {"user": "u" * 513},
+          {"n": 2}, {"presence_penalty": 0.5}, {"frequency_penalty": -1}, {"logit_bias": {"1": 5}},
+          {"functions": [{"name": "f"}]}, {"function_call": "auto"}, {"modalities": ["audio"]}, {"audio": {}},
+          {"reasoning_effort": "low"}, {"logprobs": 1}, {"top_logprobs": 2}, {"logprobs": True, "top_logprobs": 21},
+          {"stream_options": {"include_usage": True}},
+          {"stream": True, "stream_options": {"include_obfuscation": True}},
+          {"metadata": {"k": 1}}, {"background": True}, {"tools": [{"type": "web_search"}]},
+          {"tools": [{"type": "function", "function": {"name": "a b"}}]},
+          {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "sometimes"},
+          {"tool_choice": {"type": "function", "name": "f"}}, {"response_format": {"type": "xml"}},
+          {"response_format": {"type": "json_object", "strict": True}}, {"response_format": {"type": "json_schema"}},
+          {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": [1]}}},
+      ]],
+    *[("/v1/completions", "user", "CreateCompletion", {"model": "tiny", "prompt": "hi", **fields}) for fields in [
+        {"prompt": []}, {"prompt": "a\x00b"}, {"prompt": [1, -2]}, {"prompt": ["a"] * 65}, {"prompt": {"text": "x"}},
+        {"suffix": "a\x00"}, {"echo": True, "suffix": "end"}, {"prompt": ["a", "b"], "stream": True},
+        {"logprobs": 6}, {"best_of": 3}, {"n": 2}, {"stop": ""}, {"stream_options": {"include_usage": True}},
+        {"messages": []},
+    ]],
+    *[("/v1/chat/completions/chatcmpl-none", "user", "UpdateChatCompletion", body) for body in [
+        {}, {"metadata": {"k": 1}}, {"metadata": {"": "v"}}, {"metadata": {}, "model": "tiny"},
+    ]],
 ]
 
 
@@ -136,6 +173,28 @@ def test_a_body_the_service_refuses_the_document_refuses(request, anon, path, wh
 def test_a_body_the_document_allows_the_service_takes(user, anon, body):
     assert schema_validator(anon.get("/openapi.json").json, "CreateResponse").is_valid(body)
     assert user.post("/v1/responses", json=body).status_code in (200, 202)
+
+
+@pytest.mark.parametrize("path,schema,body", [
+    ("/v1/chat/completions", "CreateChatCompletion",
+     {"model": "tiny", "messages": [{"role": "developer", "content": [{"type": "text", "text": ""}]}, HI,
+                                    {"role": "assistant", "content": None, "refusal": None, "annotations": [],
+                                     "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{}"}}]},
+                                    {"role": "tool", "tool_call_id": "c", "content": "ok"}],
+      "n": 1, "presence_penalty": 0, "logit_bias": {}, "functions": [], "modalities": ["text"], "audio": None,
+      "stop": [], "seed": 2**32 - 2, "top_k": 2**31 - 1, "logprobs": True, "top_logprobs": 20, "stream": True,
+      "stream_options": {"include_usage": True, "include_obfuscation": False}, "metadata": {"k": ""},
+      "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+      "tool_choice": {"type": "function", "function": {"name": "f"}}, "parallel_tool_calls": False,
+      "response_format": {"type": "json_object"}, "store": True, "user": ""}),
+    ("/v1/completions", "CreateCompletion",
+     {"model": "tiny", "prompt": ["a", [1, 2]], "echo": True, "logprobs": 5, "best_of": 1, "stop": "x"}),
+    ("/v1/completions", "CreateCompletion",
+     {"model": "tiny", "prompt": [1, 2], "suffix": "", "stream": True, "stream_options": {"include_usage": False}}),
+])
+def test_an_openai_body_the_document_allows_the_service_takes(user, anon, path, schema, body):
+    assert schema_validator(anon.get("/openapi.json").json, schema).is_valid(body)
+    assert user.post(path, json=body).status_code == 200
 
 
 def parameter(doc: dict, path: str, method: str, name: str) -> dict:

@@ -16,8 +16,7 @@ from lmsp import calls as call_format
 from lmsp.errors import InvalidRequest, NotFound
 from lmsp.service.keys import Answer
 from lmsp.wire import chat_tools
-from lmsp.wire.chat import PREFIX, parse_chat
-from lmsp.wire.fields import reject_unknown
+from lmsp.wire.chat import PREFIX, parse_chat, parse_update
 from lmsp.wire.metadata import parse_metadata
 from lmsp.wire.openai import asked_logprobs
 
@@ -122,10 +121,7 @@ class ChatCompletionResource:
     def on_post(self, req: falcon.Request, resp: falcon.Response, completion_id: str) -> None:
         check_chat_id(completion_id)
         body = self.deps.body(req)
-        reject_unknown(body, ("metadata",))
-        if "metadata" not in body:
-            raise InvalidRequest("'metadata' is required: it is what an update changes", param="metadata")
-        metadata = parse_metadata(body["metadata"])
+        metadata = parse_update(body)
 
         def update() -> Answer:
             self.deps.tasks.update_metadata(completion_id, metadata, owner_filter(req))

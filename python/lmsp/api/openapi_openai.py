@@ -1,146 +1,25 @@
 """The OpenAPI paths and schemas of OpenAI's endpoints (B.11): Chat
 Completions, Completions and Embeddings. :mod:`.openapi` adds them to the
-document; the request schemas carry what the service enforces, and a value
-that asks for a feature the service lacks is left out of them.
+document. The request schemas are the wire types' (:mod:`lmsp.wire.chat`,
+:mod:`lmsp.wire.completions`, :mod:`lmsp.wire.embeddings`).
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-from .openapi_chat_tools import CHAT_MESSAGE, RESPONSE_FORMAT, TOOL_CHOICE, TOOLS
-from .openapi_schemas import JSON, MAX_TEXT, NO_NUL, STR, nullable, obj, ref, text
+from .openapi_schemas import JSON, STR, ref, text
 
-NULL = {"type": "null"}
-BOOL = nullable({"type": "boolean"})
 ERROR = {"content": {"application/json": {"schema": ref("Error")}}}
-SEED = nullable({"type": "integer", "minimum": 0, "maximum": 2**32 - 2})
-TOKENS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
-STOP = nullable({"anyOf": [text(1, 1000), {"type": "array", "maxItems": 16, "items": text(1, 1000)}]})
-METADATA = nullable(
-    {"type": "object", "maxProperties": 16, "propertyNames": text(1, 64), "additionalProperties": text(0, 512)}
-)
 METADATA_FILTER = {
     "type": "object",
     "maxProperties": 16,
     "propertyNames": text(1, 64),
     "additionalProperties": text(0, 512),
 }
-STREAM_OPTIONS = nullable(
-    obj({"include_usage": BOOL, "include_obfuscation": nullable({"const": False})}, [], extra=False)
-)
-# stream_options only with stream: true
-STREAM_OPTIONS_NEED_STREAM = {
-    "not": {
-        "required": ["stream_options"],
-        "properties": {"stream_options": {"type": "object"}, "stream": {"not": {"const": True}}},
-    }
-}
-SAMPLING: JSON = {
-    "max_tokens": nullable({"type": "integer", "minimum": 1}),
-    "temperature": nullable({"type": "number", "minimum": 0, "maximum": 2}),
-    "top_p": nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 1}),
-    "top_k": nullable({"type": "integer", "minimum": 0, "maximum": 2**31 - 1, "description": "LMSP's, 0: off."}),
-    "seed": SEED,
-    "stop": STOP,
-    "stream": BOOL,
-    "stream_options": STREAM_OPTIONS,
-    "user": nullable(text(0, 512)),
-}
-# what asks for nothing (openai_refusals): any other value is a 400
-NOTHING_ASKED: JSON = {
-    "n": nullable({"const": 1}),
-    "presence_penalty": nullable({"const": 0}),
-    "frequency_penalty": nullable({"const": 0}),
-    "logit_bias": nullable({"type": "object", "maxProperties": 0}),
-}
-CHAT_NOTHING_ASKED: JSON = {
-    **NOTHING_ASKED,
-    "functions": nullable({"type": "array", "maxItems": 0}),
-    "function_call": nullable({"const": "none"}),
-    "modalities": nullable({"const": ["text"]}),
-    "audio": NULL,
-    "prediction": NULL,
-    "web_search_options": NULL,
-    "reasoning_effort": NULL,
-    "verbosity": NULL,
-}
-# top_logprobs only with logprobs: true
-TOP_NEEDS_LOGPROBS = {
-    "not": {
-        "required": ["top_logprobs"],
-        "properties": {"top_logprobs": {"type": "integer"}, "logprobs": {"not": {"const": True}}},
-    }
-}
 SCHEMAS: JSON = {
-    "CreateChatCompletion": obj(
-        {
-            "model": text(1, 256),
-            "messages": {"type": "array", "minItems": 1, "maxItems": 10_000, "items": CHAT_MESSAGE},
-            "max_completion_tokens": nullable({"type": "integer", "minimum": 1}),
-            **SAMPLING,
-            "safety_identifier": nullable(text(0, 512)),
-            "prompt_cache_key": nullable(text(0, 512)),
-            "service_tier": nullable(text(0, 512)),
-            "metadata": METADATA,
-            "store": BOOL,
-            "logprobs": BOOL,
-            "top_logprobs": nullable({"type": "integer", "minimum": 0, "maximum": 20}),
-            "tools": TOOLS,
-            "tool_choice": TOOL_CHOICE,
-            "parallel_tool_calls": BOOL,
-            "response_format": RESPONSE_FORMAT,
-            **CHAT_NOTHING_ASKED,
-        },
-        ["model", "messages"],
-        extra=False,
-    )
-    | {"allOf": [STREAM_OPTIONS_NEED_STREAM, TOP_NEEDS_LOGPROBS]},
-    "UpdateChatCompletion": obj({"metadata": METADATA}, ["metadata"], extra=False),
-    "CreateCompletion": obj(
-        {
-            "model": text(1, 256),
-            "prompt": {
-                "anyOf": [
-                    text(0, MAX_TEXT, NO_NUL),
-                    TOKENS,
-                    {
-                        "type": "array",
-                        "minItems": 1,
-                        "maxItems": 64,
-                        "items": {"anyOf": [text(0, MAX_TEXT, NO_NUL), TOKENS]},
-                        "description": "A completion per prompt, each a choice (not with `stream`).",
-                    },
-                ]
-            },
-            "suffix": nullable(text(0, MAX_TEXT, NO_NUL)),
-            "echo": BOOL,
-            **SAMPLING,
-            **NOTHING_ASKED,
-            "best_of": nullable({"const": 1}),
-            "logprobs": nullable({"type": "integer", "minimum": 0, "maximum": 5}),
-        },
-        ["model", "prompt"],
-        extra=False,
-    )
-    | {
-        "allOf": [
-            STREAM_OPTIONS_NEED_STREAM,
-            # a stream of one prompt only
-            {
-                "not": {
-                    "required": ["stream", "prompt"],
-                    "properties": {
-                        "stream": {"const": True},
-                        "prompt": {"type": "array", "minItems": 2, "items": {"type": ["string", "array"]}},
-                    },
-                }
-            },
-            # echo: without suffix
-            {"not": {"required": ["echo", "suffix"], "properties": {"echo": {"const": True}, "suffix": STR}}},
-        ]
-    },
-    # a frame of a stream: a chunk, or the error that ends the stream
+    # a frame of a stream: a chunk, or the error that ends the stream (two objects
+    # without a tag, which a Struct union cannot hold)
     "ChatCompletionStreamEvent": {"anyOf": [ref("ChatCompletionChunk"), ref("Error")]},
     "TextCompletionStreamEvent": {"anyOf": [ref("TextCompletion"), ref("Error")]},
 }

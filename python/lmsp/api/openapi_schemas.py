@@ -15,6 +15,8 @@ import msgspec
 from lmsp.auth import Scope
 from lmsp.wire import answers, conversation_answers, openai_answers
 from lmsp.wire.answers import OutputItem, ResponseStatus, Scopes
+from lmsp.wire.chat import CreateChatCompletion, UpdateChatCompletion
+from lmsp.wire.completions import CreateCompletion
 from lmsp.wire.embeddings import CreateEmbedding
 from lmsp.wire.models import RegisterModel
 from lmsp.wire.pairing import PairingRequest, PairRequest
@@ -203,6 +205,9 @@ WIRE_SCHEMAS: JSON = {
     **components(
         [
             CreateEmbedding,
+            CreateChatCompletion,
+            UpdateChatCompletion,
+            CreateCompletion,
             PairingRequest,
             PairRequest,
             RegisterModel,

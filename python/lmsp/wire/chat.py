@@ -4,7 +4,9 @@ sampling settings, log probabilities, tools and response format."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Annotated, Any, Callable, ClassVar, Literal
+
+from msgspec import Meta
 
 from lmsp import history
 from lmsp.contracts import CreateRequest
@@ -12,12 +14,22 @@ from lmsp.errors import InvalidRequest
 from lmsp.objects import LOGPROBS
 
 from . import chat_tools
-from .fields import get_bool, get_int, get_str, reject_unknown
+from .chat_tools import ChatTool, ChatToolCall, ResponseFormat, ToolChoice
 from .input import MAX_MESSAGES, MAX_TEXT
-from .metadata import parse_metadata
-from .openai import ON_RESTART, include_usage, sampling_fields
+from .openai import (
+    ON_RESTART,
+    STREAM_OPTIONS_NEED_STREAM,
+    Key,
+    OpenAIRequest,
+    Tokens,
+    include_usage,
+    read_request,
+    sampling_fields,
+)
 from .options import MAX_TOP_LOGPROBS
-from .refusals import refuse_unsupported
+from .refusals import nothing_asked, refuse_unsupported
+from .structs import JSON, NO_NUL, Body, Metadata, ModelName, read
+from .tools import MAX_TOOLS
 
 PREFIX = "chatcmpl-"
 REFUSED = (
@@ -34,70 +46,146 @@ REFUSED = (
     "reasoning_effort",
     "verbosity",
 )
-ACCEPTED = (
-    "model",
-    "messages",
-    "max_tokens",
-    "max_completion_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "stop",
-    "seed",
-    "logprobs",
-    "top_logprobs",
-    "stream",
-    "stream_options",
-    "user",
-    "safety_identifier",
-    "prompt_cache_key",
-    "service_tier",
-    "parallel_tool_calls",
-    "tools",
-    "tool_choice",
-    "response_format",
-    "metadata",
-    "store",
-)
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-# a message's fields besides role and content (each but those of CARRIED asks for
-# nothing only when null or empty)
-EMPTY_FIELDS = {
-    "assistant": ("refusal", "tool_calls", "function_call", "audio", "annotations", "reasoning_content"),
-    "tool": ("tool_call_id",),
+# an assistant message's fields that ask for nothing only when null or empty
+EMPTY_FIELDS = ("refusal", "function_call", "audio", "annotations")
+
+Text = Annotated[str, Meta(max_length=MAX_TEXT, pattern=NO_NUL)]
+#: ``top_logprobs`` only with ``logprobs: true``
+TOP_NEEDS_LOGPROBS: JSON = {
+    "not": {
+        "required": ["top_logprobs"],
+        "properties": {"top_logprobs": {"type": "integer"}, "logprobs": {"not": {"const": True}}},
+    }
 }
-CARRIED = ("tool_calls", "tool_call_id", "reasoning_content")
 
 
-def _content(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise InvalidRequest(f"{where} must be a string or an array of text parts", param=where)
-    texts = []
-    for j, part in enumerate(content):
-        at = f"{where}[{j}]"
-        if not isinstance(part, dict):
-            raise InvalidRequest(f"{at} must be an object", param=at)
-        if part.get("type") != "text":
-            raise InvalidRequest(
-                f"{at}.type must be 'text': only text content is supported, not {part.get('type')!r}",
-                param=f"{at}.type",
-            )
-        reject_unknown(part, ("type", "text"), where=f"{at}.")
-        texts.append(get_str(part, "text", required=True, allow_empty=True, max_len=MAX_TEXT, param=f"{at}.text"))
-    return "".join(texts)
+class ChatTextPart(Body):
+    """A text part of a message's content (the only kind this service reads)."""
+
+    type: Literal["text"]
+    text: Text
 
 
-def parse_messages(value: Any, shown: list[dict[str, Any]] | None = None) -> list[dict[str, str]]:
-    """``messages``: a non-empty array of system, developer, user, assistant (with text
-    content, tool calls or both) and tool messages, as the prompt takes them (calls
-    and their outputs as :mod:`lmsp.wire.chat_tools` shows them to the model). Each
-    message as the stored completion lists it is appended to ``shown``."""
-    if not isinstance(value, list) or not value:
-        raise InvalidRequest("'messages' must be a non-empty array of messages", param="messages")
-    if len(value) > MAX_MESSAGES:
-        raise InvalidRequest(f"'messages' has more than {MAX_MESSAGES} messages", param="messages")
+Content = Text | list[ChatTextPart]
+
+
+class ChatMessage(Body, tag_field="role"):
+    """A message of ``messages``, by its ``role``."""
+
+    #: the role the prompt gives it
+    said_as: ClassVar[str] = "user"
+
+
+class ChatSystemMessage(ChatMessage, tag="system"):
+    """The instructions of the conversation."""
+
+    said_as: ClassVar[str] = "system"
+    content: Content
+
+
+class ChatDeveloperMessage(ChatSystemMessage, tag="developer"):
+    """The instructions of the conversation (a system message by another name)."""
+
+
+class ChatUserMessage(ChatMessage, tag="user"):
+    """What the user says."""
+
+    content: Content
+
+
+class ChatAssistantMessage(ChatMessage, tag="assistant"):
+    """What the model said before: its text, its tool calls, or both."""
+
+    said_as: ClassVar[str] = "assistant"
+    content: Content | None = None
+    tool_calls: list[ChatToolCall] | None = None
+    reasoning_content: (
+        Annotated[Text, Meta(description="An assistant's earlier reasoning, for a template that shows it again.")]
+        | None
+    ) = None
+    # asked for nothing only when null or empty
+    refusal: str | None = None
+    function_call: dict[str, Any] | None = None
+    audio: dict[str, Any] | None = None
+    annotations: list[Any] | None = None
+
+    __schema__: ClassVar[JSON] = {
+        "properties": {
+            "refusal": {"type": "null"},
+            "function_call": {"type": "null"},
+            "audio": {"type": "null"},
+            "annotations": {"type": "array", "maxItems": 0},
+        },
+        # content, unless it has tool calls
+        "anyOf": [
+            {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
+            {"required": ["tool_calls"], "properties": {"tool_calls": {"type": "array", "minItems": 1}}},
+        ],
+    }
+
+
+class ChatToolMessage(ChatMessage, tag="tool"):
+    """The output of a tool call of an assistant message before it."""
+
+    said_as: ClassVar[str] = "tool"
+    content: Content
+    tool_call_id: Annotated[
+        str, Meta(min_length=1, max_length=64, description="The id of a tool call of an assistant message before it.")
+    ]
+
+
+Message = ChatSystemMessage | ChatDeveloperMessage | ChatUserMessage | ChatAssistantMessage | ChatToolMessage
+
+
+class CreateChatCompletion(OpenAIRequest, kw_only=True):
+    """A chat completion of ``messages`` (a task of the store; streamed with ``stream: true``)."""
+
+    model: ModelName
+    messages: Annotated[list[Message], Meta(min_length=1, max_length=MAX_MESSAGES)]
+    max_completion_tokens: Tokens | None = None
+    safety_identifier: Key | None = None
+    prompt_cache_key: Key | None = None
+    service_tier: Key | None = None
+    metadata: Metadata | None = None
+    store: bool | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    tools: Annotated[list[ChatTool], Meta(max_length=MAX_TOOLS)] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    # asked for nothing only at their default (lmsp.wire.refusals)
+    functions: list[Any] | None = None
+    function_call: str | dict[str, Any] | None = None
+    modalities: list[Any] | None = None
+    audio: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+
+    __schema__: ClassVar[JSON] = {
+        "properties": nothing_asked(REFUSED),
+        "allOf": [STREAM_OPTIONS_NEED_STREAM, TOP_NEEDS_LOGPROBS],
+    }
+
+
+class UpdateChatCompletion(Body):
+    """A stored chat completion's new ``metadata``, which replaces its own (null: none)."""
+
+    metadata: Metadata | None
+
+
+def _content(content: Content | None) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "".join(part.text for part in content)
+
+
+def parse_messages(value: list[Message], shown: list[dict[str, Any]] | None = None) -> list[dict[str, str]]:
+    """``messages`` as the prompt takes them (calls and their outputs as
+    :mod:`lmsp.wire.chat_tools` shows them to the model). Each message as the stored
+    completion lists it is appended to ``shown``."""
     out: list[dict[str, str]] = []
     seen: dict[str, str] = {}  # call id -> name, of the tool calls so far
     for i, message in enumerate(value):
@@ -106,93 +194,81 @@ def parse_messages(value: Any, shown: list[dict[str, Any]] | None = None) -> lis
 
 
 def _message(
-    message: Any, where: str, seen: dict[str, str], shown: list[dict[str, Any]] | None = None
+    message: Message, where: str, seen: dict[str, str], shown: list[dict[str, Any]] | None = None
 ) -> list[dict[str, str]]:
     """One message as the prompt's messages (an assistant message: its reasoning, its
     text, if any, and one per call)."""
-    if not isinstance(message, dict):
-        raise InvalidRequest(f"{where} must be an object with 'role' and 'content'", param=where)
-    role = message.get("role")
-    if role not in ROLES and role != "tool":
-        raise InvalidRequest(f"{where}.role must be one of {', '.join(ROLES)}, tool", param=f"{where}.role")
-    extra = EMPTY_FIELDS.get(role, ())
-    reject_unknown(message, ("role", "content", *extra), where=f"{where}.")
-    for name in extra:
-        if name not in CARRIED and message.get(name) not in (None, []):
-            raise InvalidRequest(f"{where}.{name}: this endpoint does not support it", param=f"{where}.{name}")
-    calls = message.get("tool_calls") or []
-    if message.get("content") is None and not calls:
-        raise InvalidRequest(f"{where}.content is required", param=f"{where}.content")
-    text = "" if message.get("content") is None else _content(message["content"], f"{where}.content")
-    if "\x00" in text:
-        raise InvalidRequest(f"{where}.content must not contain NUL characters", param=f"{where}.content")
-    if role == "tool":
-        made = [chat_tools.tool_message(message, where, text, seen)]
+    text = _content(message.content)
+    calls: list[ChatToolCall] | None = None
+    if isinstance(message, ChatToolMessage):
+        made = [chat_tools.tool_message(message.tool_call_id, where, text, seen)]
+    elif isinstance(message, ChatAssistantMessage):
+        calls = _assistant(message, where)
+        said = [{"role": "assistant", "content": text}] if text or not calls else []
+        reasoning = message.reasoning_content
+        made = ([history.reasoning_message(reasoning)] if reasoning else []) + said
+        made += chat_tools.tool_call_messages(calls or [], f"{where}.tool_calls", seen)
     else:
-        said = [{"role": ROLES[role], "content": text}] if text or not calls else []
-        made = _reasoning(message, where) + said
-        made += chat_tools.tool_call_messages(calls, f"{where}.tool_calls", seen)
+        made = [{"role": message.said_as, "content": text}]
     if shown is not None:
-        shown.append(chat_tools.stored_message(message, ROLES.get(role, "tool"), text))
+        call_id = message.tool_call_id if isinstance(message, ChatToolMessage) else None
+        shown.append(chat_tools.stored_message(message.said_as, text, calls, call_id))
     return made
 
 
-def _reasoning(message: dict[str, Any], where: str) -> list[dict[str, str]]:
-    """An assistant message's ``reasoning_content`` (as llama-server takes it) as a
-    reasoning message before it (:mod:`lmsp.history`); none when it has none."""
-    given = message.get("reasoning_content")
-    if given is None or given == "":
-        return []
-    at = f"{where}.reasoning_content"
-    if not isinstance(given, str) or "\x00" in given or len(given) > MAX_TEXT:
-        raise InvalidRequest(f"{at} must be a string of at most {MAX_TEXT} characters, without NUL", param=at)
-    return [history.reasoning_message(given)]
+def _assistant(message: ChatAssistantMessage, where: str) -> list[ChatToolCall] | None:
+    """An assistant message's tool calls, once its other fields are checked: each field
+    of :data:`EMPTY_FIELDS` asks for nothing, and it has content or calls."""
+    for name in EMPTY_FIELDS:
+        if getattr(message, name) not in (None, []):
+            raise InvalidRequest(f"{where}.{name}: this endpoint does not support it", param=f"{where}.{name}")
+    if message.content is None and not message.tool_calls:
+        raise InvalidRequest(f"{where}.content is required", param=f"{where}.content")
+    return message.tool_calls
 
 
-def parse_logprobs(body: dict[str, Any]) -> dict[str, Any]:
-    """``logprobs`` and ``top_logprobs`` (0 to 20, only with ``logprobs: true``, as OpenAI
+def parse_logprobs(asked: CreateChatCompletion) -> dict[str, Any]:
+    """``logprobs`` and ``top_logprobs`` (only with ``logprobs: true``, as OpenAI
     answers), as the task keeps them: the Responses request's ``include`` and
     ``top_logprobs``, which the engine and the store read."""
-    wanted = bool(get_bool(body, "logprobs"))
-    top = get_int(body, "top_logprobs", minimum=0, maximum=MAX_TOP_LOGPROBS)
-    if top is not None and not wanted:
+    wanted = bool(asked.logprobs)
+    if asked.top_logprobs is not None and not wanted:
         raise InvalidRequest("'top_logprobs' is only allowed with 'logprobs': true", param="top_logprobs")
-    return {"include": [LOGPROBS] if wanted else [], "top_logprobs": top or 0}
+    return {"include": [LOGPROBS] if wanted else [], "top_logprobs": asked.top_logprobs or 0}
+
+
+def parse_update(body: Any) -> dict[str, str]:
+    """An update of a stored chat completion: its new ``metadata``."""
+    return dict(read(body, UpdateChatCompletion).metadata or {})
 
 
 def parse_chat(body: dict[str, Any], config: Any, random_seed: Callable[[], int]) -> CreateRequest:
     """Check a Chat Completions request and make its task; raises InvalidRequest."""
-    reject_unknown(body, ACCEPTED + REFUSED)
-    refuse_unsupported(body, REFUSED)
-    model = get_str(body, "model", required=True, max_len=256)
-    if "messages" not in body:
-        raise InvalidRequest("'messages' is required", param="messages")
+    asked = read_request(body, CreateChatCompletion)
+    refuse_unsupported(asked, REFUSED)
     shown: list[dict[str, Any]] = []
-    messages = parse_messages(body["messages"], shown)
-    stream = get_bool(body, "stream")
-    store = get_bool(body, "store")  # OpenAI's default: not stored
-    for name in ("user", "safety_identifier", "prompt_cache_key", "service_tier"):
-        get_str(body, name, allow_empty=True, max_len=512)
+    messages = parse_messages(asked.messages, shown)
+    stream, store = bool(asked.stream), bool(asked.store)  # OpenAI's default: not stored
     request = {
-        "model": model,
+        "model": asked.model,
         "input": [dict(m) for m in messages],
         "chat_messages": shown,  # as the stored completion's messages list them
         "instructions": None,
-        **sampling_fields(body, config, random_seed),
-        **parse_logprobs(body),
+        **sampling_fields(asked, config, random_seed, asked.max_completion_tokens),
+        **parse_logprobs(asked),
         "stream": stream,
-        "include_usage": include_usage(body, stream),
+        "include_usage": include_usage(asked),
         "background": False,
         "store": store,
         "on_restart": ON_RESTART,
-        "metadata": parse_metadata(body.get("metadata")),
-        "text": chat_tools.parse_response_format(body.get("response_format")),
-        **chat_tools.parse_tool_fields(body),
-        "parallel_tool_calls": get_bool(body, "parallel_tool_calls", default=True),
+        "metadata": dict(asked.metadata or {}),
+        "text": chat_tools.parse_response_format(asked.response_format),
+        **chat_tools.parse_tool_fields(asked.tools, asked.tool_choice),
+        "parallel_tool_calls": asked.parallel_tool_calls is not False,
     }
     return CreateRequest(
         client_id=None,
-        model=model,
+        model=asked.model,
         messages=messages,
         request=request,
         on_restart=ON_RESTART,

@@ -4,38 +4,83 @@ for the model's fill-in-the-middle form."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Annotated, Any, Callable, ClassVar
+
+from msgspec import Meta
 
 from lmsp.contracts import CreateRequest
 from lmsp.errors import InvalidRequest
 from lmsp.objects import LOGPROBS
 
-from .fields import get_bool, get_int, get_str, reject_unknown
 from .input import MAX_TEXT
-from .openai import ON_RESTART, include_usage, sampling_fields, token_ids
-from .refusals import refuse_unsupported
+from .openai import (
+    ON_RESTART,
+    STREAM_OPTIONS_NEED_STREAM,
+    OpenAIRequest,
+    include_usage,
+    read_request,
+    sampling_fields,
+    token_ids,
+)
+from .refusals import nothing_asked, refuse_unsupported
+from .structs import JSON, NO_NUL, ModelName
 
 REFUSED = ("n", "best_of", "presence_penalty", "frequency_penalty", "logit_bias")
-ACCEPTED = (
-    "model",
-    "prompt",
-    "suffix",
-    "echo",
-    "logprobs",
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "stop",
-    "seed",
-    "stream",
-    "stream_options",
-    "user",
-)
 MAX_LOGPROBS = 5  # the most alternatives per token of OpenAI's legacy API
-
-
 MAX_PROMPTS = 64
+_TEXT: JSON = {"type": "string", "maxLength": MAX_TEXT, "pattern": NO_NUL}
+_TOKENS: JSON = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
+
+
+class CreateCompletion(OpenAIRequest, kw_only=True):
+    """A completion of a raw prompt (no chat template; a task of the store): ``prompt`` is
+    a text, token ids, or an array of either (a completion each)."""
+
+    model: ModelName
+    prompt: str | list[Any]
+    suffix: Annotated[str, Meta(max_length=MAX_TEXT, pattern=NO_NUL)] | None = None
+    echo: bool | None = None
+    logprobs: Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)] | None = None
+    best_of: int | None = None  # asked for nothing only at 1 (lmsp.wire.refusals)
+
+    __schema__: ClassVar[JSON] = {
+        "properties": {
+            "prompt": {
+                "anyOf": [
+                    _TEXT,
+                    _TOKENS,
+                    {
+                        "type": "array",
+                        "minItems": 1,
+                        "maxItems": MAX_PROMPTS,
+                        "items": {"anyOf": [_TEXT, _TOKENS]},
+                        "description": "A completion per prompt, each a choice (not with `stream`).",
+                    },
+                ]
+            },
+            **nothing_asked(REFUSED),
+        },
+        "allOf": [
+            STREAM_OPTIONS_NEED_STREAM,
+            # a stream of one prompt only
+            {
+                "not": {
+                    "required": ["stream", "prompt"],
+                    "properties": {
+                        "stream": {"const": True},
+                        "prompt": {"type": "array", "minItems": 2, "items": {"type": ["string", "array"]}},
+                    },
+                }
+            },
+            # echo: without suffix
+            {
+                "not": {
+                    "required": ["echo", "suffix"],
+                    "properties": {"echo": {"const": True}, "suffix": {"type": "string"}},
+                }
+            },
+        ],
+    }
 
 
 def prompt_params(value: Any) -> list[str]:
@@ -74,30 +119,24 @@ def _one_prompt(value: Any, param: str) -> str | list[int]:
 
 def parse_completion(body: dict[str, Any], config: Any, random_seed: Callable[[], int]) -> list[CreateRequest]:
     """Check a Completions request and make its tasks, one per prompt; raises InvalidRequest."""
-    reject_unknown(body, ACCEPTED + REFUSED)
-    refuse_unsupported(body, REFUSED)
-    model = get_str(body, "model", required=True, max_len=256)
-    if body.get("prompt") is None:
-        raise InvalidRequest("'prompt' is required", param="prompt")
-    prompts = parse_prompts(body["prompt"])
-    suffix = get_str(body, "suffix", allow_empty=True, max_len=MAX_TEXT)
-    echo = get_bool(body, "echo")
+    asked = read_request(body, CreateCompletion)
+    refuse_unsupported(asked, REFUSED)
+    prompts = parse_prompts(asked.prompt)
+    suffix, echo, stream = asked.suffix, bool(asked.echo), bool(asked.stream)
     if echo and suffix is not None:
         raise InvalidRequest("'echo' cannot be used with 'suffix'", param="echo")
-    stream = get_bool(body, "stream")
     if stream and len(prompts) > 1:
         raise InvalidRequest("a stream takes one prompt; send the others in requests of their own", param="stream")
-    get_str(body, "user", allow_empty=True, max_len=512)
-    logprobs = get_int(body, "logprobs", minimum=0, maximum=MAX_LOGPROBS)
+    logprobs, model = asked.logprobs, asked.model
     common = {
         "suffix": suffix,
         "echo": echo,
         # as the Responses request asks for them, which the engine and the store read
         "include": [] if logprobs is None else [LOGPROBS],
         "top_logprobs": logprobs or 0,
-        **sampling_fields(body, config, random_seed),
+        **sampling_fields(asked, config, random_seed),
         "stream": stream,
-        "include_usage": include_usage(body, stream),
+        "include_usage": include_usage(asked),
         "background": False,
         "store": False,
         "on_restart": ON_RESTART,

@@ -1,6 +1,7 @@
 """What OpenAI's endpoints share in a request: the sampling settings, the
-stream's options, log probabilities and token ids, checked as the task keeps
-them (the names of the Responses request, which the engine reads).
+stream's options, log probabilities and token ids, declared once
+(:class:`OpenAIRequest`) and made into what the task keeps (the names of the
+Responses request, which the engine reads).
 
 Their restart policy is ``fail``: the client that waits for the answer is gone
 after a restart.
@@ -8,16 +9,74 @@ after a restart.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Annotated, Any, Callable, ClassVar, TypeVar
+
+from msgspec import Meta
 
 from lmsp.errors import InvalidRequest
 from lmsp.objects import LOGPROBS
 
-from .fields import get_bool, get_int, get_number, reject_unknown
-from .input import SEED_MAX, parse_stop
+from .structs import INT32_MAX, JSON, Body, Seed, Stop, read
 
 ON_RESTART = "fail"
 MAX_PROMPT_TOKENS = 1_000_000
+MAX_KEY = 512  # characters of user, safety_identifier, prompt_cache_key, service_tier
+
+Key = Annotated[str, Meta(max_length=MAX_KEY)]
+Tokens = Annotated[int, Meta(ge=1)]
+
+#: ``stream_options`` only with ``stream: true``
+STREAM_OPTIONS_NEED_STREAM: JSON = {
+    "not": {
+        "required": ["stream_options"],
+        "properties": {"stream_options": {"type": "object"}, "stream": {"not": {"const": True}}},
+    }
+}
+
+R = TypeVar("R", bound="OpenAIRequest")
+
+
+class CompletionStreamOptions(Body):
+    """What a stream adds: with ``include_usage``, a last chunk with the usage."""
+
+    include_usage: bool | None = None
+    include_obfuscation: bool | None = None
+
+    __schema__: ClassVar[JSON] = {
+        "properties": {"include_obfuscation": {"anyOf": [{"const": False}, {"type": "null"}]}}
+    }
+
+
+class OpenAIRequest(Body):
+    """The fields that Chat Completions and Completions requests share."""
+
+    max_tokens: Tokens | None = None
+    temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
+    top_k: Annotated[int, Meta(ge=0, le=INT32_MAX, description="LMSP's, 0: off.")] | None = None
+    seed: Seed | None = None
+    stop: Stop | None = None
+    stream: bool | None = None
+    stream_options: CompletionStreamOptions | None = None
+    user: Key | None = None
+    # asked for nothing only at their default (lmsp.wire.refusals)
+    n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, Any] | None = None
+
+
+def read_request(body: Any, kind: type[R]) -> R:
+    """``body`` as ``kind``; a refused stop sequence is named ``stop``, as its refusal
+    says which rule each one breaks."""
+    try:
+        return read(body, kind)
+    except InvalidRequest as exc:
+        if not (exc.param or "").startswith("stop["):
+            raise
+        raise InvalidRequest(
+            "'stop' must be a string or at most 16 strings, each of 1 to 1000 characters", param="stop"
+        ) from None
 
 
 def token_ids(value: list[Any], param: str) -> list[int]:
@@ -31,42 +90,38 @@ def token_ids(value: list[Any], param: str) -> list[int]:
     return list(value)
 
 
-def _max_tokens(body: dict[str, Any], config: Any) -> int:
-    given = get_int(body, "max_completion_tokens", minimum=1)
-    if given is None:
-        given = get_int(body, "max_tokens", minimum=1)
-    return int(min(config.max_output_tokens if given is None else given, config.max_output_tokens_cap))
-
-
-def include_usage(body: dict[str, Any], stream: bool) -> bool:
+def include_usage(asked: OpenAIRequest) -> bool:
     """``stream_options.include_usage`` (only with ``stream``, as in OpenAI)."""
-    options = body.get("stream_options")
+    options = asked.stream_options
     if options is None:
         return False
-    if not stream:
+    if not asked.stream:
         raise InvalidRequest("'stream_options' is only allowed with 'stream': true", param="stream_options")
-    if not isinstance(options, dict):
-        raise InvalidRequest("'stream_options' must be an object", param="stream_options")
-    reject_unknown(options, ("include_usage", "include_obfuscation"), where="stream_options.")
-    if options.get("include_obfuscation"):
+    if options.include_obfuscation:
         raise InvalidRequest(
             "'stream_options.include_obfuscation': this endpoint does not pad its chunks",
             param="stream_options.include_obfuscation",
         )
-    return bool(get_bool(options, "include_usage", param="stream_options.include_usage"))
+    return bool(options.include_usage)
 
 
-def sampling_fields(body: dict[str, Any], config: Any, random_seed: Callable[[], int]) -> dict[str, Any]:
-    """The sampling settings that Chat Completions and Completions share, checked, as the
-    task keeps them (the names of the Responses request, which the engine reads)."""
-    seed = get_int(body, "seed", minimum=0, maximum=SEED_MAX)
+def sampling_fields(
+    asked: OpenAIRequest, config: Any, random_seed: Callable[[], int], max_tokens: int | None = None
+) -> dict[str, Any]:
+    """The sampling settings that Chat Completions and Completions share, as the task
+    keeps them (the names of the Responses request, which the engine reads);
+    ``max_tokens``: the request's cap when it has another name for it."""
+    given = asked.max_tokens if max_tokens is None else max_tokens
+    stop = asked.stop
     return {
-        "max_output_tokens": _max_tokens(body, config),
-        "temperature": get_number(body, "temperature", default=1.0, minimum=0, maximum=2),
-        "top_p": get_number(body, "top_p", default=1.0, exclusive_minimum=0, maximum=1),
-        "top_k": get_int(body, "top_k", default=0, minimum=0, maximum=2**31 - 1),  # LMSP's, as llama-server's
-        "seed": random_seed() if seed is None else seed,
-        "stop": parse_stop(body.get("stop")),
+        "max_output_tokens": int(
+            min(config.max_output_tokens if given is None else given, config.max_output_tokens_cap)
+        ),
+        "temperature": 1.0 if asked.temperature is None else asked.temperature,
+        "top_p": 1.0 if asked.top_p is None else asked.top_p,
+        "top_k": asked.top_k or 0,
+        "seed": random_seed() if asked.seed is None else asked.seed,
+        "stop": [stop] if isinstance(stop, str) else list(stop or ()),
     }
 
 
