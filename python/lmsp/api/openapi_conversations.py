@@ -1,5 +1,5 @@
 """The OpenAPI paths and schemas of what continues earlier turns (LMSP B.11):
-``previous_response_id`` and ``conversation`` on a create request, a response's
+what a Response echoes of ``previous_response_id`` and ``conversation``, a response's
 ``input_items``, and the conversations with their items."""
 
 from __future__ import annotations
@@ -7,25 +7,17 @@ from __future__ import annotations
 import copy
 from typing import Callable
 
-from .openapi_open_responses import REASONING_ITEM
 from lmsp.wire.options import INCLUDE
 from .openapi_schemas import JSON, STR, TIME, nullable, obj, ref, text
 
 Maker = Callable[..., JSON]
-MAX_ITEMS = 20
 ITEM_TYPES = ["message", "function_call", "function_call_output", "reasoning"]
-METADATA = {"type": "object", "maxProperties": 16, "additionalProperties": text(0, 512)}
 
-# the create request's fields that name the earlier turns, and what the Response echoes of them
-REQUEST: JSON = {
-    "previous_response_id": nullable(text(1, 100)),
-    "conversation": nullable({"anyOf": [text(1, 100), obj({"id": text(1, 100)}, extra=False)]}),
-}
+# what the Response echoes of the earlier turns
 RESPONSE: JSON = {
     "previous_response_id": nullable({"type": "string", "pattern": "^resp_"}),
     "conversation": nullable(obj({"id": {"type": "string", "pattern": "^conv_"}})),
 }
-NEW_ITEMS = {"type": "array", "maxItems": MAX_ITEMS, "items": {"anyOf": [ref("InputMessage"), REASONING_ITEM]}}
 
 SCHEMAS: JSON = {
     "Item": obj({"id": STR, "type": {"enum": ITEM_TYPES}}, extra=True),
@@ -47,16 +39,12 @@ SCHEMAS: JSON = {
         }
     ),
     "DeletedConversation": obj({"id": STR, "object": {"const": "conversation.deleted"}, "deleted": {"const": True}}),
-    "CreateConversation": obj({"items": nullable(NEW_ITEMS), "metadata": nullable(METADATA)}, [], extra=False),
-    "UpdateConversation": obj({"metadata": METADATA}, extra=False),
-    "AddConversationItems": obj({"items": NEW_ITEMS | {"minItems": 1}}, extra=False),
 }
 
 
 def extended(schemas: JSON) -> JSON:
     """``schemas`` with the fields of this module and its own schemas."""
     out = copy.deepcopy(schemas)
-    out["CreateResponse"]["properties"].update(REQUEST)
     out["Response"]["properties"].update(RESPONSE)
     out["Response"]["required"] = list(out["Response"]["properties"])
     out.update(copy.deepcopy(SCHEMAS))

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from lmsp.wire.conversations import AddConversationItems, CreateConversation, UpdateConversation
 from lmsp.wire.embeddings import CreateEmbedding
+from lmsp.wire.input import ITEMS
+from lmsp.wire.responses import CreateResponse
 from lmsp.wire.structs import components
 
 from .metrics import TASK_STATES
@@ -206,122 +209,6 @@ SCHEMAS: JSON = {
     ),
     "Empty": {"type": "object", "maxProperties": 0, "description": "A POST that takes no fields: no body, or `{}`."},
     "DeletedModel": obj({"id": STR, "object": {"const": "model"}, "deleted": {"const": True}}),
-    "InputMessage": obj(
-        {
-            "type": {"const": "message"},
-            "role": {"enum": ["system", "developer", "user", "assistant"]},
-            "content": {
-                "anyOf": [
-                    text(pattern=NO_NUL),
-                    {
-                        "type": "array",
-                        "items": obj(
-                            {
-                                "type": {"enum": ["input_text", "output_text", "text"]},
-                                "text": text(0, MAX_TEXT, NO_NUL),
-                                "annotations": {"type": "array"},
-                            },
-                            ["type", "text"],
-                            extra=False,
-                        ),
-                    },
-                ]
-            },
-        },
-        ["role", "content"],
-        extra=False,
-    ),
-    "CreateResponse": obj(
-        {
-            "model": text(1, 256),
-            "input": {
-                "anyOf": [
-                    text(0, MAX_TEXT, NO_NUL),
-                    {"type": "array", "minItems": 1, "maxItems": 10_000, "items": ref("InputMessage")},
-                ]
-            },
-            "instructions": nullable(text(0, MAX_TEXT, NO_NUL)),
-            "max_output_tokens": nullable({"type": "integer", "minimum": 1}),
-            "temperature": nullable({"type": "number", "minimum": 0, "maximum": 2}),
-            "top_p": nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 1}),
-            "top_k": nullable({"type": "integer", "minimum": 0, "maximum": 2**31 - 1}),
-            "seed": nullable({"type": "integer", "minimum": 0, "maximum": 2**32 - 2}),
-            "stop": nullable({"anyOf": [text(1, 1000), {"type": "array", "maxItems": 16, "items": text(1, 1000)}]}),
-            "stream": nullable({"type": "boolean"}),
-            "background": nullable({"type": "boolean"}),
-            "store": nullable({"type": "boolean"}),
-            "on_restart": nullable({"enum": ["fail", "retry", "resume"]}),
-            "metadata": nullable(
-                {
-                    "type": "object",
-                    "maxProperties": 16,
-                    "propertyNames": text(1, 64),
-                    "additionalProperties": text(0, 512),
-                }
-            ),
-            "text": nullable(
-                obj(
-                    {
-                        "format": nullable(
-                            {
-                                "anyOf": [
-                                    obj({"type": {"enum": ["text", "json_object"]}}, extra=False),
-                                    obj(
-                                        {
-                                            "type": {"const": "json_schema"},
-                                            "name": NAME,
-                                            "schema": {"type": "object"},
-                                            "description": nullable(STR),
-                                            "strict": nullable({"type": "boolean"}),
-                                        },
-                                        ["type", "name", "schema"],
-                                        extra=False,
-                                    ),
-                                ]
-                            }
-                        ),
-                        "verbosity": nullable({"const": "medium"}),
-                    },
-                    [],
-                    extra=False,
-                )
-            ),
-            "tools": nullable(
-                {
-                    "type": "array",
-                    "maxItems": 128,
-                    "items": obj(
-                        {
-                            "type": {"const": "function"},
-                            "name": NAME,
-                            "description": nullable(STR),
-                            "parameters": nullable({"type": "object"}),
-                            "strict": nullable({"type": "boolean"}),
-                        },
-                        ["type", "name"],
-                        extra=False,
-                    ),
-                }
-            ),
-            "tool_choice": nullable(
-                {
-                    "anyOf": [
-                        {"enum": ["auto", "none", "required"]},
-                        obj({"type": {"const": "function"}, "name": NAME}, extra=False),
-                    ]
-                }
-            ),
-        },
-        ["model", "input"],
-        extra=False,
-    )
-    | {
-        # a background response must be stored
-        "not": {
-            "required": ["background", "store"],
-            "properties": {"background": {"const": True}, "store": {"const": False}},
-        }
-    },
     "OutputText": obj({"type": {"const": "output_text"}, "text": STR, "annotations": {"type": "array"}}),
     "OutputMessage": obj(
         {
@@ -434,6 +321,8 @@ SCHEMAS: JSON = {
 }
 
 # the schemas of the wire types (lmsp.wire), each declared once as a Struct
-WIRE_SCHEMAS: JSON = components([CreateEmbedding])
+WIRE_SCHEMAS: JSON = components(
+    [CreateEmbedding, CreateResponse, *ITEMS.values(), CreateConversation, UpdateConversation, AddConversationItems]
+)
 
 SECURITY_SCHEMES = {"bearer": {"type": "http", "scheme": "bearer", "description": "A client token from pairing (B.2)."}}
