@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal, Union
 
+import msgspec
 from msgspec import Meta
 
 from lmsp import history
 from lmsp.errors import InvalidRequest
 
 from .options import explained
-from .structs import JSON, NO_NUL, REF, Body, Name, read
+from .structs import JSON, NO_NUL, REF, Body, Name, refusal
 from .tools import MAX_CALL_ID
 
 ROLE_ALIASES = {"developer": "system"}  # the OpenAI name of a system message
@@ -175,10 +176,10 @@ def input_item(item: Any, where: str, calls: dict[str, str]) -> dict[str, str] |
             " other input items are not supported",
             param=f"{where}.type",
         )
-    try:
-        asked = read(item, ITEMS[kind], where)
-    except InvalidRequest as e:
-        raise explained(e, REASONS, where) from None
+    try:  # its body was read (its numbers as JSON has them): the item is only converted
+        asked = msgspec.convert(item, ITEMS[kind])
+    except msgspec.ValidationError as e:
+        raise explained(refusal(e, where, item, ITEMS[kind]), REASONS, where) from None
     if isinstance(asked, InputMessage):
         content = asked.content
         if not isinstance(content, str):
