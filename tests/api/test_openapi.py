@@ -96,6 +96,17 @@ REFUSED_BODIES = [
     ("/v1/responses", "user", "CreateResponse", {"model": "tiny", "input": "hi", "metadata": {"k" * 65: "v"}}),
     ("/v1/responses", "user", "CreateResponse",
      {"model": "tiny", "input": "hi", "background": True, "store": False}),
+    ("/v1/responses", "user", "CreateResponse",
+     {"model": "tiny", "input": [{"type": "reasoning", "summary": []}]}),
+    ("/v1/responses", "user", "CreateResponse",
+     {"model": "tiny", "input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}),
+    ("/v1/responses", "user", "CreateResponse",
+     {"model": "tiny", "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}),
+    ("/v1/responses", "user", "CreateResponse", {"model": "tiny", "input": "hi", "tools": [{"type": "web_search"}]}),
+    ("/v1/conversations", "user", "CreateConversation", {"items": [{"role": "user", "content": "a\x00"}]}),
+    ("/v1/conversations", "user", "CreateConversation", {"items": [{"role": "user", "content": "hi"}] * 21}),
+    ("/v1/conversations", "user", "CreateConversation", {"metadata": {"k": "v" * 513}}),
+    ("/v1/conversations", "user", "CreateConversation", {"items": [{"type": "item_reference", "id": "msg_1"}]}),
     ("/v1/pairings", "admin", "PairingRequest", {"scopes": []}),
     ("/v1/pairings", "admin", "PairingRequest", {"name": ""}),
     ("/v1/pairings", "admin", "PairingRequest", {"name": "n" * 201}),
@@ -169,6 +180,9 @@ def test_a_body_the_service_refuses_the_document_refuses(request, anon, path, wh
      "top_k": 2**31 - 1, "background": False, "store": False},
     {"model": "tiny", "input": [{"role": "developer", "content": [{"type": "text", "text": ""}]},
                                 {"role": "user", "content": "hi"}], "background": True, "store": True},
+    {"model": "tiny", "input": [{"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                                {"type": "function_call_output", "call_id": "c1",
+                                 "output": [{"type": "input_text", "text": "sunny"}]}]},
 ])
 def test_a_body_the_document_allows_the_service_takes(user, anon, body):
     assert schema_validator(anon.get("/openapi.json").json, "CreateResponse").is_valid(body)
@@ -195,6 +209,16 @@ def test_a_body_the_document_allows_the_service_takes(user, anon, body):
 def test_an_openai_body_the_document_allows_the_service_takes(user, anon, path, schema, body):
     assert schema_validator(anon.get("/openapi.json").json, schema).is_valid(body)
     assert user.post(path, json=body).status_code == 200
+
+
+def test_the_conversation_items_the_document_allows_the_service_takes(user, anon):
+    body = {"items": [{"role": "user", "content": "hi"},
+                      {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                      {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+                      {"type": "reasoning", "summary": []}], "metadata": {"k": "v"}}
+    doc = anon.get("/openapi.json").json
+    assert schema_validator(doc, "CreateConversation").is_valid(body)
+    assert user.post("/v1/conversations", json=body).status_code == 200
 
 
 def parameter(doc: dict, path: str, method: str, name: str) -> dict:

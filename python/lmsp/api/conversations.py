@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import falcon
 
-from lmsp.errors import InvalidRequest
 from lmsp.service.keys import Answer
-from lmsp.wire.conversations import answers_calls, parse_items
-from lmsp.wire.fields import reject_unknown
-from lmsp.wire.metadata import parse_metadata
+from lmsp.wire.conversations import answers_calls, parse_items, parse_new, parse_update, read_added
 
 from . import idempotency
 from .common import Deps, caller, check_id, owner_filter, page_query, set_json
@@ -30,9 +27,7 @@ class ConversationsResource:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         body = self.deps.body(req, optional=True) or {}
-        reject_unknown(body, ("items", "metadata"))
-        items = parse_items(body.get("items"), required=False)
-        metadata = parse_metadata(body.get("metadata"))
+        items, metadata = parse_new(body)
         client_id = caller(req)["id"]
 
         def act() -> Answer:
@@ -56,10 +51,7 @@ class ConversationResource:
     def on_post(self, req: falcon.Request, resp: falcon.Response, conversation_id: str) -> None:
         check_id(conversation_id, "conv", "conversation")
         body = self.deps.body(req)
-        reject_unknown(body, ("metadata",))
-        if body.get("metadata") is None:
-            raise InvalidRequest("'metadata' is required", param="metadata")
-        metadata = parse_metadata(body["metadata"])
+        metadata = parse_update(body)
         owner = owner_filter(req)
 
         def act() -> Answer:
@@ -89,13 +81,13 @@ class ConversationItemsResource:
         check_id(conversation_id, "conv", "conversation")
         page_query(req)  # its include
         body = self.deps.body(req)
-        reject_unknown(body, ("items",))
+        given = read_added(body)
         owner = owner_filter(req)
         calls: dict[str, str] = {}
         version = None  # the conversation's calls were not read
-        if answers_calls(body.get("items")):  # the calls of the conversation, as a response reads them
+        if answers_calls(given):  # the calls of the conversation, as a response reads them
             calls, version = self.deps.conversations.calls(conversation_id, owner)
-        items = parse_items(body.get("items"), required=True, calls=calls)
+        items = parse_items(given, calls=calls)
 
         def act() -> Answer:
             return 200, self.deps.conversations.add_items(conversation_id, items, owner, version)

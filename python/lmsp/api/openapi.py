@@ -13,9 +13,8 @@ from typing import Iterable
 import lmsp
 from lmsp.contracts import TASK_STATES
 
-from . import openapi_open_responses as open_responses
 from . import openapi_conversations, openapi_openai
-from .openapi_schemas import INT64_MAX, WIRE_SCHEMAS, JSON, RESPONSE_STATUSES, SCHEMAS, SECURITY_SCHEMES, STR, ref, text
+from .openapi_schemas import INT64_MAX, JSON, RESPONSE_STATUSES, SCHEMAS, SECURITY_SCHEMES, STR, ref, text
 
 ERRORS_BY_STATUS = {
     "400": "invalid_request, invalid_json, context_length_exceeded or model_not_generative",
@@ -418,11 +417,7 @@ def document() -> JSON:
             },
             "paths": _paths(),
             "components": {
-                "schemas": {
-                    **openapi_conversations.extended(open_responses.extended(SCHEMAS)),
-                    **openapi_openai.SCHEMAS,
-                    **WIRE_SCHEMAS,
-                },
+                "schemas": SCHEMAS,
                 "securitySchemes": SECURITY_SCHEMES,
             },
         }

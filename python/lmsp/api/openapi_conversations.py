@@ -1,41 +1,17 @@
-"""The OpenAPI paths and schemas of what continues earlier turns (LMSP B.11):
-``previous_response_id`` and ``conversation`` on a create request, a response's
-``input_items``, and the conversations with their items."""
+"""The OpenAPI paths of what continues earlier turns (LMSP B.11): a response's
+``input_items``, and the conversations with their items. Their bodies' schemas
+are the wire types' (:mod:`lmsp.wire.conversations`,
+:mod:`lmsp.wire.conversation_answers`)."""
 
 from __future__ import annotations
 
-import copy
 from typing import Callable
 
-from .openapi_open_responses import REASONING_ITEM
 from lmsp.wire.options import INCLUDE
-from .openapi_schemas import JSON, nullable, obj, ref, text
+
+from .openapi_schemas import JSON, ref, text
 
 Maker = Callable[..., JSON]
-MAX_ITEMS = 20
-METADATA = {"type": "object", "maxProperties": 16, "additionalProperties": text(0, 512)}
-
-# the create request's fields that name the earlier turns (the Response's are in lmsp.wire.answers)
-REQUEST: JSON = {
-    "previous_response_id": nullable(text(1, 100)),
-    "conversation": nullable({"anyOf": [text(1, 100), obj({"id": text(1, 100)}, extra=False)]}),
-}
-NEW_ITEMS = {"type": "array", "maxItems": MAX_ITEMS, "items": {"anyOf": [ref("InputMessage"), REASONING_ITEM]}}
-
-SCHEMAS: JSON = {
-    "CreateConversation": obj({"items": nullable(NEW_ITEMS), "metadata": nullable(METADATA)}, [], extra=False),
-    "UpdateConversation": obj({"metadata": METADATA}, extra=False),
-    "AddConversationItems": obj({"items": NEW_ITEMS | {"minItems": 1}}, extra=False),
-}
-
-
-def extended(schemas: JSON) -> JSON:
-    """``schemas`` with the fields of this module and its own schemas."""
-    out = copy.deepcopy(schemas)
-    out["CreateResponse"]["properties"].update(REQUEST)
-    out.update(copy.deepcopy(SCHEMAS))
-    return out
-
 
 ITEM_LIST = {"200": {"description": "A page", "content": {"application/json": {"schema": ref("ItemList")}}}}
 

@@ -1,7 +1,7 @@
-"""The OpenAPI paths and schemas of OpenAI's endpoints (B.11): Chat
-Completions, Completions and Embeddings. :mod:`.openapi` adds them to the
-document. The request schemas are the wire types' (:mod:`lmsp.wire.chat`,
-:mod:`lmsp.wire.completions`, :mod:`lmsp.wire.embeddings`).
+"""The OpenAPI paths of OpenAI's endpoints (B.11): Chat Completions, Completions
+and Embeddings. :mod:`.openapi` adds them to the document. Their bodies'
+schemas are the wire types' (:mod:`lmsp.wire.chat`, :mod:`lmsp.wire.completions`,
+:mod:`lmsp.wire.embeddings`, :mod:`lmsp.wire.openai_answers`).
 """
 
 from __future__ import annotations
@@ -16,12 +16,6 @@ METADATA_FILTER = {
     "maxProperties": 16,
     "propertyNames": text(1, 64),
     "additionalProperties": text(0, 512),
-}
-SCHEMAS: JSON = {
-    # a frame of a stream: a chunk, or the error that ends the stream (two objects
-    # without a tag, which a Struct union cannot hold)
-    "ChatCompletionStreamEvent": {"anyOf": [ref("ChatCompletionChunk"), ref("Error")]},
-    "TextCompletionStreamEvent": {"anyOf": [ref("TextCompletion"), ref("Error")]},
 }
 
 

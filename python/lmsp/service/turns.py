@@ -22,7 +22,6 @@ from lmsp import history
 from lmsp.contracts import NO_TURNS, EarlierTurns
 from lmsp.errors import ContextLengthExceeded, InvalidRequest, LMSPError, NotFound, TaskUnfinished
 
-from lmsp.wire import tools
 from lmsp.wire.input import input_item
 
 MAX_ID = 100
@@ -124,7 +123,7 @@ def _output_message(item: dict[str, Any], calls: dict[str, str]) -> dict[str, st
     with nothing to read (a function call cut before its name)."""
     if item.get("type") == "function_call":
         try:
-            return tools.call_message(item, "output", calls)
+            return input_item(item, "output", calls)
         except InvalidRequest:
             return None
     if item.get("type") == "reasoning":

@@ -1,74 +1,145 @@
 """A request's input as the prompt reads it: messages and input items (LMSP B.5),
 content parts as one text, function calls and their outputs, reasoning; and
-the limits every endpoint's input shares."""
+the limits every endpoint's input shares.
+
+Each input item is its own wire type, told apart by its ``type`` (a message may
+omit it): :func:`input_item` reads one item as the type it names.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, ClassVar, Literal, Union
+
+import msgspec
+from msgspec import Meta
 
 from lmsp import history
 from lmsp.errors import InvalidRequest
 
-from . import tools
-from .fields import get_str, reject_unknown
+from .options import explained
+from .structs import JSON, NO_NUL, REF, Body, Name, refusal
+from .tools import MAX_CALL_ID
 
-ROLES = ("system", "user", "assistant")
 ROLE_ALIASES = {"developer": "system"}  # the OpenAI name of a system message
-TEXT_PART_TYPES = ("input_text", "output_text", "text")
-MEDIA_PART_TYPES = ("input_image", "input_file", "input_audio", "input_video")
-REASONING_FIELDS = ("type", "id", "summary", "content", "encrypted_content", "status")
 SEED_MAX = 2**32 - 2  # 2**32 - 1 is llama.cpp's "pick one at random"
 MAX_MESSAGES = 10_000
 MAX_TEXT = 4_000_000  # characters in one message; the body cap comes first anyway
 MAX_STOP = 16
 
+Text = Annotated[str, Meta(max_length=MAX_TEXT, pattern=NO_NUL)]
+CallId = Annotated[str, Meta(min_length=1, max_length=MAX_CALL_ID)]
 
-def _part_text(part: dict[str, Any], where: str) -> str:
-    """One content part's text: text parts as the SDKs send and echo them (an output's
-    annotations and logprobs included), a refusal's words; media is refused."""
-    kind = part.get("type")
-    if kind in MEDIA_PART_TYPES:
-        raise InvalidRequest(
-            f"{where}.type {kind!r} is not supported: the models of this service have no projector"
-            " for images, audio, video or files",
-            param=f"{where}.type",
-        )
-    if kind == "refusal":
-        reject_unknown(part, ("type", "refusal"), where=f"{where}.")
-        return str(
-            get_str(part, "refusal", required=True, allow_empty=True, max_len=MAX_TEXT, param=f"{where}.refusal")
-        )
-    if kind not in TEXT_PART_TYPES:
-        raise InvalidRequest(
-            f"{where}.type must be one of {', '.join(TEXT_PART_TYPES)}; only text content is supported",
-            param=f"{where}.type",
-        )
-    reject_unknown(part, ("type", "text", "annotations", "logprobs"), where=f"{where}.")
-    _check_types(part, {"annotations": list, "logprobs": list}, where)
-    return str(get_str(part, "text", required=True, allow_empty=True, max_len=MAX_TEXT, param=f"{where}.text"))
+#: why a content part's type is refused
+REASONS = {
+    "content[].type": "only text content is supported: the models of this service have no projector"
+    " for images, audio, video or files",
+}
 
 
-def _check_types(item: dict[str, Any], types: dict[str, type], where: str) -> None:
-    """The optional fields of an input item or part that must be null or of a type."""
-    for name, kind in types.items():
-        value = item.get(name)
-        if value is not None and not isinstance(value, kind):
-            what = "a string" if kind is str else "an array"
-            raise InvalidRequest(f"{where}.{name} must be {what} or null", param=f"{where}.{name}")
+# a part's text: NUL is refused in the message's text (param: its content)
+PartText = Annotated[str, Meta(max_length=MAX_TEXT)]
+_NO_NUL: JSON = {"type": "string", "maxLength": MAX_TEXT, "pattern": NO_NUL}
 
 
-def _content_text(content: Any, param: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for j, part in enumerate(content):
-            where = f"{param}[{j}]"
-            if not isinstance(part, dict):
-                raise InvalidRequest(f"{where!r} must be an object", param=where)
-            texts.append(_part_text(part, where))
-        return "".join(texts)
-    raise InvalidRequest(f"{param!r} must be a string or an array of text parts", param=param)
+class _TextPart(Body, tag_field="type"):
+    text: PartText
+    annotations: list[Any] | None = None
+    logprobs: list[Any] | None = None
+
+    __schema__: ClassVar[JSON] = {"properties": {"text": _NO_NUL}}
+
+
+class InputTextPart(_TextPart, tag="input_text"):
+    """A text part of a message."""
+
+
+class OutputTextPart(_TextPart, tag="output_text"):
+    """A text part of an earlier output message, as the SDKs echo it (its annotations and logprobs are not read)."""
+
+
+class PlainTextPart(_TextPart, tag="text"):
+    """A text part of a message."""
+
+
+class RefusalPart(Body, tag_field="type", tag="refusal"):
+    """An assistant's refusal in an earlier output message: read as its text."""
+
+    refusal: PartText
+
+    __schema__: ClassVar[JSON] = {"properties": {"refusal": _NO_NUL}}
+
+
+Part = Union[InputTextPart, OutputTextPart, PlainTextPart, RefusalPart]
+
+
+class InputMessage(Body):
+    """A message: its role (``developer`` is ``system``) and its content, a text or text
+    parts. The ``id``, ``status`` and ``phase`` of an output message echoed back are taken and not read."""
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Annotated[str, Meta(pattern=NO_NUL)] | list[Part]
+    type: Literal["message"] = "message"
+    id: Annotated[str, Meta(max_length=256)] | None = None
+    status: str | None = None
+    phase: str | None = None
+
+
+class InputReasoning(Body):
+    """The reasoning of an earlier output: its ``content`` text is shown again to a
+    template that shows reasoning; a summary or encrypted content adds nothing to the prompt."""
+
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[Any] | None = None
+    content: list[Any] | None = None
+    encrypted_content: str | None = None
+    status: str | None = None
+
+
+class InputFunctionCall(Body):
+    """A function call of an earlier output."""
+
+    type: Literal["function_call"]
+    call_id: CallId
+    name: Name
+    arguments: str
+    id: str | None = None
+    status: str | None = None
+
+
+_OUTPUT_PARTS: JSON = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "properties": {"type": {"enum": ["input_text", "text"]}, "text": {"type": "string"}},
+        "required": ["type", "text"],
+    },
+}
+
+
+class InputFunctionCallOutput(Body):
+    """The output of a function call before it (in the input, or in the turns it continues):
+    a text, or text parts."""
+
+    type: Literal["function_call_output"]
+    call_id: CallId
+    output: str | list[Any]
+    id: str | None = None
+    status: str | None = None
+
+    __schema__: ClassVar[JSON] = {"properties": {"output": {"anyOf": [{"type": "string"}, _OUTPUT_PARTS]}}}
+
+
+Item = Union[InputMessage, InputReasoning, InputFunctionCall, InputFunctionCallOutput]
+#: each input item's wire type, by its ``type``
+ITEMS: dict[str, type[Item]] = {
+    "message": InputMessage,
+    "reasoning": InputReasoning,
+    "function_call": InputFunctionCall,
+    "function_call_output": InputFunctionCallOutput,
+}
+#: the schema of an input item, for the wire types that hold items
+ITEM_SCHEMA: JSON = {"anyOf": [{"$ref": REF.format(name=kind.__name__)} for kind in ITEMS.values()]}
 
 
 def check_nul(text: str, param: str) -> str:
@@ -77,19 +148,12 @@ def check_nul(text: str, param: str) -> str:
     return text
 
 
-def parse_messages(value: Any, calls: dict[str, str] | None = None) -> list[dict[str, str]]:
-    """``input``: a string (one user message) or a list of messages; ``calls``: the
-    function calls so far (call id -> name), those of the input added."""
+def parse_messages(value: str | list[Any], calls: dict[str, str] | None = None) -> list[dict[str, str]]:
+    """``input`` as its wire type holds it (a string: one user message; or input items)
+    as the prompt's messages; ``calls``: the function calls so far (call id -> name),
+    those of the input added."""
     if isinstance(value, str):
-        if len(value) > MAX_TEXT:
-            raise InvalidRequest(f"'input' is longer than {MAX_TEXT} characters", param="input")
-        return [{"role": "user", "content": check_nul(value, "input")}]
-    if not isinstance(value, list):
-        raise InvalidRequest("'input' must be a string or an array of messages", param="input")
-    if not value:
-        raise InvalidRequest("'input' must not be an empty array", param="input")
-    if len(value) > MAX_MESSAGES:
-        raise InvalidRequest(f"'input' has more than {MAX_MESSAGES} messages", param="input")
+        return [{"role": "user", "content": value}]
     messages = []
     calls = {} if calls is None else calls
     for i, item in enumerate(value):
@@ -105,36 +169,55 @@ def input_item(item: Any, where: str, calls: dict[str, str]) -> dict[str, str] |
     """One input item: a message as the prompt takes it, or None for an item that adds
     nothing to the prompt (a reasoning item without its text);
     ``calls`` maps the call ids of the function calls so far to their names."""
-    if not isinstance(item, dict):
-        raise InvalidRequest(f"{where} must be an object with 'role' and 'content'", param=where)
-    kind = item.get("type", "message")
-    if kind in tools.CALL_ITEMS:
-        return tools.call_message(item, where, calls)
-    if kind == "reasoning":  # the model's earlier thinking: for a template that shows it again
-        reject_unknown(item, REASONING_FIELDS, where=f"{where}.")
-        _check_types(
-            item, {"id": str, "summary": list, "content": list, "encrypted_content": str, "status": str}, where
-        )
-        text = check_nul(history.reasoning_text(item), f"{where}.content")
-        return history.reasoning_message(text) if text else None  # a summary only, or encrypted: nothing
-    if kind != "message":
+    kind = item.get("type", "message") if isinstance(item, dict) else "message"
+    if not isinstance(kind, str) or kind not in ITEMS:
         raise InvalidRequest(
             f"{where}.type must be 'message', 'reasoning', 'function_call' or 'function_call_output';"
             " other input items are not supported",
             param=f"{where}.type",
         )
-    # id, status and phase: what the SDKs echo of an output message; nothing of the prompt
-    reject_unknown(item, ("role", "content", "type", "id", "status", "phase"), where=f"{where}.")
-    get_str(item, "id", max_len=256, allow_empty=True, param=f"{where}.id")
-    _check_types(item, {"status": str, "phase": str}, where)
-    role = item.get("role")
-    role = ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
-    if role not in ROLES:
-        raise InvalidRequest(f"{where}.role must be one of {', '.join(ROLES)}", param=f"{where}.role")
-    if "content" not in item or item["content"] is None:
-        raise InvalidRequest(f"{where}.content is required", param=f"{where}.content")
-    text = _content_text(item["content"], f"{where}.content")
-    return {"role": role, "content": check_nul(text, f"{where}.content")}
+    try:  # its body was read (its numbers as JSON has them): the item is only converted
+        asked = msgspec.convert(item, ITEMS[kind])
+    except msgspec.ValidationError as e:
+        raise explained(refusal(e, where, item, ITEMS[kind]), REASONS, where) from None
+    if isinstance(asked, InputMessage):
+        content = asked.content
+        if not isinstance(content, str):
+            content = check_nul(_parts_text(content), f"{where}.content")
+        return {"role": ROLE_ALIASES.get(asked.role, asked.role), "content": content}
+    if isinstance(asked, InputReasoning):  # the model's earlier thinking: for a template that shows it again
+        text = check_nul(history.reasoning_text({"content": asked.content}), f"{where}.content")
+        return history.reasoning_message(text) if text else None  # a summary only, or encrypted: nothing
+    return call_message(asked, where, calls)
+
+
+def _parts_text(content: list[Part]) -> str:
+    return "".join(part.refusal if isinstance(part, RefusalPart) else part.text for part in content)
+
+
+def call_message(
+    item: InputFunctionCall | InputFunctionCallOutput, where: str, calls: dict[str, str]
+) -> dict[str, str]:
+    """A function call or its output as the chat message the model reads
+    (:mod:`lmsp.history`); ``calls`` maps the call ids of the calls so far to their names."""
+    if isinstance(item, InputFunctionCall):
+        calls[item.call_id] = item.name
+        return history.call_message(item.name, item.arguments, item.call_id)
+    if item.call_id not in calls:
+        raise InvalidRequest(
+            f"'{where}.call_id' {item.call_id!r} matches no function_call before it", param=f"{where}.call_id"
+        )
+    output = item.output
+    if isinstance(output, list):
+        parts: list[str] = [p["text"] for p in output if _is_text(p)]
+        if len(parts) != len(output):
+            raise InvalidRequest(f"'{where}.output' must be a string or text parts", param=f"{where}.output")
+        output = "".join(parts)
+    return history.output_message(calls[item.call_id], item.call_id, output)
+
+
+def _is_text(part: Any) -> bool:
+    return isinstance(part, dict) and part.get("type") in ("input_text", "text") and isinstance(part.get("text"), str)
 
 
 def parse_stop(value: Any) -> list[str]:
