@@ -20,7 +20,6 @@ import falcon
 from lmsp.auth import is_admin
 from lmsp.contracts import RuntimeAPI
 from lmsp.serving.hubsafe import gevent_active
-from lmsp.wire.fields import check_range
 from lmsp.wire.structs import Empty, read
 from lmsp.wire.options import parse_include
 from lmsp.service.accounts import AccountService
@@ -324,7 +323,10 @@ def query_int(
     if not _DECIMAL.fullmatch(raw):  # (int() also takes "1_0", " 3", "+3" and non-ASCII digits)
         raise InvalidRequest(f"query parameter {name!r} must be an integer", param=name)
     value = int(raw)
-    check_range(value, minimum, maximum, name)
+    if minimum is not None and value < minimum:
+        raise InvalidRequest(f"{name!r} must be at least {minimum}", param=name)
+    if value > maximum:
+        raise InvalidRequest(f"{name!r} must be at most {maximum}", param=name)
     return value
 
 
