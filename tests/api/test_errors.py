@@ -168,6 +168,8 @@ BAD_BODIES = [
     ("array", b"[1, 2]", "application/json", 400, "invalid_json"),
     ("string", b'"hi"', "application/json", 400, "invalid_json"),
     ("NaN", b'{"model": "tiny", "input": "x", "temperature": NaN}', "application/json", 400, "invalid_json"),
+    ("beyond a double", b'{"model": "tiny", "input": "x", "temperature": 1e400}', "application/json", 400,
+     "invalid_json"),
     ("bad utf-8", b'{"model": "\xff"}', "application/json", 400, "invalid_json"),
     ("deep", b"[" * 20000 + b"]" * 20000, "application/json", 400, "invalid_json"),
     ("no content type", b'{"model": "tiny"}', None, 415, "unsupported_media_type"),
@@ -191,6 +193,16 @@ BAD_BODIES = [
     ("duplicate key in a part", b'{"model": "tiny", "input": [{"role": "user", "content": [{"type": "text",'
      b' "text": "a", "text": "b"}]}]}', "application/json", 400, "invalid_json"),
 ]
+
+
+def test_an_integral_float_is_the_integer_and_a_fraction_is_refused_by_its_field(user):
+    body = {"model": "tiny", "input": "x", "max_output_tokens": 5.0, "seed": 7.0, "temperature": 1}
+    answer = user.post("/v1/responses", json=body)
+    assert answer.status_code == 200, answer.json
+    assert answer.json["max_output_tokens"] == 5 and answer.json["seed"] == 7
+    assert answer.json["temperature"] == 1.0
+    assert_error(user.post("/v1/responses", json={**body, "max_output_tokens": 5.5}), 400, "invalid_request",
+                 "max_output_tokens")
 
 
 @pytest.mark.parametrize("name,body,ctype,status,code", BAD_BODIES, ids=[b[0] for b in BAD_BODIES])

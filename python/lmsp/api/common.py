@@ -8,6 +8,7 @@ which the app's one error handler turns into LMSP B.1 bodies.
 from __future__ import annotations
 
 import json
+import math
 import logging
 import re
 import time
@@ -217,7 +218,13 @@ def read_json(
     except UnicodeDecodeError as exc:
         raise InvalidJSON(f"the request body is not valid UTF-8 (byte {exc.start})") from None
     try:
-        body = json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int, object_pairs_hook=_unique_keys)
+        body = json.loads(
+            text,
+            parse_constant=_reject_constant,
+            parse_int=_parse_int,
+            parse_float=_parse_float,
+            object_pairs_hook=_unique_keys,
+        )
     except ValueError as exc:
         raise InvalidJSON(f"the request body is not valid JSON: {exc}") from None
     except RecursionError:
@@ -230,6 +237,15 @@ def read_json(
 
 def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not valid JSON")
+
+
+def _parse_float(literal: str) -> float | int:
+    """A number with a fraction or exponent, as JSON means it: an integral one is the
+    integer (``5.0`` where an integer is due); one beyond any float is refused."""
+    value = float(literal)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {literal[:40]} is beyond the range of a double")
+    return int(value) if value.is_integer() else value
 
 
 def _parse_int(digits: str) -> int:

@@ -11,13 +11,13 @@ document (:func:`components`).
   cannot say: a rule over two fields, or a union msgspec cannot hold (two kinds
   of array), whose check is then in the code that reads the Struct.
 
-Numbers are read as JSON has them: an integral float (``5.0``) is the integer,
-and ``NaN`` or ``Infinity`` (which Python's JSON reader takes) is refused.
+A body comes from :func:`lmsp.api.common.read_json`, which reads numbers as JSON
+means them: an integral float (``5.0``) is the integer; ``NaN``, ``Infinity``
+and a number beyond a double are not JSON.
 """
 
 from __future__ import annotations
 
-import math
 import re
 import types
 import typing
@@ -180,30 +180,10 @@ def _item_type(kind: Any) -> Any:
     return None
 
 
-def json_numbers(value: Any, path: str = "") -> Any:
-    """``value`` with JSON's numbers: integral floats as integers; NaN and the
-    infinities refused (JSON has none)."""
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            param = path.lstrip(".")
-            raise InvalidRequest(f"{param or 'the body'!r} must be a finite number", param=param or None)
-        return int(value) if value.is_integer() else value
-    if isinstance(value, dict):
-        if not any(isinstance(v, (float, dict, list)) for v in value.values()):
-            return value
-        return {k: json_numbers(v, f"{path}.{k}") for k, v in value.items()}
-    if isinstance(value, list):
-        if not any(isinstance(v, (float, dict, list)) for v in value):
-            return value
-        return [json_numbers(v, f"{path}[{i}]") for i, v in enumerate(value)]
-    return value
-
-
 def read(value: Any, kind: type[T], where: str = "") -> T:
     """``value`` (JSON as Python reads it) as ``kind``; raises InvalidRequest naming
     the first field that is not as ``kind`` declares it."""
     try:
-        value = json_numbers(value, where)
         return msgspec.convert(value, kind)
     except msgspec.ValidationError as e:
         raise refusal(e, where, value, kind) from None
