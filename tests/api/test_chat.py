@@ -194,7 +194,7 @@ def test_messages_go_to_the_template_with_their_roles(user, scripted):
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_completion_tokens": "x"}, "max_completion_tokens"),
         ({"seed": -1}, "seed"),
-        ({"stop": [""]}, "stop"),
+        ({"stop": [""]}, "stop[0]"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"stream": True, "stream_options": {"include_obfuscation": True}}, "stream_options.include_obfuscation"),
         ({"metadata": {"k": 1}}, "metadata.k"),

@@ -184,7 +184,7 @@ BAD_FIELDS = [
     ({"seed": 2**40}, "seed"),
     ({"seed": "7"}, "seed"),
     ({"stop": 5}, "stop"),
-    ({"stop": [""]}, "stop"),
+    ({"stop": [""]}, "stop[0]"),
     ({"stop": ["a"] * 17}, "stop"),
     ({"stream": "yes"}, "stream"),
     ({"background": 1}, "background"),

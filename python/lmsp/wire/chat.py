@@ -23,7 +23,6 @@ from .openai import (
     OpenAIRequest,
     Tokens,
     include_usage,
-    read_request,
     sampling_fields,
 )
 from .options import MAX_TOP_LOGPROBS
@@ -244,7 +243,7 @@ def parse_update(body: Any) -> dict[str, str]:
 
 def parse_chat(body: dict[str, Any], config: Any, random_seed: Callable[[], int]) -> CreateRequest:
     """Check a Chat Completions request and make its task; raises InvalidRequest."""
-    asked = read_request(body, CreateChatCompletion)
+    asked = read(body, CreateChatCompletion)
     refuse_unsupported(asked, REFUSED)
     shown: list[dict[str, Any]] = []
     messages = parse_messages(asked.messages, shown)

@@ -18,12 +18,11 @@ from .openai import (
     STREAM_OPTIONS_NEED_STREAM,
     OpenAIRequest,
     include_usage,
-    read_request,
     sampling_fields,
     token_ids,
 )
 from .refusals import nothing_asked, refuse_unsupported
-from .structs import JSON, NO_NUL, ModelName
+from .structs import JSON, NO_NUL, ModelName, read
 
 REFUSED = ("n", "best_of", "presence_penalty", "frequency_penalty", "logit_bias")
 MAX_LOGPROBS = 5  # the most alternatives per token of OpenAI's legacy API
@@ -119,7 +118,7 @@ def _one_prompt(value: Any, param: str) -> str | list[int]:
 
 def parse_completion(body: dict[str, Any], config: Any, random_seed: Callable[[], int]) -> list[CreateRequest]:
     """Check a Completions request and make its tasks, one per prompt; raises InvalidRequest."""
-    asked = read_request(body, CreateCompletion)
+    asked = read(body, CreateCompletion)
     refuse_unsupported(asked, REFUSED)
     prompts = parse_prompts(asked.prompt)
     suffix, echo, stream = asked.suffix, bool(asked.echo), bool(asked.stream)

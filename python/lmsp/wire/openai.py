@@ -9,14 +9,14 @@ after a restart.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Callable, ClassVar, TypeVar
+from typing import Annotated, Any, Callable, ClassVar
 
 from msgspec import Meta
 
 from lmsp.errors import InvalidRequest
 from lmsp.objects import LOGPROBS
 
-from .structs import INT32_MAX, JSON, Body, Seed, Stop, read
+from .structs import INT32_MAX, JSON, Body, Seed, Stop
 
 ON_RESTART = "fail"
 MAX_PROMPT_TOKENS = 1_000_000
@@ -32,8 +32,6 @@ STREAM_OPTIONS_NEED_STREAM: JSON = {
         "properties": {"stream_options": {"type": "object"}, "stream": {"not": {"const": True}}},
     }
 }
-
-R = TypeVar("R", bound="OpenAIRequest")
 
 
 class CompletionStreamOptions(Body):
@@ -64,19 +62,6 @@ class OpenAIRequest(Body):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, Any] | None = None
-
-
-def read_request(body: Any, kind: type[R]) -> R:
-    """``body`` as ``kind``; a refused stop sequence is named ``stop``, as its refusal
-    says which rule each one breaks."""
-    try:
-        return read(body, kind)
-    except InvalidRequest as exc:
-        if not (exc.param or "").startswith("stop["):
-            raise
-        raise InvalidRequest(
-            "'stop' must be a string or at most 16 strings, each of 1 to 1000 characters", param="stop"
-        ) from None
 
 
 def token_ids(value: list[Any], param: str) -> list[int]:

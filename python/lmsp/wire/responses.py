@@ -136,9 +136,7 @@ def parse_create(
 
 def _refusal(error: InvalidRequest) -> InvalidRequest:
     """The refusal of a field its type refuses: with the reason of a feature this service
-    lacks; a stop sequence named as ``stop`` itself."""
-    if (error.param or "").startswith("stop["):
-        return InvalidRequest(error.message, param="stop")
+    lacks."""
     return explained(error, REASONS)
 
 
