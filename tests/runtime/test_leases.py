@@ -187,7 +187,7 @@ def test_a_draining_worker_claims_nothing_more(store, make_runtime, model_file, 
     store.claim = lambda *a, **k: (rounds and claims.append(1)) or real_claim(*a, **k)
     assert [m for m in said if "draining" in m] == [f"runtime {rt.owner} draining: no more claims"]
     # a task put in the store all the same (the API answers 503 first) stays queued; /readyz says no
-    assert rt.ready and rt.draining and rt.reserve("tiny") is None
+    assert rt.ready and rt.draining and rt.admission.reserve("tiny") is None
     tid = submit(store, rt, max_output_tokens=2)  # woken: a scheduler round
     wait_until(None, store, tid, lambda t: rounds)
     assert claims == [] and store.get_task(tid)["status"] == "queued"

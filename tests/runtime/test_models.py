@@ -135,26 +135,26 @@ def test_load_and_unload_show_in_the_state(store, make_runtime, model_file):
     rt.register_model("tiny.gguf")
     assert rt.load_model("tiny")["state"] == "loaded"
     assert rt.model_object("tiny")["state"] == "loaded"
-    tokens = rt.check_request("tiny", [{"role": "user", "content": "hi"}])
+    tokens = rt.admission.prompt_of("tiny", [{"role": "user", "content": "hi"}])[0]
     assert tokens and tokens[0] == 1  # BOS, then the rendered chat template
     assert rt.unload_model("tiny")["state"] == "available"
-    assert rt.check_request("tiny", [{"role": "user", "content": "hi"}]) is None  # checked at run time
+    assert rt.admission.prompt_of("tiny", [{"role": "user", "content": "hi"}])[0] is None  # checked at run time
     with pytest.raises(NotFound):
         rt.load_model("nope")
 
 
-def test_check_request_refuses_prompts_that_cannot_fit(store, make_runtime, model_file):
+def test_a_prompt_that_cannot_fit_is_refused_before_its_task(store, make_runtime, model_file):
     from lmsp.errors import ContextLengthExceeded
 
     rt = make_runtime(store)
     rt.register_model("tiny.gguf")
     rt.load_model("tiny")
     with pytest.raises(ContextLengthExceeded) as err:
-        rt.check_request("tiny", [{"role": "user", "content": "word " * 5000}])
+        rt.admission.prompt_of("tiny", [{"role": "user", "content": "word " * 5000}])[0]
     assert err.value.status == 400
     # what the chat template refuses is refused before a task exists, not failed when it runs
     with pytest.raises(InvalidRequest) as err:
-        rt.check_request("tiny", [{"role": "user", "content": "a\x00b"}])
+        rt.admission.prompt_of("tiny", [{"role": "user", "content": "a\x00b"}])[0]
     assert err.value.param == "input"
 
 

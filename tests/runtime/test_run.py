@@ -55,27 +55,27 @@ def test_a_task_of_one_token_has_no_decode_rate():
 
 def test_a_request_meeting_a_free_slot_is_claimed_as_it_is_created(store, runtime):
     wait_finished(runtime, store, submit(store, runtime, max_output_tokens=2))  # loads the model
-    slot = runtime.reserve("tiny")
+    slot = runtime.admission.reserve("tiny")
     assert slot == (runtime.owner, runtime.lease)
     created = store.create_task(client_id=None, model="tiny", on_restart="fail", background=True, stream=False,
                                 request={"model": "tiny", "input": "Hi", "max_output_tokens": 4}, claim=slot)
-    runtime.adopt(created["claim"])
+    runtime.admission.adopt(created["claim"])
     task = wait_finished(runtime, store, created["task"]["id"])
     assert task["status"] == "completed"
     types = check_log(all_events(store, task["id"]))
     assert types[:len(OPENING) - 1] == [t for t in OPENING if t != "task.loading"]  # the model was loaded
     # every slot reserved is a slot the scheduler does not fill meanwhile
-    slots = [runtime.reserve("tiny") for _ in range(runtime.config.n_parallel + 1)]
+    slots = [runtime.admission.reserve("tiny") for _ in range(runtime.config.n_parallel + 1)]
     assert slots[-1] is None and all(s is not None for s in slots[:-1])
     for _ in slots[:-1]:
-        runtime.adopt(None)
-    assert runtime.reserve("unknown-model") is None
+        runtime.admission.adopt(None)
+    assert runtime.admission.reserve("unknown-model") is None
 
 
 def _render(runtime, request):
     from lmsp.runtime import prompt as prompting
 
-    return runtime.check_request(request["model"], prompting.messages_for(request))
+    return runtime.admission.prompt_of(request["model"], prompting.messages_for(request))[0]
 
 
 def test_a_sequence_started_early_becomes_its_tasks_once_the_task_commits(store, runtime):
@@ -84,8 +84,8 @@ def test_a_sequence_started_early_becomes_its_tasks_once_the_task_commits(store,
     wait_finished(runtime, store, usual)
     tokens = _render(runtime, request)
     assert tokens
-    slot = runtime.reserve("tiny")
-    early = runtime.start_early("tiny", tokens, request)
+    slot = runtime.admission.reserve("tiny")
+    early = runtime.admission.start_early("tiny", tokens, request)
     assert early is not None
     # the sequence runs to its end before its task exists: the results wait
     wait_for = time.monotonic() + 60
@@ -95,7 +95,7 @@ def test_a_sequence_started_early_becomes_its_tasks_once_the_task_commits(store,
     assert not runtime.committer.pending
     created = store.create_task(client_id=None, model="tiny", on_restart="fail", background=True, stream=False,
                                 request=request, claim=slot)
-    runtime.adopt(created["claim"], tokens, early=early)
+    runtime.admission.adopt(created["claim"], tokens, early=early)
     task = wait_finished(runtime, store, created["task"]["id"])
     assert task["status"] == "completed"
     events = all_events(store, task["id"])
@@ -111,19 +111,19 @@ def test_a_sequence_started_early_for_a_task_not_created_is_dropped(store, runti
     before = engine.stats()["finished"]
     n = runtime.config.n_parallel + 1  # more than the slots: one kept by mistake would show
     for _ in range(n):
-        assert runtime.reserve("tiny")
-        early = runtime.start_early("tiny", _render(runtime, request), request)
+        assert runtime.admission.reserve("tiny")
+        early = runtime.admission.start_early("tiny", _render(runtime, request), request)
         assert early is not None
-        runtime.adopt(None, early=early)  # the creation failed, or replayed an earlier task
+        runtime.admission.adopt(None, early=early)  # the creation failed, or replayed an earlier task
     wait_for = time.monotonic() + 60
     while engine.stats()["finished"] < before + n and time.monotonic() < wait_for:
         time.sleep(0.01)
     assert engine.stats()["finished"] == before + n  # cancelled at their next step
     assert engine.stats()["active"] == 0
-    slots = [runtime.reserve("tiny") for _ in range(runtime.config.n_parallel)]
+    slots = [runtime.admission.reserve("tiny") for _ in range(runtime.config.n_parallel)]
     assert all(slots)
     for _ in slots:
-        runtime.adopt(None)
+        runtime.admission.adopt(None)
     assert runtime.metrics()["claimed_tasks"] == 0 and not runtime.state.by_seq
 
 

@@ -102,18 +102,13 @@ class Admission:
             )
         return True
 
-    def check_request(
-        self, model_id: str, prompt_messages: list[dict[str, str]], request: dict[str, Any] | None = None
-    ) -> list[int] | None:
-        """The prompt's tokens when the model is loaded here (None: checked at run time),
-        truncated as ``request`` asks; ContextLengthExceeded when it cannot fit with one
-        output token. A completion's raw ``prompt`` is the prompt (no chat template)."""
-        return self.prompt_of(model_id, prompt_messages, request)[0]
-
     def prompt_of(
         self, model_id: str, prompt_messages: list[dict[str, str]], request: dict[str, Any] | None = None
     ) -> tuple[list[int] | None, int]:
-        """:meth:`check_request`'s tokens, and how many turns truncation dropped."""
+        """The prompt's tokens when the model is loaded here (None: checked at run time),
+        truncated as ``request`` asks, and how many turns truncation dropped;
+        ContextLengthExceeded when it cannot fit with one output token. A completion's
+        raw ``prompt`` is the prompt (no chat template)."""
         engine = self.state.registry.engine(model_id)
         if engine is None:
             return None, 0
@@ -131,7 +126,7 @@ class Admission:
             where = "suffix" if raw and "suffix" in str(exc) else param
             raise InvalidRequest(f"the request cannot be rendered: {exc}", param=where) from None
         except Exception as exc:  # a closed engine (unloaded meanwhile): check at run time
-            log.debug("check_request: %s", exc)
+            log.debug("prompt_of: %s", exc)
             return None, 0
         n = len(tokens)
         if n >= engine.n_ctx:
@@ -207,7 +202,7 @@ class Admission:
     def adopt(self, claim: ClaimRecord | None, tokens: list[int] | None = None, early: Run | None = None) -> None:
         """End a reservation: start the task ``create_task`` claimed for this worker
         (its claim record), or give the slot back (None: not claimed, or failed).
-        ``tokens``: the prompt as :meth:`check_request` rendered it; ``early``: what
+        ``tokens``: the prompt as :meth:`prompt_of` rendered it; ``early``: what
         :meth:`start_early` returned, whose sequence becomes the task's."""
         state = self.state
         dropped = None

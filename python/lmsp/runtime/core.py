@@ -90,10 +90,6 @@ class Runtime:
         self._threads: list[RealThread] = []
         # what the rooms answer themselves
         self.create_task = self.admission.create_task  # a request's task, created and started or queued
-        self.check_request = self.admission.check_request
-        self.reserve = self.admission.reserve  # ... and the steps of a creation, for the tests
-        self.start_early = self.admission.start_early
-        self.adopt = self.admission.adopt
         self.wait_for_commit = self.watcher.wait_for_commit  # the waits of streams and plain requests
         self.committed_events = self.committer.committed_events  # a commit's events, from memory
         self.register_model = self.models.register  # the model registry (see .models)
