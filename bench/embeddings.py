@@ -186,8 +186,8 @@ def run(args) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True)
-    p.add_argument("--llama-server", required=True)
+    p.add_argument("--model", required=True, type=lambda v: str(Path(v).expanduser().resolve()))
+    p.add_argument("--llama-server", required=True, type=lambda v: str(Path(v).resolve()))
     p.add_argument("--llama-arg", action="append", default=[], help="extra llama-server argument (repeatable)")
     p.add_argument("--lmsp", default=None, help="the lmsp command (default: the virtualenv's)")
     p.add_argument("--variant", choices=("lmsp", "lmsp-fast"), default="lmsp",
