@@ -143,6 +143,12 @@ class RateLimited(LMSPError):
         super().__init__(message, **kw)
 
 
+class QuotaExceeded(RateLimited):
+    """A client's tokens for this hour are spent (its ``tokens_per_hour``)."""
+
+    code = "quota_exceeded"
+
+
 class Unavailable(LMSPError):
     status, code = 503, "unavailable"
 

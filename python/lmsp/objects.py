@@ -220,6 +220,10 @@ def client_object(client: Row) -> dict:
         "scopes": json.loads(client["scopes"]),
         "created_at": ts(client["created_at"]),
         "revoked_at": ts(client["revoked_at"]),
+        "priority": client["priority"],
+        "max_running": client["max_running"],
+        "max_queued": client["max_queued"],
+        "tokens_per_hour": client["tokens_per_hour"],
     }
 
 

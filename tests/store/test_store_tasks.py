@@ -19,7 +19,8 @@ def test_create_task_writes_response_task_and_two_events(store, make_task, clock
     assert response["status"] == "queued" and response["output"] == []
     assert response["created_at"] == int(clock.now)
     assert response["max_output_tokens"] == 9 and response["seed"] == 7 and response["metadata"] == {"k": "v"}
-    assert response["task"] == {"id": task["id"], "status": "queued", "on_restart": "retry"}
+    assert response["task"] == {"id": task["id"], "status": "queued", "on_restart": "retry",
+                                "queue_position": 1, "queued_ahead": 0}
     assert task["status"] == "queued" and task["attempts"] == 1 and task["last_sequence_number"] == 2
     events = all_events(store, task["id"])
     assert [(e["type"], e["sequence_number"]) for e in events] == [("response.created", 1), ("response.queued", 2)]

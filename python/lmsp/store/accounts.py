@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Any
+from typing import Any, Iterable
 
 from .. import objects as obj
 from ..errors import Conflict, InvalidRequest, NotFound, RateLimited
 from .base import StoreBase, dumps
+from .sharing import LIMITS, MAX_PRIORITY, hour_of
 
 
 class AccountsArea(StoreBase):
@@ -162,3 +163,46 @@ class AccountsArea(StoreBase):
         if client is None:
             raise NotFound("unknown, used or expired pairing code", param="code")
         return client
+
+    def set_limits(self, client_id: str, **limits: int | None) -> dict[str, int | None]:
+        """Set some of a client's :data:`LIMITS` (None: no limit; ``priority`` 1 to 100);
+        returns them all."""
+        for name, value in limits.items():
+            if name not in LIMITS:
+                raise InvalidRequest(f"unknown limit {name!r}", param=name)
+            low = 1 if name == "priority" else 0
+            if value is None and name == "priority":
+                raise InvalidRequest("'priority' is a number from 1 to 100", param=name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                raise InvalidRequest(f"{name!r} must be an integer of at least {low} or null", param=name)
+            if name == "priority" and value is not None and value > MAX_PRIORITY:
+                raise InvalidRequest(f"'priority' is at most {MAX_PRIORITY}", param=name)
+        with self._db.write() as conn:
+            if conn.execute("SELECT 1 FROM clients WHERE id = ?", (client_id,)).fetchone() is None:
+                raise NotFound(f"no client {client_id}")
+            for name, value in limits.items():
+                conn.execute(f"UPDATE clients SET {name} = ? WHERE id = ?", (value, client_id))
+            return self._limits(conn, client_id)
+
+    def client_limits(self, client_id: str) -> dict[str, int | None]:
+        with self._db.read() as conn:
+            return self._limits(conn, client_id)
+
+    @staticmethod
+    def _limits(conn: sqlite3.Connection, client_id: str) -> dict[str, int | None]:
+        row = conn.execute(f"SELECT {', '.join(LIMITS)} FROM clients WHERE id = ?", (client_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"no client {client_id}")
+        return dict(zip(LIMITS, row))
+
+    def usage(self, client_ids: Iterable[str] | None = None, *, since: float = 0.0) -> list[dict[str, Any]]:
+        """The tasks and tokens of each client's hours since ``since``, oldest first."""
+        sql = "SELECT client_id, hour, tasks, tokens FROM client_usage WHERE hour >= ?"
+        args: list[Any] = [hour_of(since)]
+        if client_ids is not None:
+            ids = list(client_ids)
+            sql += f" AND client_id IN ({', '.join('?' * len(ids))})"
+            args += ids
+        with self._db.read() as conn:
+            rows = conn.execute(sql + " ORDER BY hour, client_id", args).fetchall()
+        return [{"client_id": c, "hour_start": h * 3600, "tasks": n, "tokens": t} for c, h, n, t in rows]

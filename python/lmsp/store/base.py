@@ -17,6 +17,7 @@ from lmsp.items import chat
 from .. import objects as obj
 from ..contracts import StepState
 from ..errors import NotFound
+from . import sharing
 from . import states as st
 from .chains import finished as chain_finished
 from .turns import append_turn
@@ -33,7 +34,7 @@ CHAT_THINK = obj.CHAT_THINK
 UNFINISHED_SQL = "('queued','loading','running','cancelling')"
 # a task a worker may claim: word for word the WHERE of the tasks_claimable
 # partial index (schema.py), so that SQLite answers from that index
-CLAIMABLE_SQL = "owner IS NULL AND status IN ('queued','running')"
+CLAIMABLE_SQL = sharing.CLAIMABLE_SQL
 FINISHED_SQL = "('completed','failed','cancelled')"
 
 
@@ -116,6 +117,11 @@ class StoreBase:
             (task["id"], task["attempt_seq"]),
         ).fetchall()
 
+    @staticmethod
+    def _task_object(conn: sqlite3.Connection, task: dict) -> dict:
+        """The Task object, with its place in the queue while it waits to start."""
+        return {**obj.task_object(task), **sharing.queue_places(conn, task)}
+
     def _render_response(self, conn: sqlite3.Connection, response: sqlite3.Row, task: dict) -> dict:
         if task["item_open"] in (CHAT_OPEN, CHAT_THINK):  # its items are made from its events
             out = obj.response_object(response, task, None)
@@ -126,7 +132,9 @@ class StoreBase:
             text = response["output_text"]
         else:
             text = self._attempt_text(conn, task)
-        return obj.response_object(response, task, text, self._attempt_logprobs(conn, task, response))
+        out = obj.response_object(response, task, text, self._attempt_logprobs(conn, task, response))
+        out["task"].update(sharing.queue_places(conn, task))
+        return out
 
     @staticmethod
     def _emit(conn: sqlite3.Connection, task: dict, etype: str, now: float, payload: dict) -> int:

@@ -14,7 +14,6 @@ import json
 import sqlite3
 from typing import Any
 
-from .. import objects as obj
 from ..contracts import CreatedTask
 from ..errors import IdempotencyKeyInUse, IdempotencyKeyReused
 from . import states as st
@@ -79,7 +78,7 @@ class IdempotencyArea(StoreBase):
         if row["state"] == "done":
             return {
                 "response": response,
-                "task": None if task is None else obj.task_object(task),
+                "task": None if task is None else self._task_object(conn, task),
                 "replay": (row["status"], json.loads(row["body"])),
             }
         if task is None:  # its task is gone without its key row turned into an answer: still no second task
@@ -87,7 +86,7 @@ class IdempotencyArea(StoreBase):
         if task["status"] in st.UNFINISHED:
             raise IdempotencyKeyInUse("the request with this Idempotency-Key is still running")
         assert response is not None  # rendered with its task
-        return {"response": response, "task": obj.task_object(task), "replay": (200, response)}
+        return {"response": response, "task": self._task_object(conn, task), "replay": (200, response)}
 
     def replay_of(self, client_id: str | None, idempotency: tuple[str, str]) -> CreatedTask | None:
         """What a response request with this ``(key, fingerprint)`` is answered again, or

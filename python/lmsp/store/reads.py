@@ -105,7 +105,7 @@ class ReadsArea(StoreBase):
 
     def get_task(self, task_id: str, client_id: str | None = None) -> dict:
         with self._db.read() as conn:
-            return obj.task_object(self._task(conn, task_id, client_id))
+            return self._task_object(conn, self._task(conn, task_id, client_id))
 
     def list_tasks(
         self, client_id: str | None = None, *, status: str | None = None, limit: int = 20, after: str | None = None
@@ -120,12 +120,19 @@ class ReadsArea(StoreBase):
                 raise InvalidRequest(f"unknown status {status!r}", param="status")
             where.append("status = ?")
             args.append(status)
+        # the queue in the order it starts (tasks_start_order), every other list newest first
+        queue = status == st.QUEUED
         if after is not None:
-            where.append("id < ?")
+            where.append(
+                "(start_tag, created_at, id) > (SELECT start_tag, created_at, id FROM tasks WHERE id = ?)"
+                if queue
+                else "id < ?"
+            )
             args.append(str(after))
-        sql = "SELECT id FROM tasks WHERE " + " AND ".join(where) + " ORDER BY id DESC"
+        order = " ORDER BY start_tag, created_at, id" if queue else " ORDER BY id DESC"
+        sql = "SELECT id FROM tasks WHERE " + " AND ".join(where) + order
         with self._db.read() as conn:
-            return self._page(conn, sql, args, limit, lambda tid: obj.task_object(self._task(conn, tid)))
+            return self._page(conn, sql, args, limit, lambda tid: self._task_object(conn, self._task(conn, tid)))
 
     def task_id_for_response(self, response_id: str, client_id: str | None = None) -> str:
         with self._db.read() as conn:

@@ -219,6 +219,26 @@ def _drop_task_counter(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE tasks DROP COLUMN last_seq")
 
 
+MIGRATION_V8: list[str | Callable[[sqlite3.Connection], None]] = [
+    # the order tasks start in (lmsp.store.sharing): tasks queued before it keep theirs (0, then by time)
+    "ALTER TABLE tasks ADD COLUMN start_tag REAL NOT NULL DEFAULT 0",
+    "CREATE INDEX tasks_start_order ON tasks(start_tag, created_at, id)"
+    " WHERE owner IS NULL AND status IN ('queued','running')",
+    "ALTER TABLE clients ADD COLUMN priority INTEGER NOT NULL DEFAULT 1",
+    "ALTER TABLE clients ADD COLUMN max_running INTEGER",
+    "ALTER TABLE clients ADD COLUMN max_queued INTEGER",
+    "ALTER TABLE clients ADD COLUMN tokens_per_hour INTEGER",
+    """CREATE TABLE client_usage (
+    client_id   TEXT NOT NULL,
+    hour        INTEGER NOT NULL,     -- Unix seconds // 3600
+    tasks       INTEGER NOT NULL DEFAULT 0,
+    tokens      INTEGER NOT NULL DEFAULT 0,  -- input and output tokens of its finished tasks
+    PRIMARY KEY (client_id, hour)
+) WITHOUT ROWID""",
+    "CREATE INDEX client_usage_hour ON client_usage(hour)",
+]
+
+
 # a step: an SQL statement, or a function of the connection for what SQL alone cannot say
 MIGRATIONS: list[list[str | Callable[[sqlite3.Connection], None]]] = [
     # 1: the task store
@@ -239,6 +259,9 @@ MIGRATIONS: list[list[str | Callable[[sqlite3.Connection], None]]] = [
     [RESPONSE_ITEMS, CONVERSATIONS, CONVERSATION_ITEMS, *INDEXES_V6],
     # 7: chains of responses: their turns kept once, and retention by a chain's newest time
     MIGRATION_V7,
+    # 8: sharing the box: a task's fair start tag, a client's priority and limits,
+    # its tokens per hour
+    MIGRATION_V8,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

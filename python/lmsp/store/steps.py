@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 from lmsp.items import chat
 from ..contracts import EVENT_ROW_FIELDS, StepItem, StepOutcome, StepState
+from . import sharing
 from . import states as st
 from .base import CALL_OPEN, CHAT_OPEN, CHAT_THINK, StoreBase, dumps, last_seq_sql
 from .steprows import EventInsert, StepEnd, StepPlan, events_by_task, known_step, split_known, step_rows, usual_step
@@ -237,6 +238,9 @@ class StepsArea(StoreBase):
             "UPDATE responses SET output_text = ?, usage = ?, incomplete_reason = ? WHERE id = ?",
             (text, None if usage is None else dumps(usage), reason, response["id"]),
         )
+        if usage is not None:
+            tokens = int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0))
+            sharing.record_usage(conn, task["client_id"], now, tokens)
         self._finish(conn, task, target, now, error=error)
         self._emit_response(conn, task, etype, now)
         self._save(conn, task)

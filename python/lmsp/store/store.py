@@ -90,6 +90,8 @@ class Store(
             "list_tasks",
             "output_text",
             "client_active",
+            "client_limits",
+            "usage",
             "list_input_items",
             "input_item_list",
             "get_conversation",

@@ -10,7 +10,7 @@ import sqlite3
 from .. import objects as obj
 from ..contracts import ClaimRecord, CreatedTask, StepState
 from ..errors import InvalidRequest, LMSPError, NotFound, RateLimited, TaskFinished, TaskUnfinished
-from . import chains
+from . import chains, sharing
 from . import states as st
 from .base import CLAIMABLE_SQL, TASK_SELECT, UNFINISHED_SQL, dumps
 from .idempotency import IdempotencyArea, answer_keys
@@ -69,8 +69,7 @@ class TasksArea(IdempotencyArea):
                 replay = self._replay(conn, client_id, idempotency, now)
                 if replay is not None:
                     return replay
-            if max_unfinished is not None and client_id is not None:
-                self._check_unfinished(conn, client_id, max_unfinished)
+            self._check_client(conn, client_id, max_unfinished, now)
             task, response = self._insert_task(
                 conn, client_id, model, request_text, on_restart, background, stream, now, kind
             )
@@ -84,7 +83,8 @@ class TasksArea(IdempotencyArea):
             if idempotency is not None:
                 self._remember_task_key(conn, client_id, idempotency, task["id"], body if background else None, now)
             claimed = None if taken is None else taken[0]
-            out: CreatedTask = {"response": body, "task": obj.task_object(task), "replay": None, "claim": claimed}
+            shown = self._task_object(conn, task)
+            out: CreatedTask = {"response": body, "task": shown, "replay": None, "claim": claimed}
         if taken is not None:  # committed
             self._step_cache[task["id"]] = taken[1]
         return out
@@ -126,7 +126,12 @@ class TasksArea(IdempotencyArea):
             raise InvalidRequest(f"the request is not JSON: {exc}") from exc
 
     @staticmethod
-    def _check_unfinished(conn: sqlite3.Connection, client_id: str, max_unfinished: int) -> None:
+    def _check_client(conn: sqlite3.Connection, client_id: str | None, max_unfinished: int | None, now: float) -> None:
+        """The service's cap on a client's unfinished tasks, then the client's own limits
+        (:func:`.sharing.check_limits`)."""
+        sharing.check_limits(conn, client_id, now)
+        if max_unfinished is None or client_id is None:
+            return
         n = conn.execute(
             f"SELECT count(*) FROM tasks WHERE client_id = ? AND status IN {UNFINISHED_SQL}", (client_id,)
         ).fetchone()[0]
@@ -161,9 +166,9 @@ class TasksArea(IdempotencyArea):
             (rid, client_id, model, now, request_text, int(bool(background)), int(bool(stream)), mid),
         )
         conn.execute(
-            "INSERT INTO tasks (id, response_id, client_id, model, status, on_restart, created_at)"
-            " VALUES (?,?,?,?,'queued',?,?)",
-            (tid, rid, client_id, model, on_restart, now),
+            "INSERT INTO tasks (id, response_id, client_id, model, status, on_restart, created_at, start_tag)"
+            " VALUES (?,?,?,?,'queued',?,?,?)",
+            (tid, rid, client_id, model, on_restart, now, sharing.start_tag(conn, client_id)),
         )
         task = self._task(conn, tid)
         response = self._response_row(conn, rid)
@@ -181,13 +186,14 @@ class TasksArea(IdempotencyArea):
         *,
         after_older: bool = True,
     ) -> tuple[ClaimRecord, StepState] | None:
-        """``claim=(owner, lease)`` takes the new task and starts it, unless older tasks wait
-        to be claimed (``after_older``); returns its claim and the step state it leaves
+        """``claim=(owner, lease)`` takes the new task and starts it, unless other tasks wait
+        to be claimed (``after_older``: they start in their order, :mod:`.sharing`) or its
+        client runs as many as it may; returns its claim and the step state it leaves
         (its first step then needs no read), or None."""
-        if (
-            after_older
-            and conn.execute(f"SELECT 1 FROM tasks WHERE {CLAIMABLE_SQL} AND id != ? LIMIT 1", (task["id"],)).fetchone()
+        if after_older and (
+            conn.execute(f"SELECT 1 FROM tasks WHERE {CLAIMABLE_SQL} AND id != ? LIMIT 1", (task["id"],)).fetchone()
             is not None
+            or not sharing.may_start(conn, task["client_id"])
         ):
             return None
         owner, lease = claim

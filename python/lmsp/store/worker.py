@@ -12,8 +12,9 @@ from typing import Iterable
 from lmsp.items.chat import TEXT_DELTA
 from ..contracts import ClaimRecord, Resume
 from . import states as st
+from . import sharing
 from .chains import with_context
-from .base import CLAIMABLE_SQL, TASK_SELECT, UNFINISHED_SQL, StoreBase
+from .base import TASK_SELECT, UNFINISHED_SQL, StoreBase
 
 
 def claim_record(conn: sqlite3.Connection, task: dict, response: sqlite3.Row, resume: Resume | None) -> ClaimRecord:
@@ -50,19 +51,16 @@ class WorkerArea(StoreBase):
         return task
 
     def claim(self, owner: str, *, limit: int, lease: float) -> list[ClaimRecord]:
-        """Atomically take up to ``limit`` claimable tasks, oldest first (queued, or running to resume)."""
+        """Atomically take up to ``limit`` claimable tasks (queued, or running to resume) in
+        their fair order (:mod:`.sharing`), skipping a client's beyond its ``max_running``."""
         if not owner:
             raise ValueError("owner must be a non-empty string")
         if limit < 1:
             return []
         with self._db.write() as conn:
             now = self._clock()
-            rows = conn.execute(
-                f"{TASK_SELECT} WHERE {CLAIMABLE_SQL} ORDER BY created_at, id LIMIT ?", (int(limit),)
-            ).fetchall()
             claims: list[ClaimRecord] = []
-            for row in rows:
-                task = dict(row)
+            for task in self._next_to_start(conn, limit):
                 # a resumed task's held-back tokens are sampled again (``_resume``): none held now
                 conn.execute(
                     "UPDATE tasks SET owner = ?, lease_expires = ?, pending_tokens = '' WHERE id = ?",
@@ -72,6 +70,29 @@ class WorkerArea(StoreBase):
                 resume = self._resume(conn, task) if task["status"] == st.RUNNING else None
                 claims.append(claim_record(conn, task, response, resume))
             return claims
+
+    @staticmethod
+    def _next_to_start(conn: sqlite3.Connection, limit: int) -> list[dict]:
+        """Up to ``limit`` claimable tasks in the order they start, none of a client beyond
+        its ``max_running`` (counting those taken here)."""
+        out: list[dict] = []
+        taking: dict[str | None, int] = {}
+        full: set[str | None] = set()
+        sql = f"{TASK_SELECT} WHERE {sharing.CLAIMABLE_SQL} ORDER BY {sharing.START_ORDER}"
+        for row in conn.execute(sql):
+            task = dict(row)
+            client = task["client_id"]
+            if task["status"] == st.QUEUED:  # a task to resume started already: never held back
+                if client in full:
+                    continue
+                if not sharing.may_start(conn, client, taking.get(client, 0)):
+                    full.add(client)
+                    continue
+            taking[client] = taking.get(client, 0) + 1
+            out.append(task)
+            if len(out) >= limit:
+                break
+        return out
 
     @staticmethod
     def _resume(conn: sqlite3.Connection, task: dict) -> Resume:

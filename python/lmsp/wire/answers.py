@@ -94,6 +94,10 @@ class Client(Answer):
     scopes: Scopes
     created_at: Time
     revoked_at: Time | None
+    priority: Annotated[int, Meta(ge=1, le=100, description="Turns at starting tasks against a client of 1.")]
+    max_running: Annotated[int, Meta(ge=0, description="Tasks started at once; null: no limit.")] | None
+    max_queued: Annotated[int, Meta(ge=0, description="Tasks waiting to start; one more is 429.")] | None
+    tokens_per_hour: Annotated[int, Meta(ge=0, description="Tokens of finished tasks per clock hour.")] | None
 
 
 class ClientList(Answer):
@@ -268,12 +272,20 @@ class IncompleteDetails(Answer):
     reason: str
 
 
+#: a queued task's place: 1 for the next to start (any model)
+QueuePosition = Annotated[int, Meta(ge=1, description="While queued: 1 for the next task to start.")]
+#: the queued tasks of its model that start before it
+QueuedAhead = Annotated[int, Meta(ge=0, description="While queued: tasks of its model that start before it.")]
+
+
 class ResponseTask(Answer):
-    """The task of a response (B.4)."""
+    """The task of a response (B.4), and its place in the queue while it waits to start."""
 
     id: str
     status: TaskState
     on_restart: OnRestart
+    queue_position: QueuePosition | UnsetType = UNSET
+    queued_ahead: QueuedAhead | UnsetType = UNSET
 
 
 class ResponseTextFormat(Answer):
@@ -379,6 +391,8 @@ class Task(Answer):
     finished_at: Time | None
     error: TaskError | None
     last_sequence_number: int
+    queue_position: QueuePosition | UnsetType = UNSET
+    queued_ahead: QueuedAhead | UnsetType = UNSET
 
 
 class TaskList(Page):
