@@ -224,6 +224,9 @@ MIGRATION_V8: list[str | Callable[[sqlite3.Connection], None]] = [
     "ALTER TABLE tasks ADD COLUMN start_tag REAL NOT NULL DEFAULT 0",
     "CREATE INDEX tasks_start_order ON tasks(start_tag, created_at, id)"
     " WHERE owner IS NULL AND status IN ('queued','running')",
+    # a client's newest tag and its waiting tasks, at each creation
+    "CREATE INDEX tasks_client_tags ON tasks(client_id, start_tag)"
+    " WHERE status IN ('queued','loading','running','cancelling')",
     "ALTER TABLE clients ADD COLUMN priority INTEGER NOT NULL DEFAULT 1",
     "ALTER TABLE clients ADD COLUMN max_running INTEGER",
     "ALTER TABLE clients ADD COLUMN max_queued INTEGER",

@@ -35,13 +35,18 @@ STARTED_SQL = "('loading','running','cancelling')"
 #: resume); they start in ``START_ORDER``, by the index tasks_start_order
 CLAIMABLE_SQL = "owner IS NULL AND status IN ('queued','running')"
 START_ORDER = "start_tag, created_at, id"
+#: the claimable tasks by their start order (SQLite would otherwise read them all by status)
+QUEUE = f"tasks INDEXED BY tasks_start_order WHERE {CLAIMABLE_SQL}"
+UNFINISHED = "status IN ('queued','loading','running','cancelling')"
+#: a client's unfinished tasks by their tags
+CLIENT_TASKS = f"tasks INDEXED BY tasks_client_tags WHERE {UNFINISHED} AND client_id IS ?"
 LIMITS = ("priority", "max_running", "max_queued", "tokens_per_hour")
 MAX_PRIORITY = 100
 
 
 def start_tag(conn: sqlite3.Connection, client_id: str | None) -> float:
     """The start tag of a task the client creates now."""
-    head = conn.execute(f"SELECT min(start_tag) FROM tasks WHERE {CLAIMABLE_SQL}").fetchone()[0]
+    head = conn.execute(f"SELECT min(start_tag) FROM {QUEUE}").fetchone()[0]
     if head is None:
         head = conn.execute(f"SELECT max(start_tag) FROM tasks WHERE status IN {STARTED_SQL}").fetchone()[0]
     now = float(head or 0.0)
@@ -75,9 +80,7 @@ def check_limits(conn: sqlite3.Connection, client_id: str | None, now: float) ->
         return
     max_queued, per_hour = row
     if max_queued is not None:
-        queued = conn.execute(
-            "SELECT count(*) FROM tasks WHERE client_id = ? AND status = 'queued'", (client_id,)
-        ).fetchone()[0]
+        queued = conn.execute(f"SELECT count(*) FROM {CLIENT_TASKS} AND status = 'queued'", (client_id,)).fetchone()[0]
         if queued >= max_queued:
             raise RateLimited(
                 f"this client has {queued} tasks waiting to start, the most it may have (max_queued); "
@@ -129,7 +132,7 @@ def queue_places(conn: sqlite3.Connection, task: dict[str, Any]) -> dict[str, in
     tag, created, tid = conn.execute(
         "SELECT start_tag, created_at, id FROM tasks WHERE id = ?", (task["id"],)
     ).fetchone()
-    before = f"SELECT count(*) FROM tasks WHERE {CLAIMABLE_SQL} AND ({START_ORDER}) < (?, ?, ?)"
+    before = f"SELECT count(*) FROM {QUEUE} AND ({START_ORDER}) < (?, ?, ?)"
     ahead = conn.execute(before, (tag, created, tid)).fetchone()[0]
     same = conn.execute(before + " AND model = ?", (tag, created, tid, task["model"])).fetchone()[0]
     return {"queue_position": ahead + 1, "queued_ahead": same}

@@ -78,7 +78,7 @@ class WorkerArea(StoreBase):
         out: list[dict] = []
         taking: dict[str | None, int] = {}
         full: set[str | None] = set()
-        sql = f"{TASK_SELECT} WHERE {sharing.CLAIMABLE_SQL} ORDER BY {sharing.START_ORDER}"
+        sql = TASK_SELECT.removesuffix(" FROM tasks") + f" FROM {sharing.QUEUE} ORDER BY {sharing.START_ORDER}"
         for row in conn.execute(sql):
             task = dict(row)
             client = task["client_id"]
