@@ -66,3 +66,20 @@ def test_a_client_at_its_max_queued_is_told_to_wait_and_another_is_not(store, ap
     assert len(api.get("/v1/responses").json["data"]) == 2  # nothing stored for the refused one
     assert other.post("/v1/responses", json=BACKGROUND).status_code == 202
     assert other.get("/v1/responses").json["data"][0]["status"] == "completed"
+
+
+def test_metrics_show_each_clients_tasks_and_tokens_by_its_id(store, app, admin, anon, scripted):
+    held, token = make_client(store, USER, "held back")
+    free, free_token = make_client(store, USER, "a name\nof any kind")
+    admin.patch(f"/v1/clients/{held['id']}", json={"max_running": 0})
+    for _ in range(2):
+        assert Api(app, token).post("/v1/responses", json=BACKGROUND).status_code == 202
+    done = Api(app, free_token).post("/v1/responses", json={"model": "tiny", "input": "hi"}).json
+    text = anon.get("/metrics").text
+    assert f'lmsp_client_tasks{{client="{held["id"]}",state="queued"}} 2' in text
+    assert f'lmsp_client_tasks{{client="{held["id"]}",state="running"}} 0' in text
+    tokens = done["usage"]["input_tokens"] + done["usage"]["output_tokens"]
+    assert tokens > 0
+    assert f'lmsp_client_tokens_this_hour{{client="{free["id"]}"}} {tokens}' in text
+    assert f'lmsp_client_tokens_this_hour{{client="{held["id"]}"}} 0' in text
+    assert "held back" not in text and "a name" not in text  # never by name
