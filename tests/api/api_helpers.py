@@ -97,6 +97,9 @@ class Api:
     def post(self, path, **kw):
         return self.request("POST", path, **kw)
 
+    def patch(self, path, **kw):
+        return self.request("PATCH", path, **kw)
+
     def delete(self, path, **kw):
         return self.request("DELETE", path, **kw)
 

@@ -12,6 +12,7 @@ from lmsp.errors import Unavailable
 SCOPED_ROUTES = [
     ("GET", "/v1/clients", "admin"),
     ("GET", "/v1/clients/cli_X", "admin"),
+    ("PATCH", "/v1/clients/cli_X", "admin"),
     ("DELETE", "/v1/clients/cli_X", "admin"),
     ("POST", "/v1/pairings", "admin"),
     ("GET", "/v1/models", "models:read"),

@@ -76,7 +76,7 @@ HI = {"role": "user", "content": "hi"}
 
 # (route, who, body schema, body): a body the service refuses with 400 (every field of
 # every request schema, at each limit the validators enforce), which the document
-# must refuse as well
+# must refuse as well; the route is POSTed to unless it names its method
 REFUSED_BODIES = [
     ("/v1/responses", "user", "CreateResponse", {"model": "", "input": "hi"}),
     ("/v1/responses", "user", "CreateResponse", {"model": "m" * 257, "input": "hi"}),
@@ -118,6 +118,10 @@ REFUSED_BODIES = [
     ("/v1/pair", "anon", "PairRequest", {"code": "ABCD-EFGH-JKLM", "client_name": ""}),
     ("/v1/pair", "anon", "PairRequest", {"code": "ABCD-EFGH-JKLM", "client_name": "n" * 201}),
     ("/v1/pair", "anon", "PairRequest", {"code": "ABCD-EFGH-JKLM", "client_name": "a\x07"}),
+    *[("PATCH /v1/clients/cli_X", "admin", "UpdateClient", body) for body in [
+        {"priority": 0}, {"priority": 101}, {"priority": None}, {"priority": 1.5}, {"max_running": -1},
+        {"max_queued": True}, {"tokens_per_hour": "1000"}, {"max_queued": -1}, {"name": "x"},
+    ]],
     ("/v1/models", "admin", "RegisterModel", {"path": ""}),
     ("/v1/models", "admin", "RegisterModel", {"path": "a\x00.gguf"}),
     ("/v1/models", "admin", "RegisterModel", {"path": "p" * 4097}),
@@ -171,7 +175,8 @@ def schema_validator(doc: dict, name: str):
 @pytest.mark.parametrize("path,who,schema,body", REFUSED_BODIES)
 def test_a_body_the_service_refuses_the_document_refuses(request, anon, path, who, schema, body):
     api = request.getfixturevalue(who)
-    assert_error(api.post(path, json=body), 400, "invalid_request")
+    method, _, path = path.rpartition(" ")
+    assert_error(api.request(method or "POST", path, json=body), 400, "invalid_request")
     assert not schema_validator(anon.get("/openapi.json").json, schema).is_valid(body), body
 
 

@@ -58,6 +58,60 @@ def test_bad_input_is_a_clear_error(run):
         assert run("gc", "--retention-days", days, ok=False)["error"]["code"] == "command_failed"
 
 
+def finished_task(store, client_id: str, tokens: tuple[int, int]) -> None:
+    tid = store.create_task(client_id=client_id, model="m", request={"model": "m", "input": "x"},
+                            on_restart="fail", background=True, stream=False)["task"]["id"]
+    store.claim("w1", limit=1, lease=30)
+    store.set_loading(tid, "w1")
+    store.set_running(tid, "w1")
+    store.append_step("w1", [{"task_id": tid, "attempt": 1, "delta": "x", "tokens": [1], "finish": "stop",
+                              "usage": {"input_tokens": tokens[0], "output_tokens": tokens[1]}}])
+
+
+def test_clients_limit_list_and_usage(run, config, capsys):
+    store = open_store(config)
+    try:
+        a = store.create_client(name="a", scopes=["responses:write"], token_hash="hash-a")["id"]
+        b = store.create_client(name="b", scopes=["responses:write"], token_hash="hash-b")["id"]
+        finished_task(store, a, (5, 2))
+        finished_task(store, a, (3, 1))
+        finished_task(store, b, (4, 4))
+    finally:
+        store.close()
+    limited = run("clients", "limit", a, "--priority", "3", "--max-queued", "5", "--tokens-per-hour", "1000")
+    assert (limited["id"], limited["priority"], limited["max_queued"], limited["tokens_per_hour"]) == (a, 3, 5, 1000)
+    again = run("clients", "limit", a, "--tokens-per-hour", "none", "--max-running", "2")
+    assert (again["priority"], again["max_running"], again["max_queued"], again["tokens_per_hour"]) == (3, 2, 5, None)
+    listed = {c["id"]: c for c in run("clients", "list")["data"]}
+    assert (listed[a]["priority"], listed[a]["max_running"], listed[b]["max_queued"]) == (3, 2, None)
+    usage = run("clients", "usage", "--hours", "2")
+    assert usage["hours"] == 2
+    assert {(r["client_id"], r["client_name"], r["tasks"], r["tokens"]) for r in usage["data"]} == {
+        (a, "a", 2, 11), (b, "b", 1, 8)}
+    assert cli.main(["clients", "usage", "--data-dir", str(config.data_dir)]) == 0
+    text = capsys.readouterr().out
+    assert "TOKENS" in text and "11" in text
+    assert cli.main(["clients", "--data-dir", str(config.data_dir)]) == 0
+    header, *rows = capsys.readouterr().out.splitlines()
+    assert header.split()[3:5] == ["PRIORITY", "LIMITS"]
+    assert any(a in row and "max_running=2 max_queued=5" in row for row in rows)
+
+
+def test_clients_limit_says_what_is_wrong(run, config, capsys):
+    store = open_store(config)
+    try:
+        a = store.create_client(name="a", scopes=["responses:write"], token_hash="hash-a")["id"]
+    finally:
+        store.close()
+    assert run("clients", "limit", "cli_nope", "--priority", "2", ok=False)["error"]["code"] == "not_found"
+    assert run("clients", "limit", a, "--priority", "101", ok=False)["error"]["code"] == "invalid_request"
+    assert "needs one of" in run("clients", "limit", a, ok=False)["error"]["message"]
+    assert "go with clients limit" in run("clients", "list", "--max-queued", "3", ok=False)["error"]["message"]
+    with pytest.raises(SystemExit):
+        cli.main(["clients", "limit", a, "--max-queued", "lots", "--data-dir", str(config.data_dir)])
+    assert "whole number or 'none'" in capsys.readouterr().err
+
+
 def test_options_may_come_before_the_positionals(run, config, demo_model_path, capsys):
     data = str(config.data_dir)
     added = run("models", "add", "--data-dir", data, str(demo_model_path), "--id", "llama")  # the README's order

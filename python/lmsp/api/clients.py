@@ -1,6 +1,6 @@
 """Pairing and clients (LMSP B.2): ``/v1/pairings``, ``/v1/pair``, ``/v1/clients``.
 
-Each resource parses (:mod:`lmsp.wire.pairing`), makes one call to the account
+Each resource parses (:mod:`lmsp.wire.pairing`, :mod:`lmsp.wire.clients`), makes one call to the account
 service (:mod:`lmsp.service.accounts`) and writes the answer.
 """
 
@@ -12,6 +12,7 @@ from typing import Any
 import falcon
 
 from lmsp import auth
+from lmsp.wire.clients import parse_update
 from lmsp.wire.pairing import parse_pairing, parse_redeem
 
 from . import idempotency
@@ -103,7 +104,7 @@ class ClientsResource:
 
 
 class ClientResource:
-    scopes = {"GET": "admin", "DELETE": "admin"}
+    scopes = {"GET": "admin", "PATCH": "admin", "DELETE": "admin"}
 
     def __init__(self, deps: Deps) -> None:
         self.deps = deps
@@ -111,6 +112,11 @@ class ClientResource:
     def on_get(self, req: falcon.Request, resp: falcon.Response, client_id: str) -> None:
         check_id(client_id, "cli", "client")
         set_json(resp, client_object(self.deps.accounts.client(client_id)))
+
+    def on_patch(self, req: falcon.Request, resp: falcon.Response, client_id: str) -> None:
+        check_id(client_id, "cli", "client")
+        limits = parse_update(self.deps.body(req))
+        set_json(resp, client_object(self.deps.accounts.set_limits(client_id, limits, by=caller(req)["id"])))
 
     def on_delete(self, req: falcon.Request, resp: falcon.Response, client_id: str) -> None:
         check_id(client_id, "cli", "client")

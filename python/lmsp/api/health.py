@@ -86,16 +86,21 @@ class MetricsResource:
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         deps = self.deps
-        counts = None
+        counts = clients = None
         try:
             counts = deps.store.task_counts()
+            clients = deps.store.client_figures()
         except LMSPError as exc:  # a locked store must not break scraping
             log.warning("task counts unavailable for /metrics: %s", exc.message)
         runtime_figures = deps.runtime.metrics()
         resp.status = 200
         resp.content_type = prom.CONTENT_TYPE
         resp.text = prom.render(
-            task_counts=counts, runtime_metrics=runtime_figures, http=deps.http_metrics, ready=deps.runtime.ready
+            task_counts=counts,
+            runtime_metrics=runtime_figures,
+            http=deps.http_metrics,
+            ready=deps.runtime.ready,
+            clients=clients,
         )
 
     on_head = on_get

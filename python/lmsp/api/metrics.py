@@ -207,7 +207,12 @@ def _metric_name(key: str) -> str:
 
 
 def render(
-    *, task_counts: dict[str, int] | None, runtime_metrics: dict[str, Any] | None, http: HttpMetrics | None, ready: bool
+    *,
+    task_counts: dict[str, int] | None,
+    runtime_metrics: dict[str, Any] | None,
+    http: HttpMetrics | None,
+    ready: bool,
+    clients: dict[str, dict[str, int]] | None = None,
 ) -> str:
     out = Exposition()
     out.declare("lmsp_up", "gauge", "1 when the service answers and is ready.")
@@ -219,6 +224,8 @@ def render(
                 out.sample("lmsp_tasks", int(task_counts[state]), {"state": state})
         out.declare("lmsp_tasks_waiting", "gauge", "Tasks queued in the store, not claimed yet.")
         out.sample("lmsp_tasks_waiting", int(task_counts.get("queued", 0)))
+    if clients:
+        _clients(out, clients)
     for key, value in sorted((runtime_metrics or {}).items()):
         kind, name, help_text, label = RUNTIME_FIGURES.get(
             key, (None, _metric_name(key), f"Runtime figure {key}.", "key")
@@ -245,3 +252,19 @@ def render(
         for labels, snap in snaps:
             out.histogram("lmsp_http_request_duration_seconds", snap, labels)
     return out.text()
+
+
+def _clients(out: Exposition, figures: dict[str, dict[str, int]]) -> None:
+    """Each client's share of the box, labelled by its id (a name is the client's to
+    choose, and may be anything)."""
+    out.declare("lmsp_client_tasks", "gauge", "Unfinished tasks in the store by client and state (queued, running).")
+    for cid, numbers in sorted(figures.items()):
+        for state in ("queued", "running"):
+            out.sample("lmsp_client_tasks", int(numbers.get(state, 0)), {"client": cid, "state": state})
+    out.declare(
+        "lmsp_client_tokens_this_hour",
+        "gauge",
+        "Input and output tokens of the client's tasks finished in this clock hour (its tokens_per_hour counts these).",
+    )
+    for cid, numbers in sorted(figures.items()):
+        out.sample("lmsp_client_tokens_this_hour", int(numbers.get("tokens", 0)), {"client": cid})

@@ -26,7 +26,7 @@ ERRORS_BY_STATUS = {
     "413": "payload_too_large",
     "415": "unsupported_media_type",
     "422": "idempotency_key_reused",
-    "429": "rate_limited (with Retry-After)",
+    "429": "rate_limited or quota_exceeded (with Retry-After)",
     "503": "unavailable (with Retry-After)",
 }
 
@@ -202,6 +202,14 @@ def _client_paths() -> JSON:
         "/v1/clients/{client_id}": {
             "get": _op(
                 "A client", {"200": _json("Client", "The client")}, scope="admin", params=(client_id,), errors=("404",)
+            ),
+            "patch": _op(
+                "Change a client's priority and limits (the others kept)",
+                {"200": _json("Client", "The client with its new priority and limits")},
+                scope="admin",
+                params=(client_id,),
+                body="UpdateClient",
+                errors=BODY_ERRORS + ("404",),
             ),
             "delete": _op(
                 "Revoke a client: its token stops working at once",

@@ -45,7 +45,7 @@ TASK_ERRORS = {
     "413": "payload_too_large",
     "415": "unsupported_media_type",
     "422": "idempotency_key_reused",
-    "429": "rate_limited (with Retry-After)",
+    "429": "rate_limited or quota_exceeded (with Retry-After)",
     "500": "the task failed (its error code, such as model_load_failed)",
 }
 

@@ -15,6 +15,7 @@ import msgspec
 from lmsp.wire import answers, conversation_answers, openai_answers
 from lmsp.wire.answers import OutputItem, ResponseStatus, Scopes
 from lmsp.wire.chat import CreateChatCompletion, UpdateChatCompletion
+from lmsp.wire.clients import UpdateClient
 from lmsp.wire.completions import CreateCompletion
 from lmsp.wire.conversations import AddConversationItems, CreateConversation, UpdateConversation
 from lmsp.wire.embeddings import CreateEmbedding
@@ -42,6 +43,7 @@ REQUESTS = [
     AddConversationItems,
     PairingRequest,
     PairRequest,
+    UpdateClient,
     RegisterModel,
     Empty,
 ]

@@ -2,7 +2,9 @@
 
     lmsp serve   --data-dir DIR --bind HOST:PORT [--model FILE|NAME] [--workers N] [--max-attempts N]
     lmsp pair    --scopes SCOPE[,SCOPE...] [--name NAME]     a one-time pairing code
-    lmsp clients [list | revoke CLIENT_ID]
+    lmsp clients [list | revoke CLIENT_ID | usage [--hours N]]
+    lmsp clients limit CLIENT_ID [--priority N] [--max-running N|none] [--max-queued N|none]
+                 [--tokens-per-hour N|none]                  its share of the box
     lmsp models  [list | add FILE [--id ID] | remove MODEL_ID | pull NAME | pull --list]
     lmsp tasks   [list [--status S] [--limit N] | show TASK_ID | cancel TASK_ID]
     lmsp gc      [--retention-days DAYS]                      apply retention now
@@ -35,9 +37,9 @@ from lmsp.cli.common import (
     _load_config,
     _open_store,
     _print,
-    _table,
     _when,
 )
+from lmsp.cli.clients import add_clients_command
 from lmsp.cli.data import cmd_doctor, cmd_gc, cmd_models, cmd_quantize, cmd_tasks
 from lmsp.datadir import private_umask
 from lmsp.errors import LMSPError
@@ -156,34 +158,6 @@ def cmd_pair(args) -> int:
     return EXIT_OK
 
 
-# ---------------------------------------------------------------------- clients
-def cmd_clients(args) -> int:
-    cfg = _load_config(args)
-    store = _open_store(cfg)
-    try:
-        if args.action == "revoke":
-            if not args.id:
-                raise CommandError("clients revoke needs a client id")
-            client = store.revoke_client(args.id)
-            _print(args, client, f"revoked {client['id']} ({client['name']})")
-            return EXIT_OK
-        clients = store.list_clients()
-    finally:
-        store.close()
-    rows = [
-        [
-            c["id"],
-            c["name"],
-            ",".join(c["scopes"]),
-            _when(c["created_at"]),
-            _when(c["revoked_at"]) if c.get("revoked_at") else "",
-        ]
-        for c in clients
-    ]
-    _print(args, {"object": "list", "data": clients}, _table(rows, ["ID", "NAME", "SCOPES", "CREATED", "REVOKED"]))
-    return EXIT_OK
-
-
 # ---------------------------------------------------------------------- parser
 class _CommandParser(argparse.ArgumentParser):
     """A command's parser: options and positionals in any order (``models add --data-dir
@@ -268,10 +242,7 @@ def _add_client_commands(sub: _Subcommands, common: _CommandParser) -> None:
     p.add_argument("--ttl", type=int, default=None, help="seconds the code stays valid")
     p.set_defaults(func=cmd_pair)
 
-    p = sub.add_parser("clients", parents=[common], help="list or revoke clients")
-    p.add_argument("action", nargs="?", default="list", choices=["list", "revoke"])
-    p.add_argument("id", nargs="?", default=None)
-    p.set_defaults(func=cmd_clients)
+    add_clients_command(sub, common)
 
 
 def _add_data_commands(sub: _Subcommands, common: _CommandParser) -> None:

@@ -100,6 +100,13 @@ class AccountService:
                 return row
         raise NotFound(f"no client with id {client_id!r}")
 
+    def set_limits(self, client_id: str, limits: dict[str, int | None], by: str) -> dict[str, Any]:
+        """Change a client's priority and limits (those given; None: no limit); the client
+        after the change. A task already queued keeps its place."""
+        self.store.set_limits(client_id, **limits)
+        log.info("client limits set", extra={"limited_client_id": client_id, "limits": limits, "by": by})
+        return self.client(client_id)
+
     def revoke(self, client_id: str, by: str) -> dict[str, Any]:
         """Revoke a client: its token stops working at once, its open streams end."""
         row: dict[str, Any] = self.store.revoke_client(client_id)

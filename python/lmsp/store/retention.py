@@ -1,6 +1,7 @@
 """Retention (LMSP B.10): finished tasks with their events and responses,
-expired idempotency keys and spent pairing codes are deleted in small
-transactions, so that the write lock is never held long.
+expired idempotency keys, spent pairing codes and the clients' usage of past
+hours are deleted in small transactions, so that the write lock is never held
+long.
 
 A chain of responses (:mod:`.chains`) goes as one, on its newest response's
 time: a task in no chain is found by the partial index ``tasks_finished``
@@ -15,6 +16,7 @@ from . import chains
 from . import states as st
 from .base import FINISHED_SQL, StoreBase, last_seq_sql
 from .idempotency import answer_keys
+from .sharing import hour_of
 
 # the expiry queries, each answered from its index (tests/store/test_store_chains.py)
 EXPIRED_TASKS_SQL = (
@@ -32,19 +34,21 @@ class RetentionArea(StoreBase):
 
     def gc(self, *, retention: float, batch: int = 500) -> dict:
         """Delete finished tasks (with their events and responses) that finished more than
-        ``retention`` seconds ago, expired idempotency keys and spent pairing codes.
+        ``retention`` seconds ago, expired idempotency keys, spent pairing codes, and
+        the clients' usage of the hours that ended more than ``retention`` ago.
 
         Every transaction deletes at most about ``batch`` rows, so the write lock
         is never held long; unfinished tasks are never touched.
         """
         if batch < 1:
             raise ValueError("batch must be at least 1")
-        counts = {"tasks": 0, "events": 0, "idempotency_keys": 0, "pairings": 0}
+        counts = {"tasks": 0, "events": 0, "idempotency_keys": 0, "pairings": 0, "client_usage": 0}
         now = self._clock()
         cutoff = now - float(retention)
         self._gc_tasks(cutoff, batch, counts)
         counts["idempotency_keys"] = self._gc_keys(now, batch)
         counts["pairings"] = self._gc_pairings(cutoff, batch)
+        counts["client_usage"] = self._gc_usage(cutoff, batch)
         return counts
 
     def _gc_tasks(self, cutoff: float, batch: int, counts: dict) -> None:
@@ -134,6 +138,21 @@ class RetentionArea(StoreBase):
                     "DELETE FROM pairing_failures WHERE id IN (SELECT id FROM pairing_failures WHERE at < ? LIMIT ?)",
                     (cutoff, batch),
                 )
+            total += n
+            if n < batch:
+                return total
+
+    def _gc_usage(self, cutoff: float, batch: int) -> int:
+        """The clients' usage rows of the hours that ended before ``cutoff`` (by
+        ``client_usage_hour``); returns how many went."""
+        total, ended = 0, hour_of(cutoff)  # the hours before cutoff's own ended before it
+        while True:
+            with self._db.write() as conn:
+                n = conn.execute(
+                    "DELETE FROM client_usage WHERE (client_id, hour) IN (SELECT client_id, hour "
+                    "FROM client_usage WHERE hour < ? LIMIT ?)",
+                    (ended, batch),
+                ).rowcount
             total += n
             if n < batch:
                 return total
