@@ -40,6 +40,8 @@ from typing import Any, Literal, NamedTuple, NotRequired, Protocol, Required, Ty
 #: the states of a task (B.4)
 TaskState = Literal["queued", "loading", "running", "cancelling", "completed", "failed", "cancelled"]
 TASK_STATES: tuple[str, ...] = get_args(TaskState)
+#: a client's priority: its turns at starting tasks against a client of 1 (lmsp.store.sharing)
+MAX_PRIORITY = 100
 #: the states of a registered model, as the registry reports them
 ModelState = Literal["available", "loading", "loaded", "failed", "missing", "changed"]
 MODEL_STATES: tuple[str, ...] = get_args(ModelState)

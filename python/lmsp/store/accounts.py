@@ -10,7 +10,8 @@ from typing import Any, Iterable
 from .. import objects as obj
 from ..errors import Conflict, InvalidRequest, NotFound, RateLimited
 from .base import StoreBase, dumps
-from .sharing import LIMITS, MAX_PRIORITY, STARTED_SQL, hour_of
+from ..contracts import MAX_PRIORITY
+from .sharing import LIMITS, STARTED_SQL, hour_of
 
 
 class AccountsArea(StoreBase):

@@ -41,7 +41,6 @@ UNFINISHED = "status IN ('queued','loading','running','cancelling')"
 #: a client's unfinished tasks by their tags
 CLIENT_TASKS = f"tasks INDEXED BY tasks_client_tags WHERE {UNFINISHED} AND client_id IS ?"
 LIMITS = ("priority", "max_running", "max_queued", "tokens_per_hour")
-MAX_PRIORITY = 100
 
 
 def start_tag(conn: sqlite3.Connection, client_id: str | None) -> float:

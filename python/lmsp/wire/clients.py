@@ -7,9 +7,10 @@ from typing import Annotated, Any
 
 from msgspec import UNSET, Meta, UnsetType
 
+from lmsp.contracts import MAX_PRIORITY
+
 from .structs import Body, read
 
-MAX_PRIORITY = 100
 
 Priority = Annotated[int, Meta(ge=1, le=MAX_PRIORITY, description="Turns at starting tasks against a client of 1.")]
 Limit = Annotated[int, Meta(ge=0)]
