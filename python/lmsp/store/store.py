@@ -101,7 +101,6 @@ class Store(
             "conversation_items",
             "list_conversation_items",
             "get_conversation_item",
-            "service_history",
         }
     )
 
