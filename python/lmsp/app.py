@@ -29,6 +29,7 @@ from .api import (
     models,
     openapi,
     responses,
+    service_history,
     tasks,
 )
 from .api.common import Deps
@@ -48,6 +49,7 @@ def routes(deps: Deps) -> list[tuple[str, object]]:
     """Every route of the API with its resource (also read by the OpenAPI test)."""
     return [
         ("/v1/service", health.ServiceResource(deps)),
+        ("/v1/service/history", service_history.ServiceHistoryResource(deps)),
         ("/healthz", health.HealthResource()),
         ("/readyz", health.ReadyResource(deps)),
         ("/metrics", health.MetricsResource(deps)),

@@ -30,7 +30,7 @@ def test_gc_deletes_old_finished_tasks_with_events_and_responses(store, make_tas
         store.events(old["task"]["id"])
     assert store.get_task(recent["task"]["id"])["status"] == "completed"
     assert store.gc(retention=7 * DAY) == {"tasks": 0, "events": 0, "idempotency_keys": 0, "pairings": 0,
-                                              "client_usage": 0}
+                                              "client_usage": 0, "service_history": 0}
     # its idempotency key went with it: the key can be used afresh
     assert make_task(idempotency=("k-old", "fp"))["replay"] is None
 

@@ -142,6 +142,22 @@ def _service_paths() -> JSON:
         "/v1/service": {
             "get": _op("The service and what it can do", {"200": _json("Service", "The service")}, scope=None)
         },
+        "/v1/service/history": {
+            "get": _op(
+                "The service's own history by minute, oldest first: tokens/s, queue, TTFT, errors, disk use",
+                {"200": _json("ServiceHistory", "The minutes")},
+                scope="models:read",
+                params=(
+                    _param(
+                        "minutes",
+                        "query",
+                        {"type": "integer", "minimum": 1, "maximum": 1440, "default": 60},
+                        "How many minutes back from now.",
+                    ),
+                ),
+                errors=("400",),
+            )
+        },
         "/healthz": _with_head(_op("Liveness", {"200": _json("Status", "The process answers")}, scope=None)),
         "/readyz": _with_head(
             _op("Readiness: start-up recovery has run", {"200": _json("Status", "Ready")}, scope=None, errors=("503",))

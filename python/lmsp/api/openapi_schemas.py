@@ -12,7 +12,7 @@ from typing import Any, get_args
 
 import msgspec
 
-from lmsp.wire import answers, conversation_answers, openai_answers
+from lmsp.wire import answers, conversation_answers, openai_answers, service_history
 from lmsp.wire.answers import OutputItem, ResponseStatus, Scopes
 from lmsp.wire.chat import CreateChatCompletion, UpdateChatCompletion
 from lmsp.wire.clients import UpdateClient
@@ -72,7 +72,15 @@ def named(aliases: dict[str, Any]) -> JSON:
 
 
 SCHEMAS: JSON = {
-    **components([*REQUESTS, *answers.ANSWERS, *openai_answers.ANSWERS, *conversation_answers.ANSWERS]),
+    **components(
+        [
+            *REQUESTS,
+            *answers.ANSWERS,
+            *openai_answers.ANSWERS,
+            *conversation_answers.ANSWERS,
+            *service_history.ANSWERS,
+        ]
+    ),
     **named({"Scopes": Scopes, "OutputItem": OutputItem}),
     # a frame of a stream: a chunk, or the error that ends the stream (two objects
     # without a tag, which a Struct union cannot hold)

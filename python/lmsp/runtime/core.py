@@ -14,8 +14,9 @@ a room of its own:
   events of a task this worker does not run (queued, or run by another
   worker): one read of every such task's sequence counter per round, instead
   of one per waiting request, and it wakes those whose task moved;
-* the **janitor thread** (:mod:`.janitor`) applies retention and checks the
-  loaded models' files;
+* the **janitor thread** (:mod:`.janitor`) applies retention, checks the
+  loaded models' files and writes the service's history once a minute
+  (:mod:`.history`);
 * the **KV thread** (:mod:`.kv`) writes the KV files of finished turns,
   which later prompts load instead of prefilling them.
 
@@ -41,6 +42,7 @@ from .embeddings import Embeddings
 from .committer import Committer
 from .models import Models
 from .registry import ModelRegistry
+from .history import HistoryWriter
 from .janitor import Janitor
 from lmsp.runtime.kv import KvDisk
 from .scheduler import Scheduler
@@ -86,7 +88,8 @@ class Runtime:
         self.admission = Admission(self.state)
         self.embeddings = Embeddings(self.state, self.models)
         self.watcher = Watcher(self.state)
-        self.janitor = Janitor(self.state, self.models.check_files)
+        self.history = HistoryWriter(self.state, clock)
+        self.janitor = Janitor(self.state, self.models.check_files, self.history.tick)
         self._threads: list[RealThread] = []
         # what the rooms answer themselves
         self.create_task = self.admission.create_task  # a request's task, created and started or queued

@@ -303,6 +303,7 @@ class Scheduler:
         """Fail a claimed task in the store (a cancel accepted before wins there)."""
         run.failure = (code, message)
         self.store.fail_task(run.task_id, self.state.owner, code=code, message=message)
+        self.state.stats.finish("error", 0, None, None)
         self.state.forget(run)
         self.state.waiters.notify([run.task_id])
         self.state.wake_scheduler()

@@ -1,7 +1,7 @@
 """Retention (LMSP B.10): finished tasks with their events and responses,
-expired idempotency keys, spent pairing codes and the clients' usage of past
-hours are deleted in small transactions, so that the write lock is never held
-long.
+expired idempotency keys, spent pairing codes, the clients' usage of past
+hours and the service's history past a day (:mod:`.history`) are deleted in
+small transactions, so that the write lock is never held long.
 
 A chain of responses (:mod:`.chains`) goes as one, on its newest response's
 time: a task in no chain is found by the partial index ``tasks_finished``
@@ -14,6 +14,7 @@ import sqlite3
 
 from . import chains
 from . import states as st
+from . import history
 from .base import FINISHED_SQL, StoreBase, last_seq_sql
 from .idempotency import answer_keys
 from .sharing import hour_of
@@ -34,21 +35,26 @@ class RetentionArea(StoreBase):
 
     def gc(self, *, retention: float, batch: int = 500) -> dict:
         """Delete finished tasks (with their events and responses) that finished more than
-        ``retention`` seconds ago, expired idempotency keys, spent pairing codes, and
-        the clients' usage of the hours that ended more than ``retention`` ago.
+        ``retention`` seconds ago, expired idempotency keys, spent pairing codes,
+        the clients' usage of the hours that ended more than ``retention`` ago, and
+        the service's history of the minutes that ended more than a day (or
+        ``retention``, when shorter) ago.
 
         Every transaction deletes at most about ``batch`` rows, so the write lock
         is never held long; unfinished tasks are never touched.
         """
         if batch < 1:
             raise ValueError("batch must be at least 1")
-        counts = {"tasks": 0, "events": 0, "idempotency_keys": 0, "pairings": 0, "client_usage": 0}
+        counts = dict.fromkeys(
+            ("tasks", "events", "idempotency_keys", "pairings", "client_usage", "service_history"), 0
+        )
         now = self._clock()
         cutoff = now - float(retention)
         self._gc_tasks(cutoff, batch, counts)
         counts["idempotency_keys"] = self._gc_keys(now, batch)
         counts["pairings"] = self._gc_pairings(cutoff, batch)
         counts["client_usage"] = self._gc_usage(cutoff, batch)
+        counts["service_history"] = history.gc(self._db, now - min(float(retention), history.HISTORY_SECONDS), batch)
         return counts
 
     def _gc_tasks(self, cutoff: float, batch: int, counts: dict) -> None:

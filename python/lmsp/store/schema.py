@@ -241,6 +241,24 @@ MIGRATION_V8: list[str | Callable[[sqlite3.Connection], None]] = [
     "CREATE INDEX client_usage_hour ON client_usage(hour)",
 ]
 
+MIGRATION_V9: list[str | Callable[[sqlite3.Connection], None]] = [
+    # the service's own history (lmsp.store.history): one row a minute per worker
+    """CREATE TABLE service_history (
+    minute          INTEGER NOT NULL,     -- Unix seconds // 60: the minute the row counts
+    worker          TEXT NOT NULL,        -- the worker's name in the claims
+    tokens          INTEGER NOT NULL DEFAULT 0,  -- generated in the minute
+    tasks_finished  INTEGER NOT NULL DEFAULT 0,
+    errors          INTEGER NOT NULL DEFAULT 0,  -- tasks that failed
+    ttft            TEXT,                 -- JSON [[upper bound ms or null, count], ...]; NULL: none
+    queued          INTEGER NOT NULL DEFAULT 0,  -- tasks queued in the store when written
+    running         INTEGER NOT NULL DEFAULT 0,  -- sequences the worker was decoding
+    db_bytes        INTEGER,
+    kv_bytes        INTEGER,
+    model_bytes     INTEGER,
+    PRIMARY KEY (minute, worker)
+) WITHOUT ROWID""",
+]
+
 
 # a step: an SQL statement, or a function of the connection for what SQL alone cannot say
 MIGRATIONS: list[list[str | Callable[[sqlite3.Connection], None]]] = [
@@ -265,6 +283,8 @@ MIGRATIONS: list[list[str | Callable[[sqlite3.Connection], None]]] = [
     # 8: sharing the box: a task's fair start tag, a client's priority and limits,
     # its tokens per hour
     MIGRATION_V8,
+    # 9: the service's own history, a row a minute per worker
+    MIGRATION_V9,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

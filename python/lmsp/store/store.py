@@ -21,6 +21,7 @@ database, the clock, the id maker and the task log's primitives):
 :mod:`.retention`         ``gc`` (B.10)
 :mod:`.items`             a response's input items, and the pages of item lists
 :mod:`.conversations`     conversations and their items (B.11)
+:mod:`.history`           the service's own history, a row a minute per worker
 ========================  ===================================================
 
 The areas are mixins rather than objects the facade holds: they share one
@@ -42,6 +43,7 @@ from .. import ids as _ids
 from .accounts import AccountsArea
 from .conversations import ConversationsArea
 from .db import Database, translate
+from .history import HistoryArea
 from .idempotency import IdempotencyArea
 from .items import ItemsArea
 from lmsp.store.kv import KvOwnersArea
@@ -68,6 +70,7 @@ class Store(
     ItemsArea,
     ConversationsArea,
     KvOwnersArea,
+    HistoryArea,
 ):
     """The service's state in one SQLite file (see the module docstring of :mod:`lmsp.store.db`
     for what each ``durability`` level risks)."""
