@@ -1,16 +1,22 @@
 """Small helpers of the API tests: an authenticated test client and SSE parsing."""
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import shutil
 
 import falcon.testing
 import jsonschema
+import pytest
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
 from lmsp import auth
 from lmsp.api.openapi import document
+from lmsp.app import create_app
+from lmsp.config import Config
+from lmsp.runtime import RECOVERED_ENV, Runtime, open_store
 
 
 class Contract:
@@ -144,3 +150,31 @@ def assert_error(result, status: int, code: str, param=None) -> dict:
     if param is not None:
         assert body["error"]["param"] == param, body
     return body["error"]
+
+
+@contextlib.contextmanager
+def live_service(data, demo_model_path, **settings):
+    """The app over a started REAL runtime in ``data`` (this process plays the master: no
+    start-up preparation), the demo model registered as ``tiny``; yields
+    ``{"config", "store", "runtime", "app", "admin", "model"}``, stopped after."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv(RECOVERED_ENV, "1")
+    config = Config(data_dir=data, n_threads=2, lease_seconds=5.0, heartbeat_seconds=1.0, **settings).validated()
+    for path in (config.models_dir, config.snapshots_dir):
+        path.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(demo_model_path, config.models_dir / "tiny.gguf")
+    store = open_store(config)
+    runtime = Runtime(config, store)
+    runtime.start()
+    try:
+        app = create_app(config, store, runtime)
+        _, admin_token = make_client(store, ["admin"], "admin")
+        admin = Api(app, admin_token)
+        registered = admin.post("/v1/models", json={"path": "tiny.gguf", "id": "tiny"})
+        assert registered.status_code == 201, registered.text
+        yield {"config": config, "store": store, "runtime": runtime, "app": app, "admin": admin,
+               "model": registered.json}
+    finally:
+        runtime.stop(timeout=10.0)
+        store.close()
+        mp.undo()

@@ -8,12 +8,9 @@ import httpx2
 import jsonschema
 import openai
 import pytest
-from api_helpers import Api, assert_error, make_client, sse_events
+from api_helpers import Api, assert_error, live_service, make_client, sse_events
 
 from lmsp.api.openapi import document
-from lmsp.app import create_app
-from lmsp.config import Config
-from lmsp.runtime import RECOVERED_ENV, Runtime, open_store
 
 TERMINAL = {"response.completed", "response.incomplete", "response.failed", "response.cancelled"}
 
@@ -26,28 +23,12 @@ def output_text(response: dict) -> str:
 def live(tmp_path_factory, demo_model_path):
     """One started runtime for the module (loading the model once), with the
     demo model copied into its models directory as ``tiny.gguf``."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv(RECOVERED_ENV, "1")  # this test plays the master: no start-up preparation here
     data = tmp_path_factory.mktemp("live")
-    config = Config(data_dir=data, n_ctx=512, n_parallel=4, n_threads=2, max_output_tokens=16,
-                    max_output_tokens_cap=64, lease_seconds=5.0, heartbeat_seconds=1.0).validated()
-    for path in (config.models_dir, config.snapshots_dir):
-        path.mkdir(parents=True)
-    shutil.copyfile(demo_model_path, config.models_dir / "tiny.gguf")
-    (config.models_dir / "notes.txt").write_text("not a model")
-    store = open_store(config)
-    runtime = Runtime(config, store)
-    runtime.start()
-    app = create_app(config, store, runtime)
-    _, admin_token = make_client(store, ["admin"], "admin")
-    admin = Api(app, admin_token)
-    registered = admin.post("/v1/models", json={"path": "tiny.gguf", "id": "tiny"})
-    assert registered.status_code == 201, registered.text
-    yield {"config": config, "store": store, "runtime": runtime, "app": app, "admin": admin,
-           "model": registered.json}
-    runtime.stop(timeout=10.0)
-    store.close()
-    mp.undo()
+    (data / "models").mkdir(parents=True)
+    (data / "models" / "notes.txt").write_text("not a model")
+    with live_service(data, demo_model_path, n_ctx=512, n_parallel=4, max_output_tokens=16,
+                      max_output_tokens_cap=64) as service:
+        yield service
 
 
 @pytest.fixture

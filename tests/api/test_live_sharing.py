@@ -3,16 +3,12 @@ the tiny demo model: a client's backlog does not hold another's task back, and a
 client at its limit is told to wait while another is not."""
 from __future__ import annotations
 
-import shutil
 import sqlite3
 import time
 
 import pytest
-from api_helpers import Api, assert_error, make_client
+from api_helpers import Api, assert_error, live_service
 
-from lmsp.app import create_app
-from lmsp.config import Config
-from lmsp.runtime import RECOVERED_ENV, Runtime, open_store
 
 BACKGROUND = {"model": "tiny", "input": "hi", "background": True, "max_output_tokens": 2}
 
@@ -20,25 +16,9 @@ BACKGROUND = {"model": "tiny", "input": "hi", "background": True, "max_output_to
 @pytest.fixture(scope="module")
 def live(tmp_path_factory, demo_model_path):
     """One started runtime with one engine slot, so that tasks start one by one."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv(RECOVERED_ENV, "1")  # this test plays the master: no start-up preparation here
-    data = tmp_path_factory.mktemp("sharing")
-    config = Config(data_dir=data, n_ctx=256, n_parallel=1, n_threads=2, max_output_tokens=2,
-                    max_output_tokens_cap=8, lease_seconds=5.0, heartbeat_seconds=1.0).validated()
-    for path in (config.models_dir, config.snapshots_dir):
-        path.mkdir(parents=True)
-    shutil.copyfile(demo_model_path, config.models_dir / "tiny.gguf")
-    store = open_store(config)
-    runtime = Runtime(config, store)
-    runtime.start()
-    app = create_app(config, store, runtime)
-    _, admin_token = make_client(store, ["admin"], "admin")
-    admin = Api(app, admin_token)
-    assert admin.post("/v1/models", json={"path": "tiny.gguf", "id": "tiny"}).status_code == 201
-    yield {"config": config, "store": store, "app": app, "admin": admin}
-    runtime.stop(timeout=10.0)
-    store.close()
-    mp.undo()
+    with live_service(tmp_path_factory.mktemp("sharing"), demo_model_path, n_ctx=256, n_parallel=1,
+                      max_output_tokens=2, max_output_tokens_cap=8) as service:
+        yield service
 
 
 def paired(live, name: str) -> tuple[str, Api]:

@@ -292,3 +292,16 @@ class Database:
                 conn.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
+
+
+def delete_in_batches(db: Database, sql: str, args: tuple, batch: int) -> int:
+    """Run ``sql`` (a DELETE whose last parameter is its LIMIT, ``batch``) in one
+    transaction after another until a run deletes fewer than ``batch`` rows, so the
+    write lock is never held long; returns how many rows went."""
+    total = 0
+    while True:
+        with db.write() as conn:
+            n = conn.execute(sql, (*args, batch)).rowcount
+        total += n
+        if n < batch:
+            return total

@@ -22,7 +22,7 @@ import sqlite3
 from typing import Any
 
 from .base import StoreBase
-from .db import Database
+from .db import Database, delete_in_batches
 
 MINUTE = 60
 HISTORY_SECONDS = 86400.0  # rows are kept this long at most
@@ -100,17 +100,13 @@ class HistoryArea(StoreBase):
 def gc(db: Database, cutoff: float, batch: int) -> int:
     """Delete the rows of the minutes that ended before ``cutoff`` (by the table's key,
     minute first), about ``batch`` a transaction; returns how many went."""
-    total, ended = 0, int(cutoff // MINUTE)
-    while True:
-        with db.write() as conn:
-            n = conn.execute(
-                "DELETE FROM service_history WHERE (minute, worker) IN (SELECT minute, worker"
-                " FROM service_history WHERE minute < ? LIMIT ?)",
-                (ended, batch),
-            ).rowcount
-        total += n
-        if n < batch:
-            return total
+    return delete_in_batches(
+        db,
+        "DELETE FROM service_history WHERE (minute, worker) IN (SELECT minute, worker"
+        " FROM service_history WHERE minute < ? LIMIT ?)",
+        (int(cutoff // MINUTE),),
+        batch,
+    )
 
 
 def merge_buckets(histograms: list[list[list[Any]]]) -> Buckets:

@@ -16,6 +16,7 @@ from . import chains
 from . import states as st
 from . import history
 from .base import FINISHED_SQL, StoreBase, last_seq_sql
+from .db import delete_in_batches
 from .idempotency import answer_keys
 from .sharing import hour_of
 
@@ -118,50 +119,41 @@ class RetentionArea(StoreBase):
 
     def _gc_keys(self, now: float, batch: int) -> int:
         """The idempotency keys expired by ``now``; returns how many went."""
-        total = 0
-        while True:
-            with self._db.write() as conn:
-                n = conn.execute(
-                    "DELETE FROM idempotency_keys WHERE (client_id, key) IN (SELECT client_id, key "
-                    "FROM idempotency_keys WHERE expires_at <= ? LIMIT ?)",
-                    (now, batch),
-                ).rowcount
-            total += n
-            if n < batch:
-                return total
+        return delete_in_batches(
+            self._db,
+            "DELETE FROM idempotency_keys WHERE (client_id, key) IN (SELECT client_id, key "
+            "FROM idempotency_keys WHERE expires_at <= ? LIMIT ?)",
+            (now,),
+            batch,
+        )
 
     def _gc_pairings(self, cutoff: float, batch: int) -> int:
         """The pairing codes expired, and the failed pairing attempts made, before ``cutoff``;
         returns how many codes went."""
-        total = 0
-        while True:
-            with self._db.write() as conn:
-                n = conn.execute(
-                    "DELETE FROM pairings WHERE id IN (SELECT id FROM pairings WHERE expires_at < ? LIMIT ?)",
-                    (cutoff, batch),
-                ).rowcount
-                conn.execute(
-                    "DELETE FROM pairing_failures WHERE id IN (SELECT id FROM pairing_failures WHERE at < ? LIMIT ?)",
-                    (cutoff, batch),
-                )
-            total += n
-            if n < batch:
-                return total
+        delete_in_batches(
+            self._db,
+            "DELETE FROM pairing_failures WHERE id IN (SELECT id FROM pairing_failures WHERE at < ? LIMIT ?)",
+            (cutoff,),
+            batch,
+        )
+        return delete_in_batches(
+            self._db,
+            "DELETE FROM pairings WHERE id IN (SELECT id FROM pairings WHERE expires_at < ? LIMIT ?)",
+            (cutoff,),
+            batch,
+        )
 
     def _gc_usage(self, cutoff: float, batch: int) -> int:
         """The clients' usage rows of the hours that ended before ``cutoff`` (by
-        ``client_usage_hour``); returns how many went."""
-        total, ended = 0, hour_of(cutoff)  # the hours before cutoff's own ended before it
-        while True:
-            with self._db.write() as conn:
-                n = conn.execute(
-                    "DELETE FROM client_usage WHERE (client_id, hour) IN (SELECT client_id, hour "
-                    "FROM client_usage WHERE hour < ? LIMIT ?)",
-                    (ended, batch),
-                ).rowcount
-            total += n
-            if n < batch:
-                return total
+        ``client_usage_hour``; the hours before cutoff's own ended before it); returns
+        how many went."""
+        return delete_in_batches(
+            self._db,
+            "DELETE FROM client_usage WHERE (client_id, hour) IN (SELECT client_id, hour "
+            "FROM client_usage WHERE hour < ? LIMIT ?)",
+            (hour_of(cutoff),),
+            batch,
+        )
 
     def _gc_delete(self, doomed: list[tuple[str, str, int]], cutoff: float, counts: dict, chain: str | None) -> None:
         """Delete tasks still past ``cutoff`` in this transaction: finished, and in no
