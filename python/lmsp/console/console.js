@@ -239,8 +239,10 @@ async function refreshQueue() {
   await Promise.all(tasks.map(lookUpModel));
   const rows = tasks.map((t) => {
     const cancel = scopes.has("responses:write") ? button("cancel", () => cancelTask(t.id)) : "";
-    return row([t.id, t.status, taskModels.get(t.id), age(t.created_at),
+    const tr = row([t.id, t.status, taskModels.get(t.id), age(t.created_at),
       t.queue_position, t.queued_ahead, cancel]);
+    tr.dataset.task = t.id;
+    return tr;
   });
   fill("queue", rows, "nothing running or queued", 7);
   $("queue-when").textContent = "at " + new Date().toLocaleTimeString();
@@ -331,7 +333,10 @@ async function play(event) {
   $("play-error").textContent = "";
   $("play-send").disabled = true;
   try {
-    await stream({ model, input, stream: true });
+    const body = { model, input, stream: true };
+    const max = Number($("play-max").value);
+    if (max >= 1) body.max_output_tokens = max;
+    await stream(body);
   } catch (e) {
     $("play-error").textContent = String(e);
   } finally {
