@@ -22,6 +22,7 @@ from .api import (
     chat,
     clients,
     completions,
+    console,
     conversations,
     embeddings,
     health,
@@ -79,6 +80,7 @@ def routes(deps: Deps) -> list[tuple[str, object]]:
         ("/v1/chat/completions/{completion_id}/messages", chat.ChatCompletionMessagesResource(deps)),
         ("/v1/completions", completions.CompletionsResource(deps)),
         ("/v1/embeddings", embeddings.EmbeddingsResource(deps)),
+        *console.routes(),
     ]
 
 

@@ -13,7 +13,7 @@ from typing import Iterable
 import lmsp
 from lmsp.contracts import TASK_STATES
 
-from . import openapi_conversations, openapi_openai
+from . import console, openapi_conversations, openapi_openai
 from .openapi_schemas import INT64_MAX, JSON, RESPONSE_STATUSES, SCHEMAS, SECURITY_SCHEMES, STR, ref, text
 
 ERRORS_BY_STATUS = {
@@ -127,6 +127,7 @@ def _paths() -> JSON:
     turns = openapi_conversations.paths(_op, _param, IDEMPOTENCY, BODY_ERRORS, _id)
     return {
         **_service_paths(),
+        **_console_paths(),
         **_client_paths(),
         **_model_paths(),
         **_response_paths(),
@@ -182,6 +183,21 @@ def _service_paths() -> JSON:
             )
         },
     }
+
+
+def _console_paths() -> JSON:
+    """The operator's page and its files: no token (the page asks for one and calls this API)."""
+    paths: JSON = {}
+    for path, name, content_type in console.FILES:
+        media = content_type.split(";")[0]
+        paths[path] = _with_head(
+            _op(
+                f"The operator's console: {name}",
+                {"200": {"description": name, "content": {media: {"schema": STR}}}},
+                scope=None,
+            )
+        )
+    return paths
 
 
 def _client_paths() -> JSON:

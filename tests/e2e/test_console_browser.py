@@ -1,0 +1,127 @@
+"""The operator's console in a real browser (Debian's Chromium, driven by selenium with
+Debian's chromedriver; nothing is downloaded) against a real ``lmsp serve`` with the demo
+model: an admin sees the models and a queued task with its position, cancels it from the
+page and streams an answer in the playground; a ``models:read`` token sees neither cancel
+nor revoke, and the API refuses them anyway. Screenshots of each view go under the test's
+tmp_path."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from e2e_helpers import Server
+from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+LONG = {"model": "tiny", "input": "Count on:", "background": True, "max_output_tokens": 1500, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def console(tmp_path_factory, demo_model_path):
+    if not (CHROMIUM and DRIVER):
+        pytest.skip("Debian's chromium and chromium-driver packages are not installed "
+                    "(apt-get install chromium chromium-driver; scripts/dev test installs them)")
+    root = tmp_path_factory.mktemp("console")
+    server = Server(root / "data", root, demo_model_path, {"LMSP_N_PARALLEL": "1"}).start()
+    yield server, root
+    server.stop(timeout=10)
+
+
+@pytest.fixture
+def browser(console):
+    _, root = console
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000",
+                f"--user-data-dir={root / 'chromium'}"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
+    yield driver
+    driver.quit()
+
+
+def log_in(driver, server: Server, token: str) -> WebDriverWait:
+    driver.get(server.base_url + "/console")
+    wait = WebDriverWait(driver, 30, poll_frequency=0.1, ignored_exceptions=(StaleElementReferenceException,))
+    wait.until(lambda d: d.find_element(By.ID, "login").is_displayed())
+    driver.find_element(By.ID, "token").send_keys(token)
+    driver.find_element(By.CSS_SELECTOR, "#login-form button").click()
+    wait.until(lambda d: d.find_element(By.ID, "views").is_displayed())
+    return wait
+
+
+def queue_row(driver, task_id: str) -> list[str] | None:
+    """The cells of a task's row in the queue, read at once (the table is redrawn as it polls)."""
+    return driver.execute_script(
+        "const row = document.querySelector(`#queue tr[data-task='${arguments[0]}']`);"
+        "return row ? [...row.cells].map((cell) => cell.textContent) : null;", task_id)
+
+
+def text(driver, element_id: str) -> str:
+    return driver.find_element(By.ID, element_id).text
+
+
+def test_an_admin_sees_models_and_the_queue_cancels_a_task_and_streams_an_answer(console, browser, tmp_path):
+    server, _ = console
+    admin = server.pair(scopes="admin", name="operator")
+    wait = log_in(browser, server, admin)
+    assert "admin" in text(browser, "scopes")
+    wait.until(lambda d: "tiny" in text(d, "models") and "generation" in text(d, "models"))
+    browser.save_screenshot(str(tmp_path / "models.png"))
+
+    # a client that may start nothing (max_running 0): its tasks stay queued
+    batch = server.pair(scopes="responses:write,responses:read", name="batch")
+    batch_id = next(c["id"] for c in server.call("GET", "/v1/clients", token=admin)["data"] if c["name"] == "batch")
+    server.call("PATCH", f"/v1/clients/{batch_id}", {"max_running": 0}, token=admin)
+    first, second = (server.call("POST", "/v1/responses", LONG, token=batch, expect=202)["task"]["id"] for _ in "12")
+    wait.until(lambda d: (queue_row(d, second) or ["", ""])[1] == "queued")
+    cells, ahead = queue_row(browser, second), queue_row(browser, first)
+    assert cells[2] == "tiny" and int(cells[4]) > int(ahead[4]) >= 1  # its model, its place after the first
+    browser.save_screenshot(str(tmp_path / "queue.png"))
+    # the table is redrawn every 2 s: a button found just before a redraw is gone
+    wait.until(lambda d: d.find_element(By.CSS_SELECTOR, f"#queue tr[data-task='{second}'] button").click() or True)
+    server.wait_task(batch, second, lambda t: t["status"] == "cancelled", timeout=30)
+    server.call("POST", f"/v1/tasks/{first}/cancel", token=batch)
+    queued_id = second
+    wait.until(lambda d: queue_row(d, queued_id) is None)
+
+    assert browser.find_element(By.ID, "clients-view").is_displayed()
+    assert "operator" in text(browser, "clients")
+    assert browser.find_elements(By.XPATH, "//table[@id='clients']//button[text()='revoke']")
+
+    browser.find_element(By.ID, "play-max").clear()
+    browser.find_element(By.ID, "play-max").send_keys("24")
+    browser.find_element(By.ID, "play-input").send_keys("Hello")
+    browser.find_element(By.ID, "play-send").click()
+    wait.until(lambda d: text(d, "play-output"))  # the first words, before the end
+    browser.save_screenshot(str(tmp_path / "playground-streaming.png"))
+    wait.until(lambda d: "completed" in text(d, "play-meta") or "incomplete" in text(d, "play-meta")
+               or text(d, "play-error"))
+    assert text(browser, "play-error") == ""
+    assert text(browser, "play-output").strip()
+    meta = text(browser, "play-meta")
+    assert "task task_" in meta and "output" in meta and "tokens" in meta
+    browser.save_screenshot(str(tmp_path / "playground.png"))
+    wait.until(lambda d: text(d, "plots"))  # the last hour's plots, or "no history"
+    browser.save_screenshot(str(tmp_path / "history.png"))
+
+
+def test_a_models_read_token_sees_no_controls_and_the_api_refuses_them(console, browser, tmp_path):
+    server, _ = console
+    admin = server.pair(scopes="admin", name="operator-2")
+    reader = server.pair(scopes="models:read", name="watcher")
+    wait = log_in(browser, server, reader)
+    wait.until(lambda d: "tiny" in text(d, "models"))
+    assert text(browser, "scopes") == "scopes: models:read"
+    for view in ("queue-view", "clients-view", "playground-view"):
+        assert not browser.find_element(By.ID, view).is_displayed(), view
+    assert not browser.find_elements(By.XPATH, "//button[text()='cancel' or text()='revoke' or text()='load']")
+    browser.save_screenshot(str(tmp_path / "models-read.png"))
+    task = server.call("POST", "/v1/responses", {**LONG, "max_output_tokens": 4}, token=admin, expect=202)
+    client_id = server.call("GET", "/v1/clients", token=admin)["data"][0]["id"]
+    server.call("POST", f"/v1/tasks/{task['task']['id']}/cancel", token=reader, expect=403)
+    server.call("DELETE", f"/v1/clients/{client_id}", token=reader, expect=403)
