@@ -53,6 +53,8 @@ def task_object(task: Row) -> dict:
         "id": task["id"],
         "object": "task",
         "response_id": task["response_id"],
+        "client_id": task["client_id"],
+        "model": task["model"],
         "status": task["status"],
         "on_restart": task["on_restart"],
         "attempts": task["attempts"],

@@ -80,7 +80,8 @@ def test_an_admin_sees_models_and_the_queue_cancels_a_task_and_streams_an_answer
     first, second = (server.call("POST", "/v1/responses", LONG, token=batch, expect=202)["task"]["id"] for _ in "12")
     wait.until(lambda d: (queue_row(d, second) or ["", ""])[1] == "queued")
     cells, ahead = queue_row(browser, second), queue_row(browser, first)
-    assert cells[2] == "tiny" and int(cells[4]) > int(ahead[4]) >= 1  # its model, its place after the first
+    # its client and model, its place after the first
+    assert cells[2] == batch_id and cells[3] == "tiny" and int(cells[5]) > int(ahead[5]) >= 1
     browser.save_screenshot(str(tmp_path / "queue.png"))
     # the table is redrawn every 2 s: a button found just before a redraw is gone
     wait.until(lambda d: d.find_element(By.CSS_SELECTOR, f"#queue tr[data-task='{second}'] button").click() or True)

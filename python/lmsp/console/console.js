@@ -11,7 +11,6 @@ let token = sessionStorage.getItem(TOKEN_KEY);
 let scopes = new Set();
 let timer = null;
 let ticks = 0;
-const taskModels = new Map(); // task id -> its response's model, looked up once
 
 // -- calls --------------------------------------------------------------------
 
@@ -236,26 +235,15 @@ async function refreshQueue() {
   }
   $("queue-error").textContent = "";
   const tasks = [...running.json.data, ...queued.json.data];
-  await Promise.all(tasks.map(lookUpModel));
   const rows = tasks.map((t) => {
     const cancel = scopes.has("responses:write") ? button("cancel", () => cancelTask(t.id)) : "";
-    const tr = row([t.id, t.status, taskModels.get(t.id), age(t.created_at),
+    const tr = row([t.id, t.status, t.client_id, t.model, age(t.created_at),
       t.queue_position, t.queued_ahead, cancel]);
     tr.dataset.task = t.id;
     return tr;
   });
-  fill("queue", rows, "nothing running or queued", 7);
+  fill("queue", rows, "nothing running or queued", 8);
   $("queue-when").textContent = "at " + new Date().toLocaleTimeString();
-}
-
-async function lookUpModel(task) {
-  if (taskModels.has(task.id)) return;
-  if (!task.response_id.startsWith("resp_")) {
-    taskModels.set(task.id, null);
-    return;
-  }
-  const answer = await api("GET", "/v1/responses/" + encodeURIComponent(task.response_id));
-  taskModels.set(task.id, answer.status === 200 ? answer.json.model : null);
 }
 
 async function cancelTask(id) {

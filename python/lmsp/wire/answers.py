@@ -383,6 +383,8 @@ class Task(Answer):
     id: Annotated[str, Meta(pattern="^task_")]
     object: Literal["task"]
     response_id: str
+    client_id: Annotated[str | None, Meta(description="The client whose request made it.")]
+    model: str
     status: TaskState
     on_restart: OnRestart
     attempts: int
