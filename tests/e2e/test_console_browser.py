@@ -126,3 +126,23 @@ def test_a_models_read_token_sees_no_controls_and_the_api_refuses_them(console, 
     client_id = server.call("GET", "/v1/clients", token=admin)["data"][0]["id"]
     server.call("POST", f"/v1/tasks/{task['task']['id']}/cancel", token=reader, expect=403)
     server.call("DELETE", f"/v1/clients/{client_id}", token=reader, expect=403)
+
+
+def test_a_client_at_its_queue_limit_is_told_to_wait_in_the_playground(console, browser, tmp_path):
+    server, _ = console
+    admin = server.pair(scopes="admin", name="operator-3")
+    limited = server.pair(scopes="responses:write,responses:read,models:read", name="limited")
+    limited_id = next(c["id"] for c in server.call("GET", "/v1/clients", token=admin)["data"]
+                      if c["name"] == "limited")
+    server.call("PATCH", f"/v1/clients/{limited_id}", {"max_running": 0, "max_queued": 1}, token=admin)
+    waiting = server.call("POST", "/v1/responses", {**LONG, "max_output_tokens": 4}, token=limited,
+                          expect=202)["task"]["id"]
+    wait = log_in(browser, server, limited)
+    wait.until(lambda d: "tiny" in text(d, "models") and d.find_element(By.ID, "playground-view").is_displayed())
+    browser.find_element(By.ID, "play-input").send_keys("Hello")
+    browser.find_element(By.ID, "play-send").click()
+    wait.until(lambda d: text(d, "play-error"))
+    assert "rate_limited" in text(browser, "play-error")
+    browser.save_screenshot(str(tmp_path / "playground-limited.png"))
+    server.call("POST", f"/v1/tasks/{waiting}/cancel", token=limited)
+    server.call("PATCH", f"/v1/clients/{limited_id}", {"max_running": None, "max_queued": None}, token=admin)

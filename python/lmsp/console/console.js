@@ -273,9 +273,9 @@ async function refreshClients() {
     const save = button("save limits", () => saveLimits(c.id, inputs));
     const revoke = c.revoked_at ? "" : button("revoke", () => revokeClient(c.id, c.name));
     return row([c.id, c.name, c.scopes.join(", "), when(c.created_at), when(c.revoked_at),
-      ...inputs, group(save, revoke)]);
+      when(c.last_task_at), String(c.tokens_24h), ...inputs, group(save, revoke)]);
   });
-  fill("clients", rows, "no clients", 10);
+  fill("clients", rows, "no clients", 12);
 }
 
 async function saveLimits(id, inputs) {

@@ -78,7 +78,21 @@ class AccountsArea(StoreBase):
             )
         except sqlite3.IntegrityError as exc:
             raise Conflict("a client with this token already exists") from exc
-        return obj.client_object(conn.execute("SELECT * FROM clients WHERE id = ?", (cid,)).fetchone())
+        return self._clients(conn, "c.id = ?", (cid,))[0]
+
+    def _clients(self, conn: sqlite3.Connection, where: str, args: tuple) -> list[dict]:
+        """Client objects with their activity: the time of their newest task (by the
+        tasks_client index: ids grow with time) and their tokens of the last 24 hours."""
+        rows = conn.execute(
+            "SELECT c.*, (SELECT created_at FROM tasks t WHERE t.client_id = c.id ORDER BY t.id DESC LIMIT 1)"
+            " AS last_task_at, (SELECT coalesce(sum(tokens), 0) FROM client_usage u WHERE u.client_id = c.id"
+            f" AND u.hour > ?) AS tokens_24h FROM clients c WHERE {where} ORDER BY c.id",
+            (hour_of(self._clock()) - 24, *args),
+        )
+        return [
+            {**obj.client_object(r), "last_task_at": obj.ts(r["last_task_at"]), "tokens_24h": r["tokens_24h"]}
+            for r in rows
+        ]
 
     def client_by_token_hash(self, token_hash: str) -> dict | None:
         with self._db.read() as conn:
@@ -97,17 +111,17 @@ class AccountsArea(StoreBase):
 
     def list_clients(self) -> list[dict]:
         with self._db.read() as conn:
-            return [obj.client_object(r) for r in conn.execute("SELECT * FROM clients ORDER BY id")]
+            return self._clients(conn, "1", ())
 
     def revoke_client(self, client_id: str) -> dict:
         with self._db.write() as conn:
             conn.execute(
                 "UPDATE clients SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", (self._clock(), client_id)
             )
-            row = conn.execute("SELECT * FROM clients WHERE id = ?", (client_id,)).fetchone()
-            if row is None:
+            found = self._clients(conn, "c.id = ?", (client_id,))
+            if not found:
                 raise NotFound(f"no client {client_id}")
-            return obj.client_object(row)
+            return found[0]
 
     def create_pairing(self, *, code_hash: str, scopes: list[str], expires_at: float, name: str | None = None) -> dict:
         if not isinstance(scopes, (list, tuple)) or not all(isinstance(s, str) for s in scopes):
