@@ -144,5 +144,8 @@ def test_a_client_at_its_queue_limit_is_told_to_wait_in_the_playground(console, 
     wait.until(lambda d: text(d, "play-error"))
     assert "rate_limited" in text(browser, "play-error")
     browser.save_screenshot(str(tmp_path / "playground-limited.png"))
-    server.call("POST", f"/v1/tasks/{waiting}/cancel", token=limited)
+    # its waiting task on the page, then run and gone from the queue once the limits go
+    wait.until(lambda d: (queue_row(d, waiting) or ["", ""])[1] == "queued")
     server.call("PATCH", f"/v1/clients/{limited_id}", {"max_running": None, "max_queued": None}, token=admin)
+    wait.until(lambda d: queue_row(d, waiting) is None)
+    server.wait_task(limited, waiting, lambda t: t["status"] == "completed", timeout=30)
