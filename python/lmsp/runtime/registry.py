@@ -92,9 +92,10 @@ def memory_bytes(info: dict[str, Any]) -> int:
     if info.get("architecture") in EMBEDDING_ARCHITECTURES:
         return weights
     shape = [info.get(k) for k in ("n_layer", "n_ctx", "n_parallel", "n_head_kv", "n_embd", "n_head")]
-    if not all(isinstance(v, int) and v > 0 for v in shape):
+    sizes = [v for v in shape if isinstance(v, int) and v > 0]
+    if len(sizes) < len(shape):
         return weights
-    n_layer, n_ctx, n_parallel, n_head_kv, n_embd, n_head = shape
+    n_layer, n_ctx, n_parallel, n_head_kv, n_embd, n_head = sizes
     return weights + 2 * n_layer * n_ctx * n_parallel * n_head_kv * (n_embd // n_head) * KV_ELEMENT_BYTES
 
 
