@@ -381,6 +381,42 @@ def usage(directory: Path) -> int:
     return sum(e.size for e in entries(directory))
 
 
+class Holdings:
+    """The KV files each model file has in ``directory`` (by its digest), from a scan
+    at most ``ttl`` seconds old: a listing of the models reads the directory at most
+    once per ``ttl``, and a writer that has just scanned it records that scan
+    (:meth:`note`)."""
+
+    def __init__(self, directory: Path, ttl: float = 2.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.directory = directory
+        self.ttl = ttl
+        self._clock = clock
+        self._seen: tuple[float, dict[str, tuple[int, int]]] | None = None  # (when, tag -> (files, bytes))
+
+    def note(self, found: Iterable[Entry]) -> int:
+        """Record a scan of the directory; the bytes its files hold."""
+        by_model: dict[str, tuple[int, int]] = {}
+        total = 0
+        for e in found:
+            n, size = by_model.get(e.model, (0, 0))
+            by_model[e.model] = (n + 1, size + e.size)
+            total += e.size
+        self._seen = (self._clock(), by_model)
+        return total
+
+    def of(self, digest: str) -> tuple[int, int]:
+        """(files, bytes) kept for the model file of ``digest``."""
+        seen = self._seen
+        if seen is None or self._clock() - seen[0] > self.ttl:
+            try:
+                self.note(entries(self.directory))
+            except OSError as exc:  # an unreadable directory: nothing to show
+                log.warning("KV directory %s could not be read: %s", self.directory, exc)
+                self._seen = (self._clock(), {})
+            seen = self._seen
+        return (seen[1] if seen else {}).get(model_tag(digest), (0, 0))
+
+
 def enforce_budget(directory: Path, budget: int) -> tuple[int, int]:
     """Delete the least recently used files until the directory holds at most
     ``budget`` bytes of them; (files, bytes) deleted."""

@@ -14,7 +14,7 @@ from typing import Any
 from lmsp.contracts import ClaimRecord, CreatedTask, NewTask, RuntimeAPI, StepItem, StepOutcome
 from lmsp.errors import ContextLengthExceeded, InvalidRequest, NotFound
 from lmsp.objects import wants_logprobs
-from lmsp.runtime.registry import capabilities
+from lmsp.runtime.registry import model_object
 from lmsp.store import Store
 
 OWNER = "scripted-worker"
@@ -81,10 +81,7 @@ class ScriptedRuntime:
         return None
 
     def model_object(self, model_id: str) -> dict[str, Any]:
-        model = dict(self.store.get_model(model_id))
-        model.pop("path", None)
-        model["capabilities"] = capabilities(model.get("architecture"))
-        return model
+        return model_object(self.store.get_model(model_id))
 
     def detokenize(self, model_id: str, tokens: list[int]) -> str:
         """Token id N is the text "<N>"."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import time
 
 import httpx2
 import jsonschema
@@ -247,3 +248,35 @@ def test_logprobs_are_the_same_live_replayed_and_stored(client):
 def test_no_logprobs_unless_asked_for(client):
     result = client.post("/v1/responses", json={"model": "tiny", "input": "Hello", "max_output_tokens": 4})
     assert result.json["output"][0]["content"][0]["logprobs"] == []
+
+
+def test_a_model_object_shows_its_file_memory_and_kv_files(live, client):
+    """``file`` relative to the models directory; ``memory_bytes`` while loaded here
+    (weights and KV cache), else null; the KV files kept for the model's file."""
+    assert live["model"]["file"] == "tiny.gguf"
+    assert (live["model"]["kv_files"], live["model"]["kv_bytes"]) == (0, 0)  # registered before any turn
+    admin = live["admin"]
+    admin.post("/v1/models/tiny/unload")
+    unloaded = client.get("/v1/models/tiny").json
+    assert unloaded["state"] == "available" and unloaded["memory_bytes"] is None
+    loaded = admin.post("/v1/models/tiny/load").json
+    assert loaded["state"] == "loaded" and loaded["file"] == "tiny.gguf"
+    assert loaded["memory_bytes"] > loaded["size_bytes"]  # the weights and a KV cache of 4 x 512 cells
+    assert [m["memory_bytes"] for m in client.get("/v1/models").json["data"]] == [loaded["memory_bytes"]]
+    # a stored response's turn keeps its KV in a file, which the model object counts
+    created = client.post("/v1/responses", json={"model": "tiny", "input": "Count: one two", "max_output_tokens": 4})
+    assert created.status_code == 200, created.text
+    kv_dir = live["config"].data_dir / "kv"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not list(kv_dir.glob("*.kv")):
+        time.sleep(0.05)
+    files = list(kv_dir.glob("*.kv"))
+    assert files, "no KV file was written"
+    deadline = time.monotonic() + 10
+    shown = client.get("/v1/models/tiny").json
+    while time.monotonic() < deadline and shown["kv_files"] != len(files):
+        time.sleep(0.2)
+        files = list(kv_dir.glob("*.kv"))
+        shown = client.get("/v1/models/tiny").json
+    assert shown["kv_files"] == len(files)
+    assert shown["kv_bytes"] == sum(f.stat().st_size for f in files) > 0

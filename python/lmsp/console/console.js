@@ -202,10 +202,11 @@ async function refreshModels() {
     const actions = scopes.has("models:write")
       ? group(button("load", () => modelAction(m.id, "load")), button("unload", () => modelAction(m.id, "unload")))
       : "";
-    return row([m.id, m.state, bytes(m.size_bytes), (m.capabilities || []).join(", "),
-      m.context_length, m.quantization, actions]);
+    const kv = m.kv_files ? m.kv_files + " (" + bytes(m.kv_bytes) + ")" : "none";
+    return row([m.id, m.state, m.file, bytes(m.size_bytes), m.memory_bytes == null ? "" : bytes(m.memory_bytes),
+      kv, (m.capabilities || []).join(", "), m.context_length, m.quantization, actions]);
   });
-  fill("models", rows, "no models registered", 7);
+  fill("models", rows, "no models registered", 10);
   fillModelChoice(models.filter((m) => (m.capabilities || []).includes("generation")));
 }
 

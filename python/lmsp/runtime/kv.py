@@ -290,7 +290,7 @@ class KvDisk:
             self.counts["bytes_written"] += size
             self.counts["files_written"] += 1
             self.counts["evicted"] += evicted
-        self.held = kv.usage(self.directory)
+        self.held = self.state.registry.kv_files.note(kv.entries(self.directory))
 
     # ---------------------------------------------------------------- janitor, metrics
     def gc(self) -> dict[str, int]:
@@ -300,7 +300,7 @@ class KvDisk:
             return {}
         counts = kv.gc(self.directory, self.budget, existing=self.state.store.kv_owners_existing)
         self._count("evicted", counts["kv_over_budget"])
-        self.held = kv.usage(self.directory)
+        self.held = self.state.registry.kv_files.note(kv.entries(self.directory))
         return counts
 
     def metrics(self) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import kv
 from ..errors import InvalidRequest, LMSPError, ModelChanged, ModelInUse, ModelLoadFailed, NotFound
 from lmsp.serving.hubsafe import offload
 from ..objects import public_model
@@ -79,11 +80,41 @@ def capabilities(architecture: str | None) -> list[str]:
     return ["embeddings"] if architecture in EMBEDDING_ARCHITECTURES else ["generation", "embeddings"]
 
 
-def model_object(row: dict, state: str | None = None, has_chat_template: bool | None = None) -> dict:
-    """The Model object of LMSP B.4 from a store model (without its path), ``state`` and
-    ``has_chat_template`` overriding, with its ``capabilities``."""
+KV_ELEMENT_BYTES = 2  # the engine's K and V cells: f16 or bf16 (Engine.info["kv_format"])
+
+
+def memory_bytes(info: dict[str, Any]) -> int:
+    """What a loaded engine holds, from its ``info``: the model file's bytes (its
+    weights, read into memory) and, for a model with a KV cache, the cache's cells
+    (layers x context x parallel sequences x KV heads x head size, K and V). The
+    extension reports no compute buffers: they are not counted."""
+    weights = int(info.get("size_bytes") or 0)
+    if info.get("architecture") in EMBEDDING_ARCHITECTURES:
+        return weights
+    shape = [info.get(k) for k in ("n_layer", "n_ctx", "n_parallel", "n_head_kv", "n_embd", "n_head")]
+    sizes = [v for v in shape if isinstance(v, int) and v > 0]
+    if len(sizes) < len(shape):
+        return weights
+    n_layer, n_ctx, n_parallel, n_head_kv, n_embd, n_head = sizes
+    return weights + 2 * n_layer * n_ctx * n_parallel * n_head_kv * (n_embd // n_head) * KV_ELEMENT_BYTES
+
+
+def model_object(
+    row: dict,
+    state: str | None = None,
+    has_chat_template: bool | None = None,
+    *,
+    memory: int | None = None,
+    kv_files: tuple[int, int] = (0, 0),
+) -> dict:
+    """The Model object of LMSP B.4 from a store model (its path shown as :func:`_shown`
+    does), ``state`` and ``has_chat_template`` overriding, with its ``capabilities``,
+    the ``memory`` its engine holds here and its KV files (count, bytes)."""
     out = public_model(row)
+    out["file"] = _shown(row["path"])
     out["capabilities"] = capabilities(row.get("architecture"))
+    out["memory_bytes"] = memory
+    out["kv_files"], out["kv_bytes"] = kv_files
     if state is not None:
         out["state"] = state
     if has_chat_template is not None:
@@ -105,6 +136,7 @@ class ModelRegistry:
         self.files = ModelFiles(config, self._lock)  # paths, digests, the loaded files (under the same lock)
         self._templates: dict[str, bool] = {}  # digest -> has a chat template, for models registered
         # before the store recorded it
+        self.kv_files = kv.Holdings(Path(config.data_dir) / "kv")  # each model file's KV files (lmsp.kv)
 
     # registration
     def resolve(self, path: str, *, confined: bool = True) -> Path:
@@ -154,7 +186,7 @@ class ModelRegistry:
             }
         )
         log.info("registered model %s (%s, %s)", model_id, stored_path, digest)
-        return model_object(row)
+        return model_object(row, kv_files=self.kv_files.of(digest))
 
     def digest(self, path: Path, progress=None) -> tuple[str, int]:
         """The digest of a file, from the cache while the file is unchanged (:meth:`ModelFiles.digest`)."""
@@ -218,11 +250,19 @@ class ModelRegistry:
         return known
 
     def object(self, model_id: str) -> dict:
-        row = self.store.get_model(model_id)
-        return model_object(row, self.state(row), self.has_chat_template(row))
+        return self._object(self.store.get_model(model_id))
 
     def objects(self) -> list[dict]:
-        return [model_object(row, self.state(row), self.has_chat_template(row)) for row in self.store.list_models()]
+        return [self._object(row) for row in self.store.list_models()]
+
+    def _object(self, row: dict) -> dict:
+        state = self.state(row)
+        engine = self.engine(row["id"]) if state == LOADED else None
+        info = getattr(engine, "info", None)  # (an engine a test makes may report none)
+        memory = memory_bytes(info) if isinstance(info, dict) else None
+        return model_object(
+            row, state, self.has_chat_template(row), memory=memory, kv_files=self.kv_files.of(row["digest"])
+        )
 
     # engines
     def engine(self, model_id: str) -> Engine | None:

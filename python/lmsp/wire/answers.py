@@ -146,6 +146,31 @@ class Model(Answer):
     quantization: str | None
     context_length: int | None
     state: ModelState
+    file: Annotated[
+        str,
+        Meta(
+            description="The model file: its path relative to the models directory, or its name for a "
+            "file the operator registered from elsewhere."
+        ),
+    ]
+    memory_bytes: Annotated[
+        Annotated[int, Meta(ge=0)] | None,
+        Meta(
+            description="The memory the model holds in the worker that answers, while loaded there (null "
+            "otherwise): its weights (the file's bytes) and its KV cache (layers x context x parallel "
+            "sequences x KV heads x head size, K and V at 2 bytes each; none for an embedding model). "
+            "Compute buffers are not counted.",
+        ),
+    ]
+    kv_files: Annotated[
+        int,
+        Meta(
+            ge=0,
+            description="The KV-cache files kept on disk for the model's file (the prefix cache's "
+            "snapshots of conversations and chains of responses), as of a scan at most a few seconds old.",
+        ),
+    ]
+    kv_bytes: Annotated[int, Meta(ge=0, description="The total size of those KV files, in bytes.")]
     has_chat_template: Annotated[
         bool,
         Meta(
