@@ -11,7 +11,8 @@ from .. import objects as obj
 from ..errors import Conflict, InvalidRequest, NotFound, RateLimited
 from .base import StoreBase, dumps
 from ..contracts import MAX_PRIORITY
-from .sharing import LIMITS, STARTED_SQL, hour_of
+from .sharing import LIMITS, hour_of
+from .states import STARTED_SQL, UNFINISHED_SQL
 
 
 class AccountsArea(StoreBase):
@@ -234,7 +235,7 @@ class AccountsArea(StoreBase):
 CLIENT_FIGURES_SQL = (
     "SELECT client_id, sum(queued), sum(running), sum(tokens) FROM ("
     f" SELECT client_id, status = 'queued' AS queued, status IN {STARTED_SQL} AS running, 0 AS tokens"
-    f" FROM tasks WHERE status IN ('queued',{STARTED_SQL[1:-1]}) AND client_id IS NOT NULL"
+    f" FROM tasks WHERE status IN {UNFINISHED_SQL} AND client_id IS NOT NULL"
     " UNION ALL SELECT client_id, 0, 0, tokens FROM client_usage WHERE hour = ?"
     ") GROUP BY client_id ORDER BY client_id"
 )

@@ -31,7 +31,7 @@ CHAT_OPEN = obj.CHAT_OPEN
 #: the same, for a model that thinks (its Response echoes the ``reasoning`` asked)
 CHAT_THINK = obj.CHAT_THINK
 
-UNFINISHED_SQL = "('queued','loading','running','cancelling')"
+UNFINISHED_SQL = st.UNFINISHED_SQL
 # a task a worker may claim: word for word the WHERE of the tasks_claimable
 # partial index (schema.py), so that SQLite answers from that index
 CLAIMABLE_SQL = sharing.CLAIMABLE_SQL

@@ -29,17 +29,16 @@ import sqlite3
 from typing import Any
 
 from ..errors import QuotaExceeded, RateLimited
+from .states import STARTED_SQL, UNFINISHED_SQL
 
-STARTED_SQL = "('loading','running','cancelling')"
 #: the tasks a worker may claim: queued, or running and left by their worker (to
 #: resume); they start in ``START_ORDER``, by the index tasks_start_order
 CLAIMABLE_SQL = "owner IS NULL AND status IN ('queued','running')"
 START_ORDER = "start_tag, created_at, id"
 #: the claimable tasks by their start order (SQLite would otherwise read them all by status)
 QUEUE = f"tasks INDEXED BY tasks_start_order WHERE {CLAIMABLE_SQL}"
-UNFINISHED = "status IN ('queued','loading','running','cancelling')"
 #: a client's unfinished tasks by their tags
-CLIENT_TASKS = f"tasks INDEXED BY tasks_client_tags WHERE {UNFINISHED} AND client_id IS ?"
+CLIENT_TASKS = f"tasks INDEXED BY tasks_client_tags WHERE status IN {UNFINISHED_SQL} AND client_id IS ?"
 LIMITS = ("priority", "max_running", "max_queued", "tokens_per_hour")
 
 
@@ -49,10 +48,7 @@ def start_tag(conn: sqlite3.Connection, client_id: str | None) -> float:
     if head is None:
         head = conn.execute(f"SELECT max(start_tag) FROM tasks WHERE status IN {STARTED_SQL}").fetchone()[0]
     now = float(head or 0.0)
-    previous = conn.execute(
-        f"SELECT max(start_tag) FROM tasks WHERE client_id IS ? AND status IN ('queued',{STARTED_SQL[1:-1]})",
-        (client_id,),
-    ).fetchone()[0]
+    previous = conn.execute(f"SELECT max(start_tag) FROM {CLIENT_TASKS}", (client_id,)).fetchone()[0]
     if previous is None:
         return now
     return max(now, float(previous) + 1.0 / priority(conn, client_id))

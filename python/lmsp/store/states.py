@@ -10,6 +10,16 @@ COMPLETED, FAILED, CANCELLED = "completed", "failed", "cancelled"
 STATES = (QUEUED, LOADING, RUNNING, CANCELLING, COMPLETED, FAILED, CANCELLED)
 UNFINISHED = frozenset({QUEUED, LOADING, RUNNING, CANCELLING})
 FINISHED = frozenset({COMPLETED, FAILED, CANCELLED})
+STARTED = (LOADING, RUNNING, CANCELLING)
+
+
+def sql_list(states: tuple[str, ...]) -> str:
+    """``states`` as an SQL list, for ``status IN (...)``."""
+    return "(" + ",".join(f"'{state}'" for state in states) + ")"
+
+
+UNFINISHED_SQL = sql_list((QUEUED, *STARTED))
+STARTED_SQL = sql_list(STARTED)
 POLICIES = ("fail", "retry", "resume")
 
 # state -> the states it may move to. Self-loops are the recovery moves
