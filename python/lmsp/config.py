@@ -30,6 +30,9 @@ class Config:
     data_dir: Path = Path("data")
     bind: str = "127.0.0.1:8080"
     name: str = "lmsp"
+    # fleet (README "A fleet behind nginx")
+    box_id: str = ""  # this box's id in every id it makes: 1 to 8 of a-z 0-9 ("" alone, no fleet)
+    peers: str = ""  # the other boxes: "ID=HOST:PORT,ID=HOST:PORT" (creates forwarded, lists gathered)
     # store
     durability: str = "full"  # full: fsync each commit; normal: WAL sync at checkpoints; off: no fsync
     busy_timeout: float = 5.0  # seconds to wait for the database lock before 503
@@ -140,6 +143,16 @@ class Config:
     def _check_names(self) -> None:
         if self.log_level.lower() not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}")
+        if self.box_id and not re.fullmatch(r"[a-z0-9]{1,8}", self.box_id):
+            raise ValueError(f"box_id must be 1 to 8 lowercase letters and digits, not {self.box_id!r}")
+        try:
+            found = parse_peers(self.peers)
+        except ValueError as exc:
+            raise ValueError(f"peers: {exc}") from None
+        if found and not self.box_id:
+            raise ValueError("peers need a box_id for this box")
+        if self.box_id in found:
+            raise ValueError(f"peers: {self.box_id!r} is this box's own id")
         if not _bind_ok(self.bind):
             raise ValueError(
                 f"bind must be HOST:PORT, [IPV6]:PORT or unix:PATH (a port from 0 to 65535), not {self.bind!r}"
@@ -155,6 +168,19 @@ def _bind_ok(bind: str) -> bool:
         return re.fullmatch(r"[0-9]+", bind[5:]) is not None
     address = re.fullmatch(r"(\[[^\]]+\]|[^:\[\]]*):([0-9]{1,5})", bind.removeprefix("tcp://"))
     return address is not None and int(address.group(2)) <= 65535
+
+
+def parse_peers(text: str) -> dict[str, str]:
+    """``"ID=HOST:PORT,..."`` as ``{box id: "HOST:PORT"}`` (a ValueError names a bad entry)."""
+    out: dict[str, str] = {}
+    for entry in filter(None, (part.strip() for part in text.split(","))):
+        box, _, address = entry.partition("=")
+        if not re.fullmatch(r"[a-z0-9]{1,8}", box) or not re.fullmatch(r"[A-Za-z0-9.\-]+:[0-9]{1,5}", address):
+            raise ValueError(f"each peer is ID=HOST:PORT (ID: 1 to 8 of a-z 0-9), not {entry!r}")
+        if box in out:
+            raise ValueError(f"box {box!r} is named twice")
+        out[box] = address
+    return out
 
 
 _TRUE = frozenset({"1", "true", "yes", "on"})

@@ -1,6 +1,8 @@
 """The ``lmsp`` command: run the service, and operate it on the box.
 
     lmsp serve   --data-dir DIR --bind HOST:PORT [--model FILE|NAME] [--workers N] [--max-attempts N]
+                 [--box-id ID] [--peer ID=HOST:PORT ...]      a box of a fleet
+    lmsp fleet   [init | join --key FILE | nginx --listen HOST:PORT --box ID=HOST:PORT ...]
     lmsp pair    --scopes SCOPE[,SCOPE...] [--name NAME]     a one-time pairing code
     lmsp clients [list | revoke CLIENT_ID | usage [--hours N]]
     lmsp clients limit CLIENT_ID [--priority N] [--max-running N|none] [--max-queued N|none]
@@ -62,6 +64,10 @@ def cmd_serve(args) -> int:
         env["LMSP_LOG_LEVEL"] = args.log_level
     if args.max_attempts is not None:
         env["LMSP_MAX_ATTEMPTS"] = str(cfg.max_attempts)
+    if args.box_id is not None:
+        env["LMSP_BOX_ID"] = cfg.box_id
+    if args.peer:
+        env["LMSP_PEERS"] = cfg.peers
     cfg.data_dir.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "gunicorn", "--config", "python:lmsp.serving.gunicorn_conf"]
     sys.stdout.flush()
@@ -223,6 +229,19 @@ def _add_service_commands(sub: _Subcommands, data_dir: _CommandParser, common: _
         metavar="N",
         help="starts of a task whose worker stops while it runs, then it fails with attempts_exhausted "
         "(env LMSP_MAX_ATTEMPTS; default 3)",
+    )
+    p.add_argument(
+        "--box-id",
+        default=None,
+        metavar="ID",
+        help="this box's id in a fleet, carried by every id it makes: 1 to 8 of a-z 0-9 (env LMSP_BOX_ID)",
+    )
+    p.add_argument(
+        "--peer",
+        action="append",
+        default=None,
+        metavar="ID=HOST:PORT",
+        help="another box of the fleet (repeat for each; env LMSP_PEERS, comma-separated)",
     )
     p.set_defaults(func=cmd_serve)
 

@@ -22,10 +22,12 @@ class CommandError(Exception):
 # ---------------------------------------------------------------------- helpers
 def _load_config(args) -> _config.Config:
     overrides = {"data_dir": getattr(args, "data_dir", None)}
-    for name in ("bind", "model", "workers", "log_level", "max_attempts"):
+    for name in ("bind", "model", "workers", "log_level", "max_attempts", "box_id"):
         value = getattr(args, name, None)
         if value is not None:
             overrides[name] = value
+    if getattr(args, "peer", None):
+        overrides["peers"] = ",".join(args.peer)
     try:
         cfg = _config.load(**overrides)
     except (ValueError, OSError) as exc:

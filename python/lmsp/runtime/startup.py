@@ -25,8 +25,10 @@ class StartupError(RuntimeError):
 
 def open_store(config):
     """The store of ``config`` with its durability, timeouts and key lifetime."""
+    from .. import ids
     from ..store import Store
 
+    ids.set_box(config.box_id)  # every id this process makes carries it
     return Store.open(
         config.db_path,
         durability=config.durability,
