@@ -37,6 +37,8 @@ from .api.common import Deps
 from .wire.input import SEED_MAX
 from .api.logs import configure_logging
 from .api.metrics import HttpMetrics
+from .api.fleet import FleetRouting, RevokedResource
+from .fleet.members import FleetMembers, members_for
 from .api.middleware import Authentication, RequestContext, handle_http_error, handle_lmsp_error, handle_unexpected
 
 log = logging.getLogger("lmsp.api")
@@ -80,6 +82,7 @@ def routes(deps: Deps) -> list[tuple[str, object]]:
         ("/v1/chat/completions/{completion_id}/messages", chat.ChatCompletionMessagesResource(deps)),
         ("/v1/completions", completions.CompletionsResource(deps)),
         ("/v1/embeddings", embeddings.EmbeddingsResource(deps)),
+        ("/v1/fleet/revoked", RevokedResource(deps)),
         *console.routes(),
     ]
 
@@ -92,6 +95,7 @@ def create_app(
     clock: Callable[[], float] = time.time,
     monotonic: Callable[[], float] = time.monotonic,
     random_seed: Callable[[], int] | None = None,
+    fleet: FleetMembers | None = None,
 ) -> falcon.App:
     """The WSGI app over ``store`` and ``runtime`` (both already open/started)."""
     http_metrics = HttpMetrics()
@@ -104,7 +108,8 @@ def create_app(
         random_seed=random_seed or _random_seed,
         http_metrics=http_metrics,
     )
-    app = falcon.App(middleware=(RequestContext(http_metrics, monotonic), Authentication(store)), cors_enable=False)
+    middleware = (RequestContext(http_metrics, monotonic), Authentication(store, fleet), FleetRouting(config))
+    app = falcon.App(middleware=middleware, cors_enable=False)
     app.req_options.strip_url_path_trailing_slash = True
     app.req_options.auto_parse_qs_csv = False
     app.resp_options.secure_cookies_by_default = True
@@ -131,6 +136,10 @@ def get_app() -> falcon.App:
     runtime.start()
     # Requests are greenlets: their store calls go through the hub's thread
     # pool so a lock wait blocks only the request that waits.
-    app = create_app(config, hub_safe(store), runtime)
+    safe = hub_safe(store)
+    fleet = members_for(config, safe)
+    if fleet is not None:
+        fleet.start()
+    app = create_app(config, safe, runtime, fleet=fleet)
     log.info("application ready", extra={"data_dir": str(config.data_dir)})
     return app

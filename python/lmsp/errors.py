@@ -157,6 +157,13 @@ class Unavailable(LMSPError):
         super().__init__(message, **kw)
 
 
+class BoxUnavailable(Unavailable):
+    """A box of the fleet that holds the id asked for cannot be reached (never a 404:
+    the id exists, on a box that is down)."""
+
+    code = "box_unavailable"
+
+
 class ModelLoadFailed(LMSPError):
     """The engine cannot load a registered model's file. The client that asked
     for the load gets 503 ``unavailable`` when memory ran out (the model may

@@ -7,6 +7,7 @@ service (:mod:`lmsp.service.accounts`) and writes the answer.
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 import falcon
@@ -16,7 +17,7 @@ from lmsp.wire.clients import parse_update
 from lmsp.wire.pairing import parse_pairing, parse_redeem
 
 from . import idempotency
-from .common import Deps, caller, check_id, set_json
+from .common import Deps, caller, check_id, dumps, set_json
 
 
 def client_object(row: dict[str, Any]) -> dict[str, Any]:
@@ -90,6 +91,11 @@ class PairResource:
             ttl=accounts.key_ttl(),
             secret=("token", lambda nonce: auth.derived_token(secret, scope, key, nonce)),
         )
+        if resp.status_code == 201 and isinstance(resp.text, str):  # a replay: its fleet token again
+            answer = json.loads(resp.text)
+            signed = accounts.fleet_token(answer)
+            if signed is not answer:
+                resp.text = dumps(signed)
 
 
 class ClientsResource:

@@ -135,6 +135,9 @@ def read_body(req: falcon.Request, max_bytes: int, timeout: float | None = None)
     hold the worker's connections. A body the server cannot decode (a malformed
     chunk) or that ends early is the client's fault: 400, never a 500.
     """
+    kept = getattr(req.context, "raw_body", None)  # read already (lmsp.api.fleet)
+    if isinstance(kept, bytes):
+        return kept
     length = req.content_length
     if length is not None and length > max_bytes:
         raise PayloadTooLarge(f"the request body is larger than {max_bytes} bytes")

@@ -10,6 +10,8 @@ import falcon
 
 from lmsp import auth
 from lmsp.errors import LMSPError, code_for_status
+from lmsp.fleet.keys import FLEET_PREFIX
+from lmsp.fleet.members import FleetMembers
 from lmsp.ids import new_id
 
 from .common import dumps, set_json
@@ -79,8 +81,9 @@ class Authentication:
     (405). Resources without ``scopes`` are public.
     """
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, fleet: FleetMembers | None = None) -> None:
         self.store = store
+        self.fleet = fleet
 
     def process_resource(
         self, req: falcon.Request, resp: falcon.Response, resource: object, params: dict[str, Any]
@@ -91,7 +94,11 @@ class Authentication:
         needed = scopes[req.method]
         if needed is None:
             return
-        client = auth.authenticate(self.store, req.get_header("Authorization"))
+        header = req.get_header("Authorization")
+        if self.fleet is not None and auth.bearer_token(header).startswith(FLEET_PREFIX):
+            client = self.fleet.authenticate(auth.bearer_token(header))
+        else:
+            client = auth.authenticate(self.store, header)
         req.context.client = client
         auth.require_scope(client, needed)
 

@@ -42,6 +42,7 @@ from lmsp.cli.common import (
     _when,
 )
 from lmsp.cli.clients import add_clients_command
+from lmsp.cli.fleet import add_fleet_command
 from lmsp.cli.data import cmd_doctor, cmd_gc, cmd_models, cmd_quantize, cmd_tasks
 from lmsp.datadir import private_umask
 from lmsp.errors import LMSPError
@@ -262,6 +263,7 @@ def _add_client_commands(sub: _Subcommands, common: _CommandParser) -> None:
     p.set_defaults(func=cmd_pair)
 
     add_clients_command(sub, common)
+    add_fleet_command(sub, common)
 
 
 def _add_data_commands(sub: _Subcommands, common: _CommandParser) -> None:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from lmsp import auth
 from lmsp.errors import InvalidRequest, NotFound, Unavailable
+from lmsp.fleet import keys
 from lmsp.wire.pairing import PairingAsk, RedeemAsk
 
 if TYPE_CHECKING:
@@ -63,13 +64,28 @@ class AccountService:
             log.warning("failed pairing attempt")
             raise InvalidRequest("the pairing code is unknown, already used or expired", param="code") from None
         log.info("client paired", extra={"client_id": client["id"]})
-        return {
-            "object": "client_token",
-            "client_id": client["id"],
-            "client_name": client["name"],
-            "token": token,
-            "scopes": list(client["scopes"]),
-        }
+        return self.fleet_token(
+            {
+                "object": "client_token",
+                "client_id": client["id"],
+                "client_name": client["name"],
+                "token": token,
+                "scopes": list(client["scopes"]),
+            }
+        )
+
+    def fleet_token(self, answer: dict[str, Any]) -> dict[str, Any]:
+        """On a box of a fleet, ``answer`` (a client token) with the fleet token that every
+        box takes, signed with the fleet key; an admin's token stays its box's own."""
+        box = getattr(self.config, "box_id", "")
+        key = keys.load(self.config.data_dir) if box else None
+        local = answer.get("token")
+        if key is None or not isinstance(local, str) or local.startswith(keys.FLEET_PREFIX):
+            return answer
+        if auth.ADMIN in answer["scopes"]:
+            return answer
+        signed = keys.token(key, answer["client_id"], answer["client_name"], list(answer["scopes"]), local)
+        return {**answer, "token": signed}
 
     def secret(self) -> bytes:
         """The service's secret; 503 (and the reason in the log) when it cannot be read."""

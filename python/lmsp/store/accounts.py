@@ -102,6 +102,32 @@ class AccountsArea(StoreBase):
             ).fetchone()
         return None if row is None else obj.client_object(row)
 
+    def copy_client(self, *, client_id: str, name: str, scopes: list[str], token_hash: str) -> dict | None:
+        """A client of another box of the fleet, copied here under its own id (its tasks
+        here name it); None when a client of that id is here already (revoked, or with
+        another token)."""
+        with self._db.write() as conn:
+            done = conn.execute(
+                "INSERT OR IGNORE INTO clients (id, name, scopes, token_hash, created_at) VALUES (?,?,?,?,?)",
+                (client_id, name, dumps(list(scopes)), token_hash, self._clock()),
+            )
+            if done.rowcount != 1:
+                return None
+            row = conn.execute("SELECT * FROM clients WHERE id = ?", (client_id,)).fetchone()
+        return obj.client_object(row)
+
+    def revoke_copy(self, client_id: str) -> None:
+        """Revoke a client here that another box revoked (nothing when it is not here)."""
+        with self._db.write() as conn:
+            conn.execute(
+                "UPDATE clients SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", (self._clock(), client_id)
+            )
+
+    def revoked_client_ids(self) -> list[str]:
+        """The ids of the revoked clients, oldest first."""
+        with self._db.read() as conn:
+            return [r[0] for r in conn.execute("SELECT id FROM clients WHERE revoked_at IS NOT NULL ORDER BY id")]
+
     def client_active(self, client_id: str) -> bool:
         """Whether the client exists and is not revoked (an open stream asks now and then)."""
         with self._db.read() as conn:

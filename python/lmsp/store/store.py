@@ -93,6 +93,7 @@ class Store(
             "list_tasks",
             "output_text",
             "client_active",
+            "revoked_client_ids",
             "client_limits",
             "usage",
             "list_input_items",
