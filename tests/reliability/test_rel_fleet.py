@@ -1,0 +1,281 @@
+"""Three boxes behind nginx, on loopback: the configuration ``lmsp fleet nginx`` prints, run
+as it is; clients paired once on one box; every id answered by the box that holds it;
+lists gathered; a revoke on one box refused by all; a box killed and brought back."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import openai
+import pytest
+
+from rel_checker import StoreView, check_acknowledged, check_recovery, copy_db, open_copy, open_live
+from rel_harness import Client, Server, free_port, stop_process
+
+BOXES = ("a", "b", "c")
+WRITE = ["responses:write", "responses:read", "models:read"]
+SMALL = {"model": "demo", "max_output_tokens": 4}
+
+
+class Fleet:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.ports = {box: free_port() for box in BOXES}
+        self.servers: dict[str, Server] = {}
+        self.port = free_port()
+        self.nginx: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        for box in BOXES:
+            data = self.root / box
+            data.mkdir(parents=True)
+            peers = ",".join(f"{other}=127.0.0.1:{port}" for other, port in self.ports.items() if other != box)
+            (data / "lmsp.toml").write_text(f'box_id = "{box}"\npeers = "{peers}"\n')
+            server = Server(data, log=self.root / f"{box}.log", port=self.ports[box], env={"LMSP_N_PARALLEL": "2"})
+            self.servers[box] = server
+        first = self.servers["a"]
+        assert first.cli("fleet", "init", "--data-dir", str(first.data_dir)).returncode == 0
+        for box in BOXES[1:]:
+            done = first.cli("fleet", "join", "--data-dir", str(self.servers[box].data_dir),
+                             "--key", str(first.data_dir / "fleet.key"))
+            assert done.returncode == 0, done.stderr
+        assert (first.data_dir / "fleet.key").stat().st_mode & 0o777 == 0o600
+        for server in self.servers.values():
+            server.start(wait=False)
+        for server in self.servers.values():
+            server.wait_ready()
+        self.start_nginx()
+
+    def start_nginx(self) -> None:
+        binary = shutil.which("nginx") or "/usr/sbin/nginx"
+        if not Path(binary).exists():
+            pytest.fail("nginx is not installed (scripts/dev test installs it where it can)")
+        boxes = [f"--box={box}=127.0.0.1:{port}" for box, port in self.ports.items()]
+        made = self.servers["a"].cli("fleet", "nginx", "--listen", f"127.0.0.1:{self.port}", *boxes)
+        assert made.returncode == 0, made.stderr
+        prefix = self.root / "nginx"
+        for name in ("", "client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
+            (prefix / name).mkdir(parents=True, exist_ok=True)
+        (prefix / "nginx.conf").write_text(made.stdout)
+        self.nginx = subprocess.Popen([binary, "-p", str(prefix), "-c", str(prefix / "nginx.conf"),
+                                       "-g", "daemon off;"], stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while not self._listening():
+            assert self.nginx.poll() is None, (prefix / "error.log").read_text(errors="replace")
+            assert time.monotonic() < deadline, "nginx did not listen within 30 s"
+            time.sleep(0.05)
+
+    def _listening(self) -> bool:
+        import socket
+
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+            return True
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.nginx is not None:
+            stop_process(self.nginx)
+        for server in self.servers.values():
+            server.stop()
+
+    def router(self, client: Client) -> Client:
+        """``client`` (paired on a box) as it calls the fleet's one address."""
+        return Client("127.0.0.1", self.port, client.token, 60.0, client.client_id, client.scopes)
+
+    def direct(self, client: Client, box: str) -> Client:
+        return Client("127.0.0.1", self.ports[box], client.token, 60.0, client.client_id, client.scopes)
+
+
+def owner(any_id: str) -> str:
+    from lmsp import ids
+
+    found = ids.owner(any_id)
+    assert found is not None, any_id
+    return found
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    made = Fleet(tmp_path_factory.mktemp("fleet"))
+    try:
+        made.start()
+        yield made
+    finally:
+        made.stop()
+
+
+@pytest.fixture(scope="module")
+def clients(fleet):
+    """Two clients, each paired once (on box a and on box b), calling through nginx."""
+    return [fleet.router(fleet.servers[box].pair(WRITE, name=f"on-{box}")) for box in ("a", "b")]
+
+
+@pytest.fixture(scope="module")
+def made(fleet, clients):
+    """60 background responses and 20 conversations of three turns, made through nginx."""
+    responses = []
+    for n in range(60):
+        got = clients[n % 2].post("/v1/responses", {**SMALL, "input": f"n{n}", "background": True})
+        assert got.status == 202, got.body
+        responses.append((clients[n % 2], got.body))
+    conversations = []
+    for n in range(20):
+        client = clients[n % 2]
+        conv = client.post("/v1/conversations", {"metadata": {"n": str(n)}})
+        assert conv.status == 200, conv.body
+        turns = []
+        for turn in range(3):
+            body = {**SMALL, "input": f"turn {turn}", "conversation": conv.body["id"]}
+            got = client.post("/v1/responses", body)
+            assert got.status == 200, got.body
+            turns.append(got.body["id"])
+        conversations.append((client, conv.body["id"], turns))
+    return responses, conversations
+
+
+def test_creates_spread_and_every_id_is_answered_by_its_box(fleet, clients, made):
+    responses, conversations = made
+    assert {owner(body["id"]) for _, body in responses} == set(BOXES)  # least_conn spread them
+    for client, body in responses:
+        rid, box = body["id"], owner(body["id"])
+        assert owner(body["task"]["id"]) == box
+        got = client.get(f"/v1/responses/{rid}")
+        assert got.status == 200 and got.body["id"] == rid
+        assert fleet.direct(client, box).get(f"/v1/responses/{rid}").status == 200
+        other = next(b for b in BOXES if b != box)
+        assert fleet.direct(client, other).get(f"/v1/responses/{rid}").status == 404  # only its box holds it
+        assert client.get(f"/v1/responses/{rid}/input_items").status == 200
+        assert client.get(f"/v1/tasks/{body['task']['id']}").status == 200
+    for client, conv, turns in conversations:
+        assert {owner(rid) for rid in turns} == {owner(conv)}  # every turn on the conversation's box
+        items = client.get(f"/v1/conversations/{conv}/items?limit=100")
+        assert items.status == 200 and len(items.body["data"]) >= 6
+
+
+def test_stream_resume_and_cancel_reach_the_owner(fleet, clients, made):
+    responses, _ = made
+    client, body = responses[0]
+    with client.stream("GET", f"/v1/responses/{body['id']}?stream=true&starting_after=0") as (status, _, events):
+        assert status == 200
+        seen = [event.event for event in events]
+    assert seen[0] == "response.created" and seen[-1] in ("response.completed", "response.incomplete")
+    for client, body in responses[-6:]:
+        got = client.post(f"/v1/responses/{body['id']}/cancel")
+        assert got.status in (200, 409), got.body  # cancelled, or finished already
+        assert got.status == 409 or got.body["id"] == body["id"]
+
+
+def test_a_turn_naming_an_earlier_response_goes_to_its_box(fleet, clients):
+    client = clients[0]
+    first = client.post("/v1/responses", {**SMALL, "input": "one"})
+    chain = [first.body["id"]]
+    for n in range(3):
+        got = client.post("/v1/responses", {**SMALL, "input": f"next {n}", "previous_response_id": chain[-1]})
+        assert got.status == 200, got.body
+        chain.append(got.body["id"])
+    assert len({owner(rid) for rid in chain}) == 1
+
+
+def test_lists_through_nginx_are_the_union_of_the_boxes_lists(fleet, clients, made):
+    for client in clients:
+        union = set()
+        for box in BOXES:
+            got = fleet.direct(client, box).get("/v1/responses?limit=100")
+            assert got.status == 200 and not got.body["has_more"]
+            union |= {row["id"] for row in got.body["data"]}
+        listed, after = [], None
+        while True:
+            got = client.get("/v1/responses?limit=7" + (f"&after={after}" if after else ""))
+            assert got.status == 200, got.body
+            listed += [row["id"] for row in got.body["data"]]
+            if not got.body["has_more"]:
+                break
+            after = got.body["last_id"]
+        assert sorted(listed) == sorted(union) and len(listed) == len(union)
+        created = [client.get(f"/v1/responses/{rid}").body["created_at"] for rid in listed]
+        assert created == sorted(created, reverse=True)  # newest first
+
+
+def test_a_revoke_on_one_box_is_refused_by_every_box(fleet, clients, made):
+    responses, _ = made
+    on_box = {owner(body["id"]): body["id"] for _, body in responses}  # an id held by each box
+    victim = fleet.router(fleet.servers["b"].pair(WRITE, name="victim"))
+    for box, rid in on_box.items():
+        assert victim.get(f"/v1/responses/{rid}").status == 404  # taken by every box; not its response
+    listed = fleet.servers["b"].cli("clients", "list", "--json", "--data-dir", str(fleet.servers["b"].data_dir))
+    assert victim.client_id in listed.stdout
+    done = fleet.servers["b"].cli("clients", "revoke", victim.client_id, "--data-dir",
+                                  str(fleet.servers["b"].data_dir))
+    assert done.returncode == 0, done.stderr
+    refused: set[str] = set()
+    deadline = time.monotonic() + 5
+    while refused != set(on_box) and time.monotonic() < deadline:
+        for box, rid in on_box.items():
+            if box not in refused and victim.get(f"/v1/responses/{rid}").status == 401:
+                refused.add(box)
+        time.sleep(0.1)
+    assert refused == set(on_box)
+    assert clients[0].get(f"/v1/responses/{on_box['b']}").status in (200, 404)  # the others go on
+
+
+def test_openai_sdk_through_nginx(fleet, clients):
+    with openai.OpenAI(base_url=f"http://127.0.0.1:{fleet.port}/v1", api_key=clients[1].token,
+                       max_retries=0, timeout=60) as sdk:
+        plain = sdk.responses.create(model="demo", input="Hello", max_output_tokens=4)
+        assert plain.status in ("completed", "incomplete")
+        streamed = [event.type for event in sdk.responses.create(model="demo", input="Hi", max_output_tokens=4,
+                                                                  stream=True)]
+        assert streamed[0] == "response.created" and streamed[-1] in ("response.completed", "response.incomplete")
+        background = sdk.responses.create(model="demo", input="Later", max_output_tokens=4, background=True)
+        for _ in range(600):
+            background = sdk.responses.retrieve(background.id)
+            if background.status not in ("queued", "in_progress"):
+                break
+            time.sleep(0.05)
+        assert background.status in ("completed", "incomplete")
+        follow = sdk.responses.create(model="demo", input="And?", max_output_tokens=4,
+                                      previous_response_id=plain.id)
+        assert owner(follow.id) == owner(plain.id)
+        conv = sdk.conversations.create(metadata={"sdk": "yes"})
+        turn = sdk.responses.create(model="demo", input="In a conversation", max_output_tokens=4,
+                                    conversation=conv.id)
+        assert owner(turn.id) == owner(conv.id)
+        assert len(sdk.conversations.items.list(conv.id).data) >= 2
+
+
+def test_a_killed_box_answers_503_and_recovers_every_task(fleet, clients, made):
+    responses, _ = made
+    client = clients[0]
+    acked: dict[str, list[str]] = {box: [] for box in BOXES}
+    for n in range(9):
+        got = client.post("/v1/responses", {**SMALL, "input": f"k{n}", "background": True,
+                                            "max_output_tokens": 400, "on_restart": "resume"})
+        assert got.status == 202
+        acked[owner(got.body["id"])].append(got.body["id"])
+    victim = fleet.servers["c"]
+    victim.crash()
+    before = StoreView.load(open_copy(copy_db(victim.data_dir, fleet.root / "c-copy")))
+    theirs = [(c, body["id"]) for c, body in responses if owner(body["id"]) == "c"]
+    for holder, rid in theirs[:3] + [(client, rid) for rid in acked["c"]]:
+        got = holder.get(f"/v1/responses/{rid}")
+        assert got.status == 503 and got.error_code == "box_unavailable", got.body
+        assert got.headers.get("retry-after")
+    for n in range(6):
+        got = client.post("/v1/responses", {**SMALL, "input": f"while down {n}", "background": True})
+        assert got.status == 202, got.body
+        assert owner(got.body["id"]) != "c"
+        acked[owner(got.body["id"])].append(got.body["id"])
+    victim.start()
+    after = StoreView.load(open_live(victim.data_dir))
+    assert check_recovery(before, after) == []
+    assert check_acknowledged(acked["c"], after, "after the restart") == []
+    for box in ("a", "b"):
+        assert check_acknowledged(acked[box], StoreView.load(open_live(fleet.servers[box].data_dir)), "live") == []
+    for rid in acked["c"]:
+        assert client.get(f"/v1/responses/{rid}").status == 200
