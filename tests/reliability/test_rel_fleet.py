@@ -3,7 +3,6 @@ as it is; clients paired once on one box; every id answered by the box that hold
 lists gathered; a revoke on one box refused by all; a box killed and brought back."""
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import time
@@ -206,7 +205,7 @@ def test_a_revoke_on_one_box_is_refused_by_every_box(fleet, clients, made):
     responses, _ = made
     on_box = {owner(body["id"]): body["id"] for _, body in responses}  # an id held by each box
     victim = fleet.router(fleet.servers["b"].pair(WRITE, name="victim"))
-    for box, rid in on_box.items():
+    for rid in on_box.values():
         assert victim.get(f"/v1/responses/{rid}").status == 404  # taken by every box; not its response
     listed = fleet.servers["b"].cli("clients", "list", "--json", "--data-dir", str(fleet.servers["b"].data_dir))
     assert victim.client_id in listed.stdout
