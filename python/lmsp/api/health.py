@@ -101,6 +101,7 @@ class MetricsResource:
             http=deps.http_metrics,
             ready=deps.runtime.ready,
             clients=clients,
+            box=getattr(deps.config, "box_id", ""),
         )
 
     on_head = on_get

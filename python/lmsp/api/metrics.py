@@ -213,10 +213,14 @@ def render(
     http: HttpMetrics | None,
     ready: bool,
     clients: dict[str, dict[str, int]] | None = None,
+    box: str = "",
 ) -> str:
     out = Exposition()
     out.declare("lmsp_up", "gauge", "1 when the service answers and is ready.")
     out.sample("lmsp_up", 1 if ready else 0)
+    if box:
+        out.declare("lmsp_box_info", "gauge", "1, labelled with this box's id in its fleet.")
+        out.sample("lmsp_box_info", 1, {"box": box})
     if task_counts is not None:
         out.declare("lmsp_tasks", "gauge", "Tasks in the store by state.")
         for state in TASK_STATES:
