@@ -1,10 +1,10 @@
 """The ``lmsp fleet`` commands: one key for the boxes of a fleet, and the nginx in front.
 
-    lmsp fleet init --data-dir DIR               a new fleet key in DIR/fleet.key (0600)
-    lmsp fleet join --data-dir DIR --key FILE    another box's fleet key for this box
-    lmsp fleet nginx --listen HOST:PORT --box ID=HOST:PORT ... [--site]
-                     [--tls-cert FILE --tls-key FILE]
-                                                 the fleet's nginx configuration, on stdout
+lmsp fleet init --data-dir DIR               a new fleet key in DIR/fleet.key (0600)
+lmsp fleet join --data-dir DIR --key FILE    another box's fleet key for this box
+lmsp fleet nginx --listen HOST:PORT --box ID=HOST:PORT ... [--site]
+                 [--tls-cert FILE --tls-key FILE]
+                                             the fleet's nginx configuration, on stdout
 """
 
 from __future__ import annotations
