@@ -43,8 +43,21 @@ def new_pairing_code() -> str:
 
 
 def normalize_code(code: str) -> str:
-    """Pairing codes are compared without case, spaces or dashes."""
-    return "".join(ch for ch in code.upper() if ch not in " -")
+    """Pairing codes are compared without case, spaces or dashes, and without the box id
+    a box of a fleet puts before them (``b.ABCD-EFGH-JKLM``)."""
+    return "".join(ch for ch in code.rpartition(".")[2].upper() if ch not in " -")
+
+
+def boxed_code(code: str, box: str) -> str:
+    """A pairing code as a box of a fleet gives it: its box id first, so that the box a
+    redemption reaches can send it on to the box that holds the code."""
+    return f"{box}.{code}" if box else code
+
+
+def code_box(code: str) -> str | None:
+    """The box id before a pairing code (None: the code names none)."""
+    head, dot, _ = code.partition(".")
+    return head.strip().lower() if dot else None
 
 
 def hash_code(code: str) -> str:

@@ -54,7 +54,10 @@ class PairingsResource:
             body,
             lambda code: (201, accounts.create_code(asked, code)),
             ttl=accounts.key_ttl(),
-            secret=("code", lambda nonce: auth.derived_pairing_code(secret, client_id, key, nonce)),
+            secret=(
+                "code",
+                lambda nonce: accounts.boxed_code(auth.derived_pairing_code(secret, client_id, key, nonce)),
+            ),
         )
 
 

@@ -12,7 +12,7 @@ from urllib.parse import parse_qsl, urlencode
 
 import falcon
 
-from lmsp import ids
+from lmsp import auth, ids
 from lmsp.config import parse_peers
 from lmsp.errors import BoxUnavailable, Unauthorized
 from lmsp.fleet import keys, peers
@@ -97,7 +97,7 @@ class FleetRouting:
     ) -> None:
         if not self.peers or req.get_header(peers.FORWARDED):
             return
-        if req.method == "POST" and req.uri_template == "/v1/responses":
+        if req.method == "POST" and req.uri_template in ("/v1/responses", "/v1/pair"):
             self._forward_create(req, resp)
         elif req.method == "GET" and req.uri_template in GATHERED and req.get_header(peers.GATHER):
             req.context.gather = True
@@ -113,8 +113,7 @@ class FleetRouting:
             body = json.loads(data)
         except ValueError:
             return  # the responder refuses it
-        earlier = named_id(body)
-        owner = ids.owner(earlier) if earlier else None
+        owner = self._owner_named(req, body)
         if owner is None or owner == self.box or owner not in self.peers:
             return
         headers = {name: value for name in peers.PASSED if (value := req.get_header(name)) is not None}
@@ -123,7 +122,7 @@ class FleetRouting:
         except peers.PeerDown as exc:
             log.warning("box %s cannot be reached: %s", owner, exc)
             raise BoxUnavailable(
-                f"box {owner!r}, which holds {earlier!r}, cannot be reached", retry_after=RETRY_AFTER
+                f"box {owner!r}, which this request names, cannot be reached", retry_after=RETRY_AFTER
             ) from None
         resp.status = answer.status
         for name in peers.KEPT:
@@ -132,6 +131,15 @@ class FleetRouting:
                 resp.set_header(name, value)
         resp.stream = peers.chunks(conn, answer)
         resp.complete = True
+
+    @staticmethod
+    def _owner_named(req: falcon.Request, body: Any) -> str | None:
+        """The box of the earlier id a create names, or of the pairing code redeemed."""
+        if req.uri_template == "/v1/pair":
+            code = body.get("code") if isinstance(body, dict) else None
+            return auth.code_box(code) if isinstance(code, str) else None
+        earlier = named_id(body)
+        return ids.owner(earlier) if earlier else None
 
     def process_response(
         self, req: falcon.Request, resp: falcon.Response, resource: object, req_succeeded: bool

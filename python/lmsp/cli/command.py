@@ -150,7 +150,7 @@ def cmd_pair(args) -> int:
         raise CommandError("--ttl must be a positive number of seconds")
     store = _open_store(cfg)
     try:
-        code = auth.new_pairing_code()
+        code = auth.boxed_code(auth.new_pairing_code(), cfg.box_id)
         expires_at = int(time.time() + ttl)
         store.create_pairing(code_hash=auth.hash_code(code), scopes=scopes, expires_at=expires_at, name=args.name)
     finally:

@@ -32,7 +32,7 @@ class AccountService:
     def create_code(self, asked: PairingAsk, code: str | None = None) -> dict[str, Any]:
         """A new pairing code (``code``: the one derived from the request's key)."""
         now = self.clock()
-        code = code or auth.new_pairing_code()
+        code = code or self.boxed_code(auth.new_pairing_code())
         expires_at = int(now) + asked.expires_in
         row = self.store.create_pairing(
             code_hash=auth.hash_code(code), scopes=asked.scopes, expires_at=expires_at, name=asked.name
@@ -73,6 +73,10 @@ class AccountService:
                 "scopes": list(client["scopes"]),
             }
         )
+
+    def boxed_code(self, code: str) -> str:
+        """``code`` with this box's id before it, on a box of a fleet."""
+        return auth.boxed_code(code, getattr(self.config, "box_id", ""))
 
     def fleet_token(self, answer: dict[str, Any]) -> dict[str, Any]:
         """On a box of a fleet, ``answer`` (a client token) with the fleet token that every
