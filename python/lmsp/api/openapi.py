@@ -170,6 +170,20 @@ def _service_paths() -> JSON:
                 scope=None,
             )
         ),
+        "/v1/fleet/revoked": {
+            "get": _op(
+                "The clients this box of a fleet paired and revoked, for its peers "
+                "(Authorization: Fleet TIME.SIGNATURE, signed with the fleet key)",
+                {
+                    "200": {
+                        "description": "Revoked client ids",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    }
+                },
+                scope=None,
+                errors=("401",),
+            )
+        },
         "/openapi.json": {
             "get": _op(
                 "This document",
