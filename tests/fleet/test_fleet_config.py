@@ -120,3 +120,10 @@ def test_named_ids_cursors_and_merged_pages():
     page = merge([{"data": [{"id": newer}, {"id": older}], "has_more": False},
                   {"data": [{"id": b_newest}], "has_more": False}], 2)
     assert [row["id"] for row in page["data"]] == [b_newest, newer] and page["has_more"]
+
+
+def test_the_shipped_example_is_what_the_command_prints():
+    shipped = Path(__file__).resolve().parents[2] / "deploy" / "fleet" / "fleet.conf"
+    boxes = [f"{box}=10.0.0.{n}:8080" for n, box in enumerate("abc", start=1)]
+    fleet = nginx.parse("0.0.0.0:443", boxes, "/etc/ssl/certs/lmsp.pem", "/etc/ssl/private/lmsp.key")
+    assert shipped.read_text() == nginx.whole(fleet)

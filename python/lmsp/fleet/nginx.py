@@ -148,7 +148,7 @@ def whole(fleet: Fleet) -> str:
     body = "\n".join("    " + line if line else "" for line in site(fleet).splitlines())
     return (
         "# run: nginx -p DIR -c FILE (pid, logs and temporary files under DIR)\n"
-        "worker_processes 1;\npid nginx.pid;\nerror_log error.log;\n"
+        "worker_processes auto;\npid nginx.pid;\nerror_log error.log;\n"
         "events {\n    worker_connections 1024;\n}\n"
         "http {\n    access_log off;\n"
         "    client_body_temp_path client_body;\n    proxy_temp_path proxy;\n"
