@@ -3,116 +3,25 @@ as it is; clients paired once on one box; every id answered by the box that hold
 lists gathered; a revoke on one box refused by all; a box killed and brought back."""
 from __future__ import annotations
 
-import shutil
-import subprocess
 import time
-from pathlib import Path
 
 import openai
 import pytest
 
 from rel_checker import StoreView, check_acknowledged, check_recovery, copy_db, open_copy, open_live
-from rel_harness import Client, Server, free_port, stop_process
+from fleet_harness import BOXES, Fleet, owner
 
-BOXES = ("a", "b", "c")
-WRITE = ["responses:write", "responses:read", "models:read"]
 SMALL = {"model": "demo", "max_output_tokens": 4}
-
-
-class Fleet:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.ports = {box: free_port() for box in BOXES}
-        self.servers: dict[str, Server] = {}
-        self.port = free_port()
-        self.nginx: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        for box in BOXES:
-            data = self.root / box
-            data.mkdir(parents=True)
-            peers = ",".join(f"{other}=127.0.0.1:{port}" for other, port in self.ports.items() if other != box)
-            (data / "lmsp.toml").write_text(f'box_id = "{box}"\npeers = "{peers}"\n')
-            server = Server(data, log=self.root / f"{box}.log", port=self.ports[box], env={"LMSP_N_PARALLEL": "2"})
-            self.servers[box] = server
-        first = self.servers["a"]
-        assert first.cli("fleet", "init", "--data-dir", str(first.data_dir)).returncode == 0
-        for box in BOXES[1:]:
-            done = first.cli("fleet", "join", "--data-dir", str(self.servers[box].data_dir),
-                             "--key", str(first.data_dir / "fleet.key"))
-            assert done.returncode == 0, done.stderr
-        assert (first.data_dir / "fleet.key").stat().st_mode & 0o777 == 0o600
-        for server in self.servers.values():
-            server.start(wait=False)
-        for server in self.servers.values():
-            server.wait_ready()
-        self.start_nginx()
-
-    def start_nginx(self) -> None:
-        binary = shutil.which("nginx") or "/usr/sbin/nginx"
-        if not Path(binary).exists():
-            pytest.fail("nginx is not installed (scripts/dev test installs it where it can)")
-        boxes = [f"--box={box}=127.0.0.1:{port}" for box, port in self.ports.items()]
-        made = self.servers["a"].cli("fleet", "nginx", "--listen", f"127.0.0.1:{self.port}", *boxes)
-        assert made.returncode == 0, made.stderr
-        prefix = self.root / "nginx"
-        for name in ("", "client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
-            (prefix / name).mkdir(parents=True, exist_ok=True)
-        (prefix / "nginx.conf").write_text(made.stdout)
-        self.nginx = subprocess.Popen([binary, "-p", str(prefix), "-c", str(prefix / "nginx.conf"),
-                                       "-g", "daemon off;"], stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 30
-        while not self._listening():
-            assert self.nginx.poll() is None, (prefix / "error.log").read_text(errors="replace")
-            assert time.monotonic() < deadline, "nginx did not listen within 30 s"
-            time.sleep(0.05)
-
-    def _listening(self) -> bool:
-        import socket
-
-        try:
-            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-            return True
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        if self.nginx is not None:
-            stop_process(self.nginx)
-        for server in self.servers.values():
-            server.stop()
-
-    def pair(self, box: str, name: str) -> Client:
-        """A client paired once: the code made on ``box``, redeemed through nginx."""
-        code = self.servers[box].pairing_code(WRITE)
-        assert code.startswith(f"{box}.")  # the box that holds the code, for the redeeming box
-        got = Client("127.0.0.1", self.port).post("/v1/pair", {"code": code, "client_name": name})
-        assert got.status == 201, got.body
-        assert owner(got.body["client_id"]) == box
-        return Client("127.0.0.1", self.port, got.body["token"], 60.0, got.body["client_id"], WRITE)
-
-    def router(self, client: Client) -> Client:
-        """``client`` (paired on a box) as it calls the fleet's one address."""
-        return Client("127.0.0.1", self.port, client.token, 60.0, client.client_id, client.scopes)
-
-    def direct(self, client: Client, box: str) -> Client:
-        return Client("127.0.0.1", self.ports[box], client.token, 60.0, client.client_id, client.scopes)
-
-
-def owner(any_id: str) -> str:
-    from lmsp import ids
-
-    found = ids.owner(any_id)
-    assert found is not None, any_id
-    return found
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     made = Fleet(tmp_path_factory.mktemp("fleet"))
     try:
-        made.start()
+        try:
+            made.start()
+        except RuntimeError as exc:
+            pytest.fail(str(exc))
         yield made
     finally:
         made.stop()
