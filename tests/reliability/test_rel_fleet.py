@@ -119,6 +119,26 @@ def test_lists_through_nginx_are_the_union_of_the_boxes_lists(fleet, clients, ma
         assert created == sorted(created, reverse=True)  # newest first
 
 
+def test_stored_chat_completions_are_listed_from_every_box(fleet, clients):
+    client = clients[1]
+    made = []
+    for n in range(6):
+        got = client.post("/v1/chat/completions", {"model": "demo", "max_tokens": 2, "store": True,
+                                                   "messages": [{"role": "user", "content": f"q{n}"}]})
+        assert got.status == 200, got.body
+        made.append(got.body["id"])
+    listed, after = [], None
+    while True:
+        got = client.get("/v1/chat/completions?limit=4" + (f"&after={after}" if after else ""))
+        assert got.status == 200, got.body
+        listed += [row["id"] for row in got.body["data"]]
+        if not got.body["has_more"]:
+            break
+        after = got.body["last_id"]
+    assert [rid for rid in listed if rid in made] == made  # oldest first, across the boxes
+    assert len({owner(rid) for rid in made}) > 1
+
+
 def test_a_revoke_on_one_box_is_refused_by_every_box(fleet, clients, made):
     responses, _ = made
     on_box = {owner(body["id"]): body["id"] for _, body in responses}  # an id held by each box

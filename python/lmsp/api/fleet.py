@@ -24,8 +24,8 @@ log = logging.getLogger("lmsp.api")
 RETRY_AFTER = 5
 PEER_TIMEOUT = 300.0  # a forwarded plain create may generate for minutes
 LIST_TIMEOUT = 10.0
-#: the lists gathered across the fleet (those ordered by id, newest first)
-GATHERED = ("/v1/responses",)
+#: the lists gathered across the fleet (ordered by id): their order when none is asked for
+GATHERED = {"/v1/responses": "desc", "/v1/chat/completions": "asc"}
 
 
 def named_id(body: Any) -> str | None:
@@ -50,10 +50,10 @@ def cursor_for(cursor: str, box: str) -> str:
     return cursor[: found.start(1)] + box + cursor[found.end(1) :]
 
 
-def merge(pages: list[dict[str, Any]], limit: int) -> dict[str, Any]:
-    """Pages of one list from several boxes as one page, newest first."""
+def merge(pages: list[dict[str, Any]], limit: int, newest_first: bool = True) -> dict[str, Any]:
+    """Pages of one list from several boxes as one page, newest first (or oldest first)."""
     rows = [row for page in pages for row in page.get("data", [])]
-    rows.sort(key=lambda row: (ids.time_part(row["id"]), row["id"]), reverse=True)
+    rows.sort(key=lambda row: (ids.time_part(row["id"]), row["id"]), reverse=newest_first)
     data = rows[:limit]
     return {
         "object": "list",
@@ -164,4 +164,5 @@ class FleetRouting:
                 return
             pages.append(page)
         limit = int(req.get_param("limit") or 20)
-        set_json(resp, merge(pages, limit))
+        order = req.get_param("order") or GATHERED.get(req.uri_template or "", "desc")
+        set_json(resp, merge(pages, limit, newest_first=order == "desc"))
