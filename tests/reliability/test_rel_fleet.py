@@ -216,3 +216,11 @@ def test_a_killed_box_answers_503_and_recovers_every_task(fleet, clients, made):
         assert check_acknowledged(acked[box], StoreView.load(open_live(fleet.servers[box].data_dir)), "live") == []
     for rid in acked["c"]:
         assert client.get(f"/v1/responses/{rid}").status == 200
+    # it takes its share again once nginx's fail_timeout (5 s) has passed
+    deadline, back = time.monotonic() + 30, False
+    while not back and time.monotonic() < deadline:
+        got = client.post("/v1/responses", {**SMALL, "input": "back?", "background": True})
+        assert got.status == 202, got.body
+        back = owner(got.body["id"]) == "c"
+        time.sleep(0.2)
+    assert back
