@@ -88,6 +88,13 @@ def test_stream_resume_and_cancel_reach_the_owner(fleet, clients, made):
         assert got.status == 409 or got.body["id"] == body["id"]
 
 
+def test_a_retried_create_under_one_key_is_one_response(fleet, clients):
+    asked = {**SMALL, "input": "once", "background": True}
+    made = [clients[0].post("/v1/responses", asked, headers={"Idempotency-Key": "fleet-once"}) for _ in range(3)]
+    assert {got.status for got in made} == {202}
+    assert len({got.body["id"] for got in made}) == 1  # the key's box answered every retry
+
+
 def test_a_turn_naming_an_earlier_response_goes_to_its_box(fleet, clients):
     client = clients[0]
     first = client.post("/v1/responses", {**SMALL, "input": "one"})

@@ -74,6 +74,10 @@ def _upstreams(fleet: Fleet) -> list[str]:
     out.append("    least_conn;")
     out += [f"    server {address} max_fails=1 fail_timeout={RETRY_AFTER}s;" for address in fleet.boxes.values()]
     out += ["    keepalive 16;", "}"]
+    out += ["# a create under an Idempotency-Key: the same box for every retry (keys are kept per box)"]
+    out += ["upstream lmsp_fleet_keyed {", "    hash $http_idempotency_key consistent;"]
+    out += [f"    server {address} max_fails=1 fail_timeout={RETRY_AFTER}s;" for address in fleet.boxes.values()]
+    out += ["    keepalive 16;", "}"]
     return out
 
 
@@ -81,6 +85,7 @@ def _maps(fleet: Fleet) -> list[str]:
     out = ["# the box in an id of the path", "map $uri $lmsp_owner {", '    default "";', f'    "~{ID_PATH}" $1;', "}"]
     out += ["map $lmsp_owner $lmsp_upstream {", "    default lmsp_fleet;"]
     out += [f"    {box} lmsp_box_{box};" for box in fleet.boxes]
+    out += ["}", "map $http_idempotency_key $lmsp_create_upstream {", "    default lmsp_fleet_keyed;", '    "" lmsp_fleet;']
     out += ["}", "# a list asked through the router is gathered from every box", "map $request_method $lmsp_gather {"]
     out += ['    default "";', "    GET 1;", "}"]
     return out
@@ -106,10 +111,11 @@ def _server(fleet: Fleet) -> list[str]:
         "        proxy_next_upstream off;",
         "        error_page 502 504 = @lmsp_box_unavailable;",
         "    }",
-        "    # creates go to a box that is up (the body is buffered so that a refused",
-        "    # connection can pass it to the next box); lists are gathered",
+        "    # creates go to a box that is up, the least busy (or, under an Idempotency-Key, the",
+        "    # key's box); the body is buffered so that a refused connection can pass it to",
+        "    # the next box; lists are gathered",
         "    location / {",
-        *(f"        {line}" for line in _proxy("lmsp_fleet", gather=True)),
+        *(f"        {line}" for line in _proxy("$lmsp_create_upstream", gather=True)),
         "        proxy_request_buffering on;",
         "        proxy_next_upstream error timeout;",
         "        error_page 502 504 = @lmsp_fleet_unavailable;",
