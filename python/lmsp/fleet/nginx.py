@@ -85,7 +85,12 @@ def _maps(fleet: Fleet) -> list[str]:
     out = ["# the box in an id of the path", "map $uri $lmsp_owner {", '    default "";', f'    "~{ID_PATH}" $1;', "}"]
     out += ["map $lmsp_owner $lmsp_upstream {", "    default lmsp_fleet;"]
     out += [f"    {box} lmsp_box_{box};" for box in fleet.boxes]
-    out += ["}", "map $http_idempotency_key $lmsp_create_upstream {", "    default lmsp_fleet_keyed;", '    "" lmsp_fleet;']
+    out += [
+        "}",
+        "map $http_idempotency_key $lmsp_create_upstream {",
+        "    default lmsp_fleet_keyed;",
+        '    "" lmsp_fleet;',
+    ]
     out += ["}", "# a list asked through the router is gathered from every box", "map $request_method $lmsp_gather {"]
     out += ['    default "";', "    GET 1;", "}"]
     return out
