@@ -17,9 +17,10 @@
 //
 // The K-quants q4_K and q6_K are computed by vec_dot in ggml's one-row
 // steps (the reference kernels, csrc/llama_private.cpp) and for products of
-// fewer than 8 rows; ggml's own tiled K-quant matmul takes the others, with
-// other bits. The tiles take a K-quant product only where ggml would have
-// used vec_dot.
+// fewer than 8 rows; on x86 ggml's own tiled K-quant matmul takes the others,
+// with other bits. The tiles take a K-quant product only where ggml would
+// have used vec_dot: on ARM, where ggml has no tiled K-quant matmul, every
+// product of two rows or more.
 //
 // They are hooked in as an "extra buffer type" of ggml's CPU backend, the
 // way ggml's repacked weights are, but they hold no weights: the weights stay
@@ -84,9 +85,10 @@ std::atomic<int64_t> g_products{0};
 bool is_kquant(ggml_type type) { return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K; }
 
 #if defined(LMSP_TILES_NEON)
-// ARM: the NEON tiles (tile_matmul_neon.cpp) of the legacy types. Its K-quant
-// tiles are checked under emulation (tests/native/arm) but not offered yet.
-bool has_tiles(ggml_type type) { return type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q8_0; }
+// ARM: the NEON tiles (tile_matmul_neon.cpp), the legacy types and the K-quants.
+bool has_tiles(ggml_type type) {
+    return type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q8_0 || is_kquant(type);
+}
 using neon::product;
 #else
 // A type's kernels, or nullptr where this build has none.
@@ -207,10 +209,18 @@ const GgmlTiled & ggml_tiled() {
     return t;
 }
 
+// ggml-cpu/tiled computes K-quant products only where the target has AVX (its
+// ggml_tiled_supported); elsewhere (ARM) ggml's path is vec_dot's.
+#if defined(__AVX512VNNI__) || defined(__AVX2__) || defined(__AVX__)
+constexpr bool kGgmlTiledMm = true;
+#else
+constexpr bool kGgmlTiledMm = false;
+#endif
+
 // Whether ggml computes this product with vec_dot: always for the legacy
 // types; for the K-quants, unless its tiled K-quant matmul takes it.
 bool ggml_uses_vec_dot(const ggml_compute_params * params, const ggml_tensor * op) {
-    if (!is_kquant(op->src[0]->type) || params->use_ref) return true;
+    if (!is_kquant(op->src[0]->type) || params->use_ref || !kGgmlTiledMm) return true;
     const GgmlTiled & t = ggml_tiled();
     return !t.on || (op->src[1]->ne[1] < kGgmlTiledRows && !t.forced);
 }
