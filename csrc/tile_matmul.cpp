@@ -75,12 +75,8 @@ struct TileType {
     std::atomic<bool> on{false};
 };
 
-TileType g_types[] = {{GGML_TYPE_Q4_1, "q4_1"},
-                      {GGML_TYPE_Q5_0, "q5_0"},
-                      {GGML_TYPE_Q8_0, "q8_0"},
-                      {GGML_TYPE_Q4_K, "q4_K"},
-                      {GGML_TYPE_Q6_K, "q6_K"},
-                      {GGML_TYPE_F16, "f16"}};
+TileType g_types[] = {{GGML_TYPE_Q4_1, "q4_1"}, {GGML_TYPE_Q5_0, "q5_0"}, {GGML_TYPE_Q8_0, "q8_0"},
+                      {GGML_TYPE_Q4_K, "q4_K"}, {GGML_TYPE_Q6_K, "q6_K"}, {GGML_TYPE_F16, "f16"}};
 std::atomic<int64_t> g_products{0};
 
 bool is_kquant(ggml_type type) { return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K; }
@@ -331,7 +327,7 @@ bool matches(ggml_type type, int rows, int n, int k, uint32_t seed) {
 // adds a last odd block on its own).
 bool type_checks(ggml_type type) {
     uint32_t seed = 1;
-    const std::vector<int> lengths = is_kquant(type)           ? std::vector<int>{256, 1024, 2048}
+    const std::vector<int> lengths = is_kquant(type)         ? std::vector<int>{256, 1024, 2048}
                                      : type == GGML_TYPE_F16 ? std::vector<int>{64, 128, 384, 1536}
                                                              : std::vector<int>{64, 96, 576, 1536};
     for (const int k : lengths) {

@@ -31,7 +31,9 @@ struct Vec {
     static constexpr int kLanes = 16;
     static constexpr int kActRows = 4;  // activation rows a pass holds: 16 accumulators of 32 registers
     static T zero() { return _mm512_setzero_ps(); }
-    static T load(const uint8_t * p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p))); }
+    static T load(const uint8_t * p) {
+        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)));
+    }
     static T fma(T x, T y, T acc) { return _mm512_fmadd_ps(x, y, acc); }
     static float sum(const T * s) {
         return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s[0], s[2]), _mm512_add_ps(s[1], s[3])));
