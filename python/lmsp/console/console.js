@@ -239,11 +239,11 @@ async function refreshQueue() {
   const rows = tasks.map((t) => {
     const cancel = scopes.has("responses:write") ? button("cancel", () => cancelTask(t.id)) : "";
     const tr = row([t.id, t.status, t.client_id, t.model, age(t.created_at),
-      t.queue_position, t.queued_ahead, cancel]);
+      t.queue_position, t.queued_ahead, t.output_tokens, cancel]);
     tr.dataset.task = t.id;
     return tr;
   });
-  fill("queue", rows, "nothing running or queued", 8);
+  fill("queue", rows, "nothing running or queued", 9);
   $("queue-when").textContent = "at " + new Date().toLocaleTimeString();
 }
 

@@ -303,16 +303,22 @@ class IncompleteDetails(Answer):
 QueuePosition = Annotated[int, Meta(ge=1, description="While queued: 1 for the next task to start.")]
 #: the queued tasks of its model that start before it
 QueuedAhead = Annotated[int, Meta(ge=0, description="While queued: tasks of its model that start before it.")]
+#: the output tokens a running task generated so far
+OutputTokensSoFar = Annotated[
+    int, Meta(ge=0, description="While running or cancelling: output tokens generated so far in this attempt.")
+]
 
 
 class ResponseTask(Answer):
-    """The task of a response (B.4), and its place in the queue while it waits to start."""
+    """The task of a response (B.4): its place in the queue while it waits to start, its
+    output tokens so far while it runs."""
 
     id: str
     status: TaskState
     on_restart: OnRestart
     queue_position: QueuePosition | UnsetType = UNSET
     queued_ahead: QueuedAhead | UnsetType = UNSET
+    output_tokens: OutputTokensSoFar | UnsetType = UNSET
 
 
 class ResponseTextFormat(Answer):
@@ -422,6 +428,7 @@ class Task(Answer):
     last_sequence_number: int
     queue_position: QueuePosition | UnsetType = UNSET
     queued_ahead: QueuedAhead | UnsetType = UNSET
+    output_tokens: OutputTokensSoFar | UnsetType = UNSET
 
 
 class TaskList(Page):
