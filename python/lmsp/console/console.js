@@ -273,10 +273,12 @@ async function refreshClients() {
     });
     const save = button("save limits", () => saveLimits(c.id, inputs));
     const revoke = c.revoked_at ? "" : button("revoke", () => revokeClient(c.id, c.name));
-    return row([c.id, c.name, c.scopes.join(", "), when(c.created_at), when(c.revoked_at),
-      when(c.last_task_at), String(c.tokens_24h), ...inputs, group(save, revoke)]);
+    const tr = row([c.id, c.name, c.scopes.join(", "), when(c.created_at), when(c.revoked_at),
+      when(c.last_seen_at), when(c.last_task_at), c.tokens_today, c.tokens_24h, ...inputs, group(save, revoke)]);
+    tr.dataset.client = c.id;
+    return tr;
   });
-  fill("clients", rows, "no clients", 12);
+  fill("clients", rows, "no clients", 14);
 }
 
 async function saveLimits(id, inputs) {

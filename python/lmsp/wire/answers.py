@@ -98,8 +98,12 @@ class Client(Answer):
     max_running: Annotated[int, Meta(ge=0, description="Tasks started at once; null: no limit.")] | None
     max_queued: Annotated[int, Meta(ge=0, description="Tasks waiting to start; one more is 429.")] | None
     tokens_per_hour: Annotated[int, Meta(ge=0, description="Tokens of finished tasks per clock hour.")] | None
+    last_seen_at: Annotated[
+        Time | None, Meta(description="When its token was last used (written at most once a minute).")
+    ]
     last_task_at: Annotated[Time | None, Meta(description="When its newest task was made.")]
     tokens_24h: Annotated[int, Meta(ge=0, description="Tokens of its tasks finished in the last 24 clock hours.")]
+    tokens_today: Annotated[int, Meta(ge=0, description="Tokens of its tasks finished today, since 00:00 UTC.")]
 
 
 class ClientList(Answer):
