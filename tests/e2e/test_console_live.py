@@ -2,7 +2,8 @@
 (and the demo model), with an hour of history written into its database before it starts:
 each plot draws the hour; a background task is seen queued with its place, then running
 with its tokens so far, then gone once finished; the clients view shows when each client
-was last seen and its tokens today, as the API gives them. Screenshots of each view go
+was last seen and its tokens today, as the API gives them; the playground streams SmolLM2's
+answer and shows the usage and task the API has for it. Screenshots of each view go
 under the test's tmp_path."""
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from console_helpers import chromium, log_in, queue_row, require_chromium, screenshot, table_row, text
 from e2e_helpers import Server
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select
 
 from lmsp.store import Store
 
@@ -152,3 +154,29 @@ def test_the_clients_view_shows_last_seen_and_tokens_today(console, browser, tmp
     assert table_row(browser, "clients", "client", clients["idle"]["id"])[5] == "—"
     assert browser.find_elements(By.XPATH, "//table[@id='clients']//button[text()='revoke']")
     screenshot(browser, tmp_path, "clients")
+
+
+def test_the_playground_streams_smollm2s_answer_with_its_usage_and_task(console, browser, tmp_path):
+    server, _ = console
+    token = server.pair(scopes="responses:write,responses:read,models:read", name="playground")
+    wait = log_in(browser, server, token)
+    wait.until(lambda d: SMOLLM2 in [o.text for o in Select(d.find_element(By.ID, "play-model")).options])
+    Select(browser.find_element(By.ID, "play-model")).select_by_visible_text(SMOLLM2)
+    browser.find_element(By.ID, "play-max").clear()
+    browser.find_element(By.ID, "play-max").send_keys("48")
+    browser.find_element(By.ID, "play-input").send_keys("Tell me about the sea.")
+    browser.find_element(By.ID, "play-send").click()
+    wait.until(lambda d: text(d, "play-output"))  # the first words, before the end
+    screenshot(browser, tmp_path, "playground-streaming")
+    wait.until(lambda d: re.search(r"· (completed|incomplete) ·", text(d, "play-meta")) or text(d, "play-error"))
+    assert text(browser, "play-error") == ""
+    meta = text(browser, "play-meta")
+    found = re.match(r"response (resp_\w+) · task (task_\w+) · \w+ · input (\d+) tokens, output (\d+) tokens", meta)
+    assert found, meta
+    response = server.call("GET", f"/v1/responses/{found[1]}", token=token)
+    assert response["model"] == SMOLLM2 and response["task"]["id"] == found[2]
+    assert (int(found[3]), int(found[4])) == (response["usage"]["input_tokens"], response["usage"]["output_tokens"])
+    # what streamed is the stored answer (the page keeps the text as the deltas came)
+    streamed = browser.execute_script("return document.getElementById('play-output').textContent")
+    assert streamed == response["output"][0]["content"][0]["text"]
+    screenshot(browser, tmp_path, "playground")
