@@ -91,6 +91,10 @@ def test_a_models_read_token_sees_no_controls_and_the_api_refuses_them(console, 
     client_id = server.call("GET", "/v1/clients", token=admin)["data"][0]["id"]
     server.call("POST", f"/v1/tasks/{task['task']['id']}/cancel", token=reader, expect=403)
     server.call("DELETE", f"/v1/clients/{client_id}", token=reader, expect=403)
+    server.call("PATCH", f"/v1/clients/{client_id}", {"max_queued": 0}, token=reader, expect=403)
+    server.call("POST", "/v1/models/tiny/unload", token=reader, expect=403)
+    server.call("POST", "/v1/pairings", {"scopes": ["admin"]}, token=reader, expect=403)
+    assert server.call("GET", f"/v1/tasks/{task['task']['id']}", token=admin)["status"] != "cancelled"
 
 
 def test_a_client_at_its_queue_limit_is_told_to_wait_in_the_playground(console, browser, tmp_path):
