@@ -104,7 +104,9 @@ def create_app(
         random_seed=random_seed or _random_seed,
         http_metrics=http_metrics,
     )
-    app = falcon.App(middleware=(RequestContext(http_metrics, monotonic), Authentication(store)), cors_enable=False)
+    app = falcon.App(
+        middleware=(RequestContext(http_metrics, monotonic), Authentication(store, clock)), cors_enable=False
+    )
     app.req_options.strip_url_path_trailing_slash = True
     app.req_options.auto_parse_qs_csv = False
     app.resp_options.secure_cookies_by_default = True
