@@ -17,9 +17,10 @@
 //
 // The K-quants q4_K and q6_K are computed by vec_dot in ggml's one-row
 // steps (the reference kernels, csrc/llama_private.cpp) and for products of
-// fewer than 8 rows; ggml's own tiled K-quant matmul takes the others, with
-// other bits. The tiles take a K-quant product only where ggml would have
-// used vec_dot.
+// fewer than 8 rows; on x86 ggml's own tiled K-quant matmul takes the others,
+// with other bits. The tiles take a K-quant product only where ggml would
+// have used vec_dot: on ARM, where ggml has no tiled K-quant matmul, every
+// product of two rows or more.
 //
 // They are hooked in as an "extra buffer type" of ggml's CPU backend, the
 // way ggml's repacked weights are, but they hold no weights: the weights stay
@@ -74,29 +75,35 @@ struct TileType {
     std::atomic<bool> on{false};
 };
 
-TileType g_types[] = {{GGML_TYPE_Q4_1, "q4_1"},
-                      {GGML_TYPE_Q5_0, "q5_0"},
-                      {GGML_TYPE_Q8_0, "q8_0"},
-                      {GGML_TYPE_Q4_K, "q4_K"},
-                      {GGML_TYPE_Q6_K, "q6_K"}};
+TileType g_types[] = {{GGML_TYPE_Q4_1, "q4_1"}, {GGML_TYPE_Q5_0, "q5_0"}, {GGML_TYPE_Q8_0, "q8_0"},
+                      {GGML_TYPE_Q4_K, "q4_K"}, {GGML_TYPE_Q6_K, "q6_K"}, {GGML_TYPE_F16, "f16"}};
 std::atomic<int64_t> g_products{0};
 
 bool is_kquant(ggml_type type) { return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K; }
 
 #if defined(LMSP_TILES_NEON)
-// ARM: the NEON tiles (tile_matmul_neon.cpp) of the legacy types. Its K-quant
-// tiles are checked under emulation (tests/native/arm) but not offered yet.
-bool has_tiles(ggml_type type) { return type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q8_0; }
+// ARM: the NEON tiles (tile_matmul_neon.cpp), the legacy types and the K-quants.
+bool has_tiles(ggml_type type) {
+    return type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q8_0 || is_kquant(type);
+}
 using neon::product;
+
+int64_t row_multiple(ggml_type type) { return ggml_blck_size(type); }
 #else
 // A type's kernels, or nullptr where this build has none.
 const TileKernels * kernels(ggml_type type) {
     if (const TileKernels * k = tiles::kquant_tiles(type)) return k;
+    if (const TileKernels * k = tiles::f16_tiles(type)) return k;
     if (const TileKernels * k = tiles::legacy_tiles_avx512(type)) return k;
     return tiles::legacy_tiles_avx2(type);
 }
 
 bool has_tiles(ggml_type type) { return kernels(type) != nullptr; }
+
+// What a row's length must be a multiple of: a block, or an f16 tile's step.
+int64_t row_multiple(ggml_type type) {
+    return type == GGML_TYPE_F16 ? tiles::f16_row_multiple() : ggml_blck_size(type);
+}
 
 // The activations' scales as floats, for the types whose scales are fp16:
 // q8_0 (d) and q8_1 (d, and d times the sum).
@@ -182,7 +189,7 @@ bool takes(const ggml_tensor * op) {
         return false;
     }
     if (op->op_params[1] != 0) return false;  // a hint (a Hadamard transform) ggml computes its own way
-    return w->ne[2] == 1 && w->ne[3] == 1 && ggml_is_contiguous(w) && w->ne[0] % ggml_blck_size(w->type) == 0 &&
+    return w->ne[2] == 1 && w->ne[3] == 1 && ggml_is_contiguous(w) && w->ne[0] % row_multiple(w->type) == 0 &&
            w->ne[1] % kTile == 0 && x->type == GGML_TYPE_F32 && x->ne[2] == 1 && x->ne[3] == 1 &&
            x->nb[0] == sizeof(float) && x->ne[1] >= kMinRows && op->type == GGML_TYPE_F32 &&
            op->nb[0] == sizeof(float) && op->ne[2] == 1 && op->ne[3] == 1;
@@ -207,10 +214,18 @@ const GgmlTiled & ggml_tiled() {
     return t;
 }
 
+// ggml-cpu/tiled computes K-quant products only where the target has AVX (its
+// ggml_tiled_supported); elsewhere (ARM) ggml's path is vec_dot's.
+#if defined(__AVX512VNNI__) || defined(__AVX2__) || defined(__AVX__)
+constexpr bool kGgmlTiledMm = true;
+#else
+constexpr bool kGgmlTiledMm = false;
+#endif
+
 // Whether ggml computes this product with vec_dot: always for the legacy
 // types; for the K-quants, unless its tiled K-quant matmul takes it.
 bool ggml_uses_vec_dot(const ggml_compute_params * params, const ggml_tensor * op) {
-    if (!is_kquant(op->src[0]->type) || params->use_ref) return true;
+    if (!is_kquant(op->src[0]->type) || params->use_ref || !kGgmlTiledMm) return true;
     const GgmlTiled & t = ggml_tiled();
     return !t.on || (op->src[1]->ne[1] < kGgmlTiledRows && !t.forced);
 }
@@ -291,7 +306,7 @@ CheckData check_data(ggml_type type, int rows, int n, int k, uint32_t seed) {
 
 bool matches(ggml_type type, int rows, int n, int k, uint32_t seed) {
     const int block = int(ggml_blck_size(type));
-    if (!has_tiles(type) || rows % kTile != 0 || k % block != 0 || n < 1 || rows < kTile) return false;
+    if (!has_tiles(type) || rows % kTile != 0 || k % row_multiple(type) != 0 || n < 1 || rows < kTile) return false;
     ggml_cpu_init();  // ggml's fp16 table, which vec_dot reads
     const CheckData d = check_data(type, rows, n, k, seed);
     std::vector<float> tiled(size_t(n) * size_t(rows));
@@ -312,8 +327,10 @@ bool matches(ggml_type type, int rows, int n, int k, uint32_t seed) {
 // adds a last odd block on its own).
 bool type_checks(ggml_type type) {
     uint32_t seed = 1;
-    const bool k_quant = is_kquant(type);
-    for (const int k : k_quant ? std::vector<int>{256, 1024, 2048} : std::vector<int>{64, 96, 576, 1536}) {
+    const std::vector<int> lengths = is_kquant(type)         ? std::vector<int>{256, 1024, 2048}
+                                     : type == GGML_TYPE_F16 ? std::vector<int>{64, 128, 384, 1536}
+                                                             : std::vector<int>{64, 96, 576, 1536};
+    for (const int k : lengths) {
         for (const int n : {1, 2, 3, 4, 5, 7}) {
             if (!matches(type, 8, n, k, seed++)) return false;
         }

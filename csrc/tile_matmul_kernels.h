@@ -1,8 +1,9 @@
 // The register tiles of tile_matmul.cpp, one file per instruction set:
 // tile_matmul_avx512.cpp (q4_1, q5_0, q8_0 with AVX-512 VNNI),
 // tile_matmul_avx2.cpp (the same types with AVX2, with or without AVX-VNNI)
-// and tile_matmul_kquants.cpp (q4_K, q6_K, whose ggml vec_dot is the AVX2
-// one on AVX-512 machines too). Each element a tile computes is what ggml's
+// tile_matmul_kquants.cpp (q4_K, q6_K, whose ggml vec_dot is the AVX2
+// one on AVX-512 machines too) and tile_matmul_f16.cpp (f16, with AVX2 or
+// AVX-512). Each element a tile computes is what ggml's
 // vec_dot for that type computes on the instruction set the build targets.
 #pragma once
 
@@ -18,6 +19,7 @@
 #endif
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define LMSP_TILES_KQUANTS 1
+#define LMSP_TILES_F16 1
 #endif
 
 #if defined(LMSP_TILES_AVX512) || defined(LMSP_TILES_AVX2) || defined(LMSP_TILES_KQUANTS)
@@ -60,6 +62,9 @@ struct TileKernels {
 const TileKernels * legacy_tiles_avx512(ggml_type type);
 const TileKernels * legacy_tiles_avx2(ggml_type type);
 const TileKernels * kquant_tiles(ggml_type type);
+const TileKernels * f16_tiles(ggml_type type);
+// The values an f16 row's length must be a multiple of for its tiles.
+int f16_row_multiple();
 
 #if defined(LMSP_TILES_AVX512) || defined(LMSP_TILES_AVX2) || defined(LMSP_TILES_KQUANTS)
 inline int32_t load32(const uint8_t * p) {

@@ -108,7 +108,11 @@ def create_app(
         random_seed=random_seed or _random_seed,
         http_metrics=http_metrics,
     )
-    middleware = (RequestContext(http_metrics, monotonic), Authentication(store, fleet), FleetRouting(config))
+    middleware = (
+        RequestContext(http_metrics, monotonic),
+        Authentication(store, clock, fleet),
+        FleetRouting(config),
+    )
     app = falcon.App(middleware=middleware, cors_enable=False)
     app.req_options.strip_url_path_trailing_slash = True
     app.req_options.auto_parse_qs_csv = False

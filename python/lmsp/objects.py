@@ -226,6 +226,7 @@ def client_object(client: Row) -> dict:
         "max_running": client["max_running"],
         "max_queued": client["max_queued"],
         "tokens_per_hour": client["tokens_per_hour"],
+        "last_seen_at": ts(client["last_seen_at"]),
     }
 
 

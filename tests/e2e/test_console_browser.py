@@ -6,25 +6,17 @@ nor revoke, and the API refuses them anyway. Screenshots of each view go under t
 tmp_path."""
 from __future__ import annotations
 
-import shutil
-
 import pytest
+from console_helpers import chromium, log_in, queue_row, require_chromium, screenshot, text
 from e2e_helpers import Server
-from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import WebDriverWait
 
-CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 LONG = {"model": "tiny", "input": "Count on:", "background": True, "max_output_tokens": 1500, "temperature": 0}
 
 
 @pytest.fixture(scope="module")
 def console(tmp_path_factory, demo_model_path):
-    # a test tool like nginx or strace: missing, it fails (the console's proof never goes unchecked)
-    assert CHROMIUM and DRIVER, ("Debian's chromium and chromium-driver packages are not installed "
-                                 "(apt-get install chromium chromium-driver; scripts/dev test installs them)")
+    require_chromium()
     root = tmp_path_factory.mktemp("console")
     server = Server(root / "data", root, demo_model_path, {"LMSP_N_PARALLEL": "1"}).start()
     yield server, root
@@ -33,36 +25,8 @@ def console(tmp_path_factory, demo_model_path):
 
 @pytest.fixture
 def browser(console):
-    _, root = console
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000",
-                f"--user-data-dir={root / 'chromium'}"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
-    yield driver
-    driver.quit()
-
-
-def log_in(driver, server: Server, token: str) -> WebDriverWait:
-    driver.get(server.base_url + "/console")
-    wait = WebDriverWait(driver, 30, poll_frequency=0.1, ignored_exceptions=(StaleElementReferenceException,))
-    wait.until(lambda d: d.find_element(By.ID, "login").is_displayed())
-    driver.find_element(By.ID, "token").send_keys(token)
-    driver.find_element(By.CSS_SELECTOR, "#login-form button").click()
-    wait.until(lambda d: d.find_element(By.ID, "views").is_displayed())
-    return wait
-
-
-def queue_row(driver, task_id: str) -> list[str] | None:
-    """The cells of a task's row in the queue, read at once (the table is redrawn as it polls)."""
-    return driver.execute_script(
-        "const row = document.querySelector(`#queue tr[data-task='${arguments[0]}']`);"
-        "return row ? [...row.cells].map((cell) => cell.textContent) : null;", task_id)
-
-
-def text(driver, element_id: str) -> str:
-    return driver.find_element(By.ID, element_id).text
+    with chromium(console[1] / "chromium") as driver:
+        yield driver
 
 
 def test_an_admin_sees_models_and_the_queue_cancels_a_task_and_streams_an_answer(console, browser, tmp_path):
@@ -71,7 +35,7 @@ def test_an_admin_sees_models_and_the_queue_cancels_a_task_and_streams_an_answer
     wait = log_in(browser, server, admin)
     assert "admin" in text(browser, "scopes")
     wait.until(lambda d: "tiny" in text(d, "models") and "generation" in text(d, "models"))
-    browser.save_screenshot(str(tmp_path / "models.png"))
+    screenshot(browser, tmp_path, "models")
 
     # a client that may start nothing (max_running 0): its tasks stay queued
     batch = server.pair(scopes="responses:write,responses:read", name="batch")
@@ -82,7 +46,7 @@ def test_an_admin_sees_models_and_the_queue_cancels_a_task_and_streams_an_answer
     cells, ahead = queue_row(browser, second), queue_row(browser, first)
     # its client and model, its place after the first
     assert cells[2] == batch_id and cells[3] == "tiny" and int(cells[5]) > int(ahead[5]) >= 1
-    browser.save_screenshot(str(tmp_path / "queue.png"))
+    screenshot(browser, tmp_path, "queue")
     # the table is redrawn every 2 s: a button found just before a redraw is gone
     wait.until(lambda d: d.find_element(By.CSS_SELECTOR, f"#queue tr[data-task='{second}'] button").click() or True)
     server.wait_task(batch, second, lambda t: t["status"] == "cancelled", timeout=30)
@@ -93,22 +57,23 @@ def test_an_admin_sees_models_and_the_queue_cancels_a_task_and_streams_an_answer
     assert browser.find_element(By.ID, "clients-view").is_displayed()
     assert "operator" in text(browser, "clients")
     assert browser.find_elements(By.XPATH, "//table[@id='clients']//button[text()='revoke']")
+    screenshot(browser, tmp_path, "clients")
 
     browser.find_element(By.ID, "play-max").clear()
     browser.find_element(By.ID, "play-max").send_keys("24")
     browser.find_element(By.ID, "play-input").send_keys("Hello")
     browser.find_element(By.ID, "play-send").click()
     wait.until(lambda d: text(d, "play-output"))  # the first words, before the end
-    browser.save_screenshot(str(tmp_path / "playground-streaming.png"))
+    screenshot(browser, tmp_path, "playground-streaming")
     wait.until(lambda d: "completed" in text(d, "play-meta") or "incomplete" in text(d, "play-meta")
                or text(d, "play-error"))
     assert text(browser, "play-error") == ""
     assert text(browser, "play-output").strip()
     meta = text(browser, "play-meta")
     assert "task task_" in meta and "output" in meta and "tokens" in meta
-    browser.save_screenshot(str(tmp_path / "playground.png"))
+    screenshot(browser, tmp_path, "playground")
     wait.until(lambda d: text(d, "plots"))  # the last hour's plots, or "no history"
-    browser.save_screenshot(str(tmp_path / "history.png"))
+    screenshot(browser, tmp_path, "history")
 
 
 def test_a_models_read_token_sees_no_controls_and_the_api_refuses_them(console, browser, tmp_path):
@@ -121,11 +86,15 @@ def test_a_models_read_token_sees_no_controls_and_the_api_refuses_them(console, 
     for view in ("queue-view", "clients-view", "playground-view"):
         assert not browser.find_element(By.ID, view).is_displayed(), view
     assert not browser.find_elements(By.XPATH, "//button[text()='cancel' or text()='revoke' or text()='load']")
-    browser.save_screenshot(str(tmp_path / "models-read.png"))
+    screenshot(browser, tmp_path, "models-read")
     task = server.call("POST", "/v1/responses", {**LONG, "max_output_tokens": 4}, token=admin, expect=202)
     client_id = server.call("GET", "/v1/clients", token=admin)["data"][0]["id"]
     server.call("POST", f"/v1/tasks/{task['task']['id']}/cancel", token=reader, expect=403)
     server.call("DELETE", f"/v1/clients/{client_id}", token=reader, expect=403)
+    server.call("PATCH", f"/v1/clients/{client_id}", {"max_queued": 0}, token=reader, expect=403)
+    server.call("POST", "/v1/models/tiny/unload", token=reader, expect=403)
+    server.call("POST", "/v1/pairings", {"scopes": ["admin"]}, token=reader, expect=403)
+    assert server.call("GET", f"/v1/tasks/{task['task']['id']}", token=admin)["status"] != "cancelled"
 
 
 def test_a_client_at_its_queue_limit_is_told_to_wait_in_the_playground(console, browser, tmp_path):
@@ -143,7 +112,7 @@ def test_a_client_at_its_queue_limit_is_told_to_wait_in_the_playground(console, 
     browser.find_element(By.ID, "play-send").click()
     wait.until(lambda d: text(d, "play-error"))
     assert "rate_limited" in text(browser, "play-error")
-    browser.save_screenshot(str(tmp_path / "playground-limited.png"))
+    screenshot(browser, tmp_path, "playground-limited")
     # its waiting task on the page, then run and gone from the queue once the limits go
     wait.until(lambda d: (queue_row(d, waiting) or ["", ""])[1] == "queued")
     server.call("PATCH", f"/v1/clients/{limited_id}", {"max_running": None, "max_queued": None}, token=admin)

@@ -1,7 +1,7 @@
 """The tiled matrix products (csrc/tile_matmul.cpp): ggml's one-row numbers,
 bit for bit, for every element, whatever the number of rows, with the
 kernels of whichever instruction set the build targets (AVX-512 VNNI, AVX2
-with or without AVX-VNNI).
+with or without AVX-VNNI), and for f16 weights too.
 
 Where the build has no tiles (a CPU without AVX2), nothing claims a product:
 the tests check that instead."""
@@ -20,7 +20,7 @@ from lmsp.native import Engine
 
 pytestmark = pytest.mark.skipif(N_GPU_LAYERS != 0, reason="the tiles are the CPU backend's")
 
-TYPES = ["q4_1", "q5_0", "q8_0", "q4_K", "q6_K"]
+TYPES = ["q4_1", "q5_0", "q8_0", "q4_K", "q6_K", "f16"]
 # (weight rows, activation rows, values per row): every tile shape (1-4
 # activation rows and their remainders), activation rows past one chunk of
 # 64, and the catalog models' row lengths (the K-quants' in superblocks of 256)
@@ -28,6 +28,10 @@ SHAPES = [(4, 1, 32), (8, 2, 64), (8, 3, 576), (12, 4, 576), (8, 5, 1536), (16, 
           (8, 64, 576), (8, 67, 576), (4, 130, 1536)]
 K_SHAPES = [(4, 1, 256), (8, 2, 512), (8, 3, 1024), (12, 4, 256), (8, 5, 2048), (16, 7, 1024), (4, 9, 2048),
             (8, 64, 1024), (8, 67, 256), (4, 130, 1024)]
+# f16 rows are a whole number of vec_dot's steps (64 values with AVX-512):
+# the embedding model's 384 and 1536 among them
+F16_SHAPES = [(4, 1, 64), (8, 2, 128), (8, 3, 384), (12, 4, 384), (8, 5, 1536), (16, 7, 1536), (4, 9, 2048),
+              (8, 64, 384), (8, 67, 384), (4, 130, 1536)]
 
 
 @pytest.fixture
@@ -38,16 +42,18 @@ def tiles_on() -> Iterator[None]:
 
 @pytest.mark.parametrize("type_", TYPES)
 def test_tiled_products_equal_ggmls_one_row_dot_product_bit_for_bit(type_: str) -> None:
-    for seed, (rows, n, k) in enumerate(K_SHAPES if type_.endswith("_K") else SHAPES):
+    shapes = K_SHAPES if type_.endswith("_K") else F16_SHAPES if type_ == "f16" else SHAPES
+    for seed, (rows, n, k) in enumerate(shapes):
         assert _native.tile_matmul_matches(type_, rows, n, k, seed) is _native.TILE_MATMUL_BUILT, (rows, n, k)
 
 
 def test_a_shape_the_tiles_cannot_take_is_refused() -> None:
-    # a row length that is not a whole number of blocks, a weight row count
-    # that is not a whole number of tiles, an unknown type
+    # a row length that is not a whole number of blocks (of f16 steps), a
+    # weight row count that is not a whole number of tiles, an unknown type
     assert not _native.tile_matmul_matches("q4_K", 8, 2, 288, 1)
+    assert not _native.tile_matmul_matches("f16", 8, 2, 48, 1)
     assert not _native.tile_matmul_matches("q8_0", 6, 2, 64, 1)
-    assert not _native.tile_matmul_matches("f16", 8, 2, 64, 1)
+    assert not _native.tile_matmul_matches("bf16", 8, 2, 64, 1)
 
 
 def _run(engine: Engine, prompts: list[list[int]]) -> tuple[np.ndarray, list[list[int]]]:
@@ -93,3 +99,28 @@ def test_a_catalog_model_computes_the_same_bits_with_and_without_tiles(catalog_m
     model = catalog_model(name)
     prompts = [[2] + [(i * 37 + j * 11) % 40000 + 100 for j in range(n)] for i, n in enumerate((69, 7, 90, 20))]
     _same_with_and_without(model, prompts)
+
+
+def test_an_engine_on_f16_weights_computes_the_same_bits_with_and_without_tiles(
+        tmp_path: Path, tiles_on: None) -> None:
+    model = write_demo_model(tmp_path / "tiny-f16.gguf", dtype="f16")
+    prompts = [[1] + [(i * 131 + j * 17) % 31000 + 200 for j in range(n)] for i, n in enumerate((80, 5, 70, 12))]
+    _same_with_and_without(model, prompts)
+
+
+@pytest.mark.real_model
+def test_the_embedding_models_vectors_are_the_same_bits_with_and_without_tiles(catalog_model,
+                                                                               tiles_on: None) -> None:
+    # all-MiniLM-L6-v2: f16 matrices of 384 and 1536 values a row
+    engine = Engine(str(catalog_model("all-minilm-l6-v2")), n_ctx=2048, n_parallel=1, n_threads=2)
+    inputs = [[101] + [(i * 97 + j * 13) % 20000 + 1000 for j in range(n)] + [102]
+              for i, n in enumerate((62, 5, 30, 126, 9))]
+    try:
+        before = _native.tile_matmul_products()
+        tiled = engine.embed(inputs)
+        assert (_native.tile_matmul_products() > before) is _native.TILE_MATMUL_BUILT
+        _native.set_tile_matmul(False)
+        plain = engine.embed(inputs)
+    finally:
+        engine.close()
+    assert tiled.tobytes() == plain.tobytes()

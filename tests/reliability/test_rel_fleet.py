@@ -224,10 +224,13 @@ def test_a_killed_box_answers_503_and_recovers_every_task(fleet, clients, made):
     for rid in acked["c"]:
         assert client.get(f"/v1/responses/{rid}").status == 200
     # it takes its share again once nginx's fail_timeout (5 s) has passed
-    deadline, back = time.monotonic() + 30, False
-    while not back and time.monotonic() < deadline:
+    deadline, seen = time.monotonic() + 60, []
+    while "c" not in seen and time.monotonic() < deadline:
         got = client.post("/v1/responses", {**SMALL, "input": "back?", "background": True})
+        if got.status == 503 and "retry-after" in got.headers:  # a box busy catching up: asked again
+            seen.append(f"503 {got.error_code}")
+            continue
         assert got.status == 202, got.body
-        back = owner(got.body["id"]) == "c"
+        seen.append(owner(got.body["id"]))
         time.sleep(0.2)
-    assert back
+    assert "c" in seen, seen

@@ -84,6 +84,15 @@ def test_clients_limit_list_and_usage(run, config, capsys):
     assert (again["priority"], again["max_running"], again["max_queued"], again["tokens_per_hour"]) == (3, 2, 5, None)
     listed = {c["id"]: c for c in run("clients", "list")["data"]}
     assert (listed[a]["priority"], listed[a]["max_running"], listed[b]["max_queued"]) == (3, 2, None)
+    # its activity: no request yet, the tokens of today's hours
+    assert (listed[a]["last_seen_at"], listed[a]["tokens_today"], listed[b]["tokens_today"]) == (None, 11, 8)
+    store = open_store(config)
+    try:
+        assert store.note_seen(a, 60.0) is True
+    finally:
+        store.close()
+    seen = {c["id"]: c for c in run("clients", "list")["data"]}
+    assert seen[a]["last_seen_at"] is not None and seen[b]["last_seen_at"] is None
     usage = run("clients", "usage", "--hours", "2")
     assert usage["hours"] == 2
     assert {(r["client_id"], r["client_name"], r["tasks"], r["tokens"]) for r in usage["data"]} == {

@@ -73,17 +73,27 @@ class RequestContext:
         request_id_var.set(None)
 
 
+#: a client's ``last_seen_at`` is written at most once in this many seconds
+SEEN_EVERY = 60.0
+
+
 class Authentication:
     """Bearer token and scope check for every route that declares a scope.
 
     A resource declares ``scopes = {"GET": "responses:read", ...}``; a method
     mapped to None is public; a method it does not list is left to Falcon
     (405). Resources without ``scopes`` are public.
+
+    An authenticated request moves its client's ``last_seen_at`` when that is
+    ``SEEN_EVERY`` seconds old, by the row just read and by this worker's own
+    note of its last write, so that a burst of requests writes once.
     """
 
-    def __init__(self, store: Any, fleet: FleetMembers | None = None) -> None:
+    def __init__(self, store: Any, clock: Callable[[], float] = time.time, fleet: FleetMembers | None = None) -> None:
         self.store = store
+        self.clock = clock
         self.fleet = fleet
+        self.seen: dict[str, float] = {}  # client id -> when this worker last wrote it
 
     def process_resource(
         self, req: falcon.Request, resp: falcon.Response, resource: object, params: dict[str, Any]
@@ -100,7 +110,21 @@ class Authentication:
         else:
             client = auth.authenticate(self.store, header)
         req.context.client = client
+        self.note_seen(client)
         auth.require_scope(client, needed)
+
+    def note_seen(self, client: dict[str, Any]) -> None:
+        now, cid = self.clock(), client["id"]
+        stored = client.get("last_seen_at")
+        if (stored is not None and now - stored < SEEN_EVERY) or now - self.seen.get(cid, -SEEN_EVERY) < SEEN_EVERY:
+            return
+        if len(self.seen) > 10_000:  # clients long gone
+            self.seen.clear()
+        self.seen[cid] = now  # before the write: the requests meanwhile do not write too
+        try:
+            self.store.note_seen(cid, SEEN_EVERY)
+        except LMSPError as exc:  # a busy store: the request goes on, the next minute tries again
+            log.info("last seen of %s not written: %s", cid, exc.message)
 
 
 # -- error handlers ---------------------------------------------------------

@@ -1,7 +1,7 @@
 """The ``lmsp clients`` commands: who may call the service and how much of the box
 each may take.
 
-    lmsp clients [list]                  the clients, with their priority and limits
+    lmsp clients [list]                  the clients: priority, limits, last seen, tokens today
     lmsp clients revoke ID               its token stops working at once
     lmsp clients limit ID [--priority N] [--max-running N|none] [--max-queued N|none]
                           [--tokens-per-hour N|none]
@@ -84,11 +84,13 @@ def _list(args: argparse.Namespace, clients: list[dict[str, Any]]) -> None:
             c["priority"],
             _limits_text(c),
             _when(c["created_at"]),
+            _when(c["last_seen_at"]) if c.get("last_seen_at") else "never",
+            c["tokens_today"],
             _when(c["revoked_at"]) if c.get("revoked_at") else "",
         ]
         for c in clients
     ]
-    header = ["ID", "NAME", "SCOPES", "PRIORITY", "LIMITS", "CREATED", "REVOKED"]
+    header = ["ID", "NAME", "SCOPES", "PRIORITY", "LIMITS", "CREATED", "SEEN", "TODAY", "REVOKED"]
     _print(args, {"object": "list", "data": clients}, _table(rows, header))
 
 

@@ -239,11 +239,11 @@ async function refreshQueue() {
   const rows = tasks.map((t) => {
     const cancel = scopes.has("responses:write") ? button("cancel", () => cancelTask(t.id)) : "";
     const tr = row([t.id, t.status, t.client_id, t.model, age(t.created_at),
-      t.queue_position, t.queued_ahead, cancel]);
+      t.queue_position, t.queued_ahead, t.output_tokens, cancel]);
     tr.dataset.task = t.id;
     return tr;
   });
-  fill("queue", rows, "nothing running or queued", 8);
+  fill("queue", rows, "nothing running or queued", 9);
   $("queue-when").textContent = "at " + new Date().toLocaleTimeString();
 }
 
@@ -273,10 +273,12 @@ async function refreshClients() {
     });
     const save = button("save limits", () => saveLimits(c.id, inputs));
     const revoke = c.revoked_at ? "" : button("revoke", () => revokeClient(c.id, c.name));
-    return row([c.id, c.name, c.scopes.join(", "), when(c.created_at), when(c.revoked_at),
-      when(c.last_task_at), String(c.tokens_24h), ...inputs, group(save, revoke)]);
+    const tr = row([c.id, c.name, c.scopes.join(", "), when(c.created_at), when(c.revoked_at),
+      when(c.last_seen_at), when(c.last_task_at), c.tokens_today, c.tokens_24h, ...inputs, group(save, revoke)]);
+    tr.dataset.client = c.id;
+    return tr;
   });
-  fill("clients", rows, "no clients", 12);
+  fill("clients", rows, "no clients", 14);
 }
 
 async function saveLimits(id, inputs) {
@@ -392,12 +394,15 @@ function onFrame(frame) {
 
 // -- the last hour -----------------------------------------------------------------
 
+// [name, title, fields, how the scale's top is written]
 const PLOTS = [
-  ["tokens/s", ["tokens_per_second"]],
-  ["queued and running", ["queued", "running"]],
-  ["time to first token p50 and p99 (ms)", ["ttft_p50_ms", "ttft_p99_ms"]],
-  ["errors", ["errors"]],
+  ["tokens", "tokens/s", ["tokens_per_second"], String],
+  ["queue", "queued and running", ["queued", "running"], String],
+  ["ttft", "time to first token p50 and p99 (ms)", ["ttft_p50_ms", "ttft_p99_ms"], String],
+  ["errors", "errors", ["errors"], String],
+  ["disk", "disk: database, KV files, models", ["db_bytes", "kv_bytes", "model_bytes"], bytes],
 ];
+const LINE_CLASSES = ["line", "line second", "line third"];
 
 async function refreshHistory() {
   const answer = await api("GET", "/v1/service/history?minutes=60");
@@ -407,7 +412,7 @@ async function refreshHistory() {
     return;
   }
   const points = answer.json.data;
-  plots.replaceChildren(...PLOTS.map(([title, fields]) => plot(title, points, fields)));
+  plots.replaceChildren(...PLOTS.map(([name, title, fields, format]) => plot(name, title, points, fields, format)));
 }
 
 const SVG = "http://www.w3.org/2000/svg";
@@ -418,9 +423,10 @@ function svg(tag, attrs) {
   return node;
 }
 
-function plot(title, points, fields) {
+function plot(name, title, points, fields, format) {
   const W = 320, H = 120, PAD = 24;
   const figure = el("figure");
+  figure.dataset.plot = name;
   const box = svg("svg", { class: "plot", width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: "img" });
   const times = points.map((p) => p.at);
   const values = points.flatMap((p) => fields.map((f) => p[f])).filter((v) => typeof v === "number");
@@ -431,6 +437,7 @@ function plot(title, points, fields) {
   fields.forEach((field, i) => {
     let d = "";
     let pen = "M";
+    let drawn = 0;
     for (const p of points) {
       if (typeof p[field] !== "number") {
         pen = "M"; // a gap where there is no value
@@ -438,16 +445,18 @@ function plot(title, points, fields) {
       }
       d += `${pen}${x(p.at).toFixed(1)},${y(p[field]).toFixed(1)} `;
       pen = "L";
+      drawn += 1;
     }
-    if (d) box.appendChild(svg("path", { d, class: i === 0 ? "line" : "line second" }));
+    if (d) box.appendChild(svg("path", { d, class: LINE_CLASSES[i], "data-field": field, "data-points": drawn }));
   });
   const label = svg("text", { x: 2, y: 12 });
-  label.textContent = String(Math.round(top * 100) / 100);
+  label.textContent = format(Math.round(top * 100) / 100);
   box.appendChild(label);
   box.appendChild(svg("line", { x1: PAD, y1: H - PAD, x2: W - PAD, y2: H - PAD, stroke: "#ccd" }));
   figure.appendChild(box);
   const last = points.length ? points[points.length - 1] : {};
-  const now = fields.map((f) => f + " " + (last[f] === null || last[f] === undefined ? "—" : last[f])).join(", ");
+  const now = fields.map((f) => f + " " + (last[f] === null || last[f] === undefined ? "—" : format(last[f])))
+    .join(", ");
   figure.appendChild(el("figcaption", title + (points.length ? " · last: " + now : " · no points")));
   return figure;
 }

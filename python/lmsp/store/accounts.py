@@ -83,15 +83,23 @@ class AccountsArea(StoreBase):
 
     def _clients(self, conn: sqlite3.Connection, where: str, args: tuple) -> list[dict]:
         """Client objects with their activity: the time of their newest task (by the
-        tasks_client index: ids grow with time) and their tokens of the last 24 hours."""
+        tasks_client index: ids grow with time), their tokens of the last 24 hours and
+        of today (UTC) from their hours of usage."""
+        hour = hour_of(self._clock())
         rows = conn.execute(
             "SELECT c.*, (SELECT created_at FROM tasks t WHERE t.client_id = c.id ORDER BY t.id DESC LIMIT 1)"
             " AS last_task_at, (SELECT coalesce(sum(tokens), 0) FROM client_usage u WHERE u.client_id = c.id"
-            f" AND u.hour > ?) AS tokens_24h FROM clients c WHERE {where} ORDER BY c.id",
-            (hour_of(self._clock()) - 24, *args),
+            " AND u.hour > ?) AS tokens_24h, (SELECT coalesce(sum(tokens), 0) FROM client_usage u"
+            f" WHERE u.client_id = c.id AND u.hour >= ?) AS tokens_today FROM clients c WHERE {where} ORDER BY c.id",
+            (hour - 24, hour - hour % 24, *args),
         )
         return [
-            {**obj.client_object(r), "last_task_at": obj.ts(r["last_task_at"]), "tokens_24h": r["tokens_24h"]}
+            {
+                **obj.client_object(r),
+                "last_task_at": obj.ts(r["last_task_at"]),
+                "tokens_24h": r["tokens_24h"],
+                "tokens_today": r["tokens_today"],
+            }
             for r in rows
         ]
 
@@ -134,6 +142,19 @@ class AccountsArea(StoreBase):
             return (
                 conn.execute("SELECT 1 FROM clients WHERE id = ? AND revoked_at IS NULL", (client_id,)).fetchone()
                 is not None
+            )
+
+    def note_seen(self, client_id: str, every: float) -> bool:
+        """Record that the client's token was used now, unless its ``last_seen_at`` is less
+        than ``every`` seconds old; True when written."""
+        with self._db.write() as conn:
+            now = self._clock()
+            return (
+                conn.execute(
+                    "UPDATE clients SET last_seen_at = ? WHERE id = ? AND (last_seen_at IS NULL OR last_seen_at <= ?)",
+                    (now, client_id, now - every),
+                ).rowcount
+                > 0
             )
 
     def list_clients(self) -> list[dict]:

@@ -56,6 +56,11 @@ TASK_SELECT = (
 )
 
 
+def _task_extras(conn: sqlite3.Connection, task: dict) -> dict[str, int]:
+    """What a task shows only in some states: its place in the queue, its output so far."""
+    return {**sharing.queue_places(conn, task), **sharing.output_so_far(conn, task)}
+
+
 def dumps(value: Any) -> str:
     """The compact JSON the store keeps."""
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
@@ -119,21 +124,23 @@ class StoreBase:
 
     @staticmethod
     def _task_object(conn: sqlite3.Connection, task: dict) -> dict:
-        """The Task object, with its place in the queue while it waits to start."""
-        return {**obj.task_object(task), **sharing.queue_places(conn, task)}
+        """The Task object, with its place in the queue while it waits to start and its
+        output tokens so far while it runs."""
+        return {**obj.task_object(task), **_task_extras(conn, task)}
 
     def _render_response(self, conn: sqlite3.Connection, response: sqlite3.Row, task: dict) -> dict:
         if task["item_open"] in (CHAT_OPEN, CHAT_THINK):  # its items are made from its events
             out = obj.response_object(response, task, None)
             status = chat.ITEM_STATUS.get(out["status"], "in_progress")
             out["output"] = chat.fold(self._attempt_events(conn, task), status)
+            out["task"].update(_task_extras(conn, task))
             return out
         if task["status"] in st.FINISHED and response["output_text"] is not None:
             text = response["output_text"]
         else:
             text = self._attempt_text(conn, task)
         out = obj.response_object(response, task, text, self._attempt_logprobs(conn, task, response))
-        out["task"].update(sharing.queue_places(conn, task))
+        out["task"].update(_task_extras(conn, task))
         return out
 
     @staticmethod

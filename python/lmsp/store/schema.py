@@ -285,6 +285,8 @@ MIGRATIONS: list[list[str | Callable[[sqlite3.Connection], None]]] = [
     MIGRATION_V8,
     # 9: the service's own history, a row a minute per worker
     MIGRATION_V9,
+    # 10: when a client's token was last used (lmsp.store.accounts.note_seen)
+    ["ALTER TABLE clients ADD COLUMN last_seen_at REAL"],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

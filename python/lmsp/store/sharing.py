@@ -29,7 +29,7 @@ import sqlite3
 from typing import Any
 
 from ..errors import QuotaExceeded, RateLimited
-from .states import STARTED_SQL, UNFINISHED_SQL
+from .states import CANCELLING, RUNNING, STARTED_SQL, UNFINISHED_SQL
 
 #: the tasks a worker may claim: queued, or running and left by their worker (to
 #: resume); they start in ``START_ORDER``, by the index tasks_start_order
@@ -131,3 +131,21 @@ def queue_places(conn: sqlite3.Connection, task: dict[str, Any]) -> dict[str, in
     ahead = conn.execute(before, (tag, created, tid)).fetchone()[0]
     same = conn.execute(before + " AND model = ?", (tag, created, tid, task["model"])).fetchone()[0]
     return {"queue_position": ahead + 1, "queued_ahead": same}
+
+
+# the token ids of a task's events after a mark, each row's comma separated: its commas plus one
+_TOKENS_AFTER = (
+    "SELECT coalesce(sum(length(tokens) - length(replace(tokens, ',', '')) + 1), 0) FROM task_events"
+    " WHERE task_id = ? AND seq > ? AND tokens IS NOT NULL AND tokens <> ''"
+)
+
+
+def output_so_far(conn: sqlite3.Connection, task: dict[str, Any]) -> dict[str, int]:
+    """A running (or cancelling) task's ``output_tokens``: the tokens its current attempt
+    generated and committed, those held back without text included; {} for any other
+    task. One read of its events by the table's key, nothing written."""
+    if task["status"] not in (RUNNING, CANCELLING):
+        return {}
+    committed = conn.execute(_TOKENS_AFTER, (task["id"], task["attempt_seq"])).fetchone()[0]
+    pending = task.get("pending_tokens") or ""
+    return {"output_tokens": int(committed) + (pending.count(",") + 1 if pending else 0)}

@@ -98,8 +98,12 @@ class Client(Answer):
     max_running: Annotated[int, Meta(ge=0, description="Tasks started at once; null: no limit.")] | None
     max_queued: Annotated[int, Meta(ge=0, description="Tasks waiting to start; one more is 429.")] | None
     tokens_per_hour: Annotated[int, Meta(ge=0, description="Tokens of finished tasks per clock hour.")] | None
+    last_seen_at: Annotated[
+        Time | None, Meta(description="When its token was last used (written at most once a minute).")
+    ]
     last_task_at: Annotated[Time | None, Meta(description="When its newest task was made.")]
     tokens_24h: Annotated[int, Meta(ge=0, description="Tokens of its tasks finished in the last 24 clock hours.")]
+    tokens_today: Annotated[int, Meta(ge=0, description="Tokens of its tasks finished today, since 00:00 UTC.")]
 
 
 class ClientList(Answer):
@@ -303,16 +307,22 @@ class IncompleteDetails(Answer):
 QueuePosition = Annotated[int, Meta(ge=1, description="While queued: 1 for the next task to start.")]
 #: the queued tasks of its model that start before it
 QueuedAhead = Annotated[int, Meta(ge=0, description="While queued: tasks of its model that start before it.")]
+#: the output tokens a running task generated so far
+OutputTokensSoFar = Annotated[
+    int, Meta(ge=0, description="While running or cancelling: output tokens generated so far in this attempt.")
+]
 
 
 class ResponseTask(Answer):
-    """The task of a response (B.4), and its place in the queue while it waits to start."""
+    """The task of a response (B.4): its place in the queue while it waits to start, its
+    output tokens so far while it runs."""
 
     id: str
     status: TaskState
     on_restart: OnRestart
     queue_position: QueuePosition | UnsetType = UNSET
     queued_ahead: QueuedAhead | UnsetType = UNSET
+    output_tokens: OutputTokensSoFar | UnsetType = UNSET
 
 
 class ResponseTextFormat(Answer):
@@ -422,6 +432,7 @@ class Task(Answer):
     last_sequence_number: int
     queue_position: QueuePosition | UnsetType = UNSET
     queued_ahead: QueuedAhead | UnsetType = UNSET
+    output_tokens: OutputTokensSoFar | UnsetType = UNSET
 
 
 class TaskList(Page):

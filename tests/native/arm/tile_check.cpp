@@ -32,7 +32,8 @@ namespace {
 
 constexpr int kBlock = 32;
 // the types the hook of tile_matmul.cpp offers
-const ggml_type kTypes[] = {GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0};
+const ggml_type kTypes[] = {GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K};
+const char * const kTypeNames[] = {"q4_1", "q5_0", "q8_0", "q4_K", "q6_K"};
 int g_failures = 0;
 
 // Values of a normal distribution, each row at a scale of its own (1e-3 to
@@ -146,12 +147,11 @@ void check_install() {
     lmsp::install_tile_matmul();
     const std::vector<std::string> taken = lmsp::tile_matmul_types();
     bool all = lmsp::tile_matmul_built();
-    for (const char * type : {"q4_1", "q5_0", "q8_0"})
-        all = all && std::find(taken.begin(), taken.end(), type) != taken.end();
+    for (const char * type : kTypeNames) all = all && std::find(taken.begin(), taken.end(), type) != taken.end();
     if (!all) {
         std::printf("DIFF install: built %d, types taken:", int(lmsp::tile_matmul_built()));
         for (const std::string & t : lmsp::tile_matmul_types()) std::printf(" %s", t.c_str());
-        std::printf(" (want q4_1 q5_0 q8_0)\n");
+        std::printf(" (want q4_1 q5_0 q8_0 q4_K q6_K)\n");
         ++g_failures;
     }
 }
@@ -177,14 +177,15 @@ std::vector<float> backend_mul_mat(ggml_backend_t cpu, ggml_type type, const Qua
     return got;
 }
 
-// mul_mat of 2 to 9 rows on two threads: the tiles take it, with vec_dot's bits.
+// mul_mat of 2 to 9 rows on two threads: the tiles take it, with vec_dot's bits
+// (the K-quants' 8 and more rows too: ggml's own tiled K-quant matmul is x86's).
 void check_backend() {
     ggml_backend_t cpu = ggml_backend_cpu_init();
     ggml_backend_cpu_set_n_threads(cpu, 2);
     uint32_t seed = 1000;
     for (const ggml_type type : kTypes) {
         for (const int n : {2, 5, 9}) {
-            const int rows = 16, k = 18 * kBlock;
+            const int rows = 16, k = ggml_blck_size(type) == 256 ? 3 * 256 : 18 * kBlock;
             std::mt19937 rng(seed++);
             const std::vector<float> x = random_rows(n, k, rng);
             Quantized d = quantized(type, rows, 0, k, seed++);
