@@ -56,6 +56,18 @@ def made(fleet, clients):
     return responses, conversations
 
 
+
+def every_page(client, path: str) -> list[str]:
+    """The ids of a list through nginx, page after page by its cursor."""
+    listed, after = [], None
+    while True:
+        got = client.get(path + (f"&after={after}" if after else ""))
+        assert got.status == 200, got.body
+        listed += [row["id"] for row in got.body["data"]]
+        if not got.body["has_more"]:
+            return listed
+        after = got.body["last_id"]
+
 def test_creates_spread_and_every_id_is_answered_by_its_box(fleet, clients, made):
     responses, conversations = made
     assert {owner(body["id"]) for _, body in responses} == set(BOXES)  # least_conn spread them
@@ -113,14 +125,7 @@ def test_lists_through_nginx_are_the_union_of_the_boxes_lists(fleet, clients, ma
             got = fleet.direct(client, box).get("/v1/responses?limit=100")
             assert got.status == 200 and not got.body["has_more"]
             union |= {row["id"] for row in got.body["data"]}
-        listed, after = [], None
-        while True:
-            got = client.get("/v1/responses?limit=7" + (f"&after={after}" if after else ""))
-            assert got.status == 200, got.body
-            listed += [row["id"] for row in got.body["data"]]
-            if not got.body["has_more"]:
-                break
-            after = got.body["last_id"]
+        listed = every_page(client, "/v1/responses?limit=7")
         assert sorted(listed) == sorted(union) and len(listed) == len(union)
         created = [client.get(f"/v1/responses/{rid}").body["created_at"] for rid in listed]
         assert created == sorted(created, reverse=True)  # newest first
@@ -134,14 +139,7 @@ def test_stored_chat_completions_are_listed_from_every_box(fleet, clients):
                                                    "messages": [{"role": "user", "content": f"q{n}"}]})
         assert got.status == 200, got.body
         made.append(got.body["id"])
-    listed, after = [], None
-    while True:
-        got = client.get("/v1/chat/completions?limit=4" + (f"&after={after}" if after else ""))
-        assert got.status == 200, got.body
-        listed += [row["id"] for row in got.body["data"]]
-        if not got.body["has_more"]:
-            break
-        after = got.body["last_id"]
+    listed = every_page(client, "/v1/chat/completions?limit=4")
     assert [rid for rid in listed if rid in made] == made  # oldest first, across the boxes
     assert len({owner(rid) for rid in made}) > 1
 
