@@ -43,7 +43,7 @@ TASK_STATES: tuple[str, ...] = get_args(TaskState)
 #: a client's priority: its turns at starting tasks against a client of 1 (lmsp.store.sharing)
 MAX_PRIORITY = 100
 #: the states of a registered model, as the registry reports them
-ModelState = Literal["available", "loading", "loaded", "failed", "missing", "changed"]
+ModelState = Literal["available", "loading", "loaded", "failed", "missing", "changed", "unavailable"]
 MODEL_STATES: tuple[str, ...] = get_args(ModelState)
 
 

@@ -10,6 +10,8 @@
     lmsp gc      [--retention-days DAYS]                      apply retention now
     lmsp doctor                                               database integrity, model files and digests
     lmsp quantize SRC DST --type TYPE [--threads N]           a model's weights written again in TYPE
+    lmsp rpc-server [--bind HOST:PORT] [--threads N] [--mem MIB] [--cache DIR] [--allow-public]
+                                                              this box's CPU lent to a split model
 
 Every command takes ``--data-dir`` (or ``LMSP_DATA_DIR``). The operator
 commands work on the store directly (no server needed), but only on a database
@@ -41,6 +43,7 @@ from lmsp.cli.common import (
 )
 from lmsp.cli.clients import add_clients_command
 from lmsp.cli.data import cmd_doctor, cmd_gc, cmd_models, cmd_quantize, cmd_tasks
+from lmsp.cli.rpc_server import add_rpc_server_command
 from lmsp.datadir import private_umask
 from lmsp.errors import LMSPError
 from lmsp.store import StoreError
@@ -62,6 +65,10 @@ def cmd_serve(args) -> int:
         env["LMSP_LOG_LEVEL"] = args.log_level
     if args.max_attempts is not None:
         env["LMSP_MAX_ATTEMPTS"] = str(cfg.max_attempts)
+    if args.rpc is not None:
+        env["LMSP_RPC_SERVERS"] = cfg.rpc_servers
+    if args.tensor_split is not None:
+        env["LMSP_TENSOR_SPLIT"] = cfg.tensor_split
     cfg.data_dir.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "gunicorn", "--config", "python:lmsp.serving.gunicorn_conf"]
     sys.stdout.flush()
@@ -194,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_client_commands(sub, common)
     _add_data_commands(sub, common)
     _add_quantize_command(sub, common)
+    add_rpc_server_command(sub)
     return parser
 
 
@@ -223,6 +231,20 @@ def _add_service_commands(sub: _Subcommands, data_dir: _CommandParser, common: _
         metavar="N",
         help="starts of a task whose worker stops while it runs, then it fails with attempts_exhausted "
         "(env LMSP_MAX_ATTEMPTS; default 3)",
+    )
+    p.add_argument(
+        "--rpc",
+        default=None,
+        metavar="HOST:PORT[,...]",
+        help="lmsp rpc-server processes to split each model's layers over, with this box "
+        "(env LMSP_RPC_SERVERS; needs --workers 1)",
+    )
+    p.add_argument(
+        "--tensor-split",
+        default=None,
+        metavar="SHARES",
+        help="with --rpc: this box's share of the layers, then each server's, e.g. 2,1,1 "
+        "(env LMSP_TENSOR_SPLIT; default: by each one's free memory)",
     )
     p.set_defaults(func=cmd_serve)
 

@@ -26,6 +26,9 @@ def _load_config(args) -> _config.Config:
         value = getattr(args, name, None)
         if value is not None:
             overrides[name] = value
+    for name, setting in (("rpc", "rpc_servers"), ("tensor_split", "tensor_split")):  # serve's --rpc
+        if getattr(args, name, None) is not None:
+            overrides[setting] = getattr(args, name)
     try:
         cfg = _config.load(**overrides)
     except (ValueError, OSError) as exc:

@@ -26,6 +26,7 @@ from ..objects import public_model
 from ._threads import allocate_lock
 from .filewatch import FileIdentity
 from .model_files import ModelFiles
+from .rpc import RpcServers, placement
 
 if TYPE_CHECKING:
     from ..native import Engine
@@ -34,14 +35,15 @@ log = logging.getLogger("lmsp.runtime")
 
 MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
-# states a Model object can show (B.4)
-AVAILABLE, LOADING, LOADED, FAILED, MISSING, CHANGED = (
+# states a Model object can show (B.4); unavailable: an RPC server it is split over did not answer
+AVAILABLE, LOADING, LOADED, FAILED, MISSING, CHANGED, UNAVAILABLE = (
     "available",
     "loading",
     "loaded",
     "failed",
     "missing",
     "changed",
+    "unavailable",
 )
 
 
@@ -106,15 +108,20 @@ def model_object(
     *,
     memory: int | None = None,
     kv_files: tuple[int, int] = (0, 0),
+    layers: list[dict[str, Any]] | None = None,
+    rpc_servers: list[dict[str, Any]] | None = None,
 ) -> dict:
     """The Model object of LMSP B.4 from a store model (its path shown as :func:`_shown`
     does), ``state`` and ``has_chat_template`` overriding, with its ``capabilities``,
-    the ``memory`` its engine holds here and its KV files (count, bytes)."""
+    the ``memory`` its engine holds here, its KV files (count, bytes), where its
+    ``layers`` are while loaded here and the ``rpc_servers`` it is split over."""
     out = public_model(row)
     out["file"] = _shown(row["path"])
     out["capabilities"] = capabilities(row.get("architecture"))
     out["memory_bytes"] = memory
     out["kv_files"], out["kv_bytes"] = kv_files
+    out["layers"] = layers
+    out["rpc_servers"] = rpc_servers or []
     if state is not None:
         out["state"] = state
     if has_chat_template is not None:
@@ -137,6 +144,7 @@ class ModelRegistry:
         self._templates: dict[str, bool] = {}  # digest -> has a chat template, for models registered
         # before the store recorded it
         self.kv_files = kv.Holdings(Path(config.data_dir) / "kv")  # each model file's KV files (lmsp.kv)
+        self.rpc = RpcServers(config.rpc_server_list)  # the servers models are split over, as seen here
 
     # registration
     def resolve(self, path: str, *, confined: bool = True) -> Path:
@@ -210,13 +218,13 @@ class ModelRegistry:
                 return LOADED
             return MISSING if now is None else CHANGED  # until the runtime unloads it
         stored = row.get("state") or AVAILABLE
-        if stored not in (FAILED, CHANGED):  # the row may predate an unload here for a changed file
+        if stored not in (FAILED, CHANGED, UNAVAILABLE):  # the row may predate an unload here for a changed file
             stored = self._stored_state(model_id, stored)
         try:
             st = os.stat(self.file_path(row))
         except OSError:
             return MISSING
-        if stored in (FAILED, CHANGED):
+        if stored in (FAILED, CHANGED, UNAVAILABLE):
             return stored
         if st.st_size != row.get("size_bytes"):
             return CHANGED
@@ -261,7 +269,13 @@ class ModelRegistry:
         info = getattr(engine, "info", None)  # (an engine a test makes may report none)
         memory = memory_bytes(info) if isinstance(info, dict) else None
         return model_object(
-            row, state, self.has_chat_template(row), memory=memory, kv_files=self.kv_files.of(row["digest"])
+            row,
+            state,
+            self.has_chat_template(row),
+            memory=memory,
+            kv_files=self.kv_files.of(row["digest"]),
+            layers=placement(info.get("layers")) if isinstance(info, dict) else None,
+            rpc_servers=self.rpc.states(row["id"]),
         )
 
     # engines
@@ -354,6 +368,7 @@ class ModelRegistry:
             self.files.track(model_id, path, identity, digest)
         self._set_state(model_id, AVAILABLE)  # "loaded" is per process; the store keeps the file's state
         info = getattr(engine, "info", {})
+        self.rpc.loaded(model_id, info.get("layers"))
         log.info(
             "loaded model %s (%s, batch invariant: %s)",
             model_id,
@@ -374,6 +389,9 @@ class ModelRegistry:
         from .. import native
 
         cfg = self.config
+        split: dict[str, Any] = {}  # only where configured: a test's engine factory may take neither
+        if cfg.rpc_server_list:
+            split = {"rpc_servers": cfg.rpc_server_list, "tensor_split": cfg.tensor_split_list}
         try:
             factory = self._factory or native.Engine
             return factory(
@@ -387,7 +405,12 @@ class ModelRegistry:
                 prefix_cache=cfg.prefix_cache,
                 use_mmap=cfg.mmap,
                 swa_full=cfg.kv_swa_full,
+                **split,
             )
+        except native.RpcUnreachableError as exc:  # (before NativeError: it is one)
+            self.rpc.unreachable(str(exc))
+            self._set_state(model_id, UNAVAILABLE)
+            raise ModelLoadFailed(f"model {model_id} is unavailable: {exc}", unreachable=True) from None
         except MemoryError:
             self._set_state(model_id, FAILED)
             raise ModelLoadFailed(f"not enough memory to load model {model_id}", out_of_memory=True) from None
@@ -415,6 +438,7 @@ class ModelRegistry:
     def detach(self, model_id: str) -> Engine | None:
         """Take a model's engine out of this process's registry (None when it is not
         loaded): from now on nothing finds it, and the caller closes it."""
+        self.rpc.unloaded(model_id)
         with self._lock:
             self.files.forget(model_id)
             return self._engines.pop(model_id, None)

@@ -1,0 +1,97 @@
+"""The RPC servers this worker splits its models over (``rpc_servers``), as it sees them.
+
+Each server is ``connected`` while an engine of this worker holds layers on it,
+``unreachable`` after a load found it silent or speaking another protocol
+version (with that error), and ``idle`` otherwise (named, not in use: a
+server serves one client at a time, so it is not greeted while idle). A
+loaded engine's ``info["layers"]`` names each layer's place; :func:`placement`
+folds them into runs for the Model object.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ._threads import allocate_lock
+
+CONNECTED, UNREACHABLE, IDLE = "connected", "unreachable", "idle"
+
+
+def placement(layers: Any) -> list[dict[str, Any]] | None:
+    """Runs of consecutive layers on one place (``cpu`` or a server's HOST:PORT):
+    ``{"place", "first", "count"}``, the output layer counted last (index n_layer);
+    None without a list of places."""
+    if not isinstance(layers, list) or not layers:
+        return None
+    runs: list[dict[str, Any]] = []
+    for index, place in enumerate(layers):
+        if runs and runs[-1]["place"] == place:
+            runs[-1]["count"] += 1
+        else:
+            runs.append({"place": str(place), "first": index, "count": 1})
+    return runs
+
+
+def named_address(message: str, servers: list[str]) -> str | None:
+    """The configured server an engine's error names (None: none of them)."""
+    for address in servers:
+        if re.search(rf"(?<![\w.:\[]){re.escape(address)}(?![\w])", message):
+            return address
+    return None
+
+
+class RpcServers:
+    """The configured servers' states in this worker; safe from any thread."""
+
+    def __init__(self, servers: list[str]) -> None:
+        self.servers = list(servers)
+        self._lock = allocate_lock()
+        self._errors: dict[str, str] = {}  # address -> why it was unreachable at the last load
+        self._layers: dict[str, dict[str, int]] = {}  # model id -> address -> layers held there
+
+    def loaded(self, model_id: str, layers: Any) -> None:
+        counts: dict[str, int] = {}
+        for place in layers if isinstance(layers, list) else []:
+            if place in self.servers:
+                counts[place] = counts.get(place, 0) + 1
+        with self._lock:
+            self._layers[model_id] = counts
+            for address in counts:
+                self._errors.pop(address, None)
+
+    def unloaded(self, model_id: str) -> None:
+        with self._lock:
+            self._layers.pop(model_id, None)
+
+    def unreachable(self, message: str) -> str | None:
+        """Records a load's refusal by a server; returns the server's address (None when
+        the message names none of them)."""
+        address = named_address(message, self.servers)
+        if address is not None:
+            with self._lock:
+                self._errors[address] = message
+        return address
+
+    def states(self, model_id: str | None = None) -> list[dict[str, Any]]:
+        """Each server: ``{"address", "state", "layers", "error"}``, with the layers the
+        model holds there (all models' layers when ``model_id`` is None)."""
+        out = []
+        with self._lock:
+            for address in self.servers:
+                held = [n.get(address, 0) for m, n in self._layers.items() if model_id in (None, m)]
+                in_use = any(address in n for n in self._layers.values())
+                error = self._errors.get(address)
+                state = CONNECTED if in_use else UNREACHABLE if error else IDLE
+                out.append({"address": address, "state": state, "layers": sum(held), "error": error})
+        return out
+
+    def figures(self) -> dict[str, dict[str, int]]:
+        """For /metrics: each server's state (1 connected, 0 unreachable or idle) and
+        the layers this worker's models hold on it."""
+        states = self.states()
+        return {
+            "rpc_server_connected": {s["address"]: int(s["state"] == CONNECTED) for s in states},
+            "rpc_server_unreachable": {s["address"]: int(s["state"] == UNREACHABLE) for s in states},
+            "rpc_server_layers": {s["address"]: s["layers"] for s in states},
+        }
