@@ -2,7 +2,7 @@
 
     lmsp rpc-server [--bind HOST:PORT] [--threads N] [--mem MIB] [--cache DIR] [--allow-public]
 
-It runs ggml's RPC server from the extension (``lmsp.native.rpc_serve``), with
+It runs ggml's RPC server from the extension (``lmsp.runtime.rpc.serve``), with
 the engine's kernels, until SIGTERM or SIGINT. ggml's RPC protocol has no
 authentication and trusts its peer: the server binds to loopback unless given
 an address, and refuses an address that the internet could reach (or every
@@ -54,9 +54,9 @@ def cpu_count() -> int:
 
 
 def cmd_rpc_server(args) -> int:
-    from lmsp import native
+    from lmsp.runtime import rpc
 
-    if not native.RPC_BUILT:
+    if not rpc.server_built():
         raise CommandError("this build of lmsp has no RPC backend (CMake option LMSP_RPC=OFF)")
     host, port = split_bind(args.bind)
     public = public_addresses(host)
@@ -75,10 +75,10 @@ def cmd_rpc_server(args) -> int:
         os.makedirs(args.cache, exist_ok=True)
         cache = os.path.realpath(args.cache)
     endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    return _serve(native, endpoint, threads, (args.mem or 0) << 20, cache)
+    return _serve(rpc, endpoint, threads, (args.mem or 0) << 20, cache)
 
 
-def _serve(native: Any, endpoint: str, threads: int, mem_bytes: int, cache: str) -> int:
+def _serve(rpc: Any, endpoint: str, threads: int, mem_bytes: int, cache: str) -> int:
     """Runs the server on a thread of its own (it blocks in C++ without the GIL) and
     waits for it to fail or for SIGTERM/SIGINT; the server keeps nothing a stop could lose."""
     failed: list[BaseException] = []
@@ -86,7 +86,7 @@ def _serve(native: Any, endpoint: str, threads: int, mem_bytes: int, cache: str)
 
     def run() -> None:
         try:
-            native.rpc_serve(endpoint, cache_dir=cache, n_threads=threads, mem_bytes=mem_bytes)
+            rpc.serve(endpoint, cache_dir=cache, n_threads=threads, mem_bytes=mem_bytes)
         except Exception as exc:  # handed to the main thread, which reports it
             failed.append(exc)
         finally:
@@ -102,8 +102,7 @@ def _serve(native: Any, endpoint: str, threads: int, mem_bytes: int, cache: str)
     signal.signal(signal.SIGINT, stop)
     threading.Thread(target=run, name="rpc-server", daemon=True).start()
     print(
-        f"lmsp rpc-server: lending this box's CPU ({threads} threads) on {endpoint}, "
-        f"RPC protocol {native.rpc_protocol()}",
+        f"lmsp rpc-server: lending this box's CPU ({threads} threads) on {endpoint}, RPC protocol {rpc.protocol()}",
         file=sys.stderr,
         flush=True,
     )

@@ -1,4 +1,5 @@
-"""The RPC servers this worker splits its models over (``rpc_servers``), as it sees them.
+"""The RPC servers this worker splits its models over (``rpc_servers``), as it sees them,
+and the server end for ``lmsp rpc-server`` (:func:`serve`).
 
 Each server is ``connected`` while an engine of this worker holds layers on it,
 ``unreachable`` after a load found it silent or speaking another protocol
@@ -16,6 +17,28 @@ from typing import Any
 from ._threads import allocate_lock
 
 CONNECTED, UNREACHABLE, IDLE = "connected", "unreachable", "idle"
+
+
+def server_built() -> bool:
+    """Whether the extension has ggml's RPC backend (CMake option LMSP_RPC)."""
+    from .. import native
+
+    return bool(native.RPC_BUILT)
+
+
+def protocol() -> str:
+    """The RPC protocol version the extension speaks."""
+    from .. import native
+
+    return str(native.rpc_protocol())
+
+
+def serve(endpoint: str, *, cache_dir: str, n_threads: int, mem_bytes: int) -> None:
+    """ggml's RPC server on ``endpoint`` over this box's CPU, with the engine's kernels;
+    returns only by raising (it cannot listen)."""
+    from .. import native
+
+    native.rpc_serve(endpoint, cache_dir=cache_dir, n_threads=n_threads, mem_bytes=mem_bytes)
 
 
 def placement(layers: Any) -> list[dict[str, Any]] | None:
