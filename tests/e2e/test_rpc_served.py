@@ -8,7 +8,7 @@ server's state; a server that does not answer leaves the model
 from __future__ import annotations
 
 import pytest
-from e2e_helpers import deltas, resumed_text, sse_events, start_running, uninterrupted_text
+from e2e_helpers import FINISHED, check_log, deltas, resumed_text, sse_events, start_running, uninterrupted_text
 from rpc_servers import RpcServer, free_port
 from test_function_tools import WEATHER
 from test_real_model import INSTRUCTIONS, MODEL, STORY, real_server
@@ -146,3 +146,35 @@ def test_a_resume_task_killed_continues_to_the_uninterrupted_text(tmp_path, pair
         crashed.stop(timeout=10)
         for s in rpc:
             s.stop()
+
+
+@pytest.mark.slow  # a real service, crash and restart: seconds each on 2 cores
+def test_a_server_killed_mid_generation_ends_the_worker_and_the_model_comes_back_with_it(tmp_path, smollm2_path):
+    rpc = [RpcServer(tmp_path).start() for _ in range(2)]
+    served = real_server(tmp_path, LMSP_RPC_SERVERS=",".join(s.address for s in rpc))
+    try:
+        served.start(timeout=180)
+        token = served.pair()
+        [worker] = served.workers()
+        tasks = start_running(served, token, {**STORY, "max_output_tokens": 400}, ["fail", "retry"])
+        rpc[1].kill()
+        # ggml's client aborts the worker (docs/RPC.md, "Faults"); gunicorn starts another, and the
+        # tasks follow their policy: fail fails, retry runs again and meets the lost server
+        failed = served.wait_task(token, tasks["fail"], lambda t: t["status"] in FINISHED, timeout=180)
+        assert (failed["status"], failed["error"]["code"]) == ("failed", "server_restarted")
+        assert check_log(served.events(token, tasks["fail"]))[-1] == "response.failed"
+        assert worker not in served.workers()
+        retried = served.wait_task(token, tasks["retry"], lambda t: t["status"] in FINISHED, timeout=180)
+        assert retried["status"] == "failed" and rpc[1].address in retried["error"]["message"]
+        model = served.call("GET", f"/v1/models/{MODEL}", token=token)
+        assert model["state"] == "unavailable"
+        rpc[1] = RpcServer(tmp_path, port=rpc[1].port).start()  # the server is back
+        again = served.call("POST", "/v1/responses", {"model": MODEL, "input": "Hi", "max_output_tokens": 4},
+                            token=token)
+        assert again["status"] in ("completed", "incomplete")
+        assert served.call("GET", f"/v1/models/{MODEL}", token=token)["state"] == "loaded"
+    finally:
+        served.stop(timeout=10)
+        for s in rpc:
+            if s.proc is not None:
+                s.stop()
