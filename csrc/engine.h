@@ -355,6 +355,8 @@ private:
     int32_t n_ctx_ = 0;
     int32_t n_vocab_ = 0;
 
+    // the RPC servers the model's buffers are on (rpc.h); before model_, so held until it is freed
+    std::shared_ptr<void> rpc_lease_;
     // owned llama.cpp objects: freed in reverse order (batch, context, threadpool, model)
     std::unique_ptr<llama_model, ModelDeleter> model_;
     // CPU threads kept for the engine's life, as llama-bench and llama-server

@@ -31,6 +31,8 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "batch_plan.h"
 #include "errors.h"
@@ -152,6 +154,23 @@ bool recv_all(int fd, uint8_t * p, size_t n, int timeout_ms) {
     return true;
 }
 
+// The servers some live model's buffers are on, each with how many models:
+// ggml's client keeps one connection per server while any of them lives.
+std::mutex g_leases_mu;
+std::map<std::string, int> g_leases;
+
+struct Lease {
+    std::vector<std::string> servers;
+    ~Lease() {
+        std::lock_guard<std::mutex> lk(g_leases_mu);
+        for (const std::string & s : servers) {
+            if (--g_leases[s] == 0) g_leases.erase(s);
+        }
+    }
+};
+
+std::shared_ptr<void> lease_servers(const std::vector<std::string> & servers);
+
 }  // namespace
 
 std::string rpc_hello(const std::string & endpoint, int timeout_ms) {
@@ -177,6 +196,26 @@ std::string rpc_hello(const std::string & endpoint, int timeout_ms) {
     return version;
 }
 
+namespace {
+
+std::shared_ptr<void> lease_servers(const std::vector<std::string> & servers) {
+    for (const std::string & s : servers) {
+        bool connected;
+        {
+            std::lock_guard<std::mutex> lk(g_leases_mu);
+            connected = g_leases.count(s) > 0;
+        }
+        if (!connected) rpc_hello(s, 5000);
+    }
+    auto lease = std::make_shared<Lease>();
+    std::lock_guard<std::mutex> lk(g_leases_mu);
+    for (const std::string & s : servers) g_leases[s]++;
+    lease->servers = servers;
+    return lease;
+}
+
+}  // namespace
+
 RpcSplit rpc_split(const std::vector<std::string> & servers, const std::vector<float> & shares, int32_t n_layer) {
     if (servers.size() > GGML_RPC_MAX_SERVERS) {
         throw InvalidArgument("at most " + std::to_string(GGML_RPC_MAX_SERVERS) + " RPC servers");
@@ -187,9 +226,9 @@ RpcSplit rpc_split(const std::vector<std::string> & servers, const std::vector<f
     for (const float f : shares) {
         if (!(f >= 0.0f) || !std::isfinite(f)) throw InvalidArgument("tensor_split shares must be >= 0");
     }
-    for (const std::string & s : servers) rpc_hello(s, 5000);
     RpcSplit out;
-    std::vector<double> weight;  // this box, then each device
+    out.lease = lease_servers(servers);  // greets those this process has no connection to
+    std::vector<double> weight;          // this box, then each device
     size_t free = 0, total = 0;
     ggml_backend_dev_memory(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU), &free, &total);
     weight.push_back(shares.empty() ? double(free) : double(shares[0]));

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -38,12 +39,17 @@ struct RpcSplit {
     std::vector<ggml_backend_dev_t> devices;  // the servers' devices, then nullptr
     std::vector<float> server_split;          // one share per device
     int32_t n_gpu_layers = 0;                 // layers (output included) on the servers
+    // held while a model's buffers may be on the servers: this process keeps
+    // its connection to a server (ggml's client shares one per server) while
+    // any lease on it lives, and greets only servers no lease holds
+    std::shared_ptr<void> lease;
 };
 
 // The split of a model of `n_layer` layers over this box and `servers`:
 // `shares` gives this box's share first, then each server's (llama.cpp's
-// --tensor-split); empty shares go by each one's free memory. Every server is
-// checked with rpc_hello first.
+// --tensor-split); empty shares go by each one's free memory. Every server
+// this process is not connected to already is checked with rpc_hello first
+// (a server serves one client at a time: a second greeting would wait).
 RpcSplit rpc_split(const std::vector<std::string> & servers, const std::vector<float> & shares, int32_t n_layer);
 
 // Runs ggml's RPC server on `endpoint` over this box's CPU with the engine's

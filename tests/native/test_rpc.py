@@ -111,6 +111,14 @@ def test_a_snapshot_resumed_without_kv_in_a_split_model_continues_the_local_outp
     assert snap["generated"] + resumed.tokens == full.tokens
 
 
+def test_two_engines_of_one_process_share_each_server(make, servers):
+    # a server serves one client at a time: the second engine rides the first one's connection
+    first, second = make(rpc_servers=servers), make(rpc_servers=servers)
+    prompt = first.chat_prompt(PROMPTS[1])
+    assert generate(first, prompt, max_tokens=8, temperature=0).tokens == \
+        generate(second, prompt, max_tokens=8, temperature=0).tokens
+
+
 def test_a_server_that_does_not_answer_is_refused_naming_its_address(model_path, servers):
     silent = f"127.0.0.1:{free_port()}"
     with pytest.raises(native.RpcUnreachableError, match=silent.replace(".", r"\.")):
