@@ -314,7 +314,14 @@ class RuntimeAPI(Protocol):
 
     def list_models(self) -> list[dict[str, Any]]: ...
 
-    def register_model(self, path: str, model_id: str | None = None) -> dict[str, Any]: ...
+    def register_model(
+        self,
+        path: str,
+        model_id: str | None = None,
+        *,
+        rpc_servers: list[str] | None = None,
+        tensor_split: list[float] | None = None,
+    ) -> dict[str, Any]: ...
 
     def load_model(self, model_id: str) -> dict[str, Any]: ...
 

@@ -112,6 +112,25 @@ def test_the_model_shows_its_layers_on_each_server_and_metrics_their_state(pair,
         assert f'lmsp_rpc_server_connected{{server="{s.address}"}} 1' in metrics
 
 
+def test_a_model_registered_with_a_server_of_its_own_answers_as_the_local_one(pair, rpc):
+    local, split = pair
+    want = answer(local, REQUESTS["plain"])
+    answer(split, REQUESTS["plain"])  # the module's model loaded, on both servers
+    writer = split.pair("models:write,models:read")
+    own = {"path": f"{MODEL}.gguf", "id": "own", "rpc_servers": [rpc[1].address], "tensor_split": [1, 3]}
+    shown = split.call("POST", "/v1/models", own, token=writer, expect=201)
+    # the server is in use (the module's model holds layers there), none of this model's yet
+    assert [(s["address"], s["state"], s["layers"]) for s in shown["rpc_servers"]] == [(rpc[1].address, "connected", 0)]
+    got = split.call("POST", "/v1/responses", {"instructions": INSTRUCTIONS, **REQUESTS["plain"], "model": "own"},
+                     token=token_of(split))
+    assert got["output"][0]["content"][0]["text"] == want["output"][0]["content"][0]["text"]
+    model = split.call("GET", "/v1/models/own", token=writer)
+    assert [run["place"] for run in model["layers"]] == ["cpu", rpc[1].address]
+    assert model["layers"][1]["count"] > model["layers"][0]["count"]  # 3 shares of 4 on the server
+    bad = split.request("POST", "/v1/models", {**own, "id": "bad", "rpc_servers": ["nowhere"]}, token=writer)
+    assert bad[0] == 400 and bad[1]["error"]["param"] == "rpc_servers"
+
+
 def test_a_server_that_does_not_answer_leaves_the_model_unavailable_naming_it(tmp_path, smollm2_path):
     silent = f"127.0.0.1:{free_port()}"
     served = real_server(tmp_path, LMSP_RPC_SERVERS=silent).start(timeout=180)

@@ -52,27 +52,29 @@ def test_layer_places_fold_into_runs():
 
 
 def test_each_server_s_state_follows_loads_and_refusals():
-    servers = RpcServers(["127.0.0.1:1", "127.0.0.1:10"])
+    named = ["127.0.0.1:1", "127.0.0.1:10"]
+    servers = RpcServers(named)
     assert [s["state"] for s in servers.states()] == ["idle", "idle"]
     message = "RPC server 127.0.0.1:10 does not answer: Connection refused"
-    assert named_address(message, servers.servers) == "127.0.0.1:10"  # not 127.0.0.1:1
-    assert servers.unreachable(message) == "127.0.0.1:10"
-    servers.loaded("m", ["cpu", "127.0.0.1:1", "127.0.0.1:1"])
-    assert servers.states("m") == [
+    assert named_address(message, named) == "127.0.0.1:10"  # not 127.0.0.1:1
+    assert servers.unreachable(message, named) == "127.0.0.1:10"
+    servers.loaded("m", named, ["cpu", "127.0.0.1:1", "127.0.0.1:1"])
+    assert servers.states(named, "m") == [
         {"address": "127.0.0.1:1", "state": "connected", "layers": 2, "error": None},
         {"address": "127.0.0.1:10", "state": "unreachable", "layers": 0, "error": message},
     ]
-    assert servers.figures()["rpc_server_connected"] == {"127.0.0.1:1": 1, "127.0.0.1:10": 0}
+    servers.loaded("own", ["10.0.0.9:5"], ["cpu", "10.0.0.9:5"])  # a model with servers of its own
+    assert servers.figures()["rpc_server_connected"] == {"127.0.0.1:1": 1, "127.0.0.1:10": 0, "10.0.0.9:5": 1}
     servers.unloaded("m")
     assert servers.states()[0]["state"] == "idle"
 
 
+def refusing(path, **kwargs):
+    raise native.RpcUnreachableError(f"RPC server {kwargs['rpc_servers'][-1]} does not answer: Connection refused")
+
+
 def test_a_load_refused_by_a_server_leaves_the_model_unavailable_naming_it(config, store, model_file):
     from lmsp.runtime.registry import ModelRegistry
-
-    def refusing(path, **kwargs):
-        assert kwargs["rpc_servers"] == ["127.0.0.1:9"]
-        raise native.RpcUnreachableError("RPC server 127.0.0.1:9 does not answer: Connection refused")
 
     registry = ModelRegistry(config.replace(rpc_servers="127.0.0.1:9"), store, engine_factory=refusing)
     registry.register("tiny.gguf")
@@ -82,3 +84,40 @@ def test_a_load_refused_by_a_server_leaves_the_model_unavailable_naming_it(confi
     model = registry.object("tiny")
     assert model["state"] == "unavailable"
     assert model["rpc_servers"][0]["state"] == "unreachable"
+
+
+def test_a_model_registered_with_servers_of_its_own_is_split_over_them(config, store, model_file):
+    from lmsp.runtime.registry import ModelRegistry
+
+    seen = []
+
+    def factory(path, **kwargs):
+        seen.append((kwargs.get("rpc_servers"), kwargs.get("tensor_split")))
+        return refusing(path, **kwargs)
+
+    registry = ModelRegistry(config.replace(rpc_servers="127.0.0.1:9"), store, engine_factory=factory)
+    shown = registry.register("tiny.gguf", "own", rpc_servers=["127.0.0.1:7", "127.0.0.1:8"],
+                              tensor_split=[1, 1, 2])
+    assert [s["address"] for s in shown["rpc_servers"]] == ["127.0.0.1:7", "127.0.0.1:8"]
+    assert "rpc_split" not in shown and "path" not in shown
+    registry.register("tiny.gguf", "shared")
+    for model_id in ("own", "shared"):
+        with pytest.raises(ModelLoadFailed):
+            registry.load(model_id)
+    assert seen == [(["127.0.0.1:7", "127.0.0.1:8"], [1.0, 1.0, 2.0]), (["127.0.0.1:9"], [])]
+    assert registry.object("own")["rpc_servers"][1]["state"] == "unreachable"
+
+
+@pytest.mark.parametrize("servers, shares, param", [
+    (["nowhere"], None, "rpc_servers"),
+    (["a:1", "a:1"], None, "rpc_servers"),
+    (["a:1"], [1], "tensor_split"),
+    (None, [1, 1], "tensor_split"),
+])
+def test_a_bad_split_is_refused_naming_its_field(config, store, model_file, servers, shares, param):
+    from lmsp.errors import InvalidRequest
+    from lmsp.runtime.registry import ModelRegistry
+
+    with pytest.raises(InvalidRequest) as caught:
+        ModelRegistry(config, store).register("tiny.gguf", rpc_servers=servers, tensor_split=shares)
+    assert caught.value.param == param

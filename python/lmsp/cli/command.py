@@ -5,7 +5,7 @@
     lmsp clients [list | revoke CLIENT_ID | usage [--hours N]]
     lmsp clients limit CLIENT_ID [--priority N] [--max-running N|none] [--max-queued N|none]
                  [--tokens-per-hour N|none]                  its share of the box
-    lmsp models  [list | add FILE [--id ID] | remove MODEL_ID | pull NAME | pull --list]
+    lmsp models  [list | add FILE [--id ID] [--rpc HOST:PORT,...] | remove MODEL_ID | pull NAME | pull --list]
     lmsp tasks   [list [--status S] [--limit N] | show TASK_ID | cancel TASK_ID]
     lmsp gc      [--retention-days DAYS]                      apply retention now
     lmsp doctor                                               database integrity, model files and digests
@@ -276,6 +276,15 @@ def _add_data_commands(sub: _Subcommands, common: _CommandParser) -> None:
     )
     p.add_argument("--list", action="store_true", help="pull: show the catalog")
     p.add_argument("--id", default=None, help="add: the model id (default: the file name without .gguf)")
+    p.add_argument(
+        "--rpc",
+        default=None,
+        metavar="HOST:PORT[,...]",
+        help="add: lmsp rpc-server processes to split this model over (default: the rpc_servers setting)",
+    )
+    p.add_argument(
+        "--tensor-split", default=None, metavar="SHARES", help="add: with --rpc, this box's share, then each server's"
+    )
     p.set_defaults(func=cmd_models)
 
     p = sub.add_parser("tasks", parents=[common], help="list, show or cancel tasks")

@@ -26,8 +26,8 @@ def _load_config(args) -> _config.Config:
         value = getattr(args, name, None)
         if value is not None:
             overrides[name] = value
-    for name, setting in (("rpc", "rpc_servers"), ("tensor_split", "tensor_split")):  # serve's --rpc
-        if getattr(args, name, None) is not None:
+    for name, setting in (("rpc", "rpc_servers"), ("tensor_split", "tensor_split")):
+        if getattr(args, "command", None) == "serve" and getattr(args, name, None) is not None:
             overrides[setting] = getattr(args, name)
     try:
         cfg = _config.load(**overrides)

@@ -26,7 +26,7 @@ from ..objects import public_model
 from ._threads import allocate_lock
 from .filewatch import FileIdentity
 from .model_files import ModelFiles
-from .rpc import RpcServers, placement
+from .rpc import RpcServers, model_split, placement
 
 if TYPE_CHECKING:
     from ..native import Engine
@@ -151,9 +151,19 @@ class ModelRegistry:
         """The real path of a model file (:meth:`ModelFiles.resolve`)."""
         return self.files.resolve(path, confined=confined)
 
-    def register(self, path: str, model_id: str | None = None, progress=None, *, confined: bool = True) -> dict:
+    def register(
+        self,
+        path: str,
+        model_id: str | None = None,
+        progress=None,
+        *,
+        confined: bool = True,
+        rpc_servers: list[str] | None = None,
+        tensor_split: list[float] | None = None,
+    ) -> dict:
         from .. import native
 
+        split = model_split(rpc_servers, tensor_split, self.config.workers)  # (checked before any work)
         real = self.resolve(path, confined=confined)
         if model_id is None:
             model_id = real.name[:-5] if real.name.lower().endswith(".gguf") else real.name
@@ -191,10 +201,13 @@ class ModelRegistry:
                 "context_length": info.get("context_length"),
                 "has_chat_template": bool(info.get("chat_template")),
                 "state": AVAILABLE,
+                "rpc_split": split,
             }
         )
         log.info("registered model %s (%s, %s)", model_id, stored_path, digest)
-        return model_object(row, kv_files=self.kv_files.of(digest))
+        return model_object(
+            row, kv_files=self.kv_files.of(digest), rpc_servers=self.rpc.states(self.servers_of(row), model_id)
+        )
 
     def digest(self, path: Path, progress=None) -> tuple[str, int]:
         """The digest of a file, from the cache while the file is unchanged (:meth:`ModelFiles.digest`)."""
@@ -275,8 +288,22 @@ class ModelRegistry:
             memory=memory,
             kv_files=self.kv_files.of(row["digest"]),
             layers=placement(info.get("layers")) if isinstance(info, dict) else None,
-            rpc_servers=self.rpc.states(row["id"]),
+            rpc_servers=self.rpc.states(self.servers_of(row), row["id"]),
         )
+
+    def servers_of(self, row: dict) -> list[str]:
+        """The RPC servers the model's layers are split over: its own, else the service's."""
+        split = row.get("rpc_split")
+        return list(split["servers"]) if split else self.config.rpc_server_list
+
+    def _split_of(self, row: dict) -> dict[str, Any]:
+        """The engine's rpc_servers and tensor_split for the model (empty: none)."""
+        split = row.get("rpc_split")
+        if split:
+            return {"rpc_servers": list(split["servers"]), "tensor_split": list(split.get("tensor_split") or ())}
+        if self.config.rpc_server_list:
+            return {"rpc_servers": self.config.rpc_server_list, "tensor_split": self.config.tensor_split_list}
+        return {}
 
     # engines
     def engine(self, model_id: str) -> Engine | None:
@@ -368,7 +395,7 @@ class ModelRegistry:
             self.files.track(model_id, path, identity, digest)
         self._set_state(model_id, AVAILABLE)  # "loaded" is per process; the store keeps the file's state
         info = getattr(engine, "info", {})
-        self.rpc.loaded(model_id, info.get("layers"))
+        self.rpc.loaded(model_id, self.servers_of(row), info.get("layers"))
         log.info(
             "loaded model %s (%s, batch invariant: %s)",
             model_id,
@@ -389,9 +416,7 @@ class ModelRegistry:
         from .. import native
 
         cfg = self.config
-        split: dict[str, Any] = {}  # only where configured: a test's engine factory may take neither
-        if cfg.rpc_server_list:
-            split = {"rpc_servers": cfg.rpc_server_list, "tensor_split": cfg.tensor_split_list}
+        split = self._split_of(row)  # only where configured: a test's engine factory may take neither
         try:
             factory = self._factory or native.Engine
             return factory(
@@ -408,7 +433,7 @@ class ModelRegistry:
                 **split,
             )
         except native.RpcUnreachableError as exc:  # (before NativeError: it is one)
-            self.rpc.unreachable(str(exc))
+            self.rpc.unreachable(str(exc), split["rpc_servers"])
             self._set_state(model_id, UNAVAILABLE)
             raise ModelLoadFailed(f"model {model_id} is unavailable: {exc}", unreachable=True) from None
         except MemoryError:

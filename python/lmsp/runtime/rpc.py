@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ..config import split_rpc_servers
+from ..errors import InvalidRequest
 from ._threads import allocate_lock
 
 CONNECTED, UNREACHABLE, IDLE = "connected", "unreachable", "idle"
@@ -56,6 +58,29 @@ def placement(layers: Any) -> list[dict[str, Any]] | None:
     return runs
 
 
+def model_split(servers: list[str] | None, shares: list[float] | None, workers: int) -> dict[str, Any] | None:
+    """A model's own RPC split as the store keeps it (``{"servers", "tensor_split"}``; None:
+    the service's setting), checked as the settings are; an InvalidRequest names the field."""
+    if not servers:
+        if shares:
+            raise InvalidRequest("tensor_split needs rpc_servers", param="tensor_split")
+        return None
+    try:
+        listed = split_rpc_servers(",".join(servers))
+    except ValueError as exc:
+        raise InvalidRequest(str(exc), param="rpc_servers") from None
+    if len(listed) != len(servers):
+        raise InvalidRequest("rpc_servers: an address is empty", param="rpc_servers")
+    if shares and (len(shares) != len(listed) + 1 or min(shares) < 0 or sum(shares) <= 0):
+        raise InvalidRequest(
+            "tensor_split takes one share (0 or more) for this box, then one for each of rpc_servers, not all 0",
+            param="tensor_split",
+        )
+    if workers != 1:
+        raise InvalidRequest("rpc_servers needs the service's workers = 1", param="rpc_servers")
+    return {"servers": listed, "tensor_split": [float(x) for x in shares or ()]}
+
+
 def named_address(message: str, servers: list[str]) -> str | None:
     """The configured server an engine's error names (None: none of them)."""
     for address in servers:
@@ -65,20 +90,25 @@ def named_address(message: str, servers: list[str]) -> str | None:
 
 
 class RpcServers:
-    """The configured servers' states in this worker; safe from any thread."""
+    """The servers this worker's models are split over and their states; safe from any thread."""
 
     def __init__(self, servers: list[str]) -> None:
-        self.servers = list(servers)
+        self.servers = list(servers)  # the service's setting; a model may name its own
         self._lock = allocate_lock()
+        self._known: list[str] = list(servers)  # every server named so far, in order
         self._errors: dict[str, str] = {}  # address -> why it was unreachable at the last load
         self._layers: dict[str, dict[str, int]] = {}  # model id -> address -> layers held there
 
-    def loaded(self, model_id: str, layers: Any) -> None:
+    def _know(self, servers: list[str]) -> None:
+        self._known += [s for s in servers if s not in self._known]
+
+    def loaded(self, model_id: str, servers: list[str], layers: Any) -> None:
         counts: dict[str, int] = {}
         for place in layers if isinstance(layers, list) else []:
-            if place in self.servers:
+            if place in servers:
                 counts[place] = counts.get(place, 0) + 1
         with self._lock:
+            self._know(servers)
             self._layers[model_id] = counts
             for address in counts:
                 self._errors.pop(address, None)
@@ -87,21 +117,23 @@ class RpcServers:
         with self._lock:
             self._layers.pop(model_id, None)
 
-    def unreachable(self, message: str) -> str | None:
-        """Records a load's refusal by a server; returns the server's address (None when
+    def unreachable(self, message: str, servers: list[str]) -> str | None:
+        """Records a load's refusal by one of ``servers``; returns its address (None when
         the message names none of them)."""
-        address = named_address(message, self.servers)
-        if address is not None:
-            with self._lock:
+        address = named_address(message, servers)
+        with self._lock:
+            self._know(servers)
+            if address is not None:
                 self._errors[address] = message
         return address
 
-    def states(self, model_id: str | None = None) -> list[dict[str, Any]]:
-        """Each server: ``{"address", "state", "layers", "error"}``, with the layers the
-        model holds there (all models' layers when ``model_id`` is None)."""
+    def states(self, servers: list[str] | None = None, model_id: str | None = None) -> list[dict[str, Any]]:
+        """Each of ``servers`` (every one named so far when None): ``{"address", "state",
+        "layers", "error"}``, with the layers the model holds there (all models' when
+        ``model_id`` is None)."""
         out = []
         with self._lock:
-            for address in self.servers:
+            for address in self._known if servers is None else servers:
                 held = [n.get(address, 0) for m, n in self._layers.items() if model_id in (None, m)]
                 in_use = any(address in n for n in self._layers.values())
                 error = self._errors.get(address)

@@ -285,6 +285,9 @@ MIGRATIONS: list[list[str | Callable[[sqlite3.Connection], None]]] = [
     MIGRATION_V8,
     # 9: the service's own history, a row a minute per worker
     MIGRATION_V9,
+    # 10: the RPC servers a model's layers are split over, and their shares (JSON; NULL: the
+    # service's rpc_servers setting)
+    ["ALTER TABLE models ADD COLUMN rpc_split TEXT"],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
