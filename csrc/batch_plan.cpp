@@ -130,6 +130,10 @@ void BatchPlan::set_context_params(llama_context_params & cp, const EngineOption
 void BatchPlan::settle(bool invariant, const EngineOptions & options) {
     reference_kernels = invariant && !row_wise;
     matmul_tiles = reference_kernels && !moe_kquant && size_t(options.n_batch) >= 2 * kMinTiledRows;
+    // with layers on RPC servers, a server tells the engine's tiled steps from
+    // its one-row steps by their rows per sequence (rpc.cpp): one-row steps
+    // take fewer than any tiled chunk
+    one_row_cap = options.rpc_servers.empty() ? SIZE_MAX : kMinTiledRows - 1;
 }
 
 // ---------------------------------------------------------------- two kinds of steps

@@ -79,6 +79,7 @@ struct BatchPlan {
     bool row_wise = true;            // every matmul of the weights takes one row at a time
     bool moe_kquant = false;         // experts on K-quant or i-quant weights
     bool last_step_tiled = false;
+    size_t one_row_cap = SIZE_MAX;  // rows of a sequence in a one-row step, at most
 
     // Before the model loads: what its weights allow.
     static BatchPlan for_weights(const EngineOptions & options, const GgufInfo & info);

@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "bindings_kv.h"
+#include "bindings_rpc.h"
 #include "engine.h"
 #include "errors.h"
 #include "gguf_info.h"
@@ -208,7 +209,8 @@ class PyEngine {
 public:
     PyEngine(const py::object & model_path, int32_t n_ctx, int32_t n_parallel, int32_t n_threads, int32_t n_gpu_layers,
              int32_t n_batch, int32_t prefill_chunk, bool batch_invariant, bool prefix_cache, bool use_mmap,
-             bool swa_full, size_t kept_logits_bytes) {
+             bool swa_full, size_t kept_logits_bytes, std::vector<std::string> rpc_servers,
+             std::vector<float> tensor_split) {
         const std::string path = fspath(model_path);
         lmsp::EngineOptions o;
         o.n_ctx = n_ctx;
@@ -222,6 +224,8 @@ public:
         o.use_mmap = use_mmap;
         o.swa_full = swa_full;
         o.kept_logits_bytes = kept_logits_bytes;
+        o.rpc_servers = std::move(rpc_servers);
+        o.tensor_split = std::move(tensor_split);
         py::gil_scoped_release nogil;
         engine_ = std::make_unique<lmsp::Engine>(path, o);
     }
@@ -242,6 +246,7 @@ public:
         d["kv_format"] = engine_->kv_format();
         d["n_swa"] = engine_->n_swa();
         d["swa_full"] = engine_->swa_full();
+        d["layers"] = engine_->layer_places();
         return d;
     }
 
@@ -497,14 +502,16 @@ PYBIND11_MODULE(_native, m) {
         .def_property_readonly("emitted", [](const lmsp::TextStream & t) { return py::str(t.emitted()); });
 
     lmsp_py::bind_kv(m);
+    lmsp_py::bind_rpc(m, g_native_error);
 
     py::class_<PyEngine>(m, "Engine")
         .def(py::init<const py::object &, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, bool, bool, bool, bool,
-                      size_t>(),
+                      size_t, std::vector<std::string>, std::vector<float>>(),
              "model_path"_a, py::kw_only(), "n_ctx"_a = 4096, "n_parallel"_a = 4, "n_threads"_a = 0,
              "n_gpu_layers"_a = 0, "n_batch"_a = 512, "prefill_chunk"_a = 256, "batch_invariant"_a = true,
              "prefix_cache"_a = true, "use_mmap"_a = false, "swa_full"_a = true,
-             "kept_logits_bytes"_a = size_t(1) << 20)
+             "kept_logits_bytes"_a = size_t(1) << 20, "rpc_servers"_a = std::vector<std::string>{},
+             "tensor_split"_a = std::vector<float>{})
         .def_property_readonly("info", &PyEngine::info)
         .def_property_readonly("n_ctx", [](PyEngine & s) { return s.e().n_ctx(); })
         .def_property_readonly("n_vocab", [](PyEngine & s) { return s.e().n_vocab(); })

@@ -280,7 +280,7 @@ void Engine::add_prompt_chunks(bool tiled_step) {
         const int32_t room = options_.n_batch - batch_.n_tokens;
         if (room <= 0) break;
         const size_t left = s->feed.size() - s->n_fed;
-        size_t n = std::min({left, size_t(options_.prefill_chunk), size_t(room)});
+        size_t n = std::min({left, size_t(options_.prefill_chunk), size_t(room), plan_.one_row_cap});
         if (plan_.two_kinds()) {
             const bool tiled_rows = s->n_fed < s->t_end;
             if (tiled_rows != tiled_step) continue;

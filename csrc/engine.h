@@ -55,6 +55,11 @@ struct EngineOptions {
     // at least one row: the least recently kept row gives way (a row is n_vocab
     // floats, 1 MiB for a vocabulary of 262,144 tokens)
     size_t kept_logits_bytes = size_t(1) << 20;
+    // ggml RPC servers (HOST:PORT) that hold some of the model's layers, and
+    // the shares of this box and of each server (empty: by free memory);
+    // rpc.h
+    std::vector<std::string> rpc_servers;
+    std::vector<float> tensor_split;
 };
 
 enum class Finish { none, stop, length, cancelled, error };
@@ -177,6 +182,8 @@ public:
     int32_t n_vocab() const { return n_vocab_; }
     int32_t n_parallel() const { return options_.n_parallel; }
     const std::string & backend() const { return backend_; }
+    // Where each layer is, the output layer last: "cpu", or an RPC server's HOST:PORT.
+    const std::vector<std::string> & layer_places() const { return layer_places_; }
     bool batch_invariant() const { return options_.batch_invariant && backend_ == "cpu"; }
     // Whether the CPU backend runs ggml's reference kernels (batch invariance on K-quant weights).
     bool reference_kernels() const { return plan_.reference_kernels; }
@@ -340,6 +347,7 @@ private:
 
     EngineOptions options_;
     GgufInfo info_;
+    std::vector<std::string> layer_places_;
     BatchPlan plan_;                      // the kernels of each row, and the two kinds of steps
     bool kernels_reference_now_ = false;  // what the CPU backend is set to
     void set_reference_kernels(bool on);
@@ -347,6 +355,8 @@ private:
     int32_t n_ctx_ = 0;
     int32_t n_vocab_ = 0;
 
+    // the RPC servers the model's buffers are on (rpc.h); before model_, so held until it is freed
+    std::shared_ptr<void> rpc_lease_;
     // owned llama.cpp objects: freed in reverse order (batch, context, threadpool, model)
     std::unique_ptr<llama_model, ModelDeleter> model_;
     // CPU threads kept for the engine's life, as llama-bench and llama-server

@@ -114,7 +114,7 @@ void Engine::answer_logits(Request & req) {
     }
     size_t done = 0;
     while (done < req.tokens.size()) {
-        const size_t n = std::min(req.tokens.size() - done, size_t(options_.n_batch));
+        const size_t n = std::min({req.tokens.size() - done, size_t(options_.n_batch), plan_.one_row_cap});
         if (!decode_positions(req, done, n, out)) return;
         tokens_decoded_ += int64_t(n);
         done += n;

@@ -15,6 +15,7 @@
 #include "errors.h"
 #include "llama_private.h"
 #include "notifier.h"
+#include "rpc.h"
 #include "sequence.h"
 #include "tile_matmul.h"
 
@@ -119,6 +120,17 @@ void Engine::load_model(const std::string & model_path) {
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = options.n_gpu_layers;
     plan_.set_model_params(mp, options);
+    RpcSplit split;  // outlives the load: mp points into it
+    if (!options.rpc_servers.empty()) {
+        split = rpc_split(options.rpc_servers, options.tensor_split, int32_t(info_.n_layer));
+        mp.devices = split.devices.data();
+        mp.n_gpu_layers = split.n_gpu_layers;
+        mp.split_mode = LLAMA_SPLIT_MODE_LAYER;
+        mp.tensor_split = split.server_split.data();
+        rpc_lease_ = split.lease;
+    } else if (!options.tensor_split.empty()) {
+        throw InvalidArgument("tensor_split needs RPC servers to split over");
+    }
     // read into memory unless asked to map: a mapped file changed under the engine faults it
     mp.load_mode = options.use_mmap ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
     log::begin_capture();
@@ -147,6 +159,7 @@ void Engine::load_model(const std::string & model_path) {
     }
     n_vocab_ = llama_vocab_n_tokens(vocab_);
     chat_template_ = ChatTemplate::from_model(model_.get());
+    layer_places_ = model_layer_places(model_.get());
 
     // one sequence's context never exceeds what the model was trained for
     n_ctx_ = options.n_ctx;
@@ -182,7 +195,9 @@ void Engine::make_context(int32_t n_threads) {
         }
         throw NativeFailure("cannot create a llama context" + (why.empty() ? "" : ": " + why));
     }
-    backend_ = (options.n_gpu_layers != 0 && llama_supports_gpu_offload()) ? "cuda" : "cpu";
+    // (llama_supports_gpu_offload() counts the RPC backend too: a GPU device is asked for)
+    const bool gpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU) != nullptr;
+    backend_ = (options.n_gpu_layers != 0 && gpu) ? "cuda" : "cpu";
     plan_.settle(batch_invariant(), options);
     if (plan_.one_row_reference()) {
         use_reference_cpu_kernels(ctx_.get(), true);

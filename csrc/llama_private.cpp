@@ -4,6 +4,7 @@
 #include "ggml-cpu.h"
 #include "llama-context.h"  // llama_context::get_sched(): src/ of the pinned llama.cpp
 #include "llama-grammar.h"  // llama_grammar_init_impl without a vocabulary
+#include "llama-model.h"    // llama_model::dev_layer
 
 namespace lmsp {
 
@@ -20,6 +21,17 @@ bool grammar_parses(const char * gbnf) {
     if (g == nullptr) return false;
     llama_grammar_free_impl(g);
     return true;
+}
+
+std::vector<std::string> model_layer_places(const llama_model * model) {
+    std::vector<std::string> out;
+    auto place = [](ggml_backend_dev_t dev) -> std::string {
+        if (dev == nullptr || ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) return "cpu";
+        return ggml_backend_dev_description(dev);
+    };
+    for (int32_t il = 0; il < int32_t(model->hparams.n_layer()); ++il) out.push_back(place(model->dev_layer(il)));
+    out.push_back(place(model->dev_output()));
+    return out;
 }
 
 }  // namespace lmsp

@@ -2,7 +2,11 @@
 // through llama.cpp's own internal headers of the pinned source.
 #pragma once
 
+#include <string>
+#include <vector>
+
 struct llama_context;
+struct llama_model;
 
 namespace lmsp {
 
@@ -18,5 +22,9 @@ void use_reference_cpu_kernels(llama_context * ctx, bool on);
 // "root"): it parses, every rule is defined, none is left-recursive. No
 // vocabulary needed (the text names no tokens).
 bool grammar_parses(const char * gbnf);
+
+// The device of each of the model's layers, the output layer last: "cpu", or
+// the description of the device (an RPC server's HOST:PORT).
+std::vector<std::string> model_layer_places(const llama_model * model);
 
 }  // namespace lmsp

@@ -50,6 +50,8 @@ class Config:
     mmap: bool = False  # map model files instead of reading them (overwriting the file kills the worker)
     kv_cache_bytes: int = -1  # KV files of finished turns (DATA_DIR/kv): -1 a tenth of the free disk, 0 off
     kv_swa_full: bool = False  # sliding-window layers keep every position, not only their window (more memory)
+    rpc_servers: str = ""  # HOST:PORT,...: lmsp rpc-server processes that hold some of each model's layers
+    tensor_split: str = ""  # with rpc_servers: shares of this box, then of each server (empty: by free memory)
     # requests
     max_output_tokens: int = 256  # default for a request that gives none
     max_output_tokens_cap: int = 4096
@@ -90,6 +92,15 @@ class Config:
     @property
     def admin_token_path(self) -> Path:
         return self.data_dir / "admin.token"
+
+    @property
+    def rpc_server_list(self) -> list[str]:
+        """``rpc_servers`` as a list (empty: the models stay on this box)."""
+        return split_rpc_servers(self.rpc_servers)
+
+    @property
+    def tensor_split_list(self) -> list[float]:
+        return [float(x) for x in self.tensor_split.split(",") if x.strip()]
 
     def replace(self, **changes) -> "Config":
         return dataclasses.replace(self, **changes).validated()
@@ -153,10 +164,39 @@ class Config:
             raise ValueError("peers need a box_id for this box")
         if self.box_id in found:
             raise ValueError(f"peers: {self.box_id!r} is this box's own id")
+        self._check_rpc()
         if not _bind_ok(self.bind):
             raise ValueError(
                 f"bind must be HOST:PORT, [IPV6]:PORT or unix:PATH (a port from 0 to 65535), not {self.bind!r}"
             )
+
+    def _check_rpc(self) -> None:
+        servers = self.rpc_server_list  # (a ValueError names a bad one)
+        try:
+            shares = self.tensor_split_list
+        except ValueError:
+            raise ValueError(f"tensor_split must be numbers separated by commas, not {self.tensor_split!r}") from None
+        if shares and len(shares) != len(servers) + 1:
+            raise ValueError("tensor_split takes one share for this box, then one for each of rpc_servers")
+        if any(not 0 <= x < float("inf") for x in shares) or (shares and sum(shares) <= 0):
+            raise ValueError("tensor_split shares must be numbers, 0 or more, not all 0")
+        if servers and self.workers != 1:
+            raise ValueError("rpc_servers needs workers = 1: each rpc-server serves one client at a time")
+
+
+def split_rpc_servers(text: str) -> list[str]:
+    """A comma-separated list of ``HOST:PORT`` (``[IPV6]:PORT``) addresses; a ValueError names a bad one."""
+    out = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        address = re.fullmatch(r"(\[[^\]]+\]|[^:\[\]\s]+):([0-9]{1,5})", part)
+        if address is None or not 0 < int(address.group(2)) <= 65535:
+            raise ValueError(f"rpc_servers: {part!r} is not HOST:PORT")
+        if part in out:
+            raise ValueError(f"rpc_servers: {part} is named twice")
+        out.append(part)
+    return out
 
 
 def _bind_ok(bind: str) -> bool:
@@ -194,6 +234,8 @@ def _coerce(f: dataclasses.Field, raw, source: str | None = None):
     if raw is None:
         return None
     where = f"{source}: " if source else ""
+    if kind.startswith("str") and isinstance(raw, list):  # a TOML list of a comma-separated setting
+        return ",".join(str(x) for x in raw)
     if kind.startswith("bool"):
         if isinstance(raw, bool):
             return raw

@@ -43,7 +43,7 @@ TASK_STATES: tuple[str, ...] = get_args(TaskState)
 #: a client's priority: its turns at starting tasks against a client of 1 (lmsp.store.sharing)
 MAX_PRIORITY = 100
 #: the states of a registered model, as the registry reports them
-ModelState = Literal["available", "loading", "loaded", "failed", "missing", "changed"]
+ModelState = Literal["available", "loading", "loaded", "failed", "missing", "changed", "unavailable"]
 MODEL_STATES: tuple[str, ...] = get_args(ModelState)
 
 
@@ -314,7 +314,14 @@ class RuntimeAPI(Protocol):
 
     def list_models(self) -> list[dict[str, Any]]: ...
 
-    def register_model(self, path: str, model_id: str | None = None) -> dict[str, Any]: ...
+    def register_model(
+        self,
+        path: str,
+        model_id: str | None = None,
+        *,
+        rpc_servers: list[str] | None = None,
+        tensor_split: list[float] | None = None,
+    ) -> dict[str, Any]: ...
 
     def load_model(self, model_id: str) -> dict[str, Any]: ...
 

@@ -167,14 +167,15 @@ class BoxUnavailable(Unavailable):
 class ModelLoadFailed(LMSPError):
     """The engine cannot load a registered model's file. The client that asked
     for the load gets 503 ``unavailable`` when memory ran out (the model may
-    fit once others are unloaded), else 400 ``invalid_request`` (not a file
+    fit once others are unloaded) or an RPC server it is split over does not
+    answer, else 400 ``invalid_request`` (not a file
     this engine can run); a task that needed the model fails with
     :attr:`task_code`."""
 
     task_code = "model_load_failed"
 
-    def __init__(self, message: str, *, out_of_memory: bool = False) -> None:
-        if out_of_memory:
+    def __init__(self, message: str, *, out_of_memory: bool = False, unreachable: bool = False) -> None:
+        if out_of_memory or unreachable:  # (unreachable: an RPC server the model is split over)
             super().__init__(message, headers={"Retry-After": "30"}, code=Unavailable.code)
             self.status = Unavailable.status
         else:

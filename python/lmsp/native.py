@@ -22,12 +22,17 @@ from ._native import (  # noqa: E402
     ModelFormatError,
     NativeError,
     QUANTIZE_TYPES,
+    RPC_BUILT,
+    RpcUnreachableError,
     TextStream,
     check_grammar,
     crc32_low_priority,
     low_priority_nice,
     quantize,
     read_gguf_info,
+    rpc_hello,
+    rpc_protocol,
+    rpc_serve,
     schema_grammar,
     set_logging,
     system_info,
@@ -44,12 +49,17 @@ __all__ = [
     "ModelFormatError",
     "NativeError",
     "QUANTIZE_TYPES",
+    "RPC_BUILT",
+    "RpcUnreachableError",
     "TextStream",
     "check_grammar",
     "crc32_low_priority",
     "low_priority_nice",
     "quantize",
     "read_gguf_info",
+    "rpc_hello",
+    "rpc_protocol",
+    "rpc_serve",
     "schema_grammar",
     "set_logging",
     "system_info",
@@ -60,7 +70,7 @@ Engine.__doc__ = """A loaded model and its decoding thread.
 
 Engine(model_path, *, n_ctx=4096, n_parallel=4, n_threads=0, n_gpu_layers=0,
        n_batch=512, prefill_chunk=256, batch_invariant=True, prefix_cache=True,
-       use_mmap=False)
+       use_mmap=False, rpc_servers=[], tensor_split=[])
 
 ``n_ctx`` is the context of ONE sequence (capped at the model's training
 context); ``n_parallel`` sequences decode together, one llama_batch per step;
@@ -69,6 +79,16 @@ the engine. Prompts are prefilled ``prefill_chunk`` tokens per step so that a
 long prompt does not stall running sequences. The weights are read into memory;
 ``use_mmap=True`` maps the file instead, which then must not change while the
 engine lives (a read of a page past a truncated file's end kills the process).
+
+``rpc_servers`` (``HOST:PORT``, each an ``lmsp rpc-server``) split the
+model's layers over this box's CPU and those servers: this box keeps the
+first layers, the servers the rest and the output layer, in proportion to
+each one's free memory, or to ``tensor_split`` (this box's share first, then
+each server's). Each server is greeted first: one that does not answer, or
+speaks another protocol version, raises ``RpcUnreachableError`` naming it.
+``info["layers"]`` names each layer's place ("cpu" or the server), the
+output layer last. A server lost mid-generation ends the process (ggml's
+client aborts: docs/RPC.md).
 
 With ``prefix_cache`` a slot keeps the KV of its last sequence (prompt and
 generated tokens) while free, and a new sequence is given the free slot that

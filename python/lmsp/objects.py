@@ -206,12 +206,15 @@ def model_object(model: Row, *, with_path: bool = False) -> dict:
     }
     if with_path:
         out["path"] = model["path"]
+        # {"servers": [HOST:PORT], "tensor_split": [share]}; None: the service's setting
+        out["rpc_split"] = json.loads(model["rpc_split"]) if model["rpc_split"] else None
     return out
 
 
 def public_model(model: dict) -> dict:
-    """A model dict from the store without its file path, for clients."""
-    return {k: v for k, v in model.items() if k != "path"}
+    """A model dict from the store without its file path or its RPC split (the Model object
+    shows its servers' states instead), for clients."""
+    return {k: v for k, v in model.items() if k not in ("path", "rpc_split")}
 
 
 def client_object(client: Row) -> dict:

@@ -124,7 +124,8 @@ class ScriptedRuntime:
     def list_models(self) -> list[dict[str, Any]]:
         return [self.model_object(m["id"]) for m in self.store.list_models()]
 
-    def register_model(self, path: str, model_id: str | None = None) -> dict[str, Any]:
+    def register_model(self, path: str, model_id: str | None = None, *, rpc_servers=None,
+                       tensor_split=None) -> dict[str, Any]:
         raise InvalidRequest("the scripted worker registers no model files", param="path")
 
     def load_model(self, model_id: str) -> dict[str, Any]:

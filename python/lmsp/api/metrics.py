@@ -166,6 +166,24 @@ RUNTIME_FIGURES = {
         "Rows decoded in free slots to keep the running slots in one ubatch, by model.",
         "model",
     ),
+    "rpc_server_connected": (
+        "gauge",
+        "lmsp_rpc_server_connected",
+        "1 while an engine of this worker holds layers on the RPC server, by server.",
+        "server",
+    ),
+    "rpc_server_unreachable": (
+        "gauge",
+        "lmsp_rpc_server_unreachable",
+        "1 when the last load found the RPC server silent or speaking another protocol, by server.",
+        "server",
+    ),
+    "rpc_server_layers": (
+        "gauge",
+        "lmsp_rpc_server_layers",
+        "Layers of this worker's models held on the RPC server (the output layer counts as one), by server.",
+        "server",
+    ),
     "waiting_requests": ("gauge", "lmsp_waiting_requests", "Requests waiting for a commit.", None),
     "kv_file_hits": ("counter", "lmsp_kv_file_hits_total", "Prompts whose start was loaded from a KV file.", None),
     "kv_file_misses": (

@@ -25,7 +25,9 @@ class ModelsResource:
         asked = parse_register(body)
 
         def register() -> Answer:
-            return 201, self.deps.runtime.register_model(asked.path, asked.model_id)
+            return 201, self.deps.runtime.register_model(
+                asked.path, asked.model_id, rpc_servers=asked.rpc_servers, tensor_split=asked.tensor_split
+            )
 
         idempotency.answer(self.deps.keys, req, resp, caller(req)["id"], body, register)
 

@@ -7,11 +7,13 @@
     lmsp clients [list | revoke CLIENT_ID | usage [--hours N]]
     lmsp clients limit CLIENT_ID [--priority N] [--max-running N|none] [--max-queued N|none]
                  [--tokens-per-hour N|none]                  its share of the box
-    lmsp models  [list | add FILE [--id ID] | remove MODEL_ID | pull NAME | pull --list]
+    lmsp models  [list | add FILE [--id ID] [--rpc HOST:PORT,...] | remove MODEL_ID | pull NAME | pull --list]
     lmsp tasks   [list [--status S] [--limit N] | show TASK_ID | cancel TASK_ID]
     lmsp gc      [--retention-days DAYS]                      apply retention now
     lmsp doctor                                               database integrity, model files and digests
     lmsp quantize SRC DST --type TYPE [--threads N]           a model's weights written again in TYPE
+    lmsp rpc-server [--bind HOST:PORT] [--threads N] [--mem MIB] [--cache DIR] [--allow-public]
+                                                              this box's CPU lent to a split model
 
 Every command takes ``--data-dir`` (or ``LMSP_DATA_DIR``). The operator
 commands work on the store directly (no server needed), but only on a database
@@ -44,6 +46,7 @@ from lmsp.cli.common import (
 from lmsp.cli.clients import add_clients_command
 from lmsp.cli.fleet import add_fleet_command
 from lmsp.cli.data import cmd_doctor, cmd_gc, cmd_models, cmd_quantize, cmd_tasks
+from lmsp.cli.rpc_server import add_rpc_server_command
 from lmsp.datadir import private_umask
 from lmsp.errors import LMSPError
 from lmsp.store import StoreError
@@ -69,6 +72,10 @@ def cmd_serve(args) -> int:
         env["LMSP_BOX_ID"] = cfg.box_id
     if args.peer:
         env["LMSP_PEERS"] = cfg.peers
+    if args.rpc is not None:
+        env["LMSP_RPC_SERVERS"] = cfg.rpc_servers
+    if args.tensor_split is not None:
+        env["LMSP_TENSOR_SPLIT"] = cfg.tensor_split
     cfg.data_dir.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "gunicorn", "--config", "python:lmsp.serving.gunicorn_conf"]
     sys.stdout.flush()
@@ -201,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_client_commands(sub, common)
     _add_data_commands(sub, common)
     _add_quantize_command(sub, common)
+    add_rpc_server_command(sub)
     return parser
 
 
@@ -244,6 +252,20 @@ def _add_service_commands(sub: _Subcommands, data_dir: _CommandParser, common: _
         metavar="ID=HOST:PORT",
         help="another box of the fleet (repeat for each; env LMSP_PEERS, comma-separated)",
     )
+    p.add_argument(
+        "--rpc",
+        default=None,
+        metavar="HOST:PORT[,...]",
+        help="lmsp rpc-server processes to split each model's layers over, with this box "
+        "(env LMSP_RPC_SERVERS; needs --workers 1)",
+    )
+    p.add_argument(
+        "--tensor-split",
+        default=None,
+        metavar="SHARES",
+        help="with --rpc: this box's share of the layers, then each server's, e.g. 2,1,1 "
+        "(env LMSP_TENSOR_SPLIT; default: by each one's free memory)",
+    )
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser(
@@ -275,6 +297,15 @@ def _add_data_commands(sub: _Subcommands, common: _CommandParser) -> None:
     )
     p.add_argument("--list", action="store_true", help="pull: show the catalog")
     p.add_argument("--id", default=None, help="add: the model id (default: the file name without .gguf)")
+    p.add_argument(
+        "--rpc",
+        default=None,
+        metavar="HOST:PORT[,...]",
+        help="add: lmsp rpc-server processes to split this model over (default: the rpc_servers setting)",
+    )
+    p.add_argument(
+        "--tensor-split", default=None, metavar="SHARES", help="add: with --rpc, this box's share, then each server's"
+    )
     p.set_defaults(func=cmd_models)
 
     p = sub.add_parser("tasks", parents=[common], help="list, show or cancel tasks")

@@ -28,6 +28,9 @@ def _load_config(args) -> _config.Config:
             overrides[name] = value
     if getattr(args, "peer", None):
         overrides["peers"] = ",".join(args.peer)
+    for name, setting in (("rpc", "rpc_servers"), ("tensor_split", "tensor_split")):
+        if getattr(args, "command", None) == "serve" and getattr(args, name, None) is not None:
+            overrides[setting] = getattr(args, name)
     try:
         cfg = _config.load(**overrides)
     except (ValueError, OSError) as exc:

@@ -8,6 +8,7 @@ import sqlite3
 import sys
 import time
 
+from lmsp import config as _config
 from lmsp import kv
 from lmsp.cli.common import (
     EXIT_ERROR,
@@ -41,7 +42,11 @@ def cmd_models(args) -> int:
                 raise CommandError("models add needs a GGUF file")
             path = _model_path(cfg, args.target)
             progress = _Progress(f"sha256 {os.path.basename(path)}", enabled=not args.json and sys.stderr.isatty())
-            model = registry.register(os.path.abspath(path), args.id, progress, confined=False)
+            servers = _config.split_rpc_servers(args.rpc) if args.rpc else None
+            shares = [float(x) for x in args.tensor_split.split(",")] if args.tensor_split else None
+            model = registry.register(
+                os.path.abspath(path), args.id, progress, confined=False, rpc_servers=servers, tensor_split=shares
+            )
             _print(
                 args,
                 model,

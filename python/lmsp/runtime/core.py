@@ -272,6 +272,7 @@ class Runtime:
         figures["engine_ubatches"] = passes
         figures["engine_filler_rows"] = fillers
         figures.update(self.kvdisk.metrics())
+        figures.update(self.registry.rpc.figures())
         figures["waiting_requests"] = self.waiters.waiting()
         figures["ready"] = self.state.ready
         return figures

@@ -56,8 +56,18 @@ class Models:
         progress: Callable[..., Any] | None = None,
         *,
         confined: bool = True,
+        rpc_servers: list[str] | None = None,
+        tensor_split: list[float] | None = None,
     ) -> dict[str, Any]:
-        return offload(self.registry.register, path, model_id, progress, confined=confined)
+        return offload(
+            self.registry.register,
+            path,
+            model_id,
+            progress,
+            confined=confined,
+            rpc_servers=rpc_servers,
+            tensor_split=tensor_split,
+        )
 
     def load(self, model_id: str) -> dict[str, Any]:
         offload(self.registry.load, model_id)

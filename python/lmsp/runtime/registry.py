@@ -26,6 +26,7 @@ from ..objects import public_model
 from ._threads import allocate_lock
 from .filewatch import FileIdentity
 from .model_files import ModelFiles
+from .rpc import RpcServers, model_split, placement
 
 if TYPE_CHECKING:
     from ..native import Engine
@@ -34,14 +35,15 @@ log = logging.getLogger("lmsp.runtime")
 
 MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
-# states a Model object can show (B.4)
-AVAILABLE, LOADING, LOADED, FAILED, MISSING, CHANGED = (
+# states a Model object can show (B.4); unavailable: an RPC server it is split over did not answer
+AVAILABLE, LOADING, LOADED, FAILED, MISSING, CHANGED, UNAVAILABLE = (
     "available",
     "loading",
     "loaded",
     "failed",
     "missing",
     "changed",
+    "unavailable",
 )
 
 
@@ -106,15 +108,20 @@ def model_object(
     *,
     memory: int | None = None,
     kv_files: tuple[int, int] = (0, 0),
+    layers: list[dict[str, Any]] | None = None,
+    rpc_servers: list[dict[str, Any]] | None = None,
 ) -> dict:
     """The Model object of LMSP B.4 from a store model (its path shown as :func:`_shown`
     does), ``state`` and ``has_chat_template`` overriding, with its ``capabilities``,
-    the ``memory`` its engine holds here and its KV files (count, bytes)."""
+    the ``memory`` its engine holds here, its KV files (count, bytes), where its
+    ``layers`` are while loaded here and the ``rpc_servers`` it is split over."""
     out = public_model(row)
     out["file"] = _shown(row["path"])
     out["capabilities"] = capabilities(row.get("architecture"))
     out["memory_bytes"] = memory
     out["kv_files"], out["kv_bytes"] = kv_files
+    out["layers"] = layers
+    out["rpc_servers"] = rpc_servers or []
     if state is not None:
         out["state"] = state
     if has_chat_template is not None:
@@ -137,15 +144,26 @@ class ModelRegistry:
         self._templates: dict[str, bool] = {}  # digest -> has a chat template, for models registered
         # before the store recorded it
         self.kv_files = kv.Holdings(Path(config.data_dir) / "kv")  # each model file's KV files (lmsp.kv)
+        self.rpc = RpcServers(config.rpc_server_list)  # the servers models are split over, as seen here
 
     # registration
     def resolve(self, path: str, *, confined: bool = True) -> Path:
         """The real path of a model file (:meth:`ModelFiles.resolve`)."""
         return self.files.resolve(path, confined=confined)
 
-    def register(self, path: str, model_id: str | None = None, progress=None, *, confined: bool = True) -> dict:
+    def register(
+        self,
+        path: str,
+        model_id: str | None = None,
+        progress=None,
+        *,
+        confined: bool = True,
+        rpc_servers: list[str] | None = None,
+        tensor_split: list[float] | None = None,
+    ) -> dict:
         from .. import native
 
+        split = model_split(rpc_servers, tensor_split, self.config.workers)  # (checked before any work)
         real = self.resolve(path, confined=confined)
         if model_id is None:
             model_id = real.name[:-5] if real.name.lower().endswith(".gguf") else real.name
@@ -183,10 +201,13 @@ class ModelRegistry:
                 "context_length": info.get("context_length"),
                 "has_chat_template": bool(info.get("chat_template")),
                 "state": AVAILABLE,
+                "rpc_split": split,
             }
         )
         log.info("registered model %s (%s, %s)", model_id, stored_path, digest)
-        return model_object(row, kv_files=self.kv_files.of(digest))
+        return model_object(
+            row, kv_files=self.kv_files.of(digest), rpc_servers=self.rpc.states(self.servers_of(row), model_id)
+        )
 
     def digest(self, path: Path, progress=None) -> tuple[str, int]:
         """The digest of a file, from the cache while the file is unchanged (:meth:`ModelFiles.digest`)."""
@@ -210,13 +231,13 @@ class ModelRegistry:
                 return LOADED
             return MISSING if now is None else CHANGED  # until the runtime unloads it
         stored = row.get("state") or AVAILABLE
-        if stored not in (FAILED, CHANGED):  # the row may predate an unload here for a changed file
+        if stored not in (FAILED, CHANGED, UNAVAILABLE):  # the row may predate an unload here for a changed file
             stored = self._stored_state(model_id, stored)
         try:
             st = os.stat(self.file_path(row))
         except OSError:
             return MISSING
-        if stored in (FAILED, CHANGED):
+        if stored in (FAILED, CHANGED, UNAVAILABLE):
             return stored
         if st.st_size != row.get("size_bytes"):
             return CHANGED
@@ -261,8 +282,28 @@ class ModelRegistry:
         info = getattr(engine, "info", None)  # (an engine a test makes may report none)
         memory = memory_bytes(info) if isinstance(info, dict) else None
         return model_object(
-            row, state, self.has_chat_template(row), memory=memory, kv_files=self.kv_files.of(row["digest"])
+            row,
+            state,
+            self.has_chat_template(row),
+            memory=memory,
+            kv_files=self.kv_files.of(row["digest"]),
+            layers=placement(info.get("layers")) if isinstance(info, dict) else None,
+            rpc_servers=self.rpc.states(self.servers_of(row), row["id"]),
         )
+
+    def servers_of(self, row: dict) -> list[str]:
+        """The RPC servers the model's layers are split over: its own, else the service's."""
+        split = row.get("rpc_split")
+        return list(split["servers"]) if split else self.config.rpc_server_list
+
+    def _split_of(self, row: dict) -> dict[str, Any]:
+        """The engine's rpc_servers and tensor_split for the model (empty: none)."""
+        split = row.get("rpc_split")
+        if split:
+            return {"rpc_servers": list(split["servers"]), "tensor_split": list(split.get("tensor_split") or ())}
+        if self.config.rpc_server_list:
+            return {"rpc_servers": self.config.rpc_server_list, "tensor_split": self.config.tensor_split_list}
+        return {}
 
     # engines
     def engine(self, model_id: str) -> Engine | None:
@@ -354,6 +395,7 @@ class ModelRegistry:
             self.files.track(model_id, path, identity, digest)
         self._set_state(model_id, AVAILABLE)  # "loaded" is per process; the store keeps the file's state
         info = getattr(engine, "info", {})
+        self.rpc.loaded(model_id, self.servers_of(row), info.get("layers"))
         log.info(
             "loaded model %s (%s, batch invariant: %s)",
             model_id,
@@ -374,6 +416,7 @@ class ModelRegistry:
         from .. import native
 
         cfg = self.config
+        split = self._split_of(row)  # only where configured: a test's engine factory may take neither
         try:
             factory = self._factory or native.Engine
             return factory(
@@ -387,7 +430,12 @@ class ModelRegistry:
                 prefix_cache=cfg.prefix_cache,
                 use_mmap=cfg.mmap,
                 swa_full=cfg.kv_swa_full,
+                **split,
             )
+        except native.RpcUnreachableError as exc:  # (before NativeError: it is one)
+            self.rpc.unreachable(str(exc), split["rpc_servers"])
+            self._set_state(model_id, UNAVAILABLE)
+            raise ModelLoadFailed(f"model {model_id} is unavailable: {exc}", unreachable=True) from None
         except MemoryError:
             self._set_state(model_id, FAILED)
             raise ModelLoadFailed(f"not enough memory to load model {model_id}", out_of_memory=True) from None
@@ -415,6 +463,7 @@ class ModelRegistry:
     def detach(self, model_id: str) -> Engine | None:
         """Take a model's engine out of this process's registry (None when it is not
         loaded): from now on nothing finds it, and the caller closes it."""
+        self.rpc.unloaded(model_id)
         with self._lock:
             self.files.forget(model_id)
             return self._engines.pop(model_id, None)

@@ -3,6 +3,8 @@ the files), and the state the registry reports for each."""
 
 from __future__ import annotations
 
+import json
+
 from .. import objects as obj
 from ..contracts import MODEL_STATES
 from ..errors import InvalidRequest, ModelInUse, NotFound
@@ -29,6 +31,7 @@ class ModelsArea(StoreBase):
             )
             template = model.get("has_chat_template")
             template = None if template is None else int(bool(template))
+            split = json.dumps(model["rpc_split"]) if model.get("rpc_split") else None
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidRequest(f"incomplete model metadata: {exc}") from exc
         if values[-1] not in MODEL_STATES:
@@ -36,13 +39,13 @@ class ModelsArea(StoreBase):
         with self._db.write() as conn:
             conn.execute(
                 "INSERT INTO models (id, path, digest, size_bytes, format, architecture, parameters, quantization,"
-                " context_length, state, chat_template, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
+                " context_length, state, chat_template, rpc_split, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
                 " ON CONFLICT(id) DO UPDATE SET"
                 " path=excluded.path, digest=excluded.digest, size_bytes=excluded.size_bytes,"
                 " format=excluded.format, architecture=excluded.architecture, parameters=excluded.parameters,"
                 " quantization=excluded.quantization, context_length=excluded.context_length,"
-                " state=excluded.state, chat_template=excluded.chat_template",
-                values + (template, self._clock()),
+                " state=excluded.state, chat_template=excluded.chat_template, rpc_split=excluded.rpc_split",
+                values + (template, split, self._clock()),
             )
             row = conn.execute("SELECT * FROM models WHERE id = ?", (values[0],)).fetchone()
         return obj.model_object(row, with_path=True)

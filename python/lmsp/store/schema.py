@@ -287,6 +287,9 @@ MIGRATIONS: list[list[str | Callable[[sqlite3.Connection], None]]] = [
     MIGRATION_V9,
     # 10: when a client's token was last used (lmsp.store.accounts.note_seen)
     ["ALTER TABLE clients ADD COLUMN last_seen_at REAL"],
+    # 11: the RPC servers a model's layers are split over, and their shares (JSON; NULL: the
+    # service's rpc_servers setting)
+    ["ALTER TABLE models ADD COLUMN rpc_split TEXT"],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -135,6 +135,29 @@ class ClientToken(Answer):
     scopes: Scopes
 
 
+class LayerRun(Answer):
+    """Consecutive layers of a loaded model in one place."""
+
+    place: Annotated[str, Meta(description="`cpu` (this box), or the RPC server's HOST:PORT.")]
+    first: Annotated[int, Meta(ge=0, description="The first layer's index; the output layer's is the layer count.")]
+    count: Annotated[int, Meta(ge=1)]
+
+
+class RpcServerState(Answer):
+    """An RPC server the model is split over, as the answering worker sees it."""
+
+    address: str
+    state: Annotated[
+        Literal["connected", "unreachable", "idle"],
+        Meta(
+            description="connected: an engine of this worker holds layers there; unreachable: the last "
+            "load found it silent or speaking another protocol version (see error); idle: not in use."
+        ),
+    ]
+    layers: Annotated[int, Meta(ge=0, description="The model's layers held there (the output layer counts).")]
+    error: str | None
+
+
 class Model(Answer):
     """A registered GGUF model."""
 
@@ -175,6 +198,14 @@ class Model(Answer):
         ),
     ]
     kv_bytes: Annotated[int, Meta(ge=0, description="The total size of those KV files, in bytes.")]
+    layers: Annotated[
+        list[LayerRun] | None,
+        Meta(description="Where the model's layers are in the answering worker while loaded there (null otherwise)."),
+    ]
+    rpc_servers: Annotated[
+        list[RpcServerState],
+        Meta(description="The RPC servers (rpc_servers) the model's layers are split over; empty without."),
+    ]
     has_chat_template: Annotated[
         bool,
         Meta(

@@ -1,5 +1,5 @@
 """A model file registered (``POST /v1/models``, LMSP B.4): its path under the
-models directory and the id it is served as."""
+models directory, the id it is served as, and the RPC servers it is split over."""
 
 from __future__ import annotations
 
@@ -42,14 +42,38 @@ class RegisterModel(Body):
         ]
         | None
     ) = None
+    rpc_servers: (
+        Annotated[
+            list[Annotated[str, Meta(min_length=3, max_length=300)]],
+            Meta(
+                max_length=16,
+                description="`lmsp rpc-server` addresses (HOST:PORT) to split the model's layers over, "
+                "with this box (docs/RPC.md); none: the service's rpc_servers setting.",
+            ),
+        ]
+        | None
+    ) = None
+    tensor_split: (
+        Annotated[
+            list[Annotated[float, Meta(ge=0)]],
+            Meta(
+                max_length=17,
+                description="With rpc_servers: this box's share of the layers, then each server's "
+                "(none: by free memory).",
+            ),
+        ]
+        | None
+    ) = None
 
 
 @dataclass(frozen=True)
 class Registration:
     path: str
     model_id: str | None
+    rpc_servers: list[str] | None = None
+    tensor_split: list[float] | None = None
 
 
 def parse_register(body: dict[str, Any]) -> Registration:
     asked = read(body, RegisterModel)
-    return Registration(asked.path, asked.id)
+    return Registration(asked.path, asked.id, asked.rpc_servers, asked.tensor_split)
