@@ -212,33 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_service_commands(sub: _Subcommands, data_dir: _CommandParser, common: _CommandParser) -> None:
-    """Serve and prepare: running the service."""
-    p = sub.add_parser("serve", parents=[data_dir], help="run the service (gunicorn, gevent workers)")
-    p.add_argument("--bind", default=None, help="HOST:PORT (env LMSP_BIND; default 127.0.0.1:8080)")
-    p.add_argument(
-        "--model",
-        default=None,
-        help="a GGUF file to register (id = its name) and serve, or the name "
-        "of a catalog model (lmsp models pull --list), fetched into the data directory on first use",
-    )
-    p.add_argument(
-        "--default-model",
-        default=None,
-        metavar="NAME",
-        help="a catalog model to serve when no model is configured; when it cannot be had, "
-        "the demo model is served instead",
-    )
-    p.add_argument("--workers", type=int, default=None, help="worker processes (each holds its own model copy)")
-    p.add_argument("--log-level", default=None, choices=_config.LOG_LEVELS)
-    p.add_argument(
-        "--max-attempts",
-        type=int,
-        default=None,
-        metavar="N",
-        help="starts of a task whose worker stops while it runs, then it fails with attempts_exhausted "
-        "(env LMSP_MAX_ATTEMPTS; default 3)",
-    )
+def _add_more_than_one_box(p: _CommandParser) -> None:
+    """Serve's options for more than one box: a fleet's ids and peers, a model split over
+    rpc-servers."""
     p.add_argument(
         "--box-id",
         default=None,
@@ -266,6 +242,36 @@ def _add_service_commands(sub: _Subcommands, data_dir: _CommandParser, common: _
         help="with --rpc: this box's share of the layers, then each server's, e.g. 2,1,1 "
         "(env LMSP_TENSOR_SPLIT; default: by each one's free memory)",
     )
+
+
+def _add_service_commands(sub: _Subcommands, data_dir: _CommandParser, common: _CommandParser) -> None:
+    """Serve and prepare: running the service."""
+    p = sub.add_parser("serve", parents=[data_dir], help="run the service (gunicorn, gevent workers)")
+    p.add_argument("--bind", default=None, help="HOST:PORT (env LMSP_BIND; default 127.0.0.1:8080)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="a GGUF file to register (id = its name) and serve, or the name "
+        "of a catalog model (lmsp models pull --list), fetched into the data directory on first use",
+    )
+    p.add_argument(
+        "--default-model",
+        default=None,
+        metavar="NAME",
+        help="a catalog model to serve when no model is configured; when it cannot be had, "
+        "the demo model is served instead",
+    )
+    p.add_argument("--workers", type=int, default=None, help="worker processes (each holds its own model copy)")
+    p.add_argument("--log-level", default=None, choices=_config.LOG_LEVELS)
+    p.add_argument(
+        "--max-attempts",
+        type=int,
+        default=None,
+        metavar="N",
+        help="starts of a task whose worker stops while it runs, then it fails with attempts_exhausted "
+        "(env LMSP_MAX_ATTEMPTS; default 3)",
+    )
+    _add_more_than_one_box(p)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser(
