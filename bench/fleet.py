@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What the fleet's router costs: nginx (``lmsp fleet nginx``) in front of boxes on this machine.
 
-    python bench/fleet.py                      # 16 and 64 clients, 20 s a figure
+    python bench/fleet.py                      # 16 and 64 clients, 20 s a figure, 3 rounds
     python bench/fleet.py --quick              # a smoke run: 4 clients, 2 s a figure, no result file
 
 Three boxes (``lmsp serve``, the demo model unless ``--model``) and nginx run on loopback.
@@ -95,14 +95,25 @@ def tokens_per_second(client: Client, clients: int, seconds: float, model: str, 
 
 
 def throughput(fleet: Fleet, client: Client, args: argparse.Namespace) -> dict:
+    """Tokens/s of box a reached directly and of 1, 2 and 3 boxes behind nginx, in
+    ``--rounds`` rounds whose order alternates (the machine's load drifts): each figure
+    the median round, the ratio of 1 box through nginx to box a the median of the
+    rounds' ratios."""
     routers = {n: fleet.start_nginx(["a", "b", "c"][:n]) for n in (1, 2, 3)}
+    targets = {"direct_a": fleet.direct(client, "a")}
+    for n, port in routers.items():
+        targets[f"nginx_{n}_boxes"] = Client("127.0.0.1", port, client.token, 120.0, client.client_id, client.scopes)
     out: dict = {}
     for clients in args.clients:
-        row = {"direct_a": tokens_per_second(fleet.direct(client, "a"), clients, args.seconds, args.model, args.tokens)}
-        for n, port in routers.items():
-            routed = Client("127.0.0.1", port, client.token, 120.0, client.client_id, client.scopes)
-            row[f"nginx_{n}_boxes"] = tokens_per_second(routed, clients, args.seconds, args.model, args.tokens)
-        row["nginx_1_box_over_direct"] = round(row["nginx_1_boxes"] / row["direct_a"], 4) if row["direct_a"] else None
+        rounds: list[dict[str, float]] = []
+        for r in range(args.rounds):
+            names = list(targets) if r % 2 == 0 else list(reversed(targets))
+            rounds.append({name: tokens_per_second(targets[name], clients, args.seconds, args.model, args.tokens)
+                           for name in names})
+        row: dict = {name: statistics.median(got[name] for got in rounds) for name in targets}
+        row["nginx_1_box_over_direct"] = round(
+            statistics.median(got["nginx_1_boxes"] / got["direct_a"] for got in rounds if got["direct_a"]), 4)
+        row["rounds"] = rounds
         out[str(clients)] = row
     return out
 
@@ -115,9 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=20.0, help="seconds per tokens/s figure")
     ap.add_argument("--tokens", type=int, default=32, help="max_output_tokens of each response")
     ap.add_argument("--clients", type=int, nargs="+", default=[16, 64])
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of the tokens/s figures, in alternating order")
     args = ap.parse_args(argv)
     if args.quick:
-        args.requests, args.seconds, args.clients = 30, 2.0, [4]
+        args.requests, args.seconds, args.clients, args.rounds = 30, 2.0, [4], 1
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="lmsp-fleet-") as root:
         fleet = Fleet(Path(root))

@@ -132,6 +132,13 @@ def _parse(path: Path, st: os.stat_result) -> Entry | None:
     return Entry(path, parts[0], parts[1], parts[2], int(parts[3]), parts[4], st.st_size, st.st_mtime, owner)
 
 
+def entry(path: Path) -> Entry | None:
+    """The KV file at ``path`` (None: not a KV file's name; OSError: not there)."""
+    if not path.name.endswith(SUFFIX) or path.name.startswith("."):
+        return None
+    return _parse(path, path.stat())
+
+
 def entries(directory: Path) -> list[Entry]:
     """The KV files of ``directory`` (none when it does not exist)."""
     out = []
@@ -165,14 +172,19 @@ def prefix_hashes(tokens: Sequence[int], lengths: Iterable[int]) -> dict[int, st
     return out
 
 
-def find(directory: Path, digest: str, kv_format: str, cache_key: str, tokens: Sequence[int]) -> Entry | None:
+def find(
+    directory: Path,
+    digest: str,
+    kv_format: str,
+    cache_key: str,
+    tokens: Sequence[int],
+    found: Iterable[Entry] | None = None,
+) -> Entry | None:
     """The longest file of this model, format and key whose tokens start ``tokens``
-    (by their hash: :func:`read` checks them one by one)."""
-    mine = [
-        e
-        for e in entries(directory)
-        if e.model == model_tag(digest) and e.fmt == format_tag(kv_format) and e.key == key_tag(cache_key)
-    ]
+    (by their hash: :func:`read` checks them one by one), among ``found`` (by default
+    the directory's files)."""
+    model, fmt, key = model_tag(digest), format_tag(kv_format), key_tag(cache_key)
+    mine = [e for e in (entries(directory) if found is None else found) if (e.model, e.fmt, e.key) == (model, fmt, key)]
     hashes = prefix_hashes(tokens, (e.n_tokens for e in mine))
     matching = [e for e in mine if hashes.get(e.n_tokens) == e.tokens_hash]
     return max(matching, key=lambda e: e.n_tokens, default=None)
@@ -319,29 +331,33 @@ def touch(path: Path) -> None:
 
 
 def supersede(directory: Path, written: Path, lone: Callable[[set[str]], set[str]] | None = None) -> int:
-    """Delete the older files of the same model, format and key that the written one
+    """Delete the older files that the written one replaces (:func:`replaced`); how many."""
+    found = entries(directory)
+    new = next((e for e in found if e.path.name == written.name), None)
+    if new is None:
+        return 0
+    return sum(remove(e.path) for e in replaced(found, new, lone))
+
+
+def replaced(found: Iterable[Entry], new: Entry, lone: Callable[[set[str]], set[str]] | None = None) -> list[Entry]:
+    """The older files of the same model, format and key that the written file ``new``
     replaces: every file of its owner (only the newest turn of a conversation or chain
     is kept, whether or not its tokens start the new one's: a template may render an
     answer as other tokens than were generated), and the files whose tokens the written
     file's extend, of no owner or of an owner ``lone(owners)`` names (responses that no
     other continues, whose turn the client sent again as history). Another
-    conversation's or chain's file stays. How many."""
-    new = next((e for e in entries(directory) if e.path.name == written.name), None)
-    if new is None:
-        return 0
-    mine = [
-        e for e in entries(directory) if (e.model, e.fmt, e.key) == (new.model, new.fmt, new.key) and e.path != new.path
-    ]
+    conversation's or chain's file stays."""
+    mine = [e for e in found if (e.model, e.fmt, e.key) == (new.model, new.fmt, new.key) and e.path != new.path]
     gone = [e for e in mine if new.owner is not None and e.owner == new.owner]
     shorter = [e for e in mine if e.n_tokens < new.n_tokens and e not in gone]
-    tokens = read_tokens(written) if shorter else None
+    tokens = read_tokens(new.path) if shorter else None
     if tokens is not None:
         hashes = prefix_hashes(tokens, (e.n_tokens for e in shorter))
         held = [e for e in shorter if hashes.get(e.n_tokens) == e.tokens_hash]
         others = {e.owner for e in held if e.owner is not None}
         free = lone(others) if lone is not None and others else set()
         gone += [e for e in held if e.owner is None or e.owner in free]
-    return sum(remove(e.path) for e in gone)
+    return gone
 
 
 def read_header(path: Path) -> dict[str, Any]:
@@ -420,16 +436,24 @@ class Holdings:
 def enforce_budget(directory: Path, budget: int) -> tuple[int, int]:
     """Delete the least recently used files until the directory holds at most
     ``budget`` bytes of them; (files, bytes) deleted."""
-    files = sorted(entries(directory), key=lambda e: e.mtime)
-    total = sum(e.size for e in files)
     n = freed = 0
+    for e in over_budget(entries(directory), budget):
+        if remove(e.path):
+            n, freed = n + 1, freed + e.size
+    return n, freed
+
+
+def over_budget(found: Iterable[Entry], budget: int) -> list[Entry]:
+    """The least recently used of ``found`` beyond ``budget`` bytes: those to delete."""
+    files = sorted(found, key=lambda e: e.mtime)
+    total = sum(e.size for e in files)
+    out = []
     for e in files:
         if total <= budget:
             break
-        if remove(e.path):
-            n, freed = n + 1, freed + e.size
+        out.append(e)
         total -= e.size
-    return n, freed
+    return out
 
 
 def sweep_temp(directory: Path, older_than: float = STALE_TMP_SECONDS) -> int:

@@ -113,3 +113,34 @@ def test_kv_cache_bytes_0_writes_no_file(store, make_runtime, config, model_file
     rt.stop(timeout=5.0)
     assert _files(config) == []
     assert rt.metrics()["kv_cache_budget_bytes"] == 0
+
+
+def test_turns_read_the_directory_only_in_the_kv_threads_scans(store, runtime, config, monkeypatch):
+    # the index keeps the files in memory: many turns, and the lookups and writes read
+    # the directory no more often than the rescans (at most one each RESCAN_SECONDS)
+    _turn(store, runtime)
+    _wait_for_files(config, runtime)
+    scans = []
+    real = kv.entries
+    monkeypatch.setattr(kv, "entries", lambda directory: scans.append(time.monotonic()) or real(directory))
+    started = time.monotonic()
+    for n in range(6):
+        _turn(store, runtime, prompt=f"{PROMPT}, part {n}")
+    _wait_for_files(config, runtime, written=7)
+    elapsed = time.monotonic() - started
+    assert len(scans) <= elapsed / runtime.kvdisk.index.rescan + 2, (len(scans), elapsed)
+    assert {e.path.name for e in runtime.kvdisk.index.entries()} == {e.path.name for e in _files(config)}
+
+
+def test_a_file_another_worker_wrote_is_found_after_a_rescan(store, runtime, config):
+    _, usage = _turn(store, runtime)
+    (entry,) = _wait_for_files(config, runtime)
+    index = runtime.kvdisk.index
+    copy = entry.path.with_name(entry.path.name.replace(entry.key, "0" * len(entry.key)))
+    copy.write_bytes(entry.path.read_bytes())  # as if another worker had written it
+    assert copy.name not in {e.path.name for e in index.entries()} or index.rescan == 0
+    deadline = time.monotonic() + 10 * index.rescan
+    while copy.name not in {e.path.name for e in index.entries()}:
+        assert time.monotonic() < deadline, "the KV thread's rescan never saw the new file"
+        time.sleep(0.05)
+    copy.unlink()

@@ -15,6 +15,12 @@ its conversation, its chain, or the stored response itself, its chain's name to
 be); the janitor's round deletes the files whose owner the store no longer
 holds.
 
+The room keeps the directory's files in memory (:class:`KvIndex`): a lookup reads
+no directory, and a write updates the index with what it wrote and deleted; the
+files other workers wrote or deleted show at the KV thread's next scan, at most
+``RESCAN_SECONDS`` later. So a request costs the same with ten files or ten
+thousand.
+
 At a submission, :meth:`KvDisk.prepare` looks for the longest file of the same
 model file, engine format and client whose tokens start the prompt. When it
 gives more usable rows than the engine's free slots already hold
@@ -40,6 +46,7 @@ from lmsp.runtime.state import IDLE_WAIT, WorkerState
 log = logging.getLogger("lmsp.runtime")
 
 MAX_TRACKED = 4096  # submitted sequences remembered until their end (older ones are dropped)
+RESCAN_SECONDS = 2.0  # the KV thread reads the directory again after this long (other workers' files)
 RESPONSE_PREFIX = "resp_"  # the ids of Responses (chat completions: chatcmpl-, completions: cmpl-)
 
 
@@ -82,6 +89,56 @@ class LowPriority:
         write_low_priority(fd, data, sync=sync)
 
 
+class KvIndex:
+    """The KV directory's files as this worker last read it, with this worker's own
+    writes and deletions since (see the module docstring)."""
+
+    def __init__(self, directory: Path, rescan: float = RESCAN_SECONDS, clock: Any = time.monotonic) -> None:
+        self.directory = directory
+        self.rescan = rescan
+        self._clock = clock
+        self._lock = allocate_lock()
+        self._files: dict[str, kv.Entry] = {}
+        self._scanned: float | None = None
+
+    def entries(self) -> list[kv.Entry]:
+        """The files (the directory is read the first time only)."""
+        if self._scanned is None:
+            self.scan()
+        with self._lock:
+            return list(self._files.values())
+
+    def scan(self) -> None:
+        """Read the directory again."""
+        found = kv.entries(self.directory)
+        with self._lock:
+            self._files = {e.path.name: e for e in found}
+            self._scanned = self._clock()
+
+    def scan_if_stale(self) -> None:
+        if self._scanned is None or self._clock() - self._scanned > self.rescan:
+            self.scan()
+
+    def add(self, path: Path) -> kv.Entry | None:
+        """A file this worker wrote (None: not there any more)."""
+        try:
+            found = kv.entry(path)
+        except OSError:
+            return None
+        if found is not None:
+            with self._lock:
+                self._files[path.name] = found
+        return found
+
+    def delete(self, gone: list[kv.Entry]) -> int:
+        """Delete these files and forget them; how many were deleted here."""
+        n = sum(kv.remove(e.path) for e in gone)
+        with self._lock:
+            for e in gone:
+                self._files.pop(e.path.name, None)
+        return n
+
+
 class KvDisk:
     """This worker's KV files (see the module docstring)."""
 
@@ -101,6 +158,7 @@ class KvDisk:
             ("hits", "misses", "refused", "bytes_read", "bytes_written", "files_written", "evicted"), 0
         )
         self.held = 0  # bytes in the directory after this worker's last write or round
+        self.index = KvIndex(self.directory)
         # the states' buffer, kept from one write to the next: its pages are touched
         # once, not for each file (the KV thread's alone)
         self._buffer = bytearray()
@@ -131,7 +189,7 @@ class KvDisk:
             return ticket
         kv_format = str(engine.info.get("kv_format") or "")
         try:
-            entry = kv.find(self.directory, digest, kv_format, cache_key, tokens)
+            entry = kv.find(self.directory, digest, kv_format, cache_key, tokens, found=self.index.entries())
         except OSError as exc:
             log.warning("KV file lookup failed: %s", exc)
             return ticket
@@ -151,6 +209,7 @@ class KvDisk:
             return ticket
         except OSError as exc:  # a file deleted meanwhile, a disk error: prefill
             log.warning("KV file %s could not be read: %s", entry.path.name, exc)
+            self.index.delete([entry])
             return ticket
         ticket.path = entry.path
         kv.touch(entry.path)
@@ -219,6 +278,7 @@ class KvDisk:
 
     def _refuse(self, path: Any, why: str) -> None:
         kv.remove(path)
+        self.index.delete([e for e in self.index.entries() if e.path.name == path.name])
         self._count("refused")
         self._count("misses")
         log.warning("KV file %s refused and deleted: %s", path.name, why)
@@ -238,6 +298,8 @@ class KvDisk:
         while not self.state.stopping:
             self.wake.wait(IDLE_WAIT)
             self.save_queued()
+            if self.enabled:
+                self.index.scan_if_stale()  # the other workers' files, for the lookups
         if not self.state.aborted:
             self.save_queued()
 
@@ -284,13 +346,16 @@ class KvDisk:
             owner=owner,
             offload=LowPriority(),
         )
-        kv.supersede(self.directory, path, lone=self.state.store.kv_lone_responses)
-        evicted, _ = kv.enforce_budget(self.directory, self.budget)
+        self.index.scan_if_stale()
+        new = self.index.add(path)
+        if new is not None:
+            self.index.delete(kv.replaced(self.index.entries(), new, lone=self.state.store.kv_lone_responses))
+        evicted = self.index.delete(kv.over_budget(self.index.entries(), self.budget))
         with self._lock:
             self.counts["bytes_written"] += size
             self.counts["files_written"] += 1
             self.counts["evicted"] += evicted
-        self.held = self.state.registry.kv_files.note(kv.entries(self.directory))
+        self.held = self.state.registry.kv_files.note(self.index.entries())
 
     # ---------------------------------------------------------------- janitor, metrics
     def gc(self) -> dict[str, int]:
@@ -300,7 +365,8 @@ class KvDisk:
             return {}
         counts = kv.gc(self.directory, self.budget, existing=self.state.store.kv_owners_existing)
         self._count("evicted", counts["kv_over_budget"])
-        self.held = self.state.registry.kv_files.note(kv.entries(self.directory))
+        self.index.scan()
+        self.held = self.state.registry.kv_files.note(self.index.entries())
         return counts
 
     def metrics(self) -> dict[str, Any]:
