@@ -127,6 +127,7 @@ void Engine::load_model(const std::string & model_path) {
         mp.n_gpu_layers = split.n_gpu_layers;
         mp.split_mode = LLAMA_SPLIT_MODE_LAYER;
         mp.tensor_split = split.server_split.data();
+        mp.tensor_buft_overrides = split.overrides.data();
         rpc_lease_ = split.lease;
     } else if (!options.tensor_split.empty()) {
         throw InvalidArgument("tensor_split needs RPC servers to split over");

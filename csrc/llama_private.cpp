@@ -30,7 +30,10 @@ std::vector<std::string> model_layer_places(const llama_model * model) {
         return ggml_backend_dev_description(dev);
     };
     for (int32_t il = 0; il < int32_t(model->hparams.n_layer()); ++il) out.push_back(place(model->dev_layer(il)));
-    out.push_back(place(model->dev_output()));
+    // the output matrix's own buffer: a split model keeps it here (rpc.cpp)
+    const ggml_tensor * output = model->output;
+    const bool here = output != nullptr && output->buffer != nullptr && ggml_backend_buffer_is_host(output->buffer);
+    out.push_back(here ? "cpu" : place(model->dev_output()));
     return out;
 }
 

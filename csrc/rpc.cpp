@@ -3,9 +3,11 @@
 // The client end: a model whose layers do not all fit this box takes some of
 // them to `lmsp rpc-server` processes on other boxes. llama.cpp sees each
 // server's devices as GPUs: the first layers stay on this box's CPU, the
-// rest, and the output layer, go to the servers (n_gpu_layers, and the
-// servers' shares as tensor_split). The KV cells of a layer live where the
-// layer does, and so does its attention.
+// rest go to the servers (n_gpu_layers, and the servers' shares as
+// tensor_split). The KV cells of a layer live where the layer does, and so
+// does its attention. The output matrix stays here (a tensor override to the
+// CPU's buffer type): what crosses the last connection each step is a row of
+// n_embd floats a token, not n_vocab logits (576 against 49,152 for SmolLM2).
 //
 // ggml's client aborts the process when a server does not answer, when the
 // HELLO shows another protocol version, and when a connection breaks
@@ -244,6 +246,7 @@ RpcSplit rpc_split(const std::vector<std::string> & servers, const std::vector<f
         }
     }
     out.devices.push_back(nullptr);
+    out.overrides = {{"^(output|token_embd)\\.weight$", ggml_backend_cpu_buffer_type()}, {nullptr, nullptr}};
     double sum = 0;
     for (const double w : weight) sum += w;
     if (!(sum > 0)) throw InvalidArgument("tensor_split gives every share 0");

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ggml-backend.h"
+#include "llama.h"
 
 namespace lmsp {
 
@@ -43,6 +44,10 @@ struct RpcSplit {
     // its connection to a server (ggml's client shares one per server) while
     // any lease on it lives, and greets only servers no lease holds
     std::shared_ptr<void> lease;
+    // the output matrix (the tied token embedding of a model without one) stays
+    // in this box's memory: the last server sends back a row of n_embd floats a
+    // token, not the n_vocab logits computed there
+    std::vector<llama_model_tensor_buft_override> overrides;
 };
 
 // The split of a model of `n_layer` layers over this box and `servers`:

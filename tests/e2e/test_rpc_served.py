@@ -103,10 +103,11 @@ def test_the_model_shows_its_layers_on_each_server_and_metrics_their_state(pair,
     answer(split, REQUESTS["plain"])  # loaded
     model = split.call("GET", f"/v1/models/{MODEL}", token=token_of(split))
     places = [run["place"] for run in model["layers"]]
-    assert places == ["cpu", rpc[0].address, rpc[1].address]
+    assert places == ["cpu", rpc[0].address, rpc[1].address, "cpu"]  # the output matrix stays here
+    assert model["layers"][-1]["count"] == 1
     assert [(s["address"], s["state"]) for s in model["rpc_servers"]] == [(s.address, "connected") for s in rpc]
-    assert sum(run["count"] for run in model["layers"]) == sum(s["layers"] for s in model["rpc_servers"]) + \
-        model["layers"][0]["count"]
+    here = sum(run["count"] for run in model["layers"] if run["place"] == "cpu")
+    assert sum(run["count"] for run in model["layers"]) == sum(s["layers"] for s in model["rpc_servers"]) + here
     _, metrics = split.request("GET", "/metrics")
     for s in rpc:
         assert f'lmsp_rpc_server_connected{{server="{s.address}"}} 1' in metrics
@@ -125,7 +126,7 @@ def test_a_model_registered_with_a_server_of_its_own_answers_as_the_local_one(pa
                      token=token_of(split))
     assert got["output"][0]["content"][0]["text"] == want["output"][0]["content"][0]["text"]
     model = split.call("GET", "/v1/models/own", token=writer)
-    assert [run["place"] for run in model["layers"]] == ["cpu", rpc[1].address]
+    assert [run["place"] for run in model["layers"]] == ["cpu", rpc[1].address, "cpu"]
     assert model["layers"][1]["count"] > model["layers"][0]["count"]  # 3 shares of 4 on the server
     bad = split.request("POST", "/v1/models", {**own, "id": "bad", "rpc_servers": ["nowhere"]}, token=writer)
     assert bad[0] == 400 and bad[1]["error"]["param"] == "rpc_servers"
