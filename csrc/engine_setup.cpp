@@ -84,6 +84,9 @@ Engine::Engine(const std::string & model_path, const EngineOptions & given) : op
     const int32_t n_threads = cpu_threads(options_.n_threads);
     make_context(n_threads);
     ggml_threadpool_params tpp = ggml_threadpool_params_default(n_threads);
+    // split over RPC servers, the layers run one place after another: while a
+    // server computes, this box's threads sleep instead of spinning
+    if (!options_.rpc_servers.empty()) tpp.poll = 0;
     threadpool_.reset(ggml_threadpool_new(&tpp));
     if (!threadpool_) throw NativeFailure("cannot start " + std::to_string(n_threads) + " CPU threads");
     llama_attach_threadpool(ctx_.get(), threadpool_.get(), threadpool_.get());

@@ -320,6 +320,7 @@ void rpc_serve(const std::string & endpoint, const std::string & cache_dir, int3
     if (g_cpu == nullptr) throw NativeFailure("no CPU device");
     g_mem = mem_bytes;
     ggml_threadpool_params tpp = ggml_threadpool_params_default(n_threads);
+    tpp.poll = 0;  // between the client's graphs its threads sleep: the other places compute meanwhile
     g_threadpool = ggml_threadpool_new(&tpp);
     if (g_threadpool == nullptr) throw NativeFailure("cannot start " + std::to_string(n_threads) + " CPU threads");
     g_served_dev = *g_cpu;
