@@ -47,7 +47,7 @@ import zlib
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 log = logging.getLogger("lmsp.kv")
 
@@ -419,6 +419,12 @@ class Holdings:
             total += e.size
         self._seen = (self._clock(), by_model)
         return total
+
+    def note_totals(self, files: Mapping[str, int], sizes: Mapping[str, int]) -> int:
+        """Record the files and bytes of each model (by its tag) that an index keeps; the
+        bytes in all."""
+        self._seen = (self._clock(), {m: (files[m], sizes.get(m, 0)) for m in files if files[m] > 0})
+        return sum(sizes.values())
 
     def of(self, digest: str) -> tuple[int, int]:
         """(files, bytes) kept for the model file of ``digest``."""

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,30 +89,92 @@ class LowPriority:
         write_low_priority(fd, data, sync=sync)
 
 
+Group = tuple[str, str, str]  # a file's model, format and key: the files one lookup may take
+
+
 class KvIndex:
     """The KV directory's files as this worker last read it, with this worker's own
-    writes and deletions since (see the module docstring)."""
+    writes and deletions since (see the module docstring). Kept by group and by
+    (length, hash of the tokens), so that a lookup or a write costs as many steps as
+    its group has lengths of files, not as many as there are files."""
 
     def __init__(self, directory: Path, rescan: float = RESCAN_SECONDS, clock: Any = time.monotonic) -> None:
         self.directory = directory
         self.rescan = rescan
         self._clock = clock
         self._lock = allocate_lock()
-        self._files: dict[str, kv.Entry] = {}
         self._scanned: float | None = None
+        self._clear()
+
+    def _clear(self) -> None:
+        self._files: dict[str, kv.Entry] = {}
+        self._held: dict[Group, dict[tuple[int, str], set[str]]] = {}  # (n_tokens, tokens_hash) -> names
+        self._lengths: dict[Group, Counter[int]] = {}
+        self._owned: dict[tuple[Group, str], set[str]] = {}
+        self.bytes = 0
+        self.by_model: Counter[str] = Counter()  # bytes
+        self.files_by_model: Counter[str] = Counter()
+
+    def _put(self, e: kv.Entry) -> None:
+        name, group = e.path.name, (e.model, e.fmt, e.key)
+        if name in self._files:
+            self._forget(self._files[name])
+        self._files[name] = e
+        self._held.setdefault(group, {}).setdefault((e.n_tokens, e.tokens_hash), set()).add(name)
+        self._lengths.setdefault(group, Counter())[e.n_tokens] += 1
+        if e.owner is not None:
+            self._owned.setdefault((group, e.owner), set()).add(name)
+        self.bytes += e.size
+        self.by_model[e.model] += e.size
+        self.files_by_model[e.model] += 1
+
+    def _forget(self, gone: kv.Entry) -> None:
+        e = self._files.pop(gone.path.name, None)  # as kept here (a rescan may have read it anew)
+        if e is None:
+            return
+        name, group = e.path.name, (e.model, e.fmt, e.key)
+        self._held[group][(e.n_tokens, e.tokens_hash)].discard(name)
+        self._lengths[group][e.n_tokens] -= 1
+        if self._lengths[group][e.n_tokens] <= 0:
+            del self._lengths[group][e.n_tokens]
+        if e.owner is not None:
+            self._owned[(group, e.owner)].discard(name)
+        self.bytes -= e.size
+        self.by_model[e.model] -= e.size
+        self.files_by_model[e.model] -= 1
 
     def entries(self) -> list[kv.Entry]:
-        """The files (the directory is read the first time only)."""
+        """Every file (the directory is read the first time only)."""
         if self._scanned is None:
             self.scan()
         with self._lock:
             return list(self._files.values())
 
+    def prefixes(self, group: Group, tokens: list[int]) -> list[kv.Entry]:
+        """The files of ``group`` whose tokens start ``tokens`` (by their hash)."""
+        if self._scanned is None:
+            self.scan()
+        with self._lock:
+            lengths, held = list(self._lengths.get(group, ())), self._held.get(group, {})
+            hashes = kv.prefix_hashes(tokens, lengths)
+            return [self._files[name] for n, h in hashes.items() for name in held.get((n, h), ())]
+
+    def related(self, new: kv.Entry) -> list[kv.Entry]:
+        """The files a written file may replace (:func:`kv.replaced` chooses): those of
+        its owner, and those whose tokens start its own."""
+        group = (new.model, new.fmt, new.key)
+        tokens = kv.read_tokens(new.path) or []
+        with self._lock:
+            owned = [self._files[name] for name in self._owned.get((group, new.owner), ())] if new.owner else []
+        return owned + [e for e in self.prefixes(group, tokens) if e not in owned]
+
     def scan(self) -> None:
         """Read the directory again."""
         found = kv.entries(self.directory)
         with self._lock:
-            self._files = {e.path.name: e for e in found}
+            self._clear()
+            for e in found:
+                self._put(e)
             self._scanned = self._clock()
 
     def scan_if_stale(self) -> None:
@@ -127,7 +189,7 @@ class KvIndex:
             return None
         if found is not None:
             with self._lock:
-                self._files[path.name] = found
+                self._put(found)
         return found
 
     def delete(self, gone: list[kv.Entry]) -> int:
@@ -135,7 +197,7 @@ class KvIndex:
         n = sum(kv.remove(e.path) for e in gone)
         with self._lock:
             for e in gone:
-                self._files.pop(e.path.name, None)
+                self._forget(e)
         return n
 
 
@@ -189,7 +251,10 @@ class KvDisk:
             return ticket
         kv_format = str(engine.info.get("kv_format") or "")
         try:
-            entry = kv.find(self.directory, digest, kv_format, cache_key, tokens, found=self.index.entries())
+            group = (kv.model_tag(digest), kv.format_tag(kv_format), kv.key_tag(cache_key))
+            entry = kv.find(
+                self.directory, digest, kv_format, cache_key, tokens, found=self.index.prefixes(group, tokens)
+            )
         except OSError as exc:
             log.warning("KV file lookup failed: %s", exc)
             return ticket
@@ -278,7 +343,7 @@ class KvDisk:
 
     def _refuse(self, path: Any, why: str) -> None:
         kv.remove(path)
-        self.index.delete([e for e in self.index.entries() if e.path.name == path.name])
+        self.index.delete([e for e in self.index.entries() if e.path.name == path.name])  # rare: a damaged file
         self._count("refused")
         self._count("misses")
         log.warning("KV file %s refused and deleted: %s", path.name, why)
@@ -349,13 +414,17 @@ class KvDisk:
         self.index.scan_if_stale()
         new = self.index.add(path)
         if new is not None:
-            self.index.delete(kv.replaced(self.index.entries(), new, lone=self.state.store.kv_lone_responses))
-        evicted = self.index.delete(kv.over_budget(self.index.entries(), self.budget))
+            self.index.delete(kv.replaced(self.index.related(new), new, lone=self.state.store.kv_lone_responses))
+        evicted = (
+            self.index.delete(kv.over_budget(self.index.entries(), self.budget))
+            if self.index.bytes > self.budget
+            else 0
+        )
         with self._lock:
             self.counts["bytes_written"] += size
             self.counts["files_written"] += 1
             self.counts["evicted"] += evicted
-        self.held = self.state.registry.kv_files.note(self.index.entries())
+        self.held = self.state.registry.kv_files.note_totals(self.index.files_by_model, self.index.by_model)
 
     # ---------------------------------------------------------------- janitor, metrics
     def gc(self) -> dict[str, int]:
@@ -366,7 +435,7 @@ class KvDisk:
         counts = kv.gc(self.directory, self.budget, existing=self.state.store.kv_owners_existing)
         self._count("evicted", counts["kv_over_budget"])
         self.index.scan()
-        self.held = self.state.registry.kv_files.note(self.index.entries())
+        self.held = self.state.registry.kv_files.note_totals(self.index.files_by_model, self.index.by_model)
         return counts
 
     def metrics(self) -> dict[str, Any]:
