@@ -6,23 +6,13 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
+from loopback import free_port, lmsp_command  # noqa: F401 (the helpers' users import them from here)
+
 from lmsp import native
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def lmsp_command() -> list[str]:
-    script = Path(sys.executable).with_name("lmsp")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "lmsp.cli"]
 
 
 class RpcServer:

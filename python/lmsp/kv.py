@@ -339,19 +339,26 @@ def supersede(directory: Path, written: Path, lone: Callable[[set[str]], set[str
     return sum(remove(e.path) for e in replaced(found, new, lone))
 
 
-def replaced(found: Iterable[Entry], new: Entry, lone: Callable[[set[str]], set[str]] | None = None) -> list[Entry]:
+def replaced(
+    found: Iterable[Entry],
+    new: Entry,
+    lone: Callable[[set[str]], set[str]] | None = None,
+    tokens: Sequence[int] | None = None,
+) -> list[Entry]:
     """The older files of the same model, format and key that the written file ``new``
     replaces: every file of its owner (only the newest turn of a conversation or chain
     is kept, whether or not its tokens start the new one's: a template may render an
     answer as other tokens than were generated), and the files whose tokens the written
     file's extend, of no owner or of an owner ``lone(owners)`` names (responses that no
     other continues, whose turn the client sent again as history). Another
-    conversation's or chain's file stays."""
+    conversation's or chain's file stays. ``tokens``: the written file's, when the
+    writer has them (else they are read from it)."""
     mine = [e for e in found if (e.model, e.fmt, e.key) == (new.model, new.fmt, new.key) and e.path != new.path]
     gone = [e for e in mine if new.owner is not None and e.owner == new.owner]
     shorter = [e for e in mine if e.n_tokens < new.n_tokens and e not in gone]
-    tokens = read_tokens(new.path) if shorter else None
-    if tokens is not None:
+    if shorter and tokens is None:
+        tokens = read_tokens(new.path)
+    if shorter and tokens is not None:
         hashes = prefix_hashes(tokens, (e.n_tokens for e in shorter))
         held = [e for e in shorter if hashes.get(e.n_tokens) == e.tokens_hash]
         others = {e.owner for e in held if e.owner is not None}

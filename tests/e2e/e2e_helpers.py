@@ -5,11 +5,12 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from loopback import free_port, lmsp_command  # noqa: F401 (the helpers' users import them from here)
 
 import pytest
 
@@ -25,17 +26,6 @@ SERVER_ENV = {
     "LMSP_LOG_LEVEL": "info",
     "LMSP_STOP_GRACE_SECONDS": "2",   # a stop at the end of a test waits little for running tasks
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def lmsp_command() -> list[str]:
-    script = Path(sys.executable).with_name("lmsp")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "lmsp.cli"]
 
 
 class Server:

@@ -10,6 +10,13 @@ from lmsp.native import Engine
 
 # GPU layers of the fixtures' engines (conftest.py): 0, or 99 to run them on a GPU
 N_GPU_LAYERS = int(os.environ.get("LMSP_TEST_N_GPU_LAYERS", "0"))
+# the catalog models of the exactness tests, and how they sample: greedy, and
+# with every sampler on
+CATALOG_MODELS = ["smollm2-135m-instruct", "gemma-3-270m"]
+SAMPLING_CASES = {
+    "greedy": dict(temperature=0),
+    "sampled": dict(temperature=0.9, top_k=40, top_p=0.95, seed=11),
+}
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from native_helpers import N_GPU_LAYERS, Run, drain, generate
+from native_helpers import CATALOG_MODELS, SAMPLING_CASES, N_GPU_LAYERS, Run, drain, generate
 
 from lmsp.native import Engine
 
@@ -20,11 +20,7 @@ pytestmark = [
     pytest.mark.skipif(N_GPU_LAYERS != 0, reason="exactness needs the batch-invariant CPU backend"),
 ]
 
-MODELS = ["smollm2-135m-instruct", "gemma-3-270m"]
-CASES = {
-    "greedy": dict(temperature=0),
-    "sampled": dict(temperature=0.9, top_k=40, top_p=0.95, seed=11),
-}
+MODELS, CASES = CATALOG_MODELS, SAMPLING_CASES
 QUESTION = [{"role": "user", "content": "Write three sentences about the sea."}]
 SYSTEM = ("You are a patient teacher. Answer in plain words, in short sentences, without lists, "
           "and keep every answer under a hundred words. Never use markup of any kind. When you do not "

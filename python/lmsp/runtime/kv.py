@@ -159,11 +159,10 @@ class KvIndex:
             hashes = kv.prefix_hashes(tokens, lengths)
             return [self._files[name] for n, h in hashes.items() for name in held.get((n, h), ())]
 
-    def related(self, new: kv.Entry) -> list[kv.Entry]:
-        """The files a written file may replace (:func:`kv.replaced` chooses): those of
-        its owner, and those whose tokens start its own."""
+    def related(self, new: kv.Entry, tokens: list[int]) -> list[kv.Entry]:
+        """The files a written file (of ``tokens``) may replace (:func:`kv.replaced`
+        chooses): those of its owner, and those whose tokens start its own."""
         group = (new.model, new.fmt, new.key)
-        tokens = kv.read_tokens(new.path) or []
         with self._lock:
             owned = [self._files[name] for name in self._owned.get((group, new.owner), ())] if new.owner else []
         return owned + [e for e in self.prefixes(group, tokens) if e not in owned]
@@ -414,7 +413,9 @@ class KvDisk:
         self.index.scan_if_stale()
         new = self.index.add(path)
         if new is not None:
-            self.index.delete(kv.replaced(self.index.related(new), new, lone=self.state.store.kv_lone_responses))
+            tokens = list(saved["tokens"])
+            related = self.index.related(new, tokens)
+            self.index.delete(kv.replaced(related, new, lone=self.state.store.kv_lone_responses, tokens=tokens))
         evicted = (
             self.index.delete(kv.over_budget(self.index.entries(), self.budget))
             if self.index.bytes > self.budget
