@@ -269,16 +269,20 @@ def test_a_model_object_shows_its_file_memory_and_kv_files(live, client):
     created = client.post("/v1/responses", json={"model": "tiny", "input": "Count: one two", "max_output_tokens": 4})
     assert created.status_code == 200, created.text
     kv_dir = live["config"].data_dir / "kv"
+
+    def kv_files() -> list:  # a write's temporary file (.tmp-...) is not one, and may go at any time
+        return [f for f in kv_dir.glob("*.kv") if not f.name.startswith(".")]
+
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not list(kv_dir.glob("*.kv")):
+    while time.monotonic() < deadline and not kv_files():
         time.sleep(0.05)
-    files = list(kv_dir.glob("*.kv"))
+    files = kv_files()
     assert files, "no KV file was written"
     deadline = time.monotonic() + 10
     shown = client.get("/v1/models/tiny").json
     while time.monotonic() < deadline and shown["kv_files"] != len(files):
         time.sleep(0.2)
-        files = list(kv_dir.glob("*.kv"))
+        files = kv_files()
         shown = client.get("/v1/models/tiny").json
     assert shown["kv_files"] == len(files)
     assert shown["kv_bytes"] == sum(f.stat().st_size for f in files) > 0
