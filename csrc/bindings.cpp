@@ -517,6 +517,7 @@ PYBIND11_MODULE(_native, m) {
         .def_property_readonly("n_vocab", [](PyEngine & s) { return s.e().n_vocab(); })
         .def_property_readonly("n_parallel", [](PyEngine & s) { return s.e().n_parallel(); })
         .def_property_readonly("closed", [](PyEngine & s) { return s.e().closed(); })
+        .def_property_readonly("backend_lost", [](PyEngine & s) { return s.e().backend_lost(); })
         .def(
             "tokenize",
             [](PyEngine & s, const std::string & text, bool add_special, bool parse_special) {

@@ -11,6 +11,7 @@ namespace lmsp_py {
 
 namespace {
 PyObject * g_rpc_unreachable = nullptr;
+PyObject * g_backend_lost = nullptr;
 }  // namespace
 
 void bind_rpc(py::module_ & m, PyObject * native_error) {
@@ -21,15 +22,25 @@ void bind_rpc(py::module_ & m, PyObject * native_error) {
     if (g_rpc_unreachable == nullptr) throw py::error_already_set();
     Py_INCREF(g_rpc_unreachable);  // the module holds one reference, the translator another
     m.add_object("RpcUnreachableError", py::reinterpret_borrow<py::object>(g_rpc_unreachable));
+    g_backend_lost = PyErr_NewExceptionWithDoc(
+        "lmsp._native.BackendLostError",
+        "An RPC server a model is split over was lost while it ran; the message names its address.", bases.ptr(),
+        nullptr);
+    if (g_backend_lost == nullptr) throw py::error_already_set();
+    Py_INCREF(g_backend_lost);
+    m.add_object("BackendLostError", py::reinterpret_borrow<py::object>(g_backend_lost));
     py::register_exception_translator([](std::exception_ptr p) {
         try {
             if (p) std::rethrow_exception(p);
         } catch (const lmsp::RpcUnreachable & e) {
             PyErr_SetString(g_rpc_unreachable, e.what());
+        } catch (const lmsp::BackendLost & e) {
+            PyErr_SetString(g_backend_lost, e.what());
         }
     });
 
     m.attr("RPC_BUILT") = lmsp::rpc_built();
+    m.attr("BACKEND_LOST") = lmsp::kBackendLost;
     m.def("rpc_protocol", &lmsp::rpc_protocol, "The RPC protocol version this build speaks (empty: none).");
     m.def("rpc_hello", &lmsp::rpc_hello, "endpoint"_a, "timeout_ms"_a = 5000,
           "Greets the RPC server at HOST:PORT; its protocol version, or RpcUnreachableError.",

@@ -14,6 +14,7 @@
 #include "errors.h"
 #include "ggml-backend.h"
 #include "llama_private.h"
+#include "rpc.h"
 
 namespace lmsp {
 
@@ -223,6 +224,7 @@ std::vector<std::vector<float>> Engine::embed(const std::vector<std::vector<int3
     }
     EmbedCounts counts;
     std::vector<std::vector<float>> out = embedder->embed(inputs, counts);
+    throw_if_lost();  // what a lost server's relay answered is not the model's
     embed_passes_ += counts.passes;
     embed_passes_without_logits_ += counts.passes_without_logits;
     if (embedder->oversized()) {

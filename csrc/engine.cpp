@@ -12,6 +12,7 @@
 #include "errors.h"
 #include "llama_private.h"
 #include "notifier.h"
+#include "rpc.h"
 #include "sequence.h"
 #include "slot_choice.h"
 #include "text.h"
@@ -180,6 +181,7 @@ void Engine::step() {
         drop_fillers();
         steps_++;
         tokens_decoded_ += batch_.n_tokens - int32_t(fillers_.size());
+        throw_if_lost();  // what a lost server's relay answered is not the model's
         if (rc != 0) {
             fail_batch("llama_decode failed (" + std::to_string(rc) + ")");
         } else {
@@ -404,9 +406,9 @@ int32_t Engine::constrained_token(Sequence & s, const float * logits, int32_t to
     return g.accept(token) ? token : -1;
 }
 
-void Engine::fail_all(const std::string & error) {
+void Engine::fail_all(const std::string & error, const char * code) {
     for (auto & s : active_) {
-        if (s->state != SeqState::finished) finish(*s, Finish::error, error, {}, "");
+        if (s->state != SeqState::finished) finish(*s, Finish::error, error, {}, "", code);
     }
     active_.clear();
     forget_free_slots();
@@ -426,6 +428,8 @@ void Engine::run() {
         if (!next_round(round)) break;
         try {
             serve(round);
+        } catch (const BackendLost & e) {
+            lose(e.what());
         } catch (const std::bad_alloc &) {
             fail_all("out of memory in the engine");
         } catch (const std::exception & e) {
@@ -489,6 +493,11 @@ void Engine::serve(Round & round) {
     active_.erase(std::remove_if(active_.begin(), active_.end(),
                                  [](const std::unique_ptr<Sequence> & s) { return s->state == SeqState::finished; }),
                   active_.end());
+    if (!lost_.empty()) {  // nothing computes any more: the runtime closes this engine
+        for (auto & s : round.admitted) finish(*s, Finish::error, lost_, {}, "", kBackendLost);
+        for (auto & r : round.requests) fail_request(*r, std::make_exception_ptr(BackendLost(lost_)));
+        return;
+    }
     for (auto & s : round.admitted) admit(std::move(s));
     // one slot's KV copied out per round at most, so that a running sequence
     // waits for one copy between two steps; the others go to the next rounds
@@ -503,7 +512,12 @@ void Engine::serve(Round & round) {
             copied = true;
         }
         try {
+            if (!lost_.empty()) throw BackendLost(lost_);
             handle_request(*r);
+            throw_if_lost();
+        } catch (const BackendLost & e) {
+            fail_request(*r, std::current_exception());
+            lose(e.what());
         } catch (...) {
             // this request's caller gets the error; the others of the round go on
             fail_request(*r, std::current_exception());
@@ -515,6 +529,28 @@ void Engine::serve(Round & round) {
     }
     if (!active_.empty()) step();
     publish_slots();
+}
+
+void Engine::throw_if_lost() const {
+    if (rpc_lease_ == nullptr) return;
+    const std::string why = rpc_lost(*rpc_lease_);
+    if (!why.empty()) throw BackendLost(why);
+}
+
+void Engine::lose(const std::string & why) {
+    std::deque<std::unique_ptr<Sequence>> waiting;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (lost_.empty()) lost_ = why;
+        waiting.swap(waiting_);
+    }
+    fail_all(why, kBackendLost);
+    for (auto & s : waiting) finish(*s, Finish::error, why, {}, "", kBackendLost);
+}
+
+std::string Engine::backend_lost() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return lost_;
 }
 
 }  // namespace lmsp

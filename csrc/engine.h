@@ -169,6 +169,7 @@ struct UnknownSequence : std::out_of_range {
 
 struct Sequence;  // sequence.h
 class Embedder;   // embedder.h
+struct RpcLease;  // rpc.h
 
 class Engine {
 public:
@@ -238,6 +239,9 @@ public:
     EngineStats stats() const;
     void close();
     bool closed() const { return closed_.load(); }
+    // why an RPC server the model is split over was lost (empty: none was);
+    // from then on every call that would compute raises BackendLost
+    std::string backend_lost() const;
 
 private:
     struct ModelDeleter {
@@ -266,6 +270,7 @@ private:
     void load_model(const std::string & model_path);
     void close_embedder();
     void make_context(int32_t n_threads);
+    void refuse_if_lost() const;  // RpcUnreachable when a server was lost during the load
 
     // callers' threads (engine_calls.cpp)
     void check_open() const;
@@ -343,7 +348,11 @@ private:
     void release_slot(Sequence & seq, Finish why);
     void emit(Sequence & seq, StepResult result);  // into outbox_, handed over at the end of the round
     void push_results();                           // outbox_ -> results_
-    void fail_all(const std::string & error);
+    void fail_all(const std::string & error, const char * code = "");
+    // after a step or a request: BackendLost when an RPC server was lost meanwhile
+    void throw_if_lost() const;
+    // a server was lost: every sequence ends with kBackendLost, and later ones too
+    void lose(const std::string & why);
 
     EngineOptions options_;
     GgufInfo info_;
@@ -356,7 +365,7 @@ private:
     int32_t n_vocab_ = 0;
 
     // the RPC servers the model's buffers are on (rpc.h); before model_, so held until it is freed
-    std::shared_ptr<void> rpc_lease_;
+    std::shared_ptr<RpcLease> rpc_lease_;
     // owned llama.cpp objects: freed in reverse order (batch, context, threadpool, model)
     std::unique_ptr<llama_model, ModelDeleter> model_;
     // CPU threads kept for the engine's life, as llama-bench and llama-server
@@ -380,6 +389,7 @@ private:
     std::unordered_set<int64_t> cancels_;
     std::deque<std::unique_ptr<Request>> requests_;
     bool stop_ = false;
+    std::string lost_;  // backend_lost(); written by the engine thread only
     int64_t next_id_ = 1;
     std::vector<Slot> slot_view_;  // the slots as of the last round, for cached_prefix()
 

@@ -11,6 +11,7 @@
 
 #include "errors.h"
 #include "notifier.h"
+#include "rpc.h"
 #include "sequence.h"
 #include "text.h"
 
@@ -171,6 +172,7 @@ int64_t Engine::submit(SubmitRequest req) {
     {
         std::lock_guard<std::mutex> lk(mu_);
         if (stop_) throw EngineClosedError("the engine is closed");
+        if (!lost_.empty()) throw BackendLost(lost_);
         id = next_id_++;
         seq->id = id;
         live_.insert(id);

@@ -12,6 +12,7 @@
 
 #include "engine.h"
 #include "errors.h"
+#include "rpc.h"
 #include "sequence.h"
 #include "slot_choice.h"
 
@@ -198,7 +199,9 @@ void Engine::answer_saved_prefix(Request & req) {
         if (s.save_seq != req.seq || s.used) continue;
         s.save_seq = 0;
         slots_changed_ = true;
-        req.saved.set_value(slot_prefix(int(i), req.buffer, req.capacity));
+        std::optional<KvPrefix> p = slot_prefix(int(i), req.buffer, req.capacity);
+        throw_if_lost();  // a lost server's cells came back as zeros
+        req.saved.set_value(std::move(p));
         return;
     }
     req.saved.set_value(std::nullopt);

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "errors.h"
+#include "rpc.h"
 #include "sequence.h"
 
 namespace lmsp {
@@ -84,6 +85,7 @@ void Engine::answer_snapshot(Request & req) {
             data.resize(n);
             snap.kv_state = std::move(data);
         }
+        throw_if_lost();  // a lost server's cells came back as zeros
     }
     req.snapshot.set_value(std::move(snap));
 }
@@ -137,6 +139,7 @@ bool Engine::decode_positions(Request & req, size_t done, size_t n, std::vector<
         batch_.logits[k] = 1;
     }
     const int32_t rc = llama_decode(ctx_.get(), batch_);
+    throw_if_lost();
     if (rc != 0) {
         llama_memory_seq_rm(mem, 0, -1, -1);
         req.logits.set_exception(

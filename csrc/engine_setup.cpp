@@ -145,6 +145,7 @@ void Engine::load_model(const std::string & model_path) {
         throw OutOfMemory("out of memory loading " + model_path);
     }
     std::string why = log::end_capture();
+    refuse_if_lost();  // a server lost during the load: its relay's answers made what failed
     if (!model_) {
         if (why.find("unknown model architecture") != std::string::npos) {
             throw ModelFormatError("unsupported model architecture '" + info_.architecture + "' in " + model_path);
@@ -192,6 +193,7 @@ void Engine::make_context(int32_t n_threads) {
         throw OutOfMemory("out of memory creating the context");
     }
     const std::string why = log::end_capture();
+    refuse_if_lost();
     if (!ctx_) {
         if (why.find("alloc") != std::string::npos || why.find("memory") != std::string::npos) {
             throw OutOfMemory("out of memory creating a context of " + std::to_string(cp.n_ctx) + " tokens (" + why +
@@ -207,6 +209,12 @@ void Engine::make_context(int32_t n_threads) {
         use_reference_cpu_kernels(ctx_.get(), true);
         kernels_reference_now_ = true;
     }
+}
+
+void Engine::refuse_if_lost() const {
+    if (rpc_lease_ == nullptr) return;
+    const std::string why = rpc_lost(*rpc_lease_);
+    if (!why.empty()) throw RpcUnreachable(why);
 }
 
 void Engine::close() {

@@ -5,6 +5,7 @@
 #include "llama-context.h"  // llama_context::get_sched(): src/ of the pinned llama.cpp
 #include "llama-grammar.h"  // llama_grammar_init_impl without a vocabulary
 #include "llama-model.h"    // llama_model::dev_layer
+#include "rpc_relay.h"
 
 namespace lmsp {
 
@@ -27,7 +28,7 @@ std::vector<std::string> model_layer_places(const llama_model * model) {
     std::vector<std::string> out;
     auto place = [](ggml_backend_dev_t dev) -> std::string {
         if (dev == nullptr || ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) return "cpu";
-        return ggml_backend_dev_description(dev);
+        return rpc_server_of(ggml_backend_dev_description(dev));  // the server, not its relay
     };
     for (int32_t il = 0; il < int32_t(model->hparams.n_layer()); ++il) out.push_back(place(model->dev_layer(il)));
     // the output matrix's own buffer: a split model keeps it here (rpc.cpp)

@@ -13,7 +13,9 @@
 // HELLO shows another protocol version, and when a connection breaks
 // mid-command (RPC_STATUS_ASSERT in ggml-rpc.cpp). So every server is greeted
 // here first, on a socket of our own with a timeout, and refused with an
-// error naming it; the last case stays an abort (see docs/RPC.md).
+// error naming it; and ggml's client talks to each server through a relay of
+// this process (rpc_relay.cpp), which answers for a server lost mid-command,
+// so that the engine raises BackendLost instead of the process aborting.
 //
 // The server end computes what this box's engine would: the tiled products
 // are installed in its CPU backend as in the engine's, and each graph runs on
@@ -40,16 +42,10 @@
 #include "errors.h"
 #include "ggml-cpu.h"
 #include "llama.h"
+#include "rpc_relay.h"
 #include "tile_matmul.h"
 
 #if defined(LMSP_RPC)
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include "ggml-backend-impl.h"  // ggml/src of the pinned source: a device's and a backend's interface
 #include "ggml-rpc.h"
 #endif
@@ -72,117 +68,34 @@ namespace {
 constexpr uint8_t kHelloCommand = 14;
 constexpr size_t kCapsBytes = 24;
 
-struct Fd {
-    int fd = -1;
-    ~Fd() {
-        if (fd >= 0) ::close(fd);
-    }
-};
-
-void split_endpoint(const std::string & endpoint, std::string & host, std::string & port) {
-    const size_t colon = endpoint.rfind(':');
-    if (colon == std::string::npos || colon == 0 || colon + 1 == endpoint.size()) {
-        throw InvalidArgument("an RPC server is HOST:PORT, not '" + endpoint + "'");
-    }
-    host = endpoint.substr(0, colon);
-    port = endpoint.substr(colon + 1);
-    if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-}
-
-// Waits until `fd` is ready for `events`, at most until `deadline_ms` left.
-bool wait_for(int fd, short events, int timeout_ms) {
-    pollfd p{fd, events, 0};
-    int rc;
-    do {
-        rc = ::poll(&p, 1, timeout_ms);
-    } while (rc < 0 && errno == EINTR);
-    return rc > 0;
-}
-
-void connect_to(Fd & s, const std::string & endpoint, int timeout_ms) {
-    std::string host, port;
-    split_endpoint(endpoint, host, port);
-    addrinfo hints{};
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo * found = nullptr;
-    if (::getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0 || found == nullptr) {
-        throw RpcUnreachable("RPC server " + endpoint + ": cannot resolve " + host);
-    }
-    std::string why = "no address";
-    for (addrinfo * a = found; a != nullptr; a = a->ai_next) {
-        s.fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
-        if (s.fd < 0) continue;
-        int rc = ::connect(s.fd, a->ai_addr, a->ai_addrlen);
-        if (rc != 0 && errno == EINPROGRESS && wait_for(s.fd, POLLOUT, timeout_ms)) {
-            int err = 0;
-            socklen_t len = sizeof(err);
-            ::getsockopt(s.fd, SOL_SOCKET, SO_ERROR, &err, &len);
-            rc = err == 0 ? 0 : -1;
-            errno = err;
-        } else if (rc != 0 && errno == EINPROGRESS) {
-            errno = ETIMEDOUT;
-        }
-        if (rc == 0) {
-            ::freeaddrinfo(found);
-            return;
-        }
-        why = std::strerror(errno);
-        ::close(s.fd);
-        s.fd = -1;
-    }
-    ::freeaddrinfo(found);
-    throw RpcUnreachable("RPC server " + endpoint + " does not answer: " + why);
-}
-
-bool send_all(int fd, const uint8_t * p, size_t n, int timeout_ms) {
-    while (n > 0) {
-        if (!wait_for(fd, POLLOUT, timeout_ms)) return false;
-        const ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL);
-        if (k <= 0) return false;
-        p += k;
-        n -= size_t(k);
-    }
-    return true;
-}
-
-bool recv_all(int fd, uint8_t * p, size_t n, int timeout_ms) {
-    while (n > 0) {
-        if (!wait_for(fd, POLLIN, timeout_ms)) return false;
-        const ssize_t k = ::recv(fd, p, n, 0);
-        if (k <= 0) return false;
-        p += k;
-        n -= size_t(k);
-    }
-    return true;
-}
-
-// The servers some live model's buffers are on, each with how many models:
-// ggml's client keeps one connection per server while any of them lives.
-std::mutex g_leases_mu;
-std::map<std::string, int> g_leases;
-
-struct Lease {
-    std::vector<std::string> servers;
-    ~Lease() {
-        std::lock_guard<std::mutex> lk(g_leases_mu);
-        for (const std::string & s : servers) {
-            if (--g_leases[s] == 0) g_leases.erase(s);
-        }
-    }
-};
-
-std::shared_ptr<void> lease_servers(const std::vector<std::string> & servers);
+// The relay of each server some live model's buffers are on (while it
+// answers): ggml's client keeps one connection per endpoint, and a server
+// serves one client at a time, so every engine on a server shares it.
+std::mutex g_relays_mu;
+std::map<std::string, std::weak_ptr<RpcRelay>> g_relays;
 
 }  // namespace
 
+struct RpcLease {
+    std::vector<std::shared_ptr<RpcRelay>> relays;  // one per server, in the split's order
+};
+
+std::string rpc_lost(const RpcLease & lease) {
+    for (const auto & relay : lease.relays) {
+        if (relay->lost()) return relay->lost_reason();
+    }
+    return "";
+}
+
 std::string rpc_hello(const std::string & endpoint, int timeout_ms) {
-    Fd s;
-    connect_to(s, endpoint, timeout_ms);
+    net::Fd s;
+    net::connect_to(s, endpoint, timeout_ms);
     uint8_t request[1 + 8 + kCapsBytes] = {kHelloCommand};
     const uint64_t size = kCapsBytes;
     std::memcpy(request + 1, &size, sizeof(size));
     uint8_t answer[8 + 4 + kCapsBytes];
-    if (!send_all(s.fd, request, sizeof(request), timeout_ms) || !recv_all(s.fd, answer, sizeof(answer), timeout_ms)) {
+    if (!net::send_all(s.fd, request, sizeof(request), timeout_ms) ||
+        !net::recv_all(s.fd, answer, sizeof(answer), timeout_ms)) {
         throw RpcUnreachable("RPC server " + endpoint + " took the connection but did not answer its greeting within " +
                              std::to_string(timeout_ms) +
                              " ms (not an RPC server, or one serving another client: each serves one at a time)");
@@ -200,19 +113,28 @@ std::string rpc_hello(const std::string & endpoint, int timeout_ms) {
 
 namespace {
 
-std::shared_ptr<void> lease_servers(const std::vector<std::string> & servers) {
+// The relays of `servers`: the one a live lease holds where its server still
+// answers; else the server is greeted first (on a socket of our own, with a
+// timeout: ggml's client would abort on a silent server) and gets a new
+// relay, on a new port (ggml keeps its dispatcher and devices by endpoint: a
+// lost relay's stay with it until the engines using them are gone).
+std::shared_ptr<RpcLease> lease_servers(const std::vector<std::string> & servers) {
+    auto lease = std::make_shared<RpcLease>();
     for (const std::string & s : servers) {
-        bool connected;
+        std::shared_ptr<RpcRelay> relay;
         {
-            std::lock_guard<std::mutex> lk(g_leases_mu);
-            connected = g_leases.count(s) > 0;
+            std::lock_guard<std::mutex> lk(g_relays_mu);
+            const auto it = g_relays.find(s);
+            if (it != g_relays.end()) relay = it->second.lock();
         }
-        if (!connected) rpc_hello(s, 5000);
+        if (relay == nullptr || relay->lost()) {
+            rpc_hello(s, 5000);
+            relay = std::make_shared<RpcRelay>(s);
+            std::lock_guard<std::mutex> lk(g_relays_mu);
+            g_relays[s] = relay;
+        }
+        lease->relays.push_back(relay);
     }
-    auto lease = std::make_shared<Lease>();
-    std::lock_guard<std::mutex> lk(g_leases_mu);
-    for (const std::string & s : servers) g_leases[s]++;
-    lease->servers = servers;
     return lease;
 }
 
@@ -229,18 +151,21 @@ RpcSplit rpc_split(const std::vector<std::string> & servers, const std::vector<f
         if (!(f >= 0.0f) || !std::isfinite(f)) throw InvalidArgument("tensor_split shares must be >= 0");
     }
     RpcSplit out;
-    out.lease = lease_servers(servers);  // greets those this process has no connection to
+    out.lease = lease_servers(servers);  // greets those this process has no relay to
     std::vector<double> weight;          // this box, then each device
     size_t free = 0, total = 0;
     ggml_backend_dev_memory(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU), &free, &total);
     weight.push_back(shares.empty() ? double(free) : double(shares[0]));
     for (size_t i = 0; i < servers.size(); ++i) {
-        ggml_backend_reg_t reg = ggml_backend_rpc_add_server(servers[i].c_str());
+        const std::string & relay = out.lease->relays[i]->endpoint();
+        ggml_backend_reg_t reg = ggml_backend_rpc_add_server(relay.c_str());
         const size_t n = reg == nullptr ? 0 : ggml_backend_reg_dev_count(reg);
+        if (out.lease->relays[i]->lost()) throw RpcUnreachable(out.lease->relays[i]->lost_reason());
         if (n == 0) throw RpcUnreachable("RPC server " + servers[i] + " lends no device");
         for (size_t d = 0; d < n; ++d) {
             ggml_backend_dev_t dev = ggml_backend_reg_dev_get(reg, d);
             ggml_backend_dev_memory(dev, &free, &total);
+            if (out.lease->relays[i]->lost()) throw RpcUnreachable(out.lease->relays[i]->lost_reason());
             out.devices.push_back(dev);
             weight.push_back(shares.empty() ? double(free) : double(shares[i + 1]) / double(n));
         }
@@ -310,7 +235,7 @@ ggml_backend_t served_backend(ggml_backend_dev_t, const char * params) {
 
 void rpc_serve(const std::string & endpoint, const std::string & cache_dir, int32_t n_threads, size_t mem_bytes) {
     std::string host, port;
-    split_endpoint(endpoint, host, port);
+    net::split_endpoint(endpoint, host, port);
     if (n_threads < 1 || n_threads > GGML_MAX_N_THREADS) {
         throw InvalidArgument("threads must be between 1 and " + std::to_string(GGML_MAX_N_THREADS));
     }
@@ -343,6 +268,8 @@ namespace {
 [[noreturn]] void not_built() { throw InvalidArgument("this build has no RPC backend (CMake option LMSP_RPC)"); }
 }  // namespace
 
+struct RpcLease {};
+std::string rpc_lost(const RpcLease &) { return ""; }
 std::string rpc_hello(const std::string &, int) { not_built(); }
 RpcSplit rpc_split(const std::vector<std::string> &, const std::vector<float> &, int32_t) { not_built(); }
 void rpc_serve(const std::string &, const std::string &, int32_t, size_t) { not_built(); }

@@ -27,11 +27,27 @@ struct RpcUnreachable : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
+// A server lost while a model split over it ran: what the step computed is
+// not to be used. The message names the server's address.
+struct BackendLost : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// The error code of a sequence that ended because a server was lost.
+inline constexpr const char * kBackendLost = "backend_lost";
+
 // Says hello to the server at `endpoint` (HOST:PORT) and returns its protocol
 // version; throws RpcUnreachable when it does not answer within `timeout_ms`
 // or speaks a version this build cannot (ggml's own client would abort the
 // process on either).
 std::string rpc_hello(const std::string & endpoint, int timeout_ms);
+
+// The relays of a model's servers (rpc.cpp).
+struct RpcLease;
+
+// Why one of the lease's servers was lost ("RPC server HOST:PORT lost: ..."),
+// or empty while every one answers.
+std::string rpc_lost(const RpcLease & lease);
 
 // Where a model's layers go: the first `local_layers` on this box's CPU, the
 // rest (and the output layer) over the servers' devices in the proportions
@@ -40,10 +56,10 @@ struct RpcSplit {
     std::vector<ggml_backend_dev_t> devices;  // the servers' devices, then nullptr
     std::vector<float> server_split;          // one share per device
     int32_t n_gpu_layers = 0;                 // layers (output included) on the servers
-    // held while a model's buffers may be on the servers: this process keeps
-    // its connection to a server (ggml's client shares one per server) while
-    // any lease on it lives, and greets only servers no lease holds
-    std::shared_ptr<void> lease;
+    // held while a model's buffers may be on the servers: ggml's client talks
+    // to each server through a relay of this process (rpc_relay.h), shared by
+    // every lease on that server while it answers
+    std::shared_ptr<RpcLease> lease;
     // the output matrix (the tied token embedding of a model without one) stays
     // in this box's memory: the last server sends back a row of n_embd floats a
     // token, not the n_vocab logits computed there
@@ -55,6 +71,7 @@ struct RpcSplit {
 // --tensor-split); empty shares go by each one's free memory. Every server
 // this process is not connected to already is checked with rpc_hello first
 // (a server serves one client at a time: a second greeting would wait).
+// ggml's client is given each server's relay, whose endpoint stands for it.
 RpcSplit rpc_split(const std::vector<std::string> & servers, const std::vector<float> & shares, int32_t n_layer);
 
 // Runs ggml's RPC server on `endpoint` over this box's CPU with the engine's
