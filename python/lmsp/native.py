@@ -13,6 +13,8 @@ from . import cpu_check
 cpu_check.check()
 
 from ._native import (  # noqa: E402
+    BACKEND_LOST,
+    BackendLostError,
     ChatParser,
     ChatTemplate,
     ContextLengthError,
@@ -40,6 +42,8 @@ from ._native import (  # noqa: E402
 )
 
 __all__ = [
+    "BACKEND_LOST",
+    "BackendLostError",
     "ChatParser",
     "ChatTemplate",
     "ContextLengthError",
@@ -87,8 +91,12 @@ each one's free memory, or to ``tensor_split`` (this box's share first, then
 each server's). Each server is greeted first: one that does not answer, or
 speaks another protocol version, raises ``RpcUnreachableError`` naming it.
 ``info["layers"]`` names each layer's place ("cpu" or the server), the
-output layer last. A server lost mid-generation ends the process (ggml's
-client aborts: docs/RPC.md).
+output layer last. ggml's client talks to each server through a relay of
+this process: a server lost mid-generation ends the running sequences with
+the error code ``backend_lost`` (``BACKEND_LOST``) naming it, and from then
+on ``backend_lost`` holds that message and every call that would compute
+raises ``BackendLostError``; close the engine and load the model again once
+the server answers (docs/RPC.md).
 
 With ``prefix_cache`` a slot keeps the KV of its last sequence (prompt and
 generated tokens) while free, and a new sequence is given the free slot that

@@ -1,0 +1,112 @@
+"""An RPC server lost while a split model runs: ggml's client talks to it through
+a relay of this process (csrc/rpc_relay.cpp), so the process lives on. The
+running sequence ends with ``backend_lost`` naming the server, the engine
+refuses more work with BackendLostError and closes; once the server is back, a
+new engine loads and computes what the engine computes alone on this box. And
+the relay alone, against a fake server that dies mid-answer."""
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+from native_helpers import N_GPU_LAYERS, drain, generate, take
+from rpc_servers import RpcServer
+
+from lmsp import native
+from lmsp.native import Engine
+
+pytestmark = [
+    pytest.mark.real_model,
+    pytest.mark.skipif(N_GPU_LAYERS != 0, reason="exactness needs the batch-invariant CPU backend"),
+]
+
+MESSAGES = [{"role": "user", "content": "Write a long story about the sea."}]
+
+
+@pytest.fixture
+def model_path(catalog_model):
+    return catalog_model("smollm2-135m-instruct")
+
+
+def test_a_server_killed_mid_decode_fails_the_sequence_and_the_model_loads_again_once_it_is_back(
+    model_path, tmp_path
+):
+    servers = [RpcServer(tmp_path).start() for _ in range(2)]
+    addresses = [s.address for s in servers]
+    local = Engine(str(model_path), n_ctx=1024, n_parallel=2, n_threads=1)
+    prompt = local.chat_prompt(MESSAGES)
+    want = generate(local, prompt, max_tokens=16, temperature=0).tokens
+    local.close()
+
+    split = Engine(str(model_path), n_ctx=1024, n_parallel=2, n_threads=1, rpc_servers=addresses)
+    assert set(split.info["layers"]) >= set(addresses)  # the servers' addresses, not their relays'
+    seq = split.submit(prompt, max_tokens=900, temperature=0)
+    take(split, 4)
+    servers[1].kill()
+    run = drain(split, [seq])[seq]
+    last = run.results[-1]
+    assert (last["finish"], last["code"]) == ("error", "backend_lost")
+    assert addresses[1] in last["error"] and "lost" in last["error"]
+    assert addresses[1] in split.backend_lost
+    with pytest.raises(native.BackendLostError, match=addresses[1].replace(".", r"\.")):
+        split.submit(prompt, max_tokens=4)
+    split.close()  # its buffers on the lost server are freed through the relay's own answers
+    del split
+
+    with pytest.raises(native.RpcUnreachableError, match=addresses[1].replace(".", r"\.")):
+        Engine(str(model_path), n_threads=1, rpc_servers=addresses)
+    servers[1] = RpcServer(tmp_path, port=servers[1].port).start()
+    again = Engine(str(model_path), n_ctx=1024, n_parallel=2, n_threads=1, rpc_servers=addresses)
+    assert again.backend_lost == ""
+    assert generate(again, prompt, max_tokens=16, temperature=0).tokens == want
+    again.close()
+    del again
+    for server in servers:
+        assert server.stop() == 0, server.log()
+
+
+class DyingServer:
+    """Greets like an RPC server, then answers the next command with its size and
+    half of its bytes, and closes the connection."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                try:
+                    self._answer(conn)
+                except OSError:  # the greeting of our own closes at once
+                    pass
+
+    @staticmethod
+    def _answer(conn: socket.socket) -> None:
+        if len(conn.recv(1 + 8 + 24)) < 9:
+            return
+        version = [int(x) for x in native.rpc_protocol().split(".")]
+        answer = bytes([*version, 0]) + bytes(24)
+        conn.sendall(len(answer).to_bytes(8, "little") + answer)
+        if conn.recv(9):  # DEVICE_COUNT, no payload
+            conn.sendall((4).to_bytes(8, "little") + b"\x01\x00")  # half of its uint32, then gone
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_server_that_dies_mid_answer_is_refused_naming_it_and_the_process_lives_on(model_path):
+    server = DyingServer()
+    try:
+        with pytest.raises(native.RpcUnreachableError, match=server.address.replace(".", r"\.")) as caught:
+            Engine(str(model_path), n_threads=1, rpc_servers=[server.address])
+        assert "lost" in str(caught.value)
+    finally:
+        server.close()
