@@ -175,7 +175,8 @@ class ModelLoadFailed(LMSPError):
     task_code = "model_load_failed"
 
     def __init__(self, message: str, *, out_of_memory: bool = False, unreachable: bool = False) -> None:
-        if out_of_memory or unreachable:  # (unreachable: an RPC server the model is split over)
+        self.unreachable = unreachable  # an RPC server the model is split over does not answer
+        if out_of_memory or unreachable:
             super().__init__(message, headers={"Retry-After": "30"}, code=Unavailable.code)
             self.status = Unavailable.status
         else:

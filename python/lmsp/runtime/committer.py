@@ -31,6 +31,7 @@ from typing import Any, Callable
 from ..contracts import EngineResult, StepItem, StepOutcome
 from ..objects import event_object
 from .logprobs import result_logprobs
+from .rpc import BACKEND_LOST
 from .state import IDLE_WAIT, MAX_BACKOFF, Run, WorkerState
 from lmsp.runtime.calls import add as add_segment
 
@@ -118,6 +119,8 @@ class Committer:
         self.pending_since = 0.0  # when the oldest uncommitted result arrived
         self.urgent = False  # a first text or an end is pending: commit now
         self.next_renew = self.next_recover = 0.0
+        # runs whose engine lost an RPC server (with its message): given back after a commit
+        self.lost: list[tuple[Run, str]] = []
 
     # ---------------------------------------------------------------- the thread
     def run(self) -> None:
@@ -144,13 +147,15 @@ class Committer:
         if state.aborted:
             return 0.0, True
         self.drain(engines)
-        due = self.urgent or stopping or backoff or time.monotonic() >= self.pending_since + self.window
+        due = self.urgent or stopping or backoff or self.lost or time.monotonic() >= self.pending_since + self.window
         if self.pending and due and not self.commit():
             backoff = min(MAX_BACKOFF, (backoff or 0.05) * 2)
             if stopping and backoff >= MAX_BACKOFF:
                 log.error("giving up on %d uncommitted results at shutdown", len(self.pending))
                 return backoff, True
             return backoff, False
+        if self.lost:
+            self.give_back()
         if stopping:
             return 0.0, True
         self.housekeeping()
@@ -227,7 +232,11 @@ class Committer:
                     self.take(run, result, now)
 
     def take(self, run: Run, result: EngineResult, now: float) -> None:
-        """One engine result into the pending items (under the lock)."""
+        """One engine result into the pending items (under the lock). The end of a run
+        whose engine lost an RPC server is not the task's: :meth:`give_back` decides it."""
+        if result.get("finish") == "error" and result.get("code") == BACKEND_LOST:
+            self.lost.append((run, str(result.get("error") or "an RPC server was lost")))
+            return
         if not self.pending:
             self.pending_since = now
         item = self.pending[run.task_id] = merge(self.pending.get(run.task_id), run, result)
@@ -335,6 +344,43 @@ class Committer:
             return None
         keys = self.store.EVENT_ROW
         return [event_object(dict(zip(keys, row)), item_id) for row in rows[after + 1 - first :]]
+
+    def give_back(self) -> None:
+        """After the commit of what they made: the engines that lost an RPC server close
+        (their models show ``unavailable`` and load again once it answers), and the tasks
+        of every run on them follow their ``on_restart`` as after a worker's crash, counted
+        against ``max_attempts``: ``fail`` fails with ``backend_lost``, ``retry`` and
+        ``resume`` wait for the model. A store that refuses it is asked again next round."""
+        state = self.state
+        lost, self.lost = self.lost, []
+        engines = {id(run.engine): (run.model, run.engine, message) for run, message in lost}
+        with state.lock:  # runs on those engines with no result yet go too
+            taken = {run.task_id for run, _ in lost}
+            for run in state.runs.values():
+                if id(run.engine) in engines and run.final is None and run.task_id not in taken:
+                    lost.append((run, engines[id(run.engine)][2]))
+        for model, engine, message in engines.values():
+            state.registry.lose(model, engine, message)
+        by_message: dict[str, list[str]] = {}
+        for run, message in lost:
+            by_message.setdefault(message, []).append(run.task_id)
+        try:
+            for message, task_ids in by_message.items():
+                self.store.give_back(
+                    state.owner, task_ids, code=BACKEND_LOST, message=message, max_attempts=state.config.max_attempts
+                )
+        except Exception as exc:
+            log.warning("giving back %d task(s) of a lost RPC server failed (retried): %s", len(lost), exc)
+            self.lost = lost + self.lost
+            return
+        with state.lock:
+            for run, _ in lost:
+                if state.runs.get(run.task_id) is run:
+                    state.runs.pop(run.task_id)
+                if run.seq is not None and state.by_seq.get(run.key()) is run:
+                    state.by_seq.pop(run.key())
+        state.waiters.notify([run.task_id for run, _ in lost])
+        state.wake_scheduler()
 
     # ---------------------------------------------------------------- leases
     def renew(self) -> None:

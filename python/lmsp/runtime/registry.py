@@ -145,6 +145,9 @@ class ModelRegistry:
         # before the store recorded it
         self.kv_files = kv.Holdings(Path(config.data_dir) / "kv")  # each model file's KV files (lmsp.kv)
         self.rpc = RpcServers(config.rpc_server_list)  # the servers models are split over, as seen here
+        # model id -> why: models whose engine lost an RPC server while it ran; the runtime
+        # loads them again once their servers answer (tasks wait for them meanwhile)
+        self._lost: dict[str, str] = {}
 
     # registration
     def resolve(self, path: str, *, confined: bool = True) -> Path:
@@ -222,8 +225,8 @@ class ModelRegistry:
         model_id = row["id"]
         with self._lock:
             loaded = self.files.loaded(model_id) if model_id in self._engines else None
-            if loaded is None and model_id in self._loading:
-                return LOADING
+            if loaded is None and model_id in self._loading:  # (a model waiting for its lost server: tried again)
+                return UNAVAILABLE if model_id in self._lost else LOADING
         if loaded is not None:
             path, identity = loaded
             now = FileIdentity.of(path)
@@ -393,7 +396,10 @@ class ModelRegistry:
         with self._lock:
             self._engines[model_id] = engine
             self.files.track(model_id, path, identity, digest)
-        self._set_state(model_id, AVAILABLE)  # "loaded" is per process; the store keeps the file's state
+            back = self._lost.pop(model_id, None) is not None
+        self._set_state(model_id, AVAILABLE)
+        if back:
+            log.warning("model %s is back: its RPC servers answer again", model_id)  # "loaded" is per process; the store keeps the file's state
         info = getattr(engine, "info", {})
         self.rpc.loaded(model_id, self.servers_of(row), info.get("layers"))
         log.info(
@@ -452,6 +458,43 @@ class ModelRegistry:
             pass
         except LMSPError as exc:  # a busy store must not hide the load result
             log.warning("could not record state %s of model %s: %s", state, model_id, exc)
+
+    def lose(self, model_id: str, engine: Engine, message: str) -> None:
+        """The engine lost an RPC server while it ran (``message`` names it): it leaves the
+        registry and closes, and the model shows ``unavailable`` until it loads again."""
+        with self._lock:
+            current = self._engines.get(model_id) is engine
+        if current:
+            self.detach(model_id)
+        with self._lock:
+            self._lost[model_id] = message
+        try:
+            servers = self.servers_of(self.store.get_model(model_id))
+        except LMSPError:  # deleted meanwhile, or a busy store
+            servers = self.config.rpc_server_list
+        self.rpc.unreachable(message, servers)
+        self._set_state(model_id, UNAVAILABLE)
+        log.error("model %s lost an RPC server while it ran; it loads again once the server answers: %s",
+                  model_id, message)
+        try:
+            engine.close()
+        except Exception:  # closed already
+            log.exception("closing the engine of model %s failed", model_id)
+
+    def lost(self) -> list[str]:
+        """The models waiting for a lost RPC server to answer again."""
+        with self._lock:
+            return list(self._lost)
+
+    def waits_for_server(self, model_id: str) -> bool:
+        """The model lost an RPC server and has not loaded since."""
+        with self._lock:
+            return model_id in self._lost
+
+    def forget_lost(self, model_id: str) -> None:
+        """Stop waiting for the model's servers (it was deleted)."""
+        with self._lock:
+            self._lost.pop(model_id, None)
 
     def unload(self, model_id: str) -> bool:
         engine = self.detach(model_id)

@@ -19,6 +19,8 @@ from ..errors import InvalidRequest
 from ._threads import allocate_lock
 
 CONNECTED, UNREACHABLE, IDLE = "connected", "unreachable", "idle"
+# the error code of a sequence whose engine lost an RPC server while it ran (native.BACKEND_LOST)
+BACKEND_LOST = "backend_lost"
 
 
 def server_built() -> bool:

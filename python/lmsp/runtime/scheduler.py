@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lmsp.runtime")
 
+SERVER_WAIT = 3.0  # seconds between two loads of a model waiting for a lost RPC server
 START_TRIES = 5  # transient errors a claimed task may meet before it fails (a store
 # that cannot be written is not one: the task waits for it)
 STORE_WAIT_LOG_EVERY = 30  # a task waiting for the store is logged on its first try and every 30th
@@ -38,6 +39,11 @@ STORE_WAIT_LOG_EVERY = 30  # a task waiting for the store is logged on its first
 
 class EngineGone(Exception):
     """The engine a task was about to start on left the registry: the start is tried again."""
+
+
+class ServerWait(Exception):
+    """The task's model lost an RPC server and it does not answer yet: the task keeps its
+    claim (``loading``) and the load is tried again every ``SERVER_WAIT`` seconds."""
 
 
 class Scheduler:
@@ -49,6 +55,7 @@ class Scheduler:
         self.store = state.store
         self.retire_changed = retire_changed
         self.retry: list[tuple[Run, ClaimRecord]] = []  # claims to start again (this thread only)
+        self.next_reload = 0.0  # when the models that lost an RPC server are tried again
 
     def run(self) -> None:
         """The thread's loop: a round when woken (a task queued, a slot free) or idle."""
@@ -75,6 +82,9 @@ class Scheduler:
         for run, claim in adopted:
             self.advance(run, claim)
         now = time.monotonic()
+        if now >= self.next_reload:
+            self.next_reload = now + SERVER_WAIT
+            self.reload_lost()
         due = [entry for entry in self.retry if entry[0].retry_at <= now]
         self.retry = [entry for entry in self.retry if entry[0].retry_at > now]
         for run, claim in due:
@@ -158,6 +168,12 @@ class Scheduler:
             self.state.waiters.notify([run.task_id])
         except Unavailable as exc:  # the store cannot be written now (busy, disk full): never the task's fault
             self.retry_later(run, claim, exc)
+        except ServerWait as exc:
+            if run.waits == 0:
+                log.warning("task %s waits for its model's RPC server: %s", run.task_id, exc)
+            run.waits += 1
+            run.retry_at = time.monotonic() + SERVER_WAIT
+            self.retry.append((run, claim))
         except Exception as exc:
             run.tries += 1
             if run.failure is None and run.tries >= START_TRIES:
@@ -227,8 +243,22 @@ class Scheduler:
         except Unavailable:
             raise  # a busy store: retry
         except LMSPError as exc:  # changed, missing or refused by the engine
+            if getattr(exc, "unreachable", False) and registry.waits_for_server(run.model):
+                raise ServerWait(exc.message) from None
             self.fail(run, getattr(exc, "task_code", exc.code), exc.message)
         return None
+
+    def reload_lost(self) -> None:
+        """Load again the models that lost an RPC server, once it answers (the load greets
+        it first: a refusal costs a connection attempt)."""
+        registry = self.state.registry
+        for model_id in registry.lost():
+            try:
+                registry.load(model_id)
+            except NotFound:
+                registry.forget_lost(model_id)
+            except LMSPError as exc:
+                log.debug("model %s still waits for its RPC server: %s", model_id, exc)
 
     def set_state(self, run: Run, new: str) -> None:
         """Move the task to ``loading`` or ``running`` in the store (once) and wake its waiters."""
@@ -286,6 +316,9 @@ class Scheduler:
                 cancel = run.cancel
         except native.ContextLengthError as exc:
             return self.fail(run, "context_length_exceeded", str(exc))
+        except native.BackendLostError as exc:  # the engine lost an RPC server: load it again
+            state.registry.lose(run.model, engine, str(exc))
+            raise EngineGone(str(exc)) from None
         except (ValueError, TypeError) as exc:
             return self.fail(run, "invalid_request", str(exc))
         if cancel:

@@ -88,7 +88,27 @@ class RecoveryArea(StoreBase):
                     self._recover_one(conn, task, stamp, report, max_attempts)
         return report
 
-    def _recover_one(self, conn: sqlite3.Connection, task: dict, now: float, report: dict, max_attempts: int) -> None:
+    def give_back(self, owner: str, task_ids: list[str], *, code: str, message: str, max_attempts: int) -> dict:
+        """``owner``'s own started tasks whose run ended through no fault of theirs (an RPC
+        server lost mid-generation, the worker alive): each follows its ``on_restart`` as
+        recovery applies it, counted against ``max_attempts``; a ``fail`` one fails with
+        ``code`` and ``message``. Tasks finished or no longer ``owner``'s are left alone.
+        Returns the report :meth:`recover` gives."""
+        report: dict[str, list] = {k: [] for k in ("failed", "requeued", "resumed", "cancelled", "exhausted", "kv_paths")}
+        for tid in task_ids:
+            self._step_cache.pop(tid, None)
+        error = {"code": code, "message": message}
+        with self._db.write() as conn:
+            now = self._clock()
+            for tid in task_ids:
+                task = self._task(conn, tid)
+                if task["status"] in st.UNFINISHED and task["owner"] == owner:
+                    self._recover_one(conn, task, now, report, max_attempts, error)
+        return report
+
+    def _recover_one(
+        self, conn: sqlite3.Connection, task: dict, now: float, report: dict, max_attempts: int, error: dict | None = None
+    ) -> None:
         found = task["status"]
         target = st.RECOVERY[(found, task["on_restart"])]
         started = was_started(task)
@@ -99,15 +119,18 @@ class RecoveryArea(StoreBase):
             report["kv_paths"].append(task["kv_path"])
         if target == st.FAILED:
             if exhausted:
-                error = {
+                failure = {
                     "code": EXHAUSTED,
                     "message": f"the task's worker stopped during each of its {task['attempts']} starts; "
                     f"max_attempts ({max_attempts}) allows no more",
                 }
                 report["exhausted"].append(task["id"])
             else:
-                error = {"code": "server_restarted", "message": f"the service restarted while the task was {found}"}
-            self._finish(conn, task, st.FAILED, now, error=error)
+                failure = error or {
+                    "code": "server_restarted",
+                    "message": f"the service restarted while the task was {found}",
+                }
+            self._finish(conn, task, st.FAILED, now, error=failure)
             self._emit_response(conn, task, "response.failed", now)
             report["failed"].append(task["id"])
         elif target == st.CANCELLED:
