@@ -12,6 +12,7 @@
 
 #include "bindings_kv.h"
 #include "bindings_rpc.h"
+#include "chat_template_py.h"  // the chat layer's part of the module
 #include "engine.h"
 #include "errors.h"
 #include "gguf_info.h"
@@ -20,8 +21,6 @@
 #include "quantize.h"
 #include "text.h"
 #include "tile_matmul.h"
-
-#include "chat_template_py.h"  // the chat layer's part of the module
 
 namespace py = pybind11;
 using namespace pybind11::literals;

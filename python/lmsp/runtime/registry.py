@@ -397,9 +397,9 @@ class ModelRegistry:
             self._engines[model_id] = engine
             self.files.track(model_id, path, identity, digest)
             back = self._lost.pop(model_id, None) is not None
-        self._set_state(model_id, AVAILABLE)
+        self._set_state(model_id, AVAILABLE)  # "loaded" is per process; the store keeps the file's state
         if back:
-            log.warning("model %s is back: its RPC servers answer again", model_id)  # "loaded" is per process; the store keeps the file's state
+            log.warning("model %s is back: its RPC servers answer again", model_id)
         info = getattr(engine, "info", {})
         self.rpc.loaded(model_id, self.servers_of(row), info.get("layers"))
         log.info(
@@ -474,8 +474,9 @@ class ModelRegistry:
             servers = self.config.rpc_server_list
         self.rpc.unreachable(message, servers)
         self._set_state(model_id, UNAVAILABLE)
-        log.error("model %s lost an RPC server while it ran; it loads again once the server answers: %s",
-                  model_id, message)
+        log.error(
+            "model %s lost an RPC server while it ran; it loads again once the server answers: %s", model_id, message
+        )
         try:
             engine.close()
         except Exception:  # closed already

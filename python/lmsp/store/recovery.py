@@ -94,7 +94,9 @@ class RecoveryArea(StoreBase):
         recovery applies it, counted against ``max_attempts``; a ``fail`` one fails with
         ``code`` and ``message``. Tasks finished or no longer ``owner``'s are left alone.
         Returns the report :meth:`recover` gives."""
-        report: dict[str, list] = {k: [] for k in ("failed", "requeued", "resumed", "cancelled", "exhausted", "kv_paths")}
+        report: dict[str, list] = {
+            k: [] for k in ("failed", "requeued", "resumed", "cancelled", "exhausted", "kv_paths")
+        }
         for tid in task_ids:
             self._step_cache.pop(tid, None)
         error = {"code": code, "message": message}
@@ -107,7 +109,13 @@ class RecoveryArea(StoreBase):
         return report
 
     def _recover_one(
-        self, conn: sqlite3.Connection, task: dict, now: float, report: dict, max_attempts: int, error: dict | None = None
+        self,
+        conn: sqlite3.Connection,
+        task: dict,
+        now: float,
+        report: dict,
+        max_attempts: int,
+        error: dict | None = None,
     ) -> None:
         found = task["status"]
         target = st.RECOVERY[(found, task["on_restart"])]
