@@ -154,3 +154,30 @@ def test_release_returns_unstarted_claims_and_leaves_the_rest_to_recovery(store,
     report = store.recover(startup=False)
     assert report["failed"] == [started]
     assert store.get_task(unstarted)["status"] == "queued"
+
+
+@pytest.mark.parametrize("policy", ["fail", "retry", "resume"])
+def test_a_worker_gives_back_its_running_task_by_its_policy_when_its_rpc_server_is_lost(store, make_task, policy):
+    tid = put_in_state(store, make_task, "running", policy)
+    other = put_in_state(store, make_task, "queued", policy)  # not started: not this worker's to give back
+    message = "RPC server 10.0.0.3:50052 lost: it closed the connection"
+    report = store.give_back("w1", [tid, other], code="backend_lost", message=message, max_attempts=3)
+    task = store.get_task(tid)
+    assert task["status"] == SPEC_RECOVERY[("running", policy)]
+    assert_gapless(store, tid)
+    assert_consistent(store, tid)
+    assert store.get_task(other)["status"] == "queued"
+    if policy == "fail":
+        assert report["failed"] == [tid]
+        assert task["error"] == {"code": "backend_lost", "message": message}
+        assert event_types(store, tid)[-1] == "response.failed"
+    else:
+        assert report["requeued" if policy == "retry" else "resumed"] == [tid]
+        assert task["attempts"] == 2  # the start the lost server cut short counts
+
+
+def test_a_task_given_back_once_too_often_fails_with_attempts_exhausted(store, make_task):
+    tid = put_in_state(store, make_task, "running", "retry")
+    report = store.give_back("w1", [tid], code="backend_lost", message="lost", max_attempts=1)
+    assert report["exhausted"] == [tid]
+    assert store.get_task(tid)["error"]["code"] == "attempts_exhausted"

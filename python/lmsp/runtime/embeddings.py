@@ -22,9 +22,10 @@ import logging
 import unicodedata
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..errors import ContextLengthExceeded, InvalidRequest, LMSPError
+from ..errors import ContextLengthExceeded, InvalidRequest, LMSPError, ModelLoadFailed
 from lmsp.serving.hubsafe import offload
 from .prompt import check_vocabulary
+from .rpc import BACKEND_LOST
 from .state import WorkerState
 
 if TYPE_CHECKING:
@@ -68,8 +69,13 @@ class Embeddings:
             try:
                 vectors = offload(engine.embed, tokens)
             except Exception as exc:
-                self._end(task_id, "error", error={"code": "server_error", "message": f"embeddings failed: {exc}"})
-                raise
+                lost = str(getattr(engine, "backend_lost", "") or "")  # an RPC server lost as it ran
+                code, message = (BACKEND_LOST, lost) if lost else ("server_error", f"embeddings failed: {exc}")
+                self._end(task_id, "error", error={"code": code, "message": message})
+                if not lost:
+                    raise
+                offload(self.models.registry.lose, model_id, engine, lost)
+                raise ModelLoadFailed(f"model {model_id} is unavailable: {lost}", unreachable=True) from None
             outcome = self._end(task_id, "stop", usage={"input_tokens": n, "output_tokens": 0})
         finally:
             with self.state.lock:
