@@ -26,7 +26,7 @@ from ..objects import public_model
 from ._threads import allocate_lock
 from .filewatch import FileIdentity
 from .model_files import ModelFiles
-from .rpc import RpcServers, model_split, placement
+from .rpc import CONNECTED, RpcServers, model_split, placement
 
 if TYPE_CHECKING:
     from ..native import Engine
@@ -491,6 +491,23 @@ class ModelRegistry:
         """The model lost an RPC server and has not loaded since."""
         with self._lock:
             return model_id in self._lost
+
+    def servers_answer(self, model_id: str) -> bool:
+        """Whether every RPC server of a model waiting for one greets within a second (one
+        an engine here holds is not greeted: it serves one client at a time). A silent one
+        is recorded as ``unreachable``; a load would wait 5 s for it."""
+        from .. import native
+
+        servers = self.servers_of(self.store.get_model(model_id))
+        for server in self.rpc.states(servers):
+            if server["state"] == CONNECTED:
+                continue
+            try:
+                native.rpc_hello(server["address"], 1000)
+            except native.RpcUnreachableError as exc:
+                self.rpc.unreachable(str(exc), servers)
+                return False
+        return True
 
     def forget_lost(self, model_id: str) -> None:
         """Stop waiting for the model's servers (it was deleted)."""

@@ -237,6 +237,8 @@ class Scheduler:
         if run.state == "queued":
             self.set_state(run, "loading")
         try:
+            if registry.waits_for_server(run.model) and not registry.servers_answer(run.model):
+                raise ServerWait(f"model {run.model} waits for its RPC servers")
             return registry.load(run.model)
         except NotFound:
             self.fail(run, "model_not_found", f"model {run.model} is not registered")
@@ -254,7 +256,8 @@ class Scheduler:
         registry = self.state.registry
         for model_id in registry.lost():
             try:
-                registry.load(model_id)
+                if registry.servers_answer(model_id):
+                    registry.load(model_id)
             except NotFound:
                 registry.forget_lost(model_id)
             except LMSPError as exc:
