@@ -4,7 +4,6 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <climits>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -209,7 +208,7 @@ public:
     PyEngine(const py::object & model_path, int32_t n_ctx, int32_t n_parallel, int32_t n_threads, int32_t n_gpu_layers,
              int32_t n_batch, int32_t prefill_chunk, bool batch_invariant, bool prefix_cache, bool use_mmap,
              bool swa_full, size_t kept_logits_bytes, std::vector<std::string> rpc_servers,
-             std::vector<float> tensor_split) {
+             std::vector<float> tensor_split, double rpc_timeout) {
         const std::string path = fspath(model_path);
         lmsp::EngineOptions o;
         o.n_ctx = n_ctx;
@@ -225,6 +224,7 @@ public:
         o.kept_logits_bytes = kept_logits_bytes;
         o.rpc_servers = std::move(rpc_servers);
         o.tensor_split = std::move(tensor_split);
+        o.rpc_timeout = rpc_timeout;
         py::gil_scoped_release nogil;
         engine_ = std::make_unique<lmsp::Engine>(path, o);
     }
@@ -505,12 +505,12 @@ PYBIND11_MODULE(_native, m) {
 
     py::class_<PyEngine>(m, "Engine")
         .def(py::init<const py::object &, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, bool, bool, bool, bool,
-                      size_t, std::vector<std::string>, std::vector<float>>(),
+                      size_t, std::vector<std::string>, std::vector<float>, double>(),
              "model_path"_a, py::kw_only(), "n_ctx"_a = 4096, "n_parallel"_a = 4, "n_threads"_a = 0,
              "n_gpu_layers"_a = 0, "n_batch"_a = 512, "prefill_chunk"_a = 256, "batch_invariant"_a = true,
              "prefix_cache"_a = true, "use_mmap"_a = false, "swa_full"_a = true,
              "kept_logits_bytes"_a = size_t(1) << 20, "rpc_servers"_a = std::vector<std::string>{},
-             "tensor_split"_a = std::vector<float>{})
+             "tensor_split"_a = std::vector<float>{}, "rpc_timeout"_a = 60.0)
         .def_property_readonly("info", &PyEngine::info)
         .def_property_readonly("n_ctx", [](PyEngine & s) { return s.e().n_ctx(); })
         .def_property_readonly("n_vocab", [](PyEngine & s) { return s.e().n_vocab(); })

@@ -60,6 +60,9 @@ struct EngineOptions {
     // rpc.h
     std::vector<std::string> rpc_servers;
     std::vector<float> tensor_split;
+    // seconds a server may send and take nothing while its relay waits for it
+    // before it is lost (rpc_split)
+    double rpc_timeout = 60.0;
 };
 
 enum class Finish { none, stop, length, cancelled, error };

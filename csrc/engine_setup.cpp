@@ -125,7 +125,7 @@ void Engine::load_model(const std::string & model_path) {
     plan_.set_model_params(mp, options);
     RpcSplit split;  // outlives the load: mp points into it
     if (!options.rpc_servers.empty()) {
-        split = rpc_split(options.rpc_servers, options.tensor_split, int32_t(info_.n_layer));
+        split = rpc_split(options.rpc_servers, options.tensor_split, int32_t(info_.n_layer), options.rpc_timeout);
         mp.devices = split.devices.data();
         mp.n_gpu_layers = split.n_gpu_layers;
         mp.split_mode = LLAMA_SPLIT_MODE_LAYER;

@@ -67,6 +67,7 @@ namespace {
 // capabilities, zero for plain TCP) and its answer (version, then 24 bytes).
 constexpr uint8_t kHelloCommand = 14;
 constexpr size_t kCapsBytes = 24;
+constexpr double kMaxTimeoutS = 86400;  // a day: the relay counts milliseconds in an int
 
 // The relay of each server some live model's buffers are on (while it
 // answers): ggml's client keeps one connection per endpoint, and a server
@@ -117,8 +118,9 @@ namespace {
 // answers; else the server is greeted first (on a socket of our own, with a
 // timeout: ggml's client would abort on a silent server) and gets a new
 // relay, on a new port (ggml keeps its dispatcher and devices by endpoint: a
-// lost relay's stay with it until the engines using them are gone).
-std::shared_ptr<RpcLease> lease_servers(const std::vector<std::string> & servers) {
+// lost relay's stay with it until the engines using them are gone), whose
+// answer timeout is `timeout_ms`.
+std::shared_ptr<RpcLease> lease_servers(const std::vector<std::string> & servers, int timeout_ms) {
     auto lease = std::make_shared<RpcLease>();
     for (const std::string & s : servers) {
         std::shared_ptr<RpcRelay> relay;
@@ -129,7 +131,7 @@ std::shared_ptr<RpcLease> lease_servers(const std::vector<std::string> & servers
         }
         if (relay == nullptr || relay->lost()) {
             rpc_hello(s, 5000);
-            relay = std::make_shared<RpcRelay>(s);
+            relay = std::make_shared<RpcRelay>(s, timeout_ms);
             std::lock_guard<std::mutex> lk(g_relays_mu);
             g_relays[s] = relay;
         }
@@ -140,7 +142,8 @@ std::shared_ptr<RpcLease> lease_servers(const std::vector<std::string> & servers
 
 }  // namespace
 
-RpcSplit rpc_split(const std::vector<std::string> & servers, const std::vector<float> & shares, int32_t n_layer) {
+RpcSplit rpc_split(const std::vector<std::string> & servers, const std::vector<float> & shares, int32_t n_layer,
+                   double timeout_s) {
     if (servers.size() > GGML_RPC_MAX_SERVERS) {
         throw InvalidArgument("at most " + std::to_string(GGML_RPC_MAX_SERVERS) + " RPC servers");
     }
@@ -150,9 +153,12 @@ RpcSplit rpc_split(const std::vector<std::string> & servers, const std::vector<f
     for (const float f : shares) {
         if (!(f >= 0.0f) || !std::isfinite(f)) throw InvalidArgument("tensor_split shares must be >= 0");
     }
+    if (!(timeout_s > 0 && timeout_s <= kMaxTimeoutS)) {
+        throw InvalidArgument("rpc_timeout must be more than 0 and at most 86400 seconds");
+    }
     RpcSplit out;
-    out.lease = lease_servers(servers);  // greets those this process has no relay to
-    std::vector<double> weight;          // this box, then each device
+    out.lease = lease_servers(servers, std::max(1, int(std::lround(timeout_s * 1000))));  // greets new ones
+    std::vector<double> weight;                                                           // this box, then each device
     size_t free = 0, total = 0;
     ggml_backend_dev_memory(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU), &free, &total);
     weight.push_back(shares.empty() ? double(free) : double(shares[0]));
@@ -271,7 +277,7 @@ namespace {
 struct RpcLease {};
 std::string rpc_lost(const RpcLease &) { return ""; }
 std::string rpc_hello(const std::string &, int) { not_built(); }
-RpcSplit rpc_split(const std::vector<std::string> &, const std::vector<float> &, int32_t) { not_built(); }
+RpcSplit rpc_split(const std::vector<std::string> &, const std::vector<float> &, int32_t, double) { not_built(); }
 void rpc_serve(const std::string &, const std::string &, int32_t, size_t) { not_built(); }
 
 #endif

@@ -72,7 +72,11 @@ struct RpcSplit {
 // this process is not connected to already is checked with rpc_hello first
 // (a server serves one client at a time: a second greeting would wait).
 // ggml's client is given each server's relay, whose endpoint stands for it.
-RpcSplit rpc_split(const std::vector<std::string> & servers, const std::vector<float> & shares, int32_t n_layer);
+// A relay made for this split takes `timeout_s` as its answer timeout (a
+// server it waits for that sends and takes nothing that long is lost); one
+// that serves a live model already keeps the timeout of the load that made it.
+RpcSplit rpc_split(const std::vector<std::string> & servers, const std::vector<float> & shares, int32_t n_layer,
+                   double timeout_s);
 
 // Runs ggml's RPC server on `endpoint` over this box's CPU with the engine's
 // kernels (the tiled products, and ggml's reference kernels wherever the

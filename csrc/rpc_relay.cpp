@@ -4,8 +4,10 @@
 // lost mid-generation would end the whole worker. So ggml's client is pointed
 // at a relay this process runs instead: it forwards bytes both ways to the
 // real server and reads the client's stream closely enough to know which
-// answers are owed. Once the server is lost (a reset or closed connection, or
-// TCP keepalive or the user timeout giving up on a powered-off box) the relay
+// answers are owed. Once the server is lost (a reset or closed connection,
+// TCP keepalive or the user timeout giving up on a powered-off box, or no
+// byte from or to a server the relay waits for within its answer timeout: a
+// stopped or deadlocked process whose kernel still acknowledges) the relay
 // completes what it was delivering with zeros and answers every pending and
 // later command itself, with a well-formed answer of the size ggml expects.
 // ggml's client never sees a failure; the engine, which checks its relays
@@ -19,6 +21,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -214,14 +218,15 @@ struct Out {
     size_t off = 0;
     size_t left() const { return buf.size() - off; }
     void add(const uint8_t * p, size_t n) { buf.insert(buf.end(), p, p + n); }
-    // false: the socket failed (errno says why)
-    bool flush(int fd) {
+    // false: the socket failed (errno says why); `moved`: some bytes went
+    bool flush(int fd, bool * moved = nullptr) {
         while (left() > 0) {
             const ssize_t k = ::send(fd, buf.data() + off, left(), MSG_NOSIGNAL);
             if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
             if (k < 0 && errno == EINTR) continue;
             if (k <= 0) return false;
             off += size_t(k);
+            if (moved != nullptr) *moved = true;
         }
         if (off == buf.size()) buf.clear(), off = 0;
         return true;
@@ -242,6 +247,16 @@ void tune_upstream(int fd) {
     ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof(user_timeout_ms));
 #endif
     (void)idle, (void)interval, (void)count, (void)user_timeout_ms;
+}
+
+// "2", "0.5": a timeout in seconds as a person reads it
+std::string seconds_of(int ms) {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%.3f", double(ms) / 1000.0);
+    std::string out = text;
+    out.erase(out.find_last_not_of('0') + 1);
+    if (out.back() == '.') out.pop_back();
+    return out;
 }
 
 std::mutex g_endpoints_mu;
@@ -280,6 +295,8 @@ struct RpcRelay::Link {
         }
         std::memcpy(&tail, t, 8);
     }
+    // the relay waits for the server: it owes an answer, or holds bytes for it
+    bool waiting() const { return up.fd >= 0 && (!owed.empty() || to_server.left() > 0); }
     void request_done(bool lost);
     void from_client(const uint8_t * p, size_t n, bool lost);
     bool from_server(const uint8_t * p, size_t n);
@@ -367,7 +384,7 @@ void RpcRelay::Link::answer_all() {
     to_server = Out{};
 }
 
-RpcRelay::RpcRelay(std::string server) : server_(std::move(server)) {
+RpcRelay::RpcRelay(std::string server, int timeout_ms) : server_(std::move(server)), timeout_ms_(timeout_ms) {
     listen_.reset(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
@@ -423,6 +440,16 @@ void RpcRelay::run() {
     }
 }
 
+// How long the relay may poll before the server's answer timeout runs out
+// (-1: no limit, it does not wait for the server); 0 once it ran out. `heard`:
+// the last byte from or to the server, or when the relay began waiting.
+int RpcRelay::poll_ms(const Link & link, std::chrono::steady_clock::time_point heard) const {
+    if (!link.waiting()) return -1;
+    const auto quiet = std::chrono::steady_clock::now() - heard;
+    const auto quiet_ms = std::chrono::duration_cast<std::chrono::milliseconds>(quiet).count();
+    return int(std::max<int64_t>(0, int64_t(timeout_ms_) - int64_t(quiet_ms)));
+}
+
 // One client connection, until it closes or the relay does.
 void RpcRelay::serve(int client) {
     Link link;
@@ -436,14 +463,23 @@ void RpcRelay::serve(int client) {
         }
     }
     std::vector<uint8_t> chunk(size_t(1) << 16);
+    auto heard = std::chrono::steady_clock::now();
+    bool waited = false;
     for (;;) {
+        if (link.waiting() && !waited) heard = std::chrono::steady_clock::now();
+        waited = link.waiting();
+        const int wait_ms = poll_ms(link, heard);
+        if (wait_ms == 0) {
+            lose(link, "RPC server " + server_ + " lost: no answer for " + seconds_of(timeout_ms_) + " s");
+            waited = false;
+        }
         const bool up = link.up.fd >= 0;
         pollfd p[3] = {{wake_r_, POLLIN, 0}, {client, 0, 0}, {up ? link.up.fd : -1, 0, 0}};
         if (!up || link.to_server.left() < kMaxBuffered) p[1].events |= POLLIN;
         if (link.to_client.left() > 0) p[1].events |= POLLOUT;
         if (link.to_client.left() < kMaxBuffered) p[2].events |= POLLIN;
         if (link.to_server.left() > 0) p[2].events |= POLLOUT;
-        if (::poll(p, 3, -1) < 0 && errno != EINTR) return;
+        if (::poll(p, 3, up ? wait_ms : -1) < 0 && errno != EINTR) return;
         if (p[0].revents != 0) return;
         if (p[1].revents & (POLLIN | POLLHUP | POLLERR)) {
             const ssize_t k = ::recv(client, chunk.data(), chunk.size(), 0);
@@ -454,6 +490,7 @@ void RpcRelay::serve(int client) {
         if (link.up.fd < 0) continue;
         if (p[2].revents & (POLLIN | POLLHUP | POLLERR)) {
             const ssize_t k = ::recv(link.up.fd, chunk.data(), chunk.size(), 0);
+            if (k > 0) heard = std::chrono::steady_clock::now();
             if (k == 0) {
                 lose(link, "RPC server " + server_ + " lost: it closed the connection");
             } else if (k < 0 && errno != EAGAIN && errno != EINTR) {
@@ -462,9 +499,11 @@ void RpcRelay::serve(int client) {
                 lose(link, "RPC server " + server_ + " lost: it sent an answer nothing asked for");
             }
         }
-        if (link.up.fd >= 0 && link.to_server.left() > 0 && !link.to_server.flush(link.up.fd)) {
+        bool moved = false;
+        if (link.up.fd >= 0 && link.to_server.left() > 0 && !link.to_server.flush(link.up.fd, &moved)) {
             lose(link, "RPC server " + server_ + " lost: " + std::strerror(errno));
         }
+        if (moved) heard = std::chrono::steady_clock::now();
         if (link.to_client.left() > 0 && !link.to_client.flush(client)) return;
     }
 }
@@ -477,7 +516,7 @@ std::string rpc_server_of(const std::string & endpoint) {
 
 #else  // built without LMSP_RPC
 
-RpcRelay::RpcRelay(std::string server) : server_(std::move(server)) {
+RpcRelay::RpcRelay(std::string server, int timeout_ms) : server_(std::move(server)), timeout_ms_(timeout_ms) {
     throw InvalidArgument("this build has no RPC backend (CMake option LMSP_RPC)");
 }
 RpcRelay::~RpcRelay() = default;

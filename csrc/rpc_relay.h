@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -37,11 +38,15 @@ bool recv_all(int fd, uint8_t * p, size_t n, int timeout_ms);
 
 // Listens on 127.0.0.1 (a port of its own) for ggml's client and forwards
 // each of its connections to `server` over a connection of its own, until
-// that server is lost; from then on it answers every command itself.
+// that server is lost; from then on it answers every command itself. The
+// server is lost, too, when the relay waits for it (owes the client an answer,
+// or holds bytes for the server) and the server neither sends nor takes a byte
+// for `timeout_ms`: a process stopped or deadlocked on a box whose kernel
+// still acknowledges every byte.
 class RpcRelay {
 public:
     // Throws NativeFailure when it cannot listen.
-    explicit RpcRelay(std::string server);
+    RpcRelay(std::string server, int timeout_ms);
     ~RpcRelay();  // closes both its sockets and ends its thread
     RpcRelay(const RpcRelay &) = delete;
     RpcRelay & operator=(const RpcRelay &) = delete;
@@ -57,9 +62,11 @@ private:
     struct Link;  // one client connection and its upstream (rpc_relay.cpp)
     void run();
     void serve(int client);
+    int poll_ms(const Link & link, std::chrono::steady_clock::time_point heard) const;
     void lose(Link & link, const std::string & why);
 
     std::string server_;
+    int timeout_ms_;
     std::string endpoint_;
     net::Fd listen_;
     int wake_r_ = -1, wake_w_ = -1;  // written by the destructor: the thread ends

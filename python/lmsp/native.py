@@ -74,7 +74,7 @@ Engine.__doc__ = """A loaded model and its decoding thread.
 
 Engine(model_path, *, n_ctx=4096, n_parallel=4, n_threads=0, n_gpu_layers=0,
        n_batch=512, prefill_chunk=256, batch_invariant=True, prefix_cache=True,
-       use_mmap=False, rpc_servers=[], tensor_split=[])
+       use_mmap=False, rpc_servers=[], tensor_split=[], rpc_timeout=60.0)
 
 ``n_ctx`` is the context of ONE sequence (capped at the model's training
 context); ``n_parallel`` sequences decode together, one llama_batch per step;
@@ -96,7 +96,11 @@ this process: a server lost mid-generation ends the running sequences with
 the error code ``backend_lost`` (``BACKEND_LOST``) naming it, and from then
 on ``backend_lost`` holds that message and every call that would compute
 raises ``BackendLostError``; close the engine and load the model again once
-the server answers (docs/RPC.md).
+the server answers (docs/RPC.md). A server is lost, too, when its relay waits
+for it (owes ggml's client an answer, or holds bytes for it) and it sends and
+takes nothing for ``rpc_timeout`` seconds: a stopped or deadlocked process.
+A relay is shared by every engine of the process on that server: it keeps the
+timeout of the engine whose load made it.
 
 With ``prefix_cache`` a slot keeps the KV of its last sequence (prompt and
 generated tokens) while free, and a new sequence is given the free slot that

@@ -2,10 +2,14 @@
 a relay of this process (csrc/rpc_relay.cpp), so the process lives on. The
 running sequence ends with ``backend_lost`` naming the server, the engine
 refuses more work with BackendLostError and closes; once the server is back, a
-new engine loads and computes what the engine computes alone on this box. And
-the relay alone, against a fake server that dies mid-answer."""
+new engine loads and computes what the engine computes alone on this box. A
+server stopped mid-decode (SIGSTOP: its kernel still acknowledges) is lost the
+same way once it has not answered for ``rpc_timeout`` seconds. And the relay
+alone, against a fake server that dies mid-answer."""
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import threading
 
@@ -64,6 +68,42 @@ def test_a_server_killed_mid_decode_fails_the_sequence_and_the_model_loads_again
     del again
     for server in servers:
         assert server.stop() == 0, server.log()
+
+
+def test_a_server_stopped_mid_decode_is_lost_after_the_answer_timeout_and_the_model_loads_once_it_runs(
+    model_path, tmp_path
+):
+    server = RpcServer(tmp_path).start()
+    local = Engine(str(model_path), n_ctx=1024, n_parallel=2, n_threads=1)
+    prompt = local.chat_prompt(MESSAGES)
+    want = generate(local, prompt, max_tokens=16, temperature=0).tokens
+    local.close()
+    with pytest.raises(ValueError, match="rpc_timeout"):
+        Engine(str(model_path), n_threads=1, rpc_servers=[server.address], rpc_timeout=0)
+
+    split = Engine(str(model_path), n_ctx=1024, n_parallel=2, n_threads=1, rpc_servers=[server.address],
+                   rpc_timeout=2)
+    seq = split.submit(prompt, max_tokens=900, temperature=0)
+    take(split, 4)
+    assert server.proc is not None
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        last = drain(split, [seq])[seq].results[-1]
+        assert (last["finish"], last["code"]) == ("error", "backend_lost")
+        assert f"RPC server {server.address} lost: no answer for 2 s" in last["error"]
+        assert "no answer" in split.backend_lost
+        with pytest.raises(native.BackendLostError, match=server.address.replace(".", r"\.")):
+            split.submit(prompt, max_tokens=4)
+        split.close()
+        del split
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)  # it runs again and sees the relay's connection closed
+    again = Engine(str(model_path), n_ctx=1024, n_parallel=2, n_threads=1, rpc_servers=[server.address])
+    assert again.backend_lost == ""
+    assert generate(again, prompt, max_tokens=16, temperature=0).tokens == want
+    again.close()
+    del again
+    assert server.stop() == 0, server.log()
 
 
 class DyingServer:
