@@ -52,6 +52,7 @@ class Config:
     kv_swa_full: bool = False  # sliding-window layers keep every position, not only their window (more memory)
     rpc_servers: str = ""  # HOST:PORT,...: lmsp rpc-server processes that hold some of each model's layers
     tensor_split: str = ""  # with rpc_servers: shares of this box, then of each server (empty: by free memory)
+    rpc_timeout: float = 60.0  # seconds a server may neither send nor take a byte while owing an answer: then lost
     # requests
     max_output_tokens: int = 256  # default for a request that gives none
     max_output_tokens_cap: int = 4096
@@ -180,6 +181,8 @@ class Config:
             raise ValueError("tensor_split takes one share for this box, then one for each of rpc_servers")
         if any(not 0 <= x < float("inf") for x in shares) or (shares and sum(shares) <= 0):
             raise ValueError("tensor_split shares must be numbers, 0 or more, not all 0")
+        if not 0 < self.rpc_timeout <= 86400:  # (NaN fails too)
+            raise ValueError("rpc_timeout must be more than 0 and at most 86400 seconds")
         if servers and self.workers != 1:
             raise ValueError("rpc_servers needs workers = 1: each rpc-server serves one client at a time")
 

@@ -1,5 +1,5 @@
 """The settings and bookkeeping of models split over RPC servers, without a model:
-``rpc_servers`` and ``tensor_split`` checked at load, the addresses ``lmsp
+``rpc_servers``, ``tensor_split`` and ``rpc_timeout`` checked at load, the addresses ``lmsp
 rpc-server`` calls public, the layer runs of a Model object, each server's
 state as a worker sees it, and a load refused by a server."""
 from __future__ import annotations
@@ -17,6 +17,7 @@ def test_rpc_servers_and_tensor_split_are_read_and_checked():
     assert cfg.rpc_server_list == ["10.0.0.2:50052", "[fd00::2]:50052"]
     assert cfg.tensor_split_list == [2.0, 1.0, 1.0]
     assert config.load({}).rpc_server_list == []
+    assert (config.load({}).rpc_timeout, config.load({"LMSP_RPC_TIMEOUT": "2.5"}).rpc_timeout) == (60.0, 2.5)
     for env, message in [
         ({"LMSP_RPC_SERVERS": "10.0.0.2"}, "not HOST:PORT"),
         ({"LMSP_RPC_SERVERS": "a:1,a:1"}, "named twice"),
@@ -24,6 +25,10 @@ def test_rpc_servers_and_tensor_split_are_read_and_checked():
         ({"LMSP_RPC_SERVERS": "a:1", "LMSP_TENSOR_SPLIT": "0,0"}, "not all 0"),
         ({"LMSP_RPC_SERVERS": "a:1", "LMSP_TENSOR_SPLIT": "x,1"}, "numbers separated by commas"),
         ({"LMSP_RPC_SERVERS": "a:1", "LMSP_WORKERS": "2"}, "workers = 1"),
+        ({"LMSP_RPC_TIMEOUT": "0"}, "rpc_timeout must be more than 0"),
+        ({"LMSP_RPC_TIMEOUT": "nan"}, "rpc_timeout must be more than 0"),
+        ({"LMSP_RPC_TIMEOUT": "86401"}, "at most 86400"),
+        ({"LMSP_RPC_TIMEOUT": "soon"}, "rpc_timeout must be a number"),
     ]:
         with pytest.raises(ValueError, match=message):
             config.load(env)
@@ -92,10 +97,10 @@ def test_a_model_registered_with_servers_of_its_own_is_split_over_them(config, s
     seen = []
 
     def factory(path, **kwargs):
-        seen.append((kwargs.get("rpc_servers"), kwargs.get("tensor_split")))
+        seen.append((kwargs.get("rpc_servers"), kwargs.get("tensor_split"), kwargs.get("rpc_timeout")))
         return refusing(path, **kwargs)
 
-    registry = ModelRegistry(config.replace(rpc_servers="127.0.0.1:9"), store, engine_factory=factory)
+    registry = ModelRegistry(config.replace(rpc_servers="127.0.0.1:9", rpc_timeout=5), store, engine_factory=factory)
     shown = registry.register("tiny.gguf", "own", rpc_servers=["127.0.0.1:7", "127.0.0.1:8"],
                               tensor_split=[1, 1, 2])
     assert [s["address"] for s in shown["rpc_servers"]] == ["127.0.0.1:7", "127.0.0.1:8"]
@@ -104,7 +109,7 @@ def test_a_model_registered_with_servers_of_its_own_is_split_over_them(config, s
     for model_id in ("own", "shared"):
         with pytest.raises(ModelLoadFailed):
             registry.load(model_id)
-    assert seen == [(["127.0.0.1:7", "127.0.0.1:8"], [1.0, 1.0, 2.0]), (["127.0.0.1:9"], [])]
+    assert seen == [(["127.0.0.1:7", "127.0.0.1:8"], [1.0, 1.0, 2.0], 5.0), (["127.0.0.1:9"], [], 5.0)]
     assert registry.object("own")["rpc_servers"][1]["state"] == "unreachable"
 
 

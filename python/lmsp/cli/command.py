@@ -76,6 +76,8 @@ def cmd_serve(args) -> int:
         env["LMSP_RPC_SERVERS"] = cfg.rpc_servers
     if args.tensor_split is not None:
         env["LMSP_TENSOR_SPLIT"] = cfg.tensor_split
+    if args.rpc_timeout is not None:
+        env["LMSP_RPC_TIMEOUT"] = str(cfg.rpc_timeout)
     cfg.data_dir.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "gunicorn", "--config", "python:lmsp.serving.gunicorn_conf"]
     sys.stdout.flush()
@@ -241,6 +243,13 @@ def _add_more_than_one_box(p: _CommandParser) -> None:
         metavar="SHARES",
         help="with --rpc: this box's share of the layers, then each server's, e.g. 2,1,1 "
         "(env LMSP_TENSOR_SPLIT; default: by each one's free memory)",
+    )
+    p.add_argument(
+        "--rpc-timeout",
+        default=None,
+        metavar="SECONDS",
+        help="with --rpc: a server that owes an answer and sends nothing this long is lost "
+        "(env LMSP_RPC_TIMEOUT; default 60)",
     )
 
 

@@ -28,7 +28,7 @@ def _load_config(args) -> _config.Config:
             overrides[name] = value
     if getattr(args, "peer", None):
         overrides["peers"] = ",".join(args.peer)
-    for name, setting in (("rpc", "rpc_servers"), ("tensor_split", "tensor_split")):
+    for name, setting in (("rpc", "rpc_servers"), ("tensor_split", "tensor_split"), ("rpc_timeout", "rpc_timeout")):
         if getattr(args, "command", None) == "serve" and getattr(args, name, None) is not None:
             overrides[setting] = getattr(args, name)
     try:

@@ -300,12 +300,15 @@ class ModelRegistry:
         return list(split["servers"]) if split else self.config.rpc_server_list
 
     def _split_of(self, row: dict) -> dict[str, Any]:
-        """The engine's rpc_servers and tensor_split for the model (empty: none)."""
+        """The engine's rpc_servers, tensor_split and rpc_timeout for the model (empty: none)."""
         split = row.get("rpc_split")
+        timeout = self.config.rpc_timeout
         if split:
-            return {"rpc_servers": list(split["servers"]), "tensor_split": list(split.get("tensor_split") or ())}
+            shares = list(split.get("tensor_split") or ())
+            return {"rpc_servers": list(split["servers"]), "tensor_split": shares, "rpc_timeout": timeout}
         if self.config.rpc_server_list:
-            return {"rpc_servers": self.config.rpc_server_list, "tensor_split": self.config.tensor_split_list}
+            shares = self.config.tensor_split_list
+            return {"rpc_servers": self.config.rpc_server_list, "tensor_split": shares, "rpc_timeout": timeout}
         return {}
 
     # engines
