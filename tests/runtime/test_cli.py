@@ -197,7 +197,7 @@ def test_serve_checks_its_settings_before_anything_is_written(capsys, tmp_path, 
     assert not data.exists()
 
 
-def test_serve_hands_the_starts_a_task_may_have_to_the_service(capsys, tmp_path, monkeypatch):
+def test_serve_hands_the_starts_a_task_may_have_and_the_rpc_timeout_to_the_service(capsys, tmp_path, monkeypatch):
     for name in list(os.environ):
         if name.startswith("LMSP_"):
             monkeypatch.delenv(name)
@@ -221,6 +221,11 @@ def test_serve_hands_the_starts_a_task_may_have_to_the_service(capsys, tmp_path,
     with pytest.raises(Started):
         cli.main(["serve", "--data-dir", str(data)])
     assert started[-1]["LMSP_MAX_ATTEMPTS"] == "4"
+    assert cli.main(["serve", "--data-dir", str(data), "--rpc-timeout", "0"]) == cli.EXIT_ERROR
+    assert "rpc_timeout must be more than 0" in capsys.readouterr().err
+    with pytest.raises(Started):
+        cli.main(["serve", "--data-dir", str(data), "--rpc-timeout", "2.5"])
+    assert started[-1]["LMSP_RPC_TIMEOUT"] == "2.5"
 
 
 def test_help_and_usage_errors_say_what_is_valid(capsys):
