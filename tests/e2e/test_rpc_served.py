@@ -5,8 +5,9 @@ token for token; a ``resume`` task killed with SIGKILL continues to the
 uninterrupted text. The model shows where its layers are, /metrics each
 server's state; a server that does not answer leaves the model
 ``unavailable`` with an error naming its address. A server killed
-mid-generation fails a ``fail`` task with ``backend_lost`` and holds a
-``resume`` one until the model loads again, in the same worker."""
+mid-generation fails a ``fail`` task with ``backend_lost``, and holds a
+``resume`` one and requeues a ``retry`` one until the model loads again, in the
+same worker: each then completes with the uninterrupted text."""
 from __future__ import annotations
 
 import pytest
@@ -171,11 +172,12 @@ def test_a_resume_task_killed_continues_to_the_uninterrupted_text(tmp_path, pair
 
 
 @pytest.mark.slow  # a real service and a server killed and restarted: seconds each on 2 cores
-def test_a_server_killed_mid_generation_fails_or_resumes_its_tasks_and_the_model_comes_back(tmp_path, pair):
+def test_a_server_killed_mid_generation_fails_resumes_or_retries_its_tasks_and_the_model_comes_back(tmp_path, pair):
     local, _ = pair
     story = uninterrupted_text(local, token_of(local), STORY)
     rpc = [RpcServer(tmp_path).start() for _ in range(2)]  # its own: the module's service holds those
-    served = real_server(tmp_path, LMSP_RPC_SERVERS=",".join(s.address for s in rpc))
+    # three slots: the streamed fail task, a resume and a retry one run together
+    served = real_server(tmp_path, LMSP_RPC_SERVERS=",".join(s.address for s in rpc), LMSP_N_PARALLEL="3")
     try:
         served.start(timeout=180)
         token = served.pair()
@@ -185,7 +187,7 @@ def test_a_server_killed_mid_generation_fails_or_resumes_its_tasks_and_the_model
         seen = [next(stream)]
         while seen[-1]["type"] != "response.output_text.delta":
             seen.append(next(stream))
-        [resumed] = start_running(served, token, STORY, ["resume"]).values()
+        resumed, retried = start_running(served, token, STORY, ["resume", "retry"]).values()
         before = deltas(served.events(token, resumed))
         rpc[1].kill()
         # the relay answers for the lost server: the worker lives on, the streamed task fails
@@ -197,10 +199,15 @@ def test_a_server_killed_mid_generation_fails_or_resumes_its_tasks_and_the_model
         assert model["state"] == "unavailable"
         assert (model["rpc_servers"][1]["state"], model["rpc_servers"][1]["address"]) == ("unreachable", rpc[1].address)
         assert rpc[1].address in model["rpc_servers"][1]["error"]
-        waiting = served.wait_task(token, resumed, lambda t: t["attempts"] == 2)
-        assert waiting["status"] not in FINISHED  # it waits for the model
+        for task_id in (resumed, retried):  # given back, its attempt counted: it waits for the model
+            waiting = served.wait_task(token, task_id, lambda t: t["attempts"] == 2)
+            assert waiting["status"] not in FINISHED
         rpc[1] = RpcServer(tmp_path, port=rpc[1].port).start()  # the server is back: the model loads again
         assert resumed_text(served, token, resumed, before) == story
+        retry = served.wait_task(token, retried, lambda t: t["status"] in FINISHED, timeout=180)
+        assert (retry["status"], retry["attempts"]) == ("completed", 2)
+        response = served.call("GET", f"/v1/responses/{retry['response_id']}", token=token)
+        assert response["output"][0]["content"][0]["text"] == story  # run again from the start
         again = served.call("POST", "/v1/responses", {"model": MODEL, "input": "Hi", "max_output_tokens": 4},
                             token=token)
         assert again["status"] in ("completed", "incomplete")
