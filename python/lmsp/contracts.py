@@ -58,7 +58,9 @@ class StepItem(TypedDict, total=False):
     ``attempts`` in the claim that made the output (an item of an earlier
     claim is skipped); ``logprobs``: for a task that asked for them, the
     entries (OpenAI's ``token``, ``logprob``, ``bytes``, ``top_logprobs``) of
-    the tokens whose text is ``delta``.
+    the tokens whose text is ``delta``; ``held_tokens``: on the chat layer, tokens
+    after the text its rows took (their text not shown yet), held back like a token
+    without text, so that a resume samples them again with their log probabilities.
 
     An output of function calls (:mod:`lmsp.calls`) has ``calls`` instead of
     ``delta``: the step's segments, in order, each ``{"index", "args"}`` (call
@@ -74,6 +76,7 @@ class StepItem(TypedDict, total=False):
     # from then on (lmsp.objects.CHAT_OPEN, or CHAT_THINK for a model that thinks)
     rows: list[tuple[str, str | None, dict[str, Any]]]
     mark: int
+    held_tokens: list[int]
     delta: str
     tokens: list[int]
     finish: str | None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -108,8 +109,25 @@ def test_effort_none_is_the_templates_thinking_switch(store, make_runtime, chat_
     conforms(store, task_id, all_events(store, task_id))
 
 
+def crash_at(store, rt, min_seq: int) -> None:
+    """The worker's commits stop once a task of theirs reached ``min_seq`` events: they
+    wait for the abort, then fail as a dead worker's would (the task cannot finish
+    before the crash, however slow the test's own thread)."""
+    real = store.append_step
+
+    def append_step(owner, items, **kwargs):
+        if any(store.get_task(item["task_id"])["last_sequence_number"] >= min_seq for item in items):
+            while not rt.state.aborted:
+                time.sleep(0.01)
+            raise OSError("the worker died")
+        return real(owner, items, **kwargs)
+
+    store.append_step = append_step
+
+
 def crash_and_resume(config, store, make_runtime, model, *, min_seq, **request):
     rt = start(make_runtime, store)
+    crash_at(store, rt, min_seq)
     task_id = submit(store, rt, "Weather in Paris?", model=model, on_restart="resume", **request)
     wait_until(rt, store, task_id, lambda t: t["last_sequence_number"] >= min_seq)
     rt.abort()

@@ -52,7 +52,7 @@ def run(shaper: ChatShaper, text: str, step: int = 3, final: bool = True) -> lis
     rows = []
     for i in range(0, len(text), step):
         last = final and i + step >= len(text)
-        assert shaper.push(text[i : i + step], last) == {"delta": ""}  # the committer's merge adds nothing
+        assert shaper.push(text[i : i + step], last)["delta"] == ""  # the committer's merge adds nothing
         rows += shaper.made()
     return rows
 

@@ -6,6 +6,8 @@ import threading
 from types import SimpleNamespace
 from unittest import mock
 
+from lmsp.items.chat import TEXT_DELTA
+from lmsp.runtime.chat_shaper import ChatShaper
 from lmsp.runtime.committer import Committer
 from lmsp.runtime.logprobs import FLOOR, result_logprobs
 from lmsp.runtime.calls import CallShaper
@@ -97,3 +99,21 @@ def test_the_tokens_of_a_call_keep_no_logprobs_waiting():
         assert not c.held_logprobs or i == 0  # the call's head not whole yet: its kind unknown
     assert all("calls" in item for item in store.items[1:])
     assert max(len(item.get("logprobs", ())) for item in store.items) <= 2  # the first ones go once
+
+
+def test_on_the_chat_layer_the_tokens_of_text_not_taken_yet_are_held_back():
+    """A token whose text the chat layer's shaper has not taken (half a character here)
+    keeps its log probabilities waiting in the shaper: it is held back, not committed
+    with the text before it, so that a resume samples it again and gives them again."""
+    c, store, run = committer()
+    run.calls = ChatShaper(lambda text, partial: {"content": text}, "msg_1")
+    c.take(run, result([3], "!", [-0.5]), now=0.0)
+    c.take(run, result([1], "", [-0.25]), now=0.0)
+    assert c.commit()
+    c.take(run, result([2], "é", [-0.75]), now=1.0)
+    assert c.commit()
+    first, second = store.items
+    assert (first["tokens"], first["held_tokens"]) == ([3], [1])
+    assert second["tokens"] == [2] and "held_tokens" not in second
+    deltas = [p for item in store.items for t, _, p in item["rows"] if t == TEXT_DELTA]
+    assert [[e["bytes"] for e in p["logprobs"]] for p in deltas] == [[[33]], [[0xC3], [0xA9]]]

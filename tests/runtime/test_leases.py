@@ -178,7 +178,7 @@ def test_a_draining_worker_claims_nothing_more(store, make_runtime, model_file, 
     rt.drain()  # a second SIGTERM (systemd's to every process, then the master's): said once
     # the scheduler's rounds from here on; a claim counts once one of them has begun (the
     # scheduler is one thread: a round begun before the drain, woken by the task that just
-    # finished, has ended by then)
+    # finished, has ended by then, and given back what its claim took after the drain)
     rounds = []
     real = rt.scheduler.claim_some
     rt.scheduler.claim_some = lambda: rounds.append(1) or real()
@@ -209,3 +209,30 @@ def test_a_model_deleted_while_a_task_uses_it_unloads_when_the_task_ends(store, 
     engine = runtime.registry.engine("tiny")
     runtime.models.close_deleted()
     assert runtime.registry.engine("tiny") is None and engine.closed and not runtime.models.close_when_idle
+
+
+def test_a_drain_that_begins_during_a_claim_gives_back_what_it_took(store, make_runtime, model_file):
+    """The scheduler's round looked before the drain; the store answered its claim
+    after it: a draining worker keeps no claim, so the task goes back to the queue at
+    once instead of running here."""
+    rt = make_runtime(store)
+    rt.register_model("tiny.gguf")
+    taken = []
+    real_claim = store.claim
+
+    def claim(*args, **kwargs):
+        claims = real_claim(*args, **kwargs)
+        if claims:
+            rt.drain()  # SIGTERM now, as the store answers
+            taken.extend(c["task_id"] for c in claims)
+        return claims
+
+    def holder(task_id):
+        with store._db.read() as conn:
+            return store._task(conn, task_id)["owner"]
+
+    store.claim = claim
+    tid = submit(store, rt, max_output_tokens=2)
+    # the claim came back: then either given back (no owner) or started (no longer queued)
+    task = wait_until(None, store, tid, lambda t: tid in taken and (holder(tid) is None or t["status"] != "queued"))
+    assert task["status"] == "queued" and holder(tid) is None and tid not in rt.state.runs

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from store_checks import assert_consistent, event_types
 
+from lmsp.objects import CHAT_OPEN
+from lmsp.runtime.chat_shaper import ChatShaper
 from lmsp.store import Store
 
 TOOLS = [{"type": "function", "name": "f", "description": None, "parameters": {"type": "object"}, "strict": True}]
@@ -119,3 +121,28 @@ def test_a_text_output_with_log_probabilities_is_read_back_whole(store: Store, r
     assert store.output_text(tid) == "Hi!"
     done = [e for e in store.events(tid, after=0)["data"] if e["type"] == "response.output_text.done"]
     assert done[0]["text"] == "Hi!" and [lp["token"] for lp in done[0]["logprobs"]] == ["Hi", "!"]
+
+
+def test_chat_rows_hold_back_the_tokens_after_the_text_they_took(store: Store, running_task):
+    """On the chat layer a step's tokens go on its last row with text, except its
+    ``held_tokens`` (their text not shown yet): those wait, like a token without text,
+    and a resume samples them again."""
+    tid = running_task(on_restart="resume", request={"model": "tiny", "input": "hi", "max_output_tokens": 64})
+    shaper = ChatShaper(lambda text, partial: {"content": text}, "msg_1")
+
+    def step(text: str, tokens: list[int], held: list[int]) -> dict:
+        shaper.push(text, False)
+        return {"task_id": tid, "delta": "", "tokens": tokens, "held_tokens": held, "rows": shaper.made(),
+                "mark": CHAT_OPEN}
+
+    def resume() -> tuple[list[int], str]:
+        with store._db.read() as conn:
+            found = store._resume(conn, store._task(conn, tid))
+        return found["generated"], found["emitted"]
+
+    store.append_step("w1", [step("Hi", [7], [8])])
+    assert resume() == ([7], "Hi")
+    store.append_step("w1", [step("", [], [9])])  # nothing shown: all held
+    assert resume() == ([7], "Hi")
+    store.append_step("w1", [step("!", [10], [])])
+    assert resume() == ([7, 8, 9, 10], "Hi!")

@@ -181,3 +181,17 @@ def test_a_task_given_back_once_too_often_fails_with_attempts_exhausted(store, m
     report = store.give_back("w1", [tid], code="backend_lost", message="lost", max_attempts=1)
     assert report["exhausted"] == [tid]
     assert store.get_task(tid)["error"]["code"] == "attempts_exhausted"
+
+
+def test_release_of_named_claims_leaves_the_others(store, make_task, clock):
+    """A worker that began to drain while it claimed gives those claims back at once; its
+    other tasks, and other workers' claims, stay as they are."""
+    started, given, kept = (make_task("fail")["task"]["id"] for _ in range(3))
+    store.claim("w1", limit=3, lease=60)
+    store.set_running(started, "w1")
+    store.release("w2", [given])  # not w2's
+    store.release("w1", [started, given])
+    assert [c["task_id"] for c in store.claim("w2", limit=5, lease=60)] == [given]
+    with store._db.read() as conn:
+        assert [store._task(conn, t)["owner"] for t in (started, given, kept)] == ["w1", "w2", "w1"]
+    assert store.recover(startup=False)["failed"] == [started]  # its lease expired: recovery's

@@ -83,23 +83,24 @@ class ChatShaper:
 
     def push(self, text: str, final: bool) -> dict[str, Any]:
         """The engine's next text, as the committer merges a shaper's: no ``delta`` (the
-        events of the text are :meth:`made`'s)."""
+        events of the text are :meth:`made`'s), and whether this push ``consumed`` the
+        output so far (one that gains nothing leaves it, with its tokens' log
+        probabilities waiting: the committer holds its tokens back, so that a resume
+        samples them again and gives those again)."""
         self.text += text
         parsed: dict[str, Any] | None
         try:
             parsed = self.parse(self.text, not final)
         except ValueError:
             parsed = self._cut_short() if final else None
-        if parsed is not None:
-            events = self._gain(parsed, final)  # the last item ends with the task, in the store
-            if events:
-                self._place_logprobs(events)
+        events = self._gain(parsed, final) if parsed is not None else []  # the last item ends with the task
+        if events:
+            self._place_logprobs(events)
             rows: list[tuple[str, str | None, dict[str, Any]]] = [(etype, None, p) for etype, p in events]
-            if rows:
-                rows[0] = (rows[0][0], self.text[self.consumed :], rows[0][2])
-                self.consumed = len(self.text)
+            rows[0] = (rows[0][0], self.text[self.consumed :], rows[0][2])
+            self.consumed = len(self.text)
             self.rows += rows
-        return {"delta": ""}
+        return {"delta": "", "consumed": bool(events)}
 
     def made(self) -> list[tuple[str, str | None, dict[str, Any]]]:
         """The events the pushes since the last call made: ``(type, raw text or None,
@@ -191,27 +192,103 @@ def text_tokens(entries: list[dict[str, Any]], delta: str) -> list[dict[str, Any
     text gained from them: where the delta is within their text (a format's markers
     around it), those whose bytes overlap it; where their text is within the delta (a
     token before them began it), all; where the delta ends with the start of their
-    text, those overlapping that start. Otherwise none. A delta that ends in U+FFFD
-    (an output's last character left incomplete) takes the tokens to the end."""
+    text, those overlapping that start. Otherwise none. Their text is read character by
+    character as the engine decodes it (:func:`_decoded`): a U+FFFD of the delta is the
+    invalid bytes it replaced. The tokens of an incomplete last character (their text
+    shows in the next delta, after text a token before them began) go with the token
+    before them, so that every token is placed once whatever the cut between deltas."""
     pieces = [bytes(e.get("bytes") or ()) for e in entries]
-    whole = delta.rstrip("\ufffd")
-    raw, want = b"".join(pieces), whole.encode()
+    raw = b"".join(pieces)
     if not delta or not raw:
         return []
-    if not want:
-        lo, hi = 0, 0
-    elif (at := raw.find(want)) >= 0:
-        lo, hi = at, at + len(want)
-    elif raw in want:
-        return list(entries)
-    else:
-        k = next((k for k in range(min(len(raw), len(want)), 0, -1) if want.endswith(raw[:k])), 0)
-        lo, hi = 0, k
-    if whole != delta:
-        hi = len(raw)
-    out, pos = [], 0
+    chars, starts, open_end = _decoded(raw)
+    span = _span(chars, starts, raw, delta)
+    if span is None:
+        return []
+    lo, hi = span
+    held = starts[-2] if open_end else len(raw)  # where the incomplete last character begins
+    out, pos, taken = [], 0, False
     for entry, piece in zip(entries, pieces):
-        if piece and pos < hi and pos + len(piece) > lo:
-            out.append(entry)
+        if piece:
+            within = pos < hi and pos + len(piece) > lo
+            taken = within or (taken and pos >= held)
+            if taken:
+                out.append(entry)
         pos += len(piece)
     return out
+
+
+def _span(chars: str, starts: list[int], raw: bytes, delta: str) -> tuple[int, int] | None:
+    """The bytes of ``raw`` (decoded as ``chars``, each beginning at ``starts``) that
+    ``delta`` covers (see :func:`text_tokens`); None where it covers none."""
+    at, opening = chars.find(delta), _continuing(raw)
+    if at >= opening:  # the delta within their text, past bytes that may end a character begun before
+        return starts[at], starts[at + len(delta)]
+    ends = [starts[skip + k] for skip in range(opening + 1) for k in _after_earlier(chars, raw, delta, skip)]
+    end = max(ends, default=0)
+    if end:  # the delta begun before their text: from their start
+        return 0, max(end, starts[at + len(delta)] if at >= 0 else 0)
+    return (starts[at], starts[at + len(delta)]) if at >= 0 else None
+
+
+def _after_earlier(chars: str, raw: bytes, delta: str, skip: int) -> list[int]:
+    """How many characters of ``chars`` after the first ``skip`` bytes (the end of a
+    character the delta holds, begun before them) end the delta (all where it holds
+    them within it); none where it does not read so."""
+    rest, tail = chars[skip:], raw[:skip]
+    within = delta.find(rest) if rest else -1
+    if within >= 0 and _ends(delta[:within], tail):
+        return [len(rest)]
+    for k in range(min(len(rest), len(delta)), -1, -1):
+        if (k or skip) and delta.endswith(rest[:k]) and _ends(delta[: len(delta) - k], tail):
+            return [k]
+    return []
+
+
+def _continuing(raw: bytes) -> int:
+    """How many bytes (up to 3) open ``raw`` that can only continue a character."""
+    return next((i for i, b in enumerate(raw[:3]) if not 0x80 <= b <= 0xBF), min(len(raw), 3))
+
+
+def _ends(text: str, tail: bytes) -> bool:
+    """Whether ``text`` can end with a character whose last bytes are ``tail`` (its
+    first ones before them): any text when there are none."""
+    if not tail:
+        return True
+    last = text[-1:]
+    return last == "\ufffd" or (len(last.encode()) > len(tail) and last.encode().endswith(tail))
+
+
+def _decoded(raw: bytes) -> tuple[str, list[int], bool]:
+    """``raw`` as the engine decodes it (csrc/text.cpp, like Python's
+    ``errors="replace"``): each valid UTF-8 sequence its character, each maximal
+    ill-formed subpart one U+FFFD, an incomplete last character one U+FFFD too
+    (``True``: there is one, its text undecided until the bytes after it come); and
+    where each character begins (``len(raw)`` last)."""
+    chars, starts, i, complete = [], [], 0, True
+    while i < len(raw):
+        n, valid, complete = _sequence(raw, i)
+        chars.append(raw[i : i + n].decode() if valid else "\ufffd")
+        starts.append(i)
+        i += n
+    starts.append(len(raw))
+    return "".join(chars), starts, not complete
+
+
+def _sequence(raw: bytes, i: int) -> tuple[int, bool, bool]:
+    """The character at ``raw[i]``: (its length, valid, complete); an invalid one is its
+    maximal ill-formed subpart; an incomplete one is at the end of ``raw``."""
+    c = raw[i]
+    if c < 0x80:
+        return 1, True, True
+    if not 0xC2 <= c <= 0xF4:
+        return 1, False, True
+    need = 2 if c <= 0xDF else 3 if c <= 0xEF else 4
+    lo = {0xE0: 0xA0, 0xF0: 0x90}.get(c, 0x80)  # no overlong forms
+    hi = {0xED: 0x9F, 0xF4: 0x8F}.get(c, 0xBF)  # no surrogates, nothing above U+10FFFF
+    for k in range(1, need):
+        if i + k == len(raw):
+            return k, False, False
+        if not (lo if k == 1 else 0x80) <= raw[i + k] <= (hi if k == 1 else 0xBF):
+            return k, False, True
+    return need, True, True

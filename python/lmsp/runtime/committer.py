@@ -59,6 +59,7 @@ def merge(item: StepItem | None, run: Run, result: EngineResult) -> StepItem:
     if take_logprobs is not None:  # on the chat layer: its message's text's tokens (runtime.chat_shaper)
         take_logprobs(logprobs)
         logprobs = []
+    tokens = list(result.get("tokens") or ())
     if run.calls is None:
         item["delta"] += text
     else:
@@ -69,7 +70,12 @@ def merge(item: StepItem | None, run: Run, result: EngineResult) -> StepItem:
                 add_segment(segments, segment)
         else:
             item["delta"] += shaped["delta"]
-    item["tokens"].extend(result.get("tokens") or ())
+        if shaped.get("consumed") is False and not finish:  # the chat layer's, its text not taken yet
+            item.setdefault("held_tokens", []).extend(tokens)
+            tokens = []
+        else:
+            tokens = item.pop("held_tokens", []) + tokens
+    item["tokens"].extend(tokens)
     if logprobs:  # a call's tokens have theirs dropped with its rows (store.steprows)
         item.setdefault("logprobs", []).extend(logprobs)
     if finish:

@@ -99,14 +99,19 @@ class Scheduler:
 
     def claim_batch(self) -> bool:
         """Claim queued tasks up to the free slots and start them; False when there was
-        nothing to claim (or no slot, or the worker stops)."""
+        nothing to claim (or no slot, or the worker stops or drains). A drain may begin
+        while a claim is made (after this round looked): what that claim took goes back
+        at once, so that no claim a draining worker makes is kept."""
         state = self.state
         with state.lock:
-            free = state.slots_free()
+            free = 0 if state.draining else state.slots_free()
         if free <= 0:
             return False
         claims = self.store.claim(state.owner, limit=free, lease=state.lease)
         if not claims:
+            return False
+        if state.draining:
+            self.store.release(state.owner, [claim["task_id"] for claim in claims])
             return False
         # every claim joins the runs at once, so that its lease is renewed while the
         # ones before it start (a model load may outlast a lease)

@@ -256,8 +256,10 @@ def _chat_rows(
 ) -> tuple[int, str]:
     """The chat layer's rows of one step (:mod:`lmsp.items.chat`): each event with its
     whole payload, the raw text on the rows that consumed it, the step's tokens (with
-    those held back) on the last of those; ``(seq, pending)``."""
+    those held back) on the last of those, its ``held_tokens`` held back;
+    ``(seq, pending)``."""
     toks = pending + "," + toks if pending and toks else pending or toks
+    held = tokens_text(item.get("held_tokens"))
     last_text = None
     for etype, raw, payload in item.get("rows") or ():
         seq += 1
@@ -265,11 +267,11 @@ def _chat_rows(
             last_text = len(events)
         events.append((tid, seq, etype, now, raw, None, dumps(payload)))
     if last_text is None:
-        return seq, toks
+        return seq, toks + "," + held if toks and held else toks or held
     if toks:
         row = events[last_text]
         events[last_text] = (*row[:5], toks, row[6])
-    return seq, ""
+    return seq, held
 
 
 def step_rows(

@@ -186,14 +186,20 @@ class WorkerArea(StoreBase):
                 self._emit_response(conn, task, "response.failed", now)
             self._save(conn, task)
 
-    def release(self, owner: str) -> None:
+    def release(self, owner: str, task_ids: Iterable[str] | None = None) -> None:
         """Graceful shutdown of a worker: claimed-but-unstarted tasks go back to the queue; started
-        ones keep their state with an expired lease, so recovery applies their restart policy."""
+        ones keep their state with an expired lease, so recovery applies their restart policy.
+        ``task_ids``: only those (claims a worker that began to drain meanwhile will not start)."""
+        only = None if task_ids is None else set(task_ids)
         for tid, state in list(self._step_cache.items()):
-            if state.owner == owner:
+            if state.owner == owner and (only is None or tid in only):
                 self._step_cache.pop(tid, None)
+        which, args = ("", [(owner,)]) if only is None else (" AND id = ?", [(owner, tid) for tid in only])
         with self._db.write() as conn:
-            conn.execute(
-                "UPDATE tasks SET owner = NULL, lease_expires = NULL WHERE owner = ? AND status = 'queued'", (owner,)
+            conn.executemany(
+                "UPDATE tasks SET owner = NULL, lease_expires = NULL WHERE owner = ? AND status = 'queued'" + which,
+                args,
             )
-            conn.execute(f"UPDATE tasks SET lease_expires = 0 WHERE owner = ? AND status IN {UNFINISHED_SQL}", (owner,))
+            conn.executemany(
+                f"UPDATE tasks SET lease_expires = 0 WHERE owner = ? AND status IN {UNFINISHED_SQL}" + which, args
+            )
