@@ -1,5 +1,6 @@
 """``lmsp rpc-server`` processes on loopback for the tests of models split over
 them (tests/native/test_rpc.py, tests/e2e/test_rpc_served.py)."""
+
 from __future__ import annotations
 
 import os
@@ -29,7 +30,10 @@ class RpcServer:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [*lmsp_command(), "rpc-server", "--bind", self.address, "--threads", str(self.threads)],
-                stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=os.environ.copy(),
+            )
         deadline = time.monotonic() + timeout
         while True:
             assert self.proc.poll() is None, f"rpc-server exited:\n{self.log()}"
@@ -60,12 +64,11 @@ class RpcServer:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
-class OtherVersionServer:
-    """A listener that greets as an RPC server of protocol ``major.minor.patch``
-    (another llama.cpp version), then closes; on a thread, until closed."""
+class FakeServer:
+    """A listener on loopback that answers each connection with :meth:`answer`, on a
+    thread, until closed."""
 
-    def __init__(self, version: tuple[int, int, int]) -> None:
-        self.version = version
+    def __init__(self) -> None:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
         self.thread = threading.Thread(target=self._serve, daemon=True)
@@ -78,9 +81,32 @@ class OtherVersionServer:
             except OSError:
                 return
             with conn:
-                conn.recv(1 + 8 + 24)
-                answer = bytes([*self.version, 0]) + bytes(24)
-                conn.sendall(len(answer).to_bytes(8, "little") + answer)
+                try:
+                    self.answer(conn)
+                except OSError:  # a greeting of the engine's own closes at once
+                    pass
+
+    def answer(self, conn: socket.socket) -> None:
+        raise NotImplementedError
 
     def close(self) -> None:
         self.sock.close()
+
+
+def greeting(version: tuple[int, ...] | list[int]) -> bytes:
+    """An RPC server's answer to HELLO in protocol ``version``."""
+    answer = bytes([*version, 0]) + bytes(24)
+    return len(answer).to_bytes(8, "little") + answer
+
+
+class OtherVersionServer(FakeServer):
+    """Greets as an RPC server of protocol ``major.minor.patch`` (another llama.cpp
+    version), then closes."""
+
+    def __init__(self, version: tuple[int, int, int]) -> None:
+        self.version = version
+        super().__init__()
+
+    def answer(self, conn: socket.socket) -> None:
+        conn.recv(1 + 8 + 24)
+        conn.sendall(greeting(self.version))

@@ -6,16 +6,16 @@ new engine loads and computes what the engine computes alone on this box. A
 server stopped mid-decode (SIGSTOP: its kernel still acknowledges) is lost the
 same way once it has not answered for ``rpc_timeout`` seconds. And the relay
 alone, against a fake server that dies mid-answer."""
+
 from __future__ import annotations
 
 import os
 import signal
 import socket
-import threading
 
 import pytest
 from native_helpers import N_GPU_LAYERS, drain, generate, take
-from rpc_servers import RpcServer
+from rpc_servers import FakeServer, RpcServer, greeting
 
 from lmsp import native
 from lmsp.native import Engine
@@ -33,9 +33,7 @@ def model_path(catalog_model):
     return catalog_model("smollm2-135m-instruct")
 
 
-def test_a_server_killed_mid_decode_fails_the_sequence_and_the_model_loads_again_once_it_is_back(
-    model_path, tmp_path
-):
+def test_a_server_killed_mid_decode_fails_the_sequence_and_the_model_loads_again_once_it_is_back(model_path, tmp_path):
     servers = [RpcServer(tmp_path).start() for _ in range(2)]
     addresses = [s.address for s in servers]
     local = Engine(str(model_path), n_ctx=1024, n_parallel=2, n_threads=1)
@@ -81,8 +79,9 @@ def test_a_server_stopped_mid_decode_is_lost_after_the_answer_timeout_and_the_mo
     with pytest.raises(ValueError, match="rpc_timeout"):
         Engine(str(model_path), n_threads=1, rpc_servers=[server.address], rpc_timeout=0)
 
-    split = Engine(str(model_path), n_ctx=1024, n_parallel=2, n_threads=1, rpc_servers=[server.address],
-                   rpc_timeout=4)  # well over a step of a loaded machine
+    split = Engine(
+        str(model_path), n_ctx=1024, n_parallel=2, n_threads=1, rpc_servers=[server.address], rpc_timeout=4
+    )  # well over a step of a loaded machine
     seq = split.submit(prompt, max_tokens=900, temperature=0)
     take(split, 4)
     assert server.proc is not None
@@ -106,40 +105,16 @@ def test_a_server_stopped_mid_decode_is_lost_after_the_answer_timeout_and_the_mo
     assert server.stop() == 0, server.log()
 
 
-class DyingServer:
+class DyingServer(FakeServer):
     """Greets like an RPC server, then answers the next command with its size and
     half of its bytes, and closes the connection."""
 
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                try:
-                    self._answer(conn)
-                except OSError:  # the greeting of our own closes at once
-                    pass
-
-    @staticmethod
-    def _answer(conn: socket.socket) -> None:
+    def answer(self, conn: socket.socket) -> None:
         if len(conn.recv(1 + 8 + 24)) < 9:
             return
-        version = [int(x) for x in native.rpc_protocol().split(".")]
-        answer = bytes([*version, 0]) + bytes(24)
-        conn.sendall(len(answer).to_bytes(8, "little") + answer)
+        conn.sendall(greeting([int(x) for x in native.rpc_protocol().split(".")]))
         if conn.recv(9):  # DEVICE_COUNT, no payload
             conn.sendall((4).to_bytes(8, "little") + b"\x01\x00")  # half of its uint32, then gone
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def test_a_server_that_dies_mid_answer_is_refused_naming_it_and_the_process_lives_on(model_path):
