@@ -97,6 +97,7 @@ class Engine:
         kept_logits_bytes: int = 1 << 20,
         rpc_servers: Sequence[str] = ...,
         tensor_split: Sequence[float] = ...,
+        rpc_timeout: float = ...,
     ) -> None: ...
     @property
     def info(self) -> dict[str, Any]: ...
