@@ -162,7 +162,16 @@ size_t BatchPlan::tiled_min(size_t n_prompt) const {
 bool BatchPlan::next_step_tiled(bool tiled_work, bool one_row_work) {
     const bool tiled_step = tiled_work && (!one_row_work || !last_step_tiled);
     last_step_tiled = tiled_step;
+    one_row_waiting = tiled_step && one_row_work;
     return tiled_step;
+}
+
+size_t BatchPlan::step_chunk(size_t prefill_chunk) const {
+    // a row's bits do not depend on its chunk (the tiles compute each row
+    // alone, and every chunk is at least tiled_min rows), so the chunk may
+    // follow the load: shorter while streams wait, so that each of them
+    // waits for at most one short tiled step between two of its tokens
+    return one_row_waiting ? std::min(prefill_chunk, kChunkWhileDecoding) : prefill_chunk;
 }
 
 size_t BatchPlan::tiled_chunk(TiledStep & step, size_t t_left, size_t m, size_t left, size_t prefill_chunk,

@@ -21,6 +21,9 @@ struct GgufInfo;       // gguf_info.h
 constexpr size_t kMinTiledRows = 8;
 // ggml's tiled flash attention takes 64 query rows of a sequence or more.
 constexpr size_t kFaTileRows = 64;
+// A tiled step's chunk of a prompt while other sequences wait to decode, at
+// most: the stall a running stream sees while a long prompt is prefilled.
+constexpr size_t kChunkWhileDecoding = 2 * kFaTileRows;
 
 // Whether the CPU backend multiplies by matrices of these ggml types one row
 // at a time however many rows come (with llamafile and repacking off).
@@ -79,6 +82,7 @@ struct BatchPlan {
     bool row_wise = true;            // every matmul of the weights takes one row at a time
     bool moe_kquant = false;         // experts on K-quant or i-quant weights
     bool last_step_tiled = false;
+    bool one_row_waiting = false;   // the step being planned leaves one-row work waiting
     size_t one_row_cap = SIZE_MAX;  // rows of a sequence in a one-row step, at most
 
     // Before the model loads: what its weights allow.
@@ -94,6 +98,9 @@ struct BatchPlan {
     size_t tiled_min(size_t n_prompt) const;
     // Whether the next step is a tiled one, given the work of each kind.
     bool next_step_tiled(bool tiled_work, bool one_row_work);
+    // The chunk a tiled step takes of a prompt: `prefill_chunk`, or at most
+    // kChunkWhileDecoding while sequences wait to decode.
+    size_t step_chunk(size_t prefill_chunk) const;
     // The rows a prompt feeds into a tiled step (0: none this step), with
     // `t_left` rows of it left to prefill tiled in chunks of at least `m`,
     // `left` rows left in all, and `room` rows free in the batch.

@@ -113,8 +113,7 @@ std::string as_str(const py::handle & v, const char * what) {
     return v.cast<std::string>();
 }
 
-// Chat messages from a sequence of {"role": str, "content": str} dicts;
-// `size` gets the total length of their contents.
+// Chat messages from [{"role": str, "content": str}]; `size`: their contents' length.
 std::vector<lmsp::ChatMessage> as_messages(const py::object & messages, size_t & size) {
     std::vector<lmsp::ChatMessage> msgs;
     for (const py::handle m : py::iter(messages)) {
@@ -379,9 +378,10 @@ public:
         const lmsp::EngineStats s = engine_->stats();
         return py::dict("active"_a = s.active, "waiting"_a = s.waiting, "steps"_a = s.steps, "ubatches"_a = s.ubatches,
                         "tokens_decoded"_a = s.tokens_decoded, "filler_rows"_a = s.filler_rows,
-                        "tokens_generated"_a = s.tokens_generated, "submitted"_a = s.submitted,
-                        "finished"_a = s.finished, "kv_copies"_a = s.kv_copies, "kv_copy_us"_a = s.kv_copy_us,
-                        "kv_loads"_a = s.kv_loads, "kv_load_us"_a = s.kv_load_us, "embed_passes"_a = s.embed_passes,
+                        "tiled_steps"_a = s.tiled_steps, "tokens_generated"_a = s.tokens_generated,
+                        "submitted"_a = s.submitted, "finished"_a = s.finished, "kv_copies"_a = s.kv_copies,
+                        "kv_copy_us"_a = s.kv_copy_us, "kv_loads"_a = s.kv_loads, "kv_load_us"_a = s.kv_load_us,
+                        "embed_passes"_a = s.embed_passes,
                         "embed_passes_without_logits"_a = s.embed_passes_without_logits);
     }
 

@@ -163,6 +163,7 @@ void Engine::order_batch_by_slot() {
 void Engine::step() {
     batch_.n_tokens = 0;
     const bool tiled_step = next_step_kind();
+    if (tiled_step) tiled_steps_++;
     // generating sequences first: one token each
     std::vector<Sequence *> context_full;
     add_generated(tiled_step, context_full);
@@ -287,8 +288,8 @@ void Engine::add_prompt_chunks(bool tiled_step) {
             const bool tiled_rows = s->n_fed < s->t_end;
             if (tiled_rows != tiled_step) continue;
             if (tiled_rows) {
-                n = plan_.tiled_chunk(tiled, s->t_end - s->n_fed, s->t_min, left, size_t(options_.prefill_chunk),
-                                      size_t(room));
+                n = plan_.tiled_chunk(tiled, s->t_end - s->n_fed, s->t_min, left,
+                                      plan_.step_chunk(size_t(options_.prefill_chunk)), size_t(room));
                 if (n == 0) continue;  // not in this step
             }
         }

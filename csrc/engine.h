@@ -152,6 +152,7 @@ struct EngineStats {
     int64_t ubatches = 0;          // llama.cpp's passes over the weights (one or more per step)
     int64_t tokens_decoded = 0;    // tokens through llama_decode (prompt + generated)
     int64_t filler_rows = 0;       // rows in free slots that joined two runs of slots in one ubatch
+    int64_t tiled_steps = 0;       // steps of prompt chunks on the tiled kernels
     int64_t tokens_generated = 0;  // tokens sampled
     int64_t submitted = 0;
     int64_t finished = 0;
@@ -419,7 +420,7 @@ private:
     // KV of persisted sequences whose slot was reused before saved_prefix() asked
     std::deque<std::pair<int64_t, KvPrefix>> saved_;
 
-    std::atomic<int64_t> filler_rows_{0};
+    std::atomic<int64_t> filler_rows_{0}, tiled_steps_{0};
     std::atomic<int64_t> steps_{0}, ubatches_{0}, tokens_decoded_{0}, tokens_generated_{0}, submitted_{0}, finished_{0};
     std::atomic<int64_t> kv_copies_{0}, kv_copy_us_{0}, kv_loads_{0}, kv_load_us_{0};
     std::atomic<int64_t> n_active_{0};

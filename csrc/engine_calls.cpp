@@ -306,6 +306,7 @@ EngineStats Engine::stats() const {
     s.ubatches = ubatches_.load();
     s.tokens_decoded = tokens_decoded_.load();
     s.filler_rows = filler_rows_.load();
+    s.tiled_steps = tiled_steps_.load();
     s.tokens_generated = tokens_generated_.load();
     s.submitted = submitted_.load();
     s.finished = finished_.load();

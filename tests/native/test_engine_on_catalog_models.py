@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from native_helpers import CATALOG_MODELS, SAMPLING_CASES, N_GPU_LAYERS, Run, drain, generate
+from native_helpers import CATALOG_MODELS, SAMPLING_CASES, N_GPU_LAYERS, Run, Watch, drain, generate, take
 
 from lmsp.native import Engine
 
@@ -134,3 +134,26 @@ def test_a_snapshot_resumed_in_a_new_engine_continues_the_uninterrupted_output(m
     resumed = drain(second, [neighbour, seq])[seq]
     assert snap["generated"] + resumed.tokens == full.tokens
     assert snap["emitted"] + resumed.text == full.text
+
+
+def test_a_long_prompt_meets_running_streams_in_short_tiled_steps(make) -> None:
+    """While other sequences decode, a tiled step takes at most 128 rows of a prompt, so
+    a running stream waits for one short step between two of its tokens; alone, the
+    prompt goes in chunks of up to 256 rows. Its answer is the same either way."""
+    first = make()  # an engine of its own: the other would find the prompt in its prefix cache
+    long = chat(first, NEIGHBOURS[1])
+    alone = generate(first, long, max_tokens=4, temperature=0)
+    alone_steps = first.stats()["tiled_steps"]
+    engine = make()
+    endless = {"gbnf": 'root ::= "sea " root'}  # a stream that runs until cancelled
+    running = engine.submit(chat(engine, QUESTION), max_tokens=4000, temperature=0, grammar=endless)
+    take(engine, 2)
+    before = engine.stats()["tiled_steps"]
+    seq = engine.submit(long, max_tokens=4, temperature=0)
+    watch = Watch(engine)
+    watch.until(lambda: seq in watch.ended)
+    steps = engine.stats()["tiled_steps"] - before
+    assert watch.got[seq] == alone.tokens
+    assert running not in watch.ended and watch.tokens[running] >= steps - 1  # a token between two steps
+    assert 0 < alone_steps <= -(-len(long) // 256) < len(long) // 128 <= steps
+    engine.cancel(running)
