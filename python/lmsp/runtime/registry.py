@@ -302,14 +302,11 @@ class ModelRegistry:
     def _split_of(self, row: dict) -> dict[str, Any]:
         """The engine's rpc_servers, tensor_split and rpc_timeout for the model (empty: none)."""
         split = row.get("rpc_split")
-        timeout = self.config.rpc_timeout
-        if split:
-            shares = list(split.get("tensor_split") or ())
-            return {"rpc_servers": list(split["servers"]), "tensor_split": shares, "rpc_timeout": timeout}
-        if self.config.rpc_server_list:
-            shares = self.config.tensor_split_list
-            return {"rpc_servers": self.config.rpc_server_list, "tensor_split": shares, "rpc_timeout": timeout}
-        return {}
+        shares = list(split.get("tensor_split") or ()) if split else self.config.tensor_split_list
+        servers = self.servers_of(row)
+        return (
+            {"rpc_servers": servers, "tensor_split": shares, "rpc_timeout": self.config.rpc_timeout} if servers else {}
+        )
 
     # engines
     def engine(self, model_id: str) -> Engine | None:

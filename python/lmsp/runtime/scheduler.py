@@ -242,7 +242,7 @@ class Scheduler:
         if run.state == "queued":
             self.set_state(run, "loading")
         try:
-            if registry.waits_for_server(run.model) and not registry.servers_answer(run.model):
+            if registry.waits_for_server(run.model):  # reload_lost loads it once its servers answer
                 raise ServerWait(f"model {run.model} waits for its RPC servers")
             return registry.load(run.model)
         except NotFound:

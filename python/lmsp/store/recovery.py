@@ -27,6 +27,12 @@ def was_started(task: dict) -> bool:
     return task["status"] in (st.LOADING, st.RUNNING) and task["owner"] is not None
 
 
+def empty_report() -> dict[str, list]:
+    """What :meth:`RecoveryArea.recover` and :meth:`RecoveryArea.give_back` report, before
+    any task."""
+    return {k: [] for k in ("failed", "requeued", "resumed", "cancelled", "exhausted", "kv_paths")}
+
+
 class RecoveryArea(StoreBase):
     """The 11.3 table applied to leftover tasks, within their ``max_attempts``."""
 
@@ -51,14 +57,7 @@ class RecoveryArea(StoreBase):
         """
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
-        report: dict[str, list] = {
-            "failed": [],
-            "requeued": [],
-            "resumed": [],
-            "cancelled": [],
-            "exhausted": [],
-            "kv_paths": [],
-        }
+        report = empty_report()
         when = self._clock() if now is None else now
         where = f"status IN {UNFINISHED_SQL}"
         args: tuple = ()
@@ -94,9 +93,7 @@ class RecoveryArea(StoreBase):
         recovery applies it, counted against ``max_attempts``; a ``fail`` one fails with
         ``code`` and ``message``. Tasks finished or no longer ``owner``'s are left alone.
         Returns the report :meth:`recover` gives."""
-        report: dict[str, list] = {
-            k: [] for k in ("failed", "requeued", "resumed", "cancelled", "exhausted", "kv_paths")
-        }
+        report = empty_report()
         for tid in task_ids:
             self._step_cache.pop(tid, None)
         error = {"code": code, "message": message}
