@@ -134,6 +134,7 @@ void BatchPlan::settle(bool invariant, const EngineOptions & options) {
     // its one-row steps by their rows per sequence (rpc.cpp): one-row steps
     // take fewer than any tiled chunk
     one_row_cap = options.rpc_servers.empty() ? SIZE_MAX : kMinTiledRows - 1;
+    run_rows_max = size_t(options.n_batch);
 }
 
 // ---------------------------------------------------------------- two kinds of steps
@@ -149,7 +150,14 @@ void BatchPlan::settle(bool invariant, const EngineOptions & options) {
 // its prompts are all of one kind; and since the last layer and the
 // output matmul see only the rows whose logits are wanted, a tiled step
 // on K-quant weights ends at most kMinTiledRows - 1 prompts. The two
-// kinds take turns while both have work.
+// kinds take turns while both have work, with one exception: a run of
+// tiled steps that began while nothing waited to decode goes on while the
+// only streams waiting are those its own prompts started, up to n_batch
+// rows. Prompts that arrive together (a burst of requests, a closed loop of
+// clients whose answers ended in one step) thus start decoding in one step,
+// as they would in one batch, instead of each new stream meeting the next
+// prompt's tiled step between its first tokens; and streams that start
+// together end together, so the next round arrives together again.
 
 size_t BatchPlan::tiled_min(size_t n_prompt) const {
     // each kind is on only where a batch holds two of its smallest chunks:
@@ -160,9 +168,17 @@ size_t BatchPlan::tiled_min(size_t n_prompt) const {
 }
 
 bool BatchPlan::next_step_tiled(bool tiled_work, bool one_row_work) {
-    const bool tiled_step = tiled_work && (!one_row_work || !last_step_tiled);
+    bool tiled_step = tiled_work && (!one_row_work || !last_step_tiled);
+    if (tiled_work && one_row_work && last_step_tiled) {
+        // a run goes on while the streams that wait are its own, up to a batch of rows
+        tiled_step = !run_waiting && run_rows < run_rows_max;
+    }
+    if (tiled_step && !last_step_tiled) {
+        run_waiting = one_row_work;
+        run_rows = 0;
+    }
     last_step_tiled = tiled_step;
-    one_row_waiting = tiled_step && one_row_work;
+    one_row_waiting = tiled_step && run_waiting;
     return tiled_step;
 }
 

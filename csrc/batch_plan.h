@@ -82,7 +82,10 @@ struct BatchPlan {
     bool row_wise = true;            // every matmul of the weights takes one row at a time
     bool moe_kquant = false;         // experts on K-quant or i-quant weights
     bool last_step_tiled = false;
-    bool one_row_waiting = false;   // the step being planned leaves one-row work waiting
+    bool one_row_waiting = false;   // the step being planned leaves running streams waiting
+    bool run_waiting = false;       // one-row work waited when this run of tiled steps began
+    size_t run_rows = 0;            // rows the tiled steps of this run took
+    size_t run_rows_max = 0;        // rows a run takes while only its own new streams wait
     size_t one_row_cap = SIZE_MAX;  // rows of a sequence in a one-row step, at most
 
     // Before the model loads: what its weights allow.
@@ -98,6 +101,8 @@ struct BatchPlan {
     size_t tiled_min(size_t n_prompt) const;
     // Whether the next step is a tiled one, given the work of each kind.
     bool next_step_tiled(bool tiled_work, bool one_row_work);
+    // A tiled step took `rows` rows.
+    void took_tiled_rows(size_t rows) { run_rows += rows; }
     // The chunk a tiled step takes of a prompt: `prefill_chunk`, or at most
     // kChunkWhileDecoding while sequences wait to decode.
     size_t step_chunk(size_t prefill_chunk) const;

@@ -169,6 +169,7 @@ void Engine::step() {
     add_generated(tiled_step, context_full);
     // then prompt chunks within what is left of the batch
     add_prompt_chunks(tiled_step);
+    if (tiled_step) plan_.took_tiled_rows(size_t(batch_.n_tokens));
 
     for (Sequence * s : context_full) {
         finish(*s, Finish::length, "", {}, "");

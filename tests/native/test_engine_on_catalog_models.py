@@ -157,3 +157,32 @@ def test_a_long_prompt_meets_running_streams_in_short_tiled_steps(make) -> None:
     assert running not in watch.ended and watch.tokens[running] >= steps - 1  # a token between two steps
     assert 0 < alone_steps <= -(-len(long) // 256) < len(long) // 128 <= steps
     engine.cancel(running)
+
+
+def test_prompts_that_arrive_together_start_decoding_together(make) -> None:
+    """Prompts that meet no running stream are prefilled back to back, up to a
+    batch of rows, before the streams they started take their second token:
+    a burst of requests decodes in step instead of each new stream waiting
+    for the next prompt's tiled step between its first tokens. Past the batch,
+    the kinds of steps take turns again. The answers are those alone."""
+    def summarise(k: int) -> list[dict]:
+        text = "The river runs to the sea, and the sea is wide. " * k
+        return [{"role": "user", "content": "Summarise this. " + text}]
+
+    ref = make(n_parallel=1)
+    prompts = [chat(ref, summarise(k)) for k in (21, 5, 6)]
+    lengths = [len(p) for p in prompts]
+    # one prompt past 256 rows, all three within 1024, each tiled (64 rows or more)
+    assert lengths[0] > 256 and sum(lengths) < 1024 and min(lengths) >= 64, lengths
+    alone = [generate(ref, p, max_tokens=3, temperature=0).tokens for p in prompts]
+    one_row_steps = {}
+    for n_batch in (1024, 256):
+        engine = make(n_parallel=3, n_batch=n_batch)
+        before = engine.stats()
+        seqs = [engine.submit(p, max_tokens=3, temperature=0) for p in prompts]
+        runs = drain(engine, seqs)
+        after = engine.stats()
+        assert [runs[s].tokens for s in seqs] == alone
+        one_row_steps[n_batch] = (after["steps"] - before["steps"]) - (after["tiled_steps"] - before["tiled_steps"])
+    assert one_row_steps[1024] == 2  # the second and third tokens of all three
+    assert one_row_steps[256] > 2  # the first stream's second token came before the next prompt
