@@ -131,7 +131,7 @@ def llama_protocol(endpoint: str, port: int, model_id: str, cfg: LoadConfig) -> 
         return CompletionProtocol(port)
     if endpoint == "chat":
         return ChatProtocol()
-    return ResponsesProtocol(model_id, {"ignore_eos": True, "min_p": 0.0, "cache_prompt": cfg.llama_prompt_cache})
+    return ResponsesProtocol(model_id, {"min_p": 0.0, "cache_prompt": cfg.llama_prompt_cache})
 
 
 def open_contender(variant: str, model: Path, args, cfg: LoadConfig, s: ServeSettings, work: Path,

@@ -103,7 +103,7 @@ class CompletionProtocol(Protocol):
     def body(self, index, prompt, cfg, history=()):
         templated = self._templated[self.key(prompt, history)]
         body = {"prompt": templated, "n_predict": cfg.max_tokens, "stream": True,
-                "ignore_eos": True, "min_p": 0.0, **_sampling(cfg)}
+                "min_p": 0.0, **_sampling(cfg)}
         body["seed"] = cfg.seed + index
         if not cfg.llama_prompt_cache:
             body["cache_prompt"] = False
@@ -139,7 +139,7 @@ class ChatProtocol(Protocol):
         if self.model_id is not None:
             body["model"] = self.model_id
         if self.llama:
-            body.update(ignore_eos=True, min_p=0.0)
+            body.update(min_p=0.0)
             if not cfg.llama_prompt_cache:
                 body["cache_prompt"] = False
         return body
