@@ -135,6 +135,21 @@ void act_scales(ggml_type act, const uint8_t * rows, size_t row_bytes, int64_t n
     }
 }
 
+// Asks the memory for the weight tile at `rows` (kTile rows of `row_bytes`,
+// one after the other) before the tiles need it. With few activation rows (a
+// decode step) a tile computes for less time than its weights take to come
+// from memory, and the hardware's own prefetcher runs too short ahead of
+// four rows read side by side: the weights of the output matrix then come
+// at about half the rate one thread reads memory. The numbers are the same.
+inline void prefetch_tile(const uint8_t * rows, size_t row_bytes) {
+    constexpr size_t kLine = 64;
+    const size_t bytes = kTile * row_bytes;
+    for (size_t at = 0; at < bytes; at += kLine) __builtin_prefetch(rows + at, 0, 3);
+}
+
+// Weight tiles ahead of the one computed whose weights are asked for.
+constexpr int64_t kPrefetchTiles = 2;
+
 // Weight rows [r0, r1) (a multiple of the tile) by every activation row:
 // dst row a, column r, from the quantized rows of `act` (row_bytes apart).
 void product(ggml_type type, const uint8_t * weights, size_t w_row_bytes, int64_t r0, int64_t r1, const uint8_t * act,
@@ -151,6 +166,9 @@ void product(ggml_type type, const uint8_t * weights, size_t w_row_bytes, int64_
             act_scales(act_type, act + size_t(a0) * act_row_bytes, act_row_bytes, a_end - a0, nb, scale_d, scale_s);
         }
         for (int64_t r = r0; r < r1; r += kTile) {
+            if (r + kPrefetchTiles * kTile < r1) {
+                prefetch_tile(weights + size_t(r + kPrefetchTiles * kTile) * w_row_bytes, w_row_bytes);
+            }
             WeightRows w{};
             for (int j = 0; j < kTile; ++j) w.w[j] = weights + size_t(r + j) * w_row_bytes;
             if (k.prepare != nullptr) {
