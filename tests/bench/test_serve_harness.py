@@ -113,7 +113,8 @@ def test_completion_stream_spreads_gaps_over_the_tokens_a_chunk_carries(fake_por
     assert res.text_events == 5 and len(res.gaps) == 4
     assert len(res.event_gaps) == 4  # the gaps as they are, one per later chunk
     path, body, _ = FakeHandler.seen[0]
-    assert path == "/completion" and body["prompt"] == "templated" and body["ignore_eos"] is True
+    assert path == "/completion" and body["prompt"] == "templated"
+    assert "ignore_eos" not in body and body["min_p"] == 0.0  # it stops at the end of text, as lmsp does
 
 
 def test_failures_are_counted_not_raised(fake_port):
@@ -314,7 +315,7 @@ def test_the_chat_protocol_asks_the_service_what_it_takes_and_reads_its_chunks()
     parsed = parse_chat(body, Config(), lambda: 1)  # no field it refuses
     assert parsed.stream and parsed.request["top_k"] == cfg.top_k and parsed.request["seed"] == 103
     llama = protocols.ChatProtocol().body(3, "Hello", cfg)
-    assert "model" not in llama and llama["ignore_eos"] and llama["cache_prompt"] is False
+    assert "model" not in llama and "ignore_eos" not in llama and llama["cache_prompt"] is False
     framing = ChunkFraming("chat.completion", {"id": "chatcmpl-1", "created_at": 1, "model": "tiny"},
                            include_usage=True)
     usage = {"input_tokens": 7, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 2}
