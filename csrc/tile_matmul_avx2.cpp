@@ -62,6 +62,7 @@ struct Q4_1 {
     static constexpr size_t kBytes = 20;  // fp16 d, fp16 m, 16 bytes of nibbles
     static constexpr size_t kActBytes = 36, kActQs = 4;
     static constexpr bool kMin = true;
+    static constexpr bool kPredecode = false;
     using Values = __m256i;
     static Values values(const uint8_t * x) { return nibbles(x + 4); }
     static __m256 dot(const Values & x, __m256i y) { return dot_us8(x, y); }
@@ -71,6 +72,7 @@ struct Q8_0 {
     static constexpr size_t kBytes = 34;  // fp16 d, 32 int8
     static constexpr size_t kActBytes = 34, kActQs = 2;
     static constexpr bool kMin = false;
+    static constexpr bool kPredecode = false;
     using Values = Signed;
     static Values values(const uint8_t * x) {
         return signed_values(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(x + 2)));
@@ -82,6 +84,7 @@ struct Q5_0 {
     static constexpr size_t kBytes = 22;  // fp16 d, 32 high bits, 16 bytes of low nibbles
     static constexpr size_t kActBytes = 34, kActQs = 2;
     static constexpr bool kMin = false;
+    static constexpr bool kPredecode = true;  // ten instructions a block: decoded once per weight tile
     using Values = Signed;
     // the nibbles, with 0xF0 where a value's high bit is 0 (as vec_dot)
     static Values values(const uint8_t * x) {
@@ -96,12 +99,38 @@ struct Q5_0 {
     static __m256 dot(const Values & x, __m256i y) { return dot_i8(x, y); }
 };
 
+// Where a type that decodes its weights once per tile keeps them in what
+// prepare writes: after the scales and minimums, per row and block its
+// values and their absolute values (two registers).
+constexpr size_t kDecodedAt = 32;  // floats per block before them
+constexpr size_t kDecodedFloats = kTile * 2 * 8;
+
+inline __m256i * decoded(float * prepared, int nb) {
+    return reinterpret_cast<__m256i *>(prepared + size_t(nb) * kDecodedAt);
+}
+
+inline const __m256i * decoded(const float * prepared, int nb, int row) {
+    return reinterpret_cast<const __m256i *>(prepared + size_t(nb) * kDecodedAt) + size_t(row) * size_t(nb) * 2;
+}
+
 // Once per weight tile: the rows' fp16 scales (and q4_1's minimums) as
 // floats, laid out as a pass reads them: for rows 2p and 2p + 1 and block b,
 // eight floats at (p * nb + b) * 8, the first row's scale in lanes 0-3, the
-// second's in 4-7; q4_1's minimums the same way after all of them.
+// second's in 4-7; q4_1's minimums the same way after all of them. A type
+// whose values take many instructions to unpack (q5_0) has them unpacked
+// here once, instead of once for every four activation rows of a prompt.
 template <class W>
 void prepare(const uint8_t * const * w, int nb, float * out) {
+    if constexpr (W::kPredecode) {
+        __m256i * v = decoded(out, nb);
+        for (int r = 0; r < kTile; ++r) {
+            for (int b = 0; b < nb; ++b) {
+                const typename W::Values x = W::values(w[r] + size_t(b) * W::kBytes);
+                _mm256_storeu_si256(v++, x.x);
+                _mm256_storeu_si256(v++, x.ax);
+            }
+        }
+    }
     for (int b = 0; b < nb; ++b) {
         const size_t at = size_t(b) * W::kBytes;
         // d0 m0 d1 m1 d2 m2 d3 m3 (for the types without m, what follows d)
@@ -124,8 +153,8 @@ void prepare(const uint8_t * const * w, int nb, float * out) {
 // activation rows: acc[r][a], and for q4_1 the sums of minimum times
 // activation sum in lane 4r + a of *summs.
 template <class W, int A>
-void pass(const uint8_t * x0, const uint8_t * x1, const float * wd, const float * wm, const ActRows & y, int nb,
-          __m256 (*acc)[A], __m256 * summs) {
+void pass(const uint8_t * x0, const uint8_t * x1, const float * wd, const float * wm, const __m256i * const * v,
+          const ActRows & y, int nb, __m256 (*acc)[A], __m256 * summs) {
     for (int b = 0; b < nb; ++b) {
         const size_t at = size_t(b) * W::kBytes;
         alignas(32) float scale[8];  // lane 4r + a: weight row r's scale times activation row a's
@@ -135,7 +164,15 @@ void pass(const uint8_t * x0, const uint8_t * x1, const float * wd, const float 
             *summs = _mm256_fmadd_ps(_mm256_loadu_ps(wm + 8 * b),
                                      _mm256_broadcast_ps(reinterpret_cast<const __m128 *>(y.s + 4 * b)), *summs);
         }
-        const typename W::Values x[2] = {W::values(x0 + at), W::values(x1 + at)};
+        typename W::Values x[2];
+        if constexpr (W::kPredecode) {
+            for (int r = 0; r < 2; ++r) {
+                x[r] = {_mm256_loadu_si256(v[r] + 2 * b), _mm256_loadu_si256(v[r] + 2 * b + 1)};
+            }
+        } else {
+            x[0] = W::values(x0 + at);
+            x[1] = W::values(x1 + at);
+        }
         for (int a = 0; a < A; ++a) {
             const __m256i qy = _mm256_loadu_si256(
                 reinterpret_cast<const __m256i *>(y.q[a] + size_t(b) * W::kActBytes + W::kActQs));
@@ -155,7 +192,12 @@ void tile(const WeightRows & w, const ActRows & y, int nb, float * out, int64_t 
         }
         __m256 summs = _mm256_setzero_ps();
         const float * wd = w.prepared + size_t(p) * size_t(nb) * 8;
-        pass<W, A>(w.w[2 * p], w.w[2 * p + 1], wd, wd + size_t(nb) * 16, y, nb, acc, &summs);
+        const __m256i * v[2] = {nullptr, nullptr};
+        if constexpr (W::kPredecode) {
+            v[0] = decoded(w.prepared, nb, 2 * p);
+            v[1] = decoded(w.prepared, nb, 2 * p + 1);
+        }
+        pass<W, A>(w.w[2 * p], w.w[2 * p + 1], wd, wd + size_t(nb) * 16, v, y, nb, acc, &summs);
         alignas(32) float s[8];
         _mm256_store_ps(s, summs);
         for (int r = 0; r < 2; ++r) {
@@ -168,7 +210,8 @@ void tile(const WeightRows & w, const ActRows & y, int nb, float * out, int64_t 
 
 template <class W>
 const TileKernels * kernels() {
-    static const TileKernels k = {{tile<W, 1>, tile<W, 2>, tile<W, 3>, tile<W, 4>}, prepare<W>, W::kMin ? 32 : 16};
+    constexpr int floats = W::kPredecode ? int(kDecodedAt + kDecodedFloats) : W::kMin ? 32 : 16;
+    static const TileKernels k = {{tile<W, 1>, tile<W, 2>, tile<W, 3>, tile<W, 4>}, prepare<W>, floats};
     return &k;
 }
 
