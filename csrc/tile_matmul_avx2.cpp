@@ -9,8 +9,9 @@
 // two fp16 scales, the same fused multiply-add into eight float lanes, block
 // after block, the same horizontal sum, and for q4_1 the same fused sum of
 // the blocks' minimum times the activations' sums. The weights' scales are
-// made floats once for all activation rows (prepare), and the products of
-// the scales for the eight pairs of a block take one multiply.
+// made floats once for all activation rows (prepare), q5_0's values are
+// unpacked there once too, and the products of the scales for the eight
+// pairs of a block take one multiply.
 
 #include "tile_matmul_kernels.h"
 
@@ -40,6 +41,21 @@ struct Signed {
 
 inline Signed signed_values(__m256i x) { return {x, _mm256_sign_epi8(x, x)}; }
 
+// A block's values as registers kept in memory (prepare) and read back.
+inline __m256i * put(__m256i * v, __m256i x) {
+    _mm256_storeu_si256(v, x);
+    return v + 1;
+}
+
+inline __m256i * put(__m256i * v, const Signed & x) { return put(put(v, x.x), x.ax); }
+
+inline void get(const __m256i * v, __m256i & x) { x = _mm256_loadu_si256(v); }
+
+inline void get(const __m256i * v, Signed & x) { x = {_mm256_loadu_si256(v), _mm256_loadu_si256(v + 1)}; }
+
+template <class V>
+constexpr size_t kRegs = sizeof(V) / sizeof(__m256i);
+
 // vec_dot's mul_sum_i8_pairs_float of a block's weights and activations
 inline __m256 dot_i8(const Signed & w, __m256i y) {
 #if defined(__AVXVNNIINT8__)
@@ -62,7 +78,7 @@ struct Q4_1 {
     static constexpr size_t kBytes = 20;  // fp16 d, fp16 m, 16 bytes of nibbles
     static constexpr size_t kActBytes = 36, kActQs = 4;
     static constexpr bool kMin = true;
-    static constexpr bool kPredecode = false;
+    static constexpr bool kPredecode = false;  // four instructions a block: as fast unpacked again
     using Values = __m256i;
     static Values values(const uint8_t * x) { return nibbles(x + 4); }
     static __m256 dot(const Values & x, __m256i y) { return dot_us8(x, y); }
@@ -84,7 +100,7 @@ struct Q5_0 {
     static constexpr size_t kBytes = 22;  // fp16 d, 32 high bits, 16 bytes of low nibbles
     static constexpr size_t kActBytes = 34, kActQs = 2;
     static constexpr bool kMin = false;
-    static constexpr bool kPredecode = true;  // ten instructions a block: decoded once per weight tile
+    static constexpr bool kPredecode = true;  // ten instructions a block
     using Values = Signed;
     // the nibbles, with 0xF0 where a value's high bit is 0 (as vec_dot)
     static Values values(const uint8_t * x) {
@@ -99,18 +115,19 @@ struct Q5_0 {
     static __m256 dot(const Values & x, __m256i y) { return dot_i8(x, y); }
 };
 
-// Where a type that decodes its weights once per tile keeps them in what
-// prepare writes: after the scales and minimums, per row and block its
-// values and their absolute values (two registers).
+// Where a type that unpacks its weights once per tile keeps them in what
+// prepare writes: after the scales and minimums, row after row, each block's
+// values as a pass takes them (q5_0: the values and their absolute values).
 constexpr size_t kDecodedAt = 32;  // floats per block before them
-constexpr size_t kDecodedFloats = kTile * 2 * 8;
 
 inline __m256i * decoded(float * prepared, int nb) {
     return reinterpret_cast<__m256i *>(prepared + size_t(nb) * kDecodedAt);
 }
 
-inline const __m256i * decoded(const float * prepared, int nb, int row) {
-    return reinterpret_cast<const __m256i *>(prepared + size_t(nb) * kDecodedAt) + size_t(row) * size_t(nb) * 2;
+template <class W>
+const __m256i * decoded(const float * prepared, int nb, int row) {
+    return reinterpret_cast<const __m256i *>(prepared + size_t(nb) * kDecodedAt) +
+           size_t(row) * size_t(nb) * kRegs<typename W::Values>;
 }
 
 // Once per weight tile: the rows' fp16 scales (and q4_1's minimums) as
@@ -124,11 +141,7 @@ void prepare(const uint8_t * const * w, int nb, float * out) {
     if constexpr (W::kPredecode) {
         __m256i * v = decoded(out, nb);
         for (int r = 0; r < kTile; ++r) {
-            for (int b = 0; b < nb; ++b) {
-                const typename W::Values x = W::values(w[r] + size_t(b) * W::kBytes);
-                _mm256_storeu_si256(v++, x.x);
-                _mm256_storeu_si256(v++, x.ax);
-            }
+            for (int b = 0; b < nb; ++b) v = put(v, W::values(w[r] + size_t(b) * W::kBytes));
         }
     }
     for (int b = 0; b < nb; ++b) {
@@ -166,9 +179,7 @@ void pass(const uint8_t * x0, const uint8_t * x1, const float * wd, const float 
         }
         typename W::Values x[2];
         if constexpr (W::kPredecode) {
-            for (int r = 0; r < 2; ++r) {
-                x[r] = {_mm256_loadu_si256(v[r] + 2 * b), _mm256_loadu_si256(v[r] + 2 * b + 1)};
-            }
+            for (int r = 0; r < 2; ++r) get(v[r] + kRegs<typename W::Values> * size_t(b), x[r]);
         } else {
             x[0] = W::values(x0 + at);
             x[1] = W::values(x1 + at);
@@ -194,8 +205,8 @@ void tile(const WeightRows & w, const ActRows & y, int nb, float * out, int64_t 
         const float * wd = w.prepared + size_t(p) * size_t(nb) * 8;
         const __m256i * v[2] = {nullptr, nullptr};
         if constexpr (W::kPredecode) {
-            v[0] = decoded(w.prepared, nb, 2 * p);
-            v[1] = decoded(w.prepared, nb, 2 * p + 1);
+            v[0] = decoded<W>(w.prepared, nb, 2 * p);
+            v[1] = decoded<W>(w.prepared, nb, 2 * p + 1);
         }
         pass<W, A>(w.w[2 * p], w.w[2 * p + 1], wd, wd + size_t(nb) * 16, v, y, nb, acc, &summs);
         alignas(32) float s[8];
@@ -210,7 +221,8 @@ void tile(const WeightRows & w, const ActRows & y, int nb, float * out, int64_t 
 
 template <class W>
 const TileKernels * kernels() {
-    constexpr int floats = W::kPredecode ? int(kDecodedAt + kDecodedFloats) : W::kMin ? 32 : 16;
+    constexpr size_t values = kTile * kRegs<typename W::Values> * 8;  // floats a block's values take
+    constexpr int floats = W::kPredecode ? int(kDecodedAt + values) : W::kMin ? 32 : 16;
     static const TileKernels k = {{tile<W, 1>, tile<W, 2>, tile<W, 3>, tile<W, 4>}, prepare<W>, floats};
     return &k;
 }
