@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from runtime_helpers import submit, wait_finished, wait_until
 
 from lmsp.errors import ModelChanged
-from lmsp.runtime.filewatch import FileWatch
+from lmsp.runtime import model_files
+from lmsp.runtime.filewatch import FileIdentity, FileWatch
 
 
 def _flip_middle(path) -> None:
@@ -88,6 +90,40 @@ def test_a_hard_link_or_chmod_of_a_loaded_models_file_changes_nothing(store, run
     os.chmod(model_file, 0o640)
     assert runtime.model_object("tiny")["state"] == "loaded"
     assert runtime.check_model_files() == []  # hashed: the digest it was loaded with
+    assert runtime.registry.engine("tiny") is not None
+    assert wait_finished(runtime, store, submit(store, runtime, max_output_tokens=2))["status"] == "completed"
+    assert (store.get_model("tiny")["digest"], runtime.model_object("tiny")["state"]) == (digest, "loaded")
+
+
+def _move_change_time(path) -> None:
+    """A chmod that moves the file's change time (the clock it reads may be coarse)."""
+    before = FileIdentity.of(path)
+    mode = 0o600
+    while FileIdentity.of(path) == before:
+        mode ^= 0o040
+        os.chmod(path, mode)
+        time.sleep(0.002)
+
+
+def test_a_change_time_that_moves_again_while_the_file_is_hashed_changes_nothing(
+        store, runtime, model_file, monkeypatch):
+    # a link, then a chmod while the check hashes the file after the link: the
+    # identity it hashed under is gone when the hash ends, the bytes are the same
+    digest = _loaded(store, runtime)
+    hashed = []
+
+    def hash_then_chmod(path, progress=None):
+        out = real_digest(path, progress)
+        if not hashed:
+            _move_change_time(model_file)
+        hashed.append(path)
+        return out
+
+    real_digest = model_files.file_digest
+    monkeypatch.setattr(model_files, "file_digest", hash_then_chmod)
+    _move_change_time(model_file)
+    assert runtime.check_model_files() == []
+    assert len(hashed) >= 2  # hashed again under the newer change time
     assert runtime.registry.engine("tiny") is not None
     assert wait_finished(runtime, store, submit(store, runtime, max_output_tokens=2))["status"] == "completed"
     assert (store.get_model("tiny")["digest"], runtime.model_object("tiny")["state"]) == (digest, "loaded")

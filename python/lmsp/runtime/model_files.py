@@ -25,6 +25,8 @@ CHUNK = 1 << 20
 # changed this long before the hash began (a write within the same clock tick as the
 # hash's stat would not move its times)
 SETTLED_NS = 2_000_000_000
+# hashes of a loaded model's file whose change time alone keeps moving, before it counts as changed
+KEPT_DIGEST_TRIES = 3
 
 
 def file_digest(path: str | os.PathLike, progress=None) -> tuple[str, int]:
@@ -186,10 +188,20 @@ class ModelFiles:
 
     def _kept_digest(self, model_id: str, path: Path, was: FileIdentity, now: FileIdentity) -> bool:
         """Whether the file still has the digest the model was loaded with; if so, it is
-        kept under its identity ``now``."""
+        kept under its identity after the hash. A change time that moved again while
+        the file was hashed (a second link or chmod) hashes it again, a few times at most."""
         with self._lock:
             want = self._loaded_digests.get(model_id)
-        if want is None or file_digest(path)[0] != want or FileIdentity.of(path) != now:
+        for _ in range(KEPT_DIGEST_TRIES):
+            if want is None or file_digest(path)[0] != want:
+                return False
+            after = FileIdentity.of(path)
+            if after == now:
+                break
+            if after is None or not was.same_bytes_as(after):
+                return False
+            now = after  # only its change time moved: hash again
+        else:
             return False
         with self._lock:
             if self._loaded_files.get(model_id) == (path, was):
