@@ -168,8 +168,10 @@ size_t BatchPlan::tiled_min(size_t n_prompt) const {
 }
 
 bool BatchPlan::next_step_tiled(bool tiled_work, bool one_row_work) {
-    bool tiled_step = tiled_work && (!one_row_work || !last_step_tiled);
-    if (tiled_work && one_row_work && last_step_tiled) {
+    bool tiled_step = false;
+    if (tiled_work && (!one_row_work || !last_step_tiled)) {
+        tiled_step = true;
+    } else if (tiled_work) {
         // a run goes on while the streams that wait are its own, up to a batch of rows
         tiled_step = !run_waiting && run_rows < run_rows_max;
     }
@@ -178,7 +180,6 @@ bool BatchPlan::next_step_tiled(bool tiled_work, bool one_row_work) {
         run_rows = 0;
     }
     last_step_tiled = tiled_step;
-    one_row_waiting = tiled_step && run_waiting;
     return tiled_step;
 }
 
@@ -187,7 +188,7 @@ size_t BatchPlan::step_chunk(size_t prefill_chunk) const {
     // alone, and every chunk is at least tiled_min rows), so the chunk may
     // follow the load: shorter while streams wait, so that each of them
     // waits for at most one short tiled step between two of its tokens
-    return one_row_waiting ? std::min(prefill_chunk, kChunkWhileDecoding) : prefill_chunk;
+    return run_waiting ? std::min(prefill_chunk, kChunkWhileDecoding) : prefill_chunk;
 }
 
 size_t BatchPlan::tiled_chunk(TiledStep & step, size_t t_left, size_t m, size_t left, size_t prefill_chunk,

@@ -82,8 +82,7 @@ struct BatchPlan {
     bool row_wise = true;            // every matmul of the weights takes one row at a time
     bool moe_kquant = false;         // experts on K-quant or i-quant weights
     bool last_step_tiled = false;
-    bool one_row_waiting = false;   // the step being planned leaves running streams waiting
-    bool run_waiting = false;       // one-row work waited when this run of tiled steps began
+    bool run_waiting = false;       // streams waited to decode when this run of tiled steps began
     size_t run_rows = 0;            // rows the tiled steps of this run took
     size_t run_rows_max = 0;        // rows a run takes while only its own new streams wait
     size_t one_row_cap = SIZE_MAX;  // rows of a sequence in a one-row step, at most
@@ -104,7 +103,7 @@ struct BatchPlan {
     // A tiled step took `rows` rows.
     void took_tiled_rows(size_t rows) { run_rows += rows; }
     // The chunk a tiled step takes of a prompt: `prefill_chunk`, or at most
-    // kChunkWhileDecoding while sequences wait to decode.
+    // kChunkWhileDecoding while streams of before its run wait to decode.
     size_t step_chunk(size_t prefill_chunk) const;
     // The rows a prompt feeds into a tiled step (0: none this step), with
     // `t_left` rows of it left to prefill tiled in chunks of at least `m`,
