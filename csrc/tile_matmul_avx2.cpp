@@ -9,9 +9,9 @@
 // two fp16 scales, the same fused multiply-add into eight float lanes, block
 // after block, the same horizontal sum, and for q4_1 the same fused sum of
 // the blocks' minimum times the activations' sums. The weights' scales are
-// made floats once for all activation rows (prepare), q5_0's values are
-// unpacked there once too, and the products of the scales for the eight
-// pairs of a block take one multiply.
+// made floats once for all activation rows (prepare), q4_1's and q5_0's
+// values are unpacked there once too, and the products of the scales for
+// the eight pairs of a block take one multiply.
 
 #include "tile_matmul_kernels.h"
 
@@ -53,9 +53,6 @@ inline void get(const __m256i * v, __m256i & x) { x = _mm256_loadu_si256(v); }
 
 inline void get(const __m256i * v, Signed & x) { x = {_mm256_loadu_si256(v), _mm256_loadu_si256(v + 1)}; }
 
-template <class V>
-constexpr size_t kRegs = sizeof(V) / sizeof(__m256i);
-
 // vec_dot's mul_sum_i8_pairs_float of a block's weights and activations
 inline __m256 dot_i8(const Signed & w, __m256i y) {
 #if defined(__AVXVNNIINT8__)
@@ -78,8 +75,9 @@ struct Q4_1 {
     static constexpr size_t kBytes = 20;  // fp16 d, fp16 m, 16 bytes of nibbles
     static constexpr size_t kActBytes = 36, kActQs = 4;
     static constexpr bool kMin = true;
-    static constexpr bool kPredecode = false;  // four instructions a block: as fast unpacked again
+    static constexpr bool kPredecode = true;
     using Values = __m256i;
+    static constexpr size_t kRegs = 1;  // registers a block's values take
     static Values values(const uint8_t * x) { return nibbles(x + 4); }
     static __m256 dot(const Values & x, __m256i y) { return dot_us8(x, y); }
 };
@@ -90,6 +88,7 @@ struct Q8_0 {
     static constexpr bool kMin = false;
     static constexpr bool kPredecode = false;
     using Values = Signed;
+    static constexpr size_t kRegs = 2;
     static Values values(const uint8_t * x) {
         return signed_values(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(x + 2)));
     }
@@ -102,6 +101,7 @@ struct Q5_0 {
     static constexpr bool kMin = false;
     static constexpr bool kPredecode = true;  // ten instructions a block
     using Values = Signed;
+    static constexpr size_t kRegs = 2;
     // the nibbles, with 0xF0 where a value's high bit is 0 (as vec_dot)
     static Values values(const uint8_t * x) {
         const __m256i spread = _mm256_shuffle_epi8(
@@ -126,8 +126,7 @@ inline __m256i * decoded(float * prepared, int nb) {
 
 template <class W>
 const __m256i * decoded(const float * prepared, int nb, int row) {
-    return reinterpret_cast<const __m256i *>(prepared + size_t(nb) * kDecodedAt) +
-           size_t(row) * size_t(nb) * kRegs<typename W::Values>;
+    return reinterpret_cast<const __m256i *>(prepared + size_t(nb) * kDecodedAt) + size_t(row) * size_t(nb) * W::kRegs;
 }
 
 // Once per weight tile: the rows' fp16 scales (and q4_1's minimums) as
@@ -168,25 +167,35 @@ void prepare(const uint8_t * const * w, int nb, float * out) {
 template <class W, int A>
 void pass(const uint8_t * x0, const uint8_t * x1, const float * wd, const float * wm, const __m256i * const * v,
           const ActRows & y, int nb, __m256 (*acc)[A], __m256 * summs) {
+    const uint8_t * q[A];  // where each activation row's int8 begin, held apart from y
+    for (int a = 0; a < A; ++a) q[a] = y.q[a] + W::kActQs;
+    const float * yd = y.d;
+    const float * ys = y.s;
+    alignas(32) float scales[8];
     for (int b = 0; b < nb; ++b) {
         const size_t at = size_t(b) * W::kBytes;
-        alignas(32) float scale[8];  // lane 4r + a: weight row r's scale times activation row a's
+        // lane 4r + a: weight row r's scale times activation row a's. The
+        // empty asm makes the address opaque, so that the compiler reads
+        // each lane at a fixed offset from it instead of keeping eight
+        // addresses, which spill.
+        float * scale = scales;
+        __asm__("" : "+r"(scale));
         _mm256_store_ps(scale, _mm256_mul_ps(_mm256_loadu_ps(wd + 8 * b),
-                                             _mm256_broadcast_ps(reinterpret_cast<const __m128 *>(y.d + 4 * b))));
+                                             _mm256_broadcast_ps(reinterpret_cast<const __m128 *>(yd + 4 * b))));
         if constexpr (W::kMin) {
             *summs = _mm256_fmadd_ps(_mm256_loadu_ps(wm + 8 * b),
-                                     _mm256_broadcast_ps(reinterpret_cast<const __m128 *>(y.s + 4 * b)), *summs);
+                                     _mm256_broadcast_ps(reinterpret_cast<const __m128 *>(ys + 4 * b)), *summs);
         }
         typename W::Values x[2];
         if constexpr (W::kPredecode) {
-            for (int r = 0; r < 2; ++r) get(v[r] + kRegs<typename W::Values> * size_t(b), x[r]);
+            for (int r = 0; r < 2; ++r) get(v[r] + W::kRegs * size_t(b), x[r]);
         } else {
             x[0] = W::values(x0 + at);
             x[1] = W::values(x1 + at);
         }
         for (int a = 0; a < A; ++a) {
-            const __m256i qy = _mm256_loadu_si256(
-                reinterpret_cast<const __m256i *>(y.q[a] + size_t(b) * W::kActBytes + W::kActQs));
+            __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q[a] + size_t(b) * W::kActBytes));
+            __asm__("" : "+x"(qy));  // loaded once into a register, not once for each weight row
             for (int r = 0; r < 2; ++r) {
                 acc[r][a] = _mm256_fmadd_ps(_mm256_broadcast_ss(scale + 4 * r + a), W::dot(x[r], qy), acc[r][a]);
             }
@@ -221,7 +230,7 @@ void tile(const WeightRows & w, const ActRows & y, int nb, float * out, int64_t 
 
 template <class W>
 const TileKernels * kernels() {
-    constexpr size_t values = kTile * kRegs<typename W::Values> * 8;  // floats a block's values take
+    constexpr size_t values = kTile * W::kRegs * 8;  // floats a block's values take
     constexpr int floats = W::kPredecode ? int(kDecodedAt + values) : W::kMin ? 32 : 16;
     static const TileKernels k = {{tile<W, 1>, tile<W, 2>, tile<W, 3>, tile<W, 4>}, prepare<W>, floats};
     return &k;

@@ -82,10 +82,12 @@ inline float half(const uint8_t * p) {
 // vec_dot's horizontal sum of eight lanes (hsum_float_8 of ggml's x86 code)
 inline float hsum8(const float * t) { return ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7])); }
 
+// The same sums in registers, in the same order (the high half plus the low,
+// then lanes 2 and 3 onto 0 and 1, then lane 1 onto lane 0)
 inline float hsum8(__m256 v) {
-    alignas(32) float t[8];
-    _mm256_store_ps(t, v);
-    return hsum8(t);
+    __m128 r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    return _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)));
 }
 #endif
 
