@@ -18,7 +18,9 @@
 //    however many rows come with it, but not as the per-row kernel's.
 //  - a tiled matmul for 8+ rows of K-quant and i-quant weights (q4_k, q6_k,
 //    iq4_xs, ...; ggml-cpu/tiled), whose rows likewise come out the same for
-//    any batch of 8 or more.
+//    any batch of 8 or more. On ARM and on x86 without AVX-512 VNNI the tiles
+//    take q4_K and q6_K products of any rows instead, with vec_dot's bits
+//    (tile_matmul.cpp); the others keep ggml's tiled matmul.
 // So the engine computes each row in one of two fixed ways ("Two kinds of
 // steps" below): a prompt of 64 tokens or more (8 or more on K-quant
 // weights) is prefilled tiled, in steps of its own kind, in chunks of at

@@ -11,6 +11,7 @@
 
 #include "bindings_kv.h"
 #include "bindings_rpc.h"
+#include "bindings_tiles.h"
 #include "chat_template_py.h"  // the chat layer's part of the module
 #include "engine.h"
 #include "errors.h"
@@ -467,15 +468,7 @@ PYBIND11_MODULE(_native, m) {
     m.def("check_grammar", &lmsp::check_grammar, "gbnf"_a, py::call_guard<py::gil_scoped_release>(),
           "ValueError for GBNF text (root rule 'root') that the engine's grammar sampler would refuse.");
 
-    m.def("tile_matmul_types", &lmsp::tile_matmul_types,
-          "The weight types whose products of several rows take the tiled kernels (tile_matmul.cpp).");
-    m.def("tile_matmul_products", &lmsp::tile_matmul_products, "Matrix products the tiles computed so far.");
-    m.attr("TILE_MATMUL_BUILT") = lmsp::tile_matmul_built();
-    m.def("set_tile_matmul", &lmsp::set_tile_matmul, "on"_a,
-          "Tiled products on or off for the whole process, while no engine computes (the same numbers either way).");
-    m.def("tile_matmul_matches", &lmsp::tile_matmul_matches, "type"_a, "rows"_a, "n"_a, "k"_a, "seed"_a,
-          "Whether the tiled product of random weights equals ggml's one-row dot product bit for bit.");
-
+    lmsp_py::bind_tiles(m);
     bind_chat(m);
 
     py::class_<lmsp::TextStream>(m, "TextStream",

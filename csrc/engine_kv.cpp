@@ -15,6 +15,7 @@
 #include "rpc.h"
 #include "sequence.h"
 #include "slot_choice.h"
+#include "tile_matmul.h"
 
 namespace lmsp {
 
@@ -134,6 +135,8 @@ std::string Engine::kv_format() const {
     f += "/fa-tiles-" + std::to_string(plan_.fa_tiles ? kFaTileRows : 0);
     f += "/matmul-tiles-" + std::to_string(plan_.matmul_tiles ? kMinTiledRows : 0);
     f += "/reference-" + std::to_string(int(plan_.reference_kernels));
+    // K-quant prompts: vec_dot's bits where the tiles take them, else ggml's tiled matmul's
+    f += std::string("/kquants-") + (tile_matmul_kquants_first() ? "vec-dot" : "ggml-tiled");
     f += std::string("/isa-") + cpu_kernel_set();
     return f;
 }

@@ -17,10 +17,13 @@
 //
 // The K-quants q4_K and q6_K are computed by vec_dot in ggml's one-row
 // steps (the reference kernels, csrc/llama_private.cpp) and for products of
-// fewer than 8 rows; on x86 ggml's own tiled K-quant matmul takes the others,
-// with other bits. The tiles take a K-quant product only where ggml would
-// have used vec_dot: on ARM, where ggml has no tiled K-quant matmul, every
-// product of two rows or more.
+// fewer than 8 rows; ggml's own tiled K-quant matmul takes the others on x86,
+// with other bits. Where the tiles replace it (kKquantTilesFirst: ARM, where
+// ggml has none, and x86 without AVX-512 VNNI, where the tiles measured
+// faster) they take every q4_K and q6_K product of two rows or more, and
+// with the tiles off the hook computes those of 8 rows or more with vec_dot
+// row by row: these products then have vec_dot's bits whatever the rows, with
+// tiles or without. With AVX-512 VNNI ggml's tiled matmul keeps them.
 //
 // They are hooked in as an "extra buffer type" of ggml's CPU backend, the
 // way ggml's repacked weights are, but they hold no weights: the weights stay
@@ -80,6 +83,14 @@ TileType g_types[] = {{GGML_TYPE_Q4_1, "q4_1"}, {GGML_TYPE_Q5_0, "q5_0"}, {GGML_
 std::atomic<int64_t> g_products{0};
 
 bool is_kquant(ggml_type type) { return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K; }
+
+// Where the tiles take the K-quant products ggml's tiled matmul would (the
+// note at the top): ARM and x86 without AVX-512 VNNI.
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+constexpr bool kKquantTilesFirst = false;
+#else
+constexpr bool kKquantTilesFirst = true;
+#endif
 
 #if defined(LMSP_TILES_NEON)
 // ARM: the NEON tiles (tile_matmul_neon.cpp), the legacy types and the K-quants.
@@ -198,11 +209,13 @@ bool type_on(ggml_type type) {
 }
 
 // The products the tiles take: plain (not repacked) 2-D weights of a type
-// that passed its check, by two or more f32 rows, into f32.
+// that passed its check, by two or more f32 rows, into f32. With the tiles
+// off, the K-quant products they replace ggml's tiled matmul for (above).
 bool takes(const ggml_tensor * op) {
-    if (op->op != GGML_OP_MUL_MAT || !g_on.load(std::memory_order_relaxed)) return false;
+    if (op->op != GGML_OP_MUL_MAT) return false;
     const ggml_tensor * w = op->src[0];
     const ggml_tensor * x = op->src[1];
+    if (!g_on.load(std::memory_order_relaxed) && !(kKquantTilesFirst && is_kquant(w->type))) return false;
     if (!type_on(w->type) || w->extra != nullptr || w->buffer == nullptr || !ggml_backend_buffer_is_host(w->buffer)) {
         return false;
     }
@@ -248,6 +261,31 @@ bool ggml_uses_vec_dot(const ggml_compute_params * params, const ggml_tensor * o
     return !t.on || (op->src[1]->ne[1] < kGgmlTiledRows && !t.forced);
 }
 
+// Whether the hook computes this product with the tiles on (`tiled`), or
+// with vec_dot row by row with them off: a K-quant product ggml's tiled
+// matmul would take, where the tiles replace it.
+bool hook_computes(const ggml_compute_params * params, const ggml_tensor * op, bool tiled) {
+    if (!has_tiles(op->src[0]->type)) return false;
+    const bool kquant_first = kKquantTilesFirst && is_kquant(op->src[0]->type) && !params->use_ref;
+    return tiled ? kquant_first || ggml_uses_vec_dot(params, op) : kquant_first && !ggml_uses_vec_dot(params, op);
+}
+
+// Weight rows [r0, r1) by every activation row with vec_dot, one element at a
+// time (what ggml computes with its tiled matmul off).
+void one_row_products(const ggml_tensor * w, const uint8_t * act, size_t act_row_bytes, int64_t n, int64_t r0,
+                      int64_t r1, ggml_tensor * op) {
+    const ggml_vec_dot_t dot = ggml_get_type_traits_cpu(w->type)->vec_dot;
+    const auto * weights = static_cast<const uint8_t *>(w->data);
+    auto * dst = static_cast<float *>(op->data);
+    const int64_t ld = int64_t(op->nb[1] / sizeof(float));
+    for (int64_t a = 0; a < n; ++a) {
+        for (int64_t r = r0; r < r1; ++r) {
+            dot(int(w->ne[0]), dst + a * ld + r, 0, weights + size_t(r) * w->nb[1], 0, act + size_t(a) * act_row_bytes,
+                0, 1);
+        }
+    }
+}
+
 class TileTraits : public ggml::cpu::tensor_traits {
 public:
     // the work buffer ggml's own path asks for: the quantized activations
@@ -256,7 +294,8 @@ public:
     bool compute_forward(ggml_compute_params * params, ggml_tensor * op) override {
         const ggml_tensor * w = op->src[0];
         const ggml_tensor * x = op->src[1];
-        if (!has_tiles(w->type) || !ggml_uses_vec_dot(params, op)) return false;
+        const bool tiled = g_on.load(std::memory_order_relaxed);
+        if (!hook_computes(params, op, tiled)) return false;
         const ggml_type q = ggml_get_type_traits_cpu(w->type)->vec_dot_type;
         const ggml_from_float_t quantize = ggml_get_type_traits_cpu(q)->from_float;
         const int64_t k = x->ne[0];
@@ -271,10 +310,14 @@ public:
             const float * row = reinterpret_cast<const float *>(static_cast<const char *>(x->data) + i * x->nb[1]);
             quantize(row + b0 * bs, wdata + i * q_row + b0 * ggml_type_size(q), (b1 - b0) * bs);
         }
-        if (ith == 0) g_products.fetch_add(1, std::memory_order_relaxed);
+        if (ith == 0 && tiled) g_products.fetch_add(1, std::memory_order_relaxed);
         ggml_barrier(params->threadpool);
         const int64_t tiles = w->ne[1] / kTile;
         const int64_t t0 = tiles * ith / nth, t1 = tiles * (ith + 1) / nth;
+        if (!tiled) {
+            one_row_products(w, wdata, q_row, n, t0 * kTile, t1 * kTile, op);
+            return true;
+        }
         product(w->type, static_cast<const uint8_t *>(w->data), w->nb[1], t0 * kTile, t1 * kTile, wdata, q_row, n,
                 int(k / ggml_blck_size(w->type)), static_cast<float *>(op->data), int64_t(op->nb[1] / sizeof(float)));
         return true;
@@ -399,6 +442,8 @@ std::vector<std::string> tile_matmul_types() {
 void set_tile_matmul(bool on) { g_on = on; }
 
 int64_t tile_matmul_products() { return g_products.load(); }
+
+bool tile_matmul_kquants_first() { return kKquantTilesFirst && tile_matmul_built(); }
 
 bool tile_matmul_built() {
     for (const TileType & t : g_types) {

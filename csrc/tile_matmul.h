@@ -31,6 +31,11 @@ int64_t tile_matmul_products();
 // the dot-product extension (tile_matmul_neon.h).
 bool tile_matmul_built();
 
+// Whether the tiles take every q4_K and q6_K product of two rows or more,
+// those ggml's tiled K-quant matmul would take included (ARM, and x86
+// without AVX-512 VNNI): such products have vec_dot's bits whatever the rows.
+bool tile_matmul_kquants_first();
+
 // Whether the tiled product of random `type` weights (`rows` x `k`) and `n`
 // random activation rows equals ggml's one-row dot product (vec_dot) bit for
 // bit in every element. False for a type the tiles do not take.

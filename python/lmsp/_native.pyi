@@ -26,6 +26,7 @@ def read_gguf_info(path: str | PathLike[str]) -> dict[str, Any]: ...
 
 QUANTIZE_TYPES: tuple[str, ...]
 TILE_MATMUL_BUILT: bool
+TILE_MATMUL_KQUANTS_FIRST: bool
 RPC_BUILT: bool
 BACKEND_LOST: str
 

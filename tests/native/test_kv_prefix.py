@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from native_helpers import N_GPU_LAYERS, drain, generate
 
-from lmsp import cpu_check
+from lmsp import _native, cpu_check
 from lmsp import kv
 from lmsp.native import Engine, KvState
 
@@ -258,6 +258,9 @@ def test_a_kv_file_written_under_another_instruction_set_is_refused(make, tmp_pa
     assert record is not None
     here = engine.info["kv_format"]
     assert here.endswith(f"/isa-{kernel_set(record['macros'])}")
+    # and how K-quant prompts are computed (tile_matmul.cpp)
+    assert ("/kquants-vec-dot/" in here) is _native.TILE_MATMUL_KQUANTS_FIRST
+    assert ("/kquants-ggml-tiled/" in here) is not _native.TILE_MATMUL_KQUANTS_FIRST
     assert load(engine, path, prompt)["tokens"]  # this build reads its own file
     for isa in ("avx2", "avx512vnni", "neon-dotprod"):
         other = here.rsplit("/isa-", 1)[0] + f"/isa-{isa}"

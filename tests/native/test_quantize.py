@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from native_helpers import N_GPU_LAYERS, drain, generate, random_prompt, take
 
+from lmsp import _native
 from lmsp.models.demo import write_demo_model
 from lmsp.native import QUANTIZE_TYPES, Engine, ModelFormatError, NativeError, quantize, read_gguf_info, system_info
 
@@ -118,6 +119,27 @@ def test_without_invariance_a_kquant_models_rows_differ(kquant_model: Path) -> N
         assert fast.info["reference_kernels"] is False
         whole = fast.eval_logits(tokens)
         assert not all(np.array_equal(fast.eval_logits(tokens[:n]), whole[:n]) for n in (1, 7))
+
+
+@cpu_only
+def test_kquant_prompts_take_the_tiles_where_they_replace_ggmls_tiled_matmul(kquant_model: Path) -> None:
+    """Where the tiles take the K-quant products of 8 rows or more that ggml's
+    tiled matmul would (tile_matmul.cpp: ARM, and x86 without AVX-512 VNNI), a
+    prompt's products go through them, and with the tiles off through vec_dot
+    row by row: the same bits either way. Elsewhere ggml's tiled matmul keeps
+    them, tiles or not (this model's matrices are all q4_K and q6_K)."""
+    tokens = random_prompt(4, 40)
+    with _engine(kquant_model, n_parallel=1) as engine:
+        before = _native.tile_matmul_products()
+        tiled = engine.eval_logits(tokens)  # 40 rows in one step
+        took = _native.tile_matmul_products() - before
+        _native.set_tile_matmul(False)
+        try:
+            plain = engine.eval_logits(tokens)
+        finally:
+            _native.set_tile_matmul(True)
+    assert (took > 0) is (_native.TILE_MATMUL_BUILT and _native.TILE_MATMUL_KQUANTS_FIRST)
+    assert tiled.tobytes() == plain.tobytes()
 
 
 SAMPLED = dict(seed=5, temperature=0.9, top_k=40)
