@@ -41,6 +41,16 @@ def wait_finished(runtime, store, task_id, timeout=60.0):
     return wait_until(runtime, store, task_id, lambda t: t["status"] in FINISHED, timeout)
 
 
+def claimed_once_settled(runtime, timeout=10.0):
+    """The worker's claimed tasks once its runs have settled. A task's end is in the
+    store before the committer drops its run (a refused commit keeps the run), so a
+    poll of the store can see the end a moment before the run leaves the table."""
+    deadline = time.monotonic() + timeout
+    while (claimed := runtime.metrics()["claimed_tasks"]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return claimed
+
+
 def all_events(store, task_id):
     out, after = [], 0
     while True:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from runtime_helpers import all_events, check_log, queued, submit, wait_finished, wait_until
+from runtime_helpers import all_events, check_log, claimed_once_settled, queued, submit, wait_finished, wait_until
 
 from lmsp import native
 
@@ -126,7 +126,7 @@ def test_a_task_whose_engine_closes_under_it_ends(store, runtime):
     task = wait_finished(runtime, store, tid)
     assert closed  # the engine went while the task ran
     assert task["status"] == "failed" and task["error"]["code"] == "engine_error"
-    assert runtime.metrics()["claimed_tasks"] == 0
+    assert claimed_once_settled(runtime) == 0
 
 
 def test_a_cancel_from_another_process_reaches_a_stream_while_the_model_loads(store, make_runtime, model_file):
