@@ -85,8 +85,9 @@ std::atomic<int64_t> g_products{0};
 bool is_kquant(ggml_type type) { return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K; }
 
 // Where the tiles take the K-quant products ggml's tiled matmul would (the
-// note at the top): ARM and x86 without AVX-512 VNNI.
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+// note at the top): ARM and x86 without the AVX-512 that ggml's tiled
+// microkernels take (ggml-cpu/tiled/tiled-kernel.cpp: VNNI, VL and DQ).
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
 constexpr bool kKquantTilesFirst = false;
 #else
 constexpr bool kKquantTilesFirst = true;

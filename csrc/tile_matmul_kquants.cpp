@@ -85,7 +85,6 @@ inline const Unpacked * unpacked(const float * prepared, int nb, int row) {
 }
 
 inline void store(uint8_t * p, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i *>(p), v); }
-inline __m256i loadv(const uint8_t * p) { return load256(p); }
 
 void unpack_q4_K(const uint8_t * x, Unpacked & u) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -150,9 +149,9 @@ template <int A>
 inline void superblock_sums(const Unpacked & u, const uint8_t * const * q8, __m256i * sumi) {
     for (int a = 0; a < A; ++a) sumi[a] = _mm256_setzero_si256();
     for (int m = 0; m < kSubBlocks; ++m) {
-        __m256i v = loadv(u.values[m]);
+        __m256i v = load256(u.values[m]);
         __asm__("" : "+x"(v));
-        __m256i s = loadv(u.scales[m]);
+        __m256i s = load256(u.scales[m]);
         __asm__("" : "+x"(s));
         for (int a = 0; a < A; ++a) {
             const __m256i p = _mm256_madd_epi16(s, _mm256_maddubs_epi16(v, load256(q8[a] + 32 * m)));
@@ -199,7 +198,7 @@ void tile_q4_K(const WeightRows & w, const ActRows & y, int nb, float * out, int
             }
             __m256i sumi[A];
             superblock_sums<A>(ur, rows, sumi);
-            const __m128i mins = _mm256_castsi256_si128(loadv(ur.extra));
+            const __m128i mins = _mm256_castsi256_si128(load256(ur.extra));
             for (int a = 0; a < A; ++a) {
                 const float d = yd[a] * ur.d, dmin = -yd[a] * ur.dmin;
                 const __m128i prod = _mm_madd_epi16(mins, q8s[a]);
@@ -220,7 +219,7 @@ void row_q6_K(const Unpacked * u, const ActRows & y, int nb, float * out, int64_
         for (int a = 0; a < A; ++a) q8[a] = y.q[a] + size_t(i) * kQ8KBytes + kQ8KQs;
         __m256i sumi[A];
         superblock_sums<A>(u[i], q8, sumi);
-        const __m256i scales_16 = loadv(u[i].extra);
+        const __m256i scales_16 = load256(u[i].extra);
         for (int a = 0; a < A; ++a) {
             const uint8_t * block = y.q[a] + size_t(i) * kQ8KBytes;
             const float d = act_d(block) * u[i].d;
