@@ -162,20 +162,52 @@ inline void prefetch_tile(const uint8_t * rows, size_t row_bytes) {
 // Weight tiles ahead of the one computed whose weights are asked for.
 constexpr int64_t kPrefetchTiles = 2;
 
+// A buffer of at least `floats` floats, 64-byte aligned.
+float * aligned(std::vector<float> & buf, size_t floats) {
+    constexpr size_t kAlign = 64 / sizeof(float);
+    buf.resize(floats + kAlign);
+    const auto at = reinterpret_cast<uintptr_t>(buf.data());
+    return buf.data() + (((at + 63) & ~uintptr_t(63)) - at) / sizeof(float);
+}
+
+// The tile's activation rows a.. (up to four; their scales from act_scales at
+// `at`, what prepare_act wrote at `prepared`): how many there are.
+int act_rows(const uint8_t * act, size_t act_row_bytes, int64_t a, int64_t a_end, const std::vector<float> & scale_d,
+             const std::vector<float> & scale_s, size_t at, ActRows & y) {
+    const int n = int(std::min<int64_t>(kTile, a_end - a));
+    y = ActRows{};
+    for (int i = 0; i < n; ++i) y.q[i] = act + size_t(a + i) * act_row_bytes;
+    y.d = scale_d.empty() ? nullptr : scale_d.data() + at;
+    y.s = scale_s.empty() ? nullptr : scale_s.data() + at;
+    return n;
+}
+
 // Weight rows [r0, r1) (a multiple of the tile) by every activation row:
 // dst row a, column r, from the quantized rows of `act` (row_bytes apart).
 void product(ggml_type type, const uint8_t * weights, size_t w_row_bytes, int64_t r0, int64_t r1, const uint8_t * act,
              size_t act_row_bytes, int64_t n_act, int nb, float * dst, int64_t ld_dst) {
     constexpr int64_t kActChunk = 64;  // activation rows kept hot in cache across weight tiles
-    thread_local std::vector<float> scale_d, scale_s, prepared;
+    thread_local std::vector<float> scale_d, scale_s, prepared, act_prepared;
     const TileKernels & k = *kernels(type);
-    prepared.resize(size_t(k.floats) * size_t(nb));
+    float * w_prep = aligned(prepared, size_t(k.floats) * size_t(nb));
     const ggml_type act_type = ggml_get_type_traits_cpu(type)->vec_dot_type;
     const bool scales = fp16_scales(act_type);
+    if (!scales) {
+        scale_d.clear();
+        scale_s.clear();
+    }
+    const size_t group_floats = size_t(k.act_floats) * size_t(nb);
+    const bool one_group = n_act <= kTile && k.one_group[0] != nullptr;
     for (int64_t a0 = 0; a0 < n_act; a0 += kActChunk) {
         const int64_t a_end = std::min(n_act, a0 + kActChunk);
         if (scales) {
             act_scales(act_type, act + size_t(a0) * act_row_bytes, act_row_bytes, a_end - a0, nb, scale_d, scale_s);
+        }
+        float * a_prep = aligned(act_prepared, group_floats * size_t((a_end - a0 + kTile - 1) / kTile));
+        for (int64_t a = a0; k.prepare_act != nullptr && a < a_end; a += kTile) {
+            ActRows y;
+            const int n = act_rows(act, act_row_bytes, a, a_end, scale_d, scale_s, size_t(a - a0) * size_t(nb), y);
+            k.prepare_act(y, n, nb, a_prep + size_t((a - a0) / kTile) * group_floats);
         }
         for (int64_t r = r0; r < r1; r += kTile) {
             if (r + kPrefetchTiles * kTile < r1) {
@@ -183,18 +215,15 @@ void product(ggml_type type, const uint8_t * weights, size_t w_row_bytes, int64_
             }
             WeightRows w{};
             for (int j = 0; j < kTile; ++j) w.w[j] = weights + size_t(r + j) * w_row_bytes;
-            if (k.prepare != nullptr) {
-                k.prepare(w.w, nb, prepared.data());
-                w.prepared = prepared.data();
+            if (k.prepare != nullptr && !one_group) {
+                k.prepare(w.w, nb, w_prep);
+                w.prepared = w_prep;
             }
             for (int64_t a = a0; a < a_end; a += kTile) {
-                const int n = int(std::min<int64_t>(kTile, a_end - a));
-                const size_t at = size_t((a - a0) / kTile) * size_t(nb) * kTile;
-                ActRows y{};
-                for (int i = 0; i < n; ++i) y.q[i] = act + size_t(a + i) * act_row_bytes;
-                y.d = scales ? scale_d.data() + at : nullptr;
-                y.s = scale_s.empty() ? nullptr : scale_s.data() + at;
-                k.tile[n - 1](w, y, nb, dst + a * ld_dst + r, ld_dst);
+                ActRows y;
+                const int n = act_rows(act, act_row_bytes, a, a_end, scale_d, scale_s, size_t(a - a0) * size_t(nb), y);
+                y.prepared = a_prep + size_t((a - a0) / kTile) * group_floats;
+                (one_group ? k.one_group : k.tile)[n - 1](w, y, nb, dst + a * ld_dst + r, ld_dst);
             }
         }
     }

@@ -1,12 +1,24 @@
 // Tiles of q4_1, q5_0 and q8_0 weights with AVX-512 VNNI (tile_matmul.cpp).
 //
-// Each pair of weight rows shares a 512-bit register. Every element is
-// computed exactly as vec_dot computes it where the compiler targets AVX-512
-// VNNI: the same eight int32 lanes per block (integer sums, exact in any
-// instruction), the same float multiply of the two scales, the same fused
-// multiply-add into eight float lanes, block after block, the same
-// horizontal sum, and for q4_1 the same fused sum of the blocks' minimum
-// times the activations' sums.
+// Every element is computed exactly as vec_dot computes it where the
+// compiler targets AVX-512 VNNI: the same eight int32 lanes per block
+// (integer sums of four products, exact however they are formed), the same
+// float product of the two scales, the same fused multiply-add into eight
+// float lanes, block after block, the same horizontal sum, and for q4_1 the
+// same fused sum of the blocks' minimum times the activations' sums.
+//
+// A 512-bit register holds two weight rows' lanes, a dword at a time: lane
+// 2k + r is row r's lane k. So the products of the scales for a pair of rows
+// and an activation row are two adjacent floats, which one broadcast load
+// spreads over the register. Everything that does not depend on both the
+// weights and the activations is made once, outside the tiles: the weights'
+// values, side by side, once per weight tile for all activation rows
+// (prepare); the activations' bytes, each dword twice, once per group of
+// activation rows for all weight tiles (prepare_act). q5_0 and q8_0 weights
+// are signed: vec_dot multiplies their absolute values by the activations
+// with the weights' signs. Here the activations are made unsigned instead
+// (plus 128) and the sum starts at -128 times the weights' sum of each lane,
+// made with the weights: the same integers in one instruction.
 
 #include "tile_matmul_kernels.h"
 
@@ -16,142 +28,219 @@ namespace lmsp::tiles {
 
 namespace {
 
-// The fp16 halves at byte `at` of four weight blocks as floats: lane 2j (and
-// 2j + 1, the next half) of weight row j.
-inline __m256 halves(const uint8_t * const * w, size_t at) {
-    return _mm256_cvtph_ps(_mm_setr_epi32(load32(w[0] + at), load32(w[1] + at), load32(w[2] + at), load32(w[3] + at)));
+// What prepare_act writes per block of a group of four activation rows: row
+// a's 32 int8 at 16 * a (dword k in lanes 2k and 2k + 1), then the rows'
+// scales at kActScalesAt (lane 4a + r: row a's).
+constexpr int kActScalesAt = 64;
+constexpr int kActFloats = 80;
+
+inline __m512i load512(const float * p) { return _mm512_load_si512(p); }
+
+// 16 bytes of nibbles as 32 values: the low nibbles, then the high ones
+// (vec_dot's bytes_from_nibbles_32)
+inline __m256i nibbles(const uint8_t * p) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p));
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0F));
 }
 
-// Two weight rows' 16 bytes of nibbles (at x0, x1) as 32 values each, side
-// by side: vec_dot's bytes_from_nibbles_32 of each.
-inline __m512i nibbles(const uint8_t * x0, const uint8_t * x1) {
-    const __m256i both = _mm256_inserti128_si256(
-        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i *>(x0))),
-        _mm_loadu_si128(reinterpret_cast<const __m128i *>(x1)), 1);
-    const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(both), _mm256_srli_epi16(both, 4), 1);
-    return _mm512_and_si512(_mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0)), _mm512_set1_epi8(0x0F));
+// The weight types. kBytes: a block; kActBytes, kActQs: a block of the
+// activations (q8_1 or q8_0) and where its int8 start; kSigned: signed
+// values (made with the sum's start); kMin: q4_1's minimum.
+struct Q4_1 {
+    static constexpr size_t kBytes = 20;  // fp16 d, fp16 m, 16 bytes of nibbles
+    static constexpr size_t kActBytes = 36, kActQs = 4;
+    static constexpr bool kSigned = false, kMin = true;
+    static __m256i values(const uint8_t * x) { return nibbles(x + 4); }
+};
+
+struct Q8_0 {
+    static constexpr size_t kBytes = 34;  // fp16 d, 32 int8
+    static constexpr size_t kActBytes = 34, kActQs = 2;
+    static constexpr bool kSigned = true, kMin = false;
+    static __m256i values(const uint8_t * x) { return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x + 2)); }
+};
+
+struct Q5_0 {
+    static constexpr size_t kBytes = 22;  // fp16 d, 32 high bits, 16 bytes of low nibbles
+    static constexpr size_t kActBytes = 34, kActQs = 2;
+    static constexpr bool kSigned = true, kMin = false;
+    // the nibbles, then 0xF0 where a value's high bit is 0 (as vec_dot)
+    static __m256i values(const uint8_t * x) {
+        const auto high = __mmask32(uint32_t(load32(x + 2)));
+        return _mm256_or_si256(nibbles(x + 6), _mm256_maskz_mov_epi8(_knot_mask32(high), _mm256_set1_epi8(char(0xF0))));
+    }
+};
+
+// What prepare writes per block of a weight tile (floats from the block's
+// start): pair p's values at 16 * p (rows 2p and 2p + 1 a dword at a time),
+// the signed types' sum starts at kStartAt + 16 * p, the four rows' scales
+// four times over at kScalesAt (lane 4a + r: row r's), q4_1's minimums at
+// kMinsAt.
+template <class W>
+struct Layout {
+    static constexpr int kStartAt = 32;
+    static constexpr int kScalesAt = W::kSigned ? 64 : 32;
+    static constexpr int kMinsAt = kScalesAt + 16;
+    static constexpr int kFloats = kScalesAt + 32;  // a multiple of 16: blocks stay 64-byte aligned
+};
+
+// A block of a weight tile as the tiles use it.
+struct Block {
+    __m512i x[2];      // pair p's values, a dword of each row in turn
+    __m512i start[2];  // the signed types' sum starts
+    __m512 scales;     // the four rows' scales, four times over
+    __m128 mins;       // q4_1's minimums
+};
+
+template <class W>
+inline Block unpack(const uint8_t * const * w, size_t at) {
+    const __m512i pairs = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i zero = _mm512_setzero_si512();
+    Block k;
+    for (int p = 0; p < 2; ++p) {
+        k.x[p] = _mm512_permutex2var_epi32(_mm512_castsi256_si512(W::values(w[2 * p] + at)), pairs,
+                                           _mm512_castsi256_si512(W::values(w[2 * p + 1] + at)));
+        // -128 times each lane's sum of four values
+        k.start[p] = W::kSigned
+                         ? _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(char(0x80)), k.x[p]))
+                         : zero;
+    }
+    // d0 m0 d1 m1 d2 m2 d3 m3 (for q8_0 and q5_0, what follows d)
+    const __m256 dm = _mm256_cvtph_ps(
+        _mm_setr_epi32(load32(w[0] + at), load32(w[1] + at), load32(w[2] + at), load32(w[3] + at)));
+    k.scales = _mm512_broadcast_f32x4(
+        _mm256_castps256_ps128(_mm256_permutevar8x32_ps(dm, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6))));
+    k.mins = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(dm, _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7)));
+    return k;
 }
 
-// Lanes 0-7 of the result: lane `i` of `v`; lanes 8-15: lane `j`.
-inline __m512 pair(__m256 v, int i, int j) {
-    const __m512i idx = _mm512_inserti64x4(_mm512_set1_epi32(i), _mm256_set1_epi32(j), 1);
-    return _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(v));
-}
-
-inline void finish_tile(const __m512 (*acc)[2], int A, const __m128 * summs, float * out, int64_t ldo) {
-    for (int a = 0; a < A; ++a) {
-        alignas(64) float t[32];
-        float s[kTile] = {};
-        _mm512_store_ps(t, acc[a][0]);
-        _mm512_store_ps(t + 16, acc[a][1]);
-        if (summs != nullptr) _mm_storeu_ps(s, summs[a]);
-        for (int j = 0; j < kTile; ++j)
-            out[a * ldo + j] = summs != nullptr ? hsum8(t + 8 * j) + s[j] : hsum8(t + 8 * j);
+template <class W>
+void prepare(const uint8_t * const * w, int nb, float * out) {
+    using L = Layout<W>;
+    for (int b = 0; b < nb; ++b) {
+        float * o = out + size_t(b) * L::kFloats;
+        const Block k = unpack<W>(w, size_t(b) * W::kBytes);
+        for (int p = 0; p < 2; ++p) {
+            _mm512_store_si512(o + 16 * p, k.x[p]);
+            if constexpr (W::kSigned) _mm512_store_si512(o + L::kStartAt + 16 * p, k.start[p]);
+        }
+        _mm512_store_ps(o + L::kScalesAt, k.scales);
+        if constexpr (W::kMin) _mm_store_ps(o + L::kMinsAt, k.mins);
     }
 }
 
-// q4_1 blocks: fp16 d, fp16 m, 16 bytes of nibbles (20 bytes); q8_1: fp16 d,
-// fp16 s, 32 int8.
-template <int A>
-void tile_q4_1(const WeightRows & rows, const ActRows & y, int nb, float * out, int64_t ldo) {
-    const uint8_t * const * w = rows.w;
+// A group of n activation rows (of up to four), for every weight tile.
+template <class W>
+void prepare_act(const ActRows & y, int n, int nb, float * out) {
+    const __m512i twice = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m512i four = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i bias = _mm512_set1_epi8(W::kSigned ? char(0x80) : 0);
+    for (int b = 0; b < nb; ++b) {
+        float * o = out + size_t(b) * kActFloats;
+        for (int a = 0; a < n; ++a) {
+            const __m256i q = _mm256_loadu_si256(
+                reinterpret_cast<const __m256i *>(y.q[a] + size_t(b) * W::kActBytes + W::kActQs));
+            _mm512_store_si512(o + 16 * a,
+                               _mm512_xor_si512(_mm512_permutexvar_epi32(twice, _mm512_castsi256_si512(q)), bias));
+        }
+        _mm512_store_ps(o + kActScalesAt,
+                        _mm512_permutexvar_ps(four, _mm512_castps128_ps512(_mm_loadu_ps(y.d + size_t(b) * kTile))));
+    }
+}
+
+// The two floats at p spread over a register (lanes 2k: p[0], 2k + 1: p[1]).
+inline __m512 pair_of(const float * p) {
+    double both;
+    std::memcpy(&both, p, sizeof(both));
+    return _mm512_castpd_ps(_mm512_set1_pd(both));
+}
+
+// vec_dot's sum of a row's eight lanes, for both rows of a pair: out[0] and out[1]
+inline void finish_pair(__m512 acc, float * out) {
+    const __m512i rows = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    const __m512 v = _mm512_permutexvar_ps(rows, acc);
+    out[0] = hsum8(_mm512_castps512_ps256(v));
+    out[1] = hsum8(_mm512_extractf32x8_ps(v, 1));
+}
+
+// Weight rows by A activation rows: with the weights from what prepare
+// wrote (kPrepared), or unpacked block by block here (a product of one group
+// of activation rows, where unpacking them once more costs less than
+// writing them out and reading them back).
+template <class W, int A, bool kPrepared>
+void tile(const WeightRows & w, const ActRows & y, int nb, float * out, int64_t ldo) {
+    using L = Layout<W>;
     __m512 acc[A][2];
     __m128 summs[A];
     for (int a = 0; a < A; ++a) {
         acc[a][0] = acc[a][1] = _mm512_setzero_ps();
         summs[a] = _mm_setzero_ps();
     }
-    const __m512i zero = _mm512_setzero_si512();
-    for (int b = 0; b < nb; ++b) {
-        const size_t at = size_t(b) * 20;
-        const __m512i qx[2] = {nibbles(w[0] + at + 4, w[1] + at + 4), nibbles(w[2] + at + 4, w[3] + at + 4)};
-        const __m256 dm = halves(w, at);  // d0 m0 d1 m1 d2 m2 d3 m3
-        const __m512 dw[2] = {pair(dm, 0, 2), pair(dm, 4, 6)};
-        const __m128 m4 = _mm256_castps256_ps128(
-            _mm256_permutevar8x32_ps(dm, _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7)));
-        for (int a = 0; a < A; ++a) {
-            const __m512i qy = _mm512_broadcast_i64x4(
-                _mm256_loadu_si256(reinterpret_cast<const __m256i *>(y.q[a] + size_t(b) * 36 + 4)));
-            const __m512 dy = _mm512_set1_ps(y.d[b * kTile + a]);
-            summs[a] = _mm_fmadd_ps(m4, _mm_set1_ps(y.s[b * kTile + a]), summs[a]);
+    const float * wp = w.prepared;
+    const float * yp = y.prepared;
+    alignas(64) float products[16];
+    for (int b = 0; b < nb; ++b, yp += kActFloats) {
+        Block k;
+        if constexpr (kPrepared) {
             for (int p = 0; p < 2; ++p) {
-                const __m512 xy = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, qx[p], qy));
-                acc[a][p] = _mm512_fmadd_ps(_mm512_mul_ps(dw[p], dy), xy, acc[a][p]);
+                k.x[p] = load512(wp + 16 * p);
+                if constexpr (W::kSigned) k.start[p] = load512(wp + L::kStartAt + 16 * p);
+            }
+            k.scales = _mm512_load_ps(wp + L::kScalesAt);
+            if constexpr (W::kMin) k.mins = _mm_load_ps(wp + L::kMinsAt);
+            wp += L::kFloats;
+        } else {
+            k = unpack<W>(w.w, size_t(b) * W::kBytes);
+        }
+        // lane 4a + r: weight row r's scale times activation row a's, read
+        // back through an opaque address: the compiler cannot forward the
+        // stored register, and broadcasts each pair from memory (a load)
+        // instead of shuffling it out (an instruction on the vector ports)
+        _mm512_store_ps(products, _mm512_mul_ps(k.scales, _mm512_load_ps(yp + kActScalesAt)));
+        const float * scale = products;
+        __asm__("" : "+r"(scale));
+        if constexpr (W::kMin) {
+            for (int a = 0; a < A; ++a) summs[a] = _mm_fmadd_ps(k.mins, _mm_set1_ps(y.s[b * kTile + a]), summs[a]);
+        }
+        for (int a = 0; a < A; ++a) {
+            __m512i qy = load512(yp + 16 * a);
+            __asm__("" : "+v"(qy));  // loaded once into a register, not once for each pair
+            for (int p = 0; p < 2; ++p) {
+                const __m512i sum = W::kSigned ? _mm512_dpbusd_epi32(k.start[p], qy, k.x[p])
+                                               : _mm512_dpbusd_epi32(_mm512_setzero_si512(), k.x[p], qy);
+                acc[a][p] = _mm512_fmadd_ps(pair_of(scale + 4 * a + 2 * p), _mm512_cvtepi32_ps(sum), acc[a][p]);
             }
         }
     }
-    finish_tile(acc, A, summs, out, ldo);
+    for (int a = 0; a < A; ++a) {
+        alignas(16) float s[kTile];
+        _mm_store_ps(s, summs[a]);
+        for (int p = 0; p < 2; ++p) {
+            float t[2];
+            finish_pair(acc[a][p], t);
+            for (int r = 0; r < 2; ++r) out[a * ldo + 2 * p + r] = W::kMin ? t[r] + s[2 * p + r] : t[r];
+        }
+    }
 }
 
-// Signed weights by q8_0 activations (fp16 d, 32 int8: 34 bytes), as
-// vec_dot_q8_0_q8_0 and vec_dot_q5_0_q8_0 compute them: |x| times y with x's
-// sign (x = 0 gives 0 either way), the two fp16 scales multiplied as floats.
-// `Weights` gives two weight rows' 32 values of a block as int8, side by
-// side, and where a block's fp16 d is.
-struct Q8_0Weights {
-    static constexpr size_t kBytes = 34;  // fp16 d, 32 int8
-    static __m512i values(const uint8_t * x0, const uint8_t * x1) {
-        return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(x0 + 2))),
-                                  _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x1 + 2)), 1);
-    }
-};
-
-struct Q5_0Weights {
-    static constexpr size_t kBytes = 22;  // fp16 d, 32 high bits, 16 bytes of low nibbles
-    // the nibbles, then 0xF0 where a value's high bit is 0 (as vec_dot)
-    static __m512i values(const uint8_t * x0, const uint8_t * x1) {
-        const uint64_t high = uint64_t(uint32_t(load32(x0 + 2))) | (uint64_t(uint32_t(load32(x1 + 2))) << 32);
-        return _mm512_or_si512(nibbles(x0 + 6, x1 + 6), _mm512_maskz_mov_epi8(~high, _mm512_set1_epi8(char(0xF0))));
-    }
-};
-
-template <class Weights, int A>
-void tile_signed(const WeightRows & rows, const ActRows & y, int nb, float * out, int64_t ldo) {
-    const uint8_t * const * w = rows.w;
-    __m512 acc[A][2];
-    for (int a = 0; a < A; ++a) acc[a][0] = acc[a][1] = _mm512_setzero_ps();
-    const __m512i zero = _mm512_setzero_si512();
-    for (int b = 0; b < nb; ++b) {
-        const size_t at = size_t(b) * Weights::kBytes;
-        __m512i ax[2];
-        __mmask64 neg[2];
-        for (int p = 0; p < 2; ++p) {
-            const __m512i qx = Weights::values(w[2 * p] + at, w[2 * p + 1] + at);
-            ax[p] = _mm512_abs_epi8(qx);
-            neg[p] = _mm512_movepi8_mask(qx);
-        }
-        const __m256 dq = halves(w, at);  // d0 . d1 . d2 . d3 .
-        const __m512 dw[2] = {pair(dq, 0, 2), pair(dq, 4, 6)};
-        for (int a = 0; a < A; ++a) {
-            const __m512i qy = _mm512_broadcast_i64x4(
-                _mm256_loadu_si256(reinterpret_cast<const __m256i *>(y.q[a] + size_t(b) * 34 + 2)));
-            const __m512 dy = _mm512_set1_ps(y.d[b * kTile + a]);
-            for (int p = 0; p < 2; ++p) {
-                const __m512i sy = _mm512_mask_sub_epi8(qy, neg[p], zero, qy);
-                const __m512 xy = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, ax[p], sy));
-                acc[a][p] = _mm512_fmadd_ps(_mm512_mul_ps(dw[p], dy), xy, acc[a][p]);
-            }
-        }
-    }
-    finish_tile(acc, A, nullptr, out, ldo);
+template <class W>
+const TileKernels * kernels() {
+    static const TileKernels k = {{tile<W, 1, true>, tile<W, 2, true>, tile<W, 3, true>, tile<W, 4, true>},
+                                  prepare<W>,
+                                  Layout<W>::kFloats,
+                                  prepare_act<W>,
+                                  kActFloats,
+                                  {tile<W, 1, false>, tile<W, 2, false>, tile<W, 3, false>, tile<W, 4, false>}};
+    return &k;
 }
 
 }  // namespace
 
 const TileKernels * legacy_tiles_avx512(ggml_type type) {
-    static const TileKernels q4_1 = {{tile_q4_1<1>, tile_q4_1<2>, tile_q4_1<3>, tile_q4_1<4>}, nullptr, 0};
-    static const TileKernels q5_0 = {{tile_signed<Q5_0Weights, 1>, tile_signed<Q5_0Weights, 2>,
-                                      tile_signed<Q5_0Weights, 3>, tile_signed<Q5_0Weights, 4>},
-                                     nullptr,
-                                     0};
-    static const TileKernels q8_0 = {{tile_signed<Q8_0Weights, 1>, tile_signed<Q8_0Weights, 2>,
-                                      tile_signed<Q8_0Weights, 3>, tile_signed<Q8_0Weights, 4>},
-                                     nullptr,
-                                     0};
     switch (type) {
-        case GGML_TYPE_Q4_1: return &q4_1;
-        case GGML_TYPE_Q5_0: return &q5_0;
-        case GGML_TYPE_Q8_0: return &q8_0;
+        case GGML_TYPE_Q4_1: return kernels<Q4_1>();
+        case GGML_TYPE_Q5_0: return kernels<Q5_0>();
+        case GGML_TYPE_Q8_0: return kernels<Q8_0>();
         default: return nullptr;
     }
 }

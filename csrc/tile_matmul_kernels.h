@@ -30,13 +30,15 @@ namespace lmsp::tiles {
 
 constexpr int kTile = 4;  // weight rows and activation rows of a tile
 
-// The activation rows of a tile (1 to 4): their quantized rows, and for the
+// The activation rows of a tile (1 to 4): their quantized rows, for the
 // types with fp16 scales (q8_0, q8_1) the scales as floats block by block,
-// four rows side by side: d[b * 4 + a] (and q8_1's d * sum in s).
+// four rows side by side: d[b * 4 + a] (and q8_1's d * sum in s), and what
+// the type's `prepare_act` wrote for them.
 struct ActRows {
     const uint8_t * q[kTile];
     const float * d;
     const float * s;
+    const float * prepared;
 };
 
 // The weight rows of a tile, and what the type's `prepare` wrote for them.
@@ -51,11 +53,20 @@ using TileFn = void (*)(const WeightRows & w, const ActRows & y, int nb, float *
 // Run once for a tile's weight rows before their tiles, for all activation
 // rows: writes `floats` per block (their scales as floats, say).
 using PrepareFn = void (*)(const uint8_t * const * w, int nb, float * out);
+// Run once for a group of `n` activation rows (up to four) before their
+// tiles, for all weight rows: writes `act_floats` per block.
+using PrepareActFn = void (*)(const ActRows & y, int n, int nb, float * out);
 
+// Both buffers are 64-byte aligned.
 struct TileKernels {
     TileFn tile[kTile];  // by activation rows: index 0 takes one row, ..., 3 four
     PrepareFn prepare;   // nullptr: none
     int floats;
+    PrepareActFn prepare_act = nullptr;
+    int act_floats = 0;
+    // for a product of one group of activation rows (up to four): tiles that
+    // take the weights as they are, without `prepare` (nullptr: `tile` then)
+    TileFn one_group[kTile] = {};
 };
 
 // A type's kernels, or nullptr where this build has none for it.
