@@ -127,19 +127,26 @@ def test_kquant_prompts_take_the_tiles_where_they_replace_ggmls_tiled_matmul(kqu
     tiled matmul would (tile_matmul.cpp: ARM, and x86 without AVX-512 VNNI), a
     prompt's products go through them, and with the tiles off through vec_dot
     row by row: the same bits either way. Elsewhere ggml's tiled matmul keeps
-    them, tiles or not (this model's matrices are all q4_K and q6_K)."""
-    tokens = random_prompt(4, 40)
-    with _engine(kquant_model, n_parallel=1) as engine:
+    them, tiles or not (this model's matrices are all q4_K and q6_K). A prompt
+    of 40 tokens is prefilled in one tiled step; its last row gives the first
+    token's log probabilities."""
+
+    def first_token(engine: Engine) -> tuple[int, list[float], list]:
+        run = generate(engine, random_prompt(4, 40), max_tokens=1, logprobs=True, top_logprobs=20, temperature=0.0)
+        return run.tokens[0], run.logprobs, run.results[0]["top_logprobs"]
+
+    with _engine(kquant_model, n_parallel=1, prefix_cache=False) as engine:
+        first_token(engine)  # warm: the counter below sees the prompt's step alone
         before = _native.tile_matmul_products()
-        tiled = engine.eval_logits(tokens)  # 40 rows in one step
+        tiled = first_token(engine)
         took = _native.tile_matmul_products() - before
         _native.set_tile_matmul(False)
         try:
-            plain = engine.eval_logits(tokens)
+            plain = first_token(engine)
         finally:
             _native.set_tile_matmul(True)
     assert (took > 0) is (_native.TILE_MATMUL_BUILT and _native.TILE_MATMUL_KQUANTS_FIRST)
-    assert tiled.tobytes() == plain.tobytes()
+    assert tiled == plain
 
 
 SAMPLED = dict(seed=5, temperature=0.9, top_k=40)
