@@ -62,13 +62,6 @@ inline __m256 dot_i8(const Signed & w, __m256i y) {
 #endif
 }
 
-// 16 bytes of nibbles as 32 values: the low nibbles, then the high ones
-// (vec_dot's bytes_from_nibbles_32)
-inline __m256i nibbles(const uint8_t * p) {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p));
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0F));
-}
-
 // The weight types. kBytes: a block; kActBytes and kActQs: a block of the
 // activations (q8_1 or q8_0) and where its 32 int8 start; kMin: q4_1's m.
 struct Q4_1 {

@@ -90,6 +90,13 @@ inline float half(const uint8_t * p) {
     return _cvtsh_ss(h);
 }
 
+// 16 bytes of nibbles as 32 values: the low nibbles, then the high ones
+// (vec_dot's bytes_from_nibbles_32)
+inline __m256i nibbles(const uint8_t * p) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p));
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0F));
+}
+
 // vec_dot's horizontal sum of eight lanes (hsum_float_8 of ggml's x86 code)
 inline float hsum8(const float * t) { return ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7])); }
 
