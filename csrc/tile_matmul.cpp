@@ -170,15 +170,19 @@ float * aligned(std::vector<float> & buf, size_t floats) {
     return buf.data() + (((at + 63) & ~uintptr_t(63)) - at) / sizeof(float);
 }
 
-// The tile's activation rows a.. (up to four; their scales from act_scales at
-// `at`, what prepare_act wrote at `prepared`): how many there are.
-int act_rows(const uint8_t * act, size_t act_row_bytes, int64_t a, int64_t a_end, const std::vector<float> & scale_d,
-             const std::vector<float> & scale_s, size_t at, ActRows & y) {
+// The tile's activation rows a.. of the chunk from a0 (up to four): their
+// scales (act_scales' d and s, nullptr where the type has none) and what
+// prepare_act wrote for their group (`groups`, `group_floats` apart). Returns
+// how many there are.
+int act_rows(const uint8_t * act, size_t act_row_bytes, int64_t a0, int64_t a, int64_t a_end, int nb, const float * d,
+             const float * s, const float * groups, size_t group_floats, ActRows & y) {
     const int n = int(std::min<int64_t>(kTile, a_end - a));
+    const size_t at = size_t(a - a0) * size_t(nb);  // four rows side by side per block
     y = ActRows{};
     for (int i = 0; i < n; ++i) y.q[i] = act + size_t(a + i) * act_row_bytes;
-    y.d = scale_d.empty() ? nullptr : scale_d.data() + at;
-    y.s = scale_s.empty() ? nullptr : scale_s.data() + at;
+    y.d = d != nullptr ? d + at : nullptr;
+    y.s = s != nullptr ? s + at : nullptr;
+    y.prepared = groups + size_t((a - a0) / kTile) * group_floats;
     return n;
 }
 
@@ -192,10 +196,6 @@ void product(ggml_type type, const uint8_t * weights, size_t w_row_bytes, int64_
     float * w_prep = aligned(prepared, size_t(k.floats) * size_t(nb));
     const ggml_type act_type = ggml_get_type_traits_cpu(type)->vec_dot_type;
     const bool scales = fp16_scales(act_type);
-    if (!scales) {
-        scale_d.clear();
-        scale_s.clear();
-    }
     const size_t group_floats = size_t(k.act_floats) * size_t(nb);
     const bool one_group = n_act <= kTile && k.one_group[0] != nullptr;
     for (int64_t a0 = 0; a0 < n_act; a0 += kActChunk) {
@@ -203,11 +203,13 @@ void product(ggml_type type, const uint8_t * weights, size_t w_row_bytes, int64_
         if (scales) {
             act_scales(act_type, act + size_t(a0) * act_row_bytes, act_row_bytes, a_end - a0, nb, scale_d, scale_s);
         }
-        float * a_prep = aligned(act_prepared, group_floats * size_t((a_end - a0 + kTile - 1) / kTile));
+        const float * d = scales ? scale_d.data() : nullptr;
+        const float * s = scales && !scale_s.empty() ? scale_s.data() : nullptr;
+        float * groups = aligned(act_prepared, group_floats * size_t((a_end - a0 + kTile - 1) / kTile));
         for (int64_t a = a0; k.prepare_act != nullptr && a < a_end; a += kTile) {
             ActRows y;
-            const int n = act_rows(act, act_row_bytes, a, a_end, scale_d, scale_s, size_t(a - a0) * size_t(nb), y);
-            k.prepare_act(y, n, nb, a_prep + size_t((a - a0) / kTile) * group_floats);
+            const int n = act_rows(act, act_row_bytes, a0, a, a_end, nb, d, s, groups, group_floats, y);
+            k.prepare_act(y, n, nb, groups + size_t((a - a0) / kTile) * group_floats);
         }
         for (int64_t r = r0; r < r1; r += kTile) {
             if (r + kPrefetchTiles * kTile < r1) {
@@ -221,8 +223,7 @@ void product(ggml_type type, const uint8_t * weights, size_t w_row_bytes, int64_
             }
             for (int64_t a = a0; a < a_end; a += kTile) {
                 ActRows y;
-                const int n = act_rows(act, act_row_bytes, a, a_end, scale_d, scale_s, size_t(a - a0) * size_t(nb), y);
-                y.prepared = a_prep + size_t((a - a0) / kTile) * group_floats;
+                const int n = act_rows(act, act_row_bytes, a0, a, a_end, nb, d, s, groups, group_floats, y);
                 (one_group ? k.one_group : k.tile)[n - 1](w, y, nb, dst + a * ld_dst + r, ld_dst);
             }
         }
