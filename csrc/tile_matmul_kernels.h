@@ -1,9 +1,10 @@
 // The register tiles of tile_matmul.cpp, one file per instruction set:
 // tile_matmul_avx512.cpp (q4_1, q5_0, q8_0 with AVX-512 VNNI),
 // tile_matmul_avx2.cpp (the same types with AVX2, with or without AVX-VNNI)
-// tile_matmul_kquants.cpp (q4_K, q6_K, whose ggml vec_dot is the AVX2
-// one on AVX-512 machines too) and tile_matmul_f16.cpp (f16, with AVX2 or
-// AVX-512). Each element a tile computes is what ggml's
+// tile_matmul_kquants.cpp (q4_K, q6_K with AVX2),
+// tile_matmul_kquants_avx512.cpp (the same types with AVX-512 VNNI: ggml's
+// vec_dot for them is the AVX2 one there too) and tile_matmul_f16.cpp (f16,
+// with AVX2 or AVX-512). Each element a tile computes is what ggml's
 // vec_dot for that type computes on the instruction set the build targets.
 #pragma once
 
@@ -16,9 +17,9 @@
 #define LMSP_TILES_AVX512 1
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define LMSP_TILES_AVX2 1
+#define LMSP_TILES_KQUANTS 1
 #endif
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define LMSP_TILES_KQUANTS 1
 #define LMSP_TILES_F16 1
 #endif
 
@@ -73,6 +74,7 @@ struct TileKernels {
 const TileKernels * legacy_tiles_avx512(ggml_type type);
 const TileKernels * legacy_tiles_avx2(ggml_type type);
 const TileKernels * kquant_tiles(ggml_type type);
+const TileKernels * kquant_tiles_avx512(ggml_type type);
 const TileKernels * f16_tiles(ggml_type type);
 // The values an f16 row's length must be a multiple of for its tiles.
 int f16_row_multiple();
@@ -95,6 +97,30 @@ inline float half(const uint8_t * p) {
 inline __m256i nibbles(const uint8_t * p) {
     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p));
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0F));
+}
+
+// q8_K, the K-quants' activations: float d, 256 int8, sixteen int16 sums of
+// 16 values each
+constexpr size_t kQ8KBytes = 292, kQ8KQs = 4, kQ8KSums = 260;
+
+inline float act_d(const uint8_t * block) {
+    float d;
+    std::memcpy(&d, block, 4);
+    return d;
+}
+
+// The eight scales and eight minimums of a q4_K superblock as bytes 0-7 and
+// 8-15 (vec_dot's unpacking of the 12 bytes).
+inline __m128i q4k_scales_and_mins(const uint8_t * scales) {
+    constexpr uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
+    uint32_t u[4];
+    std::memcpy(u, scales, 12);
+    u[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);
+    const uint32_t mins_low = u[1] & kmask1;
+    u[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);
+    u[2] = mins_low;
+    u[0] &= kmask1;
+    return _mm_set_epi32(int(u[3]), int(u[2]), int(u[1]), int(u[0]));
 }
 
 // vec_dot's horizontal sum of eight lanes (hsum_float_8 of ggml's x86 code)

@@ -1,6 +1,5 @@
-// Tiles of the K-quants q4_K and q6_K (tile_matmul.cpp), for any x86 build
-// with AVX2: ggml's x86 vec_dot for these types is its AVX2 code on AVX-512
-// machines too.
+// Tiles of the K-quants q4_K and q6_K (tile_matmul.cpp), for x86 builds with
+// AVX2 and without AVX-512 VNNI (those take tile_matmul_kquants_avx512.cpp's).
 //
 // A weight tile's superblocks (256 values each) are unpacked once for all
 // activation rows (prepare: the values as bytes, the sub-block scales as
@@ -20,16 +19,7 @@ namespace lmsp::tiles {
 
 namespace {
 
-// q8_K: float d, 256 int8, sixteen int16 sums of 16 values each
-constexpr size_t kQ8KBytes = 292, kQ8KQs = 4, kQ8KSums = 260;
-
 inline __m256i load256(const uint8_t * p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)); }
-
-inline float act_d(const uint8_t * block) {
-    float d;
-    std::memcpy(&d, block, 4);
-    return d;
-}
 
 inline void finish(const __m256 * acc, const __m128 * acc_m, int A, float * out, int64_t ldo) {
     for (int a = 0; a < A; ++a) {
@@ -43,20 +33,6 @@ inline void finish(const __m256 * acc, const __m128 * acc_m, int A, float * out,
 // q4_K: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and minimums, 128 bytes
 // of nibbles (144 bytes)
 constexpr size_t kQ4KBytes = 144;
-
-// The eight scales and eight minimums of a q4_K superblock as bytes 0-7 and
-// 8-15 (vec_dot's unpacking of the 12 bytes).
-inline __m128i q4k_scales_and_mins(const uint8_t * scales) {
-    constexpr uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
-    uint32_t u[4];
-    std::memcpy(u, scales, 12);
-    u[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);
-    const uint32_t mins_low = u[1] & kmask1;
-    u[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);
-    u[2] = mins_low;
-    u[0] &= kmask1;
-    return _mm_set_epi32(int(u[3]), int(u[2]), int(u[1]), int(u[0]));
-}
 
 // q6_K: 128 bytes of low nibbles, 64 bytes of high 2-bit pairs, 16 int8
 // scales, fp16 d (210 bytes); values 0-63, less 32 through the sums
