@@ -56,8 +56,8 @@
 // EngineOptions::batch_invariant = false gives this up on the CPU for speed:
 // llama.cpp's kernels for every row wherever the batch allows them (tiled
 // and split-KV flash attention, the tiled K-quant matmul, fused ops) and
-// repacked weights, as its own tools run by default. Four sequences on
-// Gemma 3's K-quant weights then decode about 5% faster (AVX-512); a sequence's
+// repacked weights, as its own tools run by default (serving the catalog
+// models with AVX-512 it measured no faster: bench/README.md); a sequence's
 // logits may then differ in the last bits with its neighbours in the batch,
 // and a resume without KV state may continue differently from an
 // uninterrupted run (what was already emitted never changes).
