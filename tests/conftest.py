@@ -9,6 +9,31 @@ import pytest
 from lmsp.models.demo import write_demo_model
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--isa-tier", action="store_true",
+        help="only the tests whose outcome can depend on the instruction set the extension was built for: "
+             "tests/native (less the ARM tiles' check, which builds its own) and the real-model tests",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``--isa-tier`` (``scripts/dev``'s x86-64-v3 tier): the native and real-model tests, in one run."""
+    if not config.getoption("--isa-tier"):
+        return
+    native = Path(__file__).parent / "native"
+
+    def kept(item: pytest.Item) -> bool:
+        if item.path.name == "test_tile_matmul_arm.py":
+            return False
+        return native in item.path.parents or item.get_closest_marker("real_model") is not None
+
+    selected = [item for item in items if kept(item)]
+    if len(selected) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if not kept(item)])
+        items[:] = selected
+
+
 @pytest.fixture(scope="session")
 def demo_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny demo model (llama architecture, 32000-token SPM vocabulary,
