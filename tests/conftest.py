@@ -9,11 +9,17 @@ import pytest
 from lmsp.models.demo import write_demo_model
 
 
+# Files of the native and real-model tiers whose outcome does not depend on the
+# x86 build's instruction set: the ARM tiles' check builds its own code, and the
+# schema property test checks refusals and the grammar's validity (240 requests).
+NOT_ISA_DEPENDENT = ("test_tile_matmul_arm.py", "test_schema_property.py")
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--isa-tier", action="store_true",
         help="only the tests whose outcome can depend on the instruction set the extension was built for: "
-             "tests/native (less the ARM tiles' check, which builds its own) and the real-model tests",
+             "tests/native and the real-model tests, less NOT_ISA_DEPENDENT (tests/conftest.py)",
     )
 
 
@@ -24,7 +30,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     native = Path(__file__).parent / "native"
 
     def kept(item: pytest.Item) -> bool:
-        if item.path.name == "test_tile_matmul_arm.py":
+        if item.path.name in NOT_ISA_DEPENDENT:
             return False
         return native in item.path.parents or item.get_closest_marker("real_model") is not None
 
