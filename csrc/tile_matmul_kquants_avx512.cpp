@@ -138,13 +138,10 @@ void prepare(const uint8_t * const * w, int nb, float * out) {
 template <class K, int A>
 inline void superblock_sums(const Pair * u, const uint8_t * const * block, __m512i (*sumi)[2]) {
     for (int a = 0; a < A; ++a) {
+        // q6_K's -32: the sums start at -32 times the scales by the sums of 16 values
+        const __m512i sums = K::kMins ? _mm512_setzero_si512() : _mm512_broadcast_i64x4(load256(block[a] + kQ8KSums));
         for (int p = 0; p < 2; ++p) {
-            if constexpr (K::kMins) {
-                sumi[a][p] = _mm512_setzero_si512();
-            } else {  // q6_K's -32: minus 32 times the scales by the sums of 16 values
-                const __m512i sums = _mm512_broadcast_i64x4(load256(block[a] + kQ8KSums));
-                sumi[a][p] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), sums, u[p].extra);
-            }
+            sumi[a][p] = K::kMins ? sums : _mm512_dpwssd_epi32(_mm512_setzero_si512(), sums, u[p].extra);
         }
     }
     for (int m = 0; m < kSubBlocks; ++m) {

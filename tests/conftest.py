@@ -34,9 +34,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             return False
         return native in item.path.parents or item.get_closest_marker("real_model") is not None
 
-    selected = [item for item in items if kept(item)]
-    if len(selected) < len(items):
-        config.hook.pytest_deselected(items=[item for item in items if not kept(item)])
+    selected, deselected = [], []
+    for item in items:
+        (selected if kept(item) else deselected).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
         items[:] = selected
 
 
