@@ -165,7 +165,9 @@ def _safetensors(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
-_erf = np.vectorize(math.erf, otypes=[np.float32])
+def _erf(x: np.ndarray) -> np.ndarray:
+    """math.erf of each element, in float32 (numpy has no erf)."""
+    return np.fromiter(map(math.erf, x.ravel().tolist()), dtype=np.float32, count=x.size).reshape(x.shape)
 
 
 class SentenceEncoder:
@@ -232,16 +234,37 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def reference(folder: Path, texts: list[str], scratch: Path) -> tuple[list[list[int]], np.ndarray]:
-    """The reference's token ids and vectors of ``texts``, computed in a child process with one BLAS thread."""
+def reference(folder: Path, texts: list[str], scratch: Path,
+              cache: Path | None = None) -> tuple[list[list[int]], np.ndarray]:
+    """The reference's token ids and vectors of ``texts``, computed in a child process with one BLAS thread.
+
+    With ``cache`` (a folder), the result is kept there under a digest of
+    everything it depends on (this file, numpy's version, the checkpoint's
+    files, the texts) and read back instead of computed again."""
+    import hashlib
     import os
     import subprocess
     import sys
 
-    texts_file, out = scratch / "texts.json", scratch / "reference.npz"
-    texts_file.write_text(json.dumps(texts), encoding="utf-8")
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, __file__, str(folder), str(texts_file), str(out)], check=True, env=env)
+    out = scratch / "reference.npz"
+    kept = None
+    if cache is not None:
+        digest = hashlib.sha256(Path(__file__).read_bytes() + np.__version__.encode())
+        for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
+            digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes())
+        digest.update(json.dumps(texts).encode())
+        kept = cache / f"{digest.hexdigest()}.npz"
+    if kept is not None and kept.exists():
+        out = kept
+    else:
+        texts_file = scratch / "texts.json"
+        texts_file.write_text(json.dumps(texts), encoding="utf-8")
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        subprocess.run([sys.executable, __file__, str(folder), str(texts_file), str(out)], check=True, env=env)
+        if kept is not None:
+            partial = kept.with_suffix(f".{os.getpid()}.tmp")
+            partial.write_bytes(out.read_bytes())
+            partial.replace(kept)  # whole or not at all, whichever process writes it
     with np.load(out) as data:
         bounds = np.cumsum(data["lengths"])[:-1]
         ids = [part.tolist() for part in np.split(data["ids"], bounds)]

@@ -35,11 +35,12 @@ def minilm_path(catalog_model) -> Path:
 
 
 @pytest.fixture(scope="module")
-def expected(tmp_path_factory, minilm_path) -> tuple[list[list[int]], np.ndarray]:
-    """The reference's token ids and vectors of SENTENCES, from the checkpoint's own files."""
+def expected(request, tmp_path_factory, minilm_path) -> tuple[list[list[int]], np.ndarray]:
+    """The reference's token ids and vectors of SENTENCES, from the checkpoint's own files
+    (kept in pytest's cache: the x86-64-v3 tier reads what the suite computed)."""
     root = tmp_path_factory.mktemp("minilm-reference")
     folder = catalog.checkpoint(MODEL, root / "checkpoint")
-    return reference(folder, SENTENCES, root)
+    return reference(folder, SENTENCES, root, cache=request.config.cache.mkdir("bert-reference"))
 
 
 @pytest.fixture(scope="module")
