@@ -17,6 +17,10 @@ void bind_tiles(py::module_ & m) {
     m.attr("TILE_MATMUL_KQUANTS_FIRST") = lmsp::tile_matmul_kquants_first();
     m.def("set_tile_matmul", &lmsp::set_tile_matmul, "on"_a,
           "Tiled products on or off for the whole process, while no engine computes (the same numbers either way).");
+    m.def("tile_quantize_q8_K", &lmsp::tile_quantize_q8_K,
+          "Whether the hook quantizes the K-quants' activations with its own code (same bytes as ggml's).");
+    m.def("tile_quantize_matches", &lmsp::tile_quantize_matches, "k"_a, "seed"_a,
+          "Whether that code's q8_K of k random and edge-case floats is ggml's byte for byte.");
     m.def("tile_matmul_matches", &lmsp::tile_matmul_matches, "type"_a, "rows"_a, "n"_a, "k"_a, "seed"_a,
           "Whether the tiled product of random weights equals ggml's one-row dot product bit for bit.");
 }

@@ -36,6 +36,16 @@ bool tile_matmul_built();
 // without AVX-512 VNNI): such products have vec_dot's bits whatever the rows.
 bool tile_matmul_kquants_first();
 
+// Whether the hook quantizes the K-quants' activations (q8_K) with its own
+// code (tile_quantize.cpp) rather than ggml's reference code: same bytes,
+// checked at install.
+bool tile_quantize_q8_K();
+
+// Whether that code's q8_K of `k` floats (a multiple of 256, random and
+// edge-case blocks) is ggml's byte for byte. False where the hook does not
+// use it (not built, not installed, or its check at install failed).
+bool tile_quantize_matches(int k, uint32_t seed);
+
 // Whether the tiled product of random `type` weights (`rows` x `k`) and `n`
 // random activation rows equals ggml's one-row dot product (vec_dot) bit for
 // bit in every element. False for a type the tiles do not take.

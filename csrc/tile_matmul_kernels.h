@@ -4,7 +4,8 @@
 // tile_matmul_kquants.cpp (q4_K, q6_K with AVX2),
 // tile_matmul_kquants_avx512.cpp (the same types with AVX-512 VNNI: ggml's
 // vec_dot for them is the AVX2 one there too) and tile_matmul_f16.cpp (f16,
-// with AVX2 or AVX-512). Each element a tile computes is what ggml's
+// with AVX2 or AVX-512); tile_quantize.cpp quantizes the K-quants'
+// activations. Each element a tile computes is what ggml's
 // vec_dot for that type computes on the instruction set the build targets.
 #pragma once
 
@@ -22,6 +23,9 @@
 #endif
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define LMSP_TILES_F16 1
+#endif
+#if defined(LMSP_TILES_AVX512) || defined(LMSP_TILES_AVX2)
+#define LMSP_TILES_Q8K 1  // tile_quantize.cpp
 #endif
 
 #if defined(LMSP_TILES_AVX512) || defined(LMSP_TILES_AVX2) || defined(LMSP_TILES_KQUANTS)
@@ -79,6 +83,12 @@ const TileKernels * kquant_tiles_avx512(ggml_type type);
 const TileKernels * f16_tiles(ggml_type type);
 // The values an f16 row's length must be a multiple of for its tiles.
 int f16_row_multiple();
+// ggml's q8_K quantization of `k` floats (a multiple of 256) into `y`, with
+// its bytes where ggml's product of the scale and a value is rounded before
+// the addition that rounds it to an integer (`fused` false) or not
+// (tile_quantize.cpp; nullptr where LMSP_TILES_Q8K is not defined).
+using QuantizeFn = void (*)(const float * x, void * y, int64_t k);
+QuantizeFn q8_K_quantizer(bool fused);
 
 #if defined(LMSP_TILES_AVX512) || defined(LMSP_TILES_AVX2) || defined(LMSP_TILES_KQUANTS)
 inline int32_t load32(const uint8_t * p) {

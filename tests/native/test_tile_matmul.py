@@ -7,6 +7,7 @@ Where the build has no tiles (a CPU without AVX2), nothing claims a product:
 the tests check that instead."""
 from __future__ import annotations
 
+import platform
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,6 +55,19 @@ def test_a_shape_the_tiles_cannot_take_is_refused() -> None:
     assert not _native.tile_matmul_matches("f16", 8, 2, 48, 1)
     assert not _native.tile_matmul_matches("q8_0", 6, 2, 64, 1)
     assert not _native.tile_matmul_matches("bf16", 8, 2, 64, 1)
+
+
+def test_the_k_quants_activations_are_quantized_to_ggmls_bytes(engine: Engine) -> None:
+    # tile_quantize.cpp's q8_K (blocks of random values at scales 2^-12 to 2^11,
+    # zeros, the largest magnitude twice with either sign first, halves that
+    # round to even, a NaN) is ggml's own, byte for byte, the bytes it leaves
+    # as they were included; the hook quantizes with it once the same check
+    # passed at install (the engine fixture installed it). x86 builds only.
+    built = _native.TILE_MATMUL_BUILT and platform.machine().lower() in ("x86_64", "amd64")
+    for seed, k in enumerate([256, 512, 1024, 1536, 2048, 6144] * 10):
+        assert _native.tile_quantize_matches(k, seed) is built, (k, seed)
+    assert not _native.tile_quantize_matches(300, 1)
+    assert _native.tile_quantize_q8_K() is built
 
 
 def _run(engine: Engine, prompts: list[list[int]]) -> tuple[np.ndarray, list[list[int]]]:
