@@ -45,10 +45,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <limits>
 #include <mutex>
 #include <random>
 
@@ -450,60 +448,6 @@ bool type_checks(ggml_type type) {
     return true;
 }
 
-// Rows of `k` floats (a multiple of 256) whose blocks of 256 test the
-// quantization's choices in turn: random values of several scales, zeros,
-// the largest magnitude twice with either sign first, halves, a NaN among
-// them, quarters whose scaled products round to a half.
-std::vector<float> q8k_check_rows(int k, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<float> x(static_cast<size_t>(k));
-    for (int b = 0; b < k / 256; ++b) {
-        float * v = x.data() + size_t(b) * 256;
-        const float scale = std::ldexp(1.0f, int(rng() % 24) - 12);
-        for (int j = 0; j < 256; ++j) v[j] = normal(rng) * scale;
-        switch (b % 7) {
-            case 1: std::fill(v, v + 256, 0.0f); break;
-            case 2: v[rng() % 128] = -8.0f * scale, v[128 + rng() % 128] = 8.0f * scale; break;
-            case 3: v[rng() % 128] = 8.0f * scale, v[128 + rng() % 128] = -8.0f * scale; break;
-            case 4:  // -127 as the largest: the scale is 1, and the halves round to even
-                for (int j = 0; j < 256; ++j) v[j] = float(int(rng() % 253) - 126) + 0.5f;
-                v[rng() % 256] = -127.0f;
-                break;
-            case 5: v[rng() % 256] = std::numeric_limits<float>::quiet_NaN(); break;
-            case 6:  // quarters: scaled, some round to a half (a fused multiply-add would not)
-                for (int j = 0; j < 256; ++j) v[j] = std::round(normal(rng) * 4.0f) / 4.0f;
-                break;
-            default: break;
-        }
-    }
-    return x;
-}
-
-// Whether `quantize`'s q8_K of such rows is ggml's, byte for byte (the
-// bytes it leaves as they were included).
-bool q8k_matches(tiles::QuantizeFn quantize, int k, uint32_t seed) {
-    if (quantize == nullptr || k <= 0 || k % 256 != 0) return false;
-    const std::vector<float> x = q8k_check_rows(k, seed);
-    const size_t bytes = ggml_row_size(GGML_TYPE_Q8_K, k);
-    std::vector<uint8_t> ours(bytes, 0xA5), ggmls(bytes, 0xA5);
-    quantize(x.data(), ours.data(), k);
-    ggml_get_type_traits_cpu(GGML_TYPE_Q8_K)->from_float(x.data(), ggmls.data(), k);
-    return ours == ggmls;
-}
-
-// tile_quantize.cpp's q8_K that gives ggml's bytes, or nullptr.
-tiles::QuantizeFn q8k_checked() {
-    for (const bool fused : {false, true}) {
-        const tiles::QuantizeFn q = tiles::q8_K_quantizer(fused);
-        uint32_t seed = 1;
-        bool all = q != nullptr;
-        for (const int k : {256, 1536, 2048, 6144}) all = all && q8k_matches(q, k, seed++);
-        if (all) return q;
-    }
-    return nullptr;
-}
-
 }  // namespace
 
 void install_tile_matmul() {
@@ -522,7 +466,7 @@ void install_tile_matmul() {
         auto extra = reinterpret_cast<ExtraBufts>(
             ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts"));
         if (extra != nullptr) extra(cpu);
-        g_q8k = q8k_checked();  // before the K-quant tiles' checks, which quantize with it
+        g_q8k = tiles::checked_q8_K_quantizer();  // before the K-quant tiles' checks, which quantize with it
         for (TileType & t : g_types) t.on = has_tiles(t.type) && type_checks(t.type);
         static TileHook hook;
         static ggml_backend_buffer_type buft = {
@@ -560,7 +504,7 @@ bool tile_matmul_built() {
 
 bool tile_quantize_q8_K() { return g_q8k.load() != nullptr; }
 
-bool tile_quantize_matches(int k, uint32_t seed) { return q8k_matches(g_q8k.load(), k, seed); }
+bool tile_quantize_matches(int k, uint32_t seed) { return tiles::q8_K_matches(g_q8k.load(), k, seed); }
 
 bool tile_matmul_matches(const std::string & type, int rows, int n, int k, uint32_t seed) {
     for (const TileType & t : g_types) {

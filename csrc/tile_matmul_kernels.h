@@ -89,6 +89,11 @@ int f16_row_multiple();
 // (tile_quantize.cpp; nullptr where LMSP_TILES_Q8K is not defined).
 using QuantizeFn = void (*)(const float * x, void * y, int64_t k);
 QuantizeFn q8_K_quantizer(bool fused);
+// Whether `quantize`'s q8_K of `k` check values (a multiple of 256: random
+// and edge-case blocks from `seed`) is ggml's own, byte for byte.
+bool q8_K_matches(QuantizeFn quantize, int k, uint32_t seed);
+// The one of the two whose bytes are ggml's, or nullptr.
+QuantizeFn checked_q8_K_quantizer();
 
 #if defined(LMSP_TILES_AVX512) || defined(LMSP_TILES_AVX2) || defined(LMSP_TILES_KQUANTS)
 inline int32_t load32(const uint8_t * p) {

@@ -14,6 +14,13 @@
 // are here, and the hook takes the one whose bytes a check against ggml's
 // own finds equal, or neither.
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "ggml-cpu.h"
 #include "tile_matmul_kernels.h"
 
 namespace lmsp::tiles {
@@ -111,5 +118,63 @@ QuantizeFn q8_K_quantizer(bool fused) { return fused ? quantize<true> : quantize
 QuantizeFn q8_K_quantizer(bool) { return nullptr; }
 
 #endif
+
+namespace {
+
+// Rows of `k` floats (a multiple of 256) whose blocks of 256 test the
+// quantization's choices in turn: random values of several scales, zeros,
+// the largest magnitude twice with either sign first, halves, a NaN among
+// them, quarters whose scaled products round to a half.
+std::vector<float> q8k_check_rows(int k, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(k));
+    for (int b = 0; b < k / 256; ++b) {
+        float * v = x.data() + size_t(b) * 256;
+        const float scale = std::ldexp(1.0f, int(rng() % 24) - 12);
+        for (int j = 0; j < 256; ++j) v[j] = normal(rng) * scale;
+        switch (b % 7) {
+            case 1: std::fill(v, v + 256, 0.0f); break;
+            case 2: v[rng() % 128] = -8.0f * scale, v[128 + rng() % 128] = 8.0f * scale; break;
+            case 3: v[rng() % 128] = 8.0f * scale, v[128 + rng() % 128] = -8.0f * scale; break;
+            case 4:  // -127 as the largest: the scale is 1, and the halves round to even
+                for (int j = 0; j < 256; ++j) v[j] = float(int(rng() % 253) - 126) + 0.5f;
+                v[rng() % 256] = -127.0f;
+                break;
+            case 5: v[rng() % 256] = std::numeric_limits<float>::quiet_NaN(); break;
+            case 6:  // quarters: scaled, some round to a half (a fused multiply-add would not)
+                for (int j = 0; j < 256; ++j) v[j] = std::round(normal(rng) * 4.0f) / 4.0f;
+                break;
+            default: break;
+        }
+    }
+    return x;
+}
+
+}  // namespace
+
+// Whether `quantize`'s q8_K of such rows is ggml's, byte for byte (the
+// bytes it leaves as they were included).
+bool q8_K_matches(QuantizeFn quantize, int k, uint32_t seed) {
+    if (quantize == nullptr || k <= 0 || k % 256 != 0) return false;
+    const std::vector<float> x = q8k_check_rows(k, seed);
+    const size_t bytes = ggml_row_size(GGML_TYPE_Q8_K, k);
+    std::vector<uint8_t> ours(bytes, 0xA5), ggmls(bytes, 0xA5);
+    quantize(x.data(), ours.data(), k);
+    ggml_get_type_traits_cpu(GGML_TYPE_Q8_K)->from_float(x.data(), ggmls.data(), k);
+    return ours == ggmls;
+}
+
+// The q8_K above that gives ggml's bytes, or nullptr.
+QuantizeFn checked_q8_K_quantizer() {
+    for (const bool fused : {false, true}) {
+        const QuantizeFn q = q8_K_quantizer(fused);
+        uint32_t seed = 1;
+        bool all = q != nullptr;
+        for (const int k : {256, 1536, 2048, 6144}) all = all && q8_K_matches(q, k, seed++);
+        if (all) return q;
+    }
+    return nullptr;
+}
 
 }  // namespace lmsp::tiles
