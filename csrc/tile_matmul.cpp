@@ -189,63 +189,121 @@ float * aligned(std::vector<float> & buf, size_t floats) {
     return buf.data() + (((at + 63) & ~uintptr_t(63)) - at) / sizeof(float);
 }
 
-// The tile's activation rows a.. of the chunk from a0 (up to four): their
-// scales (act_scales' d and s, nullptr where the type has none) and what
-// prepare_act wrote for their group (`groups`, `group_floats` apart). Returns
-// how many there are.
-int act_rows(const uint8_t * act, size_t act_row_bytes, int64_t a0, int64_t a, int64_t a_end, int nb, const float * d,
-             const float * s, const float * groups, size_t group_floats, ActRows & y) {
-    const int n = int(std::min<int64_t>(kTile, a_end - a));
-    const size_t at = size_t(a - a0) * size_t(nb);  // four rows side by side per block
+constexpr int64_t kActChunk = 64;  // activation rows kept hot in cache across weight tiles
+
+// A chunk of a product's activation rows, [a0, a_end), made ready for the
+// tiles: their scales as act_scales writes them (nullptr where the type has
+// none) and what prepare_act wrote for each group of four, `group_floats`
+// apart (the calling thread's buffers).
+struct ActChunk {
+    int64_t a0 = -1, a_end = -1;
+    const float * d = nullptr;
+    const float * s = nullptr;
+    const float * groups = nullptr;
+    size_t group_floats = 0;
+};
+
+// The tile's activation rows a.. of the chunk (up to four). Returns how many
+// there are.
+int act_rows(const uint8_t * act, size_t act_row_bytes, const ActChunk & c, int64_t a, int nb, ActRows & y) {
+    const int n = int(std::min<int64_t>(kTile, c.a_end - a));
+    const size_t at = size_t(a - c.a0) * size_t(nb);  // four rows side by side per block
     y = ActRows{};
     for (int i = 0; i < n; ++i) y.q[i] = act + size_t(a + i) * act_row_bytes;
-    y.d = d != nullptr ? d + at : nullptr;
-    y.s = s != nullptr ? s + at : nullptr;
-    y.prepared = groups + size_t((a - a0) / kTile) * group_floats;
+    y.d = c.d != nullptr ? c.d + at : nullptr;
+    y.s = c.s != nullptr ? c.s + at : nullptr;
+    y.prepared = c.groups + size_t((a - c.a0) / kTile) * c.group_floats;
     return n;
 }
+
+// Makes the activation rows [a0, a_end) of `act` ready for `type`'s tiles.
+void prepare_chunk(ggml_type type, const uint8_t * act, size_t act_row_bytes, int64_t a0, int64_t a_end, int nb,
+                   ActChunk & c) {
+    thread_local std::vector<float> scale_d, scale_s, act_prepared;
+    const TileKernels & k = *kernels(type);
+    const ggml_type act_type = ggml_get_type_traits_cpu(type)->vec_dot_type;
+    const bool scales = fp16_scales(act_type);
+    if (scales) {
+        act_scales(act_type, act + size_t(a0) * act_row_bytes, act_row_bytes, a_end - a0, nb, scale_d, scale_s);
+    }
+    c.a0 = a0;
+    c.a_end = a_end;
+    c.d = scales ? scale_d.data() : nullptr;
+    c.s = scales && !scale_s.empty() ? scale_s.data() : nullptr;
+    c.group_floats = size_t(k.act_floats) * size_t(nb);
+    float * groups = aligned(act_prepared, c.group_floats * size_t((a_end - a0 + kTile - 1) / kTile));
+    c.groups = groups;
+    for (int64_t a = a0; k.prepare_act != nullptr && a < a_end; a += kTile) {
+        ActRows y;
+        const int n = act_rows(act, act_row_bytes, c, a, nb, y);
+        k.prepare_act(y, n, nb, groups + size_t((a - a0) / kTile) * c.group_floats);
+    }
+}
+
+// Weight rows [r0, r1) (a multiple of the tile) by the chunk's activation
+// rows: dst row a, column r. `one_group`: the whole product has one group of
+// activation rows, and the type has tiles that take the weights unprepared.
+void chunk_product(ggml_type type, const uint8_t * weights, size_t w_row_bytes, int64_t r0, int64_t r1,
+                   const uint8_t * act, size_t act_row_bytes, const ActChunk & c, int nb, bool one_group, float * dst,
+                   int64_t ld_dst) {
+    thread_local std::vector<float> prepared;
+    const TileKernels & k = *kernels(type);
+    float * w_prep = aligned(prepared, size_t(k.floats) * size_t(nb));
+    for (int64_t r = r0; r < r1; r += kTile) {
+        if (r + kPrefetchTiles * kTile < r1) {
+            prefetch_tile(weights + size_t(r + kPrefetchTiles * kTile) * w_row_bytes, w_row_bytes);
+        }
+        WeightRows w{};
+        for (int j = 0; j < kTile; ++j) w.w[j] = weights + size_t(r + j) * w_row_bytes;
+        if (k.prepare != nullptr && !one_group) {
+            k.prepare(w.w, nb, w_prep);
+            w.prepared = w_prep;
+        }
+        for (int64_t a = c.a0; a < c.a_end; a += kTile) {
+            ActRows y;
+            const int n = act_rows(act, act_row_bytes, c, a, nb, y);
+            (one_group ? k.one_group : k.tile)[n - 1](w, y, nb, dst + a * ld_dst + r, ld_dst);
+        }
+    }
+}
+
+bool one_group(ggml_type type, int64_t n_act) { return n_act <= kTile && kernels(type)->one_group[0] != nullptr; }
 
 // Weight rows [r0, r1) (a multiple of the tile) by every activation row:
 // dst row a, column r, from the quantized rows of `act` (row_bytes apart).
 void product(ggml_type type, const uint8_t * weights, size_t w_row_bytes, int64_t r0, int64_t r1, const uint8_t * act,
              size_t act_row_bytes, int64_t n_act, int nb, float * dst, int64_t ld_dst) {
-    constexpr int64_t kActChunk = 64;  // activation rows kept hot in cache across weight tiles
-    thread_local std::vector<float> scale_d, scale_s, prepared, act_prepared;
-    const TileKernels & k = *kernels(type);
-    float * w_prep = aligned(prepared, size_t(k.floats) * size_t(nb));
-    const ggml_type act_type = ggml_get_type_traits_cpu(type)->vec_dot_type;
-    const bool scales = fp16_scales(act_type);
-    const size_t group_floats = size_t(k.act_floats) * size_t(nb);
-    const bool one_group = n_act <= kTile && k.one_group[0] != nullptr;
+    ActChunk c;
     for (int64_t a0 = 0; a0 < n_act; a0 += kActChunk) {
-        const int64_t a_end = std::min(n_act, a0 + kActChunk);
-        if (scales) {
-            act_scales(act_type, act + size_t(a0) * act_row_bytes, act_row_bytes, a_end - a0, nb, scale_d, scale_s);
-        }
-        const float * d = scales ? scale_d.data() : nullptr;
-        const float * s = scales && !scale_s.empty() ? scale_s.data() : nullptr;
-        float * groups = aligned(act_prepared, group_floats * size_t((a_end - a0 + kTile - 1) / kTile));
-        for (int64_t a = a0; k.prepare_act != nullptr && a < a_end; a += kTile) {
-            ActRows y;
-            const int n = act_rows(act, act_row_bytes, a0, a, a_end, nb, d, s, groups, group_floats, y);
-            k.prepare_act(y, n, nb, groups + size_t((a - a0) / kTile) * group_floats);
-        }
-        for (int64_t r = r0; r < r1; r += kTile) {
-            if (r + kPrefetchTiles * kTile < r1) {
-                prefetch_tile(weights + size_t(r + kPrefetchTiles * kTile) * w_row_bytes, w_row_bytes);
-            }
-            WeightRows w{};
-            for (int j = 0; j < kTile; ++j) w.w[j] = weights + size_t(r + j) * w_row_bytes;
-            if (k.prepare != nullptr && !one_group) {
-                k.prepare(w.w, nb, w_prep);
-                w.prepared = w_prep;
-            }
-            for (int64_t a = a0; a < a_end; a += kTile) {
-                ActRows y;
-                const int n = act_rows(act, act_row_bytes, a0, a, a_end, nb, d, s, groups, group_floats, y);
-                (one_group ? k.one_group : k.tile)[n - 1](w, y, nb, dst + a * ld_dst + r, ld_dst);
-            }
-        }
+        prepare_chunk(type, act, act_row_bytes, a0, std::min(n_act, a0 + kActChunk), nb, c);
+        chunk_product(type, weights, w_row_bytes, r0, r1, act, act_row_bytes, c, nb, one_group(type, n_act), dst,
+                      ld_dst);
+    }
+}
+
+// Pieces of a product per thread: a chunk of activation rows by a range of
+// weight tiles each.
+constexpr int64_t kPiecesPerThread = 4;
+
+// A thread's share of the product of `w` by the n quantized rows of `act`:
+// pieces taken in turn from ggml's chunk counter (thread 0 set it to nth
+// before the last barrier), chunk of activation rows by chunk, by whichever
+// thread is free, so that a thread slowed by something else does not keep
+// the others waiting at the next barrier. A thread prepares a chunk's
+// activation rows once for all its pieces of it.
+void shared_product(const ggml_compute_params * params, const ggml_tensor * w, const uint8_t * act,
+                    size_t act_row_bytes, int64_t n, float * dst, int64_t ld_dst) {
+    const int64_t tiles = w->ne[1] / kTile;
+    const int64_t ranges = std::min<int64_t>(tiles, int64_t(params->nth) * kPiecesPerThread);
+    const int64_t pieces = (n + kActChunk - 1) / kActChunk * ranges;
+    const int nb = int(w->ne[0] / ggml_blck_size(w->type));
+    const auto * weights = static_cast<const uint8_t *>(w->data);
+    ActChunk c;
+    for (int64_t piece = params->ith; piece < pieces; piece = ggml_threadpool_chunk_add(params->threadpool, 1)) {
+        const int64_t a0 = piece / ranges * kActChunk, g = piece % ranges;
+        if (c.a0 != a0) prepare_chunk(w->type, act, act_row_bytes, a0, std::min(n, a0 + kActChunk), nb, c);
+        chunk_product(w->type, weights, w->nb[1], tiles * g / ranges * kTile, tiles * (g + 1) / ranges * kTile, act,
+                      act_row_bytes, c, nb, one_group(w->type, n), dst, ld_dst);
     }
 }
 
@@ -361,15 +419,22 @@ public:
             quantize(row + b0 * bs, wdata + i * q_row + b0 * ggml_type_size(q), (b1 - b0) * bs);
         }
         if (ith == 0 && tiled) g_products.fetch_add(1, std::memory_order_relaxed);
+        if (ith == 0) ggml_threadpool_chunk_set(params->threadpool, nth);
         ggml_barrier(params->threadpool);
         const int64_t tiles = w->ne[1] / kTile;
         const int64_t t0 = tiles * ith / nth, t1 = tiles * (ith + 1) / nth;
+        auto * dst = static_cast<float *>(op->data);
+        const auto ld = int64_t(op->nb[1] / sizeof(float));
         if (!tiled) {
             one_row_products(w, wdata, q_row, n, t0 * kTile, t1 * kTile, op);
             return true;
         }
+#if defined(LMSP_TILES_NEON)
         product(w->type, static_cast<const uint8_t *>(w->data), w->nb[1], t0 * kTile, t1 * kTile, wdata, q_row, n,
-                int(k / ggml_blck_size(w->type)), static_cast<float *>(op->data), int64_t(op->nb[1] / sizeof(float)));
+                int(k / ggml_blck_size(w->type)), dst, ld);
+#else
+        shared_product(params, w, wdata, q_row, n, dst, ld);
+#endif
         return true;
     }
 };
