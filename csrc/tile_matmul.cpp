@@ -34,9 +34,11 @@
 // where llama.cpp put them (a mapped file, say), and the hook claims the
 // matrix products of plain weights of those types by 2 or more rows; ggml's
 // own path does the rest. The activations are quantized into ggml's work
-// buffer with the bytes its own path writes (q8_K by tile_quantize.cpp). At install each type is checked
-// against ggml's vec_dot on random data and taken only where every element
-// matches bit for bit (ggml's compiler might sum in another order).
+// buffer with the bytes its own path writes (q8_K by tile_quantize.cpp). At
+// install each type is checked against ggml's vec_dot on random data and
+// taken only where every element matches bit for bit (ggml's compiler might
+// sum in another order). The threads share a product out in pieces, as
+// ggml's own matrix products do (shared_product).
 //
 // On ARM (NEON with the dot-product extension) the tiles are those of
 // tile_matmul_neon.cpp, with ggml's aarch64 one-row bits.
