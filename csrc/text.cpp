@@ -59,7 +59,10 @@ void utf8_take(std::string & raw, std::string & out, bool final) {
     while (i < n) {
         size_t len = 0;
         const Utf8 k = classify(s + i, n - i, len);
-        if (k == Utf8::complete) {
+        if (k == Utf8::complete && s[i] == 0) {
+            out += kReplacement;  // NUL: no chat template or tokenizer takes it back
+            i += len;
+        } else if (k == Utf8::complete) {
             out.append(raw, i, len);
             i += len;
         } else if (k == Utf8::invalid) {

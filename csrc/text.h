@@ -9,7 +9,9 @@
 namespace lmsp {
 
 // Moves the longest prefix of `raw` that is decided as UTF-8 into `out`:
-// valid characters as they are, each invalid byte as U+FFFD. An incomplete
+// valid characters as they are, each invalid byte as U+FFFD, and NUL as
+// U+FFFD too (text the service wrote must be taken back as input in a later
+// turn, and no prompt takes a NUL). An incomplete
 // character at the end stays in `raw` unless `final` is true (then it becomes
 // U+FFFD too).
 void utf8_take(std::string & raw, std::string & out, bool final);
