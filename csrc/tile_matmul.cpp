@@ -275,11 +275,11 @@ bool one_group(ggml_type type, int64_t n_act) { return n_act <= kTile && kernels
 // dst row a, column r, from the quantized rows of `act` (row_bytes apart).
 void product(ggml_type type, const uint8_t * weights, size_t w_row_bytes, int64_t r0, int64_t r1, const uint8_t * act,
              size_t act_row_bytes, int64_t n_act, int nb, float * dst, int64_t ld_dst) {
+    const bool one = one_group(type, n_act);
     ActChunk c;
     for (int64_t a0 = 0; a0 < n_act; a0 += kActChunk) {
         prepare_chunk(type, act, act_row_bytes, a0, std::min(n_act, a0 + kActChunk), nb, c);
-        chunk_product(type, weights, w_row_bytes, r0, r1, act, act_row_bytes, c, nb, one_group(type, n_act), dst,
-                      ld_dst);
+        chunk_product(type, weights, w_row_bytes, r0, r1, act, act_row_bytes, c, nb, one, dst, ld_dst);
     }
 }
 
@@ -300,12 +300,13 @@ void shared_product(const ggml_compute_params * params, const ggml_tensor * w, c
     const int64_t pieces = (n + kActChunk - 1) / kActChunk * ranges;
     const int nb = int(w->ne[0] / ggml_blck_size(w->type));
     const auto * weights = static_cast<const uint8_t *>(w->data);
+    const bool one = one_group(w->type, n);
     ActChunk c;
     for (int64_t piece = params->ith; piece < pieces; piece = ggml_threadpool_chunk_add(params->threadpool, 1)) {
         const int64_t a0 = piece / ranges * kActChunk, g = piece % ranges;
         if (c.a0 != a0) prepare_chunk(w->type, act, act_row_bytes, a0, std::min(n, a0 + kActChunk), nb, c);
         chunk_product(w->type, weights, w->nb[1], tiles * g / ranges * kTile, tiles * (g + 1) / ranges * kTile, act,
-                      act_row_bytes, c, nb, one_group(w->type, n), dst, ld_dst);
+                      act_row_bytes, c, nb, one, dst, ld_dst);
     }
 }
 
@@ -420,8 +421,10 @@ public:
             const float * row = reinterpret_cast<const float *>(static_cast<const char *>(x->data) + i * x->nb[1]);
             quantize(row + b0 * bs, wdata + i * q_row + b0 * ggml_type_size(q), (b1 - b0) * bs);
         }
-        if (ith == 0 && tiled) g_products.fetch_add(1, std::memory_order_relaxed);
-        if (ith == 0) ggml_threadpool_chunk_set(params->threadpool, nth);
+        if (ith == 0 && tiled) {
+            g_products.fetch_add(1, std::memory_order_relaxed);
+            ggml_threadpool_chunk_set(params->threadpool, nth);  // shared_product's pieces
+        }
         ggml_barrier(params->threadpool);
         const int64_t tiles = w->ne[1] / kTile;
         const int64_t t0 = tiles * ith / nth, t1 = tiles * (ith + 1) / nth;
