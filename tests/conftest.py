@@ -23,6 +23,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """``--isa-tier`` collects only the files that can hold its tests: those of
+    tests/native and those that name the real_model mark (the mark decides below)."""
+    if not config.getoption("--isa-tier") or collection_path.suffix != ".py" \
+            or not collection_path.name.startswith("test_"):
+        return None
+    if collection_path.name in NOT_ISA_DEPENDENT:
+        return True
+    native = Path(__file__).parent / "native"
+    if native in collection_path.parents or "real_model" in collection_path.read_text(encoding="utf-8"):
+        return None
+    return True
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``--isa-tier`` (``scripts/dev``'s x86-64-v3 tier): the native and real-model tests, in one run."""
     if not config.getoption("--isa-tier"):

@@ -214,10 +214,9 @@ def test_llm_cli_with_the_service_in_its_extra_models(server, token, client, tmp
         f"- model_id: lmsp-smollm2\n  model_name: {CHAT}\n  api_base: \"{server.base_url}/v1\"\n"
         "  api_key_name: lmsp\n")
     (tmp_path / "keys.json").write_text(f'{{"lmsp": "{token}"}}')
-    llm = Path(sys.executable).with_name("llm")
     result = subprocess.run(
-        [str(llm), "-m", "lmsp-smollm2", "-s", SYSTEM, "-o", "temperature", "0", "-o", "max_tokens", "16",
-         QUESTION],
+        [sys.executable, "-m", "llm", "-m", "lmsp-smollm2", "-s", SYSTEM, "-o", "temperature", "0",
+         "-o", "max_tokens", "16", QUESTION],
         capture_output=True, text=True, timeout=120,
         env={**os.environ, "LLM_USER_PATH": str(tmp_path)})
     assert result.returncode == 0, result.stderr
