@@ -19,6 +19,8 @@ void bind_tiles(py::module_ & m) {
           "Tiled products on or off for the whole process, while no engine computes (the same numbers either way).");
     m.def("tile_quantize_q8_K", &lmsp::tile_quantize_q8_K,
           "Whether the hook quantizes the K-quants' activations with its own code (same bytes as ggml's).");
+    m.def("tile_quantize_ggml_tiled_products", &lmsp::tile_quantize_ggml_tiled_products,
+          "Products of ggml's tiled K-quant matmul that took their activations from that code so far.");
     m.def("tile_quantize_matches", &lmsp::tile_quantize_matches, "k"_a, "seed"_a,
           "Whether that code's q8_K of k random and edge-case floats is ggml's byte for byte.");
     m.def("tile_matmul_matches", &lmsp::tile_matmul_matches, "type"_a, "rows"_a, "n"_a, "k"_a, "seed"_a,

@@ -55,7 +55,8 @@
 #include "ggml-cpu.h"
 #include "ggml.h"
 #include "tile_matmul_kernels.h"
-#include "traits.h"  // ggml/src/ggml-cpu of the pinned source: the extra buffer types
+#include "tiled/tiled.h"  // ggml/src/ggml-cpu of the pinned source: its tiled K-quant matmul
+#include "traits.h"       // and the extra buffer types
 
 #if defined(__ARM_NEON) && defined(__ARM_FEATURE_DOTPROD)
 #include "tile_matmul_neon.h"  // the tiles on ARM, in a file of their own
@@ -85,6 +86,8 @@ struct TileType {
 TileType g_types[] = {{GGML_TYPE_Q4_1, "q4_1"}, {GGML_TYPE_Q5_0, "q5_0"}, {GGML_TYPE_Q8_0, "q8_0"},
                       {GGML_TYPE_Q4_K, "q4_K"}, {GGML_TYPE_Q6_K, "q6_K"}, {GGML_TYPE_F16, "f16"}};
 std::atomic<int64_t> g_products{0};
+// products of ggml's tiled K-quant matmul on activations the hook quantized
+std::atomic<int64_t> g_ggml_tiled_q8k{0};
 
 bool is_kquant(ggml_type type) { return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K; }
 
@@ -211,6 +214,52 @@ void one_row_products(const ggml_tensor * w, const uint8_t * act, size_t act_row
     }
 }
 
+// This thread's share of the activations' quantization (of every row, a
+// share of its blocks, as ggml shares it) into `wdata`, rows of type `q`.
+void quantize_share(const ggml_compute_params * params, const ggml_tensor * x, ggml_type q, ggml_from_float_t quantize,
+                    uint8_t * wdata) {
+    const int64_t k = x->ne[0];
+    const int64_t bs = ggml_blck_size(q);
+    const size_t q_row = ggml_row_size(q, k);
+    const int64_t b0 = (params->ith * k / bs) / params->nth, b1 = ((params->ith + 1) * k / bs) / params->nth;
+    for (int64_t i = 0; i < x->ne[1]; ++i) {
+        const float * row = reinterpret_cast<const float *>(static_cast<const char *>(x->data) + i * x->nb[1]);
+        quantize(row + b0 * bs, wdata + i * q_row + b0 * ggml_type_size(q), (b1 - b0) * bs);
+    }
+}
+
+// A K-quant product the hook leaves to ggml's tiled K-quant matmul (AVX-512
+// VNNI, 8 rows or more), given its activations as q8_K quantized by
+// tile_quantize.cpp: the bytes of ggml's reference code, which that matmul
+// quantizes with, written in less time. Then ggml's own driver computes the
+// product as it does for activations that come quantized, with the work
+// buffer laid out as it lays it out (the q8_K rows, then each thread's
+// workspace): every element as without this. False: ggml's own path.
+bool ggml_tiled_on_q8_K(const ggml_compute_params * params, ggml_tensor * op) {
+    const tiles::QuantizeFn q8k = g_q8k.load(std::memory_order_relaxed);
+    if (q8k == nullptr || !is_kquant(op->src[0]->type) || ggml_uses_vec_dot(params, op)) return false;
+    const ggml_tensor * x = op->src[1];
+    auto * wdata = static_cast<uint8_t *>(params->wdata);
+    quantize_share(params, x, GGML_TYPE_Q8_K, q8k, wdata);
+    ggml_tensor act = *x;
+    act.type = GGML_TYPE_Q8_K;
+    act.data = wdata;
+    act.nb[0] = ggml_type_size(GGML_TYPE_Q8_K);
+    act.nb[1] = ggml_row_size(GGML_TYPE_Q8_K, x->ne[0]);
+    act.nb[2] = act.nb[1] * size_t(x->ne[1]);
+    act.nb[3] = act.nb[2] * size_t(x->ne[2]);
+    ggml_tensor product = *op;
+    product.src[1] = &act;
+    const size_t rows = GGML_PAD(act.nb[3] * size_t(x->ne[3]), 64);
+    ggml_compute_params rest = *params;
+    rest.wdata = wdata + rows;
+    rest.wsize = params->wsize - rows;
+    // its barrier, before the product, follows every thread's share above
+    if (!ggml_compute_forward_mul_mat_tiled(&rest, &product)) return false;
+    if (params->ith == 0) g_ggml_tiled_q8k.fetch_add(1, std::memory_order_relaxed);
+    return true;
+}
+
 class TileTraits : public ggml::cpu::tensor_traits {
 public:
     // the work buffer ggml's own path asks for: the quantized activations
@@ -220,21 +269,14 @@ public:
         const ggml_tensor * w = op->src[0];
         const ggml_tensor * x = op->src[1];
         const bool tiled = g_on.load(std::memory_order_relaxed);
-        if (!hook_computes(params, op, tiled)) return false;
+        if (!hook_computes(params, op, tiled)) return ggml_tiled_on_q8_K(params, op);
         const ggml_type q = ggml_get_type_traits_cpu(w->type)->vec_dot_type;
-        const ggml_from_float_t quantize = act_quantizer(q);
         const int64_t k = x->ne[0];
         const int64_t n = x->ne[1];
-        const int64_t bs = ggml_blck_size(q);
         const size_t q_row = ggml_row_size(q, k);
         auto * wdata = static_cast<uint8_t *>(params->wdata);
-        // as ggml quantizes them: each thread a share of every row's blocks
+        quantize_share(params, x, q, act_quantizer(q), wdata);
         const int ith = params->ith, nth = params->nth;
-        const int64_t b0 = (ith * k / bs) / nth, b1 = ((ith + 1) * k / bs) / nth;
-        for (int64_t i = 0; i < n; ++i) {
-            const float * row = reinterpret_cast<const float *>(static_cast<const char *>(x->data) + i * x->nb[1]);
-            quantize(row + b0 * bs, wdata + i * q_row + b0 * ggml_type_size(q), (b1 - b0) * bs);
-        }
         if (ith == 0 && tiled) {
             g_products.fetch_add(1, std::memory_order_relaxed);
             ggml_threadpool_chunk_set(params->threadpool, nth);  // shared_product's pieces
@@ -387,6 +429,8 @@ bool tile_matmul_built() {
 }
 
 bool tile_quantize_q8_K() { return g_q8k.load() != nullptr; }
+
+int64_t tile_quantize_ggml_tiled_products() { return g_ggml_tiled_q8k.load(); }
 
 bool tile_quantize_matches(int k, uint32_t seed) { return tiles::q8_K_matches(g_q8k.load(), k, seed); }
 

@@ -41,6 +41,10 @@ bool tile_matmul_kquants_first();
 // checked at install.
 bool tile_quantize_q8_K();
 
+// Products of ggml's tiled K-quant matmul (AVX-512 VNNI, 8 rows or more)
+// that took their activations from that code, in this process so far.
+int64_t tile_quantize_ggml_tiled_products();
+
 // Whether that code's q8_K of `k` floats (a multiple of 256, random and
 // edge-case blocks) is ggml's byte for byte. False where the hook does not
 // use it (not built, not installed, or its check at install failed).

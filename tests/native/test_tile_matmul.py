@@ -79,18 +79,23 @@ def _run(engine: Engine, prompts: list[list[int]]) -> tuple[np.ndarray, list[lis
     return logits, [runs[s].tokens for s in seqs]
 
 
-def _same_with_and_without(model: Path, prompts: list[list[int]]) -> None:
+def _same_with_and_without(model: Path, prompts: list[list[int]], kquants: bool = False) -> None:
+    """With `kquants` (the model has q4_K and q6_K weights), where ggml's tiled
+    K-quant matmul keeps the prompts' products (x86 with AVX-512 VNNI), it takes
+    their activations from tile_quantize.cpp with the tiles on."""
+    handed_over = kquants and _native.tile_quantize_q8_K() and not _native.TILE_MATMUL_KQUANTS_FIRST
     engine = Engine(str(model), n_ctx=1024, n_parallel=4, n_threads=2)
     try:
         assert engine.info["tile_matmul"] == (TYPES if _native.TILE_MATMUL_BUILT else [])
-        before = _native.tile_matmul_products()
+        before = _native.tile_matmul_products(), _native.tile_quantize_ggml_tiled_products()
         tiled = _run(engine, prompts)
-        assert (_native.tile_matmul_products() > before) is _native.TILE_MATMUL_BUILT
+        assert (_native.tile_matmul_products() > before[0]) is _native.TILE_MATMUL_BUILT
+        assert (_native.tile_quantize_ggml_tiled_products() > before[1]) is handed_over
         _native.set_tile_matmul(False)
         assert engine.info["tile_matmul"] == []
-        before = _native.tile_matmul_products()
+        before = _native.tile_matmul_products(), _native.tile_quantize_ggml_tiled_products()
         plain = _run(engine, prompts)
-        assert _native.tile_matmul_products() == before
+        assert (_native.tile_matmul_products(), _native.tile_quantize_ggml_tiled_products()) == before
     finally:
         engine.close()
     assert tiled[0].tobytes() == plain[0].tobytes()
@@ -112,7 +117,7 @@ def test_a_catalog_model_computes_the_same_bits_with_and_without_tiles(catalog_m
     # (ggml's reference kernels in one-row steps, its tiled ones for prompts)
     model = catalog_model(name)
     prompts = [[2] + [(i * 37 + j * 11) % 40000 + 100 for j in range(n)] for i, n in enumerate((69, 7, 90, 20))]
-    _same_with_and_without(model, prompts)
+    _same_with_and_without(model, prompts, kquants=name == "gemma-3-270m")
 
 
 def test_an_engine_on_f16_weights_computes_the_same_bits_with_and_without_tiles(
