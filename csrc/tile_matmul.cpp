@@ -250,7 +250,7 @@ bool ggml_tiled_on_q8_K(const ggml_compute_params * params, ggml_tensor * op) {
     act.nb[3] = act.nb[2] * size_t(x->ne[2]);
     ggml_tensor product = *op;
     product.src[1] = &act;
-    const size_t rows = GGML_PAD(act.nb[3] * size_t(x->ne[3]), 64);
+    const size_t rows = GGML_PAD(ggml_row_size(GGML_TYPE_Q8_K, ggml_nelements(x)), 64);  // as ggml reserves them
     ggml_compute_params rest = *params;
     rest.wdata = wdata + rows;
     rest.wsize = params->wsize - rows;

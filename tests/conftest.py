@@ -13,6 +13,7 @@ from lmsp.models.demo import write_demo_model
 # x86 build's instruction set: the ARM tiles' check builds its own code, and the
 # schema property test checks refusals and the grammar's validity (240 requests).
 NOT_ISA_DEPENDENT = ("test_tile_matmul_arm.py", "test_schema_property.py")
+NATIVE = Path(__file__).parent / "native"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -31,8 +32,7 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
         return None
     if collection_path.name in NOT_ISA_DEPENDENT:
         return True
-    native = Path(__file__).parent / "native"
-    if native in collection_path.parents or "real_model" in collection_path.read_text(encoding="utf-8"):
+    if NATIVE in collection_path.parents or "real_model" in collection_path.read_text(encoding="utf-8"):
         return None
     return True
 
@@ -41,12 +41,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """``--isa-tier`` (``scripts/dev``'s x86-64-v3 tier): the native and real-model tests, in one run."""
     if not config.getoption("--isa-tier"):
         return
-    native = Path(__file__).parent / "native"
 
     def kept(item: pytest.Item) -> bool:
         if item.path.name in NOT_ISA_DEPENDENT:
             return False
-        return native in item.path.parents or item.get_closest_marker("real_model") is not None
+        return NATIVE in item.path.parents or item.get_closest_marker("real_model") is not None
 
     selected, deselected = [], []
     for item in items:
