@@ -62,7 +62,7 @@ def test_a_stopping_service_refuses_new_work_and_lets_running_tasks_finish(make_
     server = make_long_server(grace=60)
     token = server.pair()
     auth = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-    body = {**COUNT, "max_output_tokens": 6000, "background": True}
+    body = {**COUNT, "max_output_tokens": 2000, "background": True}  # some seconds on the demo model
     created = server.call("POST", "/v1/responses", body, token=token, expect=202)
     task_id = created["task"]["id"]
     server.wait_task(token, task_id, lambda t: t["status"] == "running" and t["last_sequence_number"] >= 10)

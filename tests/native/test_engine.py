@@ -198,10 +198,13 @@ def test_a_free_slot_between_running_ones_takes_a_filler_row(make_engine) -> Non
                              prompts, lengths)
     assert run.together == run.alone
     assert run.same_kv
+    # slot 1 is free for some 56 steps (each started within a few steps of the
+    # others), counted by the engine whenever this thread sees the ends
+    assert run.filler_rows >= 40
+    # while it is free, a filler row a step and one pass a step, however few of
+    # those steps the window saw (a step under way while stats() read the
+    # counters may count on one side only)
     steps = run.window["steps"]
-    assert steps >= 20  # (each started within a few steps of the others)
-    # a filler row a step; one pass a step (a step under way while stats()
-    # read the counters may count on one side only)
     assert steps - 1 <= run.window["filler_rows"] <= steps + 1
     assert run.window["ubatches"] <= steps + 1
 
