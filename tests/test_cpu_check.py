@@ -103,3 +103,11 @@ def test_what_a_build_uses_beyond_x86_64_v3():
     assert cpu_check.beyond_x86_64_v3(AVX512_BUILD) == ["avx512_vnni", "avx512bw", "avx512f"]
     v3 = {"arch": "x86_64", "macros": ["__SSE4_2__", "__AVX__", "__AVX2__", "__FMA__", "__F16C__", "__BMI2__"]}
     assert cpu_check.beyond_x86_64_v3(v3) == []
+
+
+def test_what_a_cpu_offers_beyond_x86_64_v3():
+    zen3 = {"sse4_2", "avx", "avx2", "fma", "f16c", "bmi2", "sha_ni", "vaes"}
+    assert cpu_check.cpu_beyond_x86_64_v3(zen3, "x86_64") == []
+    assert cpu_check.cpu_beyond_x86_64_v3(zen3 | {"avx_vnni", "avx512f", "avx512_vnni"}, "x86_64") == [
+        "avx512_vnni", "avx512f", "avx_vnni"]
+    assert cpu_check.cpu_beyond_x86_64_v3({"asimd", "asimddp", "i8mm"}, "aarch64") == []

@@ -11,7 +11,9 @@ of dying of SIGILL in the middle of a request.
 otherwise; ``--fingerprint`` prints what identifies this CPU's instruction sets
 (``scripts/dev`` rebuilds when it is not the one the build was made on);
 ``--beyond-x86-64-v3`` the instruction sets the build uses beyond AVX2's level
-(``scripts/dev test`` then runs a tier on an x86-64-v3 build too).
+(``scripts/dev test`` then runs a tier on an x86-64-v3 build too), and
+``--cpu-beyond-x86-64-v3`` those this CPU has, which a build for it will use
+(where there is no build yet).
 """
 
 from __future__ import annotations
@@ -134,12 +136,24 @@ def beyond_x86_64_v3(build: dict[str, Any]) -> list[str]:
     return [flag for flag in needed(build) if flag not in X86_64_V3]
 
 
+def cpu_beyond_x86_64_v3(flags: set[str], machine: str) -> list[str]:
+    """The flags an x86 CPU has that the checks know, beyond x86-64-v3's: those a
+    build for it (``-march=native``) uses beyond AVX2's level."""
+    if machine not in ("x86_64", "AMD64"):
+        return []
+    known = set(CPUINFO_FLAGS.values())
+    return sorted(flag for flag in flags if flag in known and flag not in X86_64_V3)
+
+
 def main(argv: list[str]) -> int:
     if argv == ["--fingerprint"]:
         print(fingerprint())
         return 0
     if argv == ["--beyond-x86-64-v3"]:
         print(" ".join(beyond_x86_64_v3(build_record() or {})))
+        return 0
+    if argv == ["--cpu-beyond-x86-64-v3"]:
+        print(" ".join(cpu_beyond_x86_64_v3(this_cpu(), platform.machine())))
         return 0
     try:
         check()
