@@ -12,6 +12,12 @@
 // made floats once for all activation rows (prepare), q4_1's and q5_0's
 // values are unpacked there once too, and the products of the scales for
 // the eight pairs of a block take one multiply.
+//
+// q5_0's values (-16 to 15) are kept plus 16 (0 to 31, unsigned), so that a
+// block of a pair takes no sign instruction: its sum starts at -16 times the
+// activations' sum of each lane, made once per group of activation rows for
+// all weight tiles (prepare_act). The same integers: no int16 pair of
+// products comes near saturation (2 * 31 * 127).
 
 #include "tile_matmul_kernels.h"
 
@@ -30,6 +36,18 @@ inline __m256 dot_us8(__m256i ax, __m256i sy) {
     return _mm256_cvtepi32_ps(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ax, sy));
 #else
     return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_set1_epi16(1), _mm256_maddubs_epi16(ax, sy)));
+#endif
+}
+
+// A block's products of unsigned weights by signed activations, four summed
+// in each of eight int32 lanes, added to `start`
+inline __m256i dot_us8_from(__m256i start, __m256i ux, __m256i y) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(start, ux, y);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(start, ux, y);
+#else
+    return _mm256_add_epi32(start, _mm256_madd_epi16(_mm256_set1_epi16(1), _mm256_maddubs_epi16(ux, y)));
 #endif
 }
 
@@ -63,49 +81,57 @@ inline __m256 dot_i8(const Signed & w, __m256i y) {
 }
 
 // The weight types. kBytes: a block; kActBytes and kActQs: a block of the
-// activations (q8_1 or q8_0) and where its 32 int8 start; kMin: q4_1's m.
+// activations (q8_1 or q8_0) and where its 32 int8 start; kMin: q4_1's m;
+// kOffset: the values are kept plus this (the sums start at minus it times
+// the activations' sums).
 struct Q4_1 {
     static constexpr size_t kBytes = 20;  // fp16 d, fp16 m, 16 bytes of nibbles
     static constexpr size_t kActBytes = 36, kActQs = 4;
     static constexpr bool kMin = true;
+    static constexpr int kOffset = 0;
     static constexpr bool kPredecode = true;
     using Values = __m256i;
     static constexpr size_t kRegs = 1;  // registers a block's values take
     static Values values(const uint8_t * x) { return nibbles(x + 4); }
-    static __m256 dot(const Values & x, __m256i y) { return dot_us8(x, y); }
+    static __m256 dot(const Values & x, __m256i y, __m256i) { return dot_us8(x, y); }
 };
 
 struct Q8_0 {
     static constexpr size_t kBytes = 34;  // fp16 d, 32 int8
     static constexpr size_t kActBytes = 34, kActQs = 2;
     static constexpr bool kMin = false;
+    static constexpr int kOffset = 0;
     static constexpr bool kPredecode = false;
     using Values = Signed;
     static constexpr size_t kRegs = 2;
     static Values values(const uint8_t * x) {
         return signed_values(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(x + 2)));
     }
-    static __m256 dot(const Values & x, __m256i y) { return dot_i8(x, y); }
+    static __m256 dot(const Values & x, __m256i y, __m256i) { return dot_i8(x, y); }
 };
 
 struct Q5_0 {
     static constexpr size_t kBytes = 22;  // fp16 d, 32 high bits, 16 bytes of low nibbles
     static constexpr size_t kActBytes = 34, kActQs = 2;
     static constexpr bool kMin = false;
-    static constexpr bool kPredecode = true;  // ten instructions a block
-    using Values = Signed;
-    static constexpr size_t kRegs = 2;
-    // the nibbles, with 0xF0 where a value's high bit is 0 (as vec_dot)
+    static constexpr int kOffset = 16;
+    static constexpr bool kPredecode = true;  // nine instructions a block
+    using Values = __m256i;
+    static constexpr size_t kRegs = 1;
+    // the nibbles, with 0x10 where a value's high bit is 1: vec_dot's value
+    // (the nibbles, 0xF0 where it is 0) plus 16
     static Values values(const uint8_t * x) {
         const __m256i spread = _mm256_shuffle_epi8(
             _mm256_set1_epi32(load32(x + 2)),
             _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
         const __m256i bit = _mm256_and_si256(spread, _mm256_set1_epi64x(int64_t(0x8040201008040201)));
-        const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(bit, _mm256_setzero_si256()),
-                                              _mm256_set1_epi8(char(0xF0)));
-        return signed_values(_mm256_or_si256(nibbles(x + 6), high));
+        const __m256i high = _mm256_andnot_si256(_mm256_cmpeq_epi8(bit, _mm256_setzero_si256()),
+                                                 _mm256_set1_epi8(0x10));
+        return _mm256_or_si256(nibbles(x + 6), high);
     }
-    static __m256 dot(const Values & x, __m256i y) { return dot_i8(x, y); }
+    static __m256 dot(const Values & x, __m256i y, __m256i start) {
+        return _mm256_cvtepi32_ps(dot_us8_from(start, x, y));
+    }
 };
 
 // Where a type that unpacks its weights once per tile keeps them in what
@@ -164,6 +190,7 @@ void pass(const uint8_t * x0, const uint8_t * x1, const float * wd, const float 
     for (int a = 0; a < A; ++a) q[a] = y.q[a] + W::kActQs;
     const float * yd = y.d;
     const float * ys = y.s;
+    const auto * starts = reinterpret_cast<const __m256i *>(y.prepared);
     alignas(32) float scales[8];
     for (int b = 0; b < nb; ++b) {
         const size_t at = size_t(b) * W::kBytes;
@@ -189,8 +216,13 @@ void pass(const uint8_t * x0, const uint8_t * x1, const float * wd, const float 
         for (int a = 0; a < A; ++a) {
             __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q[a] + size_t(b) * W::kActBytes));
             __asm__("" : "+x"(qy));  // loaded once into a register, not once for each weight row
+            __m256i start = _mm256_setzero_si256();
+            if constexpr (W::kOffset != 0) {
+                start = _mm256_load_si256(starts + size_t(b) * kTile + size_t(a));
+                __asm__("" : "+x"(start));
+            }
             for (int r = 0; r < 2; ++r) {
-                acc[r][a] = _mm256_fmadd_ps(_mm256_broadcast_ss(scale + 4 * r + a), W::dot(x[r], qy), acc[r][a]);
+                acc[r][a] = _mm256_fmadd_ps(_mm256_broadcast_ss(scale + 4 * r + a), W::dot(x[r], qy, start), acc[r][a]);
             }
         }
     }
@@ -221,11 +253,36 @@ void tile(const WeightRows & w, const ActRows & y, int nb, float * out, int64_t 
     }
 }
 
+// Once per group of activation rows, for a type kept plus kOffset: where each
+// row's block sums start, -kOffset times the activations' sum of each lane
+// (block b, row a: eight int32 at (4 * b + a) * 8).
+template <class W>
+void prepare_act(const ActRows & y, int n, int nb, float * out) {
+    auto * start = reinterpret_cast<__m256i *>(out);
+    const __m256i offset = _mm256_set1_epi8(char(W::kOffset)), ones = _mm256_set1_epi16(1);
+    for (int b = 0; b < nb; ++b) {
+        for (int a = 0; a < kTile; ++a) {
+            __m256i sum = _mm256_setzero_si256();
+            if (a < n) {
+                const __m256i qy = _mm256_loadu_si256(
+                    reinterpret_cast<const __m256i *>(y.q[a] + W::kActQs + size_t(b) * W::kActBytes));
+                sum = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(offset, qy));
+            }
+            _mm256_store_si256(start++, _mm256_sub_epi32(_mm256_setzero_si256(), sum));
+        }
+    }
+}
+
 template <class W>
 const TileKernels * kernels() {
     constexpr size_t values = kTile * W::kRegs * 8;  // floats a block's values take
     constexpr int floats = W::kPredecode ? int(kDecodedAt + values) : W::kMin ? 32 : 16;
-    static const TileKernels k = {{tile<W, 1>, tile<W, 2>, tile<W, 3>, tile<W, 4>}, prepare<W>, floats};
+    constexpr bool offset = W::kOffset != 0;
+    static const TileKernels k = {{tile<W, 1>, tile<W, 2>, tile<W, 3>, tile<W, 4>},
+                                  prepare<W>,
+                                  floats,
+                                  offset ? prepare_act<W> : nullptr,
+                                  offset ? kTile * 8 : 0};
     return &k;
 }
 
