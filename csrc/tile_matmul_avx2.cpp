@@ -4,11 +4,12 @@
 // A pass takes two weight rows by up to four activation rows: eight float
 // accumulators of eight lanes, as many as sixteen registers leave room for.
 // Every element is computed as ggml's AVX2 vec_dot computes it: the same
-// eight int32 lanes per block (the same instructions: maddubs and madd, or
-// AVX-VNNI's dpbusd where the compiler targets it), the float product of the
-// two fp16 scales, the same fused multiply-add into eight float lanes, block
-// after block, the same horizontal sum, and for q4_1 the same fused sum of
-// the blocks' minimum times the activations' sums. The weights' scales are
+// eight int32 lanes per block (integer sums of four products, exact however
+// they are formed: maddubs and madd, or AVX-VNNI's dpbusd where the compiler
+// targets it), the float product of the two fp16 scales, the same fused
+// multiply-add into eight float lanes, block after block, the same
+// horizontal sum, and for q4_1 the same fused sum of the blocks' minimum
+// times the activations' sums. The weights' scales are
 // made floats once for all activation rows (prepare), q4_1's and q5_0's
 // values are unpacked there once too, and the products of the scales for
 // the eight pairs of a block take one multiply.
