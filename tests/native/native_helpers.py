@@ -104,10 +104,16 @@ class FreeSlotRun:
     together: list[list[int]]
     same_kv: bool  # slot 1 kept exactly the KV its sequence left alone (a persisted sequence's saved state)
     filler_rows: int  # over the run together
-    window: dict[str, int]  # steps, filler_rows, ubatches from slot 1's end to the first end of slot 0 or 2
+    # steps, filler_rows, ubatches and finished (sequences), from slot 1's end to the window's (around_a_free_slot)
+    window: dict[str, int]
 
 
-def around_a_free_slot(ref: Engine, engine: Engine, prompts: list[list[int]], lengths: list[int]) -> FreeSlotRun:
+def around_a_free_slot(ref: Engine, engine: Engine, prompts: list[list[int]], lengths: list[int],
+                       window_tokens: int | None = None) -> FreeSlotRun:
+    """The window ends once this thread has seen `window_tokens` of slot 0's
+    tokens (by default all of them), or an end of slot 0 or 2: where that is
+    well before their ends, a thread that sees the engine's results late still
+    ends it while both run."""
     alone, alone_saved = [], None
     for i, prompt in enumerate(prompts):
         seq = ref.submit(prompt, max_tokens=lengths[i], temperature=0, persist=i == 1)
@@ -121,7 +127,8 @@ def around_a_free_slot(ref: Engine, engine: Engine, prompts: list[list[int]], le
     w.until(lambda: seqs[1] in w.ended)
     assert not w.ended & {seqs[0], seqs[2]}
     freed = engine.stats()  # from here slot 1 is free until slot 0 or 2 ends
-    w.until(lambda: w.ended & {seqs[0], seqs[2]})
+    seen = window_tokens or lengths[0]
+    w.until(lambda: w.tokens.get(seqs[0], 0) >= seen or w.ended & {seqs[0], seqs[2]})
     both = engine.stats()
     w.until(lambda: len(w.ended) == 3)
     after = engine.stats()
@@ -130,5 +137,5 @@ def around_a_free_slot(ref: Engine, engine: Engine, prompts: list[list[int]], le
         together=[w.got[s] for s in seqs],
         same_kv=engine.saved_prefix(seqs[1]) == alone_saved,
         filler_rows=after["filler_rows"] - before["filler_rows"],
-        window={k: both[k] - freed[k] for k in ("steps", "filler_rows", "ubatches")},
+        window={k: both[k] - freed[k] for k in ("steps", "filler_rows", "ubatches", "finished")},
     )

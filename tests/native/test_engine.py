@@ -193,17 +193,21 @@ def test_a_free_slot_between_running_ones_takes_a_filler_row(make_engine) -> Non
     in one ubatch; their tokens stay those of a run alone, and slot 1 keeps
     exactly the KV its sequence left (the state a persisted sequence saves)."""
     prompts = [random_prompt(50 + i, 4) for i in range(3)]
-    lengths = [128, 8, 128]  # the middle one ends first, long before the others
+    lengths = [512, 8, 512]  # the middle one ends first, long before the others
+    # the window: from slot 1's end to 128 tokens of slot 0, seen by this thread
+    # (some 380 steps before slots 0 and 2 end)
     run = around_a_free_slot(make_engine(n_parallel=3, n_ctx=LONG), make_engine(n_parallel=3, n_ctx=LONG),
-                             prompts, lengths)
+                             prompts, lengths, window_tokens=128)
     assert run.together == run.alone
     assert run.same_kv
-    # slot 1 is free for some 120 steps (each started within a few steps of the
-    # others), counted by the engine whenever this thread sees the ends
-    assert run.filler_rows >= 100
-    # while it is free, a filler row a step and one pass a step, however few of
-    # those steps the window saw (a step under way while stats() read the
-    # counters may count on one side only)
+    # slot 1 is free for some 500 steps (each sequence started within a few
+    # steps of the others), counted by the engine whenever this thread sees the ends
+    assert run.filler_rows >= 450
+    # while it is free and both neighbours run (no sequence ended in the window,
+    # by the engine's count), a filler row a step and one pass a step, however
+    # few of those steps the window saw (a step under way while stats() read
+    # the counters may count on one side only)
+    assert run.window["finished"] == 0
     steps = run.window["steps"]
     assert steps - 1 <= run.window["filler_rows"] <= steps + 1
     assert run.window["ubatches"] <= steps + 1
