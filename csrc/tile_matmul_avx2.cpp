@@ -9,10 +9,10 @@
 // targets it), the float product of the two fp16 scales, the same fused
 // multiply-add into eight float lanes, block after block, the same
 // horizontal sum, and for q4_1 the same fused sum of the blocks' minimum
-// times the activations' sums. The weights' scales are
-// made floats once for all activation rows (prepare), q4_1's and q5_0's
-// values are unpacked there once too, and the products of the scales for
-// the eight pairs of a block take one multiply.
+// times the activations' sums. The weights' scales are made floats once for
+// all activation rows (prepare), q4_1's and q5_0's values are unpacked there
+// once too, and the products of the scales for the eight pairs of a block
+// take one multiply.
 //
 // q5_0's values (-16 to 15) are kept plus 16 (0 to 31, unsigned), so that a
 // block of a pair takes no sign instruction: its sum starts at -16 times the
@@ -28,20 +28,8 @@ namespace lmsp::tiles {
 
 namespace {
 
-// vec_dot's mul_sum_us8_pairs_float: unsigned by signed bytes, four
-// products summed in each of eight int32 lanes, as floats
-inline __m256 dot_us8(__m256i ax, __m256i sy) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy));
-#elif defined(__AVXVNNI__)
-    return _mm256_cvtepi32_ps(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ax, sy));
-#else
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_set1_epi16(1), _mm256_maddubs_epi16(ax, sy)));
-#endif
-}
-
-// A block's products of unsigned weights by signed activations, four summed
-// in each of eight int32 lanes, added to `start`
+// A block's products of unsigned by signed bytes, four summed in each of
+// eight int32 lanes, added to `start`
 inline __m256i dot_us8_from(__m256i start, __m256i ux, __m256i y) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
     return _mm256_dpbusd_epi32(start, ux, y);
@@ -50,6 +38,11 @@ inline __m256i dot_us8_from(__m256i start, __m256i ux, __m256i y) {
 #else
     return _mm256_add_epi32(start, _mm256_madd_epi16(_mm256_set1_epi16(1), _mm256_maddubs_epi16(ux, y)));
 #endif
+}
+
+// vec_dot's mul_sum_us8_pairs_float: those lanes from zero, as floats
+inline __m256 dot_us8(__m256i ax, __m256i sy) {
+    return _mm256_cvtepi32_ps(dot_us8_from(_mm256_setzero_si256(), ax, sy));
 }
 
 // A block's 32 signed weights, and their absolute values for vec_dot's
