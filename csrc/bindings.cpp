@@ -207,7 +207,7 @@ class PyEngine {
 public:
     PyEngine(const py::object & model_path, int32_t n_ctx, int32_t n_parallel, int32_t n_threads, int32_t n_gpu_layers,
              int32_t n_batch, int32_t prefill_chunk, bool batch_invariant, bool prefix_cache, bool use_mmap,
-             bool swa_full, size_t kept_logits_bytes, std::vector<std::string> rpc_servers,
+             bool huge_pages, bool swa_full, size_t kept_logits_bytes, std::vector<std::string> rpc_servers,
              std::vector<float> tensor_split, double rpc_timeout) {
         const std::string path = fspath(model_path);
         lmsp::EngineOptions o;
@@ -220,6 +220,7 @@ public:
         o.batch_invariant = batch_invariant;
         o.prefix_cache = prefix_cache;
         o.use_mmap = use_mmap;
+        o.huge_pages = huge_pages;
         o.swa_full = swa_full;
         o.kept_logits_bytes = kept_logits_bytes;
         o.rpc_servers = std::move(rpc_servers);
@@ -246,6 +247,7 @@ public:
         d["n_swa"] = engine_->n_swa();
         d["swa_full"] = engine_->swa_full();
         d["layers"] = engine_->layer_places();
+        d["weights_in_huge_pages"] = engine_->weights_in_huge_pages();
         return d;
     }
 
@@ -498,10 +500,10 @@ PYBIND11_MODULE(_native, m) {
 
     py::class_<PyEngine>(m, "Engine")
         .def(py::init<const py::object &, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, bool, bool, bool, bool,
-                      size_t, std::vector<std::string>, std::vector<float>, double>(),
+                      bool, size_t, std::vector<std::string>, std::vector<float>, double>(),
              "model_path"_a, py::kw_only(), "n_ctx"_a = 4096, "n_parallel"_a = 4, "n_threads"_a = 0,
              "n_gpu_layers"_a = 0, "n_batch"_a = 512, "prefill_chunk"_a = 256, "batch_invariant"_a = true,
-             "prefix_cache"_a = true, "use_mmap"_a = false, "swa_full"_a = true,
+             "prefix_cache"_a = true, "use_mmap"_a = false, "huge_pages"_a = true, "swa_full"_a = true,
              "kept_logits_bytes"_a = size_t(1) << 20, "rpc_servers"_a = std::vector<std::string>{},
              "tensor_split"_a = std::vector<float>{}, "rpc_timeout"_a = 60.0)
         .def_property_readonly("info", &PyEngine::info)

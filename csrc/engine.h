@@ -46,6 +46,9 @@ struct EngineOptions {
     // map the model file instead of reading it into memory: the file must then
     // stay as it is while the engine lives (a truncated file faults the process)
     bool use_mmap = false;
+    // weights read into memory go into transparent huge pages where the system
+    // has them (huge_pages.h); a mapped file's stay the page cache's
+    bool huge_pages = true;
     // sliding-window layers keep every position, not only their window's last
     // ones (llama.cpp's swa_full): the prefix cache can then take a slot's
     // history back to any length; false keeps llama-server's smaller cache
@@ -189,6 +192,8 @@ public:
     const std::string & backend() const { return backend_; }
     // Where each layer is, the output layer last: "cpu", or an RPC server's HOST:PORT.
     const std::vector<std::string> & layer_places() const { return layer_places_; }
+    // The bytes of weights in huge pages after the load (huge_pages.h).
+    size_t weights_in_huge_pages() const { return weights_in_huge_pages_; }
     bool batch_invariant() const { return options_.batch_invariant && backend_ == "cpu"; }
     // Whether the CPU backend runs ggml's reference kernels (batch invariance on K-quant weights).
     bool reference_kernels() const { return plan_.reference_kernels; }
@@ -361,6 +366,7 @@ private:
     EngineOptions options_;
     GgufInfo info_;
     std::vector<std::string> layer_places_;
+    size_t weights_in_huge_pages_ = 0;
     BatchPlan plan_;                      // the kernels of each row, and the two kinds of steps
     bool kernels_reference_now_ = false;  // what the CPU backend is set to
     void set_reference_kernels(bool on);

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "errors.h"
+#include "huge_pages.h"
 #include "llama_private.h"
 #include "notifier.h"
 #include "rpc.h"
@@ -165,6 +166,12 @@ void Engine::load_model(const std::string & model_path) {
     n_vocab_ = llama_vocab_n_tokens(vocab_);
     chat_template_ = ChatTemplate::from_model(model_.get());
     layer_places_ = model_layer_places(model_.get());
+    if (options.huge_pages && !options.use_mmap) {
+        const size_t page = huge_page_size();
+        for (const auto & [base, size] : model_cpu_buffers(model_.get())) {
+            weights_in_huge_pages_ += back_with_huge_pages(base, size, page);
+        }
+    }
 
     // one sequence's context never exceeds what the model was trained for
     n_ctx_ = options.n_ctx;

@@ -1,5 +1,7 @@
 #include "llama_private.h"
 
+#include <algorithm>
+
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "llama-context.h"  // llama_context::get_sched(): src/ of the pinned llama.cpp
@@ -35,6 +37,23 @@ std::vector<std::string> model_layer_places(const llama_model * model) {
     const ggml_tensor * output = model->output;
     const bool here = output != nullptr && output->buffer != nullptr && ggml_backend_buffer_is_host(output->buffer);
     out.push_back(here ? "cpu" : place(model->dev_output()));
+    return out;
+}
+
+std::vector<std::pair<void *, size_t>> model_cpu_buffers(const llama_model * model) {
+    std::vector<std::pair<void *, size_t>> out;
+    std::vector<ggml_backend_buffer_t> seen;
+    for (const auto & named : model->tensors_by_name) {
+        ggml_backend_buffer_t buf = named.second->buffer;
+        if (buf == nullptr || std::find(seen.begin(), seen.end(), buf) != seen.end()) continue;
+        seen.push_back(buf);
+        // ggml's plain CPU buffer type names no device; its repacking one the CPU
+        ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(buf));
+        const bool cpu = dev == nullptr ? ggml_backend_buffer_is_host(buf)
+                                        : ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU;
+        if (!cpu) continue;
+        out.emplace_back(ggml_backend_buffer_get_base(buf), ggml_backend_buffer_get_size(buf));
+    }
     return out;
 }
 

@@ -2,7 +2,9 @@
 // through llama.cpp's own internal headers of the pinned source.
 #pragma once
 
+#include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
 
 struct llama_context;
@@ -26,5 +28,9 @@ bool grammar_parses(const char * gbnf);
 // The device of each of the model's layers, the output layer last: "cpu", or
 // the description of the device (an RPC server's HOST:PORT).
 std::vector<std::string> model_layer_places(const llama_model * model);
+
+// The buffers in this process's memory (a CPU device's) that hold the model's
+// weights, each once: (base, size).
+std::vector<std::pair<void *, size_t>> model_cpu_buffers(const llama_model * model);
 
 }  // namespace lmsp

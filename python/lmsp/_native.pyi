@@ -97,6 +97,7 @@ class Engine:
         batch_invariant: bool = True,
         prefix_cache: bool = True,
         use_mmap: bool = False,
+        huge_pages: bool = True,
         swa_full: bool = True,
         kept_logits_bytes: int = 1 << 20,
         rpc_servers: Sequence[str] = ...,

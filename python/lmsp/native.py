@@ -74,7 +74,7 @@ Engine.__doc__ = """A loaded model and its decoding thread.
 
 Engine(model_path, *, n_ctx=4096, n_parallel=4, n_threads=0, n_gpu_layers=0,
        n_batch=512, prefill_chunk=256, batch_invariant=True, prefix_cache=True,
-       use_mmap=False, rpc_servers=[], tensor_split=[], rpc_timeout=60.0)
+       use_mmap=False, huge_pages=True, rpc_servers=[], tensor_split=[], rpc_timeout=60.0)
 
 ``n_ctx`` is the context of ONE sequence (capped at the model's training
 context); ``n_parallel`` sequences decode together, one llama_batch per step;
@@ -83,6 +83,10 @@ the engine. Prompts are prefilled ``prefill_chunk`` tokens per step so that a
 long prompt does not stall running sequences. The weights are read into memory;
 ``use_mmap=True`` maps the file instead, which then must not change while the
 engine lives (a read of a page past a truncated file's end kills the process).
+Read into memory, the weights go into transparent huge pages where the
+system has them (``huge_pages``; csrc/huge_pages.h): a decode step streams
+them all, and a huge page takes one TLB entry for 2 MiB instead of 4 KiB.
+``info["weights_in_huge_pages"]`` counts the bytes that are.
 
 ``rpc_servers`` (``HOST:PORT``, each an ``lmsp rpc-server``) split the
 model's layers over this box's CPU and those servers: this box keeps the
