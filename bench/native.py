@@ -79,6 +79,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-batch-invariant", dest="batch_invariant", action="store_false",
                    help="run the engine with batch_invariant=False (llama.cpp's faster CPU kernels); "
                         "the matched llama-bench run then uses the same cache types and repacking")
+    p.add_argument("--no-huge-pages", dest="huge_pages", action="store_false",
+                   help="keep the engine's weights in small pages (Engine(huge_pages=False)), as llama-bench's are")
     p.add_argument("--n-prompt", type=int, default=512)
     p.add_argument("--n-gen", type=int, default=128)
     p.add_argument("--parallel", default="1,2,4,8",
@@ -262,7 +264,7 @@ def bench_prefill(args: argparse.Namespace, model: Path, reps: int) -> list[floa
     rates = []
     with Engine(str(model), n_ctx=args.n_prompt + 8, n_parallel=1, n_threads=args.threads,
                 n_gpu_layers=args.n_gpu_layers, n_batch=N_BATCH, prefill_chunk=args.n_prompt,
-                batch_invariant=args.batch_invariant) as engine:
+                batch_invariant=args.batch_invariant, huge_pages=args.huge_pages) as engine:
         for rep in range(reps + 1):  # the first, shorter, is the warm-up
             n = args.n_prompt if rep else min(args.n_prompt, 64)
             seq = engine.submit(_prompt(n, rep), max_tokens=1, temperature=0.0)
@@ -280,7 +282,7 @@ def bench_generation(args: argparse.Namespace, model: Path, n_seqs: int, reps: i
     rates, early = [], 0
     with Engine(str(model), n_ctx=args.n_gen + 64, n_parallel=n_seqs, n_threads=args.threads,
                 n_gpu_layers=args.n_gpu_layers, n_batch=N_BATCH, prefill_chunk=N_BATCH,
-                batch_invariant=args.batch_invariant) as engine:
+                batch_invariant=args.batch_invariant, huge_pages=args.huge_pages) as engine:
         for rep in range(reps + 1):  # the first, shorter, is the warm-up
             max_tokens = args.n_gen if rep else min(args.n_gen, 16)
             seqs = {engine.submit(_story(engine, 100 + 7 * i + rep), max_tokens=max_tokens, temperature=0.0)
