@@ -1,16 +1,21 @@
 #!/usr/bin/env python3
-"""What reading a model into memory costs against mapping it (the ``mmap`` setting).
+"""What reading a model into memory costs against mapping it (the ``mmap`` setting),
+and what putting the weights read into huge pages costs at the load.
 
     python bench/model_load.py                       # the demo model
     python bench/model_load.py MODEL.gguf [...]      # and/or any GGUF files
     python bench/model_load.py --reps 7 --tokens 32 MODEL.gguf
 
-For each file and each way (``read``: use_mmap=False, the default; ``mmap``:
-use_mmap=True), ``--reps`` fresh processes each load the model once
+For each file and each way (``read``: use_mmap=False, the default, the weights
+in huge pages where the system has them; ``small``: read, huge_pages=False;
+``mmap``: use_mmap=True), ``--reps`` fresh processes each load the model once
 (``lmsp.native.Engine``, one sequence, 512 tokens of context), then generate
 ``--tokens`` greedy tokens. Each reports:
 
     load s       the Engine constructor's wall time
+    huge s       then the time until the engine's thread has collapsed the weights into
+                 huge pages (info["huge_pages_pending"] false)
+    huge MiB     the weights in huge pages then (info["weights_in_huge_pages"])
     base MiB     the process's resident memory before the load (Python, the extension)
     rss MiB      the process's resident memory after the load, split into
                  anonymous (its own: weights read, KV cache, buffers) and file
@@ -39,7 +44,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_path import write_result  # noqa: E402
 
-MODES = {"read": False, "mmap": True}
+MODES: dict[str, dict[str, bool]] = {
+    "read": {"use_mmap": False},
+    "small": {"use_mmap": False, "huge_pages": False},
+    "mmap": {"use_mmap": True},
+}
 
 
 def _memory() -> dict[str, float]:
@@ -53,7 +62,7 @@ def _memory() -> dict[str, float]:
     return {"rss": out.get("VmRSS", 0.0), "anon": out.get("RssAnon", 0.0), "file": out.get("RssFile", 0.0)}
 
 
-def child(path: str, use_mmap: bool, tokens: int) -> dict:
+def child(path: str, way: dict[str, bool], tokens: int) -> dict:
     """One measurement in this (fresh) process."""
     import time
 
@@ -61,8 +70,12 @@ def child(path: str, use_mmap: bool, tokens: int) -> dict:
 
     before = _memory()
     started = time.perf_counter()
-    engine = native.Engine(path, n_ctx=512, n_parallel=1, n_threads=os.cpu_count() or 1, use_mmap=use_mmap)
+    engine = native.Engine(path, n_ctx=512, n_parallel=1, n_threads=os.cpu_count() or 1, **way)
     load_s = time.perf_counter() - started
+    while engine.info["huge_pages_pending"]:
+        time.sleep(0.005)
+    huge_s = time.perf_counter() - started - load_s
+    huge_mib = engine.info["weights_in_huge_pages"] / 2**20
     loaded = _memory()
     prompt = engine.tokenize("Once upon a time", True, False)
     engine.submit(prompt, max_tokens=tokens, temperature=0.0)
@@ -70,7 +83,8 @@ def child(path: str, use_mmap: bool, tokens: int) -> dict:
         engine.wait(1.0)
     generated = _memory()
     engine.close()
-    return {"load_s": load_s, "before": before, "loaded": loaded, "generated": generated}
+    return {"load_s": load_s, "huge_s": huge_s, "huge_mib": huge_mib, "before": before, "loaded": loaded,
+            "generated": generated}
 
 
 def _run_child(path: Path, mode: str, tokens: int) -> dict:
@@ -100,12 +114,13 @@ def bench(paths: list[Path], reps: int, tokens: int) -> list[dict]:
     for path in paths:
         _warm(path)
         runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
-        for _ in range(reps):  # the two ways take turns, so that both see the same machine
+        for _ in range(reps):  # the ways take turns, so that both see the same machine
             for mode in MODES:
                 runs[mode].append(_run_child(path, mode, tokens))
         for mode, done in runs.items():
             results.append({"model": path.name, "size_mib": path.stat().st_size / 2**20, "mode": mode,
-                            "runs": done, "load_s": _median(done, "load_s"),
+                            "runs": done, "load_s": _median(done, "load_s"), "huge_s": _median(done, "huge_s"),
+                            "huge_mib": _median(done, "huge_mib"),
                             "base": _median(done, "before", "rss"),
                             "loaded": {k: _median(done, "loaded", k) for k in ("rss", "anon", "file")},
                             "generated": {k: _median(done, "generated", k) for k in ("rss", "anon", "file")}})
@@ -113,11 +128,13 @@ def bench(paths: list[Path], reps: int, tokens: int) -> list[dict]:
 
 
 def table(results: list[dict]) -> str:
-    lines = [f"{'model':<34} {'MiB':>6} {'way':<5} {'load s':>7} {'base':>6} {'rss':>7} {'anon':>7} {'file':>7}"
+    lines = [f"{'model':<34} {'MiB':>6} {'way':<5} {'load s':>7} {'huge s':>6} {'MiB':>6} {'base':>6} {'rss':>7} "
+             f"{'anon':>7} {'file':>7}"
              f" | after gen: {'rss':>7} {'anon':>7} {'file':>7}"]
     for r in results:
         lo, ge = r["loaded"], r["generated"]
-        lines.append(f"{r['model']:<34} {r['size_mib']:>6.1f} {r['mode']:<5} {r['load_s']:>7.3f} {r['base']:>6.1f} "
+        lines.append(f"{r['model']:<34} {r['size_mib']:>6.1f} {r['mode']:<5} {r['load_s']:>7.3f} {r['huge_s']:>6.2f} "
+                     f"{r['huge_mib']:>6.1f} {r['base']:>6.1f} "
                      f"{lo['rss']:>7.1f} {lo['anon']:>7.1f} {lo['file']:>7.1f} | "
                      f"{'':>11}{ge['rss']:>7.1f} {ge['anon']:>7.1f} {ge['file']:>7.1f}")
     return "\n".join(lines)

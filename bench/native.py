@@ -258,6 +258,14 @@ def _story(engine, k: int) -> list[int]:
     return engine.tokenize(f"Chapter {k}. The river ran past the old mill, and", add_special=True)
 
 
+def _settled(engine) -> None:
+    """Waits until the engine's weights are in huge pages (or it gave up): a
+    steady state to measure, without its paced collapse thread beside it."""
+    deadline = time.monotonic() + 300
+    while engine.info.get("huge_pages_pending") and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def bench_prefill(args: argparse.Namespace, model: Path, reps: int) -> list[float]:
     from lmsp.native import Engine
 
@@ -265,6 +273,7 @@ def bench_prefill(args: argparse.Namespace, model: Path, reps: int) -> list[floa
     with Engine(str(model), n_ctx=args.n_prompt + 8, n_parallel=1, n_threads=args.threads,
                 n_gpu_layers=args.n_gpu_layers, n_batch=N_BATCH, prefill_chunk=args.n_prompt,
                 batch_invariant=args.batch_invariant, huge_pages=args.huge_pages) as engine:
+        _settled(engine)
         for rep in range(reps + 1):  # the first, shorter, is the warm-up
             n = args.n_prompt if rep else min(args.n_prompt, 64)
             seq = engine.submit(_prompt(n, rep), max_tokens=1, temperature=0.0)
@@ -283,6 +292,7 @@ def bench_generation(args: argparse.Namespace, model: Path, n_seqs: int, reps: i
     with Engine(str(model), n_ctx=args.n_gen + 64, n_parallel=n_seqs, n_threads=args.threads,
                 n_gpu_layers=args.n_gpu_layers, n_batch=N_BATCH, prefill_chunk=N_BATCH,
                 batch_invariant=args.batch_invariant, huge_pages=args.huge_pages) as engine:
+        _settled(engine)
         for rep in range(reps + 1):  # the first, shorter, is the warm-up
             max_tokens = args.n_gen if rep else min(args.n_gen, 16)
             seqs = {engine.submit(_story(engine, 100 + 7 * i + rep), max_tokens=max_tokens, temperature=0.0)

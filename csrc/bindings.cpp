@@ -248,6 +248,7 @@ public:
         d["swa_full"] = engine_->swa_full();
         d["layers"] = engine_->layer_places();
         d["weights_in_huge_pages"] = engine_->weights_in_huge_pages();
+        d["huge_pages_pending"] = engine_->huge_pages_pending();
         return d;
     }
 

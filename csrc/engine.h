@@ -21,6 +21,7 @@
 #include "ggml-cpu.h"
 #include "gguf_info.h"
 #include "grammar.h"
+#include "huge_pages.h"
 #include "llama.h"
 #include "logprobs.h"
 #include "sampler.h"
@@ -192,8 +193,9 @@ public:
     const std::string & backend() const { return backend_; }
     // Where each layer is, the output layer last: "cpu", or an RPC server's HOST:PORT.
     const std::vector<std::string> & layer_places() const { return layer_places_; }
-    // The bytes of weights in huge pages after the load (huge_pages.h).
-    size_t weights_in_huge_pages() const { return weights_in_huge_pages_; }
+    // The bytes of weights in huge pages so far, and whether more are to come (huge_pages.h).
+    size_t weights_in_huge_pages() const { return huge_pages_ ? huge_pages_->bytes() : 0; }
+    bool huge_pages_pending() const { return huge_pages_ && huge_pages_->pending(); }
     bool batch_invariant() const { return options_.batch_invariant && backend_ == "cpu"; }
     // Whether the CPU backend runs ggml's reference kernels (batch invariance on K-quant weights).
     bool reference_kernels() const { return plan_.reference_kernels; }
@@ -366,7 +368,6 @@ private:
     EngineOptions options_;
     GgufInfo info_;
     std::vector<std::string> layer_places_;
-    size_t weights_in_huge_pages_ = 0;
     BatchPlan plan_;                      // the kernels of each row, and the two kinds of steps
     bool kernels_reference_now_ = false;  // what the CPU backend is set to
     void set_reference_kernels(bool on);
@@ -378,6 +379,7 @@ private:
     std::shared_ptr<RpcLease> rpc_lease_;
     // owned llama.cpp objects: freed in reverse order (batch, context, threadpool, model)
     std::unique_ptr<llama_model, ModelDeleter> model_;
+    std::unique_ptr<HugePageCollapse> huge_pages_;  // after model_, so stopped before the weights are freed
     // CPU threads kept for the engine's life, as llama-bench and llama-server
     // do; without one, ggml starts and joins its threads at every step
     std::unique_ptr<ggml_threadpool, ThreadpoolDeleter> threadpool_;

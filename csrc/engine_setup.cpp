@@ -13,7 +13,6 @@
 #include <thread>
 
 #include "errors.h"
-#include "huge_pages.h"
 #include "llama_private.h"
 #include "notifier.h"
 #include "rpc.h"
@@ -167,10 +166,7 @@ void Engine::load_model(const std::string & model_path) {
     chat_template_ = ChatTemplate::from_model(model_.get());
     layer_places_ = model_layer_places(model_.get());
     if (options.huge_pages && !options.use_mmap) {
-        const size_t page = huge_page_size();
-        for (const auto & [base, size] : model_cpu_buffers(model_.get())) {
-            weights_in_huge_pages_ += back_with_huge_pages(base, size, page);
-        }
+        huge_pages_ = std::make_unique<HugePageCollapse>(model_cpu_buffers(model_.get()), huge_page_size());
     }
 
     // one sequence's context never exceeds what the model was trained for
@@ -251,6 +247,7 @@ void Engine::close() {
         batch_allocated_ = false;
     }
     close_embedder();
+    if (huge_pages_) huge_pages_->stop();
     ctx_.reset();
     threadpool_.reset();
     // The model (whose vocabulary tokenize, detokenize and the chat template read

@@ -1,13 +1,21 @@
 #include "huge_pages.h"
 
+#include <time.h>
+
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <fstream>
 #include <string>
 
 #if defined(__linux__)
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
+
+#include "low_priority.h"
 
 namespace lmsp {
 
@@ -25,6 +33,12 @@ std::string first_line(const std::string & path) {
     std::string line;
     std::getline(in, line);
     return line;
+}
+
+std::chrono::nanoseconds thread_cpu() {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
 }
 
 }  // namespace
@@ -45,30 +59,53 @@ size_t huge_page_size() {
 #endif
 }
 
-size_t back_with_huge_pages(void * base, size_t size, size_t page) {
+HugePageCollapse::HugePageCollapse(const std::vector<std::pair<void *, size_t>> & ranges, size_t page) : page_(page) {
 #if defined(__linux__)
-    if (page == 0 || base == nullptr) return 0;
-    const uintptr_t begin = (uintptr_t(base) + page - 1) / page * page;
-    const uintptr_t end = (uintptr_t(base) + size) / page * page;
-    if (end <= begin) return 0;
-    // from then on: what cannot be collapsed now, khugepaged collapses later
-    if (madvise(reinterpret_cast<void *>(begin), end - begin, MADV_HUGEPAGE) != 0) return 0;
-    size_t bytes = 0;
-    // one page at a time: one that finds no free huge page does not stop the others
-    for (uintptr_t p = begin; p < end; p += page) {
-        if (madvise(reinterpret_cast<void *>(p), page, MADV_COLLAPSE) == 0) {
-            bytes += page;
+    for (const auto & [base, size] : ranges) {
+        if (page == 0 || base == nullptr) break;
+        const uintptr_t begin = (uintptr_t(base) + page - 1) / page * page;
+        const uintptr_t end = (uintptr_t(base) + size) / page * page;
+        if (end <= begin) continue;
+        // from then on: what is not collapsed here, khugepaged collapses later
+        if (madvise(reinterpret_cast<void *>(begin), end - begin, MADV_HUGEPAGE) != 0) continue;
+        for (uintptr_t p = begin; p < end; p += page) pages_.push_back(reinterpret_cast<char *>(p));
+    }
+#else
+    (void)ranges;
+#endif
+    if (pages_.empty()) {
+        done_ = true;
+        return;
+    }
+    thread_ = std::thread([this] { run(); });
+}
+
+void HugePageCollapse::stop() {
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+}
+
+// One page at a time (one that finds no free huge page does not stop the
+// others), resting kPaceRest times the CPU time of each between them.
+void HugePageCollapse::run() {
+#if defined(__linux__)
+    setpriority(PRIO_PROCESS, id_t(syscall(SYS_gettid)), kLowPriorityNice);
+    for (char * p : pages_) {
+        const auto cpu = thread_cpu();
+        if (madvise(p, page_, MADV_COLLAPSE) == 0) {
+            bytes_ += page_;
         } else if (errno == EINVAL) {
             break;  // a kernel before 6.1: khugepaged's work alone
         }
+        std::unique_lock<std::mutex> lk(mu_);
+        if (cv_.wait_for(lk, (thread_cpu() - cpu) * kPaceRest, [this] { return stop_; })) break;
     }
-    return bytes;
-#else
-    (void)base;
-    (void)size;
-    (void)page;
-    return 0;
 #endif
+    done_ = true;
 }
 
 }  // namespace lmsp

@@ -86,7 +86,9 @@ engine lives (a read of a page past a truncated file's end kills the process).
 Read into memory, the weights go into transparent huge pages where the
 system has them (``huge_pages``; csrc/huge_pages.h): a decode step streams
 them all, and a huge page takes one TLB entry for 2 MiB instead of 4 KiB.
-``info["weights_in_huge_pages"]`` counts the bytes that are.
+A thread of the engine collapses them after the load, paced, while it
+serves: ``info["weights_in_huge_pages"]`` counts the bytes collapsed so far,
+``info["huge_pages_pending"]`` is true until it is done.
 
 ``rpc_servers`` (``HOST:PORT``, each an ``lmsp rpc-server``) split the
 model's layers over this box's CPU and those servers: this box keeps the
