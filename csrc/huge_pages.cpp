@@ -1,7 +1,5 @@
 #include "huge_pages.h"
 
-#include <time.h>
-
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -10,9 +8,6 @@
 
 #if defined(__linux__)
 #include <sys/mman.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #endif
 
 #include "low_priority.h"
@@ -33,12 +28,6 @@ std::string first_line(const std::string & path) {
     std::string line;
     std::getline(in, line);
     return line;
-}
-
-std::chrono::nanoseconds thread_cpu() {
-    timespec ts{};
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
 }
 
 }  // namespace
@@ -90,20 +79,25 @@ void HugePageCollapse::stop() {
 }
 
 // One page at a time (one that finds no free huge page does not stop the
-// others), resting kPaceRest times the CPU time of each between them.
+// others), paced as a KV file's work is (low_priority.h).
 void HugePageCollapse::run() {
 #if defined(__linux__)
-    setpriority(PRIO_PROCESS, id_t(syscall(SYS_gettid)), kLowPriorityNice);
-    for (char * p : pages_) {
-        const auto cpu = thread_cpu();
-        if (madvise(p, page_, MADV_COLLAPSE) == 0) {
-            bytes_ += page_;
-        } else if (errno == EINVAL) {
-            break;  // a kernel before 6.1: khugepaged's work alone
-        }
-        std::unique_lock<std::mutex> lk(mu_);
-        if (cv_.wait_for(lk, (thread_cpu() - cpu) * kPaceRest, [this] { return stop_; })) break;
-    }
+    lower_this_thread();
+    bool old_kernel = false;
+    paced_pieces(
+        pages_.size(),
+        [&](size_t i) {
+            if (old_kernel) return;
+            if (madvise(pages_[i], page_, MADV_COLLAPSE) == 0) {
+                bytes_ += page_;
+            } else if (errno == EINVAL) {
+                old_kernel = true;  // a kernel before 6.1: khugepaged's work alone
+            }
+        },
+        [&](std::chrono::steady_clock::duration d) {
+            std::unique_lock<std::mutex> lk(mu_);
+            return !cv_.wait_for(lk, d, [this] { return stop_; }) && !old_kernel;
+        });
 #endif
     done_ = true;
 }

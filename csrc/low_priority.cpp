@@ -47,10 +47,7 @@ public:
 
 private:
     void loop() {
-#if defined(__linux__)
-        const auto tid = id_t(syscall(SYS_gettid));
-        if (setpriority(PRIO_PROCESS, tid, kLowPriorityNice) == 0) nice_ = getpriority(PRIO_PROCESS, tid);
-#endif
+        nice_ = lower_this_thread();
         for (;;) {
             std::packaged_task<void()> task;
             {
@@ -115,19 +112,38 @@ const Tables & tables() {
 void run_low_priority(const std::function<void()> & job) { worker().run(job); }
 
 void paced(size_t n, const std::function<void(size_t, size_t)> & piece) {
+    const size_t pieces = (n + kPaceBytes - 1) / kPaceBytes;
+    paced_pieces(
+        pieces, [&](size_t i) { piece(i * kPaceBytes, std::min(kPaceBytes, n - i * kPaceBytes)); },
+        [](Clock::duration d) {
+            std::this_thread::sleep_for(d);
+            return true;
+        });
+}
+
+void paced_pieces(size_t n, const std::function<void(size_t)> & piece,
+                  const std::function<bool(Clock::duration)> & rest) {
     const Clock::duration credit = -std::chrono::duration_cast<Clock::duration>(kPaceCredit);
     Clock::duration owed{};  // rest still due; below zero, time off the core beyond it
     Clock::time_point last = Clock::now();
-    for (size_t at = 0; at < n; at += kPaceBytes) {
+    for (size_t i = 0; i < n; ++i) {
         const Clock::time_point start = Clock::now();
         owed = std::max(owed - (start - last), credit);  // asleep, or waiting for a core
         const Clock::duration cpu = thread_cpu();
-        piece(at, std::min(kPaceBytes, n - at));
+        piece(i);
         const Clock::duration used = thread_cpu() - cpu;
         last = Clock::now();
         owed = std::max(owed + used * kPaceRest - ((last - start) - used), credit);  // less the time preempted
-        if (owed > Clock::duration::zero() && n - at > kPaceBytes) std::this_thread::sleep_for(owed);
+        if (owed > Clock::duration::zero() && i + 1 < n && !rest(owed)) return;
     }
+}
+
+int lower_this_thread() {
+#if defined(__linux__)
+    const auto tid = id_t(syscall(SYS_gettid));
+    if (setpriority(PRIO_PROCESS, tid, kLowPriorityNice) == 0) return getpriority(PRIO_PROCESS, tid);
+#endif
+    return -100;
 }
 
 int low_priority_nice() {

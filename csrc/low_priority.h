@@ -39,6 +39,17 @@ constexpr std::chrono::milliseconds kPaceCredit{4};
 // For use inside a job of run_low_priority.
 void paced(size_t n, const std::function<void(size_t, size_t)> & piece);
 
+// The same pacing over `n` pieces of any size: `piece(i)` for i in [0, n),
+// and `rest(d)` between them, which sleeps for d and returns false to stop
+// (a thread of its own that its owner may end). For a thread at the lowest
+// priority (lower_this_thread).
+void paced_pieces(size_t n, const std::function<void(size_t)> & piece,
+                  const std::function<bool(std::chrono::steady_clock::duration)> & rest);
+
+// Puts the calling thread at kLowPriorityNice; its nice value then, or -100
+// where the system gives a thread no nice value of its own.
+int lower_this_thread();
+
 // The worker's nice value once it runs; -100 before, or where the system gives
 // a thread no nice value of its own.
 int low_priority_nice();
